@@ -1,0 +1,37 @@
+# foxhunt: two commands set everything up on a fresh machine.
+#   make run    create .venv, install foxhunt, train the default run (TFT, synthetic ES) into mlruns/
+#   make test   create .venv, install foxhunt with its test extras, run the default test suite
+# TORCH is installed first so pip never swaps in another build; override it for CUDA machines,
+# e.g. make run TORCH='torch>=2.4'.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+BIN     = $(VENV)/bin
+
+.PHONY: install run test test-all ui clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/foxhunt-train $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-all: install
+	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
+
+ui: install
+	$(BIN)/foxhunt ui
+
+clean:
+	rm -rf $(VENV) .cache outputs multirun .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Hydra configuration tree of foxhunt (src/foxhunt/conf links here; ships inside the wheel)."""

@@ -1,0 +1,185 @@
+"""Value rules for model hyperparameters (``model.module.*``).
+
+The four model families share a vocabulary (``lr``, ``gamma``, ``dropout``, ``hidden_sizes``,
+``quantiles``, ...): one rule per parameter name covers them all, so a new model is checked
+as soon as it uses the common names. Rules that relate several parameters of one model
+(heads dividing the hidden size, a batch no larger than the replay buffer) follow per model.
+Each violation raises :class:`~foxhunt.config.schema.ConfigError` with one line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from foxhunt.config.schema import ConfigError
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive(v: Any) -> str | None:
+    return None if _number(v) and v > 0 else "must be a number > 0"
+
+
+def _non_negative(v: Any) -> str | None:
+    return None if _number(v) and v >= 0 else "must be a number >= 0"
+
+
+def _unit_open_closed(v: Any) -> str | None:
+    return None if _number(v) and 0 < v <= 1 else "must be in (0, 1]"
+
+
+def _unit_closed(v: Any) -> str | None:
+    return None if _number(v) and 0 <= v <= 1 else "must be in [0, 1]"
+
+
+def _dropout(v: Any) -> str | None:
+    return None if _number(v) and 0 <= v < 1 else "must be in [0, 1)"
+
+
+def _positive_int(v: Any) -> str | None:
+    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else "must be an integer >= 1"
+
+
+def _non_negative_int(v: Any) -> str | None:
+    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else "must be an integer >= 0"
+
+
+def _positive_int_list(v: Any) -> str | None:
+    ok = isinstance(v, (list, tuple)) and len(v) > 0 and all(_positive_int(x) is None for x in v)
+    return None if ok else "must be a non-empty list of integers >= 1"
+
+
+def _quantiles(v: Any) -> str | None:
+    if not (isinstance(v, (list, tuple)) and v and all(_number(q) and 0 < q < 1 for q in v)):
+        return "must be a non-empty list of numbers in (0, 1)"
+    if list(v) != sorted(set(v)):
+        return "must be strictly increasing"
+    if not any(math.isclose(q, 0.5) for q in v):
+        return "must include the median 0.5 (positions follow the median forecast)"
+    return None
+
+
+def _range_pair(v: Any) -> str | None:
+    ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(x) and x > 0 for x in v) and v[0] <= v[1]
+    return None if ok else "must be [low, high] with 0 < low <= high"
+
+
+# (pattern on the parameter name, rule). First match wins; names that match nothing are
+# checked only by the constructor signature.
+NAME_RULES: list[tuple[str, Callable[[Any], str | None]]] = [
+    (r"^(lr|.*_lr|learning_rate)$", _positive),
+    (r"^(gamma|gae_lambda|lam|lambda_)$", _unit_open_closed),
+    (r"^dropout$", _dropout),
+    (r"^epsilon_decay$", _unit_open_closed),
+    (r"^epsilon_(start|end|min|final)$", _unit_closed),
+    (r"^quantiles$", _quantiles),
+    (r"^A_init_range$", _range_pair),
+    (r"^(dt_min|dt_max|dt_init_floor)$", _positive),
+    (r"^hidden_sizes$|^.*_hidden_sizes$", _positive_int_list),
+    (r"^(seed)$", _non_negative_int),
+    (r"^(min_replay|min_replay_size|warmup_steps)$", _non_negative_int),
+    (
+        r"^(.*_dim|dim|d_model|d_state|d_conv|expand|headdim|ngroups|chunk_size|hidden|hidden_size|"
+        r"num_heads|n_heads|heads|lstm_layers|n_layers|num_layers|horizon|seq_len|batch_size|"
+        r"minibatch_size|replay_capacity|capacity|update_epochs|num_actions|n_actions|"
+        r"rollout_steps|num_envs|target_update_every|.*_every|n_static|n_known|n_observed|"
+        r"num_static|num_known|num_observed)$",
+        _positive_int,
+    ),
+    (
+        r"^(weight_decay|l2|clip.*|.*_coef|max_grad_norm|grad_clip.*|position_threshold|huber_delta|"
+        r"target_kl)$",
+        _non_negative,
+    ),
+]
+
+
+def _check_names(module: Mapping[str, Any]) -> None:
+    for name, value in module.items():
+        if name.startswith("_") or value is None:
+            continue
+        for pattern, rule in NAME_RULES:
+            if re.match(pattern, name):
+                problem = rule(value)
+                if problem:
+                    raise ConfigError(f"model.module.{name}={value!r}: {problem}")
+                break
+
+
+def _require(condition: bool, key: str, value: Any, rule: str) -> None:
+    if not condition:
+        raise ConfigError(f"model.module.{key}={value!r}: {rule}")
+
+
+def _first(module: Mapping[str, Any], *names: str) -> tuple[str | None, Any]:
+    for name in names:
+        if name in module:
+            return name, module[name]
+    return None, None
+
+
+def _check_relations(module: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+    """Rules between parameters, by the names the model families use."""
+    hidden_key, hidden = _first(module, "hidden_size", "hidden", "d_model")
+    heads_key, heads = _first(module, "num_heads", "n_heads", "heads")
+    if hidden_key and heads_key and _number(hidden) and _number(heads) and heads:
+        _require(hidden % heads == 0, heads_key, heads, f"must divide model.module.{hidden_key} ({hidden})")
+
+    start_key, start = _first(module, "epsilon_start")
+    end_key, end = _first(module, "epsilon_end", "epsilon_min", "epsilon_final")
+    if start_key and end_key and _number(start) and _number(end):
+        _require(end <= start, end_key, end, f"must be <= model.module.{start_key} ({start})")
+
+    cap_key, cap = _first(module, "replay_capacity", "capacity")
+    batch_key, batch = _first(module, "batch_size")
+    if cap_key and batch_key and _number(cap) and _number(batch):
+        _require(batch <= cap, batch_key, batch, f"must be <= model.module.{cap_key} ({cap})")
+    min_key, min_replay = _first(module, "min_replay", "min_replay_size")
+    if cap_key and min_key and _number(cap) and _number(min_replay):
+        _require(min_replay <= cap, min_key, min_replay, f"must be <= model.module.{cap_key} ({cap})")
+
+    mini_key, mini = _first(module, "minibatch_size")
+    envs = (model.get("env") or {}).get("num_envs")
+    steps_key, steps = _first(module, "rollout_steps")
+    if mini_key and steps_key and _number(mini) and _number(steps) and _number(envs):
+        rollout = steps * envs
+        _require(
+            rollout % mini == 0 and mini <= rollout,
+            mini_key,
+            mini,
+            f"must divide the rollout batch model.env.num_envs x model.module.{steps_key} ({rollout})",
+        )
+
+    d_model, expand, headdim = module.get("d_model"), module.get("expand"), module.get("headdim")
+    if all(_number(x) for x in (d_model, expand, headdim)) and headdim:
+        _require(
+            (d_model * expand) % headdim == 0,
+            "headdim",
+            headdim,
+            f"must divide d_model x expand ({d_model * expand})",
+        )
+    ngroups, nheads = module.get("ngroups"), None
+    if all(_number(x) for x in (d_model, expand, headdim, ngroups)) and headdim and ngroups:
+        nheads = d_model * expand // headdim
+        _require(nheads % ngroups == 0, "ngroups", ngroups, f"must divide the number of SSM heads ({nheads})")
+
+    input_dim = module.get("input_dim")
+    for names in (("static_dim", "known_dim", "observed_dim"), ("n_static", "n_known", "n_observed")):
+        counts = [module.get(k) for k in names]
+        if input_dim is not None and all(_number(c) for c in counts):
+            _require(
+                sum(counts) == input_dim,
+                "input_dim",
+                input_dim,
+                f"must equal {' + '.join(names)} ({sum(counts)})",
+            )
+
+
+def validate_model_hyperparameters(cls: type, module: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+    _check_names(module)
+    _check_relations(module, model)

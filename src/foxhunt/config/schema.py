@@ -1,0 +1,317 @@
+"""Structured schema of the composed training config.
+
+``validate(cfg)`` runs before anything heavy (no data loaded, no model built). A wrong type,
+an impossible value or an unknown key raises :class:`ConfigError` whose message is one line
+naming the dotted key, the value and what is allowed, e.g.::
+
+    model.window.horizon=60: must be < model.window.seq_len (50)
+
+pydantic does the type and range checks (a well-kept library with precise error locations);
+the cross-field rules pydantic cannot express per field are the ``model_validator``s below.
+Model hyperparameters are checked twice: against the constructor signature of the class the
+config's ``_target_`` names (unknown or missing keys), and against the model's own
+hyperparameter schema in :mod:`foxhunt.config.model_schemas` (values).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from typing import Annotated, Any, Literal
+
+from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(ge=1)]
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+
+
+class ConfigError(ValueError):
+    """A composed config that cannot run; the message is one line naming the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, populate_by_name=True)
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class Targeted(_Open):
+    target: str = Field(alias="_target_", min_length=1)
+
+
+class Execution(_Strict):
+    commission_usd: NonNegativeFloat
+    slippage_ticks: NonNegativeFloat
+
+
+class Evaluation(_Strict):
+    plot_equity: bool
+
+
+class Monitor(_Strict):
+    metric: str = Field(min_length=1)
+    mode: Literal["min", "max"]
+
+
+class EnvSettings(_Strict):
+    num_envs: PositiveInt
+    episode_len: Annotated[int, Field(ge=2)]
+    steps_per_epoch: PositiveInt
+
+
+class WindowSettings(_Strict):
+    seq_len: PositiveInt
+    horizon: PositiveInt
+    batch_size: PositiveInt
+    eval_batch_size: PositiveInt
+
+    @model_validator(mode="after")
+    def _horizon_shorter_than_sequence(self) -> "WindowSettings":
+        if self.horizon >= self.seq_len:
+            raise _KeyedError("horizon", self.horizon, f"must be < model.window.seq_len ({self.seq_len})")
+        return self
+
+
+class ModelSection(_Strict):
+    name: str = Field(min_length=1)
+    kind: Literal["agent", "forecaster"]
+    memory_target_mb: PositiveFloat | None
+    monitor: Monitor
+    module: Targeted
+    env: EnvSettings | None = None
+    window: WindowSettings | None = None
+
+    @model_validator(mode="after")
+    def _kind_has_its_settings(self) -> "ModelSection":
+        if self.kind == "agent" and self.env is None:
+            raise _KeyedError("env", None, "agents need model.env (num_envs, episode_len, steps_per_epoch)")
+        if self.kind == "forecaster" and self.window is None:
+            raise _KeyedError("window", None, "forecasters need model.window (seq_len, horizon, batch_size)")
+        return self
+
+
+class AssetSection(Targeted):
+    key: str = Field(min_length=1)
+    symbol: str = Field(min_length=1)
+    tick_size: PositiveFloat
+    multiplier: PositiveFloat
+    tick_value: PositiveFloat
+    price_level: PositiveFloat
+    daily_vol: Annotated[float, Field(gt=0, lt=1)]
+    session_tz: str
+    session_open: str = Field(pattern=r"^\d{2}:\d{2}$")
+    session_close: str = Field(pattern=r"^\d{2}:\d{2}$")
+
+    @model_validator(mode="after")
+    def _tick_value_consistent(self) -> "AssetSection":
+        if not math.isclose(self.tick_value, self.tick_size * self.multiplier, rel_tol=1e-9):
+            raise _KeyedError(
+                "tick_value", self.tick_value, f"must equal tick_size x multiplier = {self.tick_size * self.multiplier:g}"
+            )
+        return self
+
+
+class Features(_Strict):
+    momentum_bars: Annotated[int, Field(ge=2)]
+    volatility_bars: Annotated[int, Field(ge=2)]
+    volume_bars: Annotated[int, Field(ge=2)]
+    rth_open: str | None = Field(default=None, pattern=r"^\d{2}:\d{2}$")
+    rth_close: str | None = Field(default=None, pattern=r"^\d{2}:\d{2}$")
+    rth_tz: str | None = None
+
+
+class Split(_Strict):
+    train: Fraction
+    val: Fraction
+    test: Fraction
+    gap_bars: Annotated[int, Field(ge=0)]
+
+    @model_validator(mode="after")
+    def _fractions_sum_to_one(self) -> "Split":
+        total = self.train + self.val + self.test
+        if not math.isclose(total, 1.0, abs_tol=1e-9):
+            raise _KeyedError("train", self.train, f"train + val + test must sum to 1 (got {total:g})")
+        return self
+
+
+class DataSection(_Strict):
+    source: Targeted
+    features: Features
+    split: Split
+    cache_dir: str
+
+
+class BudgetSection(Targeted):
+    name: str = Field(min_length=1)
+    kind: Literal["gpu", "cpu"]
+    total_mb: PositiveFloat
+    headroom_mb: NonNegativeFloat
+
+    @model_validator(mode="after")
+    def _headroom_below_total(self) -> "BudgetSection":
+        if self.headroom_mb >= self.total_mb:
+            raise _KeyedError("headroom_mb", self.headroom_mb, f"must be < budget.total_mb ({self.total_mb:g})")
+        return self
+
+
+class PrecisionSection(Targeted):
+    name: str = Field(min_length=1)
+    trainer_precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
+
+
+class StrategySection(_Open):
+    name: Literal["sequential", "parallel"]
+
+
+class TrainerSection(Targeted):
+    max_epochs: Annotated[int, Field(ge=-1)] | None = None
+    max_steps: Annotated[int, Field(ge=-1)] | None = None
+    accelerator: str = "auto"
+
+    @field_validator("max_epochs")
+    @classmethod
+    def _not_zero(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("must be >= 1, or -1 for no limit")
+        return value
+
+
+class LoggerSection(_Strict):
+    enabled: bool
+    tracking_uri: str | None
+    artifact_location: str | None
+    experiment: str = Field(min_length=1)
+    log_checkpoints: bool
+
+    @model_validator(mode="after")
+    def _uri_when_enabled(self) -> "LoggerSection":
+        if self.enabled and not self.tracking_uri:
+            raise _KeyedError("tracking_uri", self.tracking_uri, "required when logger.enabled=true")
+        return self
+
+
+class PathsSection(_Open):
+    root_dir: str
+    mlruns_dir: str
+    cache_dir: str
+    output_dir: str
+
+
+class TrainConfig(_Strict):
+    task: str = Field(min_length=1)
+    seed: Annotated[int, Field(ge=0, lt=2**32)]
+    ckpt: str | None
+    resume: bool
+    execution: Execution
+    evaluation: Evaluation
+    model: ModelSection
+    asset: AssetSection
+    data: DataSection
+    precision: PrecisionSection
+    strategy: StrategySection
+    budget: BudgetSection
+    trainer: TrainerSection
+    callbacks: dict[str, Targeted]
+    logger: LoggerSection
+    paths: PathsSection
+
+
+class _KeyedError(ValueError):
+    """Raised inside validators to point at a sibling field, with the value and the rule."""
+
+    def __init__(self, field: str, value: Any, rule: str) -> None:
+        super().__init__(f"{field}={value!r}: {rule}" if value is not None else f"{field}: {rule}")
+        self.field = field
+
+
+def _format(error: ValidationError) -> str:
+    first = error.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"])
+    message = first["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    context = first.get("ctx", {}).get("error")
+    if isinstance(context, _KeyedError):
+        key = f"{loc}.{context}" if loc else str(context)
+        text = key
+    elif first["type"] == "missing":
+        text = f"{loc}: missing (required)"
+    elif first["type"] == "extra_forbidden":
+        text = f"{loc}: unknown key"
+    else:
+        text = f"{loc}={first.get('input')!r}: {message}"
+    more = len(error.errors()) - 1
+    return text + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
+
+
+def check_constructor_args(section: str, node: dict[str, Any]) -> type:
+    """Import ``node['_target_']`` and check the keys against its constructor signature."""
+    target = node["_target_"]
+    module_name, _, attr = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError):
+        raise ConfigError(f"{section}._target_={target!r}: no such class") from None
+    parameters = inspect.signature(cls).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    given = {k for k in node if not k.startswith("_")}
+    if not accepts_any:
+        unknown = sorted(given - set(parameters))
+        if unknown:
+            allowed = ", ".join(sorted(p for p in parameters if p not in ("self", "args", "kwargs")))
+            raise ConfigError(f"{section}.{unknown[0]}: not a parameter of {attr} (allowed: {allowed})")
+    required = [
+        name
+        for name, p in parameters.items()
+        if p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    missing = [name for name in required if name not in given]
+    if missing:
+        raise ConfigError(f"{section}.{missing[0]}: missing (required by {attr})")
+    return cls
+
+
+def validate(cfg: DictConfig) -> TrainConfig:
+    """Validate a composed training config; raise :class:`ConfigError` with one line."""
+    resolved = resolved_config(cfg)
+    try:
+        parsed = TrainConfig.model_validate(resolved)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc)) from None
+
+    from foxhunt.config.model_schemas import validate_model_hyperparameters
+
+    module = resolved["model"]["module"]
+    cls = check_constructor_args("model.module", module)
+    validate_model_hyperparameters(cls, module, resolved["model"])
+    check_constructor_args("data.source", resolved["data"]["source"])
+    return parsed
+
+
+def resolved_config(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain containers, interpolations resolved, without Hydra's own node."""
+    try:
+        return {
+            key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True)
+            if OmegaConf.is_config(cfg[key])
+            else cfg[key]
+            for key in cfg
+            if key != "hydra"
+        }
+    except Exception as exc:  # omegaconf's own errors carry the full key
+        raise ConfigError(_omegaconf_message(exc)) from None
+
+
+def _omegaconf_message(exc: Exception) -> str:
+    key = getattr(exc, "full_key", None)
+    text = str(exc).splitlines()[0]
+    if "Missing mandatory value" in text and key:
+        return f"{key}: missing (required; set it on the command line, e.g. {key}=...)"
+    return f"{key}: {text}" if key else text

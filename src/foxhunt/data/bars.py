@@ -1,0 +1,283 @@
+"""The bars frame every data source returns, and the checks that enforce it.
+
+A bars frame is a ``pd.DataFrame`` with exactly the columns :data:`BAR_COLUMNS` (float64),
+indexed by a UTC ``pd.DatetimeIndex`` named ``"ts"`` that labels each bar's START, strictly
+increasing; prices sit on the asset's tick grid; missing minutes are simply absent rows.
+
+:func:`validate_bars` checks a frame against that contract and returns it normalized
+(column order, dtypes, nanosecond UTC index, prices snapped from float noise onto the exact
+grid). Each failure raises :class:`~foxhunt.data.errors.BarDataError` with one line that
+names the origin (file path or source name), the first offending row and the field.
+
+The module also holds what every file source shares on the input side: turning a path, a
+directory or a glob into a file list, the trading date of a bar (CME sessions open on the
+evening before their trading date), and a stable fingerprint of a source's inputs. These
+few helpers are written here by hand because they encode foxhunt's own conventions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from foxhunt.data.errors import BarDataError
+
+if TYPE_CHECKING:
+    from foxhunt.assets import AssetSpec
+
+BAR_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "volume")
+PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")
+INDEX_NAME = "ts"
+
+# A price counts as on the tick grid when it is within this many ticks of a grid point; the
+# slack only absorbs float noise from decimal parsing and fixed-point conversion.
+TICK_TOLERANCE = 1e-6
+
+_UTC_NAMES = {"UTC", "ETC/UTC", "Z", "UTC+00:00", "ZULU", "UNIVERSAL", "GMT", "ETC/GMT"}
+_GLOB_CHARS = set("*?[")
+
+
+# ----------------------------------------------------------------------------- tick grid
+def _tick_divisor(tick_size: float) -> float | None:
+    """1/tick when it is a whole number (0.25 -> 4, 0.00005 -> 20000), else None."""
+    inverse = 1.0 / tick_size
+    whole = round(inverse)
+    if whole >= 1 and abs(inverse - whole) <= 1e-9 * inverse:
+        return float(whole)
+    return None
+
+
+def snap_to_tick(prices: Any, tick_size: float) -> np.ndarray:
+    """Nearest grid prices, computed as ``k / (1/tick)`` where 1/tick is whole.
+
+    Dividing the integer tick count by an integer rounds once, so the result is the double
+    nearest to the decimal price (``snap_to_tick(1.10760000001, 0.00005) == 1.1076`` exactly,
+    the same double a CSV parser gives for "1.1076"); ``k * tick`` would not always be.
+    """
+    if not (isinstance(tick_size, (int, float)) and math.isfinite(tick_size) and tick_size > 0):
+        raise ValueError(f"tick_size={tick_size!r}: must be a positive number")
+    values = np.asarray(prices, dtype=np.float64)
+    ticks = np.rint(values / tick_size)
+    divisor = _tick_divisor(tick_size)
+    return ticks / divisor if divisor is not None else ticks * tick_size
+
+
+def off_tick_mask(prices: np.ndarray, tick_size: float, tolerance: float = TICK_TOLERANCE):
+    """True where a price is more than ``tolerance`` ticks away from the grid (NaN: False)."""
+    ticks = np.asarray(prices, dtype=np.float64) / tick_size
+    with np.errstate(invalid="ignore"):
+        return np.abs(ticks - np.rint(ticks)) > tolerance
+
+
+# ----------------------------------------------------------------------------- validation
+def empty_bars() -> pd.DataFrame:
+    """A bars frame with no rows (right columns, dtypes and index)."""
+    index = pd.DatetimeIndex([], tz="UTC", name=INDEX_NAME).as_unit("ns")
+    return pd.DataFrame({c: np.empty(0, np.float64) for c in BAR_COLUMNS}, index=index)
+
+
+def _is_utc(tz: Any) -> bool:
+    if tz is None:
+        return False
+    return str(tz).upper() in _UTC_NAMES
+
+
+def validate_bars(
+    df: pd.DataFrame,
+    tick_size: float,
+    origin: str,
+    *,
+    rows: Sequence[int] | np.ndarray | None = None,
+    row_name: str = "row",
+    tick_tolerance: float = TICK_TOLERANCE,
+) -> pd.DataFrame:
+    """Check ``df`` against the bars-frame contract; return it normalized.
+
+    ``origin`` names where the bars came from (a file path or a source name); ``rows`` gives
+    each row's number in that origin (e.g. the CSV line or the DBN record index, with
+    ``row_name`` "line" or "record"); without it rows are counted from 0. The first failed
+    check raises BarDataError ``"<origin>: <row_name> <n> (<timestamp>): <problem>"``.
+
+    Checks, in order: required columns present and numeric; UTC DatetimeIndex without NaT;
+    timestamps strictly increasing (no duplicates); no NaN or infinite value; prices > 0;
+    volume >= 0; prices on the tick grid (within ``tick_tolerance`` ticks; float noise is
+    snapped onto the exact grid); high >= low; high >= max(open, close); low <= min(open, close).
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise BarDataError(f"{origin}: expected a pandas DataFrame of bars, got {type(df).__name__}")
+    missing = [c for c in BAR_COLUMNS if c not in df.columns]
+    if missing:
+        found = ", ".join(map(str, df.columns)) or "none"
+        raise BarDataError(f"{origin}: missing column(s) {', '.join(missing)} (columns found: {found})")
+    row_ids = np.arange(len(df)) if rows is None else np.asarray(rows)
+    if len(row_ids) != len(df):
+        raise ValueError(f"rows has {len(row_ids)} entries for {len(df)} bars of {origin}")
+
+    index = df.index
+    if not isinstance(index, pd.DatetimeIndex):
+        raise BarDataError(
+            f"{origin}: index is a {type(index).__name__}, expected a UTC DatetimeIndex of bar starts"
+        )
+    if index.tz is None:
+        raise BarDataError(f"{origin}: timestamps have no time zone, expected UTC")
+    if not _is_utc(index.tz):
+        raise BarDataError(f"{origin}: timestamps are in time zone {index.tz}, expected UTC")
+    index = index.tz_convert("UTC").as_unit("ns")
+
+    def where(i: int) -> str:
+        stamp = index[i]
+        when = "NaT" if pd.isna(stamp) else stamp.isoformat()
+        return f"{origin}: {row_name} {row_ids[i]} ({when})"
+
+    nat = np.flatnonzero(index.isna())
+    if nat.size:
+        raise BarDataError(f"{where(nat[0])}: field 'ts' is missing (NaT)")
+    stamps = index.asi8
+    steps = np.diff(stamps)
+    bad = np.flatnonzero(steps <= 0)
+    if bad.size:
+        i = int(bad[0]) + 1
+        previous = f"{row_name} {row_ids[i - 1]} ({index[i - 1].isoformat()})"
+        if steps[i - 1] == 0:
+            raise BarDataError(f"{where(i)}: duplicated timestamp, same as {previous}")
+        raise BarDataError(f"{where(i)}: timestamps not in increasing order, earlier than {previous}")
+
+    values: dict[str, np.ndarray] = {}
+    for column in BAR_COLUMNS:
+        series = df[column]
+        if not (pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)):
+            numeric = pd.to_numeric(series, errors="coerce")
+            bad_text = np.flatnonzero(numeric.isna().to_numpy() & series.notna().to_numpy())
+            if bad_text.size:
+                i = int(bad_text[0])
+                raise BarDataError(f"{where(i)}: field '{column}'={series.iloc[i]!r} is not a number")
+            series = numeric
+        values[column] = series.to_numpy(dtype=np.float64, na_value=np.nan)
+
+    for column in BAR_COLUMNS:
+        bad = np.flatnonzero(~np.isfinite(values[column]))
+        if bad.size:
+            i = int(bad[0])
+            raise BarDataError(
+                f"{where(i)}: field '{column}' is {float(values[column][i])} (missing price or volume)"
+            )
+    for column in PRICE_COLUMNS:
+        bad = np.flatnonzero(values[column] <= 0)
+        if bad.size:
+            i = int(bad[0])
+            raise BarDataError(
+                f"{where(i)}: field '{column}'={float(values[column][i])!r} is not a positive price"
+            )
+    bad = np.flatnonzero(values["volume"] < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise BarDataError(f"{where(i)}: field 'volume'={float(values['volume'][i])!r} is negative")
+
+    off = np.zeros(len(df), dtype=bool)
+    for column in PRICE_COLUMNS:
+        off |= off_tick_mask(values[column], tick_size, tick_tolerance)
+    bad = np.flatnonzero(off)
+    if bad.size:
+        i = int(bad[0])
+        column = next(
+            c for c in PRICE_COLUMNS if off_tick_mask(values[c][i : i + 1], tick_size, tick_tolerance)[0]
+        )
+        ticks = values[column][i] / tick_size
+        raise BarDataError(
+            f"{where(i)}: field '{column}'={float(values[column][i])!r} is off the {tick_size:g} tick grid "
+            f"({ticks:.6f} ticks)"
+        )
+    for column in PRICE_COLUMNS:
+        values[column] = snap_to_tick(values[column], tick_size)
+
+    o, h, lo, c = (values[k] for k in PRICE_COLUMNS)
+    checks = (
+        (h < lo, lambda i: f"high={float(h[i])!r} < low={float(lo[i])!r}"),
+        (
+            h < np.maximum(o, c),
+            lambda i: f"high={float(h[i])!r} < max(open={float(o[i])!r}, close={float(c[i])!r})",
+        ),
+        (
+            lo > np.minimum(o, c),
+            lambda i: f"low={float(lo[i])!r} > min(open={float(o[i])!r}, close={float(c[i])!r})",
+        ),
+    )
+    for mask, describe in checks:
+        bad = np.flatnonzero(mask)
+        if bad.size:
+            i = int(bad[0])
+            raise BarDataError(f"{where(i)}: {describe(i)}")
+
+    out = pd.DataFrame({c: values[c] for c in BAR_COLUMNS}, index=index.rename(INDEX_NAME))
+    return out
+
+
+# ----------------------------------------------------------------------------- sessions
+def trade_dates(index: pd.DatetimeIndex, asset: AssetSpec) -> np.ndarray:
+    """The CME trading date of each bar (``datetime64[D]``).
+
+    Globex sessions open on the evening before their trading date (``asset.session_open``
+    local time): a bar at or after the open belongs to the next calendar day. Sessions that
+    open and close on the same day map to their local calendar date.
+    """
+    local = index.tz_convert(asset.session_tz).tz_localize(None)
+    open_time, close_time = asset.open_time, asset.close_time
+    if (open_time.hour, open_time.minute) > (close_time.hour, close_time.minute):
+        local = local + (timedelta(days=1) - timedelta(hours=open_time.hour, minutes=open_time.minute))
+    return local.to_numpy().astype("datetime64[D]")
+
+
+# ----------------------------------------------------------------------------- file inputs
+def resolve_files(path: str | Path, suffixes: Iterable[str], what: str) -> list[Path]:
+    """Files named by ``path``: one file, a directory (files ending in ``suffixes``, searched
+    recursively, sorted) or a glob pattern (matching files, sorted).
+
+    Raises BarDataError naming ``path`` when nothing matches.
+    """
+    text = str(path)
+    if not text or text == "???":
+        raise BarDataError(f"data path {text!r} is not set: give the file, directory or glob of the {what}")
+    expanded = Path(text).expanduser()
+    if any(ch in text for ch in _GLOB_CHARS):
+        files = sorted(Path(p) for p in glob.glob(str(expanded), recursive=True) if Path(p).is_file())
+        if not files:
+            raise BarDataError(f"{text}: no file matches this pattern ({what})")
+        return files
+    if expanded.is_dir():
+        ends = tuple(s.lower() for s in suffixes)
+        files = sorted(p for p in expanded.rglob("*") if p.is_file() and p.name.lower().endswith(ends))
+        if not files:
+            raise BarDataError(f"{text}: directory holds no {what} (files ending in {', '.join(ends)})")
+        return files
+    if expanded.is_file():
+        return [expanded]
+    raise BarDataError(f"{text}: file not found ({what})")
+
+
+def source_fingerprint(
+    kind: str, params: dict[str, Any], asset: AssetSpec, files: Sequence[Path] = ()
+) -> str:
+    """``"<kind>:<sha256>"`` of the source's parameters, the asset and each file's
+    resolved path, size and modification time: equal fingerprints, equal bars."""
+    stats = []
+    for file in files:
+        st = file.stat()
+        stats.append([str(file.resolve()), st.st_size, st.st_mtime_ns])
+    payload = {
+        "kind": kind,
+        "params": params,
+        "asset": dataclasses.asdict(asset),
+        "files": stats,
+    }
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return f"{kind}:{hashlib.sha256(text.encode()).hexdigest()}"

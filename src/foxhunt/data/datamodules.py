@@ -1,0 +1,314 @@
+"""Lightning datamodules over a :class:`~foxhunt.data.dataset.MarketDataset`.
+
+* :class:`ForecastDataModule` serves sliding windows to the forecasters (Mamba-2, TFT). A
+  window ending at bar ``i`` (inclusive) of a split holds
+
+  - ``static``   (4,): static features of bar ``i``;
+  - ``known``    (seq_len + horizon, 8): known (calendar) features of bars
+    ``i - seq_len + 1 .. i + horizon`` (past and future);
+  - ``observed`` (seq_len, 4): observed features of bars ``i - seq_len + 1 .. i``;
+  - ``target``   (horizon,): ``log(close[i + k] / close[i + k - 1]) / target_scale`` for
+    ``k = 1 .. horizon``.
+
+  A split of ``T`` bars has ``T - seq_len - horizon + 1`` windows, ending at bars
+  ``seq_len - 1 .. T - horizon - 1``. Windows are index arithmetic over per-split tensors
+  (slices are views); no window is copied until the loader stacks a batch.
+* :class:`EnvDataModule` serves RL agents (DQN, PPO): it builds
+  :class:`foxhunt.data.env.TradingEnv` objects over a split, and its loaders yield dummy step
+  indices only (the agent steps its env inside ``training_step``): ``steps_per_epoch`` items
+  for training, one for validation and test (one greedy pass over the split).
+"""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from foxhunt.data.dataset import MarketDataset
+from foxhunt.data.env import TradingEnv
+from foxhunt.data.splits import SPLIT_NAMES
+
+WINDOW_KEYS = ("static", "known", "observed", "target")
+
+
+class WindowDataset(Dataset):
+    """All forecast windows of one split, computed on access from whole-split tensors."""
+
+    def __init__(
+        self,
+        static: Tensor,
+        known: Tensor,
+        observed: Tensor,
+        returns: Tensor,
+        seq_len: int,
+        horizon: int,
+    ) -> None:
+        self.static = static  # (T, S)
+        self.known = known  # (T, K)
+        self.observed = observed  # (T, O)
+        self.returns = returns  # (T,), returns[j] = scaled log(close[j] / close[j - 1])
+        self.seq_len = seq_len
+        self.horizon = horizon
+        self.num_windows = max(len(returns) - seq_len - horizon + 1, 0)
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    def last_bar(self, n: int) -> int:
+        """Index in the split of the last (present) bar of window ``n``."""
+        return self.seq_len - 1 + n
+
+    def __getitem__(self, n: int) -> dict[str, Tensor]:
+        if not -self.num_windows <= n < self.num_windows:
+            raise IndexError(f"window {n}: out of range (split has {self.num_windows} windows)")
+        i = self.last_bar(n % self.num_windows)
+        start = i - self.seq_len + 1
+        return {
+            "static": self.static[i],
+            "known": self.known[start : i + self.horizon + 1],
+            "observed": self.observed[start : i + 1],
+            "target": self.returns[i + 1 : i + self.horizon + 1],
+        }
+
+    def all_windows(self) -> dict[str, Tensor]:
+        """Every window stacked in order, as strided views of the split tensors (no copy),
+        plus ``bar_index`` (LongTensor): the last bar of each window in the split."""
+        n = self.num_windows
+        last = self.seq_len - 1
+        return {
+            "static": self.static[last : last + n],
+            "known": _sliding(self.known, self.seq_len + self.horizon)[:n],
+            "observed": _sliding(self.observed, self.seq_len)[:n],
+            "target": _sliding(self.returns[1:], self.horizon)[last : last + n],
+            "bar_index": torch.arange(last, last + n, dtype=torch.long),
+        }
+
+
+def _sliding(x: Tensor, size: int) -> Tensor:
+    """(T, ...) -> (T - size + 1, size, ...) windows along dim 0, as a view."""
+    windows = x.unfold(0, size, 1)  # (T - size + 1, ..., size)
+    return windows.movedim(-1, 1) if x.dim() > 1 else windows
+
+
+class ForecastDataModule(LightningDataModule):
+    """Sliding windows of a market dataset for the forecasters (see the module docstring).
+
+    Args:
+        dataset: the market dataset (features already normalized).
+        seq_len: bars of history per window.
+        horizon: future bars to forecast per window.
+        batch_size: windows per training batch.
+        eval_batch_size: windows per batch for validation, test and positions (no gradients,
+            so larger batches run faster); defaults to ``batch_size``.
+        num_workers: DataLoader worker processes.
+        pin_memory: DataLoader ``pin_memory`` (useful when training on CUDA).
+    """
+
+    def __init__(
+        self,
+        dataset: MarketDataset,
+        seq_len: int = 50,
+        horizon: int = 10,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        eval_batch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value, low in (
+            ("seq_len", seq_len, 1),
+            ("horizon", horizon, 1),
+            ("batch_size", batch_size, 1),
+            ("num_workers", num_workers, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"model.window.{name}={value!r}: must be an integer >= {low}")
+        self.dataset = dataset
+        self.seq_len = seq_len
+        self.horizon = horizon
+        self.batch_size = batch_size
+        self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
+        if isinstance(self.eval_batch_size, bool) or not isinstance(self.eval_batch_size, int) or self.eval_batch_size < 1:
+            raise ValueError(f"model.window.eval_batch_size={eval_batch_size!r}: must be an integer >= 1")
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self._windows = {name: self._window_dataset(name) for name in SPLIT_NAMES}
+
+    @property
+    def group_dims(self) -> dict[str, int]:
+        """Number of features per group: {"static": 4, "known": 8, "observed": 4}."""
+        return {g: len(idx) for g, idx in self.dataset.groups.items()}
+
+    def split_dataset(self, split: str) -> WindowDataset:
+        if split not in self._windows:
+            raise KeyError(f"split {split!r}: unknown (have {', '.join(self._windows)})")
+        return self._windows[split]
+
+    def windows(self, split: str) -> dict[str, Tensor]:
+        """Every window of ``split`` in order (float32 tensors ``static`` (N, 4), ``known``
+        (N, seq_len + horizon, 8), ``observed`` (N, seq_len, 4), ``target`` (N, horizon), as
+        read-only strided views) plus ``bar_index`` (N,) LongTensor: the index in the split of
+        each window's last bar, to align forecasts with ``dataset.splits[split].close``."""
+        return self.split_dataset(split).all_windows()
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            self.split_dataset(split),
+            batch_size=self.batch_size if shuffle else self.eval_batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def _window_dataset(self, split: str) -> WindowDataset:
+        arrays = self.dataset.split(split)
+        bars = len(arrays)
+        need = self.seq_len + self.horizon
+        if bars < need:
+            raise ValueError(
+                f"split {split!r} has {bars} bars: needs at least model.window.seq_len + "
+                f"model.window.horizon = {need} for one window"
+            )
+        features = torch.from_numpy(arrays.features).float()
+        groups = self.dataset.groups
+        close = torch.from_numpy(arrays.close).double()
+        returns = torch.zeros(bars, dtype=torch.float64)
+        returns[1:] = torch.log(close[1:] / close[:-1]) / self.dataset.target_scale
+        return WindowDataset(
+            static=features[:, groups["static"]],
+            known=features[:, groups["known"]],
+            observed=features[:, groups["observed"]],
+            returns=returns.float(),
+            seq_len=self.seq_len,
+            horizon=self.horizon,
+        )
+
+
+class StepIndexDataset(Dataset):
+    """``length`` dummy items (the step number as a 0-d LongTensor) for agent loops."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, n: int) -> Tensor:
+        if not 0 <= n < self.length:
+            raise IndexError(f"step {n}: out of range ({self.length} steps)")
+        return torch.tensor(n, dtype=torch.long)
+
+
+class EnvDataModule(LightningDataModule):
+    """Trading environments over a market dataset for the RL agents.
+
+    Args:
+        dataset: the market dataset.
+        num_envs: parallel episodes of a training env (default of :meth:`make_env`).
+        episode_len: steps per training episode.
+        steps_per_epoch: items of the train loader (``training_step`` calls per epoch).
+        commission_usd: commission per contract traded, USD (``execution.commission_usd``).
+        slippage_ticks: slippage per contract traded, ticks (``execution.slippage_ticks``).
+    """
+
+    def __init__(
+        self,
+        dataset: MarketDataset,
+        num_envs: int,
+        episode_len: int,
+        steps_per_epoch: int,
+        commission_usd: float,
+        slippage_ticks: float,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("num_envs", num_envs),
+            ("episode_len", episode_len),
+            ("steps_per_epoch", steps_per_epoch),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"model.env.{name}={value!r}: must be an integer >= 1")
+        for name, value in (("commission_usd", commission_usd), ("slippage_ticks", slippage_ticks)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"execution.{name}={value!r}: must be a number >= 0")
+        train_bars = len(dataset.split("train"))
+        if episode_len > train_bars - 1:
+            raise ValueError(
+                f"model.env.episode_len={episode_len}: exceeds the train split "
+                f"({train_bars} bars, at most {train_bars - 1} steps)"
+            )
+        self.dataset = dataset
+        self.num_envs = num_envs
+        self.episode_len = episode_len
+        self.steps_per_epoch = steps_per_epoch
+        self.commission_usd = float(commission_usd)
+        self.slippage_ticks = float(slippage_ticks)
+
+    @property
+    def observation_dim(self) -> int:
+        """Features per bar plus the position column of the env observation."""
+        return len(self.dataset.feature_names) + 1
+
+    def split_tensors(
+        self, split: str, device: torch.device | str | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(features (T, 16) float32, close (T,) float64) tensors of ``split``."""
+        arrays = self.dataset.split(split)
+        features = torch.from_numpy(arrays.features).to(device=device, dtype=torch.float32)
+        close = torch.from_numpy(arrays.close).to(device=device, dtype=torch.float64)
+        return features, close
+
+    def make_env(
+        self,
+        split: str,
+        num_envs: int | None = None,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+    ) -> TradingEnv:
+        """A :class:`~foxhunt.data.env.TradingEnv` of random episodes over ``split``
+        (``num_envs`` defaults to the module's; ``device`` to CPU)."""
+        features, close = self.split_tensors(split, device)
+        return TradingEnv(
+            features,
+            close,
+            self.dataset.asset,
+            num_envs=self.num_envs if num_envs is None else num_envs,
+            episode_len=self.episode_len,
+            commission_usd=self.commission_usd,
+            slippage_ticks=self.slippage_ticks,
+            seed=seed,
+            device=device,
+        )
+
+    def make_eval_env(self, split: str, device: torch.device | str | None = None) -> TradingEnv:
+        """One env that walks ``split`` once from its first to its last bar (greedy passes)."""
+        features, close = self.split_tensors(split, device)
+        return TradingEnv.sequential(
+            features,
+            close,
+            self.dataset.asset,
+            commission_usd=self.commission_usd,
+            slippage_ticks=self.slippage_ticks,
+            device=device,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(StepIndexDataset(self.steps_per_epoch), batch_size=None)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(StepIndexDataset(1), batch_size=None)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(StepIndexDataset(1), batch_size=None)

@@ -1,0 +1,260 @@
+"""The market dataset every model trains on: features, close prices and timestamps per split.
+
+:func:`load_market_dataset` runs the data pipeline for one asset:
+
+1. ``source.load(asset)`` -> 1-minute bars frame (UTC index, OHLCV);
+2. :func:`foxhunt.data.features.compute_features` -> 16 feature columns;
+3. drop the warm-up rows (trailing windows not yet full, hence NaN);
+4. :func:`foxhunt.data.splits.split_slices` -> chronological train / val / test with gaps;
+5. z-normalize the observed group with the mean and std of the TRAIN split only (static and
+   known columns are already bounded and stay as they are);
+6. ``target_scale`` = std of the raw 1-bar log return over the train split (forecast targets
+   are divided by it).
+
+The result is cached on disk as one ``.npz`` file per input combination: the file name holds a
+SHA-256 of the source fingerprint, the asset spec, the feature and split configs and
+:data:`CACHE_VERSION`, so any change to one of them is a miss. Files are written to a temporary
+name and renamed with ``os.replace`` (atomic), so a crash never leaves a half-written cache; a
+file that cannot be read, or whose stored key or shapes disagree, is ignored and rebuilt.
+The cache is written by hand with numpy rather than a caching library: the payload is a few
+plain arrays and the key must cover exactly these inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from foxhunt.assets import AssetSpec
+from foxhunt.data.features import FEATURE_GROUPS, FEATURE_NAMES, FeatureConfig, compute_features
+from foxhunt.data.splits import SPLIT_NAMES, SplitConfig, split_slices
+
+log = logging.getLogger(__name__)
+
+# Bump when the features, the normalization or the cache layout change: old files then miss.
+CACHE_VERSION = "market-dataset-1"
+RETURN_FEATURE = "log_return"  # observed column whose train std is the target scale
+_CACHE_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+
+
+@dataclass
+class SplitArrays:
+    """One split: ``timestamps`` (datetime64[ns], UTC, bar start), ``features`` (float32,
+    T x 16, normalized) and ``close`` (float64, T)."""
+
+    timestamps: np.ndarray
+    features: np.ndarray
+    close: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.close)
+
+
+@dataclass
+class MarketDataset:
+    """Features of one asset split chronologically, ready for the datamodules.
+
+    ``groups`` maps ``static`` / ``known`` / ``observed`` to column indices of ``features``.
+    ``observed_mean`` / ``observed_std`` are the train statistics the observed group was
+    normalized with (raw = normalized * std + mean); ``cache_key`` the SHA-256 of the inputs.
+    """
+
+    asset: AssetSpec
+    feature_names: list[str]
+    groups: dict[str, list[int]]
+    splits: dict[str, SplitArrays]
+    target_scale: float
+    observed_mean: np.ndarray | None = None
+    observed_std: np.ndarray | None = None
+    cache_key: str = ""
+
+    def split(self, name: str) -> SplitArrays:
+        if name not in self.splits:
+            raise KeyError(f"split {name!r}: unknown (have {', '.join(self.splits)})")
+        return self.splits[name]
+
+
+def load_market_dataset(
+    source: Any,
+    asset: AssetSpec,
+    features_cfg: Any,
+    split_cfg: Any,
+    cache_dir: str | os.PathLike | None,
+) -> MarketDataset:
+    """Build (or read from ``cache_dir``) the market dataset of ``asset`` from ``source``.
+
+    ``features_cfg`` / ``split_cfg``: mappings, DictConfigs or the config dataclasses
+    (:class:`FeatureConfig`, :class:`SplitConfig`). ``cache_dir=None`` disables the cache.
+    """
+    features_cfg = FeatureConfig.from_config(features_cfg)
+    split_cfg = SplitConfig.from_config(split_cfg)
+    key = cache_key(source.fingerprint(asset), asset, features_cfg, split_cfg)
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"{asset.key}-{key}.npz"
+        cached = _read_cache(path, asset, key)
+        if cached is not None:
+            log.info("market dataset %s: cache hit %s", asset.key, path)
+            return cached
+    dataset = build_market_dataset(source.load(asset), asset, features_cfg, split_cfg)
+    dataset.cache_key = key
+    if path is not None:
+        _write_cache(path, dataset)
+        log.info("market dataset %s: cached to %s", asset.key, path)
+    return dataset
+
+
+def build_market_dataset(
+    bars: pd.DataFrame, asset: AssetSpec, features_cfg: Any, split_cfg: Any
+) -> MarketDataset:
+    """Features, split and train normalization of a bars frame (no cache)."""
+    features_cfg = FeatureConfig.from_config(features_cfg)
+    features = compute_features(bars, asset, features_cfg)
+    features = features.iloc[features_cfg.warmup_bars :]
+    _check_finite(features)
+    values = features.to_numpy(dtype=np.float64, copy=True)
+    close = bars["close"].to_numpy(dtype=np.float64, copy=True)[features_cfg.warmup_bars :]
+    timestamps = _utc_datetime64(features.index)
+
+    slices = split_slices(len(values), split_cfg)
+    groups = feature_groups()
+    observed = groups["observed"]
+    train = values[slices["train"]]
+    mean = train[:, observed].mean(axis=0)
+    std = train[:, observed].std(axis=0)
+    std = np.where(std > 0, std, 1.0)  # a constant column stays 0 instead of dividing by 0
+    target_scale = float(train[:, FEATURE_NAMES.index(RETURN_FEATURE)].std())
+    if not target_scale > 0:
+        raise ValueError(
+            f"asset {asset.key}: close is constant over the train split "
+            f"({len(train)} bars); cannot scale forecast targets"
+        )
+    values[:, observed] = (values[:, observed] - mean) / std
+    values = values.astype(np.float32)
+
+    splits = {
+        name: SplitArrays(
+            timestamps=timestamps[s].copy(), features=values[s].copy(), close=close[s].copy()
+        )
+        for name, s in slices.items()
+    }
+    return MarketDataset(
+        asset=asset,
+        feature_names=list(FEATURE_NAMES),
+        groups=groups,
+        splits=splits,
+        target_scale=target_scale,
+        observed_mean=mean,
+        observed_std=std,
+    )
+
+
+def feature_groups() -> dict[str, list[int]]:
+    """Column indices of each feature group in ``FEATURE_NAMES`` order."""
+    return {g: [FEATURE_NAMES.index(n) for n in names] for g, names in FEATURE_GROUPS.items()}
+
+
+def cache_key(
+    fingerprint: str, asset: AssetSpec, features_cfg: Any, split_cfg: Any
+) -> str:
+    """SHA-256 (hex) of everything the cached dataset depends on."""
+    payload = {
+        "version": CACHE_VERSION,
+        "source": str(fingerprint),
+        "asset": dataclasses.asdict(asset),
+        "features": dataclasses.asdict(FeatureConfig.from_config(features_cfg)),
+        "split": dataclasses.asdict(SplitConfig.from_config(split_cfg)),
+    }
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_finite(features: pd.DataFrame) -> None:
+    bad = ~np.isfinite(features.to_numpy(dtype=np.float64))
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise ValueError(
+            f"features: non-finite {features.columns[col]} at {features.index[row]} "
+            "(bad close or volume in the bars?)"
+        )
+
+
+def _utc_datetime64(index: pd.DatetimeIndex) -> np.ndarray:
+    return index.tz_convert("UTC").tz_localize(None).to_numpy().astype("datetime64[ns]")
+
+
+def _write_cache(path: Path, dataset: MarketDataset) -> None:
+    arrays: dict[str, np.ndarray] = {
+        "cache_key": np.array(dataset.cache_key),
+        "feature_names": np.array(dataset.feature_names),
+        "target_scale": np.array(dataset.target_scale, dtype=np.float64),
+        "observed_mean": np.asarray(dataset.observed_mean, dtype=np.float64),
+        "observed_std": np.asarray(dataset.observed_std, dtype=np.float64),
+    }
+    for group, indices in dataset.groups.items():
+        arrays[f"group_{group}"] = np.asarray(indices, dtype=np.int64)
+    for name, split in dataset.splits.items():
+        arrays[f"{name}_timestamps"] = split.timestamps.astype("datetime64[ns]").view(np.int64)
+        arrays[f"{name}_features"] = split.features
+        arrays[f"{name}_close"] = split.close
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise OSError(f"cache_dir={str(path.parent)!r}: cannot write the cache ({err})") from err
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _read_cache(path: Path, asset: AssetSpec, key: str) -> MarketDataset | None:
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if str(data["cache_key"]) != key:
+                raise ValueError("stored key differs")
+            names = [str(n) for n in data["feature_names"]]
+            if names != list(FEATURE_NAMES):
+                raise ValueError("feature names differ")
+            splits = {}
+            for name in SPLIT_NAMES:
+                stamps = data[f"{name}_timestamps"].view("datetime64[ns]")
+                features = data[f"{name}_features"]
+                close = data[f"{name}_close"]
+                if features.shape != (len(stamps), len(names)) or close.shape != stamps.shape:
+                    raise ValueError(f"{name} shapes disagree")
+                splits[name] = SplitArrays(timestamps=stamps, features=features, close=close)
+            dataset = MarketDataset(
+                asset=asset,
+                feature_names=names,
+                groups={g: data[f"group_{g}"].tolist() for g in FEATURE_GROUPS},
+                splits=splits,
+                target_scale=float(data["target_scale"]),
+                observed_mean=data["observed_mean"],
+                observed_std=data["observed_std"],
+                cache_key=key,
+            )
+    except _CACHE_READ_ERRORS as err:
+        log.warning("market dataset cache %s unreadable (%s): rebuilding", path, err)
+        return None
+    return dataset

@@ -1,0 +1,283 @@
+"""Per-bar features of a bars frame: 16 columns in three groups (static, known, observed).
+
+The groups follow the Temporal Fusion Transformer's split of inputs, which every model reads:
+
+* ``static`` (4): contract attributes, one constant per asset, pre-scaled to order one so they
+  need no normalization.
+* ``known`` (8): calendar features, known in advance for any future bar, bounded in [-1, 1]
+  or [0, 1]; computed in the exchange's time zone (``asset.session_tz``), except the
+  regular-trading-hours flag, which uses its own hours and zone (default: the US cash-equity
+  session, 09:30-16:00 New York time, whatever the contract).
+* ``observed`` (4): market features from past prices and volume. They are returned raw here;
+  :mod:`foxhunt.data.dataset` z-normalizes them with train-split statistics.
+
+No look-ahead: the feature row of bar ``t`` uses bars ``<= t`` only (rolling windows are
+trailing, returns look backwards). Windows count BARS, not minutes: a bars frame has no row for
+a minute without trade, a session break or a weekend, and the return of the first bar after such
+a gap is taken over the gap (from the last bar before it). That keeps the return series
+gap-free and sums to the true price change, at the cost of one larger return per gap; the
+``session_elapsed`` feature tells the models where these bars are.
+
+Written with numpy/pandas rather than a feature library: the 16 columns are simple, must be
+exactly reproducible for the cache key, and the session arithmetic (Globex sessions open the
+evening before the trade date) is specific to futures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import time
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.assets import AssetSpec
+
+MINUTES_PER_DAY = 24 * 60
+DAYS_PER_WEEK = 7
+TRADE_DATES_PER_WEEK = 5  # Monday to Friday trade dates
+BASIS_POINTS = 1e4
+PERCENT = 100.0
+
+BAR_COLUMNS = ("open", "high", "low", "close", "volume")
+
+FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
+    "static": (
+        "tick_size_bps",  # tick_size / price_level, in basis points
+        "log10_tick_value",  # log10 of the USD value of one tick
+        "daily_vol_pct",  # typical daily return volatility, in percent
+        "session_hours_frac",  # length of the Globex session / 24 h
+    ),
+    "known": (
+        "minute_of_day_sin",  # sin(2 pi m / 1440), m = local minute of day (exchange zone)
+        "minute_of_day_cos",  # cos(2 pi m / 1440)
+        "day_of_week_sin",  # sin(2 pi d / 7), d = local weekday, Monday = 0
+        "day_of_week_cos",  # cos(2 pi d / 7)
+        "session_elapsed",  # minutes since the session open / session length, in [0, 1]
+        "session_remaining",  # minutes to the session close / session length, in [0, 1]
+        "regular_hours",  # 1.0 inside the regular (day) trading hours on a weekday, else 0.0
+        "week_elapsed",  # (trade-date weekday + session_elapsed) / 5, in [0, 1]
+    ),
+    "observed": (
+        "log_return",  # log(close_t / close_{t-1}), over gaps
+        "momentum",  # log(close_t / close_{t-momentum_bars})
+        "realized_vol",  # sqrt(mean of log_return^2 over the last volatility_bars bars)
+        "log_volume_ratio",  # log((1 + v_t) / (1 + mean of v over the last volume_bars bars))
+    ),
+}
+FEATURE_NAMES: tuple[str, ...] = tuple(n for names in FEATURE_GROUPS.values() for n in names)
+
+
+# The regular-hours flag marks the US cash-equity session (NYSE / Nasdaq, 09:30-16:00 New York
+# time): the busiest hours of all four contracts. A market fact, overridable per config.
+US_CASH_SESSION_OPEN = "09:30"
+US_CASH_SESSION_CLOSE = "16:00"
+US_CASH_SESSION_TZ = "America/New_York"
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """Tunables of the features (Hydra node ``data.features``).
+
+    momentum_bars: bars back for the momentum log return.
+    volatility_bars: trailing bars of 1-bar log returns in the realized volatility.
+    volume_bars: trailing bars of volume in the mean the current volume is compared to.
+    rth_open / rth_close: regular trading hours, "HH:MM" local to ``rth_tz`` (open inclusive,
+        close exclusive); default the US cash-equity session 09:30-16:00 New York time.
+    rth_tz: IANA zone of rth_open / rth_close.
+    """
+
+    momentum_bars: int
+    volatility_bars: int
+    volume_bars: int
+    rth_open: str = US_CASH_SESSION_OPEN
+    rth_close: str = US_CASH_SESSION_CLOSE
+    rth_tz: str = US_CASH_SESSION_TZ
+
+    def __post_init__(self) -> None:
+        for name in ("momentum_bars", "volatility_bars", "volume_bars"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"features.{name}={value!r}: must be an integer >= 1")
+        _parse_hhmm(self.rth_open, "features.rth_open")
+        _parse_hhmm(self.rth_close, "features.rth_close")
+        try:
+            ZoneInfo(self.rth_tz)
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"features.rth_tz={self.rth_tz!r}: unknown IANA time zone") from None
+
+    @property
+    def warmup_bars(self) -> int:
+        """Leading rows whose observed features are undefined (NaN)."""
+        return max(self.momentum_bars, self.volatility_bars, self.volume_bars - 1)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> FeatureConfig:
+        """Build from a FeatureConfig, a dataclass, a mapping or an OmegaConf DictConfig."""
+        return cls(**_config_fields(cls, cfg, "features"))
+
+
+def compute_features(bars: pd.DataFrame, asset: AssetSpec, cfg: Any) -> pd.DataFrame:
+    """The 16 feature columns (``FEATURE_NAMES`` order) of a bars frame, float64, same index.
+
+    ``cfg`` is a :class:`FeatureConfig` or anything :meth:`FeatureConfig.from_config` takes.
+    The first ``cfg.warmup_bars`` rows have NaN observed features (trailing windows not full).
+    """
+    cfg = FeatureConfig.from_config(cfg)
+    _check_bars(bars)
+    index = bars.index
+    columns = {}
+    columns.update(_static_features(asset, len(index)))
+    columns.update(_known_features(index, asset, cfg))
+    columns.update(_observed_features(bars, cfg))
+    return pd.DataFrame(columns, index=index, columns=list(FEATURE_NAMES), dtype=np.float64)
+
+
+def _static_features(asset: AssetSpec, n: int) -> dict[str, np.ndarray]:
+    values = {
+        "tick_size_bps": asset.tick_size / asset.price_level * BASIS_POINTS,
+        "log10_tick_value": math.log10(asset.tick_value),
+        "daily_vol_pct": asset.daily_vol * PERCENT,
+        "session_hours_frac": _session_length(asset) / MINUTES_PER_DAY,
+    }
+    return {name: np.full(n, value, dtype=np.float64) for name, value in values.items()}
+
+
+def _known_features(index: pd.DatetimeIndex, asset: AssetSpec, cfg: FeatureConfig) -> dict:
+    local = index.tz_convert(asset.session_tz)
+    minute = _minute_of_day(local)
+    weekday = local.day_of_week.to_numpy().astype(np.float64)
+
+    open_min = _minutes(asset.open_time)
+    close_min = _minutes(asset.close_time)
+    length = _session_length(asset)
+    since_open = np.mod(minute - open_min, MINUTES_PER_DAY)
+    elapsed = np.clip(since_open / length, 0.0, 1.0)
+    remaining = np.clip((length - since_open) / length, 0.0, 1.0)
+    # A Globex session that opens in the evening trades for the next calendar date.
+    overnight = open_min > close_min
+    trade_weekday = np.mod(weekday + ((minute >= open_min) & overnight), DAYS_PER_WEEK)
+    week_elapsed = np.clip((trade_weekday + elapsed) / TRADE_DATES_PER_WEEK, 0.0, 1.0)
+
+    rth_local = index.tz_convert(cfg.rth_tz)
+    rth_minute = _minute_of_day(rth_local)
+    rth_open = _minutes(_parse_hhmm(cfg.rth_open, "features.rth_open"))
+    rth_close = _minutes(_parse_hhmm(cfg.rth_close, "features.rth_close"))
+    weekday_rth = rth_local.day_of_week.to_numpy() < TRADE_DATES_PER_WEEK
+    regular = (rth_minute >= rth_open) & (rth_minute < rth_close) & weekday_rth
+
+    day_angle = 2.0 * np.pi * minute / MINUTES_PER_DAY
+    week_angle = 2.0 * np.pi * weekday / DAYS_PER_WEEK
+    return {
+        "minute_of_day_sin": np.sin(day_angle),
+        "minute_of_day_cos": np.cos(day_angle),
+        "day_of_week_sin": np.sin(week_angle),
+        "day_of_week_cos": np.cos(week_angle),
+        "session_elapsed": elapsed,
+        "session_remaining": remaining,
+        "regular_hours": regular.astype(np.float64),
+        "week_elapsed": week_elapsed,
+    }
+
+
+def _observed_features(bars: pd.DataFrame, cfg: FeatureConfig) -> dict[str, np.ndarray]:
+    log_close = pd.Series(np.log(bars["close"].to_numpy(dtype=np.float64)))
+    log_return = log_close.diff()
+    momentum = log_close - log_close.shift(cfg.momentum_bars)
+    window = cfg.volatility_bars
+    mean_square = (log_return**2).rolling(window, min_periods=window).mean()
+    # Rolling sums can round a zero mean to a tiny negative number: clip before the root.
+    realized_vol = np.sqrt(mean_square.clip(lower=0.0))
+    volume = pd.Series(bars["volume"].to_numpy(dtype=np.float64))
+    window = cfg.volume_bars
+    mean_volume = volume.rolling(window, min_periods=window).mean()
+    log_volume_ratio = np.log1p(volume) - np.log1p(mean_volume)
+    return {
+        "log_return": log_return.to_numpy(),
+        "momentum": momentum.to_numpy(),
+        "realized_vol": realized_vol.to_numpy(),
+        "log_volume_ratio": log_volume_ratio.to_numpy(),
+    }
+
+
+def _check_bars(bars: pd.DataFrame) -> None:
+    missing = [c for c in BAR_COLUMNS if c not in bars.columns]
+    if missing:
+        raise ValueError(f"bars frame: missing columns {missing} (need {list(BAR_COLUMNS)})")
+    index = bars.index
+    if not isinstance(index, pd.DatetimeIndex) or index.tz is None:
+        raise ValueError("bars frame: index must be a time-zone aware (UTC) DatetimeIndex")
+    if not index.is_monotonic_increasing or not index.is_unique:
+        raise ValueError("bars frame: index must be strictly increasing (sorted, no duplicates)")
+    close = bars["close"].to_numpy(dtype=np.float64)
+    volume = bars["volume"].to_numpy(dtype=np.float64)
+    checks = (
+        ("close", close, np.isfinite(close) & (close > 0), "> 0"),
+        ("volume", volume, np.isfinite(volume) & (volume >= 0), ">= 0"),
+    )
+    for column, values, ok, rule in checks:
+        bad = ~ok
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise ValueError(
+                f"bars frame: {column}={float(values[row])!r} at {index[row]} (row {row}): "
+                f"must be finite and {rule}"
+            )
+
+
+def _session_length(asset: AssetSpec) -> int:
+    """Minutes from session open to close (a session may span midnight); 24 h if equal."""
+    length = (_minutes(asset.close_time) - _minutes(asset.open_time)) % MINUTES_PER_DAY
+    return length or MINUTES_PER_DAY
+
+
+def _minute_of_day(local: pd.DatetimeIndex) -> np.ndarray:
+    hours = local.hour.to_numpy().astype(np.float64)
+    minutes = local.minute.to_numpy().astype(np.float64)
+    seconds = local.second.to_numpy().astype(np.float64)
+    return hours * 60.0 + minutes + seconds / 60.0
+
+
+def _minutes(t: time) -> int:
+    return t.hour * 60 + t.minute
+
+
+def _parse_hhmm(text: Any, key: str) -> time:
+    try:
+        hh, mm = str(text).split(":")
+        return time(int(hh), int(mm))
+    except ValueError:
+        raise ValueError(f"{key}={text!r}: must be a local time 'HH:MM'") from None
+
+
+def _config_fields(cls: type, cfg: Any, section: str) -> dict[str, Any]:
+    """Field values of dataclass ``cls`` from a dataclass, mapping or DictConfig ``cfg``."""
+    if isinstance(cfg, cls):
+        return dataclasses.asdict(cfg)
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        values = dataclasses.asdict(cfg)
+    elif isinstance(cfg, DictConfig):
+        values = OmegaConf.to_container(cfg, resolve=True)
+    elif isinstance(cfg, Mapping):
+        values = dict(cfg)
+    else:
+        raise ValueError(f"{section}: expected a mapping, got {type(cfg).__name__}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(f"{section}.{unknown[0]}: unknown key (known keys: {', '.join(names)})")
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    absent = [n for n in required if n not in values]
+    if absent:
+        raise ValueError(f"{section}.{absent[0]}: missing key")
+    return {n: values[n] for n in names if n in values}

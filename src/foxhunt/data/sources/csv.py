@@ -1,0 +1,189 @@
+"""Generic OHLCV CSV files (plain or gzip) as a bars source.
+
+Column names, the time zone of naive timestamps, the timestamp format (or the epoch unit of
+numeric timestamps) and the bar-label convention are all arguments, so the same class reads
+most vendors' minute files. Bars labelled at their CLOSE (the real 6E file's convention)
+are shifted back by one bar so the output is labelled at the bar START, like every source.
+
+``path`` may be one file, a directory (every ``*.csv`` / ``*.csv.gz`` in it) or a glob;
+files are read in name order and must not overlap. Each file is checked with
+:func:`~foxhunt.data.bars.validate_bars` with the file path as origin and CSV line numbers
+(the header is line 1), then the concatenation is checked once more.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from foxhunt.assets import AssetSpec
+from foxhunt.data.bars import BAR_COLUMNS, resolve_files, source_fingerprint, validate_bars
+from foxhunt.data.errors import BarDataError
+
+CSV_SUFFIXES = (".csv", ".csv.gz", ".txt", ".txt.gz")
+BAR_LABELS = ("start", "close")
+EPOCH_UNITS = ("s", "ms", "us", "ns")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+class CsvBarSource:
+    """Bars from OHLCV CSV files with configurable columns, time zone and label convention.
+
+    Args:
+        path: a CSV file (``.gz`` allowed), a directory of them or a glob.
+        timestamp_column, open_column, high_column, low_column, close_column, volume_column:
+            the header names of the six fields.
+        timezone: IANA zone of naive (offset-less) timestamps; timestamps that carry an
+            offset, and numeric epoch timestamps, are converted from their own zone.
+        bar_label: "start" when a row's timestamp is the bar's open time, "close" when it is
+            the bar's end (the row is then moved back by ``bar_minutes``).
+        timestamp_format: strftime format of the timestamp text; None parses ISO-8601.
+        timestamp_unit: "s", "ms", "us" or "ns" when timestamps are numbers since the UNIX
+            epoch (UTC); None when they are text.
+        bar_minutes: the bar length in minutes (the label shift for close-labelled bars).
+        delimiter: the field separator.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        timestamp_column: str = "timestamp_utc",
+        open_column: str = "open",
+        high_column: str = "high",
+        low_column: str = "low",
+        close_column: str = "close",
+        volume_column: str = "volume",
+        timezone: str = "UTC",
+        bar_label: str = "close",
+        timestamp_format: str | None = None,
+        timestamp_unit: str | None = None,
+        bar_minutes: int = 1,
+        delimiter: str = ",",
+    ) -> None:
+        if bar_label not in BAR_LABELS:
+            raise ValueError(f"bar_label={bar_label!r}: must be one of {', '.join(BAR_LABELS)}")
+        if timestamp_unit is not None and timestamp_unit not in EPOCH_UNITS:
+            raise ValueError(
+                f"timestamp_unit={timestamp_unit!r}: must be one of {', '.join(EPOCH_UNITS)} or null"
+            )
+        if not (isinstance(bar_minutes, int) and bar_minutes > 0):
+            raise ValueError(f"bar_minutes={bar_minutes!r}: must be a positive whole number of minutes")
+        try:
+            pd.Timestamp("2024-01-01").tz_localize(timezone)
+        except Exception as exc:  # noqa: BLE001 - any failure means an unusable zone
+            raise ValueError(f"timezone={timezone!r}: not a known time zone ({_one_line(exc)})") from None
+        self.path = str(path)
+        self.columns = {
+            "ts": timestamp_column,
+            "open": open_column,
+            "high": high_column,
+            "low": low_column,
+            "close": close_column,
+            "volume": volume_column,
+        }
+        self.timezone = timezone
+        self.bar_label = bar_label
+        self.timestamp_format = timestamp_format
+        self.timestamp_unit = timestamp_unit
+        self.bar_minutes = bar_minutes
+        self.delimiter = delimiter
+
+    # ------------------------------------------------------------------ public API
+    def files(self) -> list[Path]:
+        return resolve_files(self.path, CSV_SUFFIXES, "OHLCV CSV files")
+
+    def load(self, asset: AssetSpec) -> pd.DataFrame:
+        """All bars of the files, start-labelled in UTC, checked against the contract."""
+        frames = [self._read_file(file, asset) for file in self.files()]
+        if len(frames) == 1:
+            return frames[0]
+        return validate_bars(pd.concat(frames), asset.tick_size, origin=self.path)
+
+    def fingerprint(self, asset: AssetSpec) -> str:
+        return source_fingerprint("csv", self._params(), asset, self.files())
+
+    # ------------------------------------------------------------------ internals
+    def _params(self) -> dict:
+        return {
+            "path": self.path,
+            "columns": self.columns,
+            "timezone": self.timezone,
+            "bar_label": self.bar_label,
+            "timestamp_format": self.timestamp_format,
+            "timestamp_unit": self.timestamp_unit,
+            "bar_minutes": self.bar_minutes,
+            "delimiter": self.delimiter,
+        }
+
+    def _read_file(self, file: Path, asset: AssetSpec) -> pd.DataFrame:
+        origin = str(file)
+        ts_name = self.columns["ts"]
+        try:
+            raw = pd.read_csv(
+                file,
+                sep=self.delimiter,
+                dtype={ts_name: str} if self.timestamp_unit is None else None,
+                skipinitialspace=True,
+            )
+        except (OSError, ValueError, UnicodeDecodeError, EOFError) as exc:
+            raise BarDataError(f"{origin}: cannot read as CSV ({_one_line(exc)})") from None
+        missing = [name for name in self.columns.values() if name not in raw.columns]
+        if missing:
+            found = ", ".join(map(str, raw.columns)) or "none"
+            raise BarDataError(f"{origin}: missing column(s) {', '.join(missing)} (columns found: {found})")
+        if raw.empty:
+            raise BarDataError(f"{origin}: no bars (the file has a header but no rows)")
+        lines = np.arange(len(raw)) + 2  # line 1 is the header
+        index = self._timestamps(raw[ts_name], origin, lines)
+        frame = pd.DataFrame(
+            {column: raw[self.columns[column]].to_numpy() for column in BAR_COLUMNS}, index=index
+        )
+        return validate_bars(frame, asset.tick_size, origin=origin, rows=lines, row_name="line")
+
+    def _timestamps(self, column: pd.Series, origin: str, lines: np.ndarray) -> pd.DatetimeIndex:
+        name = self.columns["ts"]
+        if self.timestamp_unit is not None:
+            numbers = pd.to_numeric(column, errors="coerce")
+            bad = np.flatnonzero(numbers.isna().to_numpy())
+            if bad.size:
+                i = int(bad[0])
+                raise BarDataError(
+                    f"{origin}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not an epoch number "
+                    f"in {self.timestamp_unit}"
+                )
+            index = pd.DatetimeIndex(pd.to_datetime(numbers.to_numpy(), unit=self.timestamp_unit, utc=True))
+        else:
+            text = column.astype(str).str.strip()
+            try:
+                parsed = pd.to_datetime(text, format=self.timestamp_format or "ISO8601", errors="coerce")
+            except (ValueError, TypeError) as exc:  # e.g. naive and offset timestamps mixed
+                raise BarDataError(
+                    f"{origin}: field '{name}': cannot parse timestamps ({_one_line(exc)})"
+                ) from None
+            bad = np.flatnonzero(parsed.isna().to_numpy())
+            if bad.size:
+                i = int(bad[0])
+                expected = self.timestamp_format or "ISO-8601"
+                raise BarDataError(
+                    f"{origin}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not a timestamp "
+                    f"(expected {expected})"
+                )
+            index = pd.DatetimeIndex(parsed)
+            if index.tz is None:
+                try:
+                    index = index.tz_localize(self.timezone, ambiguous="raise", nonexistent="raise")
+                except Exception as exc:  # noqa: BLE001 - pandas raises several types here
+                    raise BarDataError(
+                        f"{origin}: field '{name}': timestamps do not exist or are ambiguous in "
+                        f"{self.timezone} ({_one_line(exc)})"
+                    ) from None
+        index = index.tz_convert("UTC")
+        if self.bar_label == "close":
+            index = index - timedelta(minutes=self.bar_minutes)
+        return index

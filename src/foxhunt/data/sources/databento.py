@@ -1,0 +1,794 @@
+"""Databento OHLCV data (DBN files and CSV exports) as a bars source, rolled by volume.
+
+Inputs. ``path`` is a file, a directory or a glob of:
+
+* DBN files (``.dbn``, ``.dbn.zst``; DBN versions 1-3), decoded with ``databento_dbn``
+  (the ``databento`` client is not needed). OHLCV records give the bars; definition
+  records (schema ``definition``, in the same path or in ``definitions``) give symbols and
+  expirations; a file of any other schema (trades, mbp-1, ...) is an error.
+* Databento CSV exports (``.csv``, ``.csv.gz``): columns ``ts_event, rtype, publisher_id,
+  instrument_id, open, high, low, close, volume`` and optionally ``symbol``; prices either
+  raw fixed-point integers (1 unit = 1e-9) or decimals, timestamps either integer
+  nanoseconds or ISO-8601 (what ``databento_dbn.Transcoder`` / ``DBNStore.to_csv`` write).
+
+Conventions (Databento's): ``ts_event`` is the inclusive START of the bar, in UTC; no bar is
+written for an interval without trades, and gaps stay gaps here. Symbols come from the DBN
+metadata's symbol mappings (an instrument id maps to a raw symbol over UTC date intervals,
+resolved the way the ``databento`` client does), from the CSV ``symbol`` column, else from
+definition records; without any of them a contract is known only by its instrument id, so
+``load`` then needs a single-instrument file (or ``symbol=<instrument id>``).
+
+Null prices: OHLCV bars always carry prices, so a null price (2**63-1 raw, an empty field
+in a decimal CSV) means a damaged file: reading stops with a BarDataError naming the file,
+the record (DBN record index from 0, or CSV line) and the field.
+
+Continuous series (:meth:`DatabentoBarSource.load`). Only 1-minute bars (``ohlcv-1m``) make
+the training series; other OHLCV schemas can be read with :func:`read_databento_ohlcv`
+but ``load`` rejects them naming the schema found. For a parent-symbol request (``ES.FUT``:
+every contract plus calendar spreads such as ``ESM5-ESU5``) only the outright futures of the
+asset's root are kept (``ES`` + month code + year: spreads, options and other roots are
+dropped), then :func:`roll_by_volume` picks the front month per CME trading date (the
+outright with the most volume that day; a roll never goes back to an earlier expiry) and
+concatenates those contracts' bars. Prices are not back-adjusted: the series jumps by the
+calendar spread on a roll day, as Databento's own continuous contracts do.
+
+:func:`write_ohlcv_1m` writes bars in Databento's format through ``databento_dbn``'s own
+encoder, for tests and smoke runs (see its docstring for the exact format).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import databento_dbn as dbn
+import numpy as np
+import pandas as pd
+
+from foxhunt.assets import AssetSpec
+from foxhunt.data.bars import (
+    BAR_COLUMNS,
+    INDEX_NAME,
+    resolve_files,
+    source_fingerprint,
+    trade_dates,
+    validate_bars,
+)
+from foxhunt.data.errors import BarDataError
+
+FIXED_PRICE_SCALE = dbn.FIXED_PRICE_SCALE  # 1e9 raw units per 1.0 of price
+UNDEF_PRICE = dbn.UNDEF_PRICE  # 2**63 - 1, Databento's null price
+OHLCV_SCHEMAS = {32: "ohlcv-1s", 33: "ohlcv-1m", 34: "ohlcv-1h", 35: "ohlcv-1d", 36: "ohlcv-eod"}
+TRAINING_SCHEMA = "ohlcv-1m"
+DBN_SUFFIXES = (".dbn", ".dbn.zst")
+CSV_SUFFIXES = (".csv", ".csv.gz")
+MONTH_CODES = "FGHJKMNQUVXZ"  # CME futures month codes, January..December
+RAW_COLUMNS = (
+    "ts_event", "rtype", "schema", "publisher_id", "instrument_id", "symbol",
+    "open", "high", "low", "close", "volume", "file", "record",
+)  # fmt: skip
+CSV_REQUIRED = ("ts_event", "instrument_id", "open", "high", "low", "close", "volume")
+CSV_PRICE_FORMATS = ("auto", "fixed", "decimal")
+ROLL_RULES = ("volume",)
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_DECODE_CHUNK = 1 << 23
+_BAR_SPACINGS = {1: "ohlcv-1s", 60: "ohlcv-1m", 3600: "ohlcv-1h", 86400: "ohlcv-1d"}
+_OHLCV_DTYPE = np.dtype(
+    [
+        ("length", "u1"),
+        ("rtype", "u1"),
+        ("publisher_id", "<u2"),
+        ("instrument_id", "<u4"),
+        ("ts_event", "<u8"),
+        ("open", "<i8"),
+        ("high", "<i8"),
+        ("low", "<i8"),
+        ("close", "<i8"),
+        ("volume", "<u8"),
+    ]
+)  # DBN OhlcvMsg: a 16-byte record header, then the bar; the same in DBN v1-v3
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+# ============================================================================ definitions
+@dataclass
+class _Definitions:
+    """instrument_id -> raw symbol and expiration (ns), from definition records."""
+
+    symbol: dict[int, str] = field(default_factory=dict)
+    expiration: dict[int, int] = field(default_factory=dict)
+
+    def add(self, record) -> None:
+        iid = int(record.instrument_id)
+        self.symbol[iid] = str(record.raw_symbol)
+        expiration = int(record.expiration)
+        if 0 < expiration < dbn.UNDEF_TIMESTAMP:
+            self.expiration[iid] = expiration
+
+
+def _is_definition(record) -> bool:
+    return (
+        hasattr(record, "raw_symbol")
+        and hasattr(record, "expiration")
+        and hasattr(record, "min_price_increment")
+    )
+
+
+# ============================================================================ DBN reading
+def _decode_dbn(file: Path) -> tuple[object, list]:
+    """(metadata, records) of a DBN file, zstd-compressed or not."""
+    try:
+        with open(file, "rb") as handle:
+            head = handle.read(4)
+            if head[:4] == _ZSTD_MAGIC:
+                compression = dbn.Compression.ZSTD
+            elif head[:3] == b"DBN":
+                compression = dbn.Compression.NONE
+            else:
+                raise BarDataError(f"{file}: not a DBN file (neither a DBN header nor zstd data)")
+            decoder = dbn.DBNDecoder(
+                compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3
+            )
+            decoder.write(head)
+            out: list = []
+            while chunk := handle.read(_DECODE_CHUNK):
+                decoder.write(chunk)
+                out.extend(decoder.decode())
+            out.extend(decoder.decode())
+    except OSError as exc:
+        raise BarDataError(f"{file}: cannot read ({_one_line(exc)})") from None
+    except (dbn.DBNError, ValueError) as exc:
+        if isinstance(exc, BarDataError):
+            raise
+        raise BarDataError(f"{file}: cannot decode DBN ({_one_line(exc)})") from None
+    if not out or not isinstance(out[0], dbn.Metadata):
+        raise BarDataError(f"{file}: DBN data without metadata header")
+    return out[0], out[1:]
+
+
+def _mapping_table(metadata) -> pd.DataFrame:
+    """Metadata symbol mappings as rows (instrument_id, start, end, symbol); dates are UTC,
+    ``end`` exclusive. Resolved like the databento client: the side that is an instrument
+    id is the key, the other side the symbol. Parent requests keyed by the parent symbol
+    (``ES.FUT``) name no contract and are skipped."""
+    rows = []
+    stype_in, stype_out = metadata.stype_in, metadata.stype_out
+    requested = set(metadata.symbols or ())
+    for symbol_in, intervals in (metadata.mappings or {}).items():
+        for interval in intervals:
+            symbol_out = interval["symbol"]
+            if not symbol_out:
+                continue
+            try:
+                if stype_in == dbn.SType.INSTRUMENT_ID:
+                    iid, symbol = int(symbol_in), str(symbol_out)
+                elif stype_out == dbn.SType.INSTRUMENT_ID:
+                    iid, symbol = int(symbol_out), str(symbol_in)
+                else:
+                    continue
+            except ValueError:
+                continue
+            if stype_in == dbn.SType.PARENT and symbol in requested:
+                continue  # keyed by the parent symbol itself: names no contract
+            rows.append(
+                (
+                    iid,
+                    np.datetime64(interval["start_date"], "D"),
+                    np.datetime64(interval["end_date"], "D"),
+                    symbol,
+                )
+            )
+    return pd.DataFrame(rows, columns=["instrument_id", "start", "end", "symbol"])
+
+
+def _resolve_symbols(iids: np.ndarray, ts_ns: np.ndarray, table: pd.DataFrame) -> np.ndarray:
+    """Symbol of each record from the mapping table (None where no interval covers it)."""
+    symbols = np.full(iids.size, None, dtype=object)
+    if table.empty or iids.size == 0:
+        return symbols
+    days = ts_ns.astype("datetime64[ns]").astype("datetime64[D]").astype(np.int64)
+    span = int(days.max() - days.min()) + 1
+    keys, inverse = np.unique(iids.astype(np.int64) * span + (days - days.min()), return_inverse=True)
+    pairs = pd.DataFrame(
+        {
+            "instrument_id": keys // span,
+            "day": (keys % span + days.min()).astype("datetime64[D]"),
+            "pair": np.arange(keys.size),
+        }
+    )
+    merged = pairs.merge(table.astype({"instrument_id": np.int64}), on="instrument_id", how="inner")
+    merged = merged[(merged["day"] >= merged["start"]) & (merged["day"] < merged["end"])]
+    merged = merged.drop_duplicates("pair")
+    per_pair = np.full(keys.size, None, dtype=object)
+    per_pair[merged["pair"].to_numpy()] = merged["symbol"].to_numpy()
+    return per_pair[inverse.ravel()]
+
+
+def _ohlcv_arrays(records: list) -> np.ndarray:
+    """OHLCV records as a structured array (fast path through the records' bytes)."""
+    if not records:
+        return np.empty(0, dtype=_OHLCV_DTYPE)
+    blob = b"".join(bytes(r) for r in records)
+    size = len(blob) // len(records)
+    if size * len(records) == len(blob) and size >= _OHLCV_DTYPE.itemsize:
+        padded = np.dtype(
+            {
+                "names": _OHLCV_DTYPE.names,
+                "formats": [_OHLCV_DTYPE.fields[n][0] for n in _OHLCV_DTYPE.names],
+                "offsets": [_OHLCV_DTYPE.fields[n][1] for n in _OHLCV_DTYPE.names],
+                "itemsize": size,
+            }
+        )
+        arr = np.frombuffer(blob, dtype=padded)
+        first, last = records[0], records[-1]
+        if (
+            int(arr["ts_event"][0]) == first.ts_event
+            and int(arr["close"][-1]) == last.close
+            and int(arr["volume"][-1]) == last.volume
+            and int(arr["instrument_id"][-1]) == last.instrument_id
+        ):
+            return arr.astype(_OHLCV_DTYPE)
+    arr = np.empty(len(records), dtype=_OHLCV_DTYPE)
+    for name in (
+        "rtype",
+        "publisher_id",
+        "instrument_id",
+        "ts_event",
+        "open",
+        "high",
+        "low",
+        "close",
+        "volume",
+    ):
+        arr[name] = [int(getattr(r, name)) for r in records]
+    return arr
+
+
+def _read_dbn(file: Path, definitions: _Definitions) -> pd.DataFrame | None:
+    """Raw OHLCV records of one DBN file; None for a definition file (whose records are
+    added to ``definitions``)."""
+    metadata, records = _decode_dbn(file)
+    schema = str(metadata.schema) if metadata.schema is not None else None
+    if schema == "definition" or (schema is None and records and all(_is_definition(r) for r in records)):
+        for record in records:
+            if _is_definition(record):
+                definitions.add(record)
+        return None
+    if schema is not None and not schema.startswith("ohlcv"):
+        raise BarDataError(f"{file}: schema {schema} is not an OHLCV schema (ohlcv-1s/1m/1h/1d)")
+    bars, kept = [], []
+    for number, record in enumerate(records):
+        if isinstance(record, dbn.OHLCVMsg):
+            bars.append(record)
+            kept.append(number)
+        elif _is_definition(record):
+            definitions.add(record)
+    numbers = np.asarray(kept, dtype=np.int64)
+    if not bars:
+        raise BarDataError(f"{file}: no OHLCV records in this DBN file (schema {schema})")
+    arr = _ohlcv_arrays(bars)
+    table = _mapping_table(metadata)
+    symbols = _resolve_symbols(arr["instrument_id"], arr["ts_event"], table)
+    frame = _records_frame(
+        file,
+        ts=arr["ts_event"].astype(np.int64),
+        rtype=arr["rtype"].astype(np.int64),
+        publisher_id=arr["publisher_id"].astype(np.int64),
+        instrument_id=arr["instrument_id"].astype(np.int64),
+        symbol=symbols,
+        prices={k: arr[k].astype(np.int64) for k in ("open", "high", "low", "close")},
+        fixed=True,
+        volume=arr["volume"].astype(np.float64),
+        numbers=numbers,
+        row_name="record",
+    )
+    return frame
+
+
+def _records_frame(
+    file, *, ts, rtype, publisher_id, instrument_id, symbol, prices, fixed, volume, numbers, row_name
+):
+    """Assemble the raw-records frame; null prices raise, fixed-point prices become decimals."""
+    out = {}
+    for name, values in prices.items():
+        null = values == UNDEF_PRICE if fixed else np.isnan(values)
+        if null.any():
+            i = int(np.flatnonzero(null)[0])
+            raise BarDataError(
+                f"{file}: {row_name} {numbers[i]}: field '{name}' is the null price (2^63-1 / empty); "
+                "OHLCV bars always have prices, so the file is damaged"
+            )
+        out[name] = values / FIXED_PRICE_SCALE if fixed else values.astype(np.float64)
+    kinds, which = np.unique(np.asarray(rtype), return_inverse=True)
+    schema = np.array([OHLCV_SCHEMAS.get(int(r), f"rtype {int(r)}") for r in kinds], dtype=object)[which]
+    return pd.DataFrame(
+        {
+            "ts_event": pd.DatetimeIndex(np.asarray(ts, dtype="datetime64[ns]"), tz="UTC"),
+            "rtype": rtype,
+            "schema": schema,
+            "publisher_id": publisher_id,
+            "instrument_id": instrument_id,
+            "symbol": pd.Series(symbol, dtype=object),
+            **out,
+            "volume": volume,
+            "file": str(file),
+            "record": numbers,
+        }
+    )[list(RAW_COLUMNS)]
+
+
+# ============================================================================ CSV reading
+def _schema_from_name(file: Path) -> str | None:
+    for schema in OHLCV_SCHEMAS.values():
+        if schema in file.name.lower():
+            return schema
+    return None
+
+
+def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
+    try:
+        raw = pd.read_csv(file, dtype={"symbol": object})
+    except (OSError, ValueError, UnicodeDecodeError, EOFError) as exc:
+        raise BarDataError(f"{file}: cannot read as CSV ({_one_line(exc)})") from None
+    missing = [c for c in CSV_REQUIRED if c not in raw.columns]
+    if missing:
+        found = ", ".join(map(str, raw.columns)) or "none"
+        raise BarDataError(f"{file}: missing column(s) {', '.join(missing)} (columns found: {found})")
+    if raw.empty:
+        raise BarDataError(f"{file}: no records (the file has a header but no rows)")
+    lines = np.arange(len(raw), dtype=np.int64) + 2  # line 1 is the header
+
+    ts_column = raw["ts_event"]
+    if pd.api.types.is_integer_dtype(ts_column):
+        ts = ts_column.to_numpy(dtype=np.int64)
+    else:
+        parsed = pd.to_datetime(ts_column.astype(str), utc=True, format="ISO8601", errors="coerce")
+        bad = np.flatnonzero(parsed.isna().to_numpy())
+        if bad.size:
+            i = int(bad[0])
+            raise BarDataError(
+                f"{file}: line {lines[i]}: field 'ts_event'={ts_column.iloc[i]!r} is neither integer "
+                "nanoseconds nor an ISO-8601 timestamp"
+            )
+        ts = pd.DatetimeIndex(parsed).as_unit("ns").asi8
+
+    integer_prices = all(pd.api.types.is_integer_dtype(raw[c]) for c in ("open", "high", "low", "close"))
+    fixed = integer_prices if csv_prices == "auto" else csv_prices == "fixed"
+    prices = {}
+    for name in ("open", "high", "low", "close"):
+        column = raw[name]
+        if fixed:
+            if not pd.api.types.is_integer_dtype(column):
+                numeric = pd.to_numeric(column, errors="coerce")
+                bad = np.flatnonzero(numeric.isna().to_numpy() | (numeric % 1 != 0).to_numpy())
+                i = int(bad[0]) if bad.size else 0
+                raise BarDataError(
+                    f"{file}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not a fixed-point "
+                    "integer price (csv_prices='fixed')"
+                )
+            prices[name] = column.to_numpy(dtype=np.int64)
+        else:
+            numeric = pd.to_numeric(column, errors="coerce")
+            bad = np.flatnonzero(numeric.isna().to_numpy() & column.notna().to_numpy())
+            if bad.size:
+                i = int(bad[0])
+                raise BarDataError(
+                    f"{file}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not a number"
+                )
+            prices[name] = numeric.to_numpy(dtype=np.float64)
+
+    for name in ("instrument_id", "volume"):
+        numeric = pd.to_numeric(raw[name], errors="coerce")
+        bad = np.flatnonzero(numeric.isna().to_numpy())
+        if bad.size:
+            i = int(bad[0])
+            raise BarDataError(
+                f"{file}: line {lines[i]}: field '{name}'={raw[name].iloc[i]!r} is not a number"
+            )
+    instrument_id = raw["instrument_id"].to_numpy(dtype=np.int64)
+    if "rtype" in raw.columns:
+        rtype = pd.to_numeric(raw["rtype"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
+    else:
+        rtype = np.full(len(raw), _infer_rtype(file, ts, instrument_id), dtype=np.int64)
+    publisher = (
+        pd.to_numeric(raw["publisher_id"], errors="coerce").fillna(0).to_numpy(dtype=np.int64)
+        if "publisher_id" in raw.columns
+        else np.zeros(len(raw), dtype=np.int64)
+    )
+    symbol = np.full(len(raw), None, dtype=object)
+    if "symbol" in raw.columns:
+        present = raw["symbol"].notna().to_numpy()
+        symbol[present] = raw["symbol"].to_numpy(dtype=object)[present]
+    return _records_frame(
+        file,
+        ts=ts,
+        rtype=rtype,
+        publisher_id=publisher,
+        instrument_id=instrument_id,
+        symbol=symbol,
+        prices=prices,
+        fixed=fixed,
+        volume=pd.to_numeric(raw["volume"]).to_numpy(dtype=np.float64),
+        numbers=lines,
+        row_name="line",
+    )
+
+
+def _infer_rtype(file: Path, ts: np.ndarray, instrument_id: np.ndarray) -> int:
+    """The OHLCV rtype of a CSV without an ``rtype`` column: from the file name
+    (``...ohlcv-1m...``), else from the smallest spacing of one instrument's bars."""
+    by_name = _schema_from_name(file)
+    rtypes = {schema: rtype for rtype, schema in OHLCV_SCHEMAS.items()}
+    if by_name is not None:
+        return rtypes[by_name]
+    order = np.lexsort((ts, instrument_id))
+    same = instrument_id[order][1:] == instrument_id[order][:-1]
+    steps = np.diff(ts[order])[same]
+    steps = steps[steps > 0]
+    if steps.size:
+        seconds = int(steps.min() // 1_000_000_000)
+        if seconds in _BAR_SPACINGS:
+            return rtypes[_BAR_SPACINGS[seconds]]
+    return -1
+
+
+# ============================================================================ public reading
+def _read_all(
+    path: str | Path, definitions_path: str | None, csv_prices: str
+) -> tuple[pd.DataFrame, _Definitions, list[Path]]:
+    if csv_prices not in CSV_PRICE_FORMATS:
+        raise ValueError(f"csv_prices={csv_prices!r}: must be one of {', '.join(CSV_PRICE_FORMATS)}")
+    definitions = _Definitions()
+    files = resolve_files(path, DBN_SUFFIXES + CSV_SUFFIXES, "Databento DBN or CSV files")
+    extra = (
+        resolve_files(definitions_path, DBN_SUFFIXES, "Databento definition files")
+        if definitions_path
+        else []
+    )
+    for file in extra:
+        metadata, records = _decode_dbn(file)
+        found = [r for r in records if _is_definition(r)]
+        if not found:
+            raise BarDataError(
+                f"{file}: no definition records (schema {metadata.schema}); "
+                "definitions= needs definition files"
+            )
+        for record in found:
+            definitions.add(record)
+    frames = []
+    for file in files:
+        name = file.name.lower()
+        if name.endswith(DBN_SUFFIXES):
+            frame = _read_dbn(file, definitions)
+        elif name.endswith(CSV_SUFFIXES):
+            frame = _read_csv(file, csv_prices)
+        else:
+            raise BarDataError(
+                f"{file}: not a Databento file (expected {', '.join(DBN_SUFFIXES + CSV_SUFFIXES)})"
+            )
+        if frame is not None:
+            frames.append(frame)
+    if not frames:
+        raise BarDataError(f"{path}: no OHLCV records (only definition files found)")
+    records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    unresolved = records["symbol"].isna().to_numpy()
+    if unresolved.any() and definitions.symbol:
+        filled = records.loc[unresolved, "instrument_id"].map(definitions.symbol)
+        records.loc[unresolved, "symbol"] = filled.where(filled.notna(), None).astype(object)
+    return records, definitions, files + extra
+
+
+def read_databento_ohlcv(
+    path: str | Path, definitions: str | None = None, csv_prices: str = "auto"
+) -> pd.DataFrame:
+    """Every OHLCV record of the Databento files at ``path`` (any of ohlcv-1s/1m/1h/1d/eod).
+
+    Returns one row per record, in file order, with columns :data:`RAW_COLUMNS`:
+    ``ts_event`` (bar start, UTC), ``rtype``, ``schema`` ("ohlcv-1m", ...),
+    ``publisher_id``, ``instrument_id``, ``symbol`` (None where unknown), decimal
+    ``open/high/low/close``, ``volume``, and the ``file`` and ``record`` (DBN record index
+    from 0, or CSV line) it came from. ``definitions``: extra definition DBN files
+    (file, directory or glob) that name instrument ids the files do not map.
+    """
+    records, _, _ = _read_all(path, definitions, csv_prices)
+    return records
+
+
+# ============================================================================ roll
+_OUTRIGHT = "^{root}(?P<month>[FGHJKMNQUVXZ])(?P<year>[0-9]{{1,2}})$"
+
+
+def outright_expiry_rank(symbol: str, root: str, first_year: int) -> int | None:
+    """``year * 12 + month - 1`` of an outright future symbol such as ``ESU4`` or ``ESZ13``
+    (None for spreads, options, other roots). A one-digit year is the first year ending in
+    that digit from ``first_year`` (the year the contract is first seen trading) on."""
+    match = re.match(_OUTRIGHT.format(root=re.escape(root)), symbol)
+    if match is None:
+        return None
+    month = MONTH_CODES.index(match["month"])
+    digits = match["year"]
+    modulus = 10 ** len(digits)
+    year = first_year + (int(digits) - first_year) % modulus
+    return year * 12 + month
+
+
+def roll_by_volume(records: pd.DataFrame, asset: AssetSpec) -> tuple[pd.DataFrame, pd.Series]:
+    """Continuous front-month records, chosen by volume per CME trading date.
+
+    ``records`` has columns ``ts`` (UTC bar starts), ``contract`` (any label), ``rank``
+    (expiry order, larger = later; NaN when unknown) and ``volume``. On each trading date
+    (see :func:`foxhunt.data.bars.trade_dates`) the leader is the contract with the most
+    volume (ties: the earlier expiry); the front month is the leader unless that would go
+    back to an earlier expiry than the previous day's front month, in which case the front
+    month stays. With unknown expiries, contracts are ordered by when they first lead.
+
+    Returns (the records of the front month of each day, sorted by time; a Series indexed by
+    trading date naming that day's front-month contract).
+    """
+    days = trade_dates(pd.DatetimeIndex(records["ts"]), asset)
+    table = pd.DataFrame(
+        {"day": days, "contract": records["contract"].to_numpy(), "volume": records["volume"].to_numpy()}
+    )
+    daily = table.groupby(["day", "contract"], sort=True)["volume"].sum().reset_index()
+    ranks = records.groupby("contract")["rank"].first()
+    known = bool(ranks.notna().all())
+    daily["rank"] = daily["contract"].map(ranks) if known else 0.0
+    daily = daily.sort_values(["day", "volume", "rank"], ascending=[True, False, True], kind="stable")
+    leaders = daily.drop_duplicates("day", keep="first")
+    order: dict[object, int] = {}
+    front: list[object] = []
+    current, current_rank = None, None
+    for contract, rank in zip(leaders["contract"], leaders["rank"], strict=True):
+        rank = float(rank) if known else float(order.setdefault(contract, len(order)))
+        if current is None or rank > current_rank:
+            current, current_rank = contract, rank
+        front.append(current)
+    fronts = pd.Series(front, index=pd.Index(leaders["day"].to_numpy(), name="trade_date"), name="contract")
+    chosen = fronts.reindex(days).to_numpy()
+    mask = records["contract"].to_numpy() == chosen
+    selected = records.loc[mask].sort_values("ts", kind="stable")
+    return selected, fronts
+
+
+# ============================================================================ source
+class DatabentoBarSource:
+    """Continuous 1-minute front-month bars from Databento OHLCV files.
+
+    Args:
+        path: a DBN (``.dbn``/``.dbn.zst``) or Databento CSV (``.csv``/``.csv.gz``) file, a
+            directory of them, or a glob. Definition files among them are used for symbols.
+        definitions: extra definition DBN files (file, directory or glob) naming
+            instrument ids when the data files carry no symbol mappings; None for none.
+        symbol: take exactly this contract (raw symbol such as ``ESU4``, a continuous symbol
+            such as ``ES.c.0``, or an instrument id) instead of rolling; None to roll
+            the asset's outrights.
+        roll: the roll rule; "volume" (front month = most volume per trading date).
+        csv_prices: "auto" (integer columns are fixed-point 1e-9, others decimal), "fixed"
+            or "decimal".
+    """
+
+    def __init__(
+        self,
+        path: str,
+        definitions: str | None = None,
+        symbol: str | None = None,
+        roll: str = "volume",
+        csv_prices: str = "auto",
+    ) -> None:
+        if roll not in ROLL_RULES:
+            raise ValueError(f"roll={roll!r}: must be one of {', '.join(ROLL_RULES)}")
+        if csv_prices not in CSV_PRICE_FORMATS:
+            raise ValueError(f"csv_prices={csv_prices!r}: must be one of {', '.join(CSV_PRICE_FORMATS)}")
+        self.path = str(path)
+        self.definitions = None if definitions is None else str(definitions)
+        self.symbol = None if symbol is None else str(symbol)
+        self.roll = roll
+        self.csv_prices = csv_prices
+
+    # ------------------------------------------------------------------ public API
+    def load(self, asset: AssetSpec) -> pd.DataFrame:
+        """The continuous 1-minute bars frame of ``asset`` (see the module docstring)."""
+        selected, _ = self._continuous(asset)
+        index = pd.DatetimeIndex(selected["ts"]).rename(INDEX_NAME)
+        frame = pd.DataFrame({c: selected[c].to_numpy() for c in BAR_COLUMNS}, index=index)
+        return validate_bars(frame, asset.tick_size, origin=self.path)
+
+    def front_months(self, asset: AssetSpec) -> pd.Series:
+        """The contract used on each trading date (index: trading date; values: symbol)."""
+        return self._continuous(asset)[1]
+
+    def fingerprint(self, asset: AssetSpec) -> str:
+        files = resolve_files(self.path, DBN_SUFFIXES + CSV_SUFFIXES, "Databento DBN or CSV files")
+        if self.definitions:
+            files += resolve_files(self.definitions, DBN_SUFFIXES, "Databento definition files")
+        params = {
+            "path": self.path,
+            "definitions": self.definitions,
+            "symbol": self.symbol,
+            "roll": self.roll,
+            "csv_prices": self.csv_prices,
+        }
+        return source_fingerprint("databento", params, asset, files)
+
+    # ------------------------------------------------------------------ internals
+    def _continuous(self, asset: AssetSpec) -> tuple[pd.DataFrame, pd.Series]:
+        records, definitions, _ = _read_all(self.path, self.definitions, self.csv_prices)
+        wrong = records["schema"].to_numpy() != TRAINING_SCHEMA
+        if wrong.any():
+            i = int(np.flatnonzero(wrong)[0])
+            row = records.iloc[i]
+            raise BarDataError(
+                f"{row['file']}: schema {row['schema']} found; DatabentoBarSource.load needs "
+                f"{TRAINING_SCHEMA} bars (read other OHLCV schemas with read_databento_ohlcv)"
+            )
+        contracts = self._contracts(records, asset, definitions)
+        self._validate_contracts(contracts, asset)
+        return roll_by_volume(contracts, asset)
+
+    def _contracts(self, records: pd.DataFrame, asset: AssetSpec, definitions: _Definitions) -> pd.DataFrame:
+        """The candidate records with columns ts/contract/rank, before the roll."""
+        symbols = records["symbol"]
+        iids = records["instrument_id"]
+        if self.symbol is not None:
+            mask = (symbols == self.symbol).to_numpy()
+            if self.symbol.isdigit():
+                mask = mask | (iids == int(self.symbol)).to_numpy()
+            if not mask.any():
+                found = sorted(set(symbols.dropna())) or sorted(set(iids.astype(str)))
+                raise BarDataError(
+                    f"{self.path}: symbol {self.symbol!r} not found (contracts found: {', '.join(found)})"
+                )
+            picked = records.loc[mask].copy()
+            picked["contract"] = self.symbol
+            picked["rank"] = 0.0
+            return self._with_ts(picked)
+        if symbols.notna().any():
+            first_year = records.groupby("symbol")["ts_event"].min().dt.year
+            rank_of = {}
+            for symbol, year in first_year.items():
+                rank = outright_expiry_rank(str(symbol), asset.root, int(year))
+                if rank is not None:
+                    rank_of[symbol] = rank
+            if not rank_of:
+                found = ", ".join(sorted(map(str, first_year.index)))
+                raise BarDataError(
+                    f"{self.path}: no outright {asset.root} futures contract among the symbols found "
+                    f"({found}); spreads, options and other roots are dropped"
+                )
+            picked = records.loc[symbols.isin(list(rank_of)).to_numpy()].copy()
+            expirations = picked["instrument_id"].map(definitions.expiration)
+            if expirations.notna().all():
+                picked["rank"] = expirations.astype(np.float64)
+            else:
+                picked["rank"] = picked["symbol"].map(rank_of).astype(np.float64)
+            picked["contract"] = picked["symbol"].astype(object)
+            return self._with_ts(picked)
+        ids = sorted(set(iids.tolist()))
+        if len(ids) > 1:
+            raise BarDataError(
+                f"{self.path}: {len(ids)} instrument ids ({', '.join(map(str, ids[:10]))}) and no symbols: "
+                "the file has no symbol mappings or symbol column, so contracts and roots cannot be told "
+                "apart; "
+                "pass definitions= (definition DBN files) or symbol=<instrument id>"
+            )
+        picked = records.copy()
+        picked["contract"] = f"instrument_id={ids[0]}"
+        picked["rank"] = 0.0
+        return self._with_ts(picked)
+
+    @staticmethod
+    def _with_ts(frame: pd.DataFrame) -> pd.DataFrame:
+        frame["ts"] = frame["ts_event"]
+        return frame
+
+    @staticmethod
+    def _validate_contracts(contracts: pd.DataFrame, asset: AssetSpec) -> None:
+        """Each contract's bars of each file must be a valid bars frame on their own."""
+        for (file, contract), group in contracts.groupby(["file", "contract"], sort=False):
+            row_name = "record" if str(file).lower().endswith(DBN_SUFFIXES) else "line"
+            frame = pd.DataFrame(
+                {c: group[c].to_numpy() for c in BAR_COLUMNS},
+                index=pd.DatetimeIndex(group["ts"]),
+            )
+            validate_bars(
+                frame,
+                asset.tick_size,
+                origin=f"{file} [{contract}]",
+                rows=group["record"].to_numpy(),
+                row_name=row_name,
+            )
+
+
+# ============================================================================ writing
+def write_ohlcv_1m(
+    bars: pd.DataFrame,
+    path: str | Path,
+    symbol: str,
+    instrument_id: int,
+    dataset: str = "GLBX.MDP3",
+    publisher_id: int = 1,
+) -> Path:
+    """Write a bars frame as Databento ``ohlcv-1m`` data for one instrument; returns the path.
+
+    The format follows the suffix of ``path``:
+
+    * ``.dbn`` / ``.dbn.zst``: DBN version 3 (zstd-compressed for ``.zst``), written by
+      ``databento_dbn``: metadata with dataset ``dataset``, schema ``ohlcv-1m``, stype_in
+      ``raw_symbol``, stype_out ``instrument_id``, ``symbols=[symbol]``, start = the first
+      bar, end = one minute after the last, and one symbol mapping ``symbol ->
+      instrument_id`` over the UTC dates of the bars; then one ``OhlcvMsg`` per bar
+      (rtype 33, ``ts_event`` = bar start in ns, prices fixed-point 1e-9, volume integer).
+    * ``.csv`` / ``.csv.gz``: the same records as ``databento_dbn.Transcoder`` writes CSV:
+      header ``ts_event,rtype,publisher_id,instrument_id,open,high,low,close,volume,symbol``,
+      ISO-8601 nanosecond timestamps with ``Z``, decimal prices with 9 decimals, the symbol
+      in the last column (gzip-compressed for ``.gz``).
+    """
+    target = Path(path)
+    name = target.name.lower()
+    if not name.endswith(DBN_SUFFIXES + CSV_SUFFIXES):
+        raise ValueError(f"{target}: unsupported suffix; use one of {', '.join(DBN_SUFFIXES + CSV_SUFFIXES)}")
+    missing = [c for c in BAR_COLUMNS if c not in bars.columns]
+    if missing or not isinstance(bars.index, pd.DatetimeIndex) or bars.index.tz is None:
+        raise ValueError(
+            "bars must be a bars frame: columns open/high/low/close/volume and a UTC DatetimeIndex"
+        )
+    if bars.empty:
+        raise ValueError("bars is empty: nothing to write")
+    stamps = bars.index.tz_convert("UTC").as_unit("ns").asi8
+    prices = {
+        c: np.rint(bars[c].to_numpy(dtype=np.float64) * FIXED_PRICE_SCALE).astype(np.int64)
+        for c in ("open", "high", "low", "close")
+    }
+    volume = np.rint(bars["volume"].to_numpy(dtype=np.float64)).astype(np.uint64)
+    first_day = np.datetime64(int(stamps[0]), "ns").astype("datetime64[D]").item()
+    last_day = np.datetime64(int(stamps[-1]), "ns").astype("datetime64[D]").item()
+    interval = SimpleNamespace(
+        start_date=first_day, end_date=last_day + timedelta(days=1), symbol=str(instrument_id)
+    )
+    metadata = dbn.Metadata(
+        dataset=dataset,
+        start=int(stamps[0]),
+        end=int(stamps[-1]) + 60 * 1_000_000_000,
+        stype_in=dbn.SType.RAW_SYMBOL,
+        stype_out=dbn.SType.INSTRUMENT_ID,
+        schema=dbn.Schema.OHLCV_1M,
+        symbols=[symbol],
+        mappings=[SimpleNamespace(raw_symbol=symbol, intervals=[interval])],
+    )
+    rtype = dbn.RType.OHLCV_1M
+    body = b"".join(
+        bytes(
+            dbn.OHLCVMsg(rtype, publisher_id, instrument_id, int(t), int(o), int(h), int(lo), int(c), int(v))
+        )
+        for t, o, h, lo, c, v in zip(
+            stamps, prices["open"], prices["high"], prices["low"], prices["close"], volume, strict=True
+        )
+    )
+    raw = metadata.encode() + body
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if name.endswith(".dbn"):
+        target.write_bytes(raw)
+        return target
+    buffer = io.BytesIO()
+    if name.endswith(".dbn.zst"):
+        transcoder = dbn.Transcoder(buffer, dbn.Encoding.DBN, dbn.Compression.ZSTD)
+    else:
+        transcoder = dbn.Transcoder(
+            buffer, dbn.Encoding.CSV, dbn.Compression.NONE, pretty_px=True, pretty_ts=True, map_symbols=True
+        )
+    transcoder.write(raw)
+    transcoder.finish()
+    data = buffer.getvalue()
+    if name.endswith(".gz"):
+        data = gzip.compress(data, mtime=0)
+    target.write_bytes(data)
+    return target

@@ -1,0 +1,76 @@
+"""Equity-curve picture of one backtest (PNG), logged as a run artifact.
+
+The figure is built on a ``matplotlib.figure.Figure`` with an Agg canvas, never through
+``pyplot``: no global figure registry, no backend switch, nothing left open in the process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from foxhunt.evaluation.backtest import BacktestResult
+
+FIGURE_SIZE_INCHES = (10.0, 5.0)
+DPI = 100
+DRAWDOWN_ALPHA = 0.3
+
+
+def plot_equity(
+    result: BacktestResult,
+    timestamps,
+    path: str | Path,
+    title: str = "Equity",
+) -> Path:
+    """Write the equity curve of ``result`` against ``timestamps`` (T,) to ``path`` (PNG).
+
+    The curve starts at 0 at ``timestamps[0]`` and shows ``result.equity[t]`` at
+    ``timestamps[t + 1]``; the area between the running peak and the curve (the drawdown) is
+    shaded, and the metrics appear in the title. Returns the path written.
+    """
+    times = pd.DatetimeIndex(timestamps)
+    if len(times) != len(result.equity) + 1:
+        raise ValueError(
+            f"plot_equity timestamps: length {len(times)} does not match the backtest's "
+            f"{len(result.equity) + 1} bars"
+        )
+    if times.tz is not None:
+        times = times.tz_convert("UTC").tz_localize(None)
+    x = times.to_numpy()
+    equity = np.concatenate(([0.0], result.equity))
+    peak = np.maximum.accumulate(equity)
+    m = result.metrics
+
+    fig = Figure(figsize=FIGURE_SIZE_INCHES, dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(x, equity, color="tab:blue", label=f"equity (PnL {m['pnl']:,.0f} USD)")
+    ax.fill_between(
+        x,
+        equity,
+        peak,
+        where=peak > equity,
+        color="tab:red",
+        alpha=DRAWDOWN_ALPHA,
+        label=f"drawdown (max {m['max_drawdown']:,.0f} USD)",
+    )
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_title(
+        f"{title}\nSharpe {m['sharpe']:.2f} | hit rate {m['hit_rate']:.1%} | "
+        f"turnover {m['turnover']:.3f} | trades {m['trades']}"
+    )
+    ax.set_xlabel("time (UTC)")
+    ax.set_ylabel("USD")
+    ax.legend(loc="upper left")
+    ax.grid(True, alpha=DRAWDOWN_ALPHA)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out

@@ -1,0 +1,1 @@
+"""Jobs: graceful stop and progress reporting of training runs."""

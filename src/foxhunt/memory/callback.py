@@ -1,0 +1,435 @@
+"""Lightning callback that measures a run's memory, checks it against the budget and the
+model's target, logs ``memory/*`` metrics (MB) and writes the memory report.
+
+When, and what (every figure measured; see :mod:`foxhunt.memory.accounting` and
+:mod:`foxhunt.memory.probes` for how):
+
+- ``setup`` (fit): the device probes start, before the model is on the device: CUDA peaks
+  reset, NVML and RSS baselines taken.
+- ``on_fit_start``: the static breakdown (parameters, buffers, model-owned state; gradients
+  and optimizer state as they are then), one device sample, the check.
+- the first training step that produces gradients: the activation meter (saved-tensor hooks)
+  and the gradient meter (post-accumulate-grad hooks) run from ``on_train_batch_start`` until
+  that step has ended; then the full breakdown (optimizer state now exists), a sample, the
+  check. Steps before it (an agent filling its replay buffer) stay inside the window.
+- every ``sample_every_n_steps`` optimizer steps: a device sample, the model-owned state again
+  (a buffer may grow), the check.
+- ``on_train_end`` (and on an exception): a last sample, the report (``memory_report.md``,
+  ``memory_report.png``) into ``report_dir``, logged as run artifacts when the logger is an
+  ``MLFlowLogger``.
+
+Two figures are checked. ``peak`` (``memory/peak_mb``) against the model's ``target_mb``: on
+CUDA ``torch.cuda.max_memory_allocated`` (every tensor of the run on the device), elsewhere the
+sum of the accounted components. ``device_peak`` (``memory/device_peak_mb``) against the
+budget's available memory (``memory/headroom_mb`` = budget total - device peak): for a ``gpu``
+budget NVML's used memory minus its baseline (CUDA context included), else the allocator's
+reserved peak, else, with no CUDA device, the accounted components; for a ``cpu`` budget the
+process's resident set (psutil).
+
+On a breach, once per limit: ``warn`` logs a warning; ``stop`` saves ``memory_breach.ckpt``
+into ``checkpoint_dir`` (when given), sets ``trainer.should_stop`` so the run ends gracefully
+after the step; ``fail`` raises :class:`MemoryBudgetExceeded` with one line. In every case the
+MLflow run gets the tag ``memory_breach`` = that line.
+
+Metrics are logged with the step they were measured at, but written to the loggers in
+batches: one MLflow write costs tens of milliseconds (a SQLite transaction), far more than a
+training step of a small model, while a probe reading costs tens of microseconds. Pending rows
+are written when the time spent in the per-step hooks so far, plus the longest write so far,
+stays within ``max_overhead_pct`` of the training time elapsed (one ``log_batch`` call for all
+pending rows on an ``MLFlowLogger``); the fit-start row is written at once, before training,
+which also measures what a write costs; everything pending is written at the end, on an
+exception too. The callback times its per-step hooks (``time.perf_counter``) and logs that
+share of the training time as ``memory/callback_overhead_pct``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import MLFlowLogger
+
+from foxhunt.memory.accounting import (
+    ActivationMeter,
+    GradientMeter,
+    MemoryBreakdown,
+    measure_static,
+    model_state_bytes,
+    to_mb,
+)
+from foxhunt.memory.budget import Breach, MemoryBudget, find_breaches
+from foxhunt.memory.probes import PROBE_METHODS, DeviceProbes, DeviceSample
+from foxhunt.memory.report import MeasuredFigure, MemoryReport, write_report
+
+log = logging.getLogger(__name__)
+
+ON_BREACH_ACTIONS = ("warn", "stop", "fail")
+BREACH_CHECKPOINT = "memory_breach.ckpt"
+BREACH_TAG = "memory_breach"
+METRIC_PREFIX = "memory/"
+MLFLOW_METRICS_PER_BATCH = 1000  # MLflow's limit on metrics per log_batch call
+
+
+class MemoryBudgetExceeded(RuntimeError):
+    """A measured memory figure exceeded the model's target or the budget (``on_breach: fail``)."""
+
+
+class MemoryBudgetCallback(pl.Callback):
+    """Measure, check and report a run's memory (see the module doc).
+
+    Args:
+        budget: the card the run must fit on (``conf/budget``); ``None``: no budget check.
+        target_mb: the model's own target for its peak training memory; ``None``: no check.
+        on_breach: ``warn`` | ``stop`` | ``fail``.
+        sample_every_n_steps: optimizer steps between device samples.
+        max_overhead_pct: share of the training time the per-step hooks may take, metric
+            writes included; pending metrics wait while a write would exceed it.
+        report_dir: where ``memory_report.md`` / ``.png`` go; default the trainer's
+            ``default_root_dir``.
+        checkpoint_dir: where ``stop`` saves ``memory_breach.ckpt``; ``None``: no checkpoint
+            from this callback (the checkpoint callback's ``last`` still applies).
+    """
+
+    def __init__(
+        self,
+        budget: MemoryBudget | None = None,
+        target_mb: float | None = None,
+        on_breach: str = "warn",
+        sample_every_n_steps: int = 50,
+        max_overhead_pct: float = 1.0,
+        report_dir: str | Path | None = None,
+        checkpoint_dir: str | Path | None = None,
+    ) -> None:
+        if on_breach not in ON_BREACH_ACTIONS:
+            raise ValueError(f"memory_budget.on_breach={on_breach!r}: must be one of {', '.join(ON_BREACH_ACTIONS)}")
+        if int(sample_every_n_steps) < 1:
+            raise ValueError(f"memory_budget.sample_every_n_steps={sample_every_n_steps!r}: must be >= 1")
+        if target_mb is not None and not float(target_mb) > 0:
+            raise ValueError(f"memory_budget.target_mb={target_mb!r}: must be > 0 or null")
+        if not float(max_overhead_pct) > 0:
+            raise ValueError(f"memory_budget.max_overhead_pct={max_overhead_pct!r}: must be > 0")
+        self.max_overhead_pct = float(max_overhead_pct)
+        self.budget = budget
+        self.target_mb = None if target_mb is None else float(target_mb)
+        self.on_breach = on_breach
+        self.sample_every_n_steps = int(sample_every_n_steps)
+        self.report_dir = None if report_dir is None else Path(report_dir)
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.probes: DeviceProbes | None = None
+        self.breakdown = MemoryBreakdown()
+        self.last_sample: DeviceSample | None = None
+        self.peak_sample: DeviceSample | None = None
+        self.breaches: dict[str, Breach] = {}
+        self.breach_messages: list[str] = []
+        self.report_paths: tuple[Path, Path] | None = None
+        self.loop_seconds = 0.0  # inside the per-step hooks (the overhead on training)
+        self.once_seconds = 0.0  # setup, fit start, report
+        self.train_seconds: float | None = None
+        self.pending: list[tuple[int, int, dict[str, float]]] = []  # (step, time ms, metrics)
+        self._write_cost_seconds = 0.0  # the longest write so far
+        self.writes = 0  # calls of _write (each a batch of pending rows)
+        self.activations_measured = False
+        self._activation_meter: ActivationMeter | None = None
+        self._gradient_meter: GradientMeter | None = None
+        self._window_start_step = 0
+        self._last_sample_step = 0
+        self._train_start: float | None = None
+        self._reported = False
+
+    # -- Lightning hooks -------------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        started = time.perf_counter()
+        self._reset()
+        self.probes = DeviceProbes(trainer.strategy.root_device)
+        self.peak_sample = self.last_sample = self.probes.start()
+        for status in self.probes.statuses.values():
+            log.info("memory probe %s", status.describe())
+        self.once_seconds += time.perf_counter() - started
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        started = time.perf_counter()
+        self.breakdown = measure_static(pl_module, trainer.optimizers)
+        self._sample()
+        self._queue(trainer)
+        self._write(trainer)  # before training: also measures what a write costs
+        self.once_seconds += time.perf_counter() - started
+        self._check(trainer)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._train_start = time.perf_counter()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.activations_measured or self._activation_meter is not None:
+            return
+        started = time.perf_counter()
+        self._window_start_step = trainer.global_step
+        self._gradient_meter = GradientMeter(pl_module).__enter__()
+        self._activation_meter = ActivationMeter(exclude=pl_module).__enter__()
+        self.loop_seconds += time.perf_counter() - started
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        window_open = self._activation_meter is not None
+        sample_due = not window_open and step - self._last_sample_step >= self.sample_every_n_steps
+        if not (window_open or sample_due or self.pending):
+            return  # the common case: nothing to do
+        started = time.perf_counter()
+        measured = False
+        if window_open:
+            stepped = step > self._window_start_step
+            if stepped and self._gradient_meter is not None and self._gradient_meter.grads_bytes > 0:
+                self._close_window(pl_module, trainer)
+                measured = True
+        elif sample_due:
+            self._remeasure_model_state(pl_module)
+            measured = True
+        if measured:
+            self._sample()
+            self._last_sample_step = step
+            self._queue(trainer)
+        if self.pending and self._may_write(started):
+            self._write(trainer)
+        self.loop_seconds += time.perf_counter() - started
+        if measured:
+            self._check(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._train_start is not None:
+            self.train_seconds = time.perf_counter() - self._train_start
+        self._finish(trainer, pl_module)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        try:
+            self._finish(trainer, pl_module)
+        except Exception as exc:  # never hide the original error behind a report failure
+            log.warning("memory report not written after %s: %s", type(exception).__name__, exc)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._close_meters()
+        self._activation_meter = self._gradient_meter = None
+        if self.probes is not None:
+            self.probes.close()
+
+    # -- measuring -------------------------------------------------------------------------
+    def _close_meters(self) -> None:
+        if self._activation_meter is not None:
+            self._activation_meter.__exit__(None, None, None)
+        if self._gradient_meter is not None:
+            self._gradient_meter.__exit__(None, None, None)
+
+    def _close_window(self, pl_module: pl.LightningModule, trainer: pl.Trainer) -> None:
+        self._close_meters()
+        activations = self._activation_meter.peak_bytes if self._activation_meter is not None else 0
+        hooked_grads = self._gradient_meter.grads_bytes if self._gradient_meter is not None else 0
+        static = measure_static(pl_module, trainer.optimizers, activations_bytes=activations)
+        self.breakdown = MemoryBreakdown(
+            params_bytes=static.params_bytes,
+            grads_bytes=max(static.grads_bytes, hooked_grads),
+            optimizer_bytes=static.optimizer_bytes,
+            buffers_bytes=static.buffers_bytes,
+            model_state_bytes=max(static.model_state_bytes, self.breakdown.model_state_bytes),
+            activations_bytes=activations,
+        )
+        self.activations_measured = hooked_grads > 0 or activations > 0
+        self._activation_meter = None
+        self._gradient_meter = None
+
+    def _remeasure_model_state(self, pl_module: pl.LightningModule) -> None:
+        state = model_state_bytes(pl_module)
+        if state > self.breakdown.model_state_bytes:
+            self.breakdown = replace(self.breakdown, model_state_bytes=state)
+
+    def _sample(self) -> None:
+        if self.probes is None:
+            return
+        self.last_sample = self.probes.sample()
+        self.peak_sample = self.last_sample if self.peak_sample is None else self.peak_sample.merge_peak(self.last_sample)
+
+    # -- the two checked figures -----------------------------------------------------------
+    def peak_figure(self) -> MeasuredFigure:
+        sample = self.peak_sample or DeviceSample()
+        if sample.cuda_allocated_peak_bytes is not None:
+            return MeasuredFigure(
+                "peak", sample.cuda_allocated_peak_bytes,
+                "torch.cuda.max_memory_allocated since the run started (every tensor on the device)",
+            )
+        return MeasuredFigure(
+            "peak", self.breakdown.total_training_bytes,
+            "sum of the accounted components (no CUDA device: no allocator peak)",
+        )
+
+    def device_peak_figure(self) -> MeasuredFigure:
+        sample = self.peak_sample or DeviceSample()
+        kind = self.budget.kind if self.budget is not None else "gpu"
+        if kind == "cpu" and sample.rss_bytes is not None:
+            return MeasuredFigure("device peak", sample.rss_bytes, "process RSS (psutil), max over the samples")
+        if kind == "gpu" and sample.nvml_run_bytes is not None:
+            return MeasuredFigure(
+                "device peak", sample.nvml_run_bytes,
+                "NVML used memory minus its baseline before the model, max over the samples (CUDA context included)",
+            )
+        if kind == "gpu" and sample.cuda_reserved_peak_bytes is not None:
+            return MeasuredFigure(
+                "device peak", sample.cuda_reserved_peak_bytes,
+                "torch.cuda.max_memory_reserved since the run started (NVML absent: CUDA context not included)",
+            )
+        return MeasuredFigure(
+            "device peak", self.breakdown.total_training_bytes,
+            "sum of the accounted components (no device probe for this budget ran: CUDA context, "
+            "allocator cache and process overhead not included)",
+        )
+
+    def device_figures(self) -> list[MeasuredFigure]:
+        sample = self.peak_sample or DeviceSample()
+        figures = [
+            MeasuredFigure("CUDA allocated peak", sample.cuda_allocated_peak_bytes, "torch.cuda.max_memory_allocated since the run started"),
+            MeasuredFigure("CUDA reserved peak", sample.cuda_reserved_peak_bytes, "torch.cuda.max_memory_reserved since the run started"),
+            MeasuredFigure("NVML used", sample.nvml_used_bytes, "NVML used memory of the whole device, max over the samples"),
+            MeasuredFigure("NVML run", sample.nvml_run_bytes, "NVML used minus its baseline before the model, max over the samples"),
+            MeasuredFigure("process RSS", sample.rss_bytes, f"{PROBE_METHODS['rss']}, max over the samples"),
+        ]
+        return [figure for figure in figures if figure.bytes is not None]
+
+    # -- logging and checking --------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        """The ``memory/*`` metrics now, in MB: components, their sum (``accounted_mb``), the
+        two checked peaks, the headroom left on the budget and the latest probe readings."""
+        metrics = {f"{METRIC_PREFIX}{name}_mb": to_mb(nbytes) for name, nbytes in self.breakdown.components().items()}
+        metrics[f"{METRIC_PREFIX}accounted_mb"] = self.breakdown.total_training_mb
+        peak, device_peak = self.peak_figure(), self.device_peak_figure()
+        metrics[f"{METRIC_PREFIX}peak_mb"] = peak.mb
+        metrics[f"{METRIC_PREFIX}device_peak_mb"] = device_peak.mb
+        if self.budget is not None:
+            metrics[f"{METRIC_PREFIX}headroom_mb"] = self.budget.headroom_left_mb(device_peak.mb)
+        sample = self.last_sample or DeviceSample()
+        current = {
+            "cuda_allocated_peak_mb": sample.cuda_allocated_peak_bytes,
+            "cuda_reserved_peak_mb": sample.cuda_reserved_peak_bytes,
+            "nvml_used_mb": sample.nvml_used_bytes,
+            "nvml_run_mb": sample.nvml_run_bytes,
+            "rss_mb": sample.rss_bytes,
+        }
+        metrics.update({f"{METRIC_PREFIX}{k}": to_mb(v) for k, v in current.items() if v is not None})
+        return metrics
+
+    def _queue(self, trainer: pl.Trainer, extra: dict[str, float] | None = None) -> None:
+        """Add the metrics now, at the current step, to the rows waiting to be written."""
+        metrics = {**self.metrics(), **(extra or {})}
+        self.pending.append((trainer.global_step, int(time.time() * 1000), metrics))
+
+    def _may_write(self, now: float) -> bool:
+        """Whether writing now keeps the per-step hooks within ``max_overhead_pct``."""
+        if self._train_start is None:
+            return False
+        elapsed = now - self._train_start
+        return 100.0 * (self.loop_seconds + self._write_cost_seconds) <= self.max_overhead_pct * elapsed
+
+    def _write(self, trainer: pl.Trainer) -> None:
+        """Write the pending rows to every logger (one ``log_batch`` per MLflow logger)."""
+        started = time.perf_counter()
+        rows, self.pending = self.pending, []
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger) and logger.run_id:
+                self._write_mlflow(logger, rows)
+            else:
+                for step, _, metrics in rows:
+                    logger.log_metrics(metrics, step=step)
+        self._write_cost_seconds = max(self._write_cost_seconds, time.perf_counter() - started)
+        self.writes += 1
+
+    @staticmethod
+    def _write_mlflow(logger: MLFlowLogger, rows: list[tuple[int, int, dict[str, float]]]) -> None:
+        from mlflow.entities import Metric
+
+        prefix = getattr(logger, "_prefix", "")
+        join = f"{prefix}{logger.LOGGER_JOIN_CHAR}" if prefix else ""
+        entries = [
+            Metric(key=f"{join}{key}", value=float(value), timestamp=stamp, step=step)
+            for step, stamp, metrics in rows
+            for key, value in metrics.items()
+        ]
+        for first in range(0, len(entries), MLFLOW_METRICS_PER_BATCH):
+            logger.experiment.log_batch(logger.run_id, metrics=entries[first : first + MLFLOW_METRICS_PER_BATCH])
+
+    def _check(self, trainer: pl.Trainer) -> None:
+        peak, device_peak = self.peak_figure(), self.device_peak_figure()
+        for breach in find_breaches(peak.mb, peak.method, device_peak.mb, device_peak.method, self.budget, self.target_mb):
+            if breach.limit in self.breaches:
+                continue
+            self.breaches[breach.limit] = breach
+            message = breach.message(trainer.global_step)
+            self.breach_messages.append(message)
+            self._tag(trainer, message)
+            if self.on_breach == "fail":
+                raise MemoryBudgetExceeded(message)
+            log.warning("%s (on_breach=%s)", message, self.on_breach)
+            if self.on_breach == "stop":
+                if self.checkpoint_dir is not None:
+                    self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                    trainer.save_checkpoint(self.checkpoint_dir / BREACH_CHECKPOINT)
+                trainer.should_stop = True
+
+    @staticmethod
+    def _mlflow_loggers(trainer: pl.Trainer) -> list[MLFlowLogger]:
+        return [logger for logger in trainer.loggers if isinstance(logger, MLFlowLogger) and logger.run_id]
+
+    def _tag(self, trainer: pl.Trainer, message: str) -> None:
+        for logger in self._mlflow_loggers(trainer):
+            logger.experiment.set_tag(logger.run_id, BREACH_TAG, message)
+
+    # -- report ----------------------------------------------------------------------------
+    def build_report(self, pl_module: pl.LightningModule, steps: int) -> MemoryReport:
+        notes = []
+        if not self.activations_measured:
+            notes.append("activations and gradients not measured: no training step produced gradients")
+        return MemoryReport(
+            title=type(pl_module).__name__,
+            breakdown=self.breakdown,
+            peak=self.peak_figure(),
+            device_peak=self.device_peak_figure(),
+            device_figures=self.device_figures(),
+            probes=list(self.probes.statuses.values()) if self.probes is not None else [],
+            budget=self.budget,
+            target_mb=self.target_mb,
+            breaches=list(self.breach_messages),
+            steps=steps,
+            callback_seconds=self.loop_seconds,
+            once_seconds=self.once_seconds,
+            train_seconds=self.train_seconds,
+            notes=notes,
+        )
+
+    def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._reported or self.probes is None:
+            return
+        self._reported = True
+        started = time.perf_counter()
+        if self._activation_meter is not None:  # training ended inside the first-step window
+            self._close_window(pl_module, trainer)
+        self._sample()
+        extra = {}
+        if self.train_seconds:
+            extra[f"{METRIC_PREFIX}callback_overhead_pct"] = 100.0 * self.loop_seconds / self.train_seconds
+        self._queue(trainer, extra=extra)
+        self._write(trainer)
+        if not trainer.is_global_zero:  # one report per run, from the process that logs
+            return
+        report = self.build_report(pl_module, trainer.global_step)
+        directory = self.report_dir or Path(trainer.default_root_dir)
+        self.report_paths = write_report(report, directory)
+        for logger in self._mlflow_loggers(trainer):
+            for path in self.report_paths:
+                logger.experiment.log_artifact(logger.run_id, str(path))
+        self.once_seconds += time.perf_counter() - started
+        log.info("memory report: %s", self.report_paths[0])

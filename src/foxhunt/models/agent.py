@@ -1,0 +1,295 @@
+"""What the reinforcement-learning agents (DQN, PPO) share: the env plumbing, the greedy
+evaluation pass, positions for the backtest, and the MLP builder.
+
+:class:`TradingAgent` is the LightningModule base of both agents. An agent steps its vectorized
+:class:`foxhunt.data.env.TradingEnv` inside ``training_step`` (never in DataLoader workers);
+the datamodule (:class:`foxhunt.data.datamodules.EnvDataModule`) only supplies the environments
+(``make_env(split, num_envs, seed)`` for training, ``make_eval_env(split)`` for the costs of
+the greedy walk) and a dummy batch per training step. The base:
+
+- builds the training env in ``setup("fit")`` from ``self.trainer.datamodule`` and checks that
+  the network input ``state_dim + 1`` (the features, then the position) matches
+  ``env.observation_dim``;
+- evaluates greedily over a whole split in validation and test: logs ``val/mean_reward``
+  (mean reward per step, in ticks, net of costs) and ``val/pnl_usd`` (``test/...`` in test);
+- implements ``trading_positions(datamodule, split)`` for the shared backtest;
+- tracks episode returns for ``train/episode_reward`` and the env throughput.
+
+The greedy pass is a sequential walk: flat at bar 0, then at every bar ``t`` the agent sees
+the features of ``t`` and the position it holds, and its greedy action sets the position held
+from ``t`` to ``t + 1``. Because the observation depends on the previous action, the walk is
+inherently sequential; but the position takes only three values, so the network is evaluated
+once, batched, on every bar for each of the three possible positions (a ``(T, 3)`` table of
+greedy actions) and the walk itself is a cheap loop over integers. This gives exactly the
+positions a step-by-step walk of ``TradingEnv.sequential`` would produce, at the cost of three
+batched forward passes instead of ``T`` tiny ones. The last bar holds position 0 (no decision
+is evaluated there). Rewards of the walk use the env's formula (see :mod:`foxhunt.data.env`)
+with the commission and slippage of the env the datamodule builds for that split.
+
+Each agent implements ``greedy_action(obs) -> LongTensor`` (argmax of its Q-values or policy
+logits) and its own ``training_step`` / ``configure_optimizers``.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from lightning import LightningModule
+from torch import Tensor, nn
+
+from foxhunt.assets import AssetSpec
+from foxhunt.data.env import NUM_ACTIONS, TradingEnv
+
+#: Activation names accepted by :func:`build_mlp` (config key ``model.module.activation``).
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "relu": nn.ReLU,
+    "tanh": nn.Tanh,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "elu": nn.ELU,
+}
+#: Positions an agent can hold, in action order (action = position + 1).
+POSITIONS = (-1, 0, 1)
+#: Bars evaluated per batched forward pass in the greedy walk (bounds its memory, not a tunable
+#: of the model: the result does not depend on it).
+GREEDY_CHUNK_BARS = 32768
+
+
+def build_mlp(
+    input_dim: int, hidden_sizes: Sequence[int], output_dim: int, activation: str
+) -> nn.Sequential:
+    """``Linear -> activation`` for each hidden size, then a final ``Linear`` to ``output_dim``.
+
+    ``hidden_sizes`` may be empty (a linear model). Raises ValueError naming the config key for
+    an unknown activation or a non-positive size.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(
+            f"model.module.activation={activation!r}: unknown, use one of {sorted(ACTIVATIONS)}"
+        )
+    sizes = [int(input_dim), *(int(h) for h in hidden_sizes), int(output_dim)]
+    if any(s < 1 for s in sizes):
+        raise ValueError(
+            f"MLP sizes {sizes} (input, model.module hidden sizes, output): each must be >= 1"
+        )
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(n_in, n_out))
+        if i < len(sizes) - 2:
+            layers.append(ACTIVATIONS[activation]())
+    return nn.Sequential(*layers)
+
+
+def orthogonal_init_(mlp: nn.Sequential, hidden_gain: float, output_gain: float) -> nn.Sequential:
+    """Orthogonal weights and zero biases, as in the PPO reference implementations: hidden
+    layers with ``hidden_gain`` (sqrt(2)), the output layer with ``output_gain`` (0.01 for a
+    policy head, 1.0 for a value head). Returns ``mlp``."""
+    linears = [m for m in mlp if isinstance(m, nn.Linear)]
+    for i, layer in enumerate(linears):
+        gain = output_gain if i == len(linears) - 1 else hidden_gain
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
+    return mlp
+
+
+def walk_positions(action_table: np.ndarray) -> np.ndarray:
+    """Positions of the sequential greedy walk from a ``(T, 3)`` table of greedy actions.
+
+    ``action_table[t, p + 1]`` is the action chosen at bar ``t`` while holding position ``p``.
+    The walk starts flat; the position after bar ``t`` is ``action - 1``; the last bar gets 0.
+    Returns int64 (T,) positions in {-1, 0, 1}.
+    """
+    table = np.asarray(action_table)
+    num_bars = table.shape[0]
+    positions = np.zeros(num_bars, dtype=np.int64)
+    rows = table.tolist()  # a loop over Python ints is far faster than over numpy scalars
+    position = 0
+    for t in range(num_bars - 1):
+        position = rows[t][position + 1] - 1
+        positions[t] = position
+    return positions
+
+
+def walk_rewards(
+    positions: np.ndarray,
+    close: np.ndarray,
+    asset: AssetSpec,
+    commission_usd: float,
+    slippage_ticks: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step reward (ticks) and PnL (USD) of holding ``positions[t]`` from bar t to t + 1.
+
+    The env's formula, vectorized over a whole walk that starts flat: ``pnl_usd[t] =
+    pos[t] * (close[t+1] - close[t]) * multiplier - cost * |pos[t] - pos[t-1]|`` with
+    ``pos[-1] = 0`` and ``cost = commission_usd + slippage_ticks * tick_value``; reward =
+    pnl_usd / tick_value. The last position is ignored. Returns two float64 (T - 1,) arrays.
+    """
+    held = np.asarray(positions, dtype=np.float64)[:-1]
+    close = np.asarray(close, dtype=np.float64)
+    previous = np.concatenate([[0.0], held[:-1]])
+    cost_per_contract = commission_usd + slippage_ticks * asset.tick_value
+    pnl_usd = held * np.diff(close) * asset.multiplier - cost_per_contract * np.abs(held - previous)
+    return pnl_usd / asset.tick_value, pnl_usd
+
+
+class TradingAgent(LightningModule, ABC):
+    """LightningModule base of the RL agents (see the module docstring).
+
+    Args:
+        state_dim: features per bar (16); the networks take ``state_dim + 1`` inputs.
+        num_envs: parallel training episodes (``model.env.num_envs``).
+        seed: seeds the training env's episode starts and the agent's own sampling.
+    """
+
+    monitor_metric = "val/mean_reward"
+    monitor_mode = "max"
+
+    def __init__(self, state_dim: int, num_envs: int, seed: int) -> None:
+        super().__init__()
+        if int(state_dim) < 1:
+            raise ValueError(f"model.module.state_dim={state_dim!r}: must be >= 1")
+        if int(num_envs) < 1:
+            raise ValueError(f"model.module.num_envs={num_envs!r}: must be >= 1")
+        self.state_dim = int(state_dim)
+        self.obs_dim = self.state_dim + 1  # the features, then the position held
+        self.num_envs = int(num_envs)
+        self.seed = int(seed)
+        self.train_env: TradingEnv | None = None
+        self._eval_costs: dict[str, tuple[AssetSpec, float, float]] = {}
+        self._episode_return: Tensor | None = None
+        self._last_step_time: float | None = None
+
+    # ---------------------------------------------------------------- what each agent defines
+    @abstractmethod
+    def greedy_action(self, obs: Tensor) -> Tensor:
+        """(B, state_dim + 1) float observations -> (B,) int64 greedy actions in {0, 1, 2}."""
+
+    # ------------------------------------------------------------------------- env plumbing
+    def setup(self, stage: str) -> None:
+        datamodule = self._datamodule()
+        if stage == "fit":
+            self.train_env = datamodule.make_env("train", num_envs=self.num_envs, seed=self.seed)
+            self.check_observation_dim(self.train_env)
+        splits = {"fit": ("val",), "validate": ("val",), "test": ("test",)}.get(stage, ())
+        for split in splits:
+            env = datamodule.make_eval_env(split)  # the sequential walk env: its costs
+            self.check_observation_dim(env)
+            self._eval_costs[split] = (env.asset, env.commission_usd, env.slippage_ticks)
+
+    def check_observation_dim(self, env: TradingEnv) -> None:
+        """Raise ValueError unless the env's observation is ``state_dim + 1`` wide."""
+        if env.observation_dim != self.obs_dim:
+            raise ValueError(
+                f"model.module.state_dim={self.state_dim}: the networks take state_dim + 1 = "
+                f"{self.obs_dim} inputs (features + position) but the env's observation_dim is "
+                f"{env.observation_dim} ({env.observation_dim - 1} features); set state_dim to "
+                f"the dataset's feature count"
+            )
+
+    def _datamodule(self) -> Any:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        if datamodule is None or not hasattr(datamodule, "make_env"):
+            raise RuntimeError(
+                f"{type(self).__name__}: the trainer has no datamodule with make_env(); pass "
+                f"an EnvDataModule, e.g. trainer.fit(agent, datamodule=EnvDataModule(...))"
+            )
+        return datamodule
+
+    def env_obs(self, obs: Tensor) -> Tensor:
+        """An env observation as network input: on the module's device, float32."""
+        return obs.to(device=self.device, dtype=torch.float32)
+
+    def track_episodes(self, reward: Tensor, done: Tensor) -> Tensor | None:
+        """Accumulate per-env returns; returns the returns of the episodes that just ended
+        (on the env's device), or None when none did."""
+        if self._episode_return is None or self._episode_return.shape != reward.shape:
+            self._episode_return = torch.zeros_like(reward, dtype=torch.float32)
+        self._episode_return += reward.to(torch.float32)
+        finished = self._episode_return[done].clone() if bool(done.any()) else None
+        self._episode_return[done] = 0.0
+        return finished
+
+    def env_steps_per_s(self, env_steps: int) -> float | None:
+        """Env steps per second since the previous call (a whole training loop iteration,
+        learning included); None on the first call."""
+        now = time.perf_counter()
+        rate = None
+        if self._last_step_time is not None and now > self._last_step_time:
+            rate = env_steps / (now - self._last_step_time)
+        self._last_step_time = now
+        return rate
+
+    def on_train_start(self) -> None:
+        self._episode_return = None
+        self._last_step_time = None
+
+    # --------------------------------------------------------------------- greedy evaluation
+    @torch.no_grad()
+    def greedy_positions(self, features: np.ndarray | Tensor) -> np.ndarray:
+        """(T,) int64 positions of the sequential greedy walk over ``features`` (T, state_dim)."""
+        features_t = torch.as_tensor(features, dtype=torch.float32)
+        if features_t.dim() != 2 or features_t.shape[1] != self.state_dim:
+            raise ValueError(
+                f"{type(self).__name__}.greedy_positions: features must be (T, "
+                f"{self.state_dim}) (model.module.state_dim), got {tuple(features_t.shape)}"
+            )
+        was_training = self.training
+        self.eval()
+        try:
+            tables = [
+                self._action_table(features_t[start : start + GREEDY_CHUNK_BARS])
+                for start in range(0, features_t.shape[0], GREEDY_CHUNK_BARS)
+            ]
+        finally:
+            self.train(was_training)
+        table = np.concatenate(tables) if tables else np.zeros((0, NUM_ACTIONS), np.int64)
+        return walk_positions(table)
+
+    def _action_table(self, features: Tensor) -> np.ndarray:
+        """(C, 3) greedy actions of each bar for each position held (-1, 0, 1)."""
+        chunk = features.to(self.device)
+        obs = torch.cat(
+            [
+                torch.cat([chunk, torch.full_like(chunk[:, :1], float(p))], dim=1)
+                for p in POSITIONS
+            ]
+        )
+        actions = self.greedy_action(obs).reshape(len(POSITIONS), chunk.shape[0])
+        return actions.T.cpu().numpy().astype(np.int64)
+
+    def trading_positions(self, datamodule: Any, split: str) -> np.ndarray:
+        """(T,) positions in {-1, 0, 1} aligned with ``datamodule.dataset.splits[split].close``:
+        the greedy walk over the split; the last bar holds 0."""
+        arrays = datamodule.dataset.splits[split]
+        return self.greedy_positions(arrays.features)
+
+    def evaluate_split(self, split: str) -> dict[str, float]:
+        """Greedy walk over a split of the trainer's datamodule: ``mean_reward`` (ticks per
+        step) and ``pnl_usd`` (total, net of costs)."""
+        if split not in self._eval_costs:
+            raise RuntimeError(
+                f"{type(self).__name__}.evaluate_split({split!r}): no env was built for this "
+                f"split in setup()"
+            )
+        asset, commission_usd, slippage_ticks = self._eval_costs[split]
+        datamodule = self._datamodule()
+        positions = self.trading_positions(datamodule, split)
+        close = datamodule.dataset.splits[split].close
+        reward, pnl_usd = walk_rewards(positions, close, asset, commission_usd, slippage_ticks)
+        return {"mean_reward": float(reward.mean()), "pnl_usd": float(pnl_usd.sum())}
+
+    def _log_evaluation(self, split: str, prefix: str) -> None:
+        metrics = self.evaluate_split(split)
+        self.log(f"{prefix}/mean_reward", metrics["mean_reward"], prog_bar=True, batch_size=1)
+        self.log(f"{prefix}/pnl_usd", metrics["pnl_usd"], batch_size=1)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._log_evaluation("val", "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._log_evaluation("test", "test")

@@ -1,0 +1,320 @@
+"""Double DQN agent for the trading env: a readable single-file reference implementation.
+
+Written by hand (as in CleanRL's single-file agents) rather than taken from an RL library:
+the env is a batched torch env stepped inside ``training_step``, the agent is a
+LightningModule checkpointed, logged and memory-measured like every other foxhunt model, and
+the whole algorithm fits on a page.
+
+Algorithm (van Hasselt et al., 2016, "Deep Reinforcement Learning with Double Q-learning"):
+
+- **Acting.** Every ``training_step`` steps the ``num_envs`` training envs once with an
+  epsilon-greedy policy on the online Q-network and stores the ``num_envs`` transitions in the
+  replay buffer. Epsilon decays multiplicatively per *training step* (one ``training_step``
+  call = one optimizer step = ``num_envs`` env steps): ``epsilon(k) = max(epsilon_end,
+  epsilon_start * epsilon_decay ** k)`` with ``k = trainer.global_step``.
+- **Episode ends.** The env only truncates episodes (time limit, ``terminated`` is always
+  False). A truncated transition is *not* terminal: its next state is ``info["final_obs"]``
+  (the observation the episode reached, before the auto-reset) and its target bootstraps from
+  it. Only ``terminated`` masks the bootstrap (``done`` in the buffer = ``terminated``).
+- **Learning.** Once the buffer holds ``min_replay_size`` transitions, each training step
+  samples ``batch_size`` transitions uniformly and minimizes the Huber loss between
+  ``Q(s, a)`` and the double-DQN target ``r + gamma * (1 - done) * Q_target(s',
+  argmax_a' Q_online(s', a'))`` with Adam. While the buffer fills, ``training_step`` returns
+  None: Lightning skips backward and the optimizer update (still counting the step; it warns
+  once that the step returned None), and nothing but the epsilon and env metrics is logged.
+- **Target network.** A copy of the online network, hard-updated (weights copied) whenever
+  ``global_step`` is a multiple of ``target_update_interval``, after that step's update.
+- **Gradient clipping.** By total norm at ``max_grad_norm`` (``null`` disables it), applied in
+  ``configure_gradient_clipping`` so that the value lives in the model config; the trainer's
+  ``gradient_clip_val`` is not used by this model.
+
+The replay buffer is preallocated tensors on the module's device; sampling uses its own seeded
+``torch.Generator`` (on the CPU, so that a seed gives the same batches on every device), as
+does the exploration. The buffer and the env state are not part of a checkpoint: a resumed run
+refills the buffer (``global_step``, hence epsilon and the target schedule, resume exactly).
+
+Logged: ``train/loss``, ``train/q_mean`` (mean Q(s, a) of the batch), ``train/epsilon``,
+``train/episode_reward`` (mean return in ticks of the episodes that ended this step),
+``train/env_steps_per_s``, and in validation/test the greedy pass of :class:`TradingAgent`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities.types import OptimizerLRScheduler
+from torch import Tensor
+
+from foxhunt.data.env import NUM_ACTIONS
+from foxhunt.models.agent import TradingAgent, build_mlp
+
+
+@dataclass
+class Transitions:
+    """A batch of transitions (all tensors share the first dimension B)."""
+
+    obs: Tensor  # (B, D) float32
+    actions: Tensor  # (B,) int64
+    rewards: Tensor  # (B,) float32
+    next_obs: Tensor  # (B, D) float32: the state reached (final_obs on truncation)
+    dones: Tensor  # (B,) float32: 1.0 where the episode terminated (no bootstrap)
+
+
+class ReplayBuffer:
+    """Fixed-capacity ring buffer of transitions in preallocated tensors.
+
+    ``add`` writes a batch at the write cursor, wrapping around at ``capacity`` (the oldest
+    transitions are overwritten); ``sample`` draws uniformly, with replacement, among the
+    filled slots only, using a CPU ``torch.Generator`` seeded with ``seed``.
+    """
+
+    def __init__(self, capacity: int, obs_dim: int, device: torch.device | str, seed: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"model.module.replay_capacity={capacity!r}: must be >= 1")
+        self.capacity = int(capacity)
+        self.device = torch.device(device)
+        self.obs = torch.zeros(self.capacity, obs_dim, dtype=torch.float32, device=self.device)
+        self.next_obs = torch.zeros_like(self.obs)
+        self.actions = torch.zeros(self.capacity, dtype=torch.int64, device=self.device)
+        self.rewards = torch.zeros(self.capacity, dtype=torch.float32, device=self.device)
+        self.dones = torch.zeros(self.capacity, dtype=torch.float32, device=self.device)
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(int(seed))
+        self.cursor = 0  # next slot to write
+        self.size = 0  # filled slots
+
+    def memory_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The buffer's storage, for foxhunt.memory's model-owned state accounting."""
+        return (self.obs, self.next_obs, self.actions, self.rewards, self.dones)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(
+        self, obs: Tensor, actions: Tensor, rewards: Tensor, next_obs: Tensor, dones: Tensor
+    ) -> None:
+        """Store a batch of B transitions (B <= capacity)."""
+        batch = obs.shape[0]
+        if batch > self.capacity:
+            raise ValueError(
+                f"ReplayBuffer.add: {batch} transitions exceed the capacity {self.capacity} "
+                f"(model.module.replay_capacity must be >= num_envs)"
+            )
+        slots = (self.cursor + torch.arange(batch, device=self.device)) % self.capacity
+        self.obs[slots] = obs.to(self.device, torch.float32)
+        self.actions[slots] = actions.to(self.device, torch.int64)
+        self.rewards[slots] = rewards.to(self.device, torch.float32)
+        self.next_obs[slots] = next_obs.to(self.device, torch.float32)
+        self.dones[slots] = dones.to(self.device, torch.float32)
+        self.cursor = (self.cursor + batch) % self.capacity
+        self.size = min(self.size + batch, self.capacity)
+
+    def sample(self, batch_size: int) -> Transitions:
+        """``batch_size`` transitions drawn uniformly among the filled slots."""
+        if self.size == 0:
+            raise RuntimeError("ReplayBuffer.sample: the buffer is empty")
+        idx = torch.randint(0, self.size, (batch_size,), generator=self.generator)
+        idx = idx.to(self.device)
+        return Transitions(
+            obs=self.obs[idx],
+            actions=self.actions[idx],
+            rewards=self.rewards[idx],
+            next_obs=self.next_obs[idx],
+            dones=self.dones[idx],
+        )
+
+
+def epsilon_at(step: int, start: float, end: float, decay: float) -> float:
+    """Exploration rate after ``step`` training steps: ``max(end, start * decay ** step)``."""
+    return max(end, start * decay**step)
+
+
+def double_dqn_targets(
+    rewards: Tensor, dones: Tensor, next_q_online: Tensor, next_q_target: Tensor, gamma: float
+) -> Tensor:
+    """Double-DQN targets ``r + gamma * (1 - done) * Q_target(s', argmax_a' Q_online(s', a'))``.
+
+    rewards, dones: (B,); next_q_online, next_q_target: (B, A) Q-values of the next states
+    under the online and the target network. The online network picks the action, the target
+    network evaluates it; ``dones`` (1.0 = terminated) removes the bootstrap.
+    """
+    best = next_q_online.argmax(dim=1, keepdim=True)
+    next_value = next_q_target.gather(1, best).squeeze(1)
+    return rewards + gamma * (1.0 - dones) * next_value
+
+
+class DQNAgent(TradingAgent):
+    """Double DQN with experience replay and a hard-updated target network.
+
+    Args (all from ``conf/model/dqn.yaml``, ``model.module``):
+        state_dim: features per bar; the Q-network takes ``state_dim + 1`` inputs.
+        hidden_sizes: widths of the Q-network's hidden layers.
+        activation: hidden activation (see :data:`foxhunt.models.agent.ACTIVATIONS`).
+        num_envs: parallel training envs, each stepped once per training step.
+        seed: seeds the env starts, the exploration and the replay sampling.
+        gamma: discount factor.
+        lr: Adam learning rate.
+        batch_size: transitions per update.
+        replay_capacity: replay buffer size (transitions).
+        min_replay_size: transitions stored before learning starts.
+        target_update_interval: training steps between hard target updates.
+        epsilon_start, epsilon_end, epsilon_decay: ``max(end, start * decay ** step)``.
+        max_grad_norm: total-norm gradient clipping; None disables it.
+    """
+
+    def __init__(
+        self,
+        state_dim: int,
+        hidden_sizes: Sequence[int],
+        activation: str,
+        num_envs: int,
+        seed: int,
+        gamma: float,
+        lr: float,
+        batch_size: int,
+        replay_capacity: int,
+        min_replay_size: int,
+        target_update_interval: int,
+        epsilon_start: float,
+        epsilon_end: float,
+        epsilon_decay: float,
+        max_grad_norm: float | None,
+    ) -> None:
+        super().__init__(state_dim=state_dim, num_envs=num_envs, seed=seed)
+        # plain ints, not an OmegaConf ListConfig: checkpoints must load with weights_only=True
+        hidden_sizes = [int(h) for h in hidden_sizes]
+        self.save_hyperparameters()
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"model.module.gamma={gamma!r}: must be in [0, 1]")
+        if not 0.0 <= epsilon_end <= epsilon_start <= 1.0:
+            raise ValueError(
+                f"model.module.epsilon_start={epsilon_start!r} / epsilon_end={epsilon_end!r}: "
+                "need 0 <= epsilon_end <= epsilon_start <= 1"
+            )
+        if not 0.0 < epsilon_decay <= 1.0:
+            raise ValueError(f"model.module.epsilon_decay={epsilon_decay!r}: must be in (0, 1]")
+        for name, value in (
+            ("batch_size", batch_size),
+            ("target_update_interval", target_update_interval),
+            ("min_replay_size", min_replay_size),
+        ):
+            if int(value) < 1:
+                raise ValueError(f"model.module.{name}={value!r}: must be >= 1")
+        if replay_capacity < max(min_replay_size, num_envs):
+            raise ValueError(
+                f"model.module.replay_capacity={replay_capacity}: must be >= min_replay_size "
+                f"({min_replay_size}) and >= num_envs ({num_envs})"
+            )
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"model.module.max_grad_norm={max_grad_norm!r}: must be > 0 or null")
+        self.q_net = build_mlp(self.obs_dim, hidden_sizes, NUM_ACTIONS, activation)
+        self.target_net = copy.deepcopy(self.q_net)
+        self.target_net.requires_grad_(False)
+        self.replay: ReplayBuffer | None = None
+        self._obs: Tensor | None = None
+        self._explore_generator = torch.Generator(device="cpu")
+
+    # ---------------------------------------------------------------------------- the policy
+    def forward(self, obs: Tensor) -> Tensor:
+        """(B, state_dim + 1) observations -> (B, 3) Q-values."""
+        return self.q_net(obs)
+
+    def greedy_action(self, obs: Tensor) -> Tensor:
+        return self.q_net(obs).argmax(dim=-1)
+
+    def epsilon(self, step: int) -> float:
+        hp = self.hparams
+        return epsilon_at(step, hp.epsilon_start, hp.epsilon_end, hp.epsilon_decay)
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, epsilon: float) -> Tensor:
+        """Epsilon-greedy actions (B,) on the module's device."""
+        greedy = self.greedy_action(obs)
+        batch = obs.shape[0]
+        explore = torch.rand(batch, generator=self._explore_generator) < epsilon
+        random_actions = torch.randint(
+            0, NUM_ACTIONS, (batch,), generator=self._explore_generator
+        )
+        return torch.where(explore.to(obs.device), random_actions.to(obs.device), greedy)
+
+    # ------------------------------------------------------------------------------ training
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        hp = self.hparams
+        self.replay = ReplayBuffer(hp.replay_capacity, self.obs_dim, self.device, self.seed)
+        self._explore_generator.manual_seed(self.seed)
+        self._obs = self.train_env.reset(seed=self.seed)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
+        hp = self.hparams
+        env = self.train_env
+        epsilon = self.epsilon(self.global_step)
+        obs = self.env_obs(self._obs)
+        actions = self.act(obs, epsilon)
+        next_obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
+        # final_obs is the state each transition reached (before any auto-reset); only a
+        # terminated episode stops the bootstrap, a truncated one bootstraps from final_obs.
+        self.replay.add(obs, actions, reward, info["final_obs"], terminated)
+        self._obs = next_obs
+
+        self.log("train/epsilon", epsilon, on_step=True, on_epoch=False, batch_size=1)
+        finished = self.track_episodes(reward, terminated | truncated)
+        if finished is not None:
+            self.log(
+                "train/episode_reward", finished.mean().item(), on_step=True, on_epoch=False,
+                batch_size=1,
+            )
+        rate = self.env_steps_per_s(env.num_envs)
+        if rate is not None:
+            self.log("train/env_steps_per_s", rate, on_step=True, on_epoch=False, batch_size=1)
+
+        if len(self.replay) < hp.min_replay_size:
+            return None  # still filling the buffer: no update this step
+        sample = self.replay.sample(hp.batch_size)
+        q_taken = self.q_net(sample.obs).gather(1, sample.actions.unsqueeze(1)).squeeze(1)
+        with torch.no_grad():
+            targets = double_dqn_targets(
+                sample.rewards,
+                sample.dones,
+                self.q_net(sample.next_obs),
+                self.target_net(sample.next_obs),
+                hp.gamma,
+            )
+        loss = F.smooth_l1_loss(q_taken, targets)
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True,
+                 batch_size=hp.batch_size)
+        self.log("train/q_mean", q_taken.detach().mean(), on_step=True, on_epoch=False,
+                 batch_size=hp.batch_size)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.maybe_update_target(self.global_step)
+
+    def maybe_update_target(self, step: int) -> bool:
+        """Copy the online weights into the target network when ``step`` (training steps
+        completed) is a positive multiple of ``target_update_interval``; returns whether it did."""
+        if step > 0 and step % self.hparams.target_update_interval == 0:
+            self.target_net.load_state_dict(self.q_net.state_dict())
+            return True
+        return False
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        if self.hparams.max_grad_norm is not None:
+            self.clip_gradients(
+                optimizer,
+                gradient_clip_val=self.hparams.max_grad_norm,
+                gradient_clip_algorithm="norm",
+            )
+
+    def configure_optimizers(self) -> OptimizerLRScheduler:
+        return torch.optim.Adam(self.q_net.parameters(), lr=self.hparams.lr)

@@ -1,0 +1,239 @@
+"""Shared LightningModule base for the quantile forecasters (Temporal Fusion Transformer, Mamba-2).
+
+A forecaster maps one window batch of `ForecastDataModule` (a dict of float32 tensors:
+`static` (B, 4), `known` (B, seq_len + horizon, 8), `observed` (B, seq_len, 4), `target`
+(B, horizon)) to quantile forecasts of the next `horizon` one-bar log returns, in target-scale
+units: `forward(batch) -> Tensor[B, horizon, n_quantiles]`. Subclasses implement `forward` and
+call this base's constructor with the hyperparameters it owns; everything else lives here:
+
+- `quantile_loss`, the pinball loss averaged over quantiles, horizon steps and batch, written as
+  a pure function (a dozen lines; no library we depend on ships it for plain tensors);
+- training / validation / test steps logging `train/loss`, `val/loss`, `test/loss`, and
+  `val/direction_accuracy` / `test/direction_accuracy` (sign of the median forecast's first step
+  against the sign of the target's first step, counted over nonzero targets, accumulated over
+  the whole epoch);
+- AdamW with weight decay equal to the config's L2 coefficient;
+- `trading_positions`, which turns forecasts into positions for the shared backtest: at the
+  last bar of every window, the sign of the median forecast summed over the horizon when its
+  magnitude exceeds `position_threshold` (target-scale units), flat otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from lightning import LightningModule
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from torch import Tensor
+from torchmetrics import MeanMetric
+
+#: Keys of a window batch that the forecasters read as inputs (``target`` is the label).
+INPUT_KEYS = ("static", "known", "observed")
+#: Quantile level whose forecast is the point forecast.
+MEDIAN_LEVEL = 0.5
+#: Tolerance when looking for the median among configured quantile levels.
+_LEVEL_TOLERANCE = 1e-9
+
+
+def validate_quantiles(quantiles: Sequence[float]) -> list[float]:
+    """Return `quantiles` as a list of floats after checking they are sorted, in (0, 1) and hold 0.5.
+
+    Raises ValueError naming the offending value; the message refers to the config key
+    ``model.module.quantiles``.
+    """
+    if isinstance(quantiles, (str, bytes)) or not isinstance(quantiles, Sequence):
+        try:
+            quantiles = list(quantiles)  # omegaconf ListConfig and other iterables
+        except TypeError as exc:
+            raise ValueError(f"model.module.quantiles must be a list of floats, got {quantiles!r}") from exc
+    levels = [float(q) for q in quantiles]
+    if not levels:
+        raise ValueError("model.module.quantiles is empty; give a sorted list in (0, 1) containing 0.5")
+    for q in levels:
+        if not (0.0 < q < 1.0) or math.isnan(q):
+            raise ValueError(f"model.module.quantiles: level {q} is outside the open interval (0, 1)")
+    for lo, hi in zip(levels, levels[1:]):
+        if not lo < hi:
+            raise ValueError(f"model.module.quantiles must be strictly increasing, got {lo} before {hi}")
+    if not any(abs(q - MEDIAN_LEVEL) <= _LEVEL_TOLERANCE for q in levels):
+        raise ValueError(f"model.module.quantiles must contain 0.5 (the point forecast), got {levels}")
+    return levels
+
+
+def quantile_loss(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[float]) -> Tensor:
+    """Pinball loss averaged over quantiles, horizon steps and batch.
+
+    pred: (B, H, Q) quantile forecasts; target: (B, H); quantiles: the Q levels.
+    For error e = target - pred at level q the loss is max(q * e, (q - 1) * e).
+    """
+    if pred.dim() != 3 or target.shape != pred.shape[:2]:
+        raise ValueError(
+            f"quantile_loss: pred must be (B, H, Q) and target (B, H), got {tuple(pred.shape)} and "
+            f"{tuple(target.shape)}"
+        )
+    levels = torch.as_tensor(quantiles, dtype=pred.dtype, device=pred.device)
+    if levels.shape != (pred.shape[-1],):
+        raise ValueError(f"quantile_loss: {pred.shape[-1]} forecast quantiles but {levels.numel()} levels")
+    error = target.unsqueeze(-1) - pred
+    return torch.maximum(levels * error, (levels - 1.0) * error).mean()
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers -> plain lists/dicts; anything else unchanged."""
+    if isinstance(value, (ListConfig, DictConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+class ForecasterModule(LightningModule):
+    """Base for quantile forecasters; subclasses implement `forward(batch) -> (B, horizon, Q)`.
+
+    Constructor arguments (all from ``conf/model/<name>.yaml`` under ``module``):
+    quantiles: sorted levels in (0, 1) containing 0.5; horizon: forecast steps;
+    learning_rate: AdamW learning rate; weight_decay: AdamW weight decay (the L2 coefficient);
+    position_threshold: |sum of the median forecast over the horizon| (target-scale units)
+    above which `trading_positions` takes a position.
+    Subclasses call ``self.save_hyperparameters()`` after ``super().__init__``.
+    """
+
+    monitor_metric: str = "val/loss"
+    monitor_mode: str = "min"
+
+    def __init__(
+        self,
+        *,
+        quantiles: Sequence[float],
+        horizon: int,
+        learning_rate: float,
+        weight_decay: float,
+        position_threshold: float,
+    ) -> None:
+        super().__init__()
+        self.quantiles = validate_quantiles(quantiles)
+        if int(horizon) < 1:
+            raise ValueError(f"model.module.horizon must be >= 1, got {horizon}")
+        if learning_rate <= 0:
+            raise ValueError(f"model.module.learning_rate must be > 0, got {learning_rate}")
+        if weight_decay < 0:
+            raise ValueError(f"model.module.weight_decay must be >= 0, got {weight_decay}")
+        if position_threshold < 0:
+            raise ValueError(f"model.module.position_threshold must be >= 0, got {position_threshold}")
+        self.horizon = int(horizon)
+        self.learning_rate = float(learning_rate)
+        self.weight_decay = float(weight_decay)
+        self.position_threshold = float(position_threshold)
+        self.median_index = next(
+            i for i, q in enumerate(self.quantiles) if abs(q - MEDIAN_LEVEL) <= _LEVEL_TOLERANCE
+        )
+        self.register_buffer(
+            "quantile_levels", torch.tensor(self.quantiles, dtype=torch.float32), persistent=False
+        )
+        self.val_direction_accuracy = MeanMetric()
+        self.test_direction_accuracy = MeanMetric()
+
+    @property
+    def n_quantiles(self) -> int:
+        """Number of forecast quantiles (size of the output's last axis)."""
+        return len(self.quantiles)
+
+    # ----------------------------------------------------------------------------- steps
+    def _loss(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        pred = self(batch)
+        target = batch["target"]
+        expected = (target.shape[0], self.horizon, self.n_quantiles)
+        if tuple(pred.shape) != expected:
+            raise ValueError(f"{type(self).__name__}.forward returned {tuple(pred.shape)}, expected {expected}")
+        # the loss is computed in float32 even when the forward pass ran under bf16 autocast
+        pred = pred.float()
+        loss = quantile_loss(pred, target.float(), self.quantile_levels)
+        return loss, pred
+
+    def _update_direction(self, metric: MeanMetric, pred: Tensor, target: Tensor) -> None:
+        first_target = target[:, 0]
+        nonzero = first_target != 0
+        if bool(nonzero.any()):
+            median_first = pred[:, 0, self.median_index]
+            hits = (torch.sign(median_first) == torch.sign(first_target))[nonzero]
+            metric.update(hits.float())
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        loss, _ = self._loss(batch)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(batch["target"]))
+        return loss
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        loss, pred = self._loss(batch)
+        self._update_direction(self.val_direction_accuracy, pred, batch["target"])
+        self.log("val/loss", loss, on_epoch=True, prog_bar=True, batch_size=len(batch["target"]))
+        self.log("val/direction_accuracy", self.val_direction_accuracy, on_epoch=True)
+        return loss
+
+    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        loss, pred = self._loss(batch)
+        self._update_direction(self.test_direction_accuracy, pred, batch["target"])
+        self.log("test/loss", loss, on_epoch=True, batch_size=len(batch["target"]))
+        self.log("test/direction_accuracy", self.test_direction_accuracy, on_epoch=True)
+        return loss
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Store hyperparameters as plain Python containers (Hydra passes OmegaConf lists), so the
+        checkpoint loads with ``torch.load(weights_only=True)``."""
+        hparams = checkpoint.get("hyper_parameters")
+        if hparams:
+            checkpoint["hyper_parameters"] = {key: _plain(value) for key, value in hparams.items()}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay)
+
+    # ------------------------------------------------------------------------- positions
+    @torch.no_grad()
+    def predict_windows(self, windows: Mapping[str, Any], batch_size: int) -> Tensor:
+        """Quantile forecasts (N, horizon, Q) on CPU for every window of `windows`, in order."""
+        n = len(windows["bar_index"])
+        outputs: list[Tensor] = []
+        was_training = self.training
+        self.eval()
+        try:
+            for start in range(0, n, batch_size):
+                chunk = {
+                    key: torch.as_tensor(windows[key][start : start + batch_size]).to(self.device)
+                    for key in INPUT_KEYS
+                }
+                outputs.append(self(chunk).float().cpu())
+        finally:
+            self.train(was_training)
+        if not outputs:
+            return torch.zeros(0, self.horizon, self.n_quantiles)
+        return torch.cat(outputs)
+
+    def positions_from_forecasts(self, forecasts: Tensor) -> np.ndarray:
+        """Positions in {-1, 0, 1} from forecasts (N, horizon, Q): sign of the summed median when
+        its magnitude exceeds `position_threshold`, else 0."""
+        summed = forecasts[..., self.median_index].sum(dim=1)
+        position = torch.sign(summed) * (summed.abs() > self.position_threshold)
+        return position.to(torch.int8).numpy()
+
+    def trading_positions(self, datamodule: Any, split: str) -> np.ndarray:
+        """Positions (T,) in {-1, 0, 1} aligned with `datamodule.dataset.splits[split].close`.
+
+        Each window decides the position at its last bar (`bar_index`); bars without a window
+        (the first seq_len - 1 bars and the last horizon bars of the split) stay 0.
+        """
+        n_bars = len(datamodule.dataset.splits[split].close)
+        windows = datamodule.windows(split)
+        bar_index = np.asarray(torch.as_tensor(windows["bar_index"]).cpu().numpy(), dtype=np.int64)
+        positions = np.zeros(n_bars, dtype=np.int8)
+        if bar_index.size == 0:
+            return positions
+        if bar_index.min() < 0 or bar_index.max() >= n_bars:
+            raise ValueError(
+                f"datamodule.windows({split!r}) bar_index spans [{bar_index.min()}, {bar_index.max()}] "
+                f"outside the split's {n_bars} bars"
+            )
+        forecasts = self.predict_windows(windows, int(getattr(datamodule, "eval_batch_size", datamodule.batch_size)))
+        positions[bar_index] = self.positions_from_forecasts(forecasts)
+        return positions

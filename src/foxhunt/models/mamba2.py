@@ -1,0 +1,538 @@
+"""Mamba-2 quantile forecaster: a readable single-file reference implementation in plain PyTorch.
+
+Mamba-2 (Dao & Gu 2024, "Transformers are SSMs: Generalized Models and Efficient Algorithms
+Through Structured State Space Duality") replaces attention by a selective state space model
+whose transition is a scalar times the identity per head. This module writes the whole model
+by hand instead of importing ``mamba-ssm`` because that package's fused CUDA/Triton kernels
+(``mamba_chunk_scan_combined``, ``causal_conv1d``) do not run on CPU, and foxhunt must train
+and test every model on CPU with the same math as on CUDA. Everything here is plain tensor
+algebra, so it runs on any device and in any floating dtype (tests compare it in float64).
+
+Pieces, bottom-up:
+
+- `segsum`, `ssd_chunked`: the chunked SSD scan ("state space dual" form). The sequence is
+  cut into chunks of ``chunk_size`` bars (padded with ``dt = 0`` bars to a multiple, then
+  sliced back, so any length works). Within a chunk the output is a masked
+  attention-like product whose mask is ``exp(segsum(A * dt))`` (the diagonal blocks); each
+  chunk's end state is summed from its inputs; a short recurrence over chunks carries the
+  states across chunk boundaries; each chunk then reads its incoming state through C (the
+  off-diagonal, state-to-output term).
+- `ssd_naive`: the plain sequential recurrence ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t``,
+  ``y_t = C_t h_t``; the ground truth the tests compare `ssd_chunked` with.
+- `GatedRMSNorm`: ``rmsnorm(y * silu(z))`` per group of channels (Mamba-2's output norm).
+- `Mamba2Mixer`: one input projection packing (z, x, B, C, dt); depthwise causal conv1d with
+  SiLU over (x, B, C); the SSD scan; the D skip; the gated norm; the output projection.
+  Reference initialisation: ``dt_bias`` = inverse softplus of dt drawn log-uniformly in
+  [dt_min, dt_max] (floored at dt_init_floor), ``A_log = log(U[A_init_range])``, ``D = 1``.
+- `Mamba2Block` (pre-norm RMSNorm, mixer, dropout, residual) and `Mamba2Stack` (blocks and a
+  final RMSNorm).
+- `Mamba2Forecaster(ForecasterModule)`: per bar the 16 features (static broadcast over time,
+  the past part of the known calendar, observed) -> linear to d_model -> stack -> head on the
+  last bar -> (horizon, n_quantiles) forecasts whose quantiles are ordered by construction
+  (the median plus cumulative softplus offsets on both sides).
+
+Streaming inference: every level has ``step(x_t, state) -> (y_t, state)`` that consumes one
+new bar with O(1) work and memory, carrying per layer the last ``d_conv`` conv inputs and the
+SSM state (``Mamba2LayerState``); ``allocate_inference_state(batch_size)`` builds the zero
+state, and ``Mamba2Mixer.forward(u, return_state=True)`` hands over the state after a full
+prefix so a stream can continue from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from foxhunt.models.forecaster import ForecasterModule
+
+#: Attribute set on parameters that must not be weight-decayed (the SSM's dt_bias, A_log, D),
+#: the convention of the reference implementation.
+NO_WEIGHT_DECAY_ATTR = "_no_weight_decay"
+
+
+# ------------------------------------------------------------------------------ SSD scan
+def segsum(x: Tensor) -> Tensor:
+    """Stable segment sum: out[..., i, j] = sum_{k=j+1..i} x[..., k] for j <= i, -inf above.
+
+    x: (..., T). exp(segsum(a)) is the lower-triangular decay matrix of a scalar recurrence with
+    per-step log-decay a: entry (i, j) is the total decay from step j to step i. Computed by
+    masked cumulative sums rather than differences of one cumsum, which would lose precision.
+    """
+    length = x.size(-1)
+    expanded = x.unsqueeze(-1).expand(*x.shape, length)  # [..., i, j] = x_i
+    strictly_lower = torch.tril(torch.ones(length, length, dtype=torch.bool, device=x.device), diagonal=-1)
+    expanded = expanded.masked_fill(~strictly_lower, 0.0)
+    sums = torch.cumsum(expanded, dim=-2)
+    lower = torch.tril(torch.ones(length, length, dtype=torch.bool, device=x.device), diagonal=0)
+    return sums.masked_fill(~lower, -math.inf)
+
+
+def _heads_from_groups(m: Tensor, nheads: int) -> Tensor:
+    """Expand (..., ngroups, n) to (..., nheads, n): head h reads group h // (nheads / ngroups)."""
+    return m.repeat_interleave(nheads // m.shape[-2], dim=-2)
+
+
+def _check_ssd_shapes(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"ssd: x must be (batch, length, nheads, headdim), got {tuple(x.shape)}")
+    batch, length, nheads, _ = x.shape
+    if tuple(dt.shape) != (batch, length, nheads):
+        raise ValueError(f"ssd: dt must be {(batch, length, nheads)}, got {tuple(dt.shape)}")
+    if tuple(A.shape) != (nheads,):
+        raise ValueError(f"ssd: A must be ({nheads},), got {tuple(A.shape)}")
+    if B.dim() != 4 or B.shape[:2] != (batch, length) or B.shape != C.shape:
+        raise ValueError(
+            f"ssd: B and C must both be (batch, length, ngroups, d_state), got {tuple(B.shape)} and {tuple(C.shape)}"
+        )
+    if nheads % B.shape[-2] != 0:
+        raise ValueError(f"ssd: nheads={nheads} is not a multiple of ngroups={B.shape[-2]}")
+
+
+def ssd_naive(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, initial_state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Sequential reference of the selective scan, one step at a time.
+
+    x: (b, L, h, p) inputs; dt: (b, L, h) positive step sizes; A: (h,) negative rates;
+    B, C: (b, L, g, n) with h a multiple of g; initial_state: (b, h, p, n) or None (zeros).
+    h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t (outer product over p x n), y_t = C_t h_t.
+    Returns (y (b, L, h, p), final state (b, h, p, n)). No D skip (the mixer adds it).
+    """
+    _check_ssd_shapes(x, dt, A, B, C)
+    batch, length, nheads, headdim = x.shape
+    Bh = _heads_from_groups(B, nheads)
+    Ch = _heads_from_groups(C, nheads)
+    state = (
+        x.new_zeros(batch, nheads, headdim, B.shape[-1]) if initial_state is None else initial_state
+    )
+    outputs = []
+    for t in range(length):
+        decay = torch.exp(dt[:, t] * A)  # (b, h)
+        update = torch.einsum("bh,bhn,bhp->bhpn", dt[:, t], Bh[:, t], x[:, t])
+        state = state * decay[..., None, None] + update
+        outputs.append(torch.einsum("bhpn,bhn->bhp", state, Ch[:, t]))
+    y = torch.stack(outputs, dim=1) if outputs else x.new_zeros(x.shape)
+    return y, state
+
+
+def ssd_chunked(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    initial_state: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Chunked SSD scan, equal to `ssd_naive` (same arguments and returns) up to rounding.
+
+    The sequence is padded at the end with dt = 0 bars (no decay, no input, so the final
+    state is unchanged) to a multiple of `chunk_size`, and the output sliced back to L.
+    Notation below: c chunks of l bars, h heads, p head channels, n state size.
+    """
+    _check_ssd_shapes(x, dt, A, B, C)
+    if chunk_size < 1:
+        raise ValueError(f"ssd_chunked: chunk_size must be >= 1, got {chunk_size}")
+    batch, length, nheads, headdim = x.shape
+    pad = (-length) % chunk_size
+    if pad:
+        x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        dt = F.pad(dt, (0, 0, 0, pad))
+        B = F.pad(B, (0, 0, 0, 0, 0, pad))
+        C = F.pad(C, (0, 0, 0, 0, 0, pad))
+    n_chunks = (length + pad) // chunk_size
+    ngroups = B.shape[-2]
+    per_group = nheads // ngroups  # heads sharing one (B, C) group; head h reads group h // per_group
+
+    def chunked(t: Tensor) -> Tensor:  # (b, c*l, ...) -> (b, c, l, ...)
+        return t.reshape(batch, n_chunks, chunk_size, *t.shape[2:])
+
+    xs = chunked(x * dt.unsqueeze(-1))  # discretised input dt_t x_t: (b, c, l, h, p)
+    Bc, Cc = chunked(B), chunked(C)  # (b, c, l, g, n), kept per group (not copied per head)
+    log_decay = chunked(dt * A).permute(0, 3, 1, 2)  # A dt: (b, h, c, l)
+    cum = torch.cumsum(log_decay, dim=-1)  # (b, h, c, l)
+
+    # 1. Diagonal blocks: output from inputs of the same chunk, a masked "attention" whose
+    #    scores are C_l . B_s times the decay from bar s to bar l.
+    decay_within = torch.exp(segsum(log_decay))  # (b, h, c, l, s)
+    cb = torch.einsum("bclgn,bcsgn->bgcls", Cc, Bc).unsqueeze(2)  # (b, g, 1, c, l, s)
+    scores = (decay_within.reshape(batch, ngroups, per_group, *decay_within.shape[2:]) * cb).flatten(1, 2)
+    y_diag = torch.einsum("bhcls,bcshp->bclhp", scores, xs)
+
+    # 2. State at the end of each chunk from that chunk's inputs alone.
+    decay_to_end = torch.exp(cum[..., -1:] - cum)  # (b, h, c, l)
+    weighted = (xs * decay_to_end.permute(0, 2, 3, 1).unsqueeze(-1)).unflatten(3, (ngroups, per_group))
+    chunk_states = torch.einsum("bclgn,bclgjp->bcgjpn", Bc, weighted).flatten(2, 3)  # (b, c, h, p, n)
+
+    # 3. Inter-chunk recurrence: state entering each chunk (and the final state).
+    if initial_state is None:
+        initial_state = x.new_zeros(batch, nheads, headdim, B.shape[-1])
+    states = torch.cat([initial_state.unsqueeze(1), chunk_states], dim=1)  # (b, c+1, h, p, n)
+    decay_chunks = torch.exp(segsum(F.pad(cum[..., -1], (1, 0))))  # (b, h, c+1, c+1)
+    states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunks, states)
+    entering, final_state = states[:, :-1], states[:, -1]
+
+    # 4. Off-diagonal blocks: each chunk reads the state that entered it, decayed to bar l.
+    decay_from_start = torch.exp(cum).permute(0, 2, 3, 1).unsqueeze(-1)  # (b, c, l, h, 1)
+    entering = entering.unflatten(2, (ngroups, per_group))  # (b, c, g, j, p, n)
+    y_off = torch.einsum("bclgn,bcgjpn->bclgjp", Cc, entering).flatten(3, 4) * decay_from_start
+
+    y = (y_diag + y_off).reshape(batch, n_chunks * chunk_size, nheads, headdim)
+    return y[:, :length], final_state
+
+
+# ------------------------------------------------------------------------------ layers
+class Mamba2LayerState(NamedTuple):
+    """Streaming state of one mixer: the last d_conv conv inputs and the SSM state."""
+
+    conv: Tensor  # (batch, conv_dim, d_conv), oldest input first
+    ssm: Tensor  # (batch, nheads, headdim, d_state)
+
+
+class GatedRMSNorm(nn.Module):
+    """rmsnorm(y * silu(z)) over groups of `group_size` channels, with a learned scale.
+
+    Mamba-2 gates before normalising ("norm_before_gate=False" in the reference) and
+    normalises each of its ngroups channel groups separately.
+    """
+
+    def __init__(self, dim: int, group_size: int, eps: float) -> None:
+        super().__init__()
+        if dim % group_size != 0:
+            raise ValueError(f"GatedRMSNorm: dim={dim} is not a multiple of group_size={group_size}")
+        self.group_size = group_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, y: Tensor, z: Tensor) -> Tensor:
+        gated = y * F.silu(z)
+        grouped = gated.reshape(*gated.shape[:-1], -1, self.group_size)
+        normed = grouped * torch.rsqrt(grouped.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return normed.reshape(gated.shape) * self.weight
+
+
+class Mamba2Mixer(nn.Module):
+    """The Mamba-2 sequence mixer: (batch, L, d_model) -> (batch, L, d_model), causal.
+
+    d_inner = expand * d_model channels split into nheads = d_inner / headdim heads; B and C
+    (d_state each) are shared by the heads of each of ngroups groups.
+    """
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        d_state: int,
+        d_conv: int,
+        expand: int,
+        headdim: int,
+        ngroups: int,
+        chunk_size: int,
+        dt_min: float,
+        dt_max: float,
+        dt_init_floor: float,
+        A_init_range: Sequence[float],
+        norm_eps: float,
+    ) -> None:
+        super().__init__()
+        d_inner = expand * d_model
+        if d_inner % headdim != 0:
+            raise ValueError(f"Mamba2Mixer: expand * d_model = {d_inner} is not a multiple of headdim={headdim}")
+        nheads = d_inner // headdim
+        if nheads % ngroups != 0:
+            raise ValueError(f"Mamba2Mixer: nheads={nheads} is not a multiple of ngroups={ngroups}")
+        if not 0 < dt_min <= dt_max:
+            raise ValueError(f"Mamba2Mixer: need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+        a_low, a_high = (float(v) for v in A_init_range)
+        if not 0 < a_low <= a_high:
+            raise ValueError(f"Mamba2Mixer: A_init_range must satisfy 0 < low <= high, got {list(A_init_range)}")
+        if d_conv < 1 or chunk_size < 1:
+            raise ValueError(f"Mamba2Mixer: d_conv and chunk_size must be >= 1, got {d_conv} and {chunk_size}")
+        self.d_model, self.d_state, self.d_conv = d_model, d_state, d_conv
+        self.d_inner, self.headdim, self.nheads, self.ngroups = d_inner, headdim, nheads, ngroups
+        self.chunk_size = chunk_size
+        self.conv_dim = d_inner + 2 * ngroups * d_state
+
+        # One projection packs the gate z, the conv inputs (x, B, C) and the per-head dt.
+        self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * ngroups * d_state + nheads)
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, kernel_size=d_conv, groups=self.conv_dim, padding=d_conv - 1
+        )
+
+        # Reference initialisation of the SSM parameters (mamba_ssm Mamba2.__init__).
+        dt = torch.exp(torch.rand(nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = dt.clamp(min=dt_init_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        self.A_log = nn.Parameter(torch.log(torch.empty(nheads).uniform_(a_low, a_high)))
+        self.D = nn.Parameter(torch.ones(nheads))
+        for param in (self.dt_bias, self.A_log, self.D):
+            setattr(param, NO_WEIGHT_DECAY_ATTR, True)
+
+        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // ngroups, eps=norm_eps)
+        self.out_proj = nn.Linear(d_inner, d_model)
+
+    def _split_projection(self, zxbcdt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+
+    def _split_conv_output(self, xbc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        gn = self.ngroups * self.d_state
+        return torch.split(xbc, [self.d_inner, gn, gn], dim=-1)
+
+    def _output(self, y: Tensor, x: Tensor, z: Tensor) -> Tensor:
+        """D skip, gated norm and output projection; y, x: (..., nheads, headdim)."""
+        y = y + x * self.D[:, None]
+        y = y.reshape(*y.shape[:-2], self.d_inner)
+        return self.out_proj(self.norm(y, z))
+
+    def forward(self, u: Tensor, return_state: bool = False) -> Tensor | tuple[Tensor, Mamba2LayerState]:
+        """u: (batch, L, d_model) -> (batch, L, d_model); with return_state also the streaming
+        state after the last bar, from which `step` continues the sequence."""
+        batch, length, _ = u.shape
+        z, xbc_in, dt = self._split_projection(self.in_proj(u))
+        dt = F.softplus(dt + self.dt_bias)  # (b, L, h)
+        xbc = F.silu(self.conv1d(xbc_in.transpose(1, 2))[..., :length].transpose(1, 2))
+        x, B, C = self._split_conv_output(xbc)
+        x = x.reshape(batch, length, self.nheads, self.headdim)
+        B = B.reshape(batch, length, self.ngroups, self.d_state)
+        C = C.reshape(batch, length, self.ngroups, self.d_state)
+        A = -torch.exp(self.A_log)
+        y, final_ssm = ssd_chunked(x, dt, A, B, C, self.chunk_size)
+        out = self._output(y, x, z)
+        if not return_state:
+            return out
+        window = xbc_in.transpose(1, 2)[..., -self.d_conv :]
+        conv_state = F.pad(window, (self.d_conv - window.shape[-1], 0))
+        return out, Mamba2LayerState(conv=conv_state, ssm=final_ssm)
+
+    def allocate_inference_state(
+        self, batch_size: int, dtype: torch.dtype | None = None, device: torch.device | None = None
+    ) -> Mamba2LayerState:
+        """Zero state (the state before the first bar); size independent of sequence length."""
+        dtype = dtype or self.in_proj.weight.dtype
+        device = device or self.in_proj.weight.device
+        return Mamba2LayerState(
+            conv=torch.zeros(batch_size, self.conv_dim, self.d_conv, dtype=dtype, device=device),
+            ssm=torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, dtype=dtype, device=device),
+        )
+
+    def step(self, u_t: Tensor, state: Mamba2LayerState) -> tuple[Tensor, Mamba2LayerState]:
+        """One new bar u_t: (batch, d_model) -> (output (batch, d_model), new state); O(1)."""
+        batch = u_t.shape[0]
+        z, xbc_in, dt = self._split_projection(self.in_proj(u_t))
+        conv_state = torch.cat([state.conv[..., 1:], xbc_in.unsqueeze(-1)], dim=-1)
+        xbc = (conv_state * self.conv1d.weight.squeeze(1)).sum(dim=-1)
+        if self.conv1d.bias is not None:
+            xbc = xbc + self.conv1d.bias
+        x, B, C = self._split_conv_output(F.silu(xbc))
+        x = x.reshape(batch, self.nheads, self.headdim)
+        Bh = _heads_from_groups(B.reshape(batch, self.ngroups, self.d_state), self.nheads)
+        Ch = _heads_from_groups(C.reshape(batch, self.ngroups, self.d_state), self.nheads)
+        dt = F.softplus(dt + self.dt_bias)  # (b, h)
+        decay = torch.exp(dt * -torch.exp(self.A_log))
+        ssm_state = state.ssm * decay[..., None, None] + torch.einsum("bh,bhn,bhp->bhpn", dt, Bh, x)
+        y = torch.einsum("bhpn,bhn->bhp", ssm_state, Ch)
+        return self._output(y, x, z), Mamba2LayerState(conv=conv_state, ssm=ssm_state)
+
+
+class Mamba2Block(nn.Module):
+    """Pre-norm residual block: u + dropout(mixer(rmsnorm(u)))."""
+
+    def __init__(self, *, d_model: int, dropout: float, norm_eps: float, **mixer_kwargs) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(d_model, eps=norm_eps)
+        self.mixer = Mamba2Mixer(d_model=d_model, norm_eps=norm_eps, **mixer_kwargs)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, u: Tensor) -> Tensor:
+        return u + self.dropout(self.mixer(self.norm(u)))
+
+    def allocate_inference_state(self, batch_size: int, **kwargs) -> Mamba2LayerState:
+        return self.mixer.allocate_inference_state(batch_size, **kwargs)
+
+    def step(self, u_t: Tensor, state: Mamba2LayerState) -> tuple[Tensor, Mamba2LayerState]:
+        out, state = self.mixer.step(self.norm(u_t), state)
+        return u_t + self.dropout(out), state
+
+
+class Mamba2Stack(nn.Module):
+    """n_layers residual blocks followed by a final RMSNorm; (batch, L, d_model) -> same."""
+
+    def __init__(self, *, n_layers: int, d_model: int, norm_eps: float, **block_kwargs) -> None:
+        super().__init__()
+        if n_layers < 1:
+            raise ValueError(f"Mamba2Stack: n_layers must be >= 1, got {n_layers}")
+        self.layers = nn.ModuleList(
+            Mamba2Block(d_model=d_model, norm_eps=norm_eps, **block_kwargs) for _ in range(n_layers)
+        )
+        self.norm_f = nn.RMSNorm(d_model, eps=norm_eps)
+
+    def forward(self, u: Tensor) -> Tensor:
+        for layer in self.layers:
+            u = layer(u)
+        return self.norm_f(u)
+
+    def allocate_inference_state(self, batch_size: int, **kwargs) -> list[Mamba2LayerState]:
+        return [layer.allocate_inference_state(batch_size, **kwargs) for layer in self.layers]
+
+    def step(self, u_t: Tensor, state: Sequence[Mamba2LayerState]) -> tuple[Tensor, list[Mamba2LayerState]]:
+        if len(state) != len(self.layers):
+            raise ValueError(f"Mamba2Stack.step: state has {len(state)} layers, the stack {len(self.layers)}")
+        new_state = []
+        for layer, layer_state in zip(self.layers, state):
+            u_t, layer_state = layer.step(u_t, layer_state)
+            new_state.append(layer_state)
+        return self.norm_f(u_t), new_state
+
+
+def ordered_quantiles(raw: Tensor, median_index: int) -> Tensor:
+    """Monotone quantiles from unconstrained head outputs raw: (..., Q).
+
+    raw[..., median_index] is the median; the levels above it add cumulative softplus offsets,
+    the levels below subtract them, so the output is strictly increasing along the last axis.
+    """
+    median = raw[..., median_index : median_index + 1]
+    above = median + torch.cumsum(F.softplus(raw[..., median_index + 1 :]), dim=-1)
+    below_offsets = F.softplus(raw[..., :median_index]).flip(-1).cumsum(dim=-1).flip(-1)
+    return torch.cat([median - below_offsets, median, above], dim=-1)
+
+
+# ------------------------------------------------------------------------------ forecaster
+class Mamba2Forecaster(ForecasterModule):
+    """Mamba-2 quantile forecaster of the next `horizon` scaled 1-bar log returns.
+
+    Per bar the input is the 16 features in dataset column order (static broadcast over time,
+    the past seq_len bars of the known calendar, observed); a linear layer lifts them to
+    d_model, the Mamba-2 stack mixes them causally, and a linear head on the last bar's hidden
+    state gives (horizon, n_quantiles) ordered quantiles. `step` runs the same model one bar
+    at a time (streaming); its output after bar t equals `forward` on a window ending at t.
+    """
+
+    def __init__(
+        self,
+        *,
+        input_dim: int,
+        seq_len: int,
+        horizon: int,
+        d_model: int,
+        n_layers: int,
+        d_state: int,
+        d_conv: int,
+        expand: int,
+        headdim: int,
+        ngroups: int,
+        chunk_size: int,
+        dt_min: float,
+        dt_max: float,
+        dt_init_floor: float,
+        A_init_range: Sequence[float],
+        norm_eps: float,
+        dropout: float,
+        quantiles: Sequence[float],
+        learning_rate: float,
+        weight_decay: float,
+        position_threshold: float,
+    ) -> None:
+        super().__init__(
+            quantiles=quantiles,
+            horizon=horizon,
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            position_threshold=position_threshold,
+        )
+        self.save_hyperparameters()
+        if seq_len < 1:
+            raise ValueError(f"model.module.seq_len must be >= 1, got {seq_len}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"model.module.dropout must be in [0, 1), got {dropout}")
+        self.input_dim = int(input_dim)
+        self.seq_len = int(seq_len)
+        self.input_proj = nn.Linear(self.input_dim, d_model)
+        self.backbone = Mamba2Stack(
+            n_layers=n_layers,
+            d_model=d_model,
+            norm_eps=norm_eps,
+            dropout=dropout,
+            d_state=d_state,
+            d_conv=d_conv,
+            expand=expand,
+            headdim=headdim,
+            ngroups=ngroups,
+            chunk_size=chunk_size,
+            dt_min=dt_min,
+            dt_max=dt_max,
+            dt_init_floor=dt_init_floor,
+            A_init_range=A_init_range,
+        )
+        self.head_dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(d_model, self.horizon * self.n_quantiles)
+
+    # ---------------------------------------------------------------- full-window path
+    def bar_features(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """(B, seq_len, input_dim): concat(static broadcast, known[:, :seq_len], observed)."""
+        observed, known = batch["observed"], batch["known"]
+        if observed.shape[1] != self.seq_len or known.shape[1] < self.seq_len:
+            raise ValueError(
+                f"Mamba2Forecaster: batch observed has {observed.shape[1]} bars and known "
+                f"{known.shape[1]}, model.module.seq_len is {self.seq_len} (known needs at least that)"
+            )
+        static = batch["static"].unsqueeze(1).expand(-1, self.seq_len, -1)
+        features = torch.cat([static, known[:, : self.seq_len], observed], dim=-1)
+        if features.shape[-1] != self.input_dim:
+            raise ValueError(
+                f"Mamba2Forecaster: batch has {features.shape[-1]} features per bar "
+                f"(static+known+observed), model.module.input_dim is {self.input_dim}"
+            )
+        return features
+
+    def _forecast(self, hidden: Tensor) -> Tensor:
+        """Hidden states (..., d_model) -> ordered quantile forecasts (..., horizon, Q)."""
+        raw = self.head(self.head_dropout(hidden))
+        raw = raw.reshape(*hidden.shape[:-1], self.horizon, self.n_quantiles)
+        return ordered_quantiles(raw, self.median_index)
+
+    def forecast_sequence(self, features: Tensor) -> Tensor:
+        """Forecasts after every bar of features (B, L, input_dim) -> (B, L, horizon, Q)."""
+        return self._forecast(self.backbone(self.input_proj(features)))
+
+    def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
+        hidden = self.backbone(self.input_proj(self.bar_features(batch)))
+        return self._forecast(hidden[:, -1])
+
+    # ---------------------------------------------------------------- streaming path
+    def allocate_inference_state(self, batch_size: int, **kwargs) -> list[Mamba2LayerState]:
+        """Zero streaming state: one `Mamba2LayerState` per layer, constant in size."""
+        return self.backbone.allocate_inference_state(batch_size, **kwargs)
+
+    def init_state(self, batch_size: int) -> list[Mamba2LayerState]:
+        """Same as `allocate_inference_state` with the module's dtype and device."""
+        return self.allocate_inference_state(batch_size)
+
+    def step(self, x_t: Tensor, state: Sequence[Mamba2LayerState]) -> tuple[Tensor, list[Mamba2LayerState]]:
+        """One bar's features x_t: (B, input_dim) -> (forecast (B, horizon, Q), new state)."""
+        hidden, state = self.backbone.step(self.input_proj(x_t), state)
+        return self._forecast(hidden), state
+
+    # ---------------------------------------------------------------- optimisation
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """AdamW with weight decay on matrices only: biases, norm scales and the SSM's
+        dt_bias / A_log / D (marked like the reference) are not decayed."""
+        decay, no_decay = [], []
+        for param in self.parameters():
+            if not param.requires_grad:
+                continue
+            if getattr(param, NO_WEIGHT_DECAY_ATTR, False) or param.dim() < 2:
+                no_decay.append(param)
+            else:
+                decay.append(param)
+        return torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": self.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=self.learning_rate,
+        )

@@ -1,0 +1,356 @@
+"""Temporal Fusion Transformer (Lim, Arik, Loeff & Pfister 2021), a single-file reference build.
+
+Written by hand rather than taken from pytorch-forecasting: that implementation is tied to its
+own TimeSeriesDataSet, embeddings and encoders, while foxhunt feeds plain tensors (the window
+batch of `ForecastDataModule`), and one readable file that follows the paper's equations is what
+the memory accounting and precision policies are meant to be run on.
+
+Inputs (dict of float32 tensors, as produced by ForecastDataModule):
+    static   (B, static_dim)                    asset attributes, constant over time
+    known    (B, seq_len + horizon, known_dim)  calendar features, past and future
+    observed (B, seq_len, observed_dim)         market features, past only (the future of an
+                                                observed input does not exist in the batch, so
+                                                the model cannot read it by construction)
+Output: (B, horizon, n_quantiles) quantile forecasts of the next `horizon` one-bar returns.
+
+Architecture, section numbers of the paper in brackets:
+    per-variable linear embeddings of every continuous input             [4.1]
+    gated linear unit (GLU) + add & norm; gated residual network (GRN)   [4.1, eq. 2-5]
+    variable selection networks: static; encoder over known + observed;
+        decoder over known; softmax weights summing to 1                 [4.2, eq. 6-8]
+    static covariate encoders: four contexts c_s (selection), c_e
+        (enrichment), c_h and c_c (LSTM initial state)                   [4.3]
+    LSTM encoder/decoder (`lstm_layers` layers) + gated skip             [4.5.1, eq. 17]
+    static enrichment GRN with context c_e                               [4.5.2, eq. 18]
+    interpretable multi-head attention: per-head query/key projections,
+        one value projection shared by all heads, head outputs averaged,
+        causal mask (position t attends to positions <= t only)          [4.4, eq. 13-16; 4.5.3]
+    position-wise GRN + gated skip over the whole temporal block          [4.5.4, eq. 20-22]
+    quantile output layer on the decoder positions                       [4.6, eq. 23]
+
+Quantile ordering is guaranteed by construction (a departure from the paper, which leaves the
+outputs free): the head predicts the median and, for the levels on either side of it, positive
+gaps (softplus) that are cumulated outwards, so q_1 <= ... <= q_0.5 <= ... <= q_Q always holds.
+
+Causality: every layer is position-wise except the LSTMs (left to right) and the attention
+(causal mask), so the forecast for decoder step t depends on inputs at times <= t only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from foxhunt.models.forecaster import ForecasterModule
+
+
+class GatedLinearUnit(nn.Module):
+    """GLU(x) = sigmoid(W4 x + b4) * (W5 x + b5), with dropout on the input [eq. 5]."""
+
+    def __init__(self, input_size: int, output_size: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.linear = nn.Linear(input_size, 2 * output_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        value, gate = self.linear(self.dropout(x)).chunk(2, dim=-1)
+        return value * torch.sigmoid(gate)
+
+
+class GateAddNorm(nn.Module):
+    """LayerNorm(skip + GLU(x)): the gated skip connection used throughout the TFT."""
+
+    def __init__(self, input_size: int, output_size: int, dropout: float) -> None:
+        super().__init__()
+        self.glu = GatedLinearUnit(input_size, output_size, dropout)
+        self.norm = nn.LayerNorm(output_size)
+
+    def forward(self, x: Tensor, skip: Tensor) -> Tensor:
+        return self.norm(skip + self.glu(x))
+
+
+class GatedResidualNetwork(nn.Module):
+    """GRN(a, c) = LayerNorm(skip(a) + GLU(W1 ELU(W2 a + W3 c + b2) + b1)) [eq. 2-4].
+
+    `skip` is the identity when input and output sizes match, else a linear projection. The
+    optional context `c` (B, context_size) is broadcast over any time axis of `a`.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        output_size: int,
+        dropout: float,
+        context_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.skip = nn.Identity() if input_size == output_size else nn.Linear(input_size, output_size)
+        self.fc_input = nn.Linear(input_size, hidden_size)  # W2, b2
+        self.fc_context = nn.Linear(context_size, hidden_size, bias=False) if context_size else None  # W3
+        self.fc_hidden = nn.Linear(hidden_size, hidden_size)  # W1, b1
+        self.gate_norm = GateAddNorm(hidden_size, output_size, dropout)
+
+    def forward(self, a: Tensor, context: Tensor | None = None) -> Tensor:
+        hidden = self.fc_input(a)
+        if self.fc_context is not None:
+            if context is None:
+                raise ValueError("GatedResidualNetwork built with a context was called without one")
+            projected = self.fc_context(context)
+            while projected.dim() < hidden.dim():
+                projected = projected.unsqueeze(-2)
+            hidden = hidden + projected
+        hidden = self.fc_hidden(F.elu(hidden))
+        return self.gate_norm(hidden, self.skip(a))
+
+
+class VariableEmbedding(nn.Module):
+    """One linear map R -> R^hidden per continuous variable: (..., n_vars) -> (..., n_vars, hidden)."""
+
+    def __init__(self, n_vars: int, hidden_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_vars, hidden_size))
+        self.bias = nn.Parameter(torch.zeros(n_vars, hidden_size))
+        nn.init.xavier_uniform_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.unsqueeze(-1) * self.weight + self.bias
+
+
+class VariableSelectionNetwork(nn.Module):
+    """Soft selection over `n_vars` embedded variables [eq. 6-8].
+
+    weights = softmax(GRN_v(flatten(xi), c_s)) (sum to 1 over the variables);
+    output  = sum_i weights_i * GRN_i(xi_i).
+    """
+
+    def __init__(self, n_vars: int, hidden_size: int, dropout: float, context_size: int | None) -> None:
+        super().__init__()
+        self.weight_grn = GatedResidualNetwork(n_vars * hidden_size, hidden_size, n_vars, dropout, context_size)
+        self.variable_grns = nn.ModuleList(
+            GatedResidualNetwork(hidden_size, hidden_size, hidden_size, dropout) for _ in range(n_vars)
+        )
+
+    def forward(self, embedded: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """embedded: (..., n_vars, hidden) -> (selected (..., hidden), weights (..., n_vars))."""
+        weights = torch.softmax(self.weight_grn(embedded.flatten(-2), context), dim=-1)
+        processed = torch.stack(
+            [grn(embedded[..., i, :]) for i, grn in enumerate(self.variable_grns)], dim=-2
+        )
+        return (weights.unsqueeze(-1) * processed).sum(dim=-2), weights
+
+
+class InterpretableMultiHeadAttention(nn.Module):
+    """Multi-head attention whose heads share the value projection and are averaged [eq. 13-16].
+
+    Because V W_V is shared, the averaged head output equals (mean_h A_h) V W_V, so the averaged
+    attention matrix fully explains the layer. A causal mask (value `finfo(dtype).min`) keeps
+    every query from attending to later positions.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float) -> None:
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"model.module.hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_size = hidden_size // num_heads
+        self.query = nn.Linear(hidden_size, self.head_size * num_heads)  # W_Q^(h) for every head
+        self.key = nn.Linear(hidden_size, self.head_size * num_heads)  # W_K^(h) for every head
+        self.value = nn.Linear(hidden_size, self.head_size)  # W_V shared by the heads
+        self.output = nn.Linear(self.head_size, hidden_size)  # W_H
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x: (B, L, hidden) -> (output (B, L, hidden), head-averaged attention (B, L, L))."""
+        batch, length, _ = x.shape
+        q = self.query(x).view(batch, length, self.num_heads, self.head_size).transpose(1, 2)
+        k = self.key(x).view(batch, length, self.num_heads, self.head_size).transpose(1, 2)
+        v = self.value(x)  # (B, L, head_size)
+        scores = q @ k.transpose(-2, -1) / self.head_size**0.5  # (B, heads, L, L)
+        future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(diagonal=1)
+        scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
+        attention = self.dropout(torch.softmax(scores, dim=-1))
+        heads = attention @ v.unsqueeze(1)  # (B, heads, L, head_size)
+        return self.output(heads.mean(dim=1)), attention.mean(dim=1)
+
+
+class MonotoneQuantileHead(nn.Module):
+    """Quantile output layer [eq. 23] whose outputs are ordered by construction.
+
+    A linear layer gives Q raw values per position; the one at the median's index is the median,
+    the others become positive gaps softplus(raw) cumulated away from the median:
+    q_j = median + sum_{median < k <= j} gap_k above it, median - sum_{j <= k < median} gap_k below.
+    """
+
+    def __init__(self, hidden_size: int, n_quantiles: int, median_index: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, n_quantiles)
+        self.median_index = median_index
+
+    def forward(self, x: Tensor) -> Tensor:
+        raw = self.linear(x)
+        m = self.median_index
+        median = raw[..., m : m + 1]
+        above = median + torch.cumsum(F.softplus(raw[..., m + 1 :]), dim=-1)
+        below = median - torch.cumsum(F.softplus(raw[..., :m]).flip(-1), dim=-1).flip(-1)
+        return torch.cat([below, median, above], dim=-1)
+
+
+class TemporalFusionTransformer(ForecasterModule):
+    """Temporal Fusion Transformer quantile forecaster over ForecastDataModule windows.
+
+    Hyperparameters (conf/model/tft.yaml, `module`): input_dim = static_dim + known_dim +
+    observed_dim; hidden_size (d_model); num_heads; lstm_layers; dropout; seq_len (encoder
+    steps); horizon (decoder steps); quantiles; learning_rate; weight_decay (L2);
+    position_threshold (see ForecasterModule).
+    """
+
+    def __init__(
+        self,
+        *,
+        input_dim: int,
+        static_dim: int,
+        known_dim: int,
+        observed_dim: int,
+        hidden_size: int,
+        num_heads: int,
+        lstm_layers: int,
+        dropout: float,
+        seq_len: int,
+        horizon: int,
+        quantiles: Sequence[float],
+        learning_rate: float,
+        weight_decay: float,
+        position_threshold: float,
+    ) -> None:
+        super().__init__(
+            quantiles=quantiles,
+            horizon=horizon,
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            position_threshold=position_threshold,
+        )
+        self.save_hyperparameters()
+        for key, value in (
+            ("static_dim", static_dim),
+            ("known_dim", known_dim),
+            ("observed_dim", observed_dim),
+            ("hidden_size", hidden_size),
+            ("num_heads", num_heads),
+            ("lstm_layers", lstm_layers),
+            ("seq_len", seq_len),
+        ):
+            if int(value) < 1:
+                raise ValueError(f"model.module.{key} must be >= 1, got {value}")
+        if static_dim + known_dim + observed_dim != input_dim:
+            raise ValueError(
+                f"model.module: static_dim {static_dim} + known_dim {known_dim} + observed_dim "
+                f"{observed_dim} != input_dim {input_dim}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"model.module.dropout must be in [0, 1), got {dropout}")
+        self.static_dim = static_dim
+        self.known_dim = known_dim
+        self.observed_dim = observed_dim
+        self.seq_len = seq_len
+        self.lstm_layers = lstm_layers
+        d = hidden_size
+
+        # Input embeddings: known variables share one embedding for past and future steps.
+        self.static_embedding = VariableEmbedding(static_dim, d)
+        self.known_embedding = VariableEmbedding(known_dim, d)
+        self.observed_embedding = VariableEmbedding(observed_dim, d)
+
+        # Variable selection.
+        self.static_selection = VariableSelectionNetwork(static_dim, d, dropout, context_size=None)
+        self.encoder_selection = VariableSelectionNetwork(known_dim + observed_dim, d, dropout, context_size=d)
+        self.decoder_selection = VariableSelectionNetwork(known_dim, d, dropout, context_size=d)
+
+        # Static covariate encoders: the four contexts.
+        self.context_selection = GatedResidualNetwork(d, d, d, dropout)
+        self.context_enrichment = GatedResidualNetwork(d, d, d, dropout)
+        self.context_state_h = GatedResidualNetwork(d, d, d, dropout)
+        self.context_state_c = GatedResidualNetwork(d, d, d, dropout)
+
+        # Sequence-to-sequence layer.
+        lstm_dropout = dropout if lstm_layers > 1 else 0.0
+        self.encoder_lstm = nn.LSTM(d, d, num_layers=lstm_layers, batch_first=True, dropout=lstm_dropout)
+        self.decoder_lstm = nn.LSTM(d, d, num_layers=lstm_layers, batch_first=True, dropout=lstm_dropout)
+        self.post_lstm_gate = GateAddNorm(d, d, dropout)
+
+        # Temporal fusion decoder.
+        self.static_enrichment = GatedResidualNetwork(d, d, d, dropout, context_size=d)
+        self.attention = InterpretableMultiHeadAttention(d, num_heads, dropout)
+        self.post_attention_gate = GateAddNorm(d, d, dropout)
+        self.positionwise_grn = GatedResidualNetwork(d, d, d, dropout)
+        self.pre_output_gate = GateAddNorm(d, d, dropout)
+        self.quantile_head = MonotoneQuantileHead(d, self.n_quantiles, self.median_index)
+
+    def _check_inputs(self, static: Tensor, known: Tensor, observed: Tensor) -> None:
+        batch = static.shape[0]
+        expected = {
+            "static": ((batch, self.static_dim), static),
+            "known": ((batch, self.seq_len + self.horizon, self.known_dim), known),
+            "observed": ((batch, self.seq_len, self.observed_dim), observed),
+        }
+        for key, (shape, tensor) in expected.items():
+            if tuple(tensor.shape) != shape:
+                raise ValueError(
+                    f"TemporalFusionTransformer: batch[{key!r}] has shape {tuple(tensor.shape)}, expected "
+                    f"{shape} (seq_len {self.seq_len}, horizon {self.horizon})"
+                )
+
+    def forward(
+        self, batch: Mapping[str, Tensor], return_weights: bool = False
+    ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
+        """Quantile forecasts (B, horizon, Q); with `return_weights`, also a dict of
+        interpretation weights: `static` (B, static_dim), `encoder` (B, seq_len,
+        known_dim + observed_dim; known variables first), `decoder` (B, horizon, known_dim) —
+        variable selection weights, each summing to 1 — and `attention` (B, L, L), the
+        head-averaged causal attention over all L = seq_len + horizon positions."""
+        static, known, observed = batch["static"], batch["known"], batch["observed"]
+        self._check_inputs(static, known, observed)
+        past_known, future_known = known[:, : self.seq_len], known[:, self.seq_len :]
+
+        # Static covariate encoders.
+        static_vector, static_weights = self.static_selection(self.static_embedding(static))
+        c_selection = self.context_selection(static_vector)
+        c_enrichment = self.context_enrichment(static_vector)
+        state = (
+            self.context_state_h(static_vector).unsqueeze(0).repeat(self.lstm_layers, 1, 1).contiguous(),
+            self.context_state_c(static_vector).unsqueeze(0).repeat(self.lstm_layers, 1, 1).contiguous(),
+        )
+
+        # Variable selection for the past (known + observed) and the future (known only).
+        past_embedded = torch.cat(
+            [self.known_embedding(past_known), self.observed_embedding(observed)], dim=-2
+        )
+        past_selected, encoder_weights = self.encoder_selection(past_embedded, c_selection)
+        future_selected, decoder_weights = self.decoder_selection(self.known_embedding(future_known), c_selection)
+
+        # LSTM encoder-decoder with gated skip over the selected inputs.
+        encoded, state = self.encoder_lstm(past_selected, state)
+        decoded, _ = self.decoder_lstm(future_selected, state)
+        temporal = self.post_lstm_gate(
+            torch.cat([encoded, decoded], dim=1), skip=torch.cat([past_selected, future_selected], dim=1)
+        )
+
+        # Temporal fusion decoder: enrichment, causal attention, position-wise GRN.
+        enriched = self.static_enrichment(temporal, c_enrichment)
+        attended, attention = self.attention(enriched)
+        attended = self.post_attention_gate(attended, skip=enriched)
+        fused = self.pre_output_gate(self.positionwise_grn(attended), skip=temporal)
+
+        forecast = self.quantile_head(fused[:, self.seq_len :])
+        if not return_weights:
+            return forecast
+        weights = {
+            "static": static_weights,
+            "encoder": encoder_weights,
+            "decoder": decoder_weights,
+            "attention": attention,
+        }
+        return forecast, weights

@@ -1,0 +1,221 @@
+"""``foxhunt-train``: train one cell of the model x asset grid.
+
+Data flow (../shared/DESIGN.md): compose -> validate -> data -> model -> fit -> test ->
+shared backtest -> MLflow. ``train(cfg)`` does the work and returns the metrics; ``main`` is
+the ``@hydra.main`` entry that turns a config error into one line and a non-zero exit.
+
+The value ``train`` returns for a sweeper to optimize is ``val/sharpe``: the shared backtest of
+the validation split, comparable across all four model families (their own validation losses
+are not), and never the test split, which stays unseen until the final report.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.config.schema import ConfigError, resolved_config, validate
+
+log = logging.getLogger("foxhunt.train")
+
+OBJECTIVE = "val/sharpe"
+
+
+def run_name(cfg: DictConfig) -> str:
+    return f"{cfg.model.name}-{cfg.asset.key}-{cfg.precision.name}"
+
+
+def run_tags(cfg: DictConfig) -> dict[str, str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    sweep_id = ""
+    if HydraConfig.initialized() and str(HydraConfig.get().mode) == "RunMode.MULTIRUN":
+        sweep_id = Path(HydraConfig.get().sweep.dir).name
+    return {
+        "model": cfg.model.name,
+        "asset": cfg.asset.key,
+        "precision": cfg.precision.name,
+        "strategy": cfg.strategy.name,
+        "sweep_id": sweep_id,
+        "seed": str(cfg.seed),
+        "data_source": cfg.data.source._target_.rsplit(".", 1)[-1],
+    }
+
+
+def build_datamodule(cfg: DictConfig, dataset):
+    from foxhunt.data.datamodules import EnvDataModule, ForecastDataModule
+
+    if cfg.model.kind == "agent":
+        return EnvDataModule(
+            dataset=dataset,
+            episode_len=cfg.model.env.episode_len,
+            num_envs=cfg.model.env.num_envs,
+            steps_per_epoch=cfg.model.env.steps_per_epoch,
+            commission_usd=cfg.execution.commission_usd,
+            slippage_ticks=cfg.execution.slippage_ticks,
+        )
+    return ForecastDataModule(
+        dataset=dataset,
+        seq_len=cfg.model.window.seq_len,
+        horizon=cfg.model.window.horizon,
+        batch_size=cfg.model.window.batch_size,
+        eval_batch_size=cfg.model.window.eval_batch_size,
+    )
+
+
+def score_split(model, datamodule, split: str, cfg: DictConfig, asset, out_dir: Path, run) -> dict[str, float]:
+    """The shared backtest of one split: the same metrics for every model family."""
+    from foxhunt.evaluation.backtest import backtest
+    from foxhunt.evaluation.plots import plot_equity
+
+    arrays = datamodule.dataset.splits[split]
+    positions = model.trading_positions(datamodule, split)
+    result = backtest(
+        positions,
+        arrays.close,
+        arrays.timestamps,
+        asset,
+        commission_usd=cfg.execution.commission_usd,
+        slippage_ticks=cfg.execution.slippage_ticks,
+    )
+    metrics = {f"{split}/{name}": float(value) for name, value in result.metrics.items()}
+    if cfg.evaluation.plot_equity and split == "test":
+        png = out_dir / f"equity_{split}.png"
+        plot_equity(result, arrays.timestamps, png, title=f"{run_name(cfg)} {split} split")
+        if run is not None:
+            run.log_artifact(png)
+    return metrics
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train and score one cell; return every metric (``OBJECTIVE`` among them)."""
+    validate(cfg)  # before anything heavy: one clear line on a bad value
+
+    import lightning.pytorch as pl
+    from hydra.utils import instantiate
+
+    from foxhunt.tracking.mlflow_store import TrackedRun
+
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    asset = instantiate(cfg.asset)
+    source = instantiate(cfg.data.source)
+    precision = instantiate(cfg.precision)
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resolved = resolved_config(cfg)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+
+    run = None
+    if cfg.logger.enabled:
+        run = TrackedRun(
+            tracking_uri=cfg.logger.tracking_uri,
+            experiment=cfg.logger.experiment,
+            artifact_location=cfg.logger.artifact_location,
+            run_name=run_name(cfg),
+            tags=run_tags(cfg),
+        )
+    with run if run is not None else _NoRun():
+        if run is not None:
+            run.log_config(resolved, OmegaConf.to_yaml(resolved))
+        callbacks = [instantiate(node) for node in cfg.callbacks.values()]
+        try:
+            return _fit_and_score(cfg, source, asset, precision, callbacks, run, out_dir)
+        finally:  # checkpoints reach the run whatever happened (an interrupted run's too)
+            if run is not None and cfg.logger.log_checkpoints:
+                for path in _checkpoint_files(callbacks):
+                    run.log_artifact(path, "checkpoints")
+
+
+def _fit_and_score(cfg: DictConfig, source, asset, precision, callbacks, run, out_dir: Path) -> dict[str, float]:
+    import lightning.pytorch as pl
+    from hydra.utils import instantiate
+
+    from foxhunt.data.dataset import load_market_dataset
+
+    dataset = load_market_dataset(source, asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir)
+    datamodule = build_datamodule(cfg, dataset)
+    model = instantiate(cfg.model.module, _convert_="all")  # plain lists: weights_only checkpoints
+    trainer: pl.Trainer = instantiate(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=run.logger() if run is not None else False,
+        precision=precision.trainer_precision,
+        default_root_dir=str(out_dir),
+    )
+    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt)
+    if trainer.interrupted:  # Lightning turned a stop request into a clean return
+        raise KeyboardInterrupt("training interrupted")
+
+    test_results = trainer.test(model, datamodule=datamodule, ckpt_path=_best_checkpoint(callbacks), verbose=False)
+    metrics: dict[str, float] = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    for result in test_results:
+        metrics.update({k: float(v) for k, v in result.items()})
+    for split in ("val", "test"):
+        metrics.update(score_split(model, datamodule, split, cfg, asset, out_dir, run))
+    if run is not None:
+        scored = {k: v for k, v in metrics.items() if k.startswith(("val/", "test/"))}
+        run.log_metrics(scored, step=trainer.global_step)
+    _print_summary(cfg, metrics)
+    return metrics
+
+
+def _best_checkpoint(callbacks) -> str | None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    for callback in callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.best_model_path:
+            return callback.best_model_path
+    return None
+
+
+def _checkpoint_files(callbacks) -> list[Path]:
+    """Checkpoint files the run's callbacks wrote (best, last, interrupted), each once."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from foxhunt.jobs.graceful_stop import GracefulStop
+
+    folders = {
+        Path(c.dirpath) for c in callbacks if isinstance(c, (ModelCheckpoint, GracefulStop)) and c.dirpath
+    }
+    return sorted({p.resolve() for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")})
+
+
+def _print_summary(cfg: DictConfig, metrics: dict[str, float]) -> None:
+    keys = [k for k in sorted(metrics) if k.startswith("test/")]
+    width = max((len(k) for k in keys), default=0)
+    lines = [f"{run_name(cfg)}: test split, shared backtest (net of costs)"]
+    lines += [f"  {k:<{width}}  {metrics[k]:.6g}" for k in keys]
+    print("\n".join(lines))
+
+
+class _NoRun:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def _hydra_entry(cfg: DictConfig) -> float | None:
+    # Lightning adds its own console handler; under Hydra the root logger prints already.
+    logging.getLogger("lightning.pytorch").handlers.clear()
+    try:
+        metrics = train(cfg)
+    except ConfigError as exc:
+        print(f"foxhunt-train: config error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    return metrics.get(OBJECTIVE)
+
+
+def main() -> None:
+    _hydra_entry()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""The bars-frame contract: validate_bars, tick snapping, trading dates, file inputs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from foxhunt.assets import AssetSpec
+from foxhunt.data.bars import (
+    BAR_COLUMNS,
+    resolve_files,
+    snap_to_tick,
+    source_fingerprint,
+    trade_dates,
+    validate_bars,
+)
+from foxhunt.data.errors import BarDataError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def asset(key: str) -> AssetSpec:
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "asset" / f"{key}.yaml"))
+    return AssetSpec(**{k: v for k, v in cfg.items() if k != "_target_"})
+
+
+def bars(rows, start="2024-01-02 14:30", tz="UTC") -> pd.DataFrame:
+    index = pd.date_range(start, periods=len(rows), freq="1min", tz=tz)
+    return pd.DataFrame(rows, columns=list(BAR_COLUMNS), index=index)
+
+
+GOOD = [
+    (4800.00, 4800.50, 4799.75, 4800.25, 10),
+    (4800.25, 4801.00, 4800.00, 4800.75, 12),
+    (4800.75, 4800.75, 4799.50, 4799.50, 0),
+]
+
+
+def test_valid_frame_is_normalized():
+    frame = bars(GOOD)[["volume", "close", "low", "high", "open"]]  # any column order
+    frame["volume"] = frame["volume"].astype(np.int64)
+    frame["extra"] = 1
+    out = validate_bars(frame, 0.25, origin="unit")
+    assert list(out.columns) == list(BAR_COLUMNS)
+    assert all(out[c].dtype == np.float64 for c in BAR_COLUMNS)
+    assert out.index.name == "ts" and str(out.index.tz) == "UTC" and out.index.dtype == "datetime64[ns, UTC]"
+    assert out.loc["2024-01-02 14:31", "close"] == 4800.75
+    assert out["volume"].tolist() == [10.0, 12.0, 0.0]
+
+
+def test_float_noise_is_snapped_onto_the_exact_grid():
+    frame = bars([(1.1076 + 3e-13, 1.10785, 1.1076 - 2e-13, 1.1078, 205)])
+    out = validate_bars(frame, 0.00005, origin="noise")
+    # the snapped value is the double a CSV parser gives for the decimal text
+    assert out["open"].iloc[0] == float("1.1076")
+    assert out["low"].iloc[0] == float("1.1076")
+    assert out["open"].iloc[0] != 1.1076 + 3e-13
+
+
+def test_snap_to_tick_hand_values():
+    assert snap_to_tick([4800.1249999, 4800.125000001, 0.24], 0.25).tolist() == [4800.0, 4800.25, 0.25]
+    assert snap_to_tick(1.10762, 0.00005) == float("1.1076")
+    assert snap_to_tick(110.0 + 1 / 64 + 1e-9, 1 / 64) == 110.015625
+    with pytest.raises(ValueError, match="tick_size"):
+        snap_to_tick(1.0, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ticks=st.integers(min_value=1, max_value=10**7),
+    tick=st.sampled_from([0.25, 0.00005, 1 / 64, 0.01, 0.1]),
+    noise=st.floats(min_value=-1e-7, max_value=1e-7),
+)
+def test_snap_is_the_nearest_grid_point(ticks, tick, noise):
+    exact = snap_to_tick(ticks * tick, tick)
+    assert snap_to_tick(exact * (1 + noise * 1e-9) + noise * tick, tick) == exact
+    assert abs(exact / tick - ticks) < 1e-6
+
+
+# ---------------------------------------------------------------------------------- errors
+def broken(row_index: int, field: str, value) -> pd.DataFrame:
+    frame = bars(GOOD).astype({field: object if isinstance(value, str) else np.float64})
+    frame.iloc[row_index, frame.columns.get_loc(field)] = value
+    return frame
+
+
+@pytest.mark.parametrize(
+    ("frame", "expected"),
+    [
+        (broken(1, "close", np.nan), "row 1 (2024-01-02T14:31:00+00:00): field 'close' is nan"),
+        (
+            broken(2, "open", 0.0),
+            "row 2 (2024-01-02T14:32:00+00:00): field 'open'=0.0 is not a positive price",
+        ),
+        (
+            broken(1, "low", -4800.0),
+            "row 1 (2024-01-02T14:31:00+00:00): field 'low'=-4800.0 is not a positive price",
+        ),
+        (broken(0, "volume", -1), "row 0 (2024-01-02T14:30:00+00:00): field 'volume'=-1.0 is negative"),
+        (
+            broken(1, "high", 4800.10),
+            "row 1 (2024-01-02T14:31:00+00:00): field 'high'=4800.1 is off the 0.25 tick grid",
+        ),
+        (broken(0, "high", 4799.50), "row 0 (2024-01-02T14:30:00+00:00): high=4799.5 < low=4799.75"),
+        (
+            broken(1, "high", 4800.50),
+            "row 1 (2024-01-02T14:31:00+00:00): high=4800.5 < max(open=4800.25, close=4800.75)",
+        ),
+        (
+            broken(2, "low", 4800.00),
+            "row 2 (2024-01-02T14:32:00+00:00): low=4800.0 > min(open=4800.75, close=4799.5)",
+        ),
+        (broken(1, "open", "n/a"), "row 1 (2024-01-02T14:31:00+00:00): field 'open'='n/a' is not a number"),
+    ],
+)
+def test_each_violation_names_origin_row_and_field(frame, expected):
+    with pytest.raises(BarDataError) as err:
+        validate_bars(frame, 0.25, origin="/data/es.csv")
+    message = str(err.value)
+    assert message == f"/data/es.csv: {expected}" or message.startswith(f"/data/es.csv: {expected}")
+    assert "\n" not in message
+
+
+def test_missing_column():
+    with pytest.raises(
+        BarDataError,
+        match=r"^src\.csv: missing column\(s\) volume \(columns found: open, high, low, close\)$",
+    ):
+        validate_bars(bars(GOOD).drop(columns="volume"), 0.25, origin="src.csv")
+
+
+def test_index_must_be_utc_datetimes():
+    with pytest.raises(BarDataError, match="^f: timestamps have no time zone, expected UTC$"):
+        validate_bars(bars(GOOD, tz=None), 0.25, origin="f")
+    with pytest.raises(BarDataError, match="^f: timestamps are in time zone America/Chicago, expected UTC$"):
+        validate_bars(bars(GOOD, tz="America/Chicago"), 0.25, origin="f")
+    with pytest.raises(BarDataError, match="^f: index is a RangeIndex"):
+        validate_bars(bars(GOOD).reset_index(drop=True), 0.25, origin="f")
+
+
+def test_unsorted_and_duplicated_timestamps_use_given_row_numbers():
+    frame = bars(GOOD)
+    unsorted = frame.iloc[[0, 2, 1]]
+    with pytest.raises(BarDataError) as err:
+        validate_bars(unsorted, 0.25, origin="x.csv", rows=[2, 3, 4], row_name="line")
+    assert str(err.value) == (
+        "x.csv: line 4 (2024-01-02T14:31:00+00:00): timestamps not in increasing order, "
+        "earlier than line 3 (2024-01-02T14:32:00+00:00)"
+    )
+    duplicated = frame.iloc[[0, 1, 1, 2]]
+    with pytest.raises(BarDataError) as err:
+        validate_bars(duplicated, 0.25, origin="x.dbn", rows=[7, 8, 9, 10], row_name="record")
+    assert str(err.value) == (
+        "x.dbn: record 9 (2024-01-02T14:31:00+00:00): duplicated timestamp, "
+        "same as record 8 (2024-01-02T14:31:00+00:00)"
+    )
+
+
+def test_first_offending_row_is_reported():
+    frame = bars(GOOD)
+    frame.iloc[1, 0] = np.nan
+    frame.iloc[2, 3] = np.nan
+    with pytest.raises(BarDataError, match="row 1 .*field 'open'"):
+        validate_bars(frame, 0.25, origin="o")
+
+
+def test_empty_frame_is_valid():
+    assert validate_bars(bars([]), 0.25, origin="none").shape == (0, 5)
+
+
+# ---------------------------------------------------------------------------------- sessions
+def test_trade_dates_follow_the_globex_evening_open():
+    es, fx = asset("es"), asset("6e")
+    stamps = pd.DatetimeIndex(
+        [
+            "2024-01-07 23:00",  # Sunday 18:00 New York (EST): Monday's session
+            "2024-01-08 21:59",  # Monday 16:59 EST: still Monday
+            "2024-07-01 22:00",  # Monday 18:00 EDT: Tuesday's session
+            "2024-07-01 20:59",  # Monday 16:59 EDT
+        ],
+        tz="UTC",
+    )
+    assert [str(d) for d in trade_dates(stamps, es)] == [
+        "2024-01-08",
+        "2024-01-08",
+        "2024-07-02",
+        "2024-07-01",
+    ]
+    fx_stamps = pd.DatetimeIndex(["2024-01-01 23:00", "2024-01-01 21:59"], tz="UTC")  # 17:00 / 15:59 CST
+    assert [str(d) for d in trade_dates(fx_stamps, fx)] == ["2024-01-02", "2024-01-01"]
+
+
+# ---------------------------------------------------------------------------------- files
+def test_resolve_files(tmp_path):
+    (tmp_path / "b.csv").write_text("x")
+    (tmp_path / "a.csv.gz").write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("x")
+    assert [p.name for p in resolve_files(tmp_path, (".csv", ".csv.gz"), "CSV")] == ["a.csv.gz", "b.csv"]
+    assert [p.name for p in resolve_files(str(tmp_path / "*.csv"), (".csv",), "CSV")] == ["b.csv"]
+    assert resolve_files(tmp_path / "b.csv", (".csv",), "CSV") == [tmp_path / "b.csv"]
+    with pytest.raises(BarDataError, match=r"missing\.csv: file not found \(CSV\)$"):
+        resolve_files(tmp_path / "missing.csv", (".csv",), "CSV")
+    with pytest.raises(BarDataError, match=r"\*\.dbn: no file matches"):
+        resolve_files(str(tmp_path / "*.dbn"), (".dbn",), "DBN")
+    with pytest.raises(BarDataError, match="directory holds no DBN"):
+        resolve_files(tmp_path, (".dbn",), "DBN")
+    with pytest.raises(BarDataError, match="is not set"):
+        resolve_files("???", (".dbn",), "DBN")
+
+
+def test_fingerprint_tracks_params_asset_and_file_state(tmp_path):
+    file = tmp_path / "a.csv"
+    file.write_text("1")
+    es, nq = asset("es"), asset("nq")
+    first = source_fingerprint("csv", {"p": 1}, es, [file])
+    assert first == source_fingerprint("csv", {"p": 1}, es, [file])
+    assert first.startswith("csv:") and len(first) == len("csv:") + 64
+    assert first != source_fingerprint("csv", {"p": 2}, es, [file])
+    assert first != source_fingerprint("csv", {"p": 1}, nq, [file])
+    file.write_text("12")
+    os.utime(file, ns=(1_000_000_000, 1_000_000_000))
+    assert first != source_fingerprint("csv", {"p": 1}, es, [file])

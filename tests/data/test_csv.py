@@ -1,0 +1,244 @@
+"""CsvBarSource: the real 6E file read exactly, conventions, and one-line loader errors."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from foxhunt.assets import AssetSpec
+from foxhunt.data.errors import BarDataError
+from foxhunt.data.sources.csv import CsvBarSource
+
+REPO = Path(__file__).resolve().parents[2]
+HEADER = "timestamp_utc,open,high,low,close,volume\n"
+
+
+def asset(key: str) -> AssetSpec:
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "asset" / f"{key}.yaml"))
+    return AssetSpec(**{k: v for k, v in cfg.items() if k != "_target_"})
+
+
+ES = asset("es")
+FX = asset("6e")
+
+
+def write(tmp_path: Path, rows: list[str], name="bars.csv", header=HEADER) -> Path:
+    path = tmp_path / name
+    path.write_text(header + "".join(r + "\n" for r in rows))
+    return path
+
+
+ROWS = [
+    "2024-01-02 14:31:00,4800.00,4800.50,4799.75,4800.25,10",
+    "2024-01-02 14:32:00,4800.25,4801.00,4800.00,4800.75,12",
+    "2024-01-02 14:33:00,4800.75,4800.75,4799.50,4799.50,3",
+]
+
+
+# ------------------------------------------------------------------------------ real 6E data
+@pytest.mark.realdata
+def test_real_6e_file_is_read_exactly(real_data_dir):
+    source = CsvBarSource(path=str(real_data_dir / "6e_minute"))  # the conf/data/csv.yaml defaults
+    bars = source.load(FX)
+    assert len(bars) == 29_996  # README: 29,996 rows (29,997 lines with the header)
+    assert list(bars.columns) == ["open", "high", "low", "close", "volume"]
+    assert bars.index.dtype == "datetime64[ns, UTC]" and bars.index.name == "ts"
+    # file line 2: "2024-01-01 23:01:00,1.1076,1.10785,1.1076,1.1078,205" labels the bar's close
+    assert bars.index[0] == pd.Timestamp("2024-01-01 23:00", tz="UTC")
+    assert bars.iloc[0].tolist() == [1.1076, 1.10785, 1.1076, 1.1078, 205.0]
+    # last line: "2024-01-31 23:59:00,1.08225,1.0824,1.08225,1.0823,36"
+    assert bars.index[-1] == pd.Timestamp("2024-01-31 23:58", tz="UTC")
+    assert bars.iloc[-1].tolist() == [1.08225, 1.0824, 1.08225, 1.0823, 36.0]
+    prices = bars[["open", "high", "low", "close"]].to_numpy()
+    assert np.array_equal(prices, np.rint(prices * 20000) / 20000)  # exactly on the 0.00005 grid
+    assert bars.index.is_monotonic_increasing and bars.index.is_unique
+
+
+@pytest.mark.realdata
+def test_real_6e_start_labels_line_up_with_the_cme_session(real_data_dir):
+    """After the -1 minute shift no bar starts in the 16:00-17:00 Chicago break, and no bar
+    falls on a Saturday or before Sunday's 17:00 open: the close-label convention holds."""
+    bars = CsvBarSource(path=str(real_data_dir / "6e_minute")).load(FX)
+    local = bars.index.tz_convert("America/Chicago")
+    assert not (local.hour == 16).any()
+    assert not (local.day_of_week == 5).any()
+    assert not ((local.day_of_week == 6) & (local.hour < 17)).any()
+    assert (local.hour == 17).any() and (local.hour == 15).any() and (local.minute == 59).any()
+
+
+# ------------------------------------------------------------------------------ conventions
+def test_close_labels_shift_back_one_bar_and_start_labels_do_not(tmp_path):
+    path = write(tmp_path, ROWS)
+    close = CsvBarSource(path=str(path)).load(ES)
+    start = CsvBarSource(path=str(path), bar_label="start").load(ES)
+    assert close.index[0] == pd.Timestamp("2024-01-02 14:30", tz="UTC")
+    assert start.index[0] == pd.Timestamp("2024-01-02 14:31", tz="UTC")
+    assert close.iloc[1].tolist() == [4800.25, 4801.0, 4800.0, 4800.75, 12.0]
+    five = CsvBarSource(path=str(path), bar_minutes=5).load(ES)
+    assert five.index[0] == pd.Timestamp("2024-01-02 14:26", tz="UTC")
+
+
+def test_columns_time_zone_and_format_are_configurable(tmp_path):
+    path = write(
+        tmp_path,
+        ["02/01/2024 08:31;4800;4800.5;4799.75;4800.25;7"],
+        header="Time;O;H;L;C;V\n",
+    )
+    source = CsvBarSource(
+        path=str(path),
+        timestamp_column="Time",
+        open_column="O",
+        high_column="H",
+        low_column="L",
+        close_column="C",
+        volume_column="V",
+        timezone="America/Chicago",
+        bar_label="start",
+        timestamp_format="%d/%m/%Y %H:%M",
+        delimiter=";",
+    )
+    bars = source.load(ES)
+    assert bars.index[0] == pd.Timestamp("2024-01-02 14:31", tz="UTC")  # 08:31 CST = 14:31 UTC
+    assert bars.iloc[0].tolist() == [4800.0, 4800.5, 4799.75, 4800.25, 7.0]
+
+
+def test_epoch_and_offset_timestamps(tmp_path):
+    ms = write(tmp_path, ["1704205860000,4800,4800.5,4799.75,4800.25,7"], name="ms.csv")
+    bars = CsvBarSource(path=str(ms), timestamp_unit="ms", bar_label="start").load(ES)
+    assert bars.index[0] == pd.Timestamp("2024-01-02 14:31", tz="UTC")
+    iso = write(tmp_path, ["2024-01-02T09:31:00-05:00,4800,4800.5,4799.75,4800.25,7"], name="iso.csv")
+    bars = CsvBarSource(path=str(iso), bar_label="start", timezone="Asia/Tokyo").load(ES)
+    assert bars.index[0] == pd.Timestamp("2024-01-02 14:31", tz="UTC")  # the offset wins over `timezone`
+
+
+def test_gzip_directory_and_glob(tmp_path):
+    with gzip.open(tmp_path / "a.csv.gz", "wt") as handle:
+        handle.write(HEADER + ROWS[0] + "\n")
+    write(tmp_path, ROWS[1:], name="b.csv")
+    bars = CsvBarSource(path=str(tmp_path)).load(ES)
+    assert len(bars) == 3 and bars["volume"].tolist() == [10.0, 12.0, 3.0]
+    assert len(CsvBarSource(path=str(tmp_path / "b*")).load(ES)) == 2
+
+
+def test_overlapping_files_are_rejected(tmp_path):
+    write(tmp_path, ROWS[:2], name="a.csv")
+    write(tmp_path, ROWS[1:], name="b.csv")
+    with pytest.raises(BarDataError, match=r"row 2 \(2024-01-02T14:31:00\+00:00\): duplicated timestamp"):
+        CsvBarSource(path=str(tmp_path)).load(ES)
+
+
+def test_fingerprint_changes_with_the_file_and_the_config(tmp_path):
+    path = write(tmp_path, ROWS)
+    source = CsvBarSource(path=str(path))
+    first = source.fingerprint(ES)
+    assert first == CsvBarSource(path=str(path)).fingerprint(ES)
+    assert first != CsvBarSource(path=str(path), bar_label="start").fingerprint(ES)
+    assert first != source.fingerprint(FX)
+    write(tmp_path, ROWS[:2])
+    os.utime(path, ns=(10**9, 10**9))
+    assert first != source.fingerprint(ES)
+
+
+def test_hydra_config_builds_the_source():
+    cfg = OmegaConf.load(REPO / "conf" / "data" / "csv.yaml")
+    cfg.source.path = "x.csv"
+    source = instantiate(cfg.source)
+    assert isinstance(source, CsvBarSource)
+    assert (
+        source.bar_label == "close" and source.timezone == "UTC" and source.columns["ts"] == "timestamp_utc"
+    )
+
+
+# ------------------------------------------------------------------------------ errors
+def load_error(tmp_path: Path, rows: list[str], **kwargs) -> tuple[str, Path]:
+    path = write(tmp_path, rows)
+    with pytest.raises(BarDataError) as err:
+        CsvBarSource(path=str(path), **kwargs).load(ES)
+    message = str(err.value)
+    assert "\n" not in message
+    return message, path
+
+
+def test_missing_file(tmp_path):
+    missing = tmp_path / "nope.csv"
+    with pytest.raises(BarDataError) as err:
+        CsvBarSource(path=str(missing)).load(ES)
+    assert str(err.value) == f"{missing}: file not found (OHLCV CSV files)"
+
+
+def test_missing_column(tmp_path):
+    path = write(
+        tmp_path,
+        ["2024-01-02 14:31:00,4800,4800.5,4799.75,4800.25"],
+        header="timestamp_utc,open,high,low,close\n",
+    )
+    with pytest.raises(BarDataError) as err:
+        CsvBarSource(path=str(path)).load(ES)
+    assert str(err.value) == (
+        f"{path}: missing column(s) volume (columns found: timestamp_utc, open, high, low, close)"
+    )
+
+
+def test_nan_price(tmp_path):
+    message, path = load_error(tmp_path, [ROWS[0], "2024-01-02 14:32:00,4800.25,,4800.00,4800.75,12"])
+    assert (
+        message
+        == f"{path}: line 3 (2024-01-02T14:31:00+00:00): field 'high' is nan (missing price or volume)"
+    )
+
+
+def test_non_positive_price(tmp_path):
+    message, path = load_error(tmp_path, [ROWS[0], ROWS[1], "2024-01-02 14:33:00,0,4800.75,0,4799.50,3"])
+    assert message == f"{path}: line 4 (2024-01-02T14:32:00+00:00): field 'open'=0.0 is not a positive price"
+
+
+def test_high_below_low(tmp_path):
+    message, path = load_error(tmp_path, ["2024-01-02 14:31:00,4800.00,4799.50,4800.50,4800.00,10"])
+    assert message == f"{path}: line 2 (2024-01-02T14:30:00+00:00): high=4799.5 < low=4800.5"
+
+
+def test_unsorted_timestamps(tmp_path):
+    message, path = load_error(tmp_path, [ROWS[1], ROWS[0], ROWS[2]])
+    assert message == (
+        f"{path}: line 3 (2024-01-02T14:30:00+00:00): timestamps not in increasing order, "
+        "earlier than line 2 (2024-01-02T14:31:00+00:00)"
+    )
+
+
+def test_duplicated_timestamps(tmp_path):
+    message, path = load_error(tmp_path, [ROWS[0], ROWS[1], ROWS[1]])
+    assert message == (
+        f"{path}: line 4 (2024-01-02T14:31:00+00:00): duplicated timestamp, "
+        "same as line 3 (2024-01-02T14:31:00+00:00)"
+    )
+
+
+def test_off_tick_price(tmp_path):
+    message, path = load_error(tmp_path, [ROWS[0], "2024-01-02 14:32:00,4800.25,4801.00,4800.00,4800.70,12"])
+    assert message == (
+        f"{path}: line 3 (2024-01-02T14:31:00+00:00): field 'close'=4800.7 is off the 0.25 tick grid "
+        "(19202.800000 ticks)"
+    )
+
+
+def test_bad_timestamp_text(tmp_path):
+    message, path = load_error(tmp_path, [ROWS[0], "yesterday,4800.25,4801.00,4800.00,4800.75,12"])
+    assert (
+        message == f"{path}: line 3: field 'timestamp_utc'='yesterday' is not a timestamp (expected ISO-8601)"
+    )
+
+
+def test_bad_arguments_name_the_key():
+    with pytest.raises(ValueError, match="bar_label='end'"):
+        CsvBarSource(path="x", bar_label="end")
+    with pytest.raises(ValueError, match="timezone='Mars/Olympus'"):
+        CsvBarSource(path="x", timezone="Mars/Olympus")
+    with pytest.raises(ValueError, match="timestamp_unit='m'"):
+        CsvBarSource(path="x", timestamp_unit="m")

@@ -1,0 +1,440 @@
+"""DatabentoBarSource: real DBN samples decoded exactly, parent-symbol roll, CSV exports,
+null prices, schema checks and the write_ohlcv_1m round trip."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from pathlib import Path
+from types import SimpleNamespace
+
+import databento_dbn as dbn
+import numpy as np
+import pandas as pd
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from foxhunt.assets import AssetSpec
+from foxhunt.data.errors import BarDataError
+from foxhunt.data.sources.databento import (
+    DatabentoBarSource,
+    outright_expiry_rank,
+    read_databento_ohlcv,
+    roll_by_volume,
+    write_ohlcv_1m,
+)
+from foxhunt.data.sources.synthetic import SyntheticBarSource
+
+REPO = Path(__file__).resolve().parents[2]
+NS = 1_000_000_000
+HISTORICAL = "historical_bars_catalog_futures_ohlcv-1m_2024-07-01T23-40_2024-07-02T00-10.dbn.zst"
+
+
+def asset(key: str) -> AssetSpec:
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "asset" / f"{key}.yaml"))
+    return AssetSpec(**{k: v for k, v in cfg.items() if k != "_target_"})
+
+
+ES, NQ = asset("es"), asset("nq")
+
+
+def decode(path: Path) -> tuple[object, list]:
+    """Independent decoding: databento_dbn's own records, read attribute by attribute."""
+    decoder = dbn.DBNDecoder(compression=dbn.Compression.ZSTD)
+    decoder.write(path.read_bytes())
+    records = decoder.decode()
+    return records[0], records[1:]
+
+
+def encode(path: Path, metadata, records: list, encoding=dbn.Encoding.DBN, **csv_flags) -> Path:
+    raw = metadata.encode() + b"".join(bytes(r) for r in records)
+    if path.name.endswith(".dbn"):
+        path.write_bytes(raw)
+        return path
+    buffer = io.BytesIO()
+    compression = dbn.Compression.ZSTD if path.name.endswith(".zst") else dbn.Compression.NONE
+    transcoder = dbn.Transcoder(buffer, encoding, compression, **csv_flags)
+    transcoder.write(raw)
+    transcoder.finish()
+    path.write_bytes(buffer.getvalue())
+    return path
+
+
+def metadata(symbols, mappings, stype_in=dbn.SType.RAW_SYMBOL, start=0, schema=dbn.Schema.OHLCV_1M):
+    return dbn.Metadata(
+        dataset="GLBX.MDP3",
+        start=start,
+        end=None,
+        stype_in=stype_in,
+        stype_out=dbn.SType.INSTRUMENT_ID,
+        schema=schema,
+        symbols=symbols,
+        mappings=[
+            SimpleNamespace(
+                raw_symbol=raw, intervals=[SimpleNamespace(start_date=d0, end_date=d1, symbol=str(iid))]
+            )
+            for raw, (iid, d0, d1) in mappings.items()
+        ],
+    )
+
+
+def bar(
+    iid: int, ts: pd.Timestamp, o: float, h: float, lo: float, c: float, v: int, rtype=dbn.RType.OHLCV_1M
+):
+    def fixed(x: float) -> int:
+        return round(x * NS)
+
+    return dbn.OHLCVMsg(rtype, 1, iid, ts.value, fixed(o), fixed(h), fixed(lo), fixed(c), v)
+
+
+# ------------------------------------------------------------------------------ real samples
+@pytest.mark.realdata
+@pytest.mark.parametrize(
+    ("name", "schema", "count", "first", "last"),
+    [
+        (
+            "GLBX.MDP3.test_data.ohlcv-1s.dbn.zst", "ohlcv-1s", 4,
+            ("2020-12-28 00:00:00", 3702.75, 3702.75, 3702.5, 3702.5, 13),
+            ("2020-12-28 00:00:07", 3702.5, 3702.5, 3702.5, 3702.5, 3),
+        ),
+        (
+            "GLBX.MDP3.test_data.ohlcv-1m.dbn.zst", "ohlcv-1m", 4,
+            ("2020-12-28 00:00", 3702.75, 3704.75, 3702.5, 3704.75, 306),
+            ("2020-12-28 00:03", 3704.5, 3704.5, 3703.0, 3703.0, 158),
+        ),
+        (
+            "GLBX.MDP3.test_data.ohlcv-1h.dbn.zst", "ohlcv-1h", 4,
+            ("2020-12-28 00:00", 3702.75, 3707.0, 3697.25, 3705.75, 11891),
+            ("2020-12-28 03:00", 3715.25, 3719.75, 3715.0, 3717.75, 8651),
+        ),
+        (
+            "GLBX.MDP3.test_data.ohlcv-1d.dbn.zst", "ohlcv-1d", 1,
+            ("2020-12-28", 3702.75, 3735.0, 3697.25, 3735.0, 718174),
+            ("2020-12-28", 3702.75, 3735.0, 3697.25, 3735.0, 718174),
+        ),
+    ],
+)  # fmt: skip
+def test_real_ohlcv_samples_are_read_exactly(real_data_dir, name, schema, count, first, last):
+    path = real_data_dir / "databento" / name
+    records = read_databento_ohlcv(path)
+    assert len(records) == count
+    assert set(records["schema"]) == {schema}
+    assert set(records["symbol"]) == {"ESH1"} and set(records["instrument_id"]) == {5482}
+    for row, expected in ((records.iloc[0], first), (records.iloc[-1], last)):
+        assert row["ts_event"] == pd.Timestamp(expected[0], tz="UTC")
+        assert [row[c] for c in ("open", "high", "low", "close", "volume")] == list(expected[1:])
+    # every record against databento_dbn's own decoding
+    _, raw = decode(path)
+    assert records["ts_event"].map(lambda t: t.value).tolist() == [r.ts_event for r in raw]
+    for column in ("open", "high", "low", "close"):
+        assert records[column].tolist() == [getattr(r, column) / NS for r in raw]
+    assert records["volume"].tolist() == [float(r.volume) for r in raw]
+
+
+@pytest.mark.realdata
+def test_real_one_minute_file_loads_as_bars(real_data_dir):
+    bars = DatabentoBarSource(
+        path=str(real_data_dir / "databento" / "GLBX.MDP3.test_data.ohlcv-1m.dbn.zst")
+    ).load(ES)
+    assert bars.index.tolist() == list(pd.date_range("2020-12-28 00:00", periods=4, freq="1min", tz="UTC"))
+    assert bars.iloc[1].tolist() == [3704.75, 3705.0, 3704.0, 3704.0, 214.0]
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize("name", ["ohlcv-1s", "ohlcv-1h", "ohlcv-1d"])
+def test_load_rejects_other_bar_schemas_naming_them(real_data_dir, name):
+    path = real_data_dir / "databento" / f"GLBX.MDP3.test_data.{name}.dbn.zst"
+    with pytest.raises(BarDataError) as err:
+        DatabentoBarSource(path=str(path)).load(ES)
+    assert str(err.value) == (
+        f"{path}: schema {name} found; DatabentoBarSource.load needs ohlcv-1m bars "
+        "(read other OHLCV schemas with read_databento_ohlcv)"
+    )
+
+
+@pytest.mark.realdata
+def test_non_ohlcv_schema_is_an_error(real_data_dir):
+    path = real_data_dir / "databento" / "GLBX.MDP3.test_data.trades.dbn.zst"
+    with pytest.raises(BarDataError, match=r"trades\.dbn\.zst: schema trades is not an OHLCV schema"):
+        read_databento_ohlcv(path)
+
+
+@pytest.mark.realdata
+def test_real_two_root_file_keeps_the_assets_outright(real_data_dir):
+    """The historical_bars catalog file holds ESU4 and NQU4 (30 one-minute bars each,
+    2024-07-01 23:40 to 2024-07-02 00:09 UTC, interleaved): each asset gets its own root."""
+    path = real_data_dir / "databento" / HISTORICAL
+    records = read_databento_ohlcv(path)
+    assert len(records) == 60
+    assert records.groupby("symbol").size().to_dict() == {"ESU4": 30, "NQU4": 30}
+    assert records.groupby("symbol")["instrument_id"].first().to_dict() == {"ESU4": 118, "NQU4": 4358}
+    source = DatabentoBarSource(path=str(path))
+    es = source.load(ES)
+    assert len(es) == 30
+    assert es.index[0] == pd.Timestamp("2024-07-01 23:40", tz="UTC")
+    assert es.iloc[0].tolist() == [5527.25, 5527.5, 5527.0, 5527.5, 180.0]
+    assert es.index[-1] == pd.Timestamp("2024-07-02 00:09", tz="UTC")
+    assert es.iloc[-1].tolist() == [5528.5, 5528.75, 5528.5, 5528.5, 60.0]
+    assert source.front_months(ES).to_dict() == {pd.Timestamp("2024-07-02"): "ESU4"}
+    nq = source.load(NQ)
+    assert len(nq) == 30 and nq.iloc[0].tolist() == [20014.25, 20016.25, 20013.5, 20016.25, 35.0]
+    assert nq.iloc[-1].tolist() == [20017.5, 20019.25, 20015.5, 20016.25, 69.0]
+
+
+@pytest.mark.realdata
+def test_real_options_catalog_and_exercise_files(real_data_dir):
+    folder = real_data_dir / "databento"
+    catalog = DatabentoBarSource(path=str(folder / "options_catalog_futures_ohlcv-1m_*.dbn.zst"))
+    es = catalog.load(ES)
+    assert len(es) == 10 and catalog.front_months(ES).tolist() == ["ESM4"]
+    assert es.iloc[0].tolist() == [5199.0, 5199.0, 5198.75, 5199.0, 31.0]
+    assert es.index[-1] == pd.Timestamp("2024-05-09 10:04", tz="UTC")
+    assert es.iloc[-1].tolist() == [5200.5, 5200.75, 5200.5, 5200.75, 170.0]
+    exercise = DatabentoBarSource(path=str(folder / "options_exercise_futures_ohlcv-1m_*.dbn.zst")).load(ES)
+    assert len(exercise) == 10
+    assert exercise.iloc[0].tolist() == [7009.75, 7010.0, 7007.5, 7008.0, 6784.0]
+    assert exercise.iloc[-1].tolist() == [7004.75, 7004.75, 7003.75, 7004.0, 1655.0]
+
+
+@pytest.mark.realdata
+def test_without_mappings_definitions_name_the_contracts(real_data_dir, tmp_path):
+    folder = real_data_dir / "databento"
+    meta, records = decode(folder / HISTORICAL)
+    bare = encode(tmp_path / "bare.dbn", metadata(["ESU4", "NQU4"], {}, start=meta.start), records)
+    with pytest.raises(BarDataError, match=r"2 instrument ids \(118, 4358\) and no symbols"):
+        DatabentoBarSource(path=str(bare)).load(ES)
+    named = DatabentoBarSource(
+        path=str(bare), definitions=str(folder / "historical_bars_catalog_futures_definition.dbn.zst")
+    )
+    mapped = DatabentoBarSource(path=str(folder / HISTORICAL))
+    pd.testing.assert_frame_equal(named.load(ES), mapped.load(ES), check_exact=True)
+    by_id = DatabentoBarSource(path=str(bare), symbol="4358").load(NQ)
+    pd.testing.assert_frame_equal(by_id, mapped.load(NQ), check_exact=True)
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize("pretty_px", [True, False])
+@pytest.mark.parametrize("pretty_ts", [True, False])
+def test_real_file_as_databento_csv_export_reads_the_same(real_data_dir, tmp_path, pretty_px, pretty_ts):
+    meta, records = decode(real_data_dir / "databento" / HISTORICAL)
+    csv = encode(
+        tmp_path / "export.csv",
+        meta,
+        records,
+        dbn.Encoding.CSV,
+        pretty_px=pretty_px,
+        pretty_ts=pretty_ts,
+        map_symbols=True,
+    )
+    from_csv = read_databento_ohlcv(csv).drop(columns=["file", "record"])
+    from_dbn = read_databento_ohlcv(real_data_dir / "databento" / HISTORICAL).drop(columns=["file", "record"])
+    pd.testing.assert_frame_equal(from_csv, from_dbn, check_exact=True, check_dtype=False)
+    pd.testing.assert_frame_equal(
+        DatabentoBarSource(path=str(csv)).load(ES),
+        DatabentoBarSource(path=str(real_data_dir / "databento" / HISTORICAL)).load(ES),
+    )
+
+
+# ------------------------------------------------------------------------------ parent symbol
+TRADE_DATES = pd.date_range("2025-03-03", periods=5, freq="D")  # Monday..Friday
+# per trading date: volume per contract (ESH5 < ESM5 < ESU5 by expiry; a spread; another root)
+VOLUMES = [
+    {"ESH5": 100, "ESM5": 10, "ESU5": 1, "ESH5-ESM5": 5000, "NQH5": 9000},
+    {"ESH5": 100, "ESM5": 50, "ESH5-ESM5": 8000},
+    {"ESH5": 40, "ESM5": 200, "ESM5-ESU5": 7000},
+    {"ESH5": 300, "ESM5": 100},  # the leader goes back to ESH5: the roll must not
+    {"ESM5": 500, "ESU5": 10},
+]
+IDS = {"ESH5": 101, "ESM5": 102, "ESU5": 103, "ESH5-ESM5": 201, "ESM5-ESU5": 202, "NQH5": 301}
+LEVEL = {
+    "ESH5": 5700.0,
+    "ESM5": 5750.0,
+    "ESU5": 5800.0,
+    "ESH5-ESM5": -50.0,
+    "ESM5-ESU5": -49.85,
+    "NQH5": 20000.0,
+}
+
+
+def parent_file(tmp_path: Path, name="es-fut.dbn.zst") -> Path:
+    """A parent-symbol (ES.FUT) request: three bars per contract and trading date at 14:30 UTC."""
+    records = []
+    for day, volumes in zip(TRADE_DATES, VOLUMES, strict=True):
+        for minute in range(3):
+            ts = day + pd.Timedelta(hours=14, minutes=30 + minute)
+            for symbol, volume in volumes.items():
+                price = LEVEL[symbol] + day.day + minute * 0.25
+                records.append(bar(IDS[symbol], ts, price, price + 0.25, price - 0.25, price, volume // 3))
+    mappings = {s: (iid, dt.date(2025, 3, 1), dt.date(2025, 3, 8)) for s, iid in IDS.items()}
+    meta = metadata(["ES.FUT"], mappings, stype_in=dbn.SType.PARENT, start=TRADE_DATES[0].value)
+    return encode(tmp_path / name, meta, records)
+
+
+def test_parent_symbol_drops_spreads_and_rolls_by_volume(tmp_path):
+    source = DatabentoBarSource(path=str(parent_file(tmp_path)))
+    fronts = source.front_months(ES)
+    assert fronts.tolist() == ["ESH5", "ESH5", "ESM5", "ESM5", "ESM5"]
+    assert [str(d.date()) for d in fronts.index] == [str(d.date()) for d in TRADE_DATES]
+    bars = source.load(ES)
+    assert len(bars) == 15
+    assert (bars["close"] > 0).all()  # the negative-priced spreads are gone
+    thursday = bars.loc["2025-03-06"]
+    assert thursday["open"].tolist() == [5756.0, 5756.25, 5756.5]  # ESM5 (5750 + 6), not ESH5
+    assert thursday["volume"].tolist() == [33.0, 33.0, 33.0]
+    assert bars.loc["2025-03-03", "close"].tolist() == [5703.0, 5703.25, 5703.5]
+    nq = source.load(NQ)
+    assert len(nq) == 3 and nq["open"].tolist() == [20003.0, 20003.25, 20003.5]
+
+
+def test_parent_symbol_csv_export_rolls_the_same(tmp_path):
+    dbn_path = parent_file(tmp_path, "es-fut.dbn")
+    meta_and_records = dbn.DBNDecoder()
+    meta_and_records.write(dbn_path.read_bytes())
+    decoded = meta_and_records.decode()
+    csv = encode(
+        tmp_path / "es-fut.ohlcv-1m.csv",
+        decoded[0],
+        decoded[1:],
+        dbn.Encoding.CSV,
+        pretty_px=True,
+        map_symbols=True,
+    )
+    expected = DatabentoBarSource(path=str(dbn_path)).load(ES)
+    pd.testing.assert_frame_equal(DatabentoBarSource(path=str(csv)).load(ES), expected, check_exact=True)
+    # without the rtype column the schema comes from the file name
+    text = pd.read_csv(csv).drop(columns=["rtype"])
+    text.to_csv(tmp_path / "plain.ohlcv-1m.csv", index=False)
+    pd.testing.assert_frame_equal(
+        DatabentoBarSource(path=str(tmp_path / "plain.ohlcv-1m.csv")).load(ES), expected
+    )
+
+
+def test_no_outright_of_the_root(tmp_path):
+    with pytest.raises(
+        BarDataError, match=r"no outright ZN futures contract among the symbols found \(ESH5, ESH5-ESM5"
+    ):
+        DatabentoBarSource(path=str(parent_file(tmp_path))).load(asset("zn"))
+
+
+def test_symbol_argument_takes_one_contract(tmp_path):
+    source = DatabentoBarSource(path=str(parent_file(tmp_path)), symbol="ESU5")
+    bars = source.load(ES)
+    assert len(bars) == 6 and bars["open"].iloc[0] == 5803.0
+    with pytest.raises(BarDataError, match=r"symbol 'ESZ5' not found \(contracts found: ESH5, ESH5-ESM5"):
+        DatabentoBarSource(path=str(parent_file(tmp_path)), symbol="ESZ5").load(ES)
+
+
+def test_roll_with_unknown_expiries_orders_contracts_by_first_lead():
+    days = pd.to_datetime(
+        ["2024-01-08 15:00", "2024-01-09 15:00", "2024-01-10 15:00", "2024-01-11 15:00"], utc=True
+    )
+    records = pd.DataFrame(
+        {
+            "ts": np.repeat(days, 2),
+            "contract": ["a", "b"] * 4,
+            "rank": np.nan,
+            "volume": [9, 1, 1, 9, 9, 1, 1, 1],
+        }
+    )
+    selected, fronts = roll_by_volume(records, ES)
+    assert fronts.tolist() == ["a", "b", "b", "b"]  # day 3's leader "a" led before "b": no going back
+    assert selected["contract"].tolist() == ["a", "b", "b", "b"]
+
+
+def test_outright_expiry_rank():
+    assert outright_expiry_rank("ESU4", "ES", 2024) == 2024 * 12 + 8
+    assert outright_expiry_rank("ESH0", "ES", 2019) == 2020 * 12 + 2  # first year ending in 0 from 2019
+    assert outright_expiry_rank("ESZ13", "ES", 2013) == 2013 * 12 + 11
+    assert outright_expiry_rank("ESM5-ESU5", "ES", 2025) is None
+    assert outright_expiry_rank("NQU4", "ES", 2024) is None
+    assert outright_expiry_rank("6EH4", "6E", 2024) == 2024 * 12 + 2
+
+
+# ------------------------------------------------------------------------------ bad input
+def test_null_price_is_an_error_naming_record_and_field(tmp_path):
+    ts = pd.Timestamp("2024-01-02 14:30", tz="UTC")
+    records = [
+        bar(7, ts, 4800, 4801, 4799, 4800, 5),
+        bar(7, ts + pd.Timedelta(minutes=1), 4800, 4801, 4799, 4800, 5),
+    ]
+    records[1].high = dbn.UNDEF_PRICE
+    path = encode(
+        tmp_path / "null.dbn",
+        metadata(["ESH4"], {"ESH4": (7, dt.date(2024, 1, 2), dt.date(2024, 1, 3))}),
+        records,
+    )
+    with pytest.raises(BarDataError) as err:
+        read_databento_ohlcv(path)
+    assert str(err.value) == (
+        f"{path}: record 1: field 'high' is the null price (2^63-1 / empty); OHLCV bars always have prices, "
+        "so the file is damaged"
+    )
+
+
+def test_invalid_bars_name_file_contract_and_record(tmp_path):
+    ts = pd.Timestamp("2024-01-02 14:30", tz="UTC")
+    records = [bar(7, ts, 4800, 4801, 4799, 4800, 5), bar(7, ts, 4800, 4801, 4799, 4800.1, 5)]
+    path = encode(
+        tmp_path / "dup.dbn",
+        metadata(["ESH4"], {"ESH4": (7, dt.date(2024, 1, 2), dt.date(2024, 1, 3))}),
+        records,
+    )
+    with pytest.raises(BarDataError) as err:
+        DatabentoBarSource(path=str(path)).load(ES)
+    assert str(err.value) == (
+        f"{path} [ESH4]: record 1 (2024-01-02T14:30:00+00:00): duplicated timestamp, "
+        "same as record 0 (2024-01-02T14:30:00+00:00)"
+    )
+
+
+def test_missing_file_and_garbage(tmp_path):
+    with pytest.raises(BarDataError, match=r"nope\.dbn\.zst: file not found"):
+        DatabentoBarSource(path=str(tmp_path / "nope.dbn.zst")).load(ES)
+    junk = tmp_path / "junk.dbn"
+    junk.write_bytes(b"not dbn at all")
+    with pytest.raises(BarDataError, match=r"junk\.dbn: not a DBN file"):
+        read_databento_ohlcv(junk)
+    csv = tmp_path / "x.csv"
+    csv.write_text("ts_event,open,high,low,close,volume\n1,1,1,1,1,1\n")
+    with pytest.raises(BarDataError, match=r"x\.csv: missing column\(s\) instrument_id"):
+        read_databento_ohlcv(csv)
+
+
+def test_bad_arguments_name_the_key():
+    with pytest.raises(ValueError, match="roll='calendar'"):
+        DatabentoBarSource(path="x", roll="calendar")
+    with pytest.raises(ValueError, match="csv_prices='cents'"):
+        DatabentoBarSource(path="x", csv_prices="cents")
+
+
+# ------------------------------------------------------------------------------ round trip
+@pytest.mark.parametrize("suffix", [".dbn.zst", ".dbn", ".csv", ".csv.gz"])
+def test_write_then_read_gives_identical_bars(tmp_path, suffix):
+    bars = SyntheticBarSource(days=8, seed=21).load(ES)
+    path = write_ohlcv_1m(bars, tmp_path / f"es{suffix}", symbol="ESH4", instrument_id=42)
+    back = DatabentoBarSource(path=str(path)).load(ES)
+    pd.testing.assert_frame_equal(back, bars, check_exact=True)
+    records = read_databento_ohlcv(path)
+    assert set(records["symbol"]) == {"ESH4"} and set(records["instrument_id"]) == {42}
+    assert set(records["schema"]) == {"ohlcv-1m"}
+
+
+def test_round_trip_is_exact_on_the_fine_6e_grid(tmp_path):
+    fx = asset("6e")
+    bars = SyntheticBarSource(days=3, seed=2).load(fx)
+    path = write_ohlcv_1m(bars, tmp_path / "6e.dbn.zst", symbol="6EH4", instrument_id=9)
+    pd.testing.assert_frame_equal(DatabentoBarSource(path=str(path)).load(fx), bars, check_exact=True)
+
+
+def test_fingerprint_and_hydra_config(tmp_path):
+    bars = SyntheticBarSource(days=3, seed=2).load(ES)
+    path = write_ohlcv_1m(bars, tmp_path / "a.dbn.zst", symbol="ESH4", instrument_id=1)
+    first = DatabentoBarSource(path=str(path)).fingerprint(ES)
+    assert first == DatabentoBarSource(path=str(path)).fingerprint(ES)
+    assert first != DatabentoBarSource(path=str(path), symbol="ESH4").fingerprint(ES)
+    cfg = OmegaConf.load(REPO / "conf" / "data" / "databento.yaml")
+    cfg.source.path = str(path)
+    source = instantiate(cfg.source)
+    assert isinstance(source, DatabentoBarSource) and source.roll == "volume"
+    assert len(source.load(ES)) == len(bars)

@@ -1,0 +1,147 @@
+"""Shared agent machinery (foxhunt.models.agent): MLP builder, greedy walk, walk rewards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from agent_data import (
+    COMMISSION_USD,
+    SLIPPAGE_TICKS,
+    build_agent,
+    cpu_trainer,
+    env_datamodule,
+    model_config,
+    random_dataset,
+    single_torch_thread,  # noqa: F401  (autouse fixture)
+)
+from torch import nn
+
+from foxhunt.data.env import TradingEnv
+from foxhunt.models.agent import build_mlp, walk_positions, walk_rewards
+
+
+def test_build_mlp_layers_and_shapes():
+    mlp = build_mlp(17, [8, 4], 3, "tanh")
+    kinds = [type(m) for m in mlp]
+    assert kinds == [nn.Linear, nn.Tanh, nn.Linear, nn.Tanh, nn.Linear]
+    assert [m.out_features for m in mlp if isinstance(m, nn.Linear)] == [8, 4, 3]
+    assert mlp(torch.zeros(5, 17)).shape == (5, 3)
+    assert [type(m) for m in build_mlp(17, [], 3, "relu")] == [nn.Linear]
+
+
+def test_build_mlp_rejects_unknown_activation_and_bad_sizes():
+    with pytest.raises(ValueError, match="model.module.activation='swish'"):
+        build_mlp(17, [8], 3, "swish")
+    with pytest.raises(ValueError, match="must be >= 1"):
+        build_mlp(17, [0], 3, "relu")
+
+
+def test_walk_positions_follows_the_held_position():
+    # columns: greedy action while holding -1, 0, +1
+    table = np.array(
+        [
+            [0, 2, 1],  # bar 0, flat -> long (2)
+            [0, 0, 1],  # bar 1, long -> flat (1)
+            [0, 0, 2],  # bar 2, flat -> short (0)
+            [1, 2, 2],  # bar 3, short -> flat (1)
+            [2, 2, 2],  # bar 4: last bar, no decision
+        ]
+    )
+    np.testing.assert_array_equal(walk_positions(table), [1, 0, -1, 0, 0])
+
+
+def test_walk_rewards_match_the_env_stepped_bar_by_bar():
+    dataset = random_dataset(seed=3, split_bars=(60, 30, 30))
+    split = dataset.splits["val"]
+    rng = np.random.default_rng(0)
+    positions = rng.integers(-1, 2, len(split.close))
+    positions[-1] = 0
+    reward, pnl = walk_rewards(
+        positions, split.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS
+    )
+    env = TradingEnv.sequential(
+        torch.from_numpy(split.features), torch.from_numpy(split.close), dataset.asset,
+        COMMISSION_USD, SLIPPAGE_TICKS,
+    )
+    env.reset()
+    env_reward, env_pnl = [], []
+    for t in range(len(split.close) - 1):
+        _, r, _, _, info = env.step(torch.tensor([positions[t] + 1]))
+        env_reward.append(float(r[0]))
+        env_pnl.append(float(info["pnl_usd"][0]))
+    np.testing.assert_allclose(reward, env_reward, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(pnl, env_pnl, rtol=1e-12, atol=1e-9)
+    assert np.any(np.abs(pnl) > 0) and np.any(np.diff(positions) != 0)
+
+
+@pytest.mark.parametrize("name", ["dqn", "ppo"])
+def test_greedy_positions_equal_a_step_by_step_walk_of_the_env(name):
+    torch.manual_seed(0)
+    dataset = random_dataset(seed=4, split_bars=(60, 200, 30))
+    agent = build_agent(model_config(name, seed=0))
+    # Make the policy depend strongly on the position column so that the walk matters.
+    with torch.no_grad():
+        first = next(m for m in agent.modules() if isinstance(m, nn.Linear))
+        first.weight[:, -1] *= 50.0
+    split = dataset.splits["val"]
+    positions = agent.greedy_positions(split.features)
+
+    env = TradingEnv.sequential(
+        torch.from_numpy(split.features), torch.from_numpy(split.close), dataset.asset,
+        COMMISSION_USD, SLIPPAGE_TICKS,
+    )
+    obs = env.reset()
+    expected = []
+    with torch.no_grad():
+        for _ in range(len(split.close) - 1):
+            action = agent.greedy_action(obs)
+            obs, _, _, _, info = env.step(action)
+            expected.append(int(info["position"][0]))
+    expected.append(0)
+    assert positions.shape == (len(split.close),)
+    np.testing.assert_array_equal(positions, expected)
+    assert len(set(expected)) > 1  # the walk is not trivially constant
+
+
+@pytest.mark.parametrize("name", ["dqn", "ppo"])
+def test_state_dim_mismatch_is_a_clear_error(name):
+    dataset = random_dataset(seed=5)
+    cfg = model_config(name, seed=0, state_dim=15)
+    agent = build_agent(cfg)
+    with pytest.raises(ValueError, match=r"state_dim=15.*observation_dim is 17"):
+        cpu_trainer(max_steps=1).fit(agent, datamodule=env_datamodule(dataset, cfg))
+
+
+def test_agents_declare_the_monitor_metric():
+    from foxhunt.models.dqn import DQNAgent
+    from foxhunt.models.ppo import PPOAgent
+
+    for cls in (DQNAgent, PPOAgent):
+        assert cls.monitor_metric == "val/mean_reward"
+        assert cls.monitor_mode == "max"
+
+
+@pytest.mark.parametrize("name", ["dqn", "ppo"])
+def test_checkpoint_loads_weights_only_and_resumes(name, tmp_path):
+    dataset = random_dataset(seed=6)
+    cfg = model_config(name, seed=0, env={"steps_per_epoch": 3, "episode_len": 20})
+    steps = 3 if name == "dqn" else 40  # PPO: 40 optimizer steps per training step
+    agent = build_agent(cfg)
+    datamodule = env_datamodule(dataset, cfg)
+    trainer = cpu_trainer(max_steps=steps, limit_val_batches=0)
+    trainer.fit(agent, datamodule=datamodule)
+    path = tmp_path / f"{name}.ckpt"
+    trainer.save_checkpoint(path)
+
+    checkpoint = torch.load(path, weights_only=True)
+    restored = build_agent(cfg)
+    restored.load_state_dict(checkpoint["state_dict"])
+    np.testing.assert_array_equal(
+        restored.trading_positions(datamodule, "val"), agent.trading_positions(datamodule, "val")
+    )
+
+    resumed = build_agent(cfg)
+    trainer = cpu_trainer(max_steps=2 * steps, limit_val_batches=0)
+    trainer.fit(resumed, datamodule=datamodule, ckpt_path=path)
+    assert trainer.global_step == 2 * steps

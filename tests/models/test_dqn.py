@@ -1,0 +1,207 @@
+"""DQN agent: double-DQN targets, replay buffer, epsilon schedule, target updates, a short
+fit, and learning a planted pattern."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from agent_data import (
+    COMMISSION_USD,
+    SLIPPAGE_TICKS,
+    build_agent,
+    cpu_trainer,
+    env_datamodule,
+    model_config,
+    planted_dataset,
+    random_dataset,
+    single_torch_thread,  # noqa: F401  (autouse fixture)
+)
+
+from foxhunt.models.agent import walk_rewards
+from foxhunt.models.dqn import ReplayBuffer, double_dqn_targets, epsilon_at
+
+
+def test_double_dqn_target_hand_computed():
+    rewards = torch.tensor([1.0, -0.5, 2.0])
+    dones = torch.tensor([0.0, 0.0, 1.0])
+    next_q_online = torch.tensor([[1.0, 3.0, 2.0], [5.0, 0.0, 1.0], [0.0, 0.0, 9.0]])
+    next_q_target = torch.tensor([[10.0, 20.0, 30.0], [7.0, 8.0, 9.0], [1.0, 2.0, 3.0]])
+    targets = double_dqn_targets(rewards, dones, next_q_online, next_q_target, gamma=0.9)
+    # online argmax = [1, 0, 2]; target net evaluates it: [20, 7, (3, masked by done)]
+    # (plain DQN would take the target's own max [30, 9, 3] and give [28, 7.6, 2])
+    torch.testing.assert_close(targets, torch.tensor([1.0 + 0.9 * 20.0, -0.5 + 0.9 * 7.0, 2.0]))
+
+
+def _transitions(values, obs_dim=2):
+    values = torch.as_tensor(values, dtype=torch.float32)
+    n = values.shape[0]
+    return (
+        values.unsqueeze(1).repeat(1, obs_dim),
+        values.to(torch.int64) % 3,
+        values,
+        values.unsqueeze(1).repeat(1, obs_dim) + 0.5,
+        torch.zeros(n),
+    )
+
+
+def test_replay_buffer_wraps_at_capacity():
+    buffer = ReplayBuffer(capacity=5, obs_dim=2, device="cpu", seed=0)
+    buffer.add(*_transitions([0, 1, 2]))
+    assert len(buffer) == 3 and buffer.cursor == 3
+    buffer.add(*_transitions([3, 4, 5, 6]))
+    assert len(buffer) == 5 and buffer.cursor == 2
+    # items 5 and 6 overwrote the oldest slots 0 and 1
+    torch.testing.assert_close(buffer.rewards, torch.tensor([5.0, 6.0, 2.0, 3.0, 4.0]))
+    torch.testing.assert_close(buffer.obs[:, 0], torch.tensor([5.0, 6.0, 2.0, 3.0, 4.0]))
+    torch.testing.assert_close(buffer.next_obs[:, 1], torch.tensor([5.5, 6.5, 2.5, 3.5, 4.5]))
+    with pytest.raises(ValueError, match="exceed the capacity 5"):
+        buffer.add(*_transitions(range(6)))
+
+
+def test_replay_buffer_samples_only_filled_slots_uniformly_and_reproducibly():
+    buffer = ReplayBuffer(capacity=100, obs_dim=2, device="cpu", seed=7)
+    buffer.add(*_transitions([1, 2, 3]))  # slots 3..99 are zeros
+    sample = buffer.sample(3000)
+    values, counts = torch.unique(sample.rewards, return_counts=True)
+    assert values.tolist() == [1.0, 2.0, 3.0]
+    assert all(900 < c < 1100 for c in counts.tolist())  # uniform: 1000 each, sd ~26
+    torch.testing.assert_close(sample.next_obs[:, 0], sample.rewards + 0.5)  # rows stay aligned
+    again = ReplayBuffer(capacity=100, obs_dim=2, device="cpu", seed=7)
+    again.add(*_transitions([1, 2, 3]))
+    torch.testing.assert_close(again.sample(3000).rewards, sample.rewards)
+
+
+def test_epsilon_schedule_values():
+    cfg = model_config("dqn", seed=0).module
+
+    def eps(step):
+        return epsilon_at(step, cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_decay)
+
+    assert eps(0) == 1.0
+    assert eps(1) == pytest.approx(0.995, abs=1e-15)
+    assert eps(100) == pytest.approx(0.6057704364907279, rel=1e-12)
+    assert eps(918) == pytest.approx(0.010036634861955126, rel=1e-12)  # last step above the floor
+    assert eps(919) == 0.01
+    assert eps(10**6) == 0.01
+    agent = build_agent(model_config("dqn", seed=0))
+    assert agent.epsilon(100) == eps(100)
+
+
+def test_target_network_updated_exactly_every_interval():
+    torch.manual_seed(0)
+    agent = build_agent(model_config("dqn", seed=0))
+    assert agent.hparams.target_update_interval == 100
+
+    def nudge_online():
+        with torch.no_grad():
+            for p in agent.q_net.parameters():
+                p.add_(0.01)
+
+    def same():
+        return all(
+            torch.equal(a, b)
+            for a, b in zip(agent.q_net.parameters(), agent.target_net.parameters())
+        )
+
+    updated = []
+    for step in range(1, 251):
+        nudge_online()
+        if agent.maybe_update_target(step):
+            updated.append(step)
+            assert same()
+        else:
+            assert not same()
+    assert updated == [100, 200]
+    assert not any(p.requires_grad for p in agent.target_net.parameters())
+
+
+def test_short_fit_logs_finite_metrics_and_syncs_the_target():
+    dataset = random_dataset(seed=1)
+    cfg = model_config("dqn", seed=0, env={"steps_per_epoch": 60, "episode_len": 50})
+    agent = build_agent(cfg)
+    datamodule = env_datamodule(dataset, cfg)
+    syncs = []
+    original = agent.maybe_update_target
+    agent.maybe_update_target = lambda step: syncs.append(step) if original(step) else None
+    trainer = cpu_trainer(max_steps=120)
+    trainer.fit(agent, datamodule=datamodule)
+    assert trainer.global_step == 120  # steps spent filling the buffer count as well
+    metrics = trainer.callback_metrics
+    for key in ("train/loss", "train/q_mean", "train/epsilon", "train/episode_reward",
+                "train/env_steps_per_s", "val/mean_reward", "val/pnl_usd"):
+        assert key in metrics, key
+        assert math.isfinite(float(metrics[key])), key
+    assert float(metrics["train/epsilon"]) == pytest.approx(0.995**119)
+    assert syncs == [100]
+    # 4 envs x 120 steps went into the buffer
+    assert len(agent.replay) == 4 * 120
+    assert agent.replay.obs.device == agent.device
+
+    result = trainer.test(agent, datamodule=datamodule, verbose=False)[0]
+    assert set(result) == {"test/mean_reward", "test/pnl_usd"}
+    positions = agent.trading_positions(datamodule, "test")
+    close = dataset.splits["test"].close
+    assert positions.shape == close.shape and positions[-1] == 0
+    assert set(np.unique(positions)) <= {-1, 0, 1}
+    reward, pnl = walk_rewards(positions, close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS)
+    assert result["test/mean_reward"] == pytest.approx(reward.mean(), rel=1e-5)
+    assert result["test/pnl_usd"] == pytest.approx(pnl.sum(), rel=1e-5)
+
+
+def test_truncated_transitions_store_final_obs_and_are_not_terminal():
+    dataset = random_dataset(seed=2)
+    cfg = model_config("dqn", seed=0, env={"episode_len": 5, "steps_per_epoch": 10})
+    agent = build_agent(cfg)
+    trainer = cpu_trainer(max_steps=10, limit_val_batches=0)
+    trainer.fit(agent, datamodule=env_datamodule(dataset, cfg))
+    replay = agent.replay
+    assert len(replay) == 40
+    assert float(replay.dones[:40].sum()) == 0.0  # episodes only truncate
+    features = torch.from_numpy(dataset.splits["train"].features)
+    # every stored next state is the bar after the state (never an auto-reset start bar),
+    # with the position that the action took
+    position = replay.actions[:40].to(torch.float32) - 1.0
+    torch.testing.assert_close(replay.next_obs[:40, -1], position)
+    for i in range(40):
+        row = int(torch.nonzero((features == replay.obs[i, :-1]).all(dim=1))[0, 0])
+        torch.testing.assert_close(replay.next_obs[i, :-1], features[row + 1])
+
+
+LEARNING_SEEDS = [0, 1, 2]
+LEARNING_STEPS = 300  # training steps (4 env steps each)
+MARGIN_TICKS = 0.5  # required edge per step over the random and the flat policy
+
+
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
+def test_learns_a_planted_pattern(seed):
+    torch.manual_seed(seed)
+    dataset = planted_dataset(seed)
+    cfg = model_config("dqn", seed=seed)
+    agent = build_agent(cfg)
+    datamodule = env_datamodule(dataset, cfg)
+    trainer = cpu_trainer(max_steps=LEARNING_STEPS, limit_val_batches=0)
+    start = time.perf_counter()
+    trainer.fit(agent, datamodule=datamodule)
+    seconds = time.perf_counter() - start
+
+    test = dataset.splits["test"]
+    greedy = agent.trading_positions(datamodule, "test")
+    greedy_reward = walk_rewards(
+        greedy, test.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS
+    )[0].mean()
+    rng = np.random.default_rng(seed)
+    random_positions = rng.integers(-1, 2, len(test.close))
+    random_reward = walk_rewards(
+        random_positions, test.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS
+    )[0].mean()
+    flat_reward = 0.0
+    print(
+        f"dqn seed {seed}: greedy {greedy_reward:.3f} ticks/step, random {random_reward:.3f}, "
+        f"flat {flat_reward:.3f}, fit {seconds:.1f} s"
+    )
+    assert greedy_reward > random_reward + MARGIN_TICKS
+    assert greedy_reward > flat_reward + MARGIN_TICKS

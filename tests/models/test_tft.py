@@ -1,0 +1,396 @@
+"""Tests of the Temporal Fusion Transformer: config, shapes, causality, variable selection,
+quantile ordering, Lightning fitting, checkpoints and learning a planted pattern."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import instantiate
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lightning import Callback, Trainer, seed_everything
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from foxhunt.assets import AssetSpec
+from foxhunt.data.dataset import MarketDataset, SplitArrays, feature_groups
+from foxhunt.data.datamodules import ForecastDataModule
+from foxhunt.data.features import FEATURE_NAMES
+from foxhunt.models.forecaster import quantile_loss
+from foxhunt.models.tft import GatedResidualNetwork, MonotoneQuantileHead, TemporalFusionTransformer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SEED_QUANTILES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_intra_op_thread():
+    """Run these small models on one thread: on a shared CPU, several intra-op threads per
+    tiny matmul cost far more in synchronisation than they gain."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def load_model_config(**module_overrides):
+    """conf/model/tft.yaml under a `model` root (so `${model.window.*}` resolves), with overrides."""
+    cfg = OmegaConf.create({"model": OmegaConf.load(REPO_ROOT / "conf" / "model" / "tft.yaml")})
+    for key, value in module_overrides.items():
+        cfg.model.module[key] = value
+    return cfg
+
+
+def small_tft(**overrides) -> TemporalFusionTransformer:
+    args = dict(
+        input_dim=16,
+        static_dim=4,
+        known_dim=8,
+        observed_dim=4,
+        hidden_size=16,
+        num_heads=4,
+        lstm_layers=2,
+        dropout=0.0,
+        seq_len=12,
+        horizon=4,
+        quantiles=SEED_QUANTILES,
+        learning_rate=1e-2,
+        weight_decay=0.0,
+        position_threshold=0.0,
+    )
+    args.update(overrides)
+    return TemporalFusionTransformer(**args)
+
+
+def random_batch(batch: int, seq_len: int, horizon: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "static": torch.randn(batch, 4, generator=g),
+        "known": torch.randn(batch, seq_len + horizon, 8, generator=g),
+        "observed": torch.randn(batch, seq_len, 4, generator=g),
+        "target": torch.randn(batch, horizon, generator=g),
+    }
+
+
+# --------------------------------------------------------------------------- config and shapes
+def test_yaml_states_every_constructor_argument_and_the_seed_values():
+    cfg = load_model_config()
+    module = OmegaConf.to_container(cfg.model.module, resolve=True)
+    params = set(inspect.signature(TemporalFusionTransformer.__init__).parameters) - {"self"}
+    assert set(module) - {"_target_"} == params  # no hidden defaults, no unknown keys
+    assert all(p.default is inspect.Parameter.empty for n, p in inspect.signature(
+        TemporalFusionTransformer.__init__).parameters.items() if n != "self")
+    assert cfg.model.name == "tft" and cfg.model.kind == "forecaster"
+    assert cfg.model.monitor.metric == TemporalFusionTransformer.monitor_metric == "val/loss"
+    assert cfg.model.monitor.mode == TemporalFusionTransformer.monitor_mode == "min"
+    assert OmegaConf.to_container(cfg.model.window) == {
+        "seq_len": 50, "horizon": 10, "batch_size": 32, "eval_batch_size": 256
+    }
+    assert module["seq_len"] == 50 and module["horizon"] == 10
+    assert (module["input_dim"], module["static_dim"], module["known_dim"], module["observed_dim"]) == (16, 4, 8, 4)
+    assert (module["hidden_size"], module["num_heads"], module["lstm_layers"]) == (256, 4, 3)
+    assert module["quantiles"] == SEED_QUANTILES
+    assert (module["learning_rate"], module["weight_decay"], module["dropout"]) == (1e-3, 1e-3, 0.1)
+
+
+def test_seed_config_shapes_and_parameter_count(capsys):
+    model = instantiate(load_model_config().model.module).eval()
+    batch = random_batch(2, 50, 10)
+    with torch.no_grad():
+        out, weights = model(batch, return_weights=True)
+    assert out.shape == (2, 10, 9)
+    assert weights["static"].shape == (2, 4)
+    assert weights["encoder"].shape == (2, 50, 12)
+    assert weights["decoder"].shape == (2, 10, 8)
+    assert weights["attention"].shape == (2, 60, 60)
+    n_params = sum(p.numel() for p in model.parameters())
+    with capsys.disabled():
+        print(f"\nTFT seed config (hidden 256, 4 heads, 3 LSTM layers): {n_params:,} parameters")
+    assert n_params > 0
+
+
+def test_grn_parameter_count_hand_computed():
+    grn = GatedResidualNetwork(input_size=3, hidden_size=5, output_size=2, dropout=0.0, context_size=4)
+    # skip 3*2+2, W2 3*5+5, W3 4*5 (no bias), W1 5*5+5, GLU 5*(2*2)+2*2, LayerNorm 2+2
+    assert sum(p.numel() for p in grn.parameters()) == 8 + 20 + 20 + 30 + 24 + 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"input_dim": 15}, "input_dim"),
+        ({"hidden_size": 18}, "num_heads"),
+        ({"quantiles": [0.1, 0.9]}, "0.5"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"lstm_layers": 0}, "lstm_layers"),
+    ],
+)
+def test_constructor_rejects_bad_hyperparameters(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        small_tft(**overrides)
+
+
+def test_forward_rejects_future_observed_inputs_and_wrong_shapes():
+    model = small_tft()
+    batch = random_batch(2, 12, 4)
+    batch["observed"] = torch.randn(2, 12 + 4, 4)  # observed values after the window do not exist
+    with pytest.raises(ValueError, match="observed"):
+        model(batch)
+    batch = random_batch(2, 12, 4)
+    batch["known"] = batch["known"][:, :12]
+    with pytest.raises(ValueError, match="known"):
+        model(batch)
+
+
+# ------------------------------------------------------------------------------------ causality
+def test_decoder_step_depends_on_no_later_input_gradients():
+    seq_len, horizon = 12, 4
+    model = small_tft(seq_len=seq_len, horizon=horizon).eval()
+    batch = random_batch(3, seq_len, horizon)
+    known = batch["known"].requires_grad_(True)
+    observed = batch["observed"].requires_grad_(True)
+    out = model(batch)
+    for step in range(horizon):
+        position = seq_len + step
+        grad_known, grad_observed = torch.autograd.grad(out[:, step].sum(), (known, observed), retain_graph=True)
+        per_time = grad_known.abs().sum(dim=(0, 2))
+        assert torch.all(per_time[position + 1 :] == 0), f"decoder step {step} reads later known inputs"
+        assert torch.all(per_time[: position + 1] > 0), f"decoder step {step} ignores some past/present input"
+        assert grad_observed.abs().sum(dim=(0, 2)).gt(0).all()
+
+
+def test_decoder_step_unchanged_when_later_inputs_change():
+    seq_len, horizon = 12, 4
+    model = small_tft(seq_len=seq_len, horizon=horizon).eval()
+    batch = random_batch(3, seq_len, horizon)
+    with torch.no_grad():
+        reference = model(batch)
+        for step in range(horizon - 1):
+            perturbed = {k: v.clone() for k, v in batch.items()}
+            perturbed["known"][:, seq_len + step + 1 :] += 5.0 * torch.randn_like(
+                perturbed["known"][:, seq_len + step + 1 :]
+            )
+            out = model(perturbed)
+            torch.testing.assert_close(out[:, : step + 1], reference[:, : step + 1], rtol=0, atol=1e-6)
+            assert not torch.allclose(out[:, step + 1 :], reference[:, step + 1 :])
+
+
+def test_encoder_attention_cannot_see_the_future():
+    seq_len, horizon, k = 12, 4, 7
+    model = small_tft(seq_len=seq_len, horizon=horizon).eval()
+    batch = random_batch(3, seq_len, horizon)
+    perturbed = {key: value.clone() for key, value in batch.items()}
+    perturbed["observed"][:, k] += 3.0
+    perturbed["known"][:, k] -= 3.0
+    with torch.no_grad():
+        out, weights = model(batch, return_weights=True)
+        out_p, weights_p = model(perturbed, return_weights=True)
+    attention, attention_p = weights["attention"], weights_p["attention"]
+    length = seq_len + horizon
+    above_diagonal = torch.ones(length, length, dtype=torch.bool).triu(1)
+    assert torch.all(attention[:, above_diagonal] == 0)
+    torch.testing.assert_close(attention.sum(-1), torch.ones(3, length))
+    torch.testing.assert_close(attention_p[:, :k], attention[:, :k], rtol=0, atol=1e-6)
+    torch.testing.assert_close(weights_p["encoder"][:, :k], weights["encoder"][:, :k], rtol=0, atol=1e-6)
+    assert not torch.allclose(attention_p[:, k:], attention[:, k:])
+    assert not torch.allclose(out_p, out)  # the perturbation does reach the forecast
+
+
+# --------------------------------------------------------------------- selection weights, quantiles
+def test_variable_selection_weights_sum_to_one():
+    model = small_tft().eval()
+    with torch.no_grad():
+        _, weights = model(random_batch(5, 12, 4, seed=3), return_weights=True)
+    for key, n_vars in (("static", 4), ("encoder", 12), ("decoder", 8)):
+        w = weights[key]
+        assert w.shape[-1] == n_vars
+        assert torch.all(w >= 0)
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
+
+
+def test_quantile_outputs_ordered_for_extreme_inputs():
+    model = small_tft().eval()
+    with torch.no_grad():
+        for p in model.quantile_head.parameters():
+            p.normal_(0.0, 3.0)
+        batch = random_batch(16, 12, 4, seed=7)
+        batch = {k: v * 10 for k, v in batch.items()}
+        out = model(batch)
+    assert torch.all(out.diff(dim=-1) >= 0)
+    assert torch.all(out.diff(dim=-1).sum(-1) > 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.floats(-50, 50, allow_nan=False), min_size=6, max_size=6), min_size=1, max_size=4),
+    median_index=st.integers(0, 4),
+)
+def test_quantile_head_ordered_by_construction(rows, median_index):
+    torch.manual_seed(0)
+    head = MonotoneQuantileHead(hidden_size=6, n_quantiles=5, median_index=median_index)
+    x = torch.tensor(rows, dtype=torch.float64)
+    out = head.double()(x)
+    assert out.shape == (len(rows), 5)
+    assert torch.all(out.diff(dim=-1) >= 0)
+    torch.testing.assert_close(out[:, median_index], head.linear(x)[:, median_index])
+
+
+# --------------------------------------------------------------------------------- Lightning fit
+class LossRecorder(Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+
+
+def quiet_trainer(**kwargs) -> Trainer:
+    return Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
+
+
+def test_lightning_fit_on_random_batches_logs_finite_losses():
+    torch.manual_seed(0)
+    model = small_tft(dropout=0.1)
+    train = [random_batch(4, 12, 4, seed=s) for s in range(4)]
+    val = [random_batch(4, 12, 4, seed=10 + s) for s in range(2)]
+    trainer = quiet_trainer(max_steps=6, num_sanity_val_steps=0, val_check_interval=3)
+    trainer.fit(model, DataLoader(train, batch_size=None), DataLoader(val, batch_size=None))
+    assert trainer.global_step == 6
+    for key in ("train/loss", "val/loss", "val/direction_accuracy"):
+        assert torch.isfinite(trainer.callback_metrics[key]), key
+
+
+def test_fit_under_bf16_mixed_precision():
+    torch.manual_seed(0)
+    model = small_tft()
+    recorder = LossRecorder()
+    trainer = quiet_trainer(max_steps=3, precision="bf16-mixed", callbacks=[recorder])
+    trainer.fit(model, DataLoader([random_batch(4, 12, 4, seed=s) for s in range(3)], batch_size=None))
+    assert len(recorder.losses) == 3 and np.isfinite(recorder.losses).all()
+
+
+def test_overfits_a_fixed_tiny_batch():
+    torch.manual_seed(0)
+    model = small_tft(learning_rate=1e-2)
+    batch = random_batch(8, 12, 4, seed=5)
+    recorder = LossRecorder()
+    trainer = quiet_trainer(max_steps=80, callbacks=[recorder])
+    trainer.fit(model, DataLoader([batch] * 80, batch_size=None))
+    losses = np.array(recorder.losses)
+    assert len(losses) == 80 and np.isfinite(losses).all()
+    assert losses[-5:].mean() < 0.5 * losses[0], f"loss {losses[0]:.4f} -> {losses[-5:].mean():.4f}"
+
+
+def test_checkpoint_loads_with_weights_only(tmp_path):
+    model = instantiate(load_model_config(hidden_size=8, num_heads=2, lstm_layers=1).model.module)
+    trainer = quiet_trainer(max_steps=1, default_root_dir=tmp_path)
+    trainer.fit(model, DataLoader([random_batch(2, 50, 10)], batch_size=None))
+    path = tmp_path / "tft.ckpt"
+    trainer.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["hyper_parameters"]["quantiles"] == SEED_QUANTILES
+    restored = TemporalFusionTransformer.load_from_checkpoint(path, weights_only=True).eval()
+    batch = random_batch(2, 50, 10, seed=1)
+    with torch.no_grad():
+        torch.testing.assert_close(restored(batch), model.eval()(batch))
+
+
+# ------------------------------------------------------------------------------------- learning
+AR_COEFFICIENT = 0.5
+LEARN_SEQ_LEN, LEARN_HORIZON = 16, 4
+LEARN_BARS = {"train": 4000, "val": 600, "test": 1500}
+
+
+def planted_ar1_dataset(seed: int) -> MarketDataset:
+    """A MarketDataset whose 1-bar log returns follow AR(1) with coefficient 0.5; the observed
+    `log_return` feature is that return (z-scored), so the next return is half-predictable."""
+    asset_cfg = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "conf" / "asset" / "es.yaml"))
+    asset = AssetSpec(**{k: v for k, v in asset_cfg.items() if k != "_target_"})
+    rng = np.random.default_rng(seed)
+    groups = feature_groups()
+    return_column = groups["observed"][list(FEATURE_NAMES[i] for i in groups["observed"]).index("log_return")]
+    sigma = 1e-4
+    splits, start = {}, np.datetime64("2024-01-02T00:00", "ns")
+    for name, n in LEARN_BARS.items():
+        noise = rng.normal(0.0, sigma, n)
+        returns = np.zeros(n)
+        for t in range(1, n):
+            returns[t] = AR_COEFFICIENT * returns[t - 1] + noise[t]
+        close = 5000.0 * np.exp(np.cumsum(returns))
+        minutes = np.arange(n)
+        features = np.zeros((n, len(FEATURE_NAMES)), dtype=np.float32)
+        features[:, groups["static"]] = [0.5, 1.1, 1.0, 0.96]
+        features[:, groups["known"][0]] = np.sin(2 * np.pi * minutes / 1440)
+        features[:, groups["known"][1]] = np.cos(2 * np.pi * minutes / 1440)
+        features[:, groups["observed"]] = rng.normal(size=(n, len(groups["observed"])))
+        features[:, return_column] = returns / (sigma / np.sqrt(1 - AR_COEFFICIENT**2))
+        timestamps = start + minutes.astype("timedelta64[m]")
+        start = timestamps[-1] + np.timedelta64(60, "m")
+        splits[name] = SplitArrays(timestamps=timestamps, features=features, close=close)
+    train_returns = np.diff(np.log(splits["train"].close))
+    return MarketDataset(
+        asset=asset,
+        feature_names=list(FEATURE_NAMES),
+        groups=groups,
+        splits=splits,
+        target_scale=float(train_returns.std()),
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_learns_planted_ar1_pattern(seed, capsys):
+    started = time.perf_counter()
+    seed_everything(seed, verbose=False)
+    datamodule = ForecastDataModule(
+        planted_ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64
+    )
+    model = small_tft(
+        hidden_size=32,
+        num_heads=4,
+        lstm_layers=1,
+        dropout=0.0,
+        seq_len=LEARN_SEQ_LEN,
+        horizon=LEARN_HORIZON,
+        learning_rate=3e-3,
+        weight_decay=1e-3,
+    )
+    trainer = quiet_trainer(max_epochs=2, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(model, datamodule=datamodule)
+    [metrics] = trainer.test(model, datamodule=datamodule, verbose=False)
+
+    target = datamodule.windows("test")["target"]
+    zero_loss = quantile_loss(torch.zeros(*target.shape, 9), target, SEED_QUANTILES).item()
+    empirical = torch.quantile(target.flatten(), torch.tensor(SEED_QUANTILES))
+    unconditional_loss = quantile_loss(empirical.expand(*target.shape, 9), target, SEED_QUANTILES).item()
+    loss, accuracy = metrics["test/loss"], metrics["test/direction_accuracy"]
+    elapsed = time.perf_counter() - started
+    with capsys.disabled():
+        print(
+            f"\nseed {seed}: test loss {loss:.4f} vs zero forecast {zero_loss:.4f} "
+            f"(margin {zero_loss - loss:.4f}; unconditional quantiles {unconditional_loss:.4f}), "
+            f"direction accuracy {accuracy:.3f} (bar 0.55; AR(1) optimum ~0.667), {elapsed:.1f} s"
+        )
+    assert loss < zero_loss
+    assert accuracy > 0.55
+
+    # positions on the real datamodule: one per test bar, flat where no window ends, and long
+    # (short) positions followed on average by positive (negative) next returns
+    close = datamodule.dataset.splits["test"].close
+    positions = model.trading_positions(datamodule, "test")
+    assert positions.shape == close.shape
+    assert set(np.unique(positions)) <= {-1, 0, 1}
+    assert not positions[: LEARN_SEQ_LEN - 1].any() and not positions[len(close) - LEARN_HORIZON :].any()
+    next_return = np.diff(np.log(close))
+    assert np.mean(positions[:-1] * next_return) > 0

@@ -1,0 +1,142 @@
+"""foxhunt-train end to end: a run lands in MLflow with everything a user looks for."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from foxhunt.train import OBJECTIVE, train
+
+MODELS = ["dqn", "ppo", "mamba2", "tft"]
+ASSETS = ["es", "nq", "6e", "zn"]
+
+
+def _store(root: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
+
+
+def _runs(root: Path):
+    client = _store(root)
+    experiment = client.get_experiment_by_name("foxhunt")
+    return [] if experiment is None else client.search_runs([experiment.experiment_id])
+
+
+def _artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
+    found = []
+    for item in client.list_artifacts(run_id, path):
+        found += _artifacts(client, run_id, item.path) if item.is_dir else [item.path]
+    return found
+
+
+def test_smoke_run_lands_in_mlflow_with_params_metrics_and_artifacts(compose_cfg, tmp_path):
+    cfg = compose_cfg(["model=dqn", "asset=nq", "trainer=smoke"])
+    metrics = train(cfg)
+
+    assert OBJECTIVE in metrics and "test/sharpe" in metrics
+    (run,) = _runs(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "dqn-nq-fp32"
+    tags = run.data.tags
+    assert {tags[k] for k in ("model", "asset", "precision", "strategy")} == {"dqn", "nq", "fp32", "sequential"}
+    assert run.data.params["model.module.lr"] == "0.001"
+    assert run.data.params["asset.tick_size"] == "0.25"
+    for key in ("test/sharpe", "test/pnl", "test/max_drawdown", "test/hit_rate", "val/sharpe", "progress"):
+        assert key in run.data.metrics, key
+    assert run.data.metrics["test/sharpe"] == pytest.approx(metrics["test/sharpe"])
+    artifacts = _artifacts(_store(tmp_path), run.info.run_id)
+    assert "config.yaml" in artifacts and "equity_test.png" in artifacts
+    assert "checkpoints/best.ckpt" in artifacts and "checkpoints/last.ckpt" in artifacts
+
+
+def test_checkpoint_loads_with_weights_only(compose_cfg, tmp_path):
+    import torch
+
+    train(compose_cfg(["model=dqn", "trainer=smoke", "logger=none"]))
+    (checkpoint,) = (tmp_path / "outputs" / "run" / "checkpoints").glob("best.ckpt")
+    state = torch.load(checkpoint, weights_only=True)
+    assert "state_dict" in state and state["hyper_parameters"]["hidden_sizes"] == [256, 256]
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("asset", ASSETS)
+def test_every_model_trains_on_every_asset(compose_cfg, model, asset):
+    overrides = [f"model={model}", f"asset={asset}", "trainer=smoke", "logger=none", "data.source.days=7"]
+    metrics = train(compose_cfg(overrides))
+    assert {"test/sharpe", "test/pnl", "val/sharpe"} <= set(metrics)
+    assert all(value == value for value in metrics.values()), metrics  # no NaN
+
+
+def test_a_failing_run_is_marked_failed_with_its_error(compose_cfg, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("timestamp_utc,open,high,low,close,volume\n2024-01-02 00:01:00,1.1,1.09,1.1,1.1,5\n")
+    cfg = compose_cfg(["model=dqn", "asset=6e", "data=csv", f"data.source.path={bad}", "trainer=smoke"])
+    with pytest.raises(ValueError, match="bad.csv"):
+        train(cfg)
+    (run,) = _runs(tmp_path)
+    assert run.info.status == "FAILED"
+    assert "bad.csv" in run.data.tags["error"]
+
+
+@pytest.mark.realdata
+def test_trains_on_real_6e_bars_through_the_csv_source(compose_cfg, real_data_dir, tmp_path):
+    path = real_data_dir / "6e_minute" / "6EH4_1min_bars_20240101_20240131.csv.gz"
+    metrics = train(compose_cfg(["model=dqn", "asset=6e", "data=csv", f"data.source.path={path}", "trainer=smoke"]))
+    assert "test/sharpe" in metrics
+    (run,) = _runs(tmp_path)
+    assert run.info.status == "FINISHED" and run.data.tags["data_source"] == "CsvBarSource"
+
+
+def test_trains_on_a_databento_dbn_file(compose_cfg, tmp_path):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from foxhunt.data.sources.databento import write_ohlcv_1m
+    from foxhunt.data.sources.synthetic import SyntheticBarSource
+
+    asset = instantiate(OmegaConf.load(Path(__file__).parents[1] / "conf" / "asset" / "es.yaml"))
+    bars = SyntheticBarSource(days=30, seed=3).load(asset)
+    dbn = tmp_path / "glbx-es-ohlcv-1m.dbn.zst"
+    write_ohlcv_1m(bars, dbn, symbol="ESH4", instrument_id=4242)
+    cfg = compose_cfg(["model=dqn", "asset=es", "data=databento", f"data.source.path={dbn}", "trainer=smoke"])
+    assert "test/sharpe" in train(cfg)
+    (run,) = _runs(tmp_path)
+    assert run.info.status == "FINISHED" and run.data.tags["data_source"] == "DatabentoBarSource"
+
+
+def _cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FOXHUNT_ROOT": str(root), "HYDRA_FULL_ERROR": "0"}
+    command = [str(Path(sys.executable).parent / "foxhunt-train"), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=root, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("model.module.learning_rate=-0.001", "model.module.learning_rate=-0.001: must be a number > 0"),
+        ("model.window.horizon=60", "model.window.horizon=60: must be < model.window.seq_len (50)"),
+        ("data.split.train=0.9", "data.split.train=0.9: train + val + test must sum to 1"),
+        ("seed=-1", "seed=-1: Input should be greater than or equal to 0"),
+        ("precision.trainer_precision=fp8", "precision.trainer_precision='fp8': Input should be"),
+        ("+model.module.hidden_sise=64", "model.module.hidden_sise: not a parameter of TemporalFusionTransformer"),
+        ("model.module.num_heads=3", "model.module.num_heads=3: must divide model.module.hidden_size (256)"),
+    ],
+)
+def test_impossible_values_fail_with_one_line_and_leave_no_run(tmp_path, override, expected):
+    result = _cli([override], tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_unknown_group_option_fails_with_hydras_message(tmp_path):
+    result = _cli(["model=nope"], tmp_path)
+    assert result.returncode != 0
+    assert "Could not find 'model/nope'" in result.stderr
+    assert "Available options" in result.stderr and "tft" in result.stderr
+    assert not (tmp_path / "mlruns").exists()

@@ -1,0 +1,81 @@
+"""The MLflow store: one SQLite store, flattened params, and a run status for every ending."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from foxhunt.tracking.mlflow_store import (
+    PARAM_VALUE_LIMIT,
+    TrackedRun,
+    ensure_experiment,
+    flatten,
+    param_value,
+)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}", str(tmp_path / "mlruns" / "artifacts")
+
+
+def _run(store, name="tft-es-fp32"):
+    uri, artifacts = store
+    return TrackedRun(uri, "unit", artifacts, name, {"model": "tft", "asset": "es"})
+
+
+def test_flatten_gives_dotted_keys_and_keeps_lists():
+    nested = {"model": {"module": {"lr": 0.001, "hidden": [256, 256]}, "name": "dqn"}, "seed": 1}
+    assert dict(flatten(nested)) == {
+        "model.module.lr": 0.001,
+        "model.module.hidden": [256, 256],
+        "model.name": "dqn",
+        "seed": 1,
+    }
+
+
+def test_param_values_are_truncated_to_mlflows_limit():
+    assert param_value("x" * 10) == "x" * 10
+    long = param_value("y" * (PARAM_VALUE_LIMIT + 50))
+    assert len(long) == PARAM_VALUE_LIMIT and long.endswith("...")
+
+
+def test_experiment_is_created_once_with_the_training_view_tag(store):
+    uri, artifacts = store
+    first = ensure_experiment(uri, "unit", artifacts)
+    assert ensure_experiment(uri, "unit", artifacts) == first
+    experiment = MlflowClient(uri).get_experiment(first)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment.artifact_location.endswith("mlruns/artifacts")
+
+
+def test_finished_run_has_params_config_and_tags(store):
+    with _run(store) as run:
+        run.log_config({"model": {"module": {"lr": 0.001}}, "seed": 7}, "seed: 7\n")
+        run.log_metrics({"test/sharpe": 1.25})
+    data = MlflowClient(store[0]).get_run(run.run_id)
+    assert data.info.status == "FINISHED"
+    assert data.info.run_name == "tft-es-fp32"
+    assert data.data.params == {"model.module.lr": "0.001", "seed": "7"}
+    assert data.data.metrics["test/sharpe"] == 1.25
+    assert data.data.tags["model"] == "tft" and data.data.tags["asset"] == "es"
+    names = [a.path for a in MlflowClient(store[0]).list_artifacts(run.run_id)]
+    assert "config.yaml" in names
+
+
+def test_failing_run_is_marked_failed_with_its_error(store):
+    with pytest.raises(RuntimeError, match="loss is NaN"):
+        with _run(store) as run:
+            raise RuntimeError("loss is NaN\nat step 3")
+    data = MlflowClient(store[0]).get_run(run.run_id)
+    assert data.info.status == "FAILED"
+    assert data.data.tags["error"] == "RuntimeError: loss is NaN at step 3"
+    assert "error.txt" in [a.path for a in MlflowClient(store[0]).list_artifacts(run.run_id)]
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_stopped_run_is_marked_killed(store, stop):
+    with pytest.raises(stop):
+        with _run(store) as run:
+            raise stop()
+    assert MlflowClient(store[0]).get_run(run.run_id).info.status == "KILLED"
