@@ -47,27 +47,6 @@ def run_tags(cfg: DictConfig) -> dict[str, str]:
     }
 
 
-def build_datamodule(cfg: DictConfig, dataset):
-    from foxhunt.data.datamodules import EnvDataModule, ForecastDataModule
-
-    if cfg.model.kind == "agent":
-        return EnvDataModule(
-            dataset=dataset,
-            episode_len=cfg.model.env.episode_len,
-            num_envs=cfg.model.env.num_envs,
-            steps_per_epoch=cfg.model.env.steps_per_epoch,
-            commission_usd=cfg.execution.commission_usd,
-            slippage_ticks=cfg.execution.slippage_ticks,
-        )
-    return ForecastDataModule(
-        dataset=dataset,
-        seq_len=cfg.model.window.seq_len,
-        horizon=cfg.model.window.horizon,
-        batch_size=cfg.model.window.batch_size,
-        eval_batch_size=cfg.model.window.eval_batch_size,
-    )
-
-
 def score_split(model, datamodule, split: str, cfg: DictConfig, asset, out_dir: Path, run) -> dict[str, float]:
     """The shared backtest of one split: the same metrics for every model family."""
     from foxhunt.evaluation.backtest import backtest
@@ -102,9 +81,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     from foxhunt.tracking.mlflow_store import TrackedRun
 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    asset = instantiate(cfg.asset)
-    source = instantiate(cfg.data.source)
-    precision = instantiate(cfg.precision)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = resolved_config(cfg)
@@ -124,27 +100,26 @@ def train(cfg: DictConfig) -> dict[str, float]:
             run.log_config(resolved, OmegaConf.to_yaml(resolved))
         callbacks = [instantiate(node) for node in cfg.callbacks.values()]
         try:
-            return _fit_and_score(cfg, source, asset, precision, callbacks, run, out_dir)
+            return _fit_and_score(cfg, callbacks, run, out_dir)
         finally:  # checkpoints reach the run whatever happened (an interrupted run's too)
             if run is not None and cfg.logger.log_checkpoints:
                 for path in _checkpoint_files(callbacks):
                     run.log_artifact(path, "checkpoints")
 
 
-def _fit_and_score(cfg: DictConfig, source, asset, precision, callbacks, run, out_dir: Path) -> dict[str, float]:
+def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path) -> dict[str, float]:
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
-    from foxhunt.data.dataset import load_market_dataset
+    from foxhunt.build import build_parts
 
-    dataset = load_market_dataset(source, asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir)
-    datamodule = build_datamodule(cfg, dataset)
-    model = instantiate(cfg.model.module, _convert_="all")  # plain lists: weights_only checkpoints
+    parts = build_parts(cfg)
+    model, datamodule, asset = parts.model, parts.datamodule, parts.asset
     trainer: pl.Trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
         logger=run.logger() if run is not None else False,
-        precision=precision.trainer_precision,
+        precision=parts.precision.trainer_precision,
         default_root_dir=str(out_dir),
     )
     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt)
