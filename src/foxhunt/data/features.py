@@ -25,9 +25,7 @@ evening before the trade date) is specific to futures.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import time
 from typing import Any
@@ -35,9 +33,9 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.assets import AssetSpec
+from foxhunt.config.sections import dataclass_values
 
 MINUTES_PER_DAY = 24 * 60
 DAYS_PER_WEEK = 7
@@ -120,7 +118,7 @@ class FeatureConfig:
     @classmethod
     def from_config(cls, cfg: Any) -> FeatureConfig:
         """Build from a FeatureConfig, a dataclass, a mapping or an OmegaConf DictConfig."""
-        return cls(**_config_fields(cls, cfg, "features"))
+        return cls(**dataclass_values(cls, cfg, "features"))
 
 
 def compute_features(bars: pd.DataFrame, asset: AssetSpec, cfg: Any) -> pd.DataFrame:
@@ -254,30 +252,3 @@ def _parse_hhmm(text: Any, key: str) -> time:
         return time(int(hh), int(mm))
     except ValueError:
         raise ValueError(f"{key}={text!r}: must be a local time 'HH:MM'") from None
-
-
-def _config_fields(cls: type, cfg: Any, section: str) -> dict[str, Any]:
-    """Field values of dataclass ``cls`` from a dataclass, mapping or DictConfig ``cfg``."""
-    if isinstance(cfg, cls):
-        return dataclasses.asdict(cfg)
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        values = dataclasses.asdict(cfg)
-    elif isinstance(cfg, DictConfig):
-        values = OmegaConf.to_container(cfg, resolve=True)
-    elif isinstance(cfg, Mapping):
-        values = dict(cfg)
-    else:
-        raise ValueError(f"{section}: expected a mapping, got {type(cfg).__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(names))
-    if unknown:
-        raise ValueError(f"{section}.{unknown[0]}: unknown key (known keys: {', '.join(names)})")
-    required = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    absent = [n for n in required if n not in values]
-    if absent:
-        raise ValueError(f"{section}.{absent[0]}: missing key")
-    return {n: values[n] for n in names if n in values}

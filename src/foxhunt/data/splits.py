@@ -11,13 +11,11 @@ val ``floor(usable * val)`` and test the rest, so the blocks cover every usable 
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from foxhunt.config.sections import dataclass_values
 
 SPLIT_NAMES = ("train", "val", "test")
 FRACTION_SUM_TOLERANCE = 1e-6  # float slack when checking that the fractions sum to 1
@@ -55,24 +53,7 @@ class SplitConfig:
     @classmethod
     def from_config(cls, cfg: Any) -> SplitConfig:
         """Build from a SplitConfig, a dataclass, a mapping or an OmegaConf DictConfig."""
-        if isinstance(cfg, cls):
-            return cfg
-        if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-            values = dataclasses.asdict(cfg)
-        elif isinstance(cfg, DictConfig):
-            values = OmegaConf.to_container(cfg, resolve=True)
-        elif isinstance(cfg, Mapping):
-            values = dict(cfg)
-        else:
-            raise ValueError(f"split: expected a mapping, got {type(cfg).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(names))
-        if unknown:
-            raise ValueError(f"split.{unknown[0]}: unknown key (known keys: {', '.join(names)})")
-        absent = [n for n in names if n not in values]
-        if absent:
-            raise ValueError(f"split.{absent[0]}: missing key")
-        return cls(**{n: values[n] for n in names})
+        return cfg if isinstance(cfg, cls) else cls(**dataclass_values(cls, cfg, "split"))
 
 
 def split_slices(n_bars: int, cfg: Any) -> dict[str, slice]:
