@@ -127,7 +127,7 @@ def _cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
     ],
 )
 def test_impossible_values_fail_with_one_line_and_leave_no_run(tmp_path, override, expected):
-    result = _cli([override], tmp_path)
+    result = _cli(["model=tft", override], tmp_path)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and expected in lines[0], result.stderr
