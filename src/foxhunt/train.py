@@ -7,6 +7,11 @@ the ``@hydra.main`` entry that turns a config error into one line and a non-zero
 The value ``train`` returns for a sweeper to optimize is ``val/sharpe``: the shared backtest of
 the validation split, comparable across all four model families (their own validation losses
 are not), and never the test split, which stays unseen until the final report.
+
+Every run goes through :func:`foxhunt.sweeps.cell.run_cell`: in a sweep (``-m``) it isolates a
+failing cell, nests the run under the sweep's parent run and applies the strategy's threads,
+device and packing check; with ``resume=true`` it skips cells that finished earlier and resumes
+interrupted ones from their checkpoint into their own MLflow run.
 """
 
 from __future__ import annotations
@@ -14,12 +19,16 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.schema import ConfigError, resolved_config, validate
+from foxhunt.sweeps.cells import cell_name, config_hash
+
+if TYPE_CHECKING:
+    from foxhunt.sweeps.cell import CellContext
 
 log = logging.getLogger("foxhunt.train")
 
@@ -27,10 +36,10 @@ OBJECTIVE = "val/sharpe"
 
 
 def run_name(cfg: DictConfig) -> str:
-    return f"{cfg.model.name}-{cfg.asset.key}-{cfg.precision.name}"
+    return cell_name(cfg)
 
 
-def run_tags(cfg: DictConfig) -> dict[str, str]:
+def run_tags(cfg: DictConfig, digest: str | None = None) -> dict[str, str]:
     from hydra.core.hydra_config import HydraConfig
 
     sweep_id = ""
@@ -44,6 +53,8 @@ def run_tags(cfg: DictConfig) -> dict[str, str]:
         "sweep_id": sweep_id,
         "seed": str(cfg.seed),
         "data_source": cfg.data.source._target_.rsplit(".", 1)[-1],
+        "config_hash": digest or config_hash(cfg),
+        "output_dir": str(Path(cfg.paths.output_dir).resolve()),
     }
 
 
@@ -71,8 +82,12 @@ def score_split(model, datamodule, split: str, cfg: DictConfig, asset, out_dir: 
     return metrics
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Train and score one cell; return every metric (``OBJECTIVE`` among them)."""
+def train(cfg: DictConfig, cell: CellContext | None = None) -> dict[str, float]:
+    """Train and score one cell; return every metric (``OBJECTIVE`` among them).
+
+    ``cell`` (from :func:`foxhunt.sweeps.cell.run_cell`): the sweep's parent run, the run and
+    checkpoint to resume, and the check that must pass before training.
+    """
     validate(cfg)  # before anything heavy: one clear line on a bad value
 
     import lightning.pytorch as pl
@@ -93,21 +108,28 @@ def train(cfg: DictConfig) -> dict[str, float]:
             experiment=cfg.logger.experiment,
             artifact_location=cfg.logger.artifact_location,
             run_name=run_name(cfg),
-            tags=run_tags(cfg),
+            tags=run_tags(cfg, cell.config_hash if cell else None),
+            parent_run_id=cell.parent_run_id if cell else None,
+            resume_run_id=cell.resume_run_id if cell else None,
         )
     with run if run is not None else _NoRun():
         if run is not None:
             run.log_config(resolved, OmegaConf.to_yaml(resolved))
+        if cell is not None:
+            cell.run_id = run.run_id if run is not None else None
+            if cell.preflight is not None:
+                cell.preflight()
+        ckpt_path = (cell.ckpt_path if cell else None) or cfg.ckpt
         callbacks = [instantiate(node) for node in cfg.callbacks.values()]
         try:
-            return _fit_and_score(cfg, callbacks, run, out_dir)
+            return _fit_and_score(cfg, callbacks, run, out_dir, ckpt_path)
         finally:  # checkpoints reach the run whatever happened (an interrupted run's too)
             if run is not None and cfg.logger.log_checkpoints:
                 for path in _checkpoint_files(callbacks):
                     run.log_artifact(path, "checkpoints")
 
 
-def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path) -> dict[str, float]:
+def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> dict[str, float]:
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
@@ -122,12 +144,15 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path) -> dict[str, 
         precision=parts.precision.trainer_precision,
         default_root_dir=str(out_dir),
     )
-    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     if trainer.interrupted:  # Lightning turned a stop request into a clean return
         raise KeyboardInterrupt("training interrupted")
+    # fit's last values (val/loss, ...): Lightning resets callback_metrics when test starts
+    metrics: dict[str, float] = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     test_results = trainer.test(model, datamodule=datamodule, ckpt_path=_best_checkpoint(callbacks), verbose=False)
-    metrics: dict[str, float] = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+    metrics.update(_memory_peaks(callbacks))
     for result in test_results:
         metrics.update({k: float(v) for k, v in result.items()})
     for split in ("val", "test"):
@@ -140,12 +165,28 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path) -> dict[str, 
 
 
 def _best_checkpoint(callbacks) -> str | None:
+    """The best checkpoint's path; ``None`` (the final weights) when there is none, or when a
+    resumed run's best checkpoint, restored from its first attempt, is no longer on disk."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     for callback in callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.best_model_path:
-            return callback.best_model_path
+            if Path(callback.best_model_path).is_file():
+                return callback.best_model_path
+            log.warning("best checkpoint %s is gone: testing the final weights", callback.best_model_path)
     return None
+
+
+def _memory_peaks(callbacks) -> dict[str, float]:
+    """The two checked memory peaks of the run (already logged by the memory callback)."""
+    from foxhunt.memory.callback import METRIC_PREFIX, MemoryBudgetCallback
+
+    keys = (f"{METRIC_PREFIX}peak_mb", f"{METRIC_PREFIX}device_peak_mb")
+    for callback in callbacks:
+        if isinstance(callback, MemoryBudgetCallback):
+            measured = callback.metrics()
+            return {key: float(measured[key]) for key in keys if key in measured}
+    return {}
 
 
 def _checkpoint_files(callbacks) -> list[Path]:
@@ -180,12 +221,14 @@ class _NoRun:
 def _hydra_entry(cfg: DictConfig) -> float | None:
     # Lightning adds its own console handler; under Hydra the root logger prints already.
     logging.getLogger("lightning.pytorch").handlers.clear()
+    from foxhunt.sweeps.cell import run_cell
+
     try:
-        metrics = train(cfg)
+        metrics = run_cell(cfg, train)  # in a sweep, a failing cell returns None
     except ConfigError as exc:
         print(f"foxhunt-train: config error: {exc}", file=sys.stderr)
         sys.exit(2)
-    return metrics.get(OBJECTIVE)
+    return None if metrics is None else metrics.get(OBJECTIVE)
 
 
 def main() -> None:

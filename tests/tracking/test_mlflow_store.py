@@ -79,3 +79,34 @@ def test_stopped_run_is_marked_killed(store, stop):
         with _run(store) as run:
             raise stop()
     assert MlflowClient(store[0]).get_run(run.run_id).info.status == "KILLED"
+
+
+def test_nested_run_carries_its_parent(store):
+    uri, artifacts = store
+    parent_id = MlflowClient(uri).create_run(ensure_experiment(uri, "unit", artifacts)).info.run_id
+    with TrackedRun(uri, "unit", artifacts, "dqn-es-fp32", {"model": "dqn"}, parent_run_id=parent_id) as run:
+        pass
+    assert MlflowClient(uri).get_run(run.run_id).data.tags["mlflow.parentRunId"] == parent_id
+
+
+def test_reopened_run_continues_and_ends_finished(store):
+    uri, artifacts = store
+    with pytest.raises(KeyboardInterrupt):
+        with _run(store) as first:
+            first.log_config({"seed": 7, "paths": {"output_dir": "/a"}}, "seed: 7\n")
+            first.log_metrics({"train/loss": 2.0}, step=1)
+            raise KeyboardInterrupt()
+    client = MlflowClient(uri)
+    client.set_tag(first.run_id, "error", "old error")
+    with TrackedRun(uri, "unit", artifacts, "tft-es-fp32", {"model": "tft"}, resume_run_id=first.run_id) as again:
+        assert client.get_run(first.run_id).info.status == "RUNNING"
+        # a changed folder must not trip MLflow's "params cannot change" rule
+        again.log_config({"seed": 7, "paths": {"output_dir": "/b"}}, "seed: 7\n")
+        again.log_metrics({"train/loss": 1.0}, step=2)
+    assert again.run_id == first.run_id
+    data = client.get_run(first.run_id)
+    assert data.info.status == "FINISHED"
+    assert data.data.tags["resume_count"] == "1" and "error" not in data.data.tags
+    assert data.data.params["paths.output_dir"] == "/a"
+    assert [m.value for m in client.get_metric_history(first.run_id, "train/loss")] == [2.0, 1.0]
+    assert len(client.search_runs([data.info.experiment_id])) == 1

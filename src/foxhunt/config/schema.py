@@ -163,10 +163,59 @@ class BudgetSection(Targeted):
 class PrecisionSection(Targeted):
     name: str = Field(min_length=1)
     trainer_precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
+    weights: Literal["fp32", "int8"] = "fp32"
+    optimizer_states: Literal["32bit", "8bit", "fp8"] = "32bit"
+    optimizer_block_size: PositiveInt | None = None
+    compile_optimizer: bool = True
+    quantize_types: list[Literal["Linear", "LSTM"]] = Field(default_factory=list)
+    min_quantized_numel: PositiveInt | None = None
+    keep_fp32: list[str] = Field(default_factory=list)
+    inference_weights: Literal["weight_only", "dynamic_activation"] | None = None
+
+    @model_validator(mode="after")
+    def _int8_needs_its_rule(self) -> "PrecisionSection":
+        if self.weights == "int8":
+            if self.trainer_precision != "32-true":
+                raise _KeyedError("trainer_precision", self.trainer_precision, "int8 weights train under 32-true")
+            if self.optimizer_states == "32bit":
+                raise _KeyedError(
+                    "optimizer_states", self.optimizer_states, "int8 weights need 8-bit optimizer states (8bit or fp8)"
+                )
+            if self.min_quantized_numel is None:
+                raise _KeyedError("min_quantized_numel", None, "required when precision.weights=int8")
+            if not self.quantize_types:
+                raise _KeyedError("quantize_types", None, "int8 weights need at least one of Linear, LSTM")
+        if self.optimizer_states != "32bit" and self.optimizer_block_size is None:
+            raise _KeyedError("optimizer_block_size", None, f"required when precision.optimizer_states={self.optimizer_states}")
+        return self
 
 
-class StrategySection(_Open):
-    name: Literal["sequential", "parallel"]
+class StrategySection(_Strict):
+    """How a sweep's cells run (``conf/strategy``): the launcher, concurrency and threads.
+
+    ``n_jobs`` and ``torch_threads`` take a number or ``auto`` (see ``conf/strategy/*.yaml``);
+    the submitit keys size each job of ``slurm`` / ``submitit_local``.
+    """
+
+    name: Literal["sequential", "parallel", "submitit_local", "slurm"]
+    n_jobs: PositiveInt | Literal["auto"] = 1
+    torch_threads: PositiveInt | Literal["auto"] = "auto"
+    predict_memory: bool = False
+    prediction_cache: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    gpus_per_job: Annotated[int, Field(ge=0)] | None = None
+    cpus_per_task: PositiveInt | None = None
+    mem_gb: PositiveInt | None = None
+    time_min: PositiveInt | None = None
+    array_parallelism: PositiveInt | None = None
+    setup: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _cache_for_predictions(self) -> "StrategySection":
+        if self.predict_memory and not self.prediction_cache:
+            raise _KeyedError("prediction_cache", self.prediction_cache, "required when strategy.predict_memory=true")
+        return self
 
 
 class TrainerSection(Targeted):
@@ -220,6 +269,12 @@ class TrainConfig(_Strict):
     callbacks: dict[str, Targeted]
     logger: LoggerSection
     paths: PathsSection
+
+    @model_validator(mode="after")
+    def _resume_needs_tracking(self) -> "TrainConfig":
+        if self.resume and not self.logger.enabled:
+            raise _KeyedError("resume", True, "needs logger.enabled=true (finished and interrupted runs are found in MLflow)")
+        return self
 
 
 class _KeyedError(ValueError):

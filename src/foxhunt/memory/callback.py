@@ -92,6 +92,8 @@ class MemoryBudgetCallback(pl.Callback):
             ``default_root_dir``.
         checkpoint_dir: where ``stop`` saves ``memory_breach.ckpt``; ``None``: no checkpoint
             from this callback (the checkpoint callback's ``last`` still applies).
+        write_report: write (and log) ``memory_report.md`` / ``.png`` at the end; ``False``
+            for a caller that only reads the measured figures (``foxhunt memory validate``).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class MemoryBudgetCallback(pl.Callback):
         max_overhead_pct: float = 1.0,
         report_dir: str | Path | None = None,
         checkpoint_dir: str | Path | None = None,
+        write_report: bool = True,
     ) -> None:
         if on_breach not in ON_BREACH_ACTIONS:
             raise ValueError(f"memory_budget.on_breach={on_breach!r}: must be one of {', '.join(ON_BREACH_ACTIONS)}")
@@ -119,6 +122,7 @@ class MemoryBudgetCallback(pl.Callback):
         self.sample_every_n_steps = int(sample_every_n_steps)
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.write_report = bool(write_report)
         self._reset()
 
     def _reset(self) -> None:
@@ -423,7 +427,7 @@ class MemoryBudgetCallback(pl.Callback):
             extra[f"{METRIC_PREFIX}callback_overhead_pct"] = 100.0 * self.loop_seconds / self.train_seconds
         self._queue(trainer, extra=extra)
         self._write(trainer)
-        if not trainer.is_global_zero:  # one report per run, from the process that logs
+        if not trainer.is_global_zero or not self.write_report:  # one report per run, from the process that logs
             return
         report = self.build_report(pl_module, trainer.global_step)
         directory = self.report_dir or Path(trainer.default_root_dir)

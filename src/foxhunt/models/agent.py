@@ -13,7 +13,8 @@ the greedy walk) and a dummy batch per training step. The base:
 - evaluates greedily over a whole split in validation and test: logs ``val/mean_reward``
   (mean reward per step, in ticks, net of costs) and ``val/pnl_usd`` (``test/...`` in test);
 - implements ``trading_positions(datamodule, split)`` for the shared backtest;
-- tracks episode returns for ``train/episode_reward`` and the env throughput.
+- tracks episode returns for ``train/episode_reward`` and the env throughput, and decides
+  which training steps log (``log_due``: the steps a logger or a callback can see).
 
 The greedy pass is a sequential walk: flat at bar 0, then at every bar ``t`` the agent sees
 the features of ``t`` and the position it holds, and its greedy action sets the position held
@@ -163,6 +164,9 @@ class TradingAgent(LightningModule, ABC):
         self._eval_costs: dict[str, tuple[AssetSpec, float, float]] = {}
         self._episode_return: Tensor | None = None
         self._last_step_time: float | None = None
+        # Training statistics gathered between two logged steps (see ``log_due``).
+        self._pending_returns: list[Tensor] = []
+        self._pending_env_steps = 0
 
     # ---------------------------------------------------------------- what each agent defines
     @abstractmethod
@@ -210,13 +214,15 @@ class TradingAgent(LightningModule, ABC):
         if self._episode_return is None or self._episode_return.shape != reward.shape:
             self._episode_return = torch.zeros_like(reward, dtype=torch.float32)
         self._episode_return += reward.to(torch.float32)
-        finished = self._episode_return[done].clone() if bool(done.any()) else None
+        if not bool(done.any()):
+            return None
+        finished = self._episode_return[done].clone()
         self._episode_return[done] = 0.0
         return finished
 
     def env_steps_per_s(self, env_steps: int) -> float | None:
-        """Env steps per second since the previous call (a whole training loop iteration,
-        learning included); None on the first call."""
+        """Env steps per second since the previous call (or since training started; whole
+        training loop iterations, learning included); None when no time has passed."""
         now = time.perf_counter()
         rate = None
         if self._last_step_time is not None and now > self._last_step_time:
@@ -224,9 +230,50 @@ class TradingAgent(LightningModule, ABC):
         self._last_step_time = now
         return rate
 
+    def note_step(self, env_steps: int, finished_returns: Tensor | None) -> None:
+        """Record a training step's env steps and the returns of the episodes it finished,
+        for the next logged step."""
+        self._pending_env_steps += int(env_steps)
+        if finished_returns is not None and finished_returns.numel():
+            self._pending_returns.append(finished_returns)
+
+    def log_due(self, batch_idx: int, optimizer_steps: int) -> bool:
+        """Whether this training step logs its metrics.
+
+        ``self.log`` costs about as much as a DQN gradient step (Lightning moves its result
+        collection to the value's device on every call; foxhunt.bench.rl measures it), so the
+        agents log only where a value can be seen: the steps the trainer writes to its loggers
+        (every ``trainer.log_every_n_steps``, Lightning's own test), the last step of an epoch
+        and the step that reaches ``trainer.max_steps`` (``optimizer_steps``: how many this
+        training step takes), with statistics aggregated since the previous logged step.
+        """
+        trainer = self.trainer
+        if getattr(getattr(trainer, "_logger_connector", None), "should_update_logs", True):
+            return True
+        if batch_idx + 1 >= trainer.num_training_batches:
+            return True
+        max_steps = trainer.max_steps
+        return max_steps is not None and 0 <= max_steps <= self.global_step + optimizer_steps
+
+    def pending_metrics(self) -> dict[str, float]:
+        """``train/episode_reward`` (mean return of the episodes finished since the previous
+        logged step, when any) and ``train/env_steps_per_s`` (over the same interval); resets
+        both."""
+        metrics: dict[str, float] = {}
+        if self._pending_returns:
+            metrics["train/episode_reward"] = float(torch.cat(self._pending_returns).mean())
+        rate = self.env_steps_per_s(self._pending_env_steps)
+        if rate is not None:
+            metrics["train/env_steps_per_s"] = rate
+        self._pending_returns = []
+        self._pending_env_steps = 0
+        return metrics
+
     def on_train_start(self) -> None:
         self._episode_return = None
-        self._last_step_time = None
+        self._last_step_time = time.perf_counter()
+        self._pending_returns = []
+        self._pending_env_steps = 0
 
     # --------------------------------------------------------------------- greedy evaluation
     @torch.no_grad()

@@ -33,9 +33,12 @@ The replay buffer is preallocated tensors on the module's device; sampling uses 
 does the exploration. The buffer and the env state are not part of a checkpoint: a resumed run
 refills the buffer (``global_step``, hence epsilon and the target schedule, resume exactly).
 
-Logged: ``train/loss``, ``train/q_mean`` (mean Q(s, a) of the batch), ``train/epsilon``,
-``train/episode_reward`` (mean return in ticks of the episodes that ended this step),
+Logged on the training steps a logger sees (``TradingAgent.log_due``): ``train/loss``,
+``train/q_mean`` (mean Q(s, a) of the batch), ``train/epsilon``, ``train/episode_reward`` (mean
+return in ticks of the episodes that ended since the previous logged step),
 ``train/env_steps_per_s``, and in validation/test the greedy pass of :class:`TradingAgent`.
+The loss is :func:`double_dqn_loss`, a pure function the benchmark's bare loop
+(``foxhunt.bench.rl``) runs too.
 """
 
 from __future__ import annotations
@@ -48,10 +51,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
-from torch import Tensor
+from torch import Tensor, nn
 
 from foxhunt.data.env import NUM_ACTIONS
 from foxhunt.models.agent import TradingAgent, build_mlp
+from foxhunt.precision.optim import attached_policy, make_optimizer
 
 
 @dataclass
@@ -105,7 +109,10 @@ class ReplayBuffer:
                 f"ReplayBuffer.add: {batch} transitions exceed the capacity {self.capacity} "
                 f"(model.module.replay_capacity must be >= num_envs)"
             )
-        slots = (self.cursor + torch.arange(batch, device=self.device)) % self.capacity
+        if self.cursor + batch <= self.capacity:  # contiguous slots: plain copies into views
+            slots = slice(self.cursor, self.cursor + batch)
+        else:  # wrapping around the end of the ring
+            slots = (self.cursor + torch.arange(batch, device=self.device)) % self.capacity
         self.obs[slots] = obs.to(self.device, torch.float32)
         self.actions[slots] = actions.to(self.device, torch.int64)
         self.rewards[slots] = rewards.to(self.device, torch.float32)
@@ -146,6 +153,27 @@ def double_dqn_targets(
     best = next_q_online.argmax(dim=1, keepdim=True)
     next_value = next_q_target.gather(1, best).squeeze(1)
     return rewards + gamma * (1.0 - dones) * next_value
+
+
+def double_dqn_loss(
+    q_net: nn.Module, target_net: nn.Module, sample: Transitions, gamma: float
+) -> tuple[Tensor, Tensor]:
+    """Smooth-L1 loss of ``Q(s, a)`` against the double-DQN targets of a replay sample.
+
+    Returns ``(loss, q_taken)`` with ``q_taken`` (B,) the online network's ``Q(s, a)``. Shared by
+    ``DQNAgent.training_step`` and the bare loop of ``foxhunt.bench.rl``, so both take the same
+    gradient steps.
+    """
+    q_taken = q_net(sample.obs).gather(1, sample.actions.unsqueeze(1)).squeeze(1)
+    with torch.no_grad():
+        targets = double_dqn_targets(
+            sample.rewards,
+            sample.dones,
+            q_net(sample.next_obs),
+            target_net(sample.next_obs),
+            gamma,
+        )
+    return F.smooth_l1_loss(q_taken, targets), q_taken
 
 
 class DQNAgent(TradingAgent):
@@ -262,34 +290,23 @@ class DQNAgent(TradingAgent):
         self.replay.add(obs, actions, reward, info["final_obs"], terminated)
         self._obs = next_obs
 
-        self.log("train/epsilon", epsilon, on_step=True, on_epoch=False, batch_size=1)
-        finished = self.track_episodes(reward, terminated | truncated)
-        if finished is not None:
-            self.log(
-                "train/episode_reward", finished.mean().item(), on_step=True, on_epoch=False,
-                batch_size=1,
-            )
-        rate = self.env_steps_per_s(env.num_envs)
-        if rate is not None:
-            self.log("train/env_steps_per_s", rate, on_step=True, on_epoch=False, batch_size=1)
+        self.note_step(env.num_envs, self.track_episodes(reward, terminated | truncated))
+        log = self.log_due(batch_idx, optimizer_steps=1)  # the steps a logger sees
+        if log:
+            self.log("train/epsilon", epsilon, on_step=True, on_epoch=False, batch_size=1)
+            for key, value in self.pending_metrics().items():
+                self.log(key, value, on_step=True, on_epoch=False, batch_size=1)
 
         if len(self.replay) < hp.min_replay_size:
             return None  # still filling the buffer: no update this step
-        sample = self.replay.sample(hp.batch_size)
-        q_taken = self.q_net(sample.obs).gather(1, sample.actions.unsqueeze(1)).squeeze(1)
-        with torch.no_grad():
-            targets = double_dqn_targets(
-                sample.rewards,
-                sample.dones,
-                self.q_net(sample.next_obs),
-                self.target_net(sample.next_obs),
-                hp.gamma,
-            )
-        loss = F.smooth_l1_loss(q_taken, targets)
-        self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True,
-                 batch_size=hp.batch_size)
-        self.log("train/q_mean", q_taken.detach().mean(), on_step=True, on_epoch=False,
-                 batch_size=hp.batch_size)
+        loss, q_taken = double_dqn_loss(
+            self.q_net, self.target_net, self.replay.sample(hp.batch_size), hp.gamma
+        )
+        if log:
+            self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True,
+                     batch_size=hp.batch_size)
+            self.log("train/q_mean", q_taken.detach().mean(), on_step=True, on_epoch=False,
+                     batch_size=hp.batch_size)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -317,4 +334,4 @@ class DQNAgent(TradingAgent):
             )
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
-        return torch.optim.Adam(self.q_net.parameters(), lr=self.hparams.lr)
+        return make_optimizer(self.q_net.parameters(), "adam", lr=self.hparams.lr, policy=attached_policy(self))

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from foxhunt.models.forecaster import ForecasterModule
+from foxhunt.precision.optim import attached_policy, make_optimizer
 
 #: Attribute set on parameters that must not be weight-decayed (the SSM's dt_bias, A_log, D),
 #: the convention of the reference implementation.
@@ -212,7 +213,8 @@ class GatedRMSNorm(nn.Module):
     def forward(self, y: Tensor, z: Tensor) -> Tensor:
         gated = y * F.silu(z)
         grouped = gated.reshape(*gated.shape[:-1], -1, self.group_size)
-        normed = grouped * torch.rsqrt(grouped.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        # F.rms_norm without a weight is x * rsqrt(mean(x^2) + eps), in one kernel
+        normed = F.rms_norm(grouped, (self.group_size,), eps=self.eps)
         return normed.reshape(gated.shape) * self.weight
 
 
@@ -321,22 +323,31 @@ class Mamba2Mixer(nn.Module):
         )
 
     def step(self, u_t: Tensor, state: Mamba2LayerState) -> tuple[Tensor, Mamba2LayerState]:
-        """One new bar u_t: (batch, d_model) -> (output (batch, d_model), new state); O(1)."""
+        """One new bar u_t: (batch, d_model) -> (output (batch, d_model), new state); O(1).
+
+        Written for few tensor operations (a streaming step is dispatch-bound: each costs
+        microseconds whatever its size): the conv is one multiply-and-sum over the window, and
+        B, C reach the heads of their group by broadcasting over a (group, head) split of
+        the head axis instead of copies per head.
+        """
         batch = u_t.shape[0]
+        groups, per_group = self.ngroups, self.nheads // self.ngroups
         z, xbc_in, dt = self._split_projection(self.in_proj(u_t))
         conv_state = torch.cat([state.conv[..., 1:], xbc_in.unsqueeze(-1)], dim=-1)
         xbc = (conv_state * self.conv1d.weight.squeeze(1)).sum(dim=-1)
         if self.conv1d.bias is not None:
             xbc = xbc + self.conv1d.bias
         x, B, C = self._split_conv_output(F.silu(xbc))
-        x = x.reshape(batch, self.nheads, self.headdim)
-        Bh = _heads_from_groups(B.reshape(batch, self.ngroups, self.d_state), self.nheads)
-        Ch = _heads_from_groups(C.reshape(batch, self.ngroups, self.d_state), self.nheads)
+        x = x.reshape(batch, groups, per_group, self.headdim)
         dt = F.softplus(dt + self.dt_bias)  # (b, h)
-        decay = torch.exp(dt * -torch.exp(self.A_log))
-        ssm_state = state.ssm * decay[..., None, None] + torch.einsum("bh,bhn,bhp->bhpn", dt, Bh, x)
-        y = torch.einsum("bhpn,bhn->bhp", ssm_state, Ch)
-        return self._output(y, x, z), Mamba2LayerState(conv=conv_state, ssm=ssm_state)
+        decay = torch.exp(dt * -torch.exp(self.A_log)).view(batch, groups, per_group, 1, 1)
+        # h_t = exp(dt A) h_{t-1} + dt B_t x_t (outer product x (p) by B (n)), per group of heads
+        update = (dt.view(batch, groups, per_group, 1) * x).unsqueeze(-1) * B.view(batch, groups, 1, 1, self.d_state)
+        ssm_state = state.ssm.view(batch, groups, per_group, self.headdim, self.d_state) * decay + update
+        y = (ssm_state @ C.view(batch, groups, 1, self.d_state, 1)).view(batch, self.nheads, self.headdim)
+        ssm_state = ssm_state.view(batch, self.nheads, self.headdim, self.d_state)
+        out = self._output(y, x.view(batch, self.nheads, self.headdim), z)
+        return out, Mamba2LayerState(conv=conv_state, ssm=ssm_state)
 
 
 class Mamba2Block(nn.Module):
@@ -529,10 +540,12 @@ class Mamba2Forecaster(ForecasterModule):
                 no_decay.append(param)
             else:
                 decay.append(param)
-        return torch.optim.AdamW(
+        return make_optimizer(
             [
                 {"params": decay, "weight_decay": self.weight_decay},
                 {"params": no_decay, "weight_decay": 0.0},
             ],
+            "adamw",
             lr=self.learning_rate,
+            policy=attached_policy(self),
         )

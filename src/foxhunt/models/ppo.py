@@ -32,10 +32,13 @@ Lightning rejects it under manual optimization, and this model clips by itself.
 
 Action sampling uses the global torch RNG (seeded by ``seed_everything``), as CleanRL does.
 
-Logged per training step: ``train/loss`` (total), ``train/policy_loss``, ``train/value_loss``,
-``train/entropy`` (means over the update's minibatches), ``train/approx_kl``,
-``train/clip_fraction`` (means over the minibatches), ``train/explained_variance`` (of the
-rollout's values for its returns), ``train/episode_reward``, ``train/env_steps_per_s``.
+Logged on the training steps a logger sees (``TradingAgent.log_due``): ``train/loss``
+(total), ``train/policy_loss``, ``train/value_loss``, ``train/entropy`` (means over the
+update's minibatches), ``train/approx_kl``, ``train/clip_fraction`` (means over the
+minibatches), ``train/explained_variance`` (of the rollout's values for its returns),
+``train/episode_reward`` and ``train/env_steps_per_s`` (since the previous logged step).
+The minibatch loss is :func:`ppo_minibatch_losses`, a pure function the benchmark's bare loop
+(``foxhunt.bench.rl``) runs too.
 """
 
 from __future__ import annotations
@@ -46,10 +49,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.distributions import Categorical
 
 from foxhunt.data.env import NUM_ACTIONS
 from foxhunt.models.agent import TradingAgent, build_mlp, orthogonal_init_
+from foxhunt.precision.optim import attached_policy, make_optimizer
 
 #: Orthogonal-init gains of the PPO reference implementations (not tunables: part of the method).
 HIDDEN_GAIN = math.sqrt(2.0)
@@ -133,6 +136,77 @@ def explained_variance(predicted: Tensor, target: Tensor) -> float:
     return float(1.0 - torch.var(target - predicted) / target_var)
 
 
+def categorical_log_prob_entropy(logits: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+    """``(log_prob(actions), entropy)`` of the categorical distribution with ``logits`` (B, A).
+
+    The formulas of ``torch.distributions.Categorical`` (log-probabilities ``logits -
+    logsumexp``, entropy ``-sum(p * log p)`` with log p clamped at the dtype's minimum), without
+    building the distribution: its argument checks cost more than this math at minibatch 32
+    (about a third of the loss's forward and backward; measured by foxhunt.bench.rl).
+    """
+    normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
+    log_prob = normalized.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    clamped = normalized.clamp(min=torch.finfo(normalized.dtype).min)
+    entropy = -(clamped * torch.softmax(normalized, dim=-1)).sum(dim=-1)
+    return log_prob, entropy
+
+
+def sample_categorical(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """Actions (B,) drawn from ``Categorical(logits=logits)`` and their log-probabilities.
+
+    Draws exactly what ``Categorical(logits=logits).sample()`` draws (one ``torch.multinomial``
+    call on the same probabilities, consuming the same random numbers).
+    """
+    normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
+    actions = torch.multinomial(torch.softmax(normalized, dim=-1), 1, True).squeeze(-1)
+    return actions, normalized.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
+#: Statistics :func:`ppo_minibatch_losses` returns, in order (``train/<name>`` metrics).
+PPO_STATS = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+
+
+def ppo_minibatch_losses(
+    policy_net: torch.nn.Module,
+    value_net: torch.nn.Module,
+    obs: Tensor,
+    actions: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    returns: Tensor,
+    clip_coef: float,
+    vf_coef: float,
+    ent_coef: float,
+    with_stats: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """The PPO loss of one minibatch and its statistics.
+
+    Advantages are normalized over the minibatch (mean 0, unbiased std 1, plus the dtype's eps
+    against a constant minibatch); ``loss = clipped surrogate - ent_coef * entropy + vf_coef *
+    0.5 * mean((V(s) - R)^2)``. Returns ``(loss, stats)`` with ``stats`` the detached (6,)
+    tensor of :data:`PPO_STATS` (approx_kl is Schulman's k3 estimator; clip_fraction the share
+    of ratios outside ``1 +- clip_coef``), or None without ``with_stats`` (a step that logs
+    nothing skips their ten small operations). Shared by ``PPOAgent.training_step`` and the
+    bare loop of ``foxhunt.bench.rl``, so both take the same gradient steps.
+    """
+    new_logprob, entropy = categorical_log_prob_entropy(policy_net(obs), actions)
+    entropy = entropy.mean()
+    new_value = value_net(obs).squeeze(-1)
+    normalized = (advantages - advantages.mean()) / (advantages.std() + torch.finfo(advantages.dtype).eps)
+    policy_loss = clipped_surrogate_loss(new_logprob, old_logprob, normalized, clip_coef)
+    value_loss = 0.5 * ((new_value - returns) ** 2).mean()
+    loss = policy_loss - ent_coef * entropy + vf_coef * value_loss
+    if not with_stats:
+        return loss, None
+    with torch.no_grad():
+        log_ratio = new_logprob - old_logprob
+        ratio = log_ratio.exp()
+        approx_kl = ((ratio - 1.0) - log_ratio).mean()
+        clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
+    stats = torch.stack([loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction]).detach()
+    return loss, stats
+
+
 class PPOAgent(TradingAgent):
     """Proximal Policy Optimization with GAE, separate policy and value networks.
 
@@ -208,6 +282,9 @@ class PPOAgent(TradingAgent):
             build_mlp(self.obs_dim, value_hidden_sizes, 1, activation), HIDDEN_GAIN, VALUE_HEAD_GAIN
         )
         self._obs: Tensor | None = None
+        # The latest rollout, an attribute (not a local of training_step) so that
+        # foxhunt.memory counts it as model-owned state; released when the next step starts.
+        self.rollout: dict[str, Tensor] | None = None
 
     # ---------------------------------------------------------------------------- the policy
     def forward(self, obs: Tensor) -> Tensor:
@@ -245,9 +322,8 @@ class PPOAgent(TradingAgent):
         finished_returns = []
         for t in range(steps):
             obs = self.env_obs(self._obs)
-            dist = Categorical(logits=self.policy_net(obs))
-            action = dist.sample()
-            obs_buf[t], actions[t], logprobs[t] = obs, action, dist.log_prob(action)
+            action, logprob = sample_categorical(self.policy_net(obs))
+            obs_buf[t], actions[t], logprobs[t] = obs, action, logprob
             values[t] = self.value(obs)
             next_obs, reward, term, trunc, info = env.step(action.to(env.device))
             rewards[t] = reward.to(dev, torch.float32)
@@ -275,39 +351,35 @@ class PPOAgent(TradingAgent):
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         hp = self.hparams
         policy_opt, value_opt = self.optimizers()
-        rollout = self.collect_rollout()
-        b_obs = rollout["obs"].reshape(-1, self.obs_dim)
-        b_actions = rollout["actions"].reshape(-1)
-        b_logprobs = rollout["logprobs"].reshape(-1)
-        b_advantages = rollout["advantages"].reshape(-1)
-        b_returns = rollout["returns"].reshape(-1)
+        self.rollout = None  # release the previous rollout before collecting the next
+        rollout = self.rollout = self.collect_rollout()
         b_values = rollout["values"].reshape(-1)
-
-        sums = {"loss": 0.0, "policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0,
-                "approx_kl": 0.0, "clip_fraction": 0.0}
+        b_returns = rollout["returns"].reshape(-1)
+        batch_tensors = (
+            rollout["obs"].reshape(-1, self.obs_dim),
+            rollout["actions"].reshape(-1),
+            rollout["logprobs"].reshape(-1),
+            rollout["advantages"].reshape(-1),
+            b_returns,
+        )
+        minibatches = hp.update_epochs * (self.batch_size // hp.minibatch_size)
+        log = self.log_due(batch_idx, optimizer_steps=2 * minibatches)  # before: stats only if logged
+        totals = torch.zeros(len(PPO_STATS), device=self.device)
         updates = 0
         for _ in range(hp.update_epochs):
+            # Shuffle each tensor once per epoch; the minibatches are slices (views) of it.
             order = torch.randperm(self.batch_size, device=self.device)
+            shuffled = [tensor[order] for tensor in batch_tensors]
             for start in range(0, self.batch_size, hp.minibatch_size):
-                mb = order[start : start + hp.minibatch_size]
-                dist = Categorical(logits=self.policy_net(b_obs[mb]))
-                new_logprob = dist.log_prob(b_actions[mb])
-                entropy = dist.entropy().mean()
-                new_value = self.value(b_obs[mb])
-                log_ratio = new_logprob - b_logprobs[mb]
-                with torch.no_grad():
-                    ratio = log_ratio.exp()
-                    approx_kl = ((ratio - 1.0) - log_ratio).mean()  # Schulman's k3 estimator
-                    clip_fraction = ((ratio - 1.0).abs() > hp.clip_coef).float().mean()
-                mb_adv = b_advantages[mb]
-                # unbiased std (torch default), + a floor against a constant minibatch
-                mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + torch.finfo(mb_adv.dtype).eps)
-                policy_loss = clipped_surrogate_loss(
-                    new_logprob, b_logprobs[mb], mb_adv, hp.clip_coef
+                loss, stats = ppo_minibatch_losses(
+                    self.policy_net,
+                    self.value_net,
+                    *(tensor[start : start + hp.minibatch_size] for tensor in shuffled),
+                    clip_coef=hp.clip_coef,
+                    vf_coef=hp.vf_coef,
+                    ent_coef=hp.ent_coef,
+                    with_stats=log,
                 )
-                value_loss = 0.5 * ((new_value - b_returns[mb]) ** 2).mean()
-                loss = policy_loss - hp.ent_coef * entropy + hp.vf_coef * value_loss
-
                 policy_opt.zero_grad()
                 value_opt.zero_grad()
                 self.manual_backward(loss)
@@ -317,28 +389,24 @@ class PPOAgent(TradingAgent):
                     )
                 policy_opt.step()
                 value_opt.step()
-
-                for key, value in (
-                    ("loss", loss), ("policy_loss", policy_loss), ("value_loss", value_loss),
-                    ("entropy", entropy), ("approx_kl", approx_kl),
-                    ("clip_fraction", clip_fraction),
-                ):
-                    sums[key] += float(value.detach())
+                if stats is not None:
+                    totals += stats  # summed as tensors: no host sync per minibatch
                 updates += 1
 
-        log = {f"train/{key}": total / updates for key, total in sums.items()}
-        log["train/explained_variance"] = explained_variance(b_values, b_returns)
-        if "episode_returns" in rollout:
-            log["train/episode_reward"] = float(rollout["episode_returns"].mean())
-        rate = self.env_steps_per_s(self.batch_size)
-        if rate is not None:
-            log["train/env_steps_per_s"] = rate
-        self.log_dict(log, on_step=True, on_epoch=False, batch_size=self.batch_size)
-        return torch.tensor(log["train/loss"])
+        self.note_step(self.batch_size, rollout.get("episode_returns"))
+        if not log:
+            return loss.detach()
+        means = totals / updates
+        metrics = {f"train/{key}": value for key, value in zip(PPO_STATS, means.tolist())}
+        metrics["train/explained_variance"] = explained_variance(b_values, b_returns)
+        metrics.update(self.pending_metrics())
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=self.batch_size)
+        return means[0]
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         hp = self.hparams
+        policy = attached_policy(self)
         return [
-            torch.optim.Adam(self.policy_net.parameters(), lr=hp.policy_lr, eps=hp.adam_eps),
-            torch.optim.Adam(self.value_net.parameters(), lr=hp.value_lr, eps=hp.adam_eps),
+            make_optimizer(self.policy_net.parameters(), "adam", lr=hp.policy_lr, eps=hp.adam_eps, policy=policy),
+            make_optimizer(self.value_net.parameters(), "adam", lr=hp.value_lr, eps=hp.adam_eps, policy=policy),
         ]

@@ -95,7 +95,11 @@ class GatedResidualNetwork(nn.Module):
         self.gate_norm = GateAddNorm(hidden_size, output_size, dropout)
 
     def forward(self, a: Tensor, context: Tensor | None = None) -> Tensor:
-        hidden = self.fc_input(a)
+        return self.finish(self.fc_input(a), self.skip(a), context)
+
+    def finish(self, hidden: Tensor, skip: Tensor, context: Tensor | None = None) -> Tensor:
+        """The GRN after its input layer: ``hidden = W2 a + b2`` and ``skip = skip(a)`` given
+        (a caller that knows ``a`` is affine in fewer numbers computes them more cheaply)."""
         if self.fc_context is not None:
             if context is None:
                 raise ValueError("GatedResidualNetwork built with a context was called without one")
@@ -104,7 +108,14 @@ class GatedResidualNetwork(nn.Module):
                 projected = projected.unsqueeze(-2)
             hidden = hidden + projected
         hidden = self.fc_hidden(F.elu(hidden))
-        return self.gate_norm(hidden, self.skip(a))
+        return self.gate_norm(hidden, skip)
+
+
+def _plain_weight(layer: nn.Module) -> bool:
+    """Whether ``layer`` has no weight or a plain float one (not a quantized tensor subclass,
+    whose matrix cannot be folded into another)."""
+    weight = getattr(layer, "weight", None)
+    return weight is None or type(weight) in (torch.Tensor, nn.Parameter)
 
 
 class VariableEmbedding(nn.Module):
@@ -142,6 +153,85 @@ class VariableSelectionNetwork(nn.Module):
         )
         return (weights.unsqueeze(-1) * processed).sum(dim=-2), weights
 
+    def select(
+        self, x: Tensor, embeddings: Sequence[VariableEmbedding], context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``forward(embedded, context)`` for raw inputs x (..., n_vars) whose embedding is
+        ``embeddings`` side by side (their variables, in order, make up the n_vars), at a
+        fraction of the cost.
+
+        Every linear layer that reads the embedding reads ``x_j w_j + b_j``, affine in the
+        scalar ``x_j``, so the layer folds into the embedding: ``W (x_j w_j + b_j) + b =
+        x_j (W w_j) + (W b_j + b)``. The weight GRN's input and skip layers (``n_vars x
+        hidden`` inputs each) become linear maps of the ``n_vars`` raw values, and each variable
+        GRN's input layer (hidden x hidden) an outer product. Same function, same parameters;
+        only the order of the sums changes (float rounding). The embedding is still formed once,
+        as the variable GRNs' residual. Without gradients (evaluation, inference) the folded
+        weights are kept until a parameter changes (see :meth:`_folds`).
+        """
+        weight = torch.cat([e.weight for e in embeddings]) if len(embeddings) > 1 else embeddings[0].weight
+        bias = torch.cat([e.bias for e in embeddings]) if len(embeddings) > 1 else embeddings[0].bias
+        grn = self.weight_grn
+        layers = [grn.fc_input, grn.skip, *(g.fc_input for g in self.variable_grns)]
+        if not all(_plain_weight(layer) for layer in layers):  # e.g. int8 weights: no folding
+            return self(x.unsqueeze(-1) * weight + bias, context)
+        hidden_w, hidden_b, skip_w, skip_b, scale, offset = self._folds(weight, bias, embeddings)
+        weight_hidden = F.linear(x, hidden_w, hidden_b)
+        if skip_w is None:
+            weight_skip = (x.unsqueeze(-1) * weight + bias).flatten(-2)
+        else:
+            weight_skip = F.linear(x, skip_w, skip_b)
+        weights = torch.softmax(grn.finish(weight_hidden, weight_skip, context), dim=-1)
+
+        embedded = x.unsqueeze(-1) * weight + bias  # (..., n_vars, hidden)
+        variable_hidden = x.unsqueeze(-1) * scale + offset  # (..., n_vars, out)
+        # unbind, not slices: a slice's backward zero-fills a full-size gradient per variable
+        processed = torch.stack(
+            [
+                g.finish(h, g.skip(e))
+                for g, h, e in zip(self.variable_grns, variable_hidden.unbind(-2), embedded.unbind(-2))
+            ],
+            dim=-2,
+        )
+        return (weights.unsqueeze(-1) * processed).sum(dim=-2), weights
+
+    def _folds(
+        self, weight: Tensor, bias: Tensor, embeddings: Sequence[VariableEmbedding]
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor, Tensor]:
+        """The folded weights of :meth:`select`: the weight GRN's input layer (weight, bias)
+        and skip layer (None when it is the identity), and the variable GRNs' input layers as
+        (scale, offset), each (n_vars, out).
+
+        Products and sums, not einsum: torch runs these matrix-vector contractions as batched
+        matmuls, several times slower on CPU. Without gradients the result is cached, keyed by
+        the storage and version counter of every parameter it reads (an optimizer step, a
+        ``load_state_dict`` or a move to another device or dtype changes the key); with
+        gradients it is recomputed, so that autograd sees it.
+        """
+        key = None
+        if not torch.is_grad_enabled():
+            sources = [*self.parameters(), *(p for e in embeddings for p in e.parameters())]
+            key = tuple((p.data_ptr(), p._version, p.dtype) for p in sources)
+            cached = getattr(self, "_fold_cache", None)
+            if cached is not None and cached[0] == key:
+                return cached[1]
+        n_vars, hidden = weight.shape
+        grn = self.weight_grn
+        hidden_w = (grn.fc_input.weight.view(-1, n_vars, hidden) * weight).sum(-1)
+        hidden_b = grn.fc_input.bias + grn.fc_input.weight @ bias.flatten()
+        skip_w = skip_b = None
+        if isinstance(grn.skip, nn.Linear):
+            skip_w = (grn.skip.weight.view(-1, n_vars, hidden) * weight).sum(-1)
+            skip_b = grn.skip.bias + grn.skip.weight @ bias.flatten()
+        input_weights = torch.stack([g.fc_input.weight for g in self.variable_grns])  # (n, out, hidden)
+        input_bias = torch.stack([g.fc_input.bias for g in self.variable_grns])
+        scale = (input_weights * weight.unsqueeze(1)).sum(-1)
+        offset = input_bias + (input_weights * bias.unsqueeze(1)).sum(-1)
+        folds = (hidden_w, hidden_b, skip_w, skip_b, scale, offset)
+        if key is not None:
+            self._fold_cache = (key, folds)
+        return folds
+
 
 class InterpretableMultiHeadAttention(nn.Module):
     """Multi-head attention whose heads share the value projection and are averaged [eq. 13-16].
@@ -163,14 +253,17 @@ class InterpretableMultiHeadAttention(nn.Module):
         self.output = nn.Linear(self.head_size, hidden_size)  # W_H
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """x: (B, L, hidden) -> (output (B, L, hidden), head-averaged attention (B, L, L))."""
+    def forward(self, x: Tensor, query_start: int = 0) -> tuple[Tensor, Tensor]:
+        """x: (B, L, hidden) -> (output (B, L - query_start, hidden), head-averaged attention
+        (B, L - query_start, L)) for the queries at positions ``query_start .. L - 1`` (every
+        position attends to itself and the earlier ones; keys and values are all of x)."""
         batch, length, _ = x.shape
-        q = self.query(x).view(batch, length, self.num_heads, self.head_size).transpose(1, 2)
+        queries = length - query_start
+        q = self.query(x[:, query_start:]).view(batch, queries, self.num_heads, self.head_size).transpose(1, 2)
         k = self.key(x).view(batch, length, self.num_heads, self.head_size).transpose(1, 2)
         v = self.value(x)  # (B, L, head_size)
-        scores = q @ k.transpose(-2, -1) / self.head_size**0.5  # (B, heads, L, L)
-        future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(diagonal=1)
+        scores = q @ k.transpose(-2, -1) / self.head_size**0.5  # (B, heads, L - query_start, L)
+        future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(diagonal=1)[query_start:]
         scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
         attention = self.dropout(torch.softmax(scores, dim=-1))
         heads = attention @ v.unsqueeze(1)  # (B, heads, L, head_size)
@@ -316,7 +409,7 @@ class TemporalFusionTransformer(ForecasterModule):
         past_known, future_known = known[:, : self.seq_len], known[:, self.seq_len :]
 
         # Static covariate encoders.
-        static_vector, static_weights = self.static_selection(self.static_embedding(static))
+        static_vector, static_weights = self.static_selection.select(static, [self.static_embedding])
         c_selection = self.context_selection(static_vector)
         c_enrichment = self.context_enrichment(static_vector)
         state = (
@@ -325,11 +418,12 @@ class TemporalFusionTransformer(ForecasterModule):
         )
 
         # Variable selection for the past (known + observed) and the future (known only).
-        past_embedded = torch.cat(
-            [self.known_embedding(past_known), self.observed_embedding(observed)], dim=-2
+        past_selected, encoder_weights = self.encoder_selection.select(
+            torch.cat([past_known, observed], dim=-1), [self.known_embedding, self.observed_embedding], c_selection
         )
-        past_selected, encoder_weights = self.encoder_selection(past_embedded, c_selection)
-        future_selected, decoder_weights = self.decoder_selection(self.known_embedding(future_known), c_selection)
+        future_selected, decoder_weights = self.decoder_selection.select(
+            future_known, [self.known_embedding], c_selection
+        )
 
         # LSTM encoder-decoder with gated skip over the selected inputs.
         encoded, state = self.encoder_lstm(past_selected, state)
@@ -338,13 +432,17 @@ class TemporalFusionTransformer(ForecasterModule):
             torch.cat([encoded, decoded], dim=1), skip=torch.cat([past_selected, future_selected], dim=1)
         )
 
-        # Temporal fusion decoder: enrichment, causal attention, position-wise GRN.
+        # Temporal fusion decoder: enrichment, causal attention, position-wise GRN. Everything
+        # after the attention is position-wise and only the decoder positions are forecast, so
+        # only their queries are computed (all of them when the attention map is asked for).
         enriched = self.static_enrichment(temporal, c_enrichment)
-        attended, attention = self.attention(enriched)
-        attended = self.post_attention_gate(attended, skip=enriched)
-        fused = self.pre_output_gate(self.positionwise_grn(attended), skip=temporal)
+        query_start = 0 if return_weights else self.seq_len
+        attended, attention = self.attention(enriched, query_start=query_start)
+        decoder = slice(self.seq_len, None)
+        attended = self.post_attention_gate(attended[:, self.seq_len - query_start :], skip=enriched[:, decoder])
+        fused = self.pre_output_gate(self.positionwise_grn(attended), skip=temporal[:, decoder])
 
-        forecast = self.quantile_head(fused[:, self.seq_len :])
+        forecast = self.quantile_head(fused)
         if not return_weights:
             return forecast
         weights = {

@@ -7,6 +7,10 @@ asset, precision, strategy, job_id, sweep_id``; params = the resolved config fla
 keys, values truncated to MLflow's limit; the resolved config also as ``config.yaml``; the run
 ends FINISHED, FAILED (error text as a tag) or KILLED, whatever happened.
 
+Sweeps: a sweep is a parent run and each cell a nested run (tag ``mlflow.parentRunId``, which
+the MLflow UI uses to group them); ``resume=true`` reopens an interrupted cell's run
+(``resume_run_id``) so the resumed training continues the same metrics and artifacts.
+
 Lightning's ``MLFlowLogger`` is used for metrics only, attached to the run this module created
 (``run_id``): its ``finalize`` would mark the run FINISHED as soon as ``fit`` returns, before
 the test split is scored, so :class:`AttachedMLFlowLogger` leaves the run's status to
@@ -33,6 +37,8 @@ PARAM_VALUE_LIMIT = 6000
 TAG_VALUE_LIMIT = 5000
 PARAMS_PER_BATCH = 100
 EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
+PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own tag for nested runs
+RESUME_COUNT_TAG = "resume_count"
 
 
 def ensure_store(tracking_uri: str) -> None:
@@ -108,6 +114,11 @@ class TrackedRun:
     on an exception it ends FAILED with the error's text as the ``error`` tag and the traceback
     as ``error.txt``; on a stop request (Ctrl-C, SIGTERM, ``SystemExit``) it ends KILLED. The
     exception is never swallowed.
+
+    ``parent_run_id`` nests the run under a sweep's parent run. ``resume_run_id`` reopens that
+    existing run instead of creating one: its status goes back to RUNNING, an earlier ``error``
+    tag is removed, ``resume_count`` goes up, and the params are not logged again (they were,
+    and MLflow refuses to change a param's value; the config's folders differ per attempt).
     """
 
     def __init__(
@@ -117,6 +128,8 @@ class TrackedRun:
         artifact_location: str | None,
         run_name: str,
         tags: Mapping[str, str],
+        parent_run_id: str | None = None,
+        resume_run_id: str | None = None,
     ) -> None:
         from mlflow.tracking import MlflowClient
 
@@ -126,15 +139,30 @@ class TrackedRun:
         self.client = MlflowClient(tracking_uri)
         self.run_name = run_name
         self.tags = {**_default_tags(), **{k: str(v) for k, v in tags.items()}}
+        if parent_run_id:
+            self.tags[PARENT_RUN_TAG] = parent_run_id
+        self.resume_run_id = resume_run_id
         self.run_id: str | None = None
         self.status: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> "TrackedRun":
-        run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=self.tags)
-        self.run_id = run.info.run_id
+        if self.resume_run_id:
+            self._reopen(self.resume_run_id)
+        else:
+            run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=self.tags)
+            self.run_id = run.info.run_id
         log.info("MLflow run %s (%s) in %s", self.run_name, self.run_id, self.tracking_uri)
         return self
+
+    def _reopen(self, run_id: str) -> None:
+        previous = self.client.get_run(run_id)
+        self.run_id = run_id
+        self.client.update_run(run_id, status="RUNNING")
+        if "error" in previous.data.tags:
+            self.client.delete_tag(run_id, "error")
+        count = int(previous.data.tags.get(RESUME_COUNT_TAG, "0")) + 1
+        self.set_tags({**self.tags, RESUME_COUNT_TAG: count})
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         from foxhunt.jobs.graceful_stop import is_stop_request
@@ -167,6 +195,9 @@ class TrackedRun:
     def log_config(self, resolved: Mapping[str, Any], yaml_text: str) -> None:
         from mlflow.entities import Param
 
+        if self.resume_run_id:  # a reopened run has its params already
+            self.client.log_text(self.run_id, yaml_text, "config.yaml")
+            return
         params = [Param(key, param_value(value)) for key, value in flatten(resolved)]
         for start in range(0, len(params), PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=params[start : start + PARAMS_PER_BATCH])
@@ -186,8 +217,9 @@ class TrackedRun:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, str(value))
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()])
 
 
 def _default_tags() -> dict[str, str]:

@@ -1,0 +1,151 @@
+"""Timing primitives of the benchmark: interleaved repeats, paired ratios, threads, machine.
+
+This machine's speed drifts by 20-30 % between runs and other processes share its cores, so a
+figure alone means little. Every comparison therefore runs its two sides alternately (A, B, A,
+B, ...), each repeat timed by wall clock and by the process's CPU time, and reports the median
+of the per-pair ratios: a slow spell hits both members of a pair. With one thread the CPU-time
+ratio is also robust to other processes taking the core (the process is descheduled, its CPU
+clock stops), which the wall-clock ratio is not.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+@dataclass
+class Timing:
+    """``work`` units (env steps, samples, epochs...) done in ``wall_s`` seconds of wall clock
+    and ``cpu_s`` seconds of the process's CPU time."""
+
+    work: float
+    wall_s: float
+    cpu_s: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.work / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def cpu_rate(self) -> float:
+        return self.work / self.cpu_s if self.cpu_s > 0 else float("nan")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "rate": self.rate, "cpu_rate": self.cpu_rate}
+
+
+class Clock:
+    """Wall and CPU time between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
+        self._start: tuple[float, float] | None = None
+
+    def start(self) -> None:
+        self._start = (time.perf_counter(), time.process_time())
+
+    def stop(self) -> None:
+        if self._start is None:
+            raise RuntimeError("Clock.stop before Clock.start")
+        wall, cpu = self._start
+        self.wall_s += time.perf_counter() - wall
+        self.cpu_s += time.process_time() - cpu
+        self._start = None
+
+    def timing(self, work: float, **extra: float) -> Timing:
+        return Timing(work=work, wall_s=self.wall_s, cpu_s=self.cpu_s, extra=dict(extra))
+
+
+def interleaved(runners: Mapping[str, Callable[[], Timing]], repeats: int) -> dict[str, list[Timing]]:
+    """Run every runner once per repeat, in order, ``repeats`` times (A, B, A, B, ...)."""
+    results: dict[str, list[Timing]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, runner in runners.items():
+            results[name].append(runner())
+    return results
+
+
+def median(values: list[float]) -> float:
+    finite = [v for v in values if v == v]
+    return statistics.median(finite) if finite else float("nan")
+
+
+def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
+    """Median of ``numerators[i] / denominators[i]`` over the repeats."""
+    return median([a / b for a, b in zip(numerators, denominators) if b])
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``count`` inside the block."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(int(count))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (MiB; Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def current_rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15-minute load averages (what ``uptime`` shows)."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def cpu_model() -> str:
+    """The CPU's model name as ``lscpu`` prints it (``/proc/cpuinfo`` when lscpu is absent)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict:
+    """What the figures were measured on."""
+    import lightning
+
+    return {
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }

@@ -1,0 +1,156 @@
+"""The benchmark's report: one row per figure, written as ``benchmark.json`` and ``benchmark.md``.
+
+A :class:`Row` holds a comparison measured in one run: foxhunt's median, the reference's
+median (a peer library, the bare loop, or nothing for an absolute latency), the figure judged
+against the goal (the median of paired ratios, or the latency itself), the goal, and the
+CPU-time ratio where one was taken (robust to other processes on the machine at 1 thread).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SECTION_TITLES = {
+    "rl": "1. RL training throughput (env-steps/s)",
+    "tft": "2. TFT training throughput and peak memory",
+    "latency": "3. Batch-1 CPU inference latency",
+    "overhead": "4. Framework overhead: an epoch through foxhunt-train against a plain loop",
+}
+
+
+@dataclass
+class Row:
+    section: str
+    name: str  # what is compared, e.g. "PPO vs Stable-Baselines3"
+    threads: int
+    unit: str  # unit of foxhunt / reference
+    foxhunt: float
+    reference: float | None  # the other side's median (None: an absolute figure)
+    figure: float  # what the goal judges: a paired ratio, or the value itself
+    figure_kind: str  # "ratio" | "value"
+    goal_op: str | None  # ">=" | "<=" | None (information only)
+    goal: float | None
+    cpu_figure: float | None = None  # the same ratio on process CPU time
+    note: str = ""
+    samples: dict = field(default_factory=dict)
+
+    @property
+    def met(self) -> bool | None:
+        if self.goal_op is None or self.goal is None or not math.isfinite(self.figure):
+            return None
+        return self.figure >= self.goal if self.goal_op == ">=" else self.figure <= self.goal
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "met": self.met}
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def _goal_text(row: Row) -> str:
+    if row.goal_op is None:
+        return "-"
+    unit = "x" if row.figure_kind == "ratio" else f" {row.unit}"
+    return f"{row.goal_op} {_fmt(row.goal)}{unit}"
+
+
+def _met_text(row: Row) -> str:
+    return {True: "yes", False: "**no**", None: "-"}[row.met]
+
+
+def markdown(report: dict) -> str:
+    """The report as markdown: machine, command, load, then one table per section."""
+    meta = report["meta"]
+    lines = [
+        "# foxhunt benchmark",
+        "",
+        f"- machine: {meta['machine']['cpu']}, {meta['machine']['logical_cpus']} logical CPUs; "
+        f"torch {meta['machine']['torch']}, lightning {meta['machine']['lightning']}, "
+        f"Python {meta['machine']['python']}",
+        f"- command: `{meta['command']}`",
+        f"- load average (1, 5, 15 min): before {meta['load_before']}, after {meta['load_after']}",
+        f"- started {meta['started']}, took {meta['seconds']:.0f} s; settings: {meta['settings_file']}"
+        + (" (--quick)" if meta.get("quick") else ""),
+        *_load_warning(meta),
+        "- `figure`: for a comparison, the median over interleaved repeats (A, B, A, B, ...) of "
+        "foxhunt / reference measured back to back; for a latency, the percentile itself. `cpu`: the "
+        "same figure on process CPU time (what the work costs when no other process takes the core; "
+        "robust to load at 1 thread)",
+        "",
+    ]
+    rows = [Row(**{k: v for k, v in r.items() if k != "met"}) for r in report["rows"]]
+    for section, title in SECTION_TITLES.items():
+        section_rows = [r for r in rows if r.section == section]
+        if not section_rows and section not in report.get("skipped", {}):
+            continue
+        lines += [f"## {title}", ""]
+        if section in report.get("skipped", {}):
+            lines += [f"Skipped: {report['skipped'][section]}", ""]
+        if section_rows:
+            lines += [
+                "| comparison | threads | foxhunt | reference | unit | figure | cpu | goal | met |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+            for r in section_rows:
+                figure = f"{_fmt(r.figure)}x" if r.figure_kind == "ratio" else _fmt(r.figure)
+                lines.append(
+                    f"| {r.name} | {r.threads} | {_fmt(r.foxhunt)} | {_fmt(r.reference)} | {r.unit} | "
+                    f"{figure} | {_fmt(r.cpu_figure)} | {_goal_text(r)} | {_met_text(r)} |"
+                )
+            notes = [f"- {r.name} ({r.threads} thr): {r.note}" for r in section_rows if r.note]
+            if notes:
+                lines += ["", *dict.fromkeys(notes)]
+        for note in report.get("notes", {}).get(section, []):
+            lines.append(f"- {note}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _load_warning(meta: dict) -> list[str]:
+    """A line when other processes kept the machine busy: multi-thread figures then mostly
+    measure waiting for cores."""
+    cpus = meta["machine"].get("logical_cpus") or 1
+    peak = max([*meta.get("load_before", []), *meta.get("load_after", [])] or [0.0])
+    if peak <= cpus / 2:
+        return []
+    return [
+        f"- **loaded machine**: load average up to {peak:g} on {cpus} CPUs during the run; figures at more "
+        "than one thread are dominated by waiting for a core (their CPU-time column less so)"
+    ]
+
+
+def write(report: dict, output_dir: Path) -> tuple[Path, Path]:
+    """Write ``benchmark.json`` and ``benchmark.md`` into ``output_dir``; return both paths."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    json_path = output_dir / "benchmark.json"
+    md_path = output_dir / "benchmark.md"
+    json_path.write_text(json.dumps(_finite(report), indent=2, default=_json_default, allow_nan=False) + "\n")
+    md_path.write_text(markdown(report))
+    return json_path, md_path
+
+
+def _finite(value):
+    """``value`` with every NaN or infinite float replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _json_default(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return str(value)

@@ -1,0 +1,316 @@
+"""Section 1: RL training throughput of foxhunt's PPO and DQN against Stable-Baselines3 and the limit.
+
+Three sides, at the seed's hyperparameters (``conf/model/{ppo,dqn}.yaml``), on the training split
+of the same market dataset, interleaved per repeat:
+
+- **foxhunt**: the agent trained by a Lightning ``Trainer`` as ``foxhunt-train`` builds it (the
+  model's own logging at ``trainer.log_every_n_steps``), without the MLflow logger and the
+  callbacks (section 4 measures those); its torch-vectorized :class:`~foxhunt.data.env.TradingEnv`.
+- **Stable-Baselines3**: its PPO / DQN on the same environment through the gymnasium wrapper
+  (:class:`~foxhunt.data.env.TradingGymEnv`, one per env, in SB3's ``DummyVecEnv`` with its
+  ``Monitor``, as ``make_vec_env`` builds them), with the same network sizes and activation,
+  rollout (n_envs x n_steps), minibatch, epochs, replay, learning start, target interval (SB3
+  counts env steps: interval x n_envs) and gradient steps per env step. Differences SB3 cannot
+  express: one Adam for policy and value (foxhunt: one each, with their own learning rates),
+  joint gradient clipping, plain (not double) DQN targets; they change no work per step.
+- **bare loop** (the limit): only the gradient steps, with the agent's own networks, optimizers
+  and loss functions (:func:`foxhunt.models.ppo.ppo_minibatch_losses`,
+  :func:`foxhunt.models.dqn.double_dqn_loss`) on fixed random batches of the same sizes: no
+  environment, no rollout, no replay writes, no Lightning, no logging.
+
+Throughput is env steps per second over the timed training steps (after ``warmup_steps``):
+PPO does ``num_envs x rollout_steps`` env steps and ``update_epochs x batch / minibatch``
+gradient steps per training step; DQN ``num_envs`` env steps and one gradient step.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from foxhunt.bench.context import BenchContext
+from foxhunt.bench.measure import Clock, Timing, interleaved, median, paired_ratio, torch_threads
+from foxhunt.bench.report import Row
+
+ALGORITHMS = ("ppo", "dqn")
+SIDES = ("foxhunt", "sb3", "bare")
+
+
+def sb3_available() -> bool:
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def env_steps_per_training_step(cfg) -> int:
+    """Env steps one foxhunt training step takes."""
+    steps = int(cfg.model.env.num_envs)
+    if cfg.model.name == "ppo":
+        steps *= int(cfg.model.module.rollout_steps)
+    return steps
+
+
+# ----------------------------------------------------------------------------------- foxhunt
+def _step_timer(warmup: int):
+    from lightning.pytorch.callbacks import Callback
+
+    class StepTimer(Callback):
+        """Times the training batches from index ``warmup`` to the last one."""
+
+        def __init__(self) -> None:
+            self.clock = Clock()
+            self.timed = 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if batch_idx == warmup:
+                self.clock.start()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx >= warmup:
+                self.timed += 1
+            if batch_idx + 1 == trainer.num_training_batches and self.timed:
+                self.clock.stop()
+
+    return StepTimer()
+
+
+def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
+    """Train a fresh agent for ``warmup + steps`` training steps; time the last ``steps``."""
+    import lightning.pytorch as pl
+
+    from foxhunt.build import build_datamodule, build_model
+
+    pl.seed_everything(cfg.seed, verbose=False)
+    datamodule = build_datamodule(cfg, dataset)
+    model = build_model(cfg)
+    timer = _step_timer(warmup)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        limit_train_batches=warmup + steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        callbacks=[timer],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=int(cfg.trainer.log_every_n_steps),
+        precision=cfg.precision.trainer_precision,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, datamodule=datamodule)
+    if timer.timed != steps:
+        raise RuntimeError(f"bench rl: timed {timer.timed} training steps, expected {steps}")
+    return timer.clock.timing(work=steps * env_steps_per_training_step(cfg))
+
+
+# ----------------------------------------------------------------------------------- SB3
+def sb3_model(cfg, dataset) -> Any:
+    """Stable-Baselines3's PPO or DQN for ``cfg.model`` on the gymnasium wrapper of the env."""
+    from stable_baselines3 import DQN, PPO
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from foxhunt.build import build_datamodule
+    from foxhunt.data.env import TradingEnv, TradingGymEnv
+    from foxhunt.models.agent import ACTIVATIONS
+
+    datamodule = build_datamodule(cfg, dataset)
+    features, close = datamodule.split_tensors("train")
+    num_envs = int(cfg.model.env.num_envs)
+
+    def factory(index: int):
+        def build():
+            env = TradingEnv(
+                features, close, dataset.asset, num_envs=1, episode_len=int(cfg.model.env.episode_len),
+                commission_usd=datamodule.commission_usd, slippage_ticks=datamodule.slippage_ticks,
+                seed=int(cfg.seed) + index,
+            )
+            return Monitor(TradingGymEnv(env))
+
+        return build
+
+    venv = DummyVecEnv([factory(i) for i in range(num_envs)])
+    m = cfg.model.module
+    activation = ACTIVATIONS[m.activation]
+    if cfg.model.name == "ppo":
+        return PPO(
+            "MlpPolicy", venv, n_steps=int(m.rollout_steps), batch_size=int(m.minibatch_size),
+            n_epochs=int(m.update_epochs), learning_rate=float(m.policy_lr), gamma=float(m.gamma),
+            gae_lambda=float(m.gae_lambda), clip_range=float(m.clip_coef), ent_coef=float(m.ent_coef),
+            vf_coef=float(m.vf_coef), max_grad_norm=float(m.max_grad_norm),
+            policy_kwargs={
+                "net_arch": {"pi": list(m.policy_hidden_sizes), "vf": list(m.value_hidden_sizes)},
+                "activation_fn": activation,
+                "optimizer_kwargs": {"eps": float(m.adam_eps)},
+            },
+            device="cpu", seed=int(cfg.seed), verbose=0,
+        )
+    return DQN(
+        "MlpPolicy", venv, learning_rate=float(m.lr), buffer_size=int(m.replay_capacity),
+        learning_starts=int(m.min_replay_size), batch_size=int(m.batch_size), gamma=float(m.gamma),
+        train_freq=1, gradient_steps=1, target_update_interval=int(m.target_update_interval) * num_envs,
+        exploration_initial_eps=float(m.epsilon_start), exploration_final_eps=float(m.epsilon_end),
+        max_grad_norm=float(m.max_grad_norm) if m.max_grad_norm is not None else float("inf"),
+        policy_kwargs={"net_arch": list(m.hidden_sizes), "activation_fn": activation},
+        device="cpu", seed=int(cfg.seed), verbose=0,
+    )
+
+
+def sb3_run(cfg, dataset, warmup: int, steps: int) -> Timing:
+    """SB3 learns ``warmup`` training steps' worth of env steps, then ``steps``' worth, timed."""
+    model = sb3_model(cfg, dataset)
+    per_step = env_steps_per_training_step(cfg)
+    model.learn(total_timesteps=warmup * per_step)
+    clock = Clock()
+    clock.start()
+    model.learn(total_timesteps=steps * per_step, reset_num_timesteps=False)
+    clock.stop()
+    return clock.timing(work=steps * per_step)
+
+
+# ----------------------------------------------------------------------------------- bare loop
+def bare_run(cfg, warmup: int, steps: int) -> Timing:
+    """Only the gradient steps of ``warmup + steps`` training steps; the last ``steps`` timed."""
+    import lightning.pytorch as pl
+
+    from foxhunt.build import build_model
+
+    pl.seed_everything(cfg.seed, verbose=False)
+    agent = build_model(cfg)
+    update = _bare_ppo_update(agent) if cfg.model.name == "ppo" else _bare_dqn_update(agent)
+    for _ in range(warmup):
+        update()
+    clock = Clock()
+    clock.start()
+    for _ in range(steps):
+        update()
+    clock.stop()
+    return clock.timing(work=steps * env_steps_per_training_step(cfg))
+
+
+def _clip(params: list[torch.Tensor], max_norm: float | None) -> None:
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def _bare_ppo_update(agent):
+    from foxhunt.data.env import NUM_ACTIONS
+    from foxhunt.models.ppo import categorical_log_prob_entropy, ppo_minibatch_losses
+
+    hp = agent.hparams
+    policy_opt, value_opt = agent.configure_optimizers()
+    policy_params, value_params = list(agent.policy_net.parameters()), list(agent.value_net.parameters())
+    generator = torch.Generator().manual_seed(int(hp.seed))
+    size = agent.batch_size
+    obs = torch.randn(size, agent.obs_dim, generator=generator)
+    actions = torch.randint(0, NUM_ACTIONS, (size,), generator=generator)
+    with torch.no_grad():
+        logprobs, _ = categorical_log_prob_entropy(agent.policy_net(obs), actions)
+    advantages = torch.randn(size, generator=generator)
+    returns = torch.randn(size, generator=generator)
+    batch = (obs, actions, logprobs, advantages, returns)
+
+    def update() -> None:
+        for _ in range(hp.update_epochs):
+            order = torch.randperm(size)
+            shuffled = [tensor[order] for tensor in batch]
+            for start in range(0, size, hp.minibatch_size):
+                loss, _ = ppo_minibatch_losses(
+                    agent.policy_net, agent.value_net,
+                    *(tensor[start : start + hp.minibatch_size] for tensor in shuffled),
+                    clip_coef=hp.clip_coef, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef, with_stats=False,
+                )
+                policy_opt.zero_grad()
+                value_opt.zero_grad()
+                loss.backward()
+                _clip(policy_params, hp.max_grad_norm)
+                _clip(value_params, hp.max_grad_norm)
+                policy_opt.step()
+                value_opt.step()
+
+    return update
+
+
+def _bare_dqn_update(agent):
+    from foxhunt.data.env import NUM_ACTIONS
+    from foxhunt.models.dqn import ReplayBuffer, double_dqn_loss
+
+    hp = agent.hparams
+    optimizer = agent.configure_optimizers()
+    params = list(agent.q_net.parameters())
+    replay = ReplayBuffer(hp.replay_capacity, agent.obs_dim, "cpu", int(hp.seed))
+    generator = torch.Generator().manual_seed(int(hp.seed))
+    count = int(hp.replay_capacity)
+    replay.add(
+        torch.randn(count, agent.obs_dim, generator=generator),
+        torch.randint(0, NUM_ACTIONS, (count,), generator=generator),
+        torch.randn(count, generator=generator),
+        torch.randn(count, agent.obs_dim, generator=generator),
+        torch.zeros(count),
+    )
+    step = [0]
+
+    def update() -> None:
+        loss, _ = double_dqn_loss(agent.q_net, agent.target_net, replay.sample(hp.batch_size), hp.gamma)
+        optimizer.zero_grad()
+        loss.backward()
+        _clip(params, hp.max_grad_norm)
+        optimizer.step()
+        step[0] += 1
+        if step[0] % hp.target_update_interval == 0:
+            agent.target_net.load_state_dict(agent.q_net.state_dict())
+
+    return update
+
+
+# ----------------------------------------------------------------------------------- section
+def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
+    """Rows of section 1 at every thread count; notes (e.g. SB3 missing)."""
+    settings = ctx.settings
+    goals = settings.goals
+    with_sb3 = sb3_available()
+    notes = [] if with_sb3 else ["Stable-Baselines3 is not installed (pip install '.[bench]'): no SB3 rows"]
+    rows: list[Row] = []
+    for algo in ALGORITHMS:
+        cfg = ctx.compose(algo)
+        dataset = ctx.dataset(cfg)
+        node = settings.rl[algo]
+        warmup, steps = int(node.warmup_steps), int(node.steps)
+        runners = {"foxhunt": lambda: foxhunt_run(cfg, dataset, warmup, steps)}
+        if with_sb3:
+            runners["sb3"] = lambda: sb3_run(cfg, dataset, warmup, steps)
+        runners["bare"] = lambda: bare_run(cfg, warmup, steps)
+        for threads in settings.threads:
+            ctx.log(f"rl: {algo} at {threads} thread(s), {settings.repeats} interleaved repeats")
+            with torch_threads(int(threads)):
+                results = interleaved(runners, int(settings.repeats))
+            rates = {side: [t.rate for t in timings] for side, timings in results.items()}
+            cpu_rates = {side: [t.cpu_rate for t in timings] for side, timings in results.items()}
+            samples = {side: [t.to_dict() for t in timings] for side, timings in results.items()}
+            for side, label, goal in (("sb3", "Stable-Baselines3", goals.rl_vs_sb3),
+                                      ("bare", "bare gradient-step loop", goals.rl_vs_bare)):
+                if side not in results:
+                    continue
+                rows.append(Row(
+                    section="rl",
+                    name=f"{algo.upper()} vs {label}",
+                    threads=int(threads),
+                    unit="env-steps/s",
+                    foxhunt=median(rates["foxhunt"]),
+                    reference=median(rates[side]),
+                    figure=paired_ratio(rates["foxhunt"], rates[side]),
+                    figure_kind="ratio",
+                    goal_op=">=",
+                    goal=float(goal),
+                    cpu_figure=paired_ratio(cpu_rates["foxhunt"], cpu_rates[side]),
+                    samples={"foxhunt": samples["foxhunt"], side: samples[side]},
+                ))
+    return rows, notes

@@ -1,0 +1,271 @@
+"""``foxhunt memory``: the fleet's training memory against a device budget.
+
+``foxhunt memory validate [OVERRIDES...] [--predict] [--models dqn,ppo,mamba2,tft] [--json]``
+builds every model as ``foxhunt-train`` would, measures its training footprint with a real
+short fit (:mod:`foxhunt.memory.ensemble`), prints the report
+(:mod:`foxhunt.memory.ensemble_report`), logs an MLflow run (experiment ``memory``, run
+``memory-validate-{precision}-{budget}``) with the report as artifacts, and exits
+
+- 0 when every model is within its target and the ensemble (all resident at once) leaves the
+  budget's required headroom free,
+- 1 when not (the last line says why), or when a model could not be measured,
+- 2 on a bad override, option or config value (one line naming it).
+
+Overrides are Hydra overrides of ``conf/train.yaml``: a plain one applies to every model
+(``precision=bf16``, ``budget=cpu``, ``budget.total_mb=8192``); one prefixed with a model name
+and a colon applies to that model only (``tft:model.module.hidden_size=128``). ``model=`` is
+not an override here: ``--models`` picks the models. ``logger=none`` skips MLflow.
+
+Top-level imports are typer and the standard library only: torch, Lightning, Hydra and MLflow
+load inside the command.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from importlib import resources
+from pathlib import Path
+
+import typer
+
+memory_app = typer.Typer(help="Measured training memory of the models against a device budget.", no_args_is_help=True)
+
+EXPERIMENT = "memory"
+DEFAULT_MODELS = "dqn,ppo,mamba2,tft"
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+
+
+class UsageError(ValueError):
+    """A bad option or override (one line)."""
+
+
+def available_models() -> list[str]:
+    """The options of the ``model`` config group (``conf/model/*.yaml``)."""
+    folder = resources.files("foxhunt.conf").joinpath("model")
+    return sorted(item.name[: -len(".yaml")] for item in folder.iterdir() if item.name.endswith(".yaml"))
+
+
+def parse_models(models: str) -> list[str]:
+    names = [name.strip() for name in models.split(",") if name.strip()]
+    known = available_models()
+    if not names:
+        raise UsageError(f"--models is empty (available: {', '.join(known)})")
+    for name in names:
+        if name not in known:
+            raise UsageError(f"--models: unknown model {name!r} (available: {', '.join(known)})")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--models: a model is listed twice in {models!r}")
+    return names
+
+
+def split_overrides(overrides: list[str], models: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``(overrides for every model, {model: its own overrides})``; ``<model>:<override>`` is a
+    model's own (the prefix is a model name, before any ``=``)."""
+    shared: list[str] = []
+    own: dict[str, list[str]] = {name: [] for name in models}
+    known = set(available_models())
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        prefix, colon, rest = item.partition(":")
+        if colon and ":" in key and prefix in known:
+            if prefix not in own:
+                raise UsageError(f"override {item!r}: model {prefix!r} is not among --models ({', '.join(models)})")
+            target, value = own[prefix], rest
+        else:
+            target, value = shared, item
+        if value.split("=", 1)[0].lstrip("+~") == "model":
+            raise UsageError(f"override {item!r}: the models are picked with --models, not model=")
+        target.append(value)
+    return shared, own
+
+
+def one_line(exc: BaseException) -> str:
+    """Hydra's and omegaconf's multi-line messages as one line (search path dropped, option
+    lists joined)."""
+    lines: list[str] = []
+    listing: list[str] = []
+    for raw in str(exc).splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("Config search path"):
+            break
+        if lines and lines[-1].endswith(":") and not listing and " " not in line:
+            listing.append(line)
+        elif listing and " " not in line:
+            listing.append(line)
+        else:
+            if listing:
+                lines[-1] += " " + ", ".join(listing)
+                listing = []
+            lines.append(line)
+    if listing:
+        lines[-1] += " " + ", ".join(listing)
+    text = " ".join(lines) or type(exc).__name__
+    cause = exc.__cause__
+    if cause is not None and str(cause).strip() and str(cause).strip().splitlines()[0] not in text:
+        text += f" ({str(cause).strip().splitlines()[0]})"
+    return text
+
+
+def _fail(prefix: str, message: str, code: int) -> typer.Exit:
+    typer.echo(f"foxhunt memory validate: {prefix}{message}", err=True)
+    return typer.Exit(code)
+
+
+@memory_app.command()
+def validate(
+    overrides: list[str] = typer.Argument(
+        None, help="Hydra overrides for every model (precision=bf16 budget=cpu budget.total_mb=8192) or for one, prefixed 'tft:model.module.hidden_size=128'."
+    ),
+    predict: bool = typer.Option(False, "--predict", help="Also predict each footprint from the config before measuring it, and show both."),
+    models: str = typer.Option(DEFAULT_MODELS, "--models", help="Comma-separated models to build and measure."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
+    root: Path = typer.Option(None, "--root", help="Folder holding mlruns/ and the feature cache (default $FOXHUNT_ROOT or the current folder)."),
+) -> None:
+    """Measure every model's training footprint and check the fleet against the memory budget.
+
+    Exit 0 when every model is within its target and all of them at once leave the budget's
+    required headroom; 1 when not; 2 on a bad override or option.
+    """
+    try:
+        names = parse_models(models)
+        shared, own = split_overrides(list(overrides or []), names)
+    except UsageError as exc:
+        raise _fail("", str(exc), EXIT_USAGE) from None
+    root_dir = Path(root or os.environ.get("FOXHUNT_ROOT") or Path.cwd()).resolve()
+    out_dir = root_dir / "outputs" / "memory" / f"validate-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    configs = _compose(names, shared, own, root_dir, out_dir)
+    budget = _budget(configs)
+    code = _run(configs, budget, predict, as_json, out_dir, [*(overrides or [])])
+    raise typer.Exit(code)
+
+
+def _compose(names, shared, own, root_dir: Path, out_dir: Path) -> dict:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from foxhunt.config.schema import ConfigError
+    from foxhunt.memory.ensemble import measuring_config
+
+    configs = {}
+    for name in names:
+        try:
+            configs[name] = measuring_config(name, [*shared, *own[name]], root_dir=root_dir, output_dir=out_dir)
+        except (HydraException, OmegaConfBaseException, ConfigError) as exc:
+            raise _fail(f"config error ({name}): ", one_line(exc), EXIT_USAGE) from None
+    return configs
+
+
+def _budget(configs: dict):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    budgets = {name: OmegaConf.to_container(cfg.budget, resolve=True) for name, cfg in configs.items()}
+    first_name, first = next(iter(budgets.items()))
+    for name, budget in budgets.items():
+        if budget != first:
+            raise _fail("", f"the budget differs between {first_name} and {name}: budget overrides apply to every model (no 'model:' prefix)", EXIT_USAGE)
+    try:
+        return instantiate(configs[first_name].budget)
+    except Exception as exc:
+        raise _fail("config error: ", one_line(exc), EXIT_USAGE) from None
+
+
+def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, overrides: list[str]) -> int:
+    from foxhunt.memory import ensemble_report
+    from foxhunt.memory.ensemble import MeasurementError, data_description, judge, measure_run
+    from foxhunt.memory.predict import predict_footprint
+
+    first = next(iter(configs.values()))
+    precision = "+".join(sorted({str(cfg.precision.name) for cfg in configs.values()}))
+    run = _tracked_run(first, precision, budget, list(configs), overrides)
+    measurements, predictions = [], {}
+    with run if run is not None else _NoRun():
+        try:
+            for name, cfg in configs.items():
+                if predict:
+                    predictions[name] = predict_footprint(cfg, workdir=out_dir / name)
+                    typer.echo(f"{name}: predicted {predictions[name].total_mb:.2f} MB ({predictions[name].seconds:.1f} s)", err=True)
+                measured = measure_run(cfg, workdir=out_dir / name)
+                measurements.append(measured)
+                typer.echo(f"{name}: measured {measured.footprint_mb:.2f} MB ({measured.seconds:.1f} s, {measured.steps} steps on {measured.device})", err=True)
+        except MeasurementError as exc:
+            typer.echo(f"foxhunt memory validate: FAIL: {exc}", err=True)
+            if run is not None:
+                run.set_tags({"verdict": "FAIL", "error": str(exc)})
+            return EXIT_FAIL
+        except ValueError as exc:  # a value only the model or the data source rejects
+            typer.echo(f"foxhunt memory validate: config error ({name}): {one_line(exc)}", err=True)
+            if run is not None:
+                run.set_tags({"verdict": "ERROR", "error": one_line(exc)})
+            return EXIT_USAGE
+        verdict = judge(measurements, budget, data=data_description(first), predictions=predictions)
+        extra = {"overrides": overrides, "models_measured": list(configs)}
+        paths = ensemble_report.write_all(verdict, out_dir, extra)
+        if as_json:
+            typer.echo(paths[1].read_text(), nl=False)
+        else:
+            typer.echo(ensemble_report.render_text(verdict), nl=False)
+        paths += _write_configs(configs, out_dir / "configs")
+        if run is not None:
+            _log(run, verdict, paths)
+            typer.echo(f"MLflow: run {run.run_name} ({run.run_id}) in experiment {EXPERIMENT!r}, {run.tracking_uri}", err=True)
+        typer.echo(f"report: {paths[0]}", err=True)
+    return 0 if verdict.passed else EXIT_FAIL
+
+
+def _tracked_run(cfg, precision: str, budget, names: list[str], overrides: list[str]):
+    if not cfg.logger.enabled:
+        return None
+    from foxhunt.tracking.mlflow_store import TrackedRun
+
+    return TrackedRun(
+        tracking_uri=cfg.logger.tracking_uri,
+        experiment=EXPERIMENT,
+        artifact_location=cfg.logger.artifact_location,
+        run_name=f"memory-validate-{precision}-{budget.name}",
+        tags={"command": "memory validate", "precision": precision, "budget": budget.name, "models": ",".join(names),
+              "overrides": " ".join(overrides)},
+    )  # fmt: skip
+
+
+def _write_configs(configs: dict, directory: Path) -> list[Path]:
+    """Each model's resolved config as measured (``configs/<model>.yaml``)."""
+    from omegaconf import OmegaConf
+
+    from foxhunt.config.schema import resolved_config
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, cfg in configs.items():
+        path = directory / f"{name}.yaml"
+        path.write_text(OmegaConf.to_yaml(resolved_config(cfg)))
+        paths.append(path)
+    return paths
+
+
+def _log(run, verdict, paths: list[Path]) -> None:
+    metrics = {f"memory/{m.name}_mb": m.footprint_mb for m in verdict.models}
+    metrics.update({f"memory/{m.name}_predicted_mb": m.prediction.total_mb for m in verdict.models if m.prediction is not None})
+    metrics["memory/ensemble_mb"] = verdict.total_mb
+    metrics["memory/headroom_mb"] = verdict.headroom_left_mb
+    run.log_metrics(metrics)
+    run.set_tags({"verdict": "PASS" if verdict.passed else "FAIL", "device": verdict.device, "summary": verdict.summary_line()})
+    for path in paths:
+        run.log_artifact(path, "configs" if path.parent.name == "configs" else None)
+
+
+class _NoRun:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+from foxhunt.commands.memory_compare import compare  # noqa: E402 (registered after the group)
+
+memory_app.command("compare")(compare)

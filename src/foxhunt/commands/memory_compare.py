@@ -1,0 +1,573 @@
+"""``foxhunt memory compare``: one model in fp32 and in int8, side by side, in one process.
+
+Both runs are built from the same composed config as ``foxhunt-train`` would build them
+(``conf/train.yaml`` + the overrides + ``precision=fp32`` / ``precision=int8``), with the same
+initial weights (the config's seed before each model is built), and trained by two real
+Lightning Trainers that carry the run's precision callback and the memory-budget callback.
+What is printed, and how each figure is measured:
+
+- **memory per component** (parameters, gradients, optimizer state, activations, other =
+  buffers + model-owned state, total): the memory-budget callback's breakdown of each run
+  (:mod:`foxhunt.memory.accounting`: live tensor storages; activations = peak bytes saved for
+  backward during the first training step that updates the weights); fp32 MB, int8 MB,
+  reduction MB and %;
+- **training step time**: wall time from ``on_train_batch_start`` to ``on_train_batch_end`` of
+  every step that ran an optimizer step (forward, backward, optimizer), median over
+  ``--steps`` steps after ``--warmup`` such steps (the first compiles torchao's optimizer);
+  the two Trainers run in two threads that take turns step by step, so the precisions
+  alternate and share the machine's state (a busy neighbour slows both alike); throughput =
+  samples per step / median step time;
+- **inference latency**: batch 1 (one window or one observation), eval mode, no gradients;
+  fp32 = the fp32-trained model, int8 = an int8 inference copy of the int8-trained model
+  (:func:`foxhunt.precision.inference.int8_inference_model`, the policy's
+  ``inference_weights``); p50 and p99 over ``--latency-calls`` calls after
+  ``--latency-warmup``, alternating the two models call by call;
+- **accuracy**: the model's own validation metric (``model.monitor.metric``) of each run after
+  the same training steps (the global RNG is reseeded identically before every step, so both
+  runs see the same batches, dropout masks and samples).
+
+With ``logger.enabled`` (the default config), the figures go to an MLflow run
+``<model>-<asset>-compare`` of the project's store, with the report (text and JSON), each
+run's memory report and ``quantized_layers.txt`` as artifacts. Written by hand because no
+library compares two Lightning runs step by step; the measuring itself is foxhunt.memory's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import typer
+
+PRECISIONS = ("fp32", "int8")
+COMPONENTS = (
+    ("parameters", "params"),
+    ("gradients", "grads"),
+    ("optimizer state", "optimizer"),
+    ("activations", "activations"),
+    ("other", None),
+    ("total", None),
+)
+BAR_WIDTH = 40
+REPORT_TEXT = "compare_report.txt"
+REPORT_JSON = "compare_report.json"
+P50, P99 = 50, 99
+
+
+@dataclass
+class ComponentRow:
+    name: str
+    fp32_mb: float
+    int8_mb: float
+
+    @property
+    def reduction_mb(self) -> float:
+        return self.fp32_mb - self.int8_mb
+
+    @property
+    def reduction_pct(self) -> float:
+        return 100.0 * self.reduction_mb / self.fp32_mb if self.fp32_mb else 0.0
+
+
+@dataclass
+class CompareReport:
+    """Everything ``foxhunt memory compare`` prints (fields per precision: ``{"fp32": .., "int8": ..}``)."""
+
+    model: str
+    asset: str
+    device: str
+    steps: int
+    warmup: int
+    components: list[ComponentRow]
+    params_optimizer_pct: float  # int8 (parameters + optimizer state) as % of fp32
+    step_ms: dict[str, float]  # median training step time
+    step_ms_p90: dict[str, float]
+    throughput: dict[str, float]  # samples per second
+    sample_unit: str
+    step_time_ratio: float  # int8 / fp32 median step time
+    latency_p50_ms: dict[str, float]
+    latency_p99_ms: dict[str, float]
+    inference_config: str
+    accuracy_metric: str
+    accuracy: dict[str, float]
+    int8_tensors: int
+    int8_elements_pct: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["components"] = [
+            {**asdict(row), "reduction_mb": row.reduction_mb, "reduction_pct": row.reduction_pct}
+            for row in self.components
+        ]
+        return data
+
+    def metrics(self) -> dict[str, float]:
+        """Flat MLflow metrics: ``compare/<what>/<precision>`` and the ratios."""
+        out: dict[str, float] = {
+            "compare/params_optimizer_pct": self.params_optimizer_pct,
+            "compare/step_time_ratio": self.step_time_ratio,
+        }
+        for row in self.components:
+            key = row.name.replace(" ", "_")
+            out[f"compare/{key}_mb/fp32"] = row.fp32_mb
+            out[f"compare/{key}_mb/int8"] = row.int8_mb
+            out[f"compare/{key}_reduction_pct"] = row.reduction_pct
+        for name, values in (
+            ("step_ms", self.step_ms), ("throughput", self.throughput), ("latency_p50_ms", self.latency_p50_ms),
+            ("latency_p99_ms", self.latency_p99_ms), ("accuracy", self.accuracy),
+        ):  # fmt: skip
+            for precision, value in values.items():
+                if value is not None and math.isfinite(value):
+                    out[f"compare/{name}/{precision}"] = value
+        return out
+
+    def text(self) -> str:
+        return format_report(self)
+
+
+# -- the command --------------------------------------------------------------------------------
+def compare(
+    overrides: list[str] = typer.Argument(
+        None, help="Hydra overrides of conf/train.yaml, e.g. model=tft asset=nq; precision.<key>=... go to the int8 run."
+    ),
+    steps: int = typer.Option(30, min=1, help="Timed training steps per precision (medians over these)."),
+    warmup: int = typer.Option(3, min=1, help="Optimizer steps per precision before timing (compiles, caches)."),
+    latency_calls: int = typer.Option(200, min=1, help="Timed batch-1 inference calls per precision."),
+    latency_warmup: int = typer.Option(20, min=0, help="Untimed inference calls per precision first."),
+    root: Path = typer.Option(Path("."), help="Project folder: mlruns/, data cache, outputs/."),
+) -> None:
+    """Train the same model in fp32 and int8 side by side; print memory, speed, latency, accuracy."""
+    from foxhunt.config.schema import ConfigError
+
+    try:
+        report = run_compare(list(overrides or []), steps, warmup, latency_calls, latency_warmup, root)
+    except ConfigError as exc:
+        typer.echo(f"foxhunt memory compare: config error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(report.text())
+
+
+def run_compare(
+    overrides: list[str],
+    steps: int,
+    warmup: int,
+    latency_calls: int,
+    latency_warmup: int,
+    root: Path,
+    output_dir: Path | None = None,
+) -> CompareReport:
+    """Measure and return the comparison (see the module doc); logs it to MLflow when enabled."""
+    from foxhunt.build import compose_config
+    from foxhunt.config.schema import ConfigError, validate
+
+    for item in overrides:
+        if item.split("=", 1)[0].lstrip("+~") == "precision":
+            raise ConfigError(f"{item}: the compare command sets precision itself (fp32 and int8)")
+    root = Path(root).resolve()
+    out = Path(output_dir) if output_dir is not None else root / "outputs" / "compare"
+    shared = [item for item in overrides if not item.lstrip("+~").startswith("precision.")]
+    int8_only = [item for item in overrides if item not in shared]  # precision.<key>: the int8 policy's
+    configs = {}
+    for precision in PRECISIONS:
+        own = [f"precision={precision}", *(int8_only if precision == "int8" else [])]
+        cfg = compose_config([*shared, *own], root_dir=root, output_dir=str(out / precision))
+        validate(cfg)
+        configs[precision] = cfg
+    measured = _measure(configs, steps, warmup, latency_calls, latency_warmup, out)
+    report = measured.report
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_TEXT).write_text(report.text())
+    (out / REPORT_JSON).write_text(json.dumps(report.to_json(), indent=2))
+    cfg = configs["int8"]
+    if cfg.logger.enabled:
+        _log_mlflow(cfg, report, out, measured.artifacts)
+    return report
+
+
+# -- measuring ------------------------------------------------------------------------------------
+@dataclass
+class _Measured:
+    report: CompareReport
+    artifacts: list[Path]
+
+
+class _Turns:
+    """Two threads take turns step by step; a finished (or failed) one never blocks the other."""
+
+    def __init__(self, order: tuple[str, ...]) -> None:
+        self._cond = threading.Condition()
+        self._order = order
+        self._turn = order[0]
+        self._holding: dict[str, bool] = dict.fromkeys(order, False)
+        self._done: set[str] = set()
+
+    def acquire(self, name: str) -> None:
+        with self._cond:
+            if self._holding[name]:
+                return
+            self._cond.wait_for(lambda: self._turn == name or self._other(name) in self._done)
+            self._holding[name] = True
+
+    def release(self, name: str) -> None:
+        with self._cond:
+            if not self._holding[name]:
+                return
+            self._holding[name] = False
+            self._turn = self._other(name)
+            self._cond.notify_all()
+
+    def finish(self, name: str) -> None:
+        with self._cond:
+            self._done.add(name)
+            self._holding[name] = False
+            self._turn = self._other(name)
+            self._cond.notify_all()
+
+    def _other(self, name: str) -> str:
+        return next(n for n in self._order if n != name)
+
+
+def _step_timer_class():
+    import lightning.pytorch as pl
+    import torch
+
+    class StepTimer(pl.Callback):
+        """Times the steps that ran an optimizer step; takes turns with the other run; reseeds
+        the global RNG identically before every step; stops the run after warm-up + steps."""
+
+        def __init__(self, name: str, turns: _Turns, seed: int, warmup: int, steps: int) -> None:
+            self.name, self.turns, self.seed = name, turns, seed
+            self.warmup, self.steps = warmup, steps
+            self.durations: list[float] = []
+            self.updates = 0
+            self._stepped = False
+            self._started = 0.0
+            self.batches = 0
+
+        def _sync(self, pl_module) -> None:
+            if pl_module.device.type == "cuda":
+                torch.cuda.synchronize(pl_module.device)
+
+        def setup(self, trainer, pl_module, stage: str) -> None:
+            if stage == "fit":  # data iterators are created before the first batch: in our turn
+                self.turns.acquire(self.name)
+                torch.manual_seed(self.seed)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+            self.turns.acquire(self.name)
+            torch.manual_seed(self.seed + self.batches)
+            self._stepped = False
+            self._sync(pl_module)
+            self._started = time.perf_counter()
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+            self._stepped = True
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+            self._sync(pl_module)
+            elapsed = time.perf_counter() - self._started
+            self.batches += 1
+            if self._stepped:
+                self.updates += 1
+                if self.updates > self.warmup:
+                    self.durations.append(elapsed)
+            if len(self.durations) >= self.steps:
+                trainer.should_stop = True
+            self.turns.release(self.name)
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            self.turns.finish(self.name)
+
+        def on_exception(self, trainer, pl_module, exception) -> None:
+            self.turns.finish(self.name)
+
+    return StepTimer
+
+
+def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmup: int, out: Path) -> _Measured:
+    import lightning.pytorch as pl
+    from hydra.utils import instantiate
+
+    from foxhunt.build import build_datamodule, build_model
+    from foxhunt.data.dataset import load_market_dataset
+    from foxhunt.memory.callback import MemoryBudgetCallback
+    from foxhunt.precision.callback import PrecisionCallback
+    from foxhunt.precision.quantize import QUANTIZED_LAYERS_FILE, int8_share
+
+    cfg = configs["fp32"]
+    asset = instantiate(cfg.asset)
+    dataset = load_market_dataset(
+        instantiate(cfg.data.source), asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir
+    )
+    turns = _Turns(PRECISIONS)
+    timer_cls = _step_timer_class()
+    runs: dict[str, dict[str, Any]] = {}
+    for precision, run_cfg in configs.items():
+        policy = instantiate(run_cfg.precision)
+        pl.seed_everything(run_cfg.seed, verbose=False)
+        model = build_model(run_cfg)
+        run_dir = out / precision
+        run_dir.mkdir(parents=True, exist_ok=True)
+        callbacks = {
+            "precision": PrecisionCallback(policy, report_dir=run_dir),
+            "memory": MemoryBudgetCallback(
+                budget=None, target_mb=None, sample_every_n_steps=_NEVER, report_dir=run_dir
+            ),
+            "timer": timer_cls(precision, turns, int(run_cfg.seed), warmup, steps),
+        }
+        trainer = instantiate(
+            run_cfg.trainer,
+            callbacks=list(callbacks.values()),
+            logger=False,
+            precision=policy.trainer_precision,
+            default_root_dir=str(run_dir),
+            max_epochs=-1,
+            max_steps=_NEVER,
+            limit_val_batches=0,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+        )
+        runs[precision] = {
+            "cfg": run_cfg, "policy": policy, "model": model, "callbacks": callbacks, "trainer": trainer,
+            "datamodule": build_datamodule(run_cfg, dataset), "error": None,
+        }  # fmt: skip
+
+    def fit(run: dict[str, Any]) -> None:
+        try:
+            run["trainer"].fit(run["model"], datamodule=run["datamodule"])
+        except BaseException as exc:  # reported in the main thread
+            run["error"] = exc
+
+    threads = [threading.Thread(target=fit, args=(runs[p],), name=f"compare-{p}") for p in PRECISIONS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for precision, run in runs.items():
+        if run["error"] is not None:
+            raise RuntimeError(f"memory compare: the {precision} run failed: {run['error']}") from run["error"]
+        timer = run["callbacks"]["timer"]
+        if len(timer.durations) < steps:
+            raise RuntimeError(
+                f"memory compare: the {precision} run timed {len(timer.durations)} of {steps} steps "
+                f"({timer.updates} optimizer steps in {timer.batches} batches): raise trainer.limit_train_batches "
+                "or lower --steps"
+            )
+
+    accuracy = {p: _validate(run, configs[p]) for p, run in runs.items()}
+    latency = _latency(runs, latency_calls, latency_warmup)
+    breakdowns = {p: run["callbacks"]["memory"].breakdown for p, run in runs.items()}
+    rows = [
+        ComponentRow(label, *(_component_mb(breakdowns[p], key, label) for p in PRECISIONS))
+        for label, key in COMPONENTS
+    ]
+    fp32, int8 = breakdowns["fp32"], breakdowns["int8"]
+    params_opt_pct = 100.0 * (int8.params_bytes + int8.optimizer_bytes) / max(fp32.params_bytes + fp32.optimizer_bytes, 1)
+    step_ms = {p: 1e3 * statistics.median(runs[p]["callbacks"]["timer"].durations) for p in PRECISIONS}
+    step_p90 = {p: 1e3 * _percentile(runs[p]["callbacks"]["timer"].durations, 90) for p in PRECISIONS}
+    samples, unit = _samples_per_step(cfg)
+    count, share = int8_share(runs["int8"]["callbacks"]["precision"].plan)
+    policy8 = runs["int8"]["policy"]
+    device = str(runs["fp32"]["model"].device)
+    report = CompareReport(
+        model=str(cfg.model.name),
+        asset=str(cfg.asset.key),
+        device=device,
+        steps=steps,
+        warmup=warmup,
+        components=rows,
+        params_optimizer_pct=params_opt_pct,
+        step_ms=step_ms,
+        step_ms_p90=step_p90,
+        throughput={p: samples / (step_ms[p] / 1e3) for p in PRECISIONS},
+        sample_unit=unit,
+        step_time_ratio=step_ms["int8"] / step_ms["fp32"],
+        latency_p50_ms={p: latency[p][0] for p in PRECISIONS},
+        latency_p99_ms={p: latency[p][1] for p in PRECISIONS},
+        inference_config=str(policy8.inference_weights),
+        accuracy_metric=str(cfg.model.monitor.metric),
+        accuracy=accuracy,
+        int8_tensors=count,
+        int8_elements_pct=share,
+        notes=[
+            f"int8 = {policy8.weights} weights ({count} tensors, {share:.1f}% of parameter elements) + "
+            f"{policy8.optimizer_states} optimizer states (block {policy8.optimizer_block_size}); "
+            f"optimizer step {'compiled' if policy8.compile_optimizer else 'eager'}",
+        ],
+    )
+    artifacts = [
+        path
+        for p in PRECISIONS
+        for path in (
+            out / p / QUANTIZED_LAYERS_FILE,
+            *(runs[p]["callbacks"]["memory"].report_paths or ()),
+        )
+        if path.is_file()
+    ]
+    return _Measured(report=report, artifacts=artifacts)
+
+
+_NEVER = 10**9  # "no limit" for step counts the timer ends itself
+
+
+def _component_mb(breakdown, key: str | None, label: str) -> float:
+    from foxhunt.memory.accounting import to_mb
+
+    if label == "total":
+        return breakdown.total_training_mb
+    if key is None:  # other
+        return to_mb(breakdown.buffers_bytes + breakdown.model_state_bytes)
+    return to_mb(getattr(breakdown, f"{key}_bytes"))
+
+
+def _validate(run: dict[str, Any], cfg) -> float:
+    """The run's validation metric after its training steps (a fresh Trainer, the config's
+    ``limit_val_batches``, the same precision callback)."""
+    from hydra.utils import instantiate
+
+    trainer = instantiate(
+        cfg.trainer,
+        callbacks=[run["callbacks"]["precision"]],
+        logger=False,
+        precision=run["policy"].trainer_precision,
+        default_root_dir=str(run["trainer"].default_root_dir),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    results = trainer.validate(run["model"], datamodule=run["datamodule"], verbose=False)
+    metric = str(cfg.model.monitor.metric)
+    return float(results[0][metric]) if results and metric in results[0] else float("nan")
+
+
+def _example_input(run: dict[str, Any]):
+    """Batch 1 as the model's forward takes it: one validation window, or one observation."""
+    import torch
+
+    model, datamodule = run["model"], run["datamodule"]
+    if hasattr(datamodule, "windows"):
+        from foxhunt.models.forecaster import INPUT_KEYS
+
+        windows = datamodule.windows("val")
+        return {key: torch.as_tensor(windows[key][:1]).to(model.device) for key in INPUT_KEYS}
+    features = torch.as_tensor(datamodule.dataset.splits["val"].features[:1], dtype=torch.float32)
+    flat = torch.zeros(1, 1)  # holding no position
+    return torch.cat([features, flat], dim=1).to(model.device)
+
+
+def _latency(runs: dict[str, dict[str, Any]], calls: int, warmup: int) -> dict[str, tuple[float, float]]:
+    """(p50, p99) ms of batch-1 eval forwards, the two models alternating call by call."""
+    import torch
+
+    from foxhunt.precision.inference import int8_inference_model
+
+    models = {
+        "fp32": runs["fp32"]["model"].eval(),
+        "int8": int8_inference_model(runs["int8"]["model"], runs["int8"]["policy"]),
+    }
+    inputs = {p: _example_input(runs[p]) for p in PRECISIONS}
+    times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
+    with torch.inference_mode():
+        for call in range(warmup + calls):
+            for precision in PRECISIONS:
+                model = models[precision]
+                cuda = next(model.parameters()).device.type == "cuda"
+                if cuda:
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                model(inputs[precision])
+                if cuda:
+                    torch.cuda.synchronize()
+                if call >= warmup:
+                    times[precision].append(time.perf_counter() - started)
+    return {p: (1e3 * _percentile(t, P50), 1e3 * _percentile(t, P99)) for p, t in times.items()}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(np.asarray(values), q))
+
+
+def _samples_per_step(cfg) -> tuple[int, str]:
+    """Samples one training step learns from: windows (forecasters), env steps (agents)."""
+    if cfg.model.kind == "forecaster":
+        return int(cfg.model.window.batch_size), "windows"
+    module = cfg.model.module
+    rollout = int(module.get("rollout_steps", 1))
+    return int(cfg.model.env.num_envs) * rollout, "env steps"
+
+
+# -- the report ------------------------------------------------------------------------------------
+def _bar(value: float, scale: float) -> str:
+    filled = 0 if scale <= 0 else round(BAR_WIDTH * value / scale)
+    return "#" * filled + "." * (BAR_WIDTH - filled)
+
+
+def format_report(report: CompareReport) -> str:
+    lines = [
+        f"foxhunt memory compare: {report.model} on {report.asset}, fp32 vs int8, device {report.device}",
+        "",
+        f"{'component':<16}{'fp32 MB':>11}{'int8 MB':>11}{'reduction MB':>14}{'reduction %':>13}",
+    ]
+    for row in report.components:
+        lines.append(
+            f"{row.name:<16}{row.fp32_mb:>11.2f}{row.int8_mb:>11.2f}{row.reduction_mb:>14.2f}{row.reduction_pct:>12.1f}%"
+        )
+    lines += [
+        f"parameters + optimizer state: int8 = {report.params_optimizer_pct:.1f}% of fp32",
+        "",
+        f"{'':<28}{'fp32':>12}{'int8':>12}{'int8/fp32':>11}",
+        _pair("training step, median ms", report.step_ms, ".1f"),
+        _pair("training step, p90 ms", report.step_ms_p90, ".1f"),
+        _pair(f"throughput, {report.sample_unit}/s", report.throughput, ".1f"),
+        _pair("inference b=1, p50 ms", report.latency_p50_ms, ".3f"),
+        _pair("inference b=1, p99 ms", report.latency_p99_ms, ".3f"),
+        _pair(f"{report.accuracy_metric} (val)", report.accuracy, ".5f", ratio=False),
+        "",
+        f"step times: {report.steps} steps per precision after {report.warmup} warm-up optimizer steps, "
+        "the two runs alternating step by step; inference: int8 = "
+        f"{report.inference_config} copy of the int8-trained model; accuracy after the same steps "
+        "on the same batches.",
+        *report.notes,
+        "",
+        "memory, side by side (MB):",
+    ]
+    scale = max((max(r.fp32_mb, r.int8_mb) for r in report.components), default=0.0)
+    for row in report.components:
+        lines.append(f"  {row.name:<16} fp32 |{_bar(row.fp32_mb, scale)}| {row.fp32_mb:.2f}")
+        lines.append(f"  {'':<16} int8 |{_bar(row.int8_mb, scale)}| {row.int8_mb:.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def _pair(label: str, values: dict[str, float], fmt: str, ratio: bool = True) -> str:
+    fp32, int8 = values["fp32"], values["int8"]
+    rel = f"{int8 / fp32:>10.3f}x" if ratio and fp32 else f"{int8 - fp32:>+11.5f}"
+    return f"{label:<28}{fp32:>12{fmt}}{int8:>12{fmt}}{rel}"
+
+
+def _log_mlflow(cfg, report: CompareReport, out: Path, artifacts: list[Path]) -> None:
+    from foxhunt.tracking.mlflow_store import TrackedRun
+
+    run = TrackedRun(
+        tracking_uri=cfg.logger.tracking_uri,
+        experiment=cfg.logger.experiment,
+        artifact_location=cfg.logger.artifact_location,
+        run_name=f"{report.model}-{report.asset}-compare",
+        tags={"command": "memory compare", "model": report.model, "asset": report.asset, "precision": "fp32-vs-int8"},
+    )
+    with run:
+        run.log_metrics(report.metrics())
+        run.log_artifact(out / REPORT_TEXT)
+        run.log_artifact(out / REPORT_JSON)
+        for path in artifacts:
+            run.log_artifact(path, path.parent.name)

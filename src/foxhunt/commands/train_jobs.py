@@ -1,0 +1,280 @@
+"""``foxhunt train start|watch|status|list|stop``: training jobs over the MLflow store.
+
+A job is one ``foxhunt-train -m`` launched in the background (see foxhunt.jobs.launch); its
+parent MLflow run and nested cell runs are the job's only record, so what these commands show
+is what the MLflow UI shows, plus STALE for runs whose process is gone. ``list``, ``status``
+and ``watch`` only read, and import neither torch, lightning nor mlflow (the store is read with
+sqlite3: foxhunt.jobs.records says why and what it costs); ``start`` composes and validates the
+grid first, so it imports what validation needs.
+
+Exit codes: 0 done / FINISHED; 1 FAILED (or a stop that did not finish in time); 2 usage
+error, unknown job or bad config; 3 KILLED; 4 STALE; 130 ``watch`` left with Ctrl-C (the job
+keeps running).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+train_app = typer.Typer(
+    help="Start, watch, list and stop training jobs (grids of foxhunt-train cells run in the background).",
+    no_args_is_help=True,
+)
+
+EXIT_CODES = {"FINISHED": 0, "FAILED": 1, "KILLED": 3, "STALE": 4}
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+PIPE_WIDTH = 180  # columns of tables written to a pipe or file
+STOP_POLL_S = 0.5  # how often stop checks whether the job's processes are gone
+WATCH_INTERVAL_S = 2.0  # seconds between reads of the store while watching
+LIST_STATES = ("RUNNING", "FINISHED", "FAILED", "KILLED", "STALE", "STARTING")
+
+ROOT_HELP = "Folder holding mlruns/ and outputs/ (default: $FOXHUNT_ROOT or the current folder)."
+URI_HELP = "MLflow tracking URI (default: sqlite:///<root>/mlruns/mlflow.db, the project's store)."
+
+
+def _root(root: Path | None) -> Path:
+    from foxhunt.jobs.records import default_root
+
+    return Path(root).resolve() if root else default_root()
+
+
+def _uri(root: Path, tracking_uri: str | None) -> str:
+    from foxhunt.jobs.records import default_tracking_uri
+
+    return tracking_uri or default_tracking_uri(root)
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    typer.echo(f"foxhunt train: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _console():
+    """Rich's console; piped or captured output gets a wide page instead of rich's 80 columns
+    (unless $COLUMNS says otherwise), so that tables stay one line per row in logs and files."""
+    import os
+    import sys
+
+    from rich.console import Console
+
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(highlight=False, width=PIPE_WIDTH if wide else None)
+
+
+def _find(key: str, root: Path, uri: str):
+    from foxhunt.jobs.records import JobNotFound, find_job
+
+    try:
+        return find_job(uri, key, root=root)
+    except JobNotFound as exc:
+        raise _fail(str(exc)) from None
+    except Exception as exc:  # an unreachable server, a corrupt database: one line, not a traceback
+        raise _store_error(uri, exc) from None
+
+
+def _store_error(uri: str, exc: Exception) -> typer.Exit:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return _fail(f"cannot read the MLflow store {uri}: {type(exc).__name__}: {text[:300]}", code=1)
+
+
+# --------------------------------------------------------------------------------------------
+@train_app.command()
+def start(
+    overrides: list[str] = typer.Argument(
+        None, help="Hydra overrides; comma lists make the grid: model=dqn,tft asset=es,nq precision=bf16."
+    ),
+    resume: str = typer.Option(None, "--resume", metavar="JOB", help="Continue a stopped, failed or stale job."),
+    watch: bool = typer.Option(False, "--watch", help="Watch the job after starting it."),
+    root: Path = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str = typer.Option(None, help=URI_HELP + " Used to find the job to --resume."),
+) -> None:
+    """Validate the grid, then train it in the background (it survives the terminal closing)."""
+    from foxhunt.jobs import launch
+
+    root_dir = _root(root)
+    try:
+        if resume:
+            if overrides:
+                raise _fail("--resume takes the job's stored overrides: give no others")
+            uri = _uri(root_dir, tracking_uri)
+            launched = launch.resume(_find(resume, root_dir, uri), root_dir, uri)
+        else:
+            launched = launch.start(list(overrides or []), root_dir)
+    except launch.LaunchError as exc:
+        raise _fail(str(exc)) from None
+    verb = "resumed" if resume else "started"
+    # a store the config moved (logger.tracking_uri=...) must be named to the other commands
+    store = "" if launched.tracking_uri == _uri(root_dir, None) else f" --tracking-uri {launched.tracking_uri}"
+    lines = [
+        f"job {launched.job_id} {verb}: {launched.cells} cell{'s' if launched.cells != 1 else ''}, pid {launched.pid}",
+        *(f"  {verb_}:{' ' * (6 - len(verb_))} foxhunt train {verb_} {launched.job_id}{store}"
+          for verb_ in ("watch", "status", "stop")),
+        f"  log:    {_relative(launched.log)}",
+    ]  # fmt: skip
+    typer.echo("\n".join(lines))
+    if watch:
+        _watch(launched.job_id, root_dir, launched.tracking_uri, interval=WATCH_INTERVAL_S)
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+# --------------------------------------------------------------------------------------------
+@train_app.command()
+def watch(
+    job: str = typer.Argument(..., help="Job id (or a unique prefix of it)."),
+    interval: float = typer.Option(WATCH_INTERVAL_S, min=0.1, help="Seconds between reads of the store."),
+    root: Path = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str = typer.Option(None, help=URI_HELP),
+) -> None:
+    """Live progress of a job until it ends; exits with its final state (0 FINISHED, 1 FAILED,
+    3 KILLED, 4 STALE). Ctrl-C leaves the job running."""
+    root_dir = _root(root)
+    _watch(job, root_dir, _uri(root_dir, tracking_uri), interval)
+
+
+def _watch(key: str, root: Path, uri: str, interval: float) -> None:
+    from rich.live import Live
+
+    from foxhunt.jobs.display import watch_view
+    from foxhunt.jobs.records import STALE, TERMINAL, now_ms
+
+    console = _console()
+    job = _find(key, root, uri)
+    stale_seen = 0
+    try:
+        with Live(watch_view(job, now_ms()), console=console, auto_refresh=False, transient=False) as live:
+            while True:
+                live.update(watch_view(job, now_ms()), refresh=True)
+                stale_seen = stale_seen + 1 if job.state == STALE else 0
+                if job.state in TERMINAL or stale_seen >= 2:  # STALE twice: not a passing moment
+                    break
+                time.sleep(interval)
+                job = _find(job.job_id, root, uri)
+    except KeyboardInterrupt:
+        console.print(f"left watch; job {job.job_id} keeps running (foxhunt train stop {job.job_id} stops it)")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    raise typer.Exit(EXIT_CODES.get(job.state, 1))
+
+
+# --------------------------------------------------------------------------------------------
+@train_app.command()
+def status(
+    job: str = typer.Argument(..., help="Job id (or a unique prefix of it)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    root: Path = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str = typer.Option(None, help=URI_HELP),
+) -> None:
+    """A job's state and each cell's step, metrics, peak memory, duration, error or checkpoint."""
+    from foxhunt.jobs.display import status_view
+    from foxhunt.jobs.listing import job_to_dict
+    from foxhunt.jobs.records import log_tail, now_ms
+
+    root_dir = _root(root)
+    found = _find(job, root_dir, _uri(root_dir, tracking_uri))
+    now = now_ms()
+    if as_json:
+        typer.echo(json.dumps(job_to_dict(found, now), indent=1))
+        return
+    excerpt = ""
+    if not found.runs and found.log:  # nothing in the store yet, or never: the log says why
+        excerpt = log_tail(found.log, 10)
+    _console().print(status_view(found, now, excerpt))
+
+
+# --------------------------------------------------------------------------------------------
+@train_app.command("list")
+def list_jobs(
+    status_: list[str] = typer.Option(
+        None, "--status", help="Only jobs in these states (repeatable, commas): " + ", ".join(LIST_STATES) + "."
+    ),
+    model: list[str] = typer.Option(None, "--model", help="Only jobs with a cell of this model (repeatable, commas)."),
+    asset: list[str] = typer.Option(None, "--asset", help="Only jobs with a cell on this asset (repeatable, commas)."),
+    since: str = typer.Option(None, help="Only jobs started since: an age (30m, 2h, 7d, 1w) or an ISO date/time."),
+    sort: str = typer.Option(
+        "started", help="started (newest first), duration (longest first) or sharpe (best val/sharpe first)."
+    ),
+    reverse: bool = typer.Option(False, "--reverse", help="Reverse the order."),
+    limit: int = typer.Option(20, min=1, help="Jobs per page."),
+    page: int = typer.Option(1, min=1, help="Page to show, from 1."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (the page, its jobs and their cells), not a table."),
+    root: Path = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str = typer.Option(None, help=URI_HELP),
+) -> None:
+    """Jobs in the store, newest first, with filters, sorting and pages."""
+    from foxhunt.jobs.display import list_table
+    from foxhunt.jobs.listing import filter_jobs, job_to_dict, paginate, parse_since, sort_jobs
+    from foxhunt.jobs.records import load_jobs, now_ms
+
+    states = _split(status_)
+    unknown = [s for s in states if s.upper() not in LIST_STATES]
+    if unknown:
+        raise _fail(f"--status {','.join(unknown)}: expected one of {', '.join(LIST_STATES)}")
+    root_dir = _root(root)
+    uri = _uri(root_dir, tracking_uri)
+    try:
+        since_ms = parse_since(since) if since else None
+        now = now_ms()
+        shown = paginate(sort_jobs([], sort, now, reverse), limit, page)  # the options, before the store
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    try:
+        jobs = load_jobs(uri, root=root_dir)
+    except Exception as exc:
+        raise _store_error(uri, exc) from None
+    jobs = filter_jobs(jobs, states, _split(model), _split(asset), since_ms)
+    shown = paginate(sort_jobs(jobs, sort, now, reverse), limit, page)
+    if as_json:
+        payload = {
+            "page": shown.page, "pages": shown.pages, "total": shown.total, "limit": limit,
+            "jobs": [job_to_dict(j, now) for j in shown.jobs],
+        }  # fmt: skip
+        typer.echo(json.dumps(payload, indent=1))
+        return
+    _console().print(list_table(shown, now))
+
+
+def _split(values: list[str] | None) -> list[str]:
+    return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
+
+
+# --------------------------------------------------------------------------------------------
+@train_app.command()
+def stop(
+    job: str = typer.Argument(..., help="Job id (or a unique prefix of it)."),
+    force: bool = typer.Option(False, "--force", help="SIGKILL the job's processes if still there after --timeout."),
+    timeout: float = typer.Option(60.0, min=0.0, help="Seconds to wait for a graceful stop."),
+    root: Path = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str = typer.Option(None, help=URI_HELP),
+) -> None:
+    """Stop a job gracefully: SIGTERM to its process group; each cell in training saves a
+    checkpoint and ends KILLED; resume with foxhunt train start --resume JOB."""
+    from foxhunt.jobs import launch
+    from foxhunt.jobs.display import status_view
+    from foxhunt.jobs.records import now_ms
+
+    root_dir = _root(root)
+    uri = _uri(root_dir, tracking_uri)
+    found = _find(job, root_dir, uri)
+    try:
+        launch.check_stoppable(found)
+        typer.echo(f"job {found.job_id}: SIGTERM to process group {found.pid}, waiting up to {timeout:g}s")
+        result = launch.stop(found, uri, timeout_s=timeout, force=force, poll_s=STOP_POLL_S)
+    except launch.LaunchError as exc:
+        raise _fail(str(exc), code=1) from None
+    final = _find(found.job_id, root_dir, uri)
+    _console().print(status_view(final, now_ms()))
+    if not result.exited:
+        raise _fail(f"job {found.job_id} still stopping after {timeout:g}s: run again with --force to kill it", code=1)
+    how = "killed (SIGKILL)" if result.forced else "stopped"
+    typer.echo(f"job {found.job_id} {how} in {result.waited_s:.1f}s; "
+               f"resume: foxhunt train start --resume {found.job_id}")  # fmt: skip

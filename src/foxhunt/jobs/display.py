@@ -1,0 +1,247 @@
+"""Rich renderings of jobs: the status table, the list, and the live watch view.
+
+Each state has its own colour everywhere (RUNNING cyan, FINISHED green, FAILED red, KILLED
+yellow, STALE magenta). The watch view draws one bar per cell and an overall bar weighted by
+each cell's expected cost (planned batches x the model's seconds per batch from cost.yaml), so
+a Mamba-2 cell counts for what it costs rather than as one cell among four; its ETA is the
+job's own pace so far (elapsed x remaining / done, in those weights), which needs no absolute
+calibration of the weights. Pure functions of the records: no I/O here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from rich.console import Group, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from foxhunt.jobs.listing import Page
+from foxhunt.jobs.records import (
+    FAILED,
+    FINISHED,
+    KILLED,
+    METRIC_LOSS,
+    METRIC_PEAK_MB,
+    METRIC_SHARPE,
+    RUNNING,
+    STALE,
+    STARTING,
+    Cell,
+    Job,
+    checkpoint_of,
+)
+
+STATE_STYLES = {
+    RUNNING: "bold cyan",
+    FINISHED: "bold green",
+    FAILED: "bold red",
+    KILLED: "bold yellow",
+    STALE: "bold magenta",
+    STARTING: "cyan",
+    "PENDING": "dim",
+}
+BAR_WIDTH = 28  # characters of a progress bar, at most
+BAR_MIN_WIDTH = 6
+ERROR_WIDTH = 200  # characters of a failure's error text shown in the status table
+
+
+def state_text(state: str) -> Text:
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def fmt_time(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else "-"
+
+
+def fmt_number(value: float | None, digits: int = 4) -> str:
+    if value is None or value != value:
+        return "-"
+    return f"{value:.{digits}g}"
+
+
+def fmt_mb(value: float | None, unit: bool = True) -> str:
+    if value is None or value != value:
+        return "-"
+    return f"{value:,.0f} MB" if unit else f"{value:,.0f}"
+
+
+def short_path(path) -> str:
+    """A path relative to the current folder when it lies inside it."""
+    from pathlib import Path
+
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def eta_s(elapsed_s: float, fraction: float) -> float | None:
+    """Remaining time at the pace so far; None before there is a pace to extrapolate."""
+    if fraction <= 0 or fraction >= 1 or elapsed_s <= 0:
+        return None
+    return elapsed_s * (1 - fraction) / fraction
+
+
+def counts_text(job: Job) -> Text:
+    text = Text()
+    order = [RUNNING, FINISHED, FAILED, KILLED, STALE, "PENDING"]
+    counts = job.counts()
+    for state in order + sorted(set(counts) - set(order)):
+        if counts.get(state):
+            if text:
+                text.append(" ")
+            text.append(f"{counts[state]} {state.lower()}", style=STATE_STYLES.get(state, ""))
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# status
+# --------------------------------------------------------------------------------------------
+def job_header(job: Job, now_ms: int) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("job", Text.assemble(Text(job.job_id, style="bold"), "  ", state_text(job.state)))
+    if job.parent is not None:
+        grid.add_row("parent run", f"{job.parent.run_id} (experiment {job.parent.experiment})")
+    grid.add_row("started", f"{fmt_time(job.start_ms)}   duration {fmt_duration(job.duration_s(now_ms))}")
+    if job.command:
+        grid.add_row("command", job.command)
+    if job.pid:
+        grid.add_row("process", f"pid {job.pid} on {job.host or '?'}")
+    if job.log:
+        grid.add_row("log", job.log)
+    if job.error:
+        grid.add_row("error", Text(job.error[:ERROR_WIDTH], style="red"))
+    return grid
+
+
+def status_table(job: Job, now_ms: int) -> Table:
+    table = Table(title=f"cells of job {job.job_id}", title_justify="left", expand=False)
+    for name, justify in (
+        ("cell", "left"), ("state", "left"), ("step", "right"), ("progress", "right"), ("loss", "right"),
+        ("val/sharpe", "right"), ("peak mem", "right"), ("duration", "right"), ("error / checkpoint", "left"),
+    ):  # fmt: skip
+        table.add_column(name, justify=justify, overflow="fold")
+    for cell in job.cells():
+        run = cell.run
+        note = Text()
+        if run is not None and run.tags.get("error"):
+            note = Text(run.tags["error"][:ERROR_WIDTH], style="red")
+        elif run is not None and run.state in (KILLED, STALE, FAILED):
+            checkpoint = checkpoint_of(run)
+            if checkpoint is not None:
+                note = Text(short_path(checkpoint), style="dim")
+        table.add_row(
+            cell.name,
+            state_text(cell.state),
+            "-" if cell.step() is None else str(cell.step()),
+            f"{cell.fraction():.0%}" if run is not None else "-",
+            fmt_number(run.metric(METRIC_LOSS)) if run else "-",
+            fmt_number(run.metric(METRIC_SHARPE)) if run else "-",
+            fmt_mb(run.metric(METRIC_PEAK_MB)) if run else "-",
+            fmt_duration(run.duration_s(now_ms)) if run else "-",
+            note,
+        )
+    return table
+
+
+def status_view(job: Job, now_ms: int, log_excerpt: str = "") -> RenderableType:
+    parts: list[RenderableType] = [job_header(job, now_ms), status_table(job, now_ms)]
+    if log_excerpt:
+        parts.append(Text(log_excerpt, style="dim"))
+    return Group(*parts)
+
+
+# --------------------------------------------------------------------------------------------
+# list
+# --------------------------------------------------------------------------------------------
+def list_table(page: Page, now_ms: int) -> RenderableType:
+    table = Table(expand=False)
+    for name, justify in (
+        ("job", "left"), ("state", "left"), ("started", "left"), ("duration", "right"), ("cells", "left"),
+        ("models", "left"), ("assets", "left"), ("best val/sharpe", "right"),
+    ):  # fmt: skip
+        table.add_column(name, justify=justify)
+    for job in page.jobs:
+        table.add_row(
+            job.job_id,
+            state_text(job.state),
+            fmt_time(job.start_ms),
+            fmt_duration(job.duration_s(now_ms)),
+            counts_text(job),
+            ",".join(job.models) or "-",
+            ",".join(job.assets) or "-",
+            fmt_number(job.best_sharpe()),
+        )
+    footer = Text(f"page {page.page}/{page.pages}, {page.total} job{'s' if page.total != 1 else ''}", style="dim")
+    return Group(table, footer)
+
+
+# --------------------------------------------------------------------------------------------
+# watch
+# --------------------------------------------------------------------------------------------
+def _bar(fraction: float, state: str) -> ProgressBar:
+    style = {FAILED: "red", KILLED: "yellow", STALE: "magenta"}.get(state)
+    bar = ProgressBar(total=1.0, completed=fraction)  # as wide as its column lets it
+    if style:
+        bar.complete_style = style
+        bar.finished_style = style
+    return bar
+
+
+def _cell_eta(cell: Cell, now_ms: int) -> str:
+    if cell.run is None or cell.state != RUNNING:
+        return "-"
+    return fmt_duration(eta_s(cell.run.duration_s(now_ms), cell.fraction()))
+
+
+def watch_view(job: Job, now_ms: int) -> RenderableType:
+    table = Table(expand=False, title_justify="left",
+                  title=Text.assemble("job ", Text(job.job_id, style="bold"), "  ", state_text(job.state)))  # fmt: skip
+    for name, justify in (("cell", "left"), ("state", "left")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    table.add_column("progress", min_width=BAR_MIN_WIDTH, max_width=BAR_WIDTH)  # shrinks on a narrow terminal
+    for name in ("", "step", "loss", "peak MB", "eta"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for cell in job.cells():
+        run = cell.run
+        table.add_row(
+            cell.name,
+            state_text(cell.state),
+            _bar(cell.fraction(), cell.state),
+            f"{cell.fraction():.0%}",
+            "-" if cell.step() is None else str(cell.step()),
+            fmt_number(run.metric(METRIC_LOSS)) if run else "-",
+            fmt_mb(run.metric(METRIC_PEAK_MB), unit=False) if run else "-",
+            _cell_eta(cell, now_ms),
+        )
+    fraction = job.fraction()
+    elapsed = job.duration_s(now_ms)
+    eta = eta_s(elapsed, fraction) if job.state in (RUNNING, STARTING) else None
+    overall = Table.grid(padding=(0, 2))
+    overall.add_column(no_wrap=True)
+    overall.add_column(min_width=BAR_MIN_WIDTH, max_width=BAR_WIDTH)
+    overall.add_row(
+        Text("overall", style="bold"),
+        _bar(fraction, job.state),
+        f"{fraction:.0%}",
+        f"elapsed {fmt_duration(elapsed)}",
+        f"eta {fmt_duration(eta)}",
+    )
+    return Group(table, overall)

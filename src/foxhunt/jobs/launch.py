@@ -1,0 +1,334 @@
+"""Starting, resuming and stopping jobs: process control around ``foxhunt-train -m``.
+
+``start`` composes and validates every cell of the grid first (a bad override fails at once,
+with the config's own one-line error), then launches :mod:`foxhunt.jobs.supervisor` as the
+leader of a new session (``start_new_session``: no controlling terminal, so closing the
+terminal sends it nothing) with stdout and stderr in ``<root>/outputs/jobs/<job_id>.log``. The
+supervisor runs ``foxhunt-train -m <overrides>`` (always a multirun, so even one cell has a
+parent run), tags the job's parent run, and after training exits settles any run the training
+process could not (see supervisor.py). The job id reaches every run through the environment
+(``FOXHUNT_JOB_ID``, read by TrackedRun).
+
+``stop`` sends SIGTERM to the job's process group: Lightning raises at the next step boundary,
+the GracefulStop callback saves ``interrupted.ckpt``, the run ends KILLED, and the supervisor
+marks the parent KILLED. ``--force`` sends SIGKILL to the group after the timeout, and this
+module then marks the job's RUNNING runs KILLED itself (nobody else is left to).
+
+``resume`` re-launches a stopped, failed or stale job with its stored overrides plus
+``resume=true``, the same job id and the same sweep folder, so the sweep finds the cells'
+checkpoints and continues them in the same runs.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from foxhunt.jobs.records import (
+    FINISHED,
+    KILLED,
+    RUNNING,
+    STALE,
+    STARTING,
+    TAG_STOP_REASON,
+    Job,
+    LaunchRecord,
+    PlanCell,
+    find_job,
+    jobs_dir,
+    process_alive,
+)
+
+COST_FILE = Path(__file__).with_name("cost.yaml")
+RESUME_OVERRIDE = "resume=true"
+SWEEP_DIR_KEY = "hydra.sweep.dir"
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+class LaunchError(RuntimeError):
+    """A job that cannot be started, resumed or stopped; the message is one line saying why."""
+
+
+# --------------------------------------------------------------------------------------------
+# Planning: compose and validate every cell before anything starts
+# --------------------------------------------------------------------------------------------
+def expand_grid(overrides: list[str]) -> list[list[str]]:
+    """The cells of a sweep: Hydra's basic sweeper's cartesian product of the comma lists."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+    return BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
+
+
+def load_costs(path: Path = COST_FILE) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("seconds_per_batch"), dict):
+        raise LaunchError(f"{path}: expected a mapping with 'seconds_per_batch' (model name -> seconds)")
+    return data
+
+
+def planned_batches(cfg, costs: dict[str, Any]) -> int:
+    """Training batches the cell will run: epochs x batches per epoch, capped by max_steps.
+
+    Agents run ``model.env.steps_per_epoch`` batches an epoch (``trainer.limit_train_batches``
+    caps it); forecasters run ``limit_train_batches`` when it is a count. A fraction of an
+    epoch of windows cannot be counted before the data is built: cost.yaml's
+    ``batches_per_epoch_if_unknown`` stands in for it.
+    """
+    trainer = cfg.trainer
+    limit = trainer.get("limit_train_batches")
+    if cfg.model.kind == "agent":
+        per_epoch = int(cfg.model.env.steps_per_epoch)
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            per_epoch = min(per_epoch, limit)
+        elif isinstance(limit, float):
+            per_epoch = max(1, int(per_epoch * limit))
+    elif isinstance(limit, int) and not isinstance(limit, bool):
+        per_epoch = limit
+    else:
+        per_epoch = int(costs["batches_per_epoch_if_unknown"])
+    epochs = trainer.get("max_epochs")
+    max_steps = trainer.get("max_steps") or -1
+    total = per_epoch * epochs if epochs is not None and epochs > 0 else None
+    if max_steps > 0:
+        total = min(total, max_steps) if total is not None else max_steps
+    return max(1, total if total is not None else per_epoch)
+
+
+def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlanCell], dict[str, str]]:
+    """Compose and validate each cell; return the plan and the store settings of the job.
+
+    Raises :class:`LaunchError` with the first failing cell's overrides and the one-line error.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from foxhunt.build import compose_config
+    from foxhunt.config.schema import ConfigError, validate
+
+    costs = load_costs()
+    try:
+        cells = expand_grid(overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise LaunchError(f"overrides {' '.join(overrides)}: {_first_line(exc)}") from None
+    plan, store = [], {}
+    for cell in cells:
+        try:
+            cfg = compose_config(cell, root_dir=root)
+            validate(cfg)
+        except (ConfigError, HydraException, OmegaConfBaseException, ValueError) as exc:
+            label = " ".join(cell) or "(defaults)"
+            raise LaunchError(f"config error in cell [{label}]: {_first_line(exc)}") from None
+        steps = planned_batches(cfg, costs)
+        per_batch = float(costs["seconds_per_batch"].get(str(cfg.model.name), costs["default_seconds_per_batch"]))
+        plan.append(
+            PlanCell(
+                model=str(cfg.model.name), asset=str(cfg.asset.key), precision=str(cfg.precision.name),
+                seed=str(cfg.seed), steps=steps, weight=round(steps * per_batch, 6), overrides=list(cell),
+            )  # fmt: skip
+        )
+        if not store:
+            store = {
+                "tracking_uri": str(cfg.logger.tracking_uri),
+                "experiment": str(cfg.logger.experiment),
+                "artifact_location": str(cfg.logger.artifact_location or ""),
+            }
+    return plan, store
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.splitlines()[0].split())
+
+
+# --------------------------------------------------------------------------------------------
+# Start and resume
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Launched:
+    job_id: str
+    pid: int
+    log: Path
+    tracking_uri: str
+    cells: int
+
+
+def new_job_id() -> str:
+    """Eight hex digits: short enough to type, 4 billion of them."""
+    return secrets.token_hex(4)
+
+
+def train_command() -> list[str]:
+    """``foxhunt-train`` next to this interpreter (the installed entry point), else the module."""
+    script = Path(sys.executable).with_name("foxhunt-train")
+    if script.is_file():
+        return [str(script)]
+    found = shutil.which("foxhunt-train")
+    return [found] if found else [sys.executable, "-m", "foxhunt.train"]
+
+
+def start(
+    overrides: list[str],
+    root: Path,
+    job_id: str | None = None,
+    sweep_dir: str | None = None,
+    resume: bool = False,
+) -> Launched:
+    """Validate the grid, then launch it in the background; return at once."""
+    root = Path(root).resolve()
+    overrides = [o for o in overrides if o not in MULTIRUN_FLAGS and o != RESUME_OVERRIDE]
+    plan, store = plan_cells(overrides, root)
+    job_id = job_id or new_job_id()
+    folder = jobs_dir(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / f"{job_id}.log"
+    user_sweep_dir = next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{SWEEP_DIR_KEY}=")), None)
+    sweep_dir = user_sweep_dir or sweep_dir or str(
+        root / "outputs" / "sweeps" / f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{job_id}"
+    )
+    command = [*train_command(), "-m", *overrides]
+    if not user_sweep_dir:  # one folder per job, kept on resume (two jobs may start in one second)
+        command.append(f"{SWEEP_DIR_KEY}={sweep_dir}")
+    if resume:
+        command.append(RESUME_OVERRIDE)
+    record = LaunchRecord(
+        job_id=job_id, pid=0, host=socket.gethostname(), command=command, overrides=overrides, log=str(log),
+        tracking_uri=store["tracking_uri"], root=str(root), sweep_dir=sweep_dir,
+        started_ms=int(time.time() * 1000), plan=plan, experiment=store["experiment"],
+        artifact_location=store["artifact_location"],
+    )  # fmt: skip
+    record_path = folder / f"{job_id}.json"
+    record.write(record_path)
+    env = {**os.environ, "FOXHUNT_JOB_ID": job_id, "FOXHUNT_ROOT": str(root), "PYTHONUNBUFFERED": "1"}
+    with open(log, "a") as out:
+        out.write(f"=== {'resume' if resume else 'start'} {datetime.now().isoformat(timespec='seconds')}: "
+                  f"{' '.join(command)}\n")  # fmt: skip
+        out.flush()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(record_path)],
+            cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+    record.pid = process.pid
+    record.write(record_path)
+    return Launched(job_id, process.pid, log, store["tracking_uri"], len(plan))
+
+
+def resume(job: Job, root: Path, tracking_uri: str) -> Launched:
+    """Continue a stopped, failed or stale job from its checkpoints, into the same runs.
+
+    Runs the store still shows RUNNING with their process gone (STALE) are ended KILLED first
+    (tag ``stop_reason=stale``): the sweep then resumes them like any interrupted cell."""
+    if job.state in (RUNNING, STARTING):
+        raise LaunchError(f"job {job.job_id} is {job.state}: stop it first (foxhunt train stop {job.job_id})")
+    cells = job.cells()
+    if job.state == FINISHED and cells and all(c.state == FINISHED for c in cells):
+        raise LaunchError(f"job {job.job_id} is FINISHED with every cell FINISHED: nothing to resume")
+    if not job.has_overrides:
+        raise LaunchError(f"job {job.job_id} has no stored overrides: start it again with foxhunt train start")
+    if job.state == STALE or any(r.state == STALE for r in job.runs):
+        settle(job, KILLED, "stale", tracking_uri=tracking_uri, only_dead=True)
+    return start(job.overrides, root, job_id=job.job_id, sweep_dir=job.sweep_dir or None, resume=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Stop
+# --------------------------------------------------------------------------------------------
+@dataclass
+class StopResult:
+    job_id: str
+    exited: bool
+    forced: bool
+    waited_s: float
+
+
+def check_stoppable(job: Job) -> None:
+    """Raise :class:`LaunchError` unless the job runs, on this host, with a live process."""
+    if job.state not in (RUNNING, STARTING):
+        raise LaunchError(f"job {job.job_id} is {job.state}: nothing to stop")
+    if job.host and job.host != socket.gethostname():
+        raise LaunchError(f"job {job.job_id} runs on host {job.host}: stop it there")
+    pid = job.pid
+    if pid is None or not process_alive(pid, job.record.started_ms if job.record else None):
+        raise LaunchError(f"job {job.job_id}: its process (pid {pid}) is gone: it is stale, resume it")
+
+
+def stop(job: Job, tracking_uri: str, timeout_s: float, force: bool, poll_s: float) -> StopResult:
+    """SIGTERM to the job's process group, wait for it to exit; SIGKILL after ``timeout_s``
+    with ``force``. Runs left RUNNING by a killed or unsupervised process are marked KILLED."""
+    check_stoppable(job)
+    pid = job.pid
+    started = time.monotonic()
+    _signal(pid, signal.SIGTERM)
+    forced = False
+    while process_alive(pid) and time.monotonic() - started < timeout_s:
+        time.sleep(poll_s)
+    if process_alive(pid) and force:
+        _signal(pid, signal.SIGKILL)
+        forced = True
+        deadline = time.monotonic() + timeout_s
+        while process_alive(pid) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+    exited = not process_alive(pid)
+    if exited:  # whatever the supervisor could not settle (it was killed, or there was none)
+        fresh = _refind(job, tracking_uri)
+        settle(fresh, KILLED, "SIGKILL" if forced else "SIGTERM", tracking_uri=tracking_uri, only_dead=True)
+    return StopResult(job.job_id, exited, forced, time.monotonic() - started)
+
+
+def _signal(pid: int, signum: int) -> None:
+    """Signal the process group the job leads, or just the process if it leads none (a sweep
+    started by hand shares its shell's group: that is not ours to signal)."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _refind(job: Job, tracking_uri: str) -> Job:
+    root = Path(job.record.root) if job.record else None
+    try:
+        return find_job(tracking_uri, job.job_id, root=root)
+    except LookupError:
+        return job
+
+
+def settle(job: Job, status: str, reason: str, tracking_uri: str | None, only_dead: bool) -> list[str]:
+    """End the job's RUNNING runs (parent and cells) with ``status``; with ``only_dead``, only
+    those whose process is gone. Returns the run ids changed."""
+    from mlflow.tracking import MlflowClient
+
+    runs = [r for r in ([job.parent] if job.parent else []) + job.runs if r.status == RUNNING]
+    if only_dead:
+        runs = [r for r in runs if r.state == STALE or not _run_alive(r)]
+    if not runs:
+        return []
+    uri = tracking_uri or (job.record.tracking_uri if job.record else None)
+    if uri is None:
+        raise LaunchError(f"job {job.job_id}: no tracking URI to settle its runs")
+    client = MlflowClient(uri)
+    for run in runs:
+        client.set_tag(run.run_id, TAG_STOP_REASON, reason)
+        client.set_terminated(run.run_id, status)
+    return [r.run_id for r in runs]
+
+
+def _run_alive(run) -> bool:
+    pid = run.tags.get("pid", "")
+    return pid.isdigit() and process_alive(int(pid), run.last_seen_ms())

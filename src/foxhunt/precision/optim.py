@@ -1,0 +1,129 @@
+"""The optimizer a model builds, under its precision policy.
+
+The models build their optimizers in ``configure_optimizers`` through :func:`make_optimizer`,
+which returns torch's ``Adam`` / ``AdamW`` under 32-bit optimizer states and torchao's
+block-wise 8-bit ``Adam8bit`` / ``AdamW8bit`` under ``optimizer_states: 8bit`` (each moment
+one byte per element plus one fp32 scale per ``optimizer_block_size`` elements; torchao keeps
+tensors under 4,096 elements, and those not a multiple of the block size, in fp32).
+
+torchao's optimizers also update int8 weights (they re-quantize the updated fp32 row with
+stochastic rounding); torch's ``AdamW`` cannot (its decoupled weight decay multiplies the int8
+tensor in place), so int8 weights need the 8-bit optimizers.
+
+The policy reaches the module from :class:`foxhunt.precision.callback.PrecisionCallback`
+(:func:`attach_policy`); a module without one trains in fp32 with torch's optimizers.
+
+Checkpoints: an 8-bit optimizer's ``state_dict`` holds each 8-bit state as a plain dict
+(``format``, ``codes``, ``scale``, ...) and ``load_state_dict`` rebuilds torchao's state
+tensors from it (the optimizer's public state-dict hooks), for the reason int8 weights are
+saved as plain tensors (:mod:`foxhunt.precision.quantize`): Lightning loads checkpoints with a
+callable ``map_location``, under which torch cannot rebuild a tensor subclass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from foxhunt.precision.policy import PrecisionPolicy
+
+OPTIMIZER_KINDS = ("adam", "adamw")
+_POLICY_ATTR = "_foxhunt_precision_policy"
+
+
+def attach_policy(module: torch.nn.Module, policy: PrecisionPolicy) -> None:
+    """Make ``policy`` the one ``module``'s ``configure_optimizers`` builds under."""
+    object.__setattr__(module, _POLICY_ATTR, policy)
+
+
+def attached_policy(module: torch.nn.Module) -> PrecisionPolicy | None:
+    return getattr(module, _POLICY_ATTR, None)
+
+
+def make_optimizer(
+    params: Iterable[Any],
+    kind: str,
+    lr: float,
+    weight_decay: float = 0.0,
+    eps: float | None = None,
+    policy: PrecisionPolicy | None = None,
+) -> torch.optim.Optimizer:
+    """``kind`` (``adam`` | ``adamw``) over ``params`` (tensors or param-group dicts), with
+    8-bit states when ``policy.optimizer_states`` is ``8bit``. ``eps=None``: the library's."""
+    if kind not in OPTIMIZER_KINDS:
+        raise ValueError(f"optimizer kind {kind!r}: must be one of {', '.join(OPTIMIZER_KINDS)}")
+    options: dict[str, Any] = {"lr": lr, "weight_decay": weight_decay}
+    if eps is not None:
+        options["eps"] = eps
+    if policy is not None and policy.eight_bit_optimizer:
+        from torchao.optim import Adam8bit, AdamFp8, AdamW8bit, AdamWFp8
+
+        if policy.optimizer_states == "fp8":
+            cls = AdamWFp8 if kind == "adamw" else AdamFp8
+        else:
+            cls = AdamW8bit if kind == "adamw" else Adam8bit
+        if not policy.compile_optimizer:
+            cls = type(f"Eager{cls.__name__}", (_EagerStep, cls), {})
+        optimizer = cls(params, block_size=int(policy.optimizer_block_size), **options)
+        optimizer.register_state_dict_post_hook(_plain_states)
+        optimizer.register_load_state_dict_pre_hook(_subclass_states)
+        return optimizer
+    if policy is not None and policy.quantizes_weights:
+        raise ValueError(
+            f"precision {policy.name}: int8 weights need optimizer_states: 8bit (torch's optimizers "
+            "cannot update int8 weights)"
+        )
+    cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
+    return cls(params, **options)
+
+
+class _EagerStep:
+    """torchao's step with its per-parameter ``torch.compile`` turned off (run eagerly)."""
+
+    def step(self, closure=None):  # noqa: ANN001 (torch's signature)
+        with torch.compiler.set_stance("force_eager"):
+            return super().step(closure)
+
+
+# -- 8-bit states in checkpoints ---------------------------------------------------------------
+def _plain_states(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    from torchao.optim.subclass_8bit import OptimState8bit
+    from torchao.optim.subclass_fp8 import OptimStateFp8
+
+    packed = {}
+    for index, param_state in state_dict["state"].items():
+        plain = dict(param_state)  # the values are the live optimizer's: never mutate them
+        for key, value in param_state.items():
+            if isinstance(value, OptimState8bit):
+                plain[key] = {"format": "8bit", "codes": value.codes, "scale": value.scale, "qmap": value.qmap,
+                              "signed": bool(value.signed), "dtype": _dtype_name(value.dtype)}  # fmt: skip
+            elif isinstance(value, OptimStateFp8):
+                plain[key] = {"format": "fp8", "codes": value.codes, "scale": value.scale, "dtype": _dtype_name(value.dtype)}
+        packed[index] = plain
+    state_dict["state"] = packed
+    return state_dict
+
+
+def _subclass_states(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    from torchao.optim.subclass_8bit import OptimState8bit
+    from torchao.optim.subclass_fp8 import OptimStateFp8
+
+    state_dict = dict(state_dict)
+    unpacked = {}
+    for index, param_state in state_dict["state"].items():
+        rebuilt = dict(param_state)
+        for key, value in param_state.items():
+            if isinstance(value, dict) and value.get("format") == "8bit":
+                rebuilt[key] = OptimState8bit(value["codes"], value["scale"], value["qmap"], value["signed"],
+                                              dtype=getattr(torch, value["dtype"]))  # fmt: skip
+            elif isinstance(value, dict) and value.get("format") == "fp8":
+                rebuilt[key] = OptimStateFp8(value["codes"], value["scale"], dtype=getattr(torch, value["dtype"]))
+        unpacked[index] = rebuilt
+    state_dict["state"] = unpacked
+    return state_dict
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

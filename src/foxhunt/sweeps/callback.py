@@ -1,0 +1,197 @@
+"""Hydra callback of every sweep (``conf/hydra/default.yaml``): before and after the jobs.
+
+``on_multirun_start``, in the parent process before any job starts:
+- makes Hydra's config visible to the ``hydra:`` resolver (``paths.root_dir`` falls back to
+  ``hydra:runtime.cwd``, and Hydra sets it for jobs only, not for the sweep folder);
+- creates the MLflow store and experiment: parallel jobs that first touch a fresh SQLite store
+  race to create its tables and crash;
+- under ``strategy=parallel``, packs the cells by memory and sets the joblib launcher's
+  ``n_jobs`` (:mod:`foxhunt.sweeps.packing`);
+- starts the sweep's parent run (tags ``sweep_id``, ``sweep_hash``, ``sweep_dir``) and passes
+  its id to the jobs in ``$FOXHUNT_PARENT_RUN_ID`` (inherited by joblib's loky workers,
+  submitit's local processes and, with sbatch's default ``--export=ALL``, SLURM jobs). With
+  ``resume=true`` the most recent parent run of the same sweep (same ``sweep_hash``: the
+  command-line overrides and sweeper params, without the ones that only choose how to launch)
+  is reopened instead, so a resumed sweep stays one group in the MLflow UI.
+
+``on_multirun_end``: reads every job's ``cell.json``, prints the summary table, writes
+``summary.md`` and ``summary.png`` into the sweep folder and logs them (and the cell counts)
+to the parent run, which ends FINISHED, or FAILED when a cell failed; then, if any cell
+failed, prints one line naming them and exits with status 1.
+
+Hydra turns an exception raised by a callback into a warning and carries on, so this callback
+exits itself (``SystemExit``, which Hydra lets through): with status 2 and one line when the
+store or the parent run cannot be prepared (no job starts), with status 1 after the summary
+when a cell failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.sweeps.cell import PARENT_RUN_ENV
+from foxhunt.sweeps.estimates import PLAN_FILE
+
+log = logging.getLogger(__name__)
+
+SWEEP_HASH_TAG = "sweep_hash"
+SWEEP_KIND_TAG = ("foxhunt.run_kind", "sweep")
+# Overrides that choose how a sweep runs, not what it trains: not part of its identity.
+LAUNCH_KEYS = ("resume", "strategy", "hydra/launcher", "hydra.launcher", "hydra.sweep", "hydra.job", "hydra.verbose")
+
+
+def sweep_hash(config: DictConfig) -> str:
+    """Identity of a sweep: its overrides and sweeper params, without the launch choices."""
+    overrides = []
+    for text in OmegaConf.to_container(config.hydra.overrides.task, resolve=False):
+        key = text.split("=", 1)[0].lstrip("+~")
+        if not any(key == k or key.startswith(f"{k}.") for k in LAUNCH_KEYS):
+            overrides.append(text)
+    params = config.hydra.sweeper.get("params")
+    params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
+    text = json.dumps({"overrides": sorted(overrides), "params": params}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class SweepCallback(Callback):
+    def __init__(self) -> None:
+        self.parent_run_id: str | None = None
+        self.sweep_dir: Path | None = None
+        self.started: float | None = None
+
+    # -- before the jobs ------------------------------------------------------------------
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().set_config(config)
+        self.started = time.perf_counter()
+        try:
+            self.sweep_dir = Path(str(config.hydra.sweep.dir))
+            self.sweep_dir.mkdir(parents=True, exist_ok=True)
+            if config.logger.enabled:
+                self.parent_run_id = self._start_parent_run(config)
+                os.environ[PARENT_RUN_ENV] = self.parent_run_id
+            if config.strategy.name == "parallel":
+                self._pack(config)
+            else:  # a plan left in a reused sweep folder must not size this sweep's jobs
+                (self.sweep_dir / PLAN_FILE).unlink(missing_ok=True)
+        except Exception as exc:  # Hydra would only warn and start the jobs anyway
+            log.debug("sweep preparation failed", exc_info=True)
+            line = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            if self.parent_run_id is not None:
+                self._fail_parent_run(config, line)
+            print(f"foxhunt-train: cannot prepare the sweep: {line}", file=sys.stderr)
+            sys.exit(2)
+
+    def _fail_parent_run(self, config: DictConfig, line: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        from foxhunt.tracking.mlflow_store import one_line
+
+        try:
+            client = MlflowClient(config.logger.tracking_uri)
+            client.set_tag(self.parent_run_id, "error", one_line(line))
+            client.set_terminated(self.parent_run_id, "FAILED")
+        except Exception:  # the store itself may be what failed
+            log.debug("could not mark the parent run FAILED", exc_info=True)
+        os.environ.pop(PARENT_RUN_ENV, None)
+
+    def _pack(self, config: DictConfig) -> None:
+        from foxhunt.sweeps.packing import apply_plan, plan_sweep
+
+        plan = plan_sweep(config)
+        plan.write(self.sweep_dir)
+        apply_plan(config, plan)
+        log.info(plan.describe())
+        if self.parent_run_id is not None:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(config.logger.tracking_uri)
+            client.set_tag(self.parent_run_id, "packing", plan.describe())
+            client.log_artifact(self.parent_run_id, str(self.sweep_dir / PLAN_FILE))
+
+    def _start_parent_run(self, config: DictConfig) -> str:
+        from mlflow.tracking import MlflowClient
+
+        from foxhunt.tracking.mlflow_store import ensure_experiment, one_line
+
+        logger = config.logger
+        experiment_id = ensure_experiment(logger.tracking_uri, logger.experiment, logger.artifact_location)
+        client = MlflowClient(logger.tracking_uri)
+        digest = sweep_hash(config)
+        tags = {
+            SWEEP_KIND_TAG[0]: SWEEP_KIND_TAG[1],
+            SWEEP_HASH_TAG: digest,
+            "sweep_id": self.sweep_dir.name,
+            "sweep_dir": str(self.sweep_dir.resolve()),
+            "strategy": str(config.strategy.name),
+            "overrides": one_line(" ".join(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))),
+        }
+        if config.resume:
+            earlier = client.search_runs(
+                [experiment_id],
+                filter_string=f"tags.{SWEEP_HASH_TAG} = '{digest}'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+            if earlier:
+                run_id = earlier[0].info.run_id
+                client.update_run(run_id, status="RUNNING")
+                for key, value in tags.items():
+                    client.set_tag(run_id, key, value)
+                log.info("sweep resumes its parent run %s", run_id)
+                return run_id
+        run = client.create_run(experiment_id, run_name=f"sweep-{self.sweep_dir.name}", tags=tags)
+        log.info("sweep parent run %s in %s", run.info.run_id, logger.tracking_uri)
+        return run.info.run_id
+
+    # -- after the jobs -------------------------------------------------------------------
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from foxhunt.sweeps.cells import read_records
+        from foxhunt.sweeps.summary import failures, format_markdown, format_table, plot_heatmap
+
+        assert self.sweep_dir is not None and self.started is not None
+        wall = time.perf_counter() - self.started
+        records = read_records(self.sweep_dir)
+        failed = failures(records)
+        title = f"sweep {self.sweep_dir.name}: {len(records)} cells, {wall:.0f} s"
+        print(f"\n{title}\n{format_table(records)}", flush=True)
+        try:  # a failure to write or log the summary must not hide failed cells
+            markdown = self.sweep_dir / "summary.md"
+            markdown.write_text(format_markdown(records, title))
+            heatmap = plot_heatmap(records, self.sweep_dir / "summary.png", title) if records else None
+            if self.parent_run_id is not None:
+                self._end_parent_run(config, records, failed, wall, [markdown, heatmap])
+        except Exception:
+            log.exception("could not write or log the sweep summary")
+        finally:
+            os.environ.pop(PARENT_RUN_ENV, None)
+        if failed:
+            names = ", ".join(f"{r.cell} ({r.status}: {r.error})" for r in failed)
+            print(f"foxhunt-train: {len(failed)} of {len(records)} cells failed: {names}", file=sys.stderr, flush=True)
+            sys.exit(1)
+
+    def _end_parent_run(self, config: DictConfig, records, failed, wall: float, artifacts) -> None:
+        from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(config.logger.tracking_uri)
+        now = int(time.time() * 1000)
+        values = {"sweep/cells": len(records), "sweep/cells_failed": len(failed), "sweep/wall_s": wall}
+        client.log_batch(self.parent_run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()])
+        for path in artifacts:
+            if path is not None:
+                client.log_artifact(self.parent_run_id, str(path))
+        if failed:
+            client.set_tag(self.parent_run_id, "failed_cells", ", ".join(r.cell for r in failed))
+        client.set_terminated(self.parent_run_id, "FAILED" if failed else "FINISHED")

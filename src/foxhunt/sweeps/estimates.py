@@ -1,0 +1,262 @@
+"""How much memory each cell of a sweep will need, and how many cells fit at once.
+
+A cell's peak is the first of:
+
+1. **measured, same config**: the largest ``memory/device_peak_mb`` (else ``memory/peak_mb``) of
+   the FINISHED MLflow runs with the cell's ``config_hash``. The device peak is the figure the
+   memory-budget callback checks against the budget (NVML minus its baseline on a GPU budget,
+   RSS on a CPU budget, the accounted components with no CUDA device), so it is the one that
+   must fit;
+2. **predicted** (``strategy.predict_memory: true``) by
+   :func:`foxhunt.memory.predict.predict_footprint`: parameters, gradients and optimizer state
+   from a meta-device model, activations and model-owned state from two probe fits at tiny
+   batches. It is the training footprint (accounted components, or CUDA-allocated bytes on a
+   GPU): it leaves out the CUDA context that NVML counts. The probes take seconds to a minute
+   per model on a CPU, so predictions are cached per model config (model section, precision,
+   accelerator: the asset changes no tensor's shape) in ``strategy.prediction_cache``;
+3. **measured, same cell**: as 1, among FINISHED runs with the same ``model``, ``asset`` and
+   ``precision`` tags on the same budget (param ``budget.name``), whatever their other settings;
+4. **fallback**: the model's own ``model.memory_target_mb``, the limit the memory-budget callback
+   holds the run's peak to; a model without a target counts as the whole available budget, so
+   it runs alone.
+
+Packing (:func:`pack`): jobs on one device (or on the CPU) share the budget, so ``n_jobs`` is
+the largest ``k`` such that the ``k`` largest peaks together fit in ``available_mb`` (any ``k``
+cells may run at the same time, the largest ones included), never above the cores nor the
+number of cells. On several GPUs each job has a device of its own: ``n_jobs`` is at most the
+number of devices and each cell only has to fit alone. A cell whose peak alone exceeds the
+available memory is left out of the packing; its job fails fast with one line, before
+training (:func:`check_fits`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from foxhunt.sweeps.cells import cell_name
+
+log = logging.getLogger(__name__)
+
+PLAN_FILE = "packing.json"  # in the sweep folder, read by each job
+MEASURED_METRICS = ("memory/device_peak_mb", "memory/peak_mb")
+MEASURED_RUNS_LIMIT = 50  # most recent matching runs read per cell
+
+
+class CellExceedsBudget(RuntimeError):
+    """A cell whose estimated peak alone exceeds the budget; raised before training."""
+
+
+@dataclass(frozen=True)
+class PeakEstimate:
+    cell: str
+    mb: float
+    source: str  # how the figure was obtained (predicted / measured / fallback, and from what)
+
+
+@dataclass
+class PackingPlan:
+    """The ``parallel`` strategy's decision, written to ``<sweep dir>/packing.json``."""
+
+    n_jobs: int
+    threads_per_job: int
+    cores: int
+    devices: int
+    budget: str
+    available_mb: float
+    limited_by: str
+    estimates: dict[str, PeakEstimate] = field(default_factory=dict)
+    seconds: float = 0.0  # time spent estimating and planning, before any job
+
+    @property
+    def too_big(self) -> list[str]:
+        return sorted(name for name, e in self.estimates.items() if e.mb > self.available_mb)
+
+    def describe(self) -> str:
+        line = (
+            f"packing: {len(self.estimates)} cells, n_jobs={self.n_jobs} ({self.limited_by}), "
+            f"{self.threads_per_job} torch thread(s) per job, budget {self.budget} {self.available_mb:g} MB, "
+            f"planned in {self.seconds:.1f} s"
+        )
+        if self.too_big:
+            line += f"; over the budget alone, will fail: {', '.join(self.too_big)}"
+        return line
+
+    def write(self, sweep_dir: Path) -> Path:
+        path = Path(sweep_dir) / PLAN_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = asdict(self)
+        path.write_text(json.dumps(data, indent=2, sort_keys=True))
+        return path
+
+    @classmethod
+    def read(cls, sweep_dir: Path) -> "PackingPlan | None":
+        path = Path(sweep_dir) / PLAN_FILE
+        if not path.is_file():
+            return None
+        data: dict[str, Any] = json.loads(path.read_text())
+        data["estimates"] = {k: PeakEstimate(**v) for k, v in data["estimates"].items()}
+        return cls(**data)
+
+
+def available_mb(cfg: DictConfig) -> float:
+    return float(cfg.budget.total_mb) - float(cfg.budget.headroom_mb)
+
+
+def budget_text(cfg: DictConfig) -> str:
+    return (
+        f"{available_mb(cfg):g} MB available on budget {cfg.budget.name} "
+        f"({cfg.budget.total_mb:g} MB total - {cfg.budget.headroom_mb:g} MB headroom)"
+    )
+
+
+def estimate_peak(cfg: DictConfig, digest: str) -> PeakEstimate:
+    """The cell's peak memory (see the module doc for the order of the sources)."""
+    name = cell_name(cfg)
+    tracked = bool(cfg.logger.enabled)
+    found = _measured(cfg, f"tags.config_hash = '{digest}'", "same config") if tracked else None
+    if found is None and cfg.strategy.get("predict_memory", False):
+        found = _predicted(cfg)
+    if found is None and tracked:
+        same_cell = (
+            f"tags.model = '{cfg.model.name}' and tags.asset = '{cfg.asset.key}' and "
+            f"tags.precision = '{cfg.precision.name}' and params.`budget.name` = '{cfg.budget.name}'"
+        )
+        found = _measured(cfg, same_cell, "same model, asset, precision and budget")
+    if found is not None:
+        return PeakEstimate(name, *found)
+    if cfg.model.memory_target_mb is not None:
+        return PeakEstimate(name, float(cfg.model.memory_target_mb), "fallback: model.memory_target_mb (no measurement, no prediction)")
+    return PeakEstimate(name, available_mb(cfg), "fallback: no target, measurement or prediction: the whole budget")
+
+
+def _measured(cfg: DictConfig, match: str, what: str) -> tuple[float, str] | None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(cfg.logger.tracking_uri)
+    experiment = client.get_experiment_by_name(cfg.logger.experiment)
+    if experiment is None:
+        return None
+    runs = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"{match} and attributes.status = 'FINISHED'",
+        max_results=MEASURED_RUNS_LIMIT,
+        order_by=["attributes.start_time DESC"],
+    )
+    for metric in MEASURED_METRICS:
+        values = [(r.data.metrics[metric], r.info.run_id) for r in runs if metric in r.data.metrics]
+        if values:
+            mb, run_id = max(values)
+            return mb, f"measured: max {metric} of {len(values)} FINISHED run(s) with the {what} (run {run_id})"
+    return None
+
+
+def prediction_key(cfg: DictConfig) -> str:
+    """What a prediction depends on: the model section, the precision, the accelerator."""
+    from omegaconf import OmegaConf
+
+    part = {
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "precision": OmegaConf.to_container(cfg.precision, resolve=True),
+        "accelerator": str(cfg.trainer.accelerator),
+    }
+    text = json.dumps(part, sort_keys=True, default=str)
+    return f"{cfg.model.name}-{cfg.precision.name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _predicted(cfg: DictConfig) -> tuple[float, str] | None:
+    """A (cached) :func:`foxhunt.memory.predict.predict_footprint`; ``None`` when it fails."""
+    cache = Path(str(cfg.strategy.prediction_cache)) / f"{prediction_key(cfg)}.json"
+    if cache.is_file():
+        data = json.loads(cache.read_text())
+        return float(data["mb"]), f"predicted (cached in {cache}; {data['how']})"
+    try:
+        mb, how = _predict(cfg, cache.parent / "probes")
+    except Exception as exc:  # a prediction that cannot run leaves the next source
+        log.warning("%s: no memory prediction (%s: %s)", cell_name(cfg), type(exc).__name__, " ".join(str(exc).split()))
+        return None
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"mb": mb, "how": how}, indent=2))
+    return mb, f"predicted ({how})"
+
+
+def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
+    import copy
+
+    from omegaconf import OmegaConf
+
+    from foxhunt.config.schema import validate
+    from foxhunt.memory.ensemble import MEASURE_DATA_DAYS
+    from foxhunt.memory.predict import predict_footprint
+
+    probe = copy.deepcopy(cfg)
+    OmegaConf.update(probe, "paths.output_dir", str(workdir), merge=False)
+    if "days" in probe.data.source:  # probe fits need a few days of bars, as foxhunt memory's
+        OmegaConf.update(probe, "data.source.days", MEASURE_DATA_DAYS, merge=False)
+    validate(probe)
+    prediction = predict_footprint(probe, workdir=workdir)
+    how = (
+        f"predict_footprint: training footprint, {len(prediction.probes)} probe fits at "
+        f"{prediction.batch_key}={[b for b, _, _ in prediction.probes]} extrapolated to {prediction.batch_size}, "
+        f"{prediction.seconds:.1f} s"
+    )
+    return prediction.total_mb, how
+
+
+def pack(peaks: list[float], available: float, cap: int) -> int:
+    """Largest ``k <= cap`` such that the ``k`` largest fitting peaks sum to ``<= available``."""
+    fitting = sorted((p for p in peaks if p <= available), reverse=True)
+    total, k = 0.0, 0
+    for peak in fitting[: max(1, cap)]:
+        if total + peak > available:
+            break
+        total += peak
+        k += 1
+    return max(1, k)
+
+
+def plan_packing(
+    estimates: dict[str, PeakEstimate],
+    available: float,
+    budget: str,
+    cores: int,
+    devices: int,
+    requested: int | str,
+) -> PackingPlan:
+    """``n_jobs`` and threads per job for these cells (see the module doc)."""
+    from foxhunt.sweeps.resources import AUTO, threads_per_job
+
+    cells = max(1, len(estimates))
+    limits = {"cores": cores, "cells": cells}
+    if devices > 1:
+        limits["devices"] = devices
+    if str(requested) != AUTO:
+        limits["strategy.n_jobs"] = int(requested)
+    cap_name = min(limits, key=lambda k: limits[k])
+    cap = limits[cap_name]
+    if str(requested) != AUTO and int(requested) > cap:
+        log.warning("strategy.n_jobs=%s lowered to %d (%s)", requested, cap, cap_name)
+    n_jobs, limited_by = cap, f"{cap_name}: {cap}"
+    if devices <= 1:  # every job on the same memory
+        packed = pack([e.mb for e in estimates.values()], available, cap)
+        if packed < cap:
+            n_jobs, limited_by = packed, f"memory: the {packed + 1} largest peaks exceed {available:g} MB"
+    return PackingPlan(n_jobs, threads_per_job(n_jobs, cores), cores, devices, budget, available, limited_by, estimates)
+
+
+def check_fits(cfg: DictConfig, sweep_dir: Path) -> None:
+    """Raise :class:`CellExceedsBudget` (one line) when the packing plan found this cell too big."""
+    plan = PackingPlan.read(sweep_dir)
+    if plan is None:
+        return
+    estimate = plan.estimates.get(cell_name(cfg))
+    if estimate is not None and estimate.mb > available_mb(cfg):
+        raise CellExceedsBudget(
+            f"cell {estimate.cell} needs {estimate.mb:.0f} MB ({estimate.source}) > {budget_text(cfg)}: not started"
+        )

@@ -1,0 +1,129 @@
+"""The end-of-sweep summary: one row per cell, a model x asset pivot and a heatmap.
+
+Columns: status, ``test/sharpe`` (shared backtest of the test split), ``val/loss``
+(forecasters only; agents have none), peak memory (``memory/device_peak_mb``: the measured
+figure the budget is checked against; how it was measured depends on the budget, see
+:mod:`foxhunt.memory.callback`), wall time of the job (``time.perf_counter`` around the cell;
+for a SKIPPED cell, the duration of its earlier FINISHED run) and the error of a failed cell.
+The heatmap is built on a ``matplotlib.figure.Figure`` with an Agg canvas, never ``pyplot``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from foxhunt.sweeps.cells import OK_STATUSES, CellRecord
+
+SHARPE, VAL_LOSS, PEAK = "test/sharpe", "val/loss", "memory/device_peak_mb"
+HEADER = ("cell", "status", SHARPE, VAL_LOSS, "peak MB", "wall s", "error / note")
+ERROR_WIDTH = 80  # characters of an error shown in the printed table
+CELL_INCHES = (1.6, 0.9)  # heatmap width per asset, height per model
+DPI = 100
+DARK_FRACTION = 0.6  # |sharpe| above this share of the colour scale's bound is drawn on a dark cell
+
+
+def failures(records: list[CellRecord]) -> list[CellRecord]:
+    return [r for r in records if r.status not in OK_STATUSES]
+
+
+def _number(value: float | None, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def _row(record: CellRecord) -> tuple[str, ...]:
+    text = record.error or record.note or ""
+    if len(text) > ERROR_WIDTH:
+        text = text[: ERROR_WIDTH - 3] + "..."
+    return (
+        record.cell,
+        record.status,
+        _number(record.metrics.get(SHARPE), 3),
+        _number(record.metrics.get(VAL_LOSS), 4),
+        _number(record.metrics.get(PEAK), 0),
+        _number(record.wall_s, 1),
+        text,
+    )
+
+
+def format_table(records: list[CellRecord]) -> str:
+    """Aligned plain-text table, one line per cell."""
+    rows = [HEADER, *(_row(r) for r in records)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def _labels(records: list[CellRecord]) -> tuple[list[str], list[str], dict[tuple[str, str], CellRecord]]:
+    several_precisions = len({r.precision for r in records}) > 1
+    grid: dict[tuple[str, str], CellRecord] = {}
+    for r in records:
+        row = f"{r.model} {r.precision}" if several_precisions else r.model
+        grid[(row, r.asset)] = r
+    rows = list(dict.fromkeys(key[0] for key in grid))
+    columns = list(dict.fromkeys(r.asset for r in records))
+    return rows, columns, grid
+
+
+def format_markdown(records: list[CellRecord], title: str) -> str:
+    """The per-cell table and the model x asset pivot of ``test/sharpe`` (status when failed)."""
+    lines = [f"# {title}", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r)) + " |" for r in records]
+    rows, columns, grid = _labels(records)
+    lines += ["", f"## {SHARPE} (model x asset)", "", "| model | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
+    for row in rows:
+        cells = []
+        for column in columns:
+            record = grid.get((row, column))
+            if record is None:
+                cells.append("")
+            elif record.status in OK_STATUSES:
+                cells.append(_number(record.metrics.get(SHARPE), 3))
+            else:
+                cells.append(record.status)
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    failed = failures(records)
+    lines += ["", f"{len(records) - len(failed)} of {len(records)} cells ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
+    return "\n".join(lines) + "\n"
+
+
+def plot_heatmap(records: list[CellRecord], path: str | Path, title: str) -> Path:
+    """Model x asset heatmap of ``test/sharpe``; failed cells grey with their status."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.figure import Figure
+
+    rows, columns, grid = _labels(records)
+    values = np.full((len(rows), len(columns)), np.nan)
+    for (row, column), record in grid.items():
+        sharpe = record.metrics.get(SHARPE)
+        if record.status in OK_STATUSES and sharpe is not None:
+            values[rows.index(row), columns.index(column)] = sharpe
+    finite = values[np.isfinite(values)]
+    bound = float(np.max(np.abs(finite))) if finite.size and np.max(np.abs(finite)) > 0 else 1.0
+    cmap = colormaps["RdYlGn"].with_extremes(bad="lightgrey")
+    figure = Figure(figsize=(2 + CELL_INCHES[0] * len(columns), 1.5 + CELL_INCHES[1] * len(rows)))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    image = axes.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=TwoSlopeNorm(0.0, -bound, bound), aspect="auto")
+    axes.set_xticks(range(len(columns)), columns)
+    axes.set_yticks(range(len(rows)), rows)
+    for (row, column), record in grid.items():
+        sharpe = values[rows.index(row), columns.index(column)]
+        text = f"{sharpe:.2f}" if np.isfinite(sharpe) else record.status
+        if record.status == "SKIPPED":
+            text += "\n(earlier run)"
+        dark = np.isfinite(sharpe) and abs(sharpe) > DARK_FRACTION * bound  # strong colour: white text
+        axes.text(columns.index(column), rows.index(row), text, ha="center", va="center", fontsize=9, color="white" if dark else "black")
+    figure.colorbar(image, ax=axes, label=SHARPE)
+    axes.set_title(title)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=DPI)
+    return path

@@ -1,0 +1,74 @@
+"""Planning a job before launch: the grid, each cell's planned batches and weight, one-line
+config errors, and the job tags of the parent run."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from omegaconf import OmegaConf
+
+from foxhunt.jobs.launch import LaunchError, expand_grid, load_costs, plan_cells, planned_batches
+from foxhunt.jobs.records import job_tags
+
+
+def test_the_grid_is_hydras_cartesian_product():
+    assert expand_grid(["model=dqn,tft", "asset=es,nq", "trainer=smoke"]) == [
+        ["model=dqn", "asset=es", "trainer=smoke"],
+        ["model=dqn", "asset=nq", "trainer=smoke"],
+        ["model=tft", "asset=es", "trainer=smoke"],
+        ["model=tft", "asset=nq", "trainer=smoke"],
+    ]
+
+
+def _cfg(kind, limit, epochs=2, max_steps=-1, steps_per_epoch=1000):
+    return OmegaConf.create({
+        "model": {"kind": kind, "env": {"steps_per_epoch": steps_per_epoch}},
+        "trainer": {"limit_train_batches": limit, "max_epochs": epochs, "max_steps": max_steps},
+    })  # fmt: skip
+
+
+def test_planned_batches_follow_the_trainer_and_the_env():
+    costs = load_costs()
+    assert planned_batches(_cfg("agent", 500), costs) == 1000  # 2 epochs x min(500, 1000)
+    assert planned_batches(_cfg("agent", 0.5), costs) == 1000  # 2 x 1000 x 0.5
+    assert planned_batches(_cfg("forecaster", 40, epochs=3), costs) == 120
+    assert planned_batches(_cfg("forecaster", 40, epochs=3, max_steps=100), costs) == 100
+    assert planned_batches(_cfg("forecaster", 1.0), costs) == 2 * costs["batches_per_epoch_if_unknown"]
+
+
+def test_plan_composes_and_validates_every_cell(tmp_path):
+    plan, store = plan_cells(["model=dqn,tft", "asset=es", "trainer=smoke"], tmp_path)
+    costs = load_costs()["seconds_per_batch"]
+    assert [(c.model, c.asset, c.precision, c.steps) for c in plan] == [
+        ("dqn", "es", "fp32", 8),
+        ("tft", "es", "fp32", 8),
+    ]
+    assert plan[1].weight / plan[0].weight == pytest.approx(costs["tft"] / costs["dqn"])
+    assert store["tracking_uri"] == f"sqlite:///{tmp_path}/mlruns/mlflow.db" and store["experiment"] == "foxhunt"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["model=dqn", "asset=es,xx"],
+            "config error in cell [model=dqn asset=xx]: In 'train': Could not find 'asset/xx'",
+        ),
+        (["trainer.max_epochs=-5"], "trainer.max_epochs=-5"),
+        (["model=dqn,"], "overrides model=dqn,:"),
+    ],
+)
+def test_a_bad_override_fails_at_once_in_one_line(tmp_path, overrides, message):
+    with pytest.raises(LaunchError) as error:
+        plan_cells(overrides, tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_job_tags():
+    tags = job_tags("ab12cd34", 4242, ["foxhunt-train", "-m", "model=dqn,tft", "x=a b"], ["model=dqn,tft", "x=a b"])
+    assert tags == {
+        "job_id": "ab12cd34", "pid": "4242", "host": socket.gethostname(),
+        "command": "foxhunt-train -m model=dqn,tft 'x=a b'", "job.overrides": json.dumps(["model=dqn,tft", "x=a b"]),
+    }  # fmt: skip

@@ -1,0 +1,185 @@
+"""Jobs read from the store: grouping, states (STALE included), plan matching, filters, sorting,
+pages, JSON, and the direct SQLite reader agreeing with MlflowClient."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from jobs_store import HOUR_MS, NOW_MS, dead_pid
+
+from foxhunt.jobs import records
+from foxhunt.jobs.listing import filter_jobs, job_to_dict, paginate, parse_since, sort_jobs
+from foxhunt.jobs.records import (
+    ClientReader,
+    JobNotFound,
+    LaunchRecord,
+    PlanCell,
+    SqliteReader,
+    find_job,
+    group_jobs,
+    load_jobs,
+)
+
+
+@pytest.fixture(scope="module")
+def jobs(jobs_store):
+    return {job.job_id: job for job in load_jobs(jobs_store.uri)}
+
+
+def test_every_job_is_found_with_the_state_the_store_and_processes_say(jobs, jobs_store):
+    states = {key: job.state for key, job in jobs.items()}
+    byhand = jobs_store.runs["byhand"]
+    assert states == {
+        "aaaa1111": "FINISHED", "aaaa2222": "FAILED", "bbbb3333": "KILLED", "cccc4444": "RUNNING",
+        "dddd5555": "STALE", "eeee6666": "RUNNING", byhand: "RUNNING",
+    }  # fmt: skip
+    assert jobs_store.runs["single"] not in {r.run_id for job in jobs.values() for r in job.runs}
+
+
+def test_a_finished_job_has_its_parent_cells_plan_and_best_sharpe(jobs, jobs_store):
+    job = jobs["aaaa1111"]
+    assert job.parent.run_id == jobs_store.runs["finished"]
+    assert [c.name for c in job.cells()] == ["dqn-es-fp32", "dqn-nq-fp32", "tft-es-fp32", "tft-nq-fp32"]
+    assert job.counts() == {"FINISHED": 4}
+    assert job.best_sharpe() == pytest.approx(1.4)
+    assert job.models == ["dqn", "tft"] and job.assets == ["es", "nq"]
+    assert job.duration_s(NOW_MS) == pytest.approx(2 * 3600, abs=1)
+    assert job.overrides == ["label=finished"] and job.command == "foxhunt-train -m finished"
+
+
+def test_stale_is_a_running_run_whose_process_is_gone_and_only_on_this_host(jobs):
+    stale = jobs["dddd5555"]
+    assert stale.parent.status == "RUNNING" and stale.state == "STALE"  # the store is unchanged
+    assert [c.state for c in stale.cells()] == ["STALE"]
+    # its duration stops at the last thing it wrote, not now
+    assert stale.runs[0].duration_s(NOW_MS) < 60
+    remote = [j for j in jobs.values() if j.parent is not None and j.parent.tags.get("sweep_id") == "sweep-byhand"][0]
+    assert remote.runs[0].state == "RUNNING"  # another host: cannot be checked from here
+
+
+def test_weighted_progress_counts_planned_cells_that_have_not_started(jobs):
+    job = jobs["cccc4444"]
+    cells = job.cells()
+    assert [(c.name, c.state) for c in cells] == [("tft-zn-fp32", "RUNNING"), ("dqn-zn-fp32", "PENDING")]
+    assert cells[0].step() == 40
+    # tft (weight 4) half done, dqn (weight 1) not started: 0.5 * 4 / 5
+    assert job.fraction() == pytest.approx(0.4)
+
+
+def test_a_job_whose_parent_is_not_tagged_yet_is_found_by_its_cells_job_id(jobs_store):
+    job = find_job(jobs_store.uri, "eeee6666")
+    assert job.parent is not None and job.parent.run_id == jobs_store.runs["untagged"]
+    assert [r.run_id for r in job.runs] == [jobs_store.runs["untagged/dqn-es"]]
+
+
+def test_find_job_by_prefix_and_clear_errors(jobs_store, tmp_path):
+    assert find_job(jobs_store.uri, "bbbb").job_id == "bbbb3333"
+    assert find_job(jobs_store.uri, jobs_store.runs["byhand"][:10]).parent.run_id == jobs_store.runs["byhand"]
+    with pytest.raises(JobNotFound, match="ambiguous: aaaa1111, aaaa2222"):
+        find_job(jobs_store.uri, "aaaa")
+    with pytest.raises(JobNotFound, match="no job 'zzzz'"):
+        find_job(jobs_store.uri, "zzzz", root=tmp_path)
+
+
+def test_a_job_not_in_the_store_yet_is_starting_then_failed_from_its_launch_record(jobs_store, tmp_path):
+    import os
+
+    import psutil
+
+    def record(pid):
+        return LaunchRecord(
+            job_id="ffff7777", pid=pid, host=records.socket.gethostname(), command=["foxhunt-train", "-m"],
+            overrides=["model=dqn"], log=str(tmp_path / "ffff7777.log"), tracking_uri=jobs_store.uri,
+            root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"),
+            started_ms=int(psutil.Process(pid).create_time() * 1000) if pid == os.getpid() else NOW_MS,
+            plan=[PlanCell("dqn", "es", "fp32", "42", 8, 0.5)],
+        )  # fmt: skip
+
+    path = records.jobs_dir(tmp_path) / "ffff7777.json"
+    record(os.getpid()).write(path)
+    job = find_job(jobs_store.uri, "ffff", root=tmp_path)
+    assert job.state == "STARTING" and [c.state for c in job.cells()] == ["PENDING"]
+    record(dead_pid()).write(path)
+    assert find_job(jobs_store.uri, "ffff7777", root=tmp_path).state == "FAILED"
+
+
+def test_filters_sorting_and_pages(jobs, jobs_store):
+    all_jobs = list(jobs.values())
+    ids = lambda js: [j.job_id for j in js]  # noqa: E731
+    byhand = jobs_store.runs["byhand"]
+    assert ids(filter_jobs(all_jobs, states=["stale"])) == ["dddd5555"]
+    assert sorted(ids(filter_jobs(all_jobs, models=["tft"], assets=["es"]))) == sorted(["aaaa1111", byhand])
+    assert ids(filter_jobs(all_jobs, models=["ppo"], states=["FAILED", "KILLED"])) == ["aaaa2222"]
+    recent = filter_jobs(all_jobs, since_ms=NOW_MS - 3 * HOUR_MS)
+    assert sorted(ids(recent)) == ["bbbb3333", "cccc4444", "dddd5555", "eeee6666"]
+
+    newest = sort_jobs(all_jobs, "started", NOW_MS)
+    assert ids(newest)[-1] == "aaaa1111" and ids(sort_jobs(all_jobs, "started", NOW_MS, reverse=True))[0] == "aaaa1111"
+    assert ids(sort_jobs(all_jobs, "sharpe", NOW_MS))[:2] == ["aaaa1111", "aaaa2222"]
+    # the hand-started sweep has been RUNNING for 48 h (on another host), the finished job took 2 h
+    assert ids(sort_jobs(all_jobs, "duration", NOW_MS))[:2] == [byhand, "aaaa1111"]
+    with pytest.raises(ValueError, match="--sort 'pnl'"):
+        sort_jobs(all_jobs, "pnl", NOW_MS)
+
+    pages = [paginate(newest, 3, page) for page in (1, 2, 3, 4)]
+    assert [len(p.jobs) for p in pages] == [3, 3, 1, 0]
+    assert pages[0].pages == 3 and pages[0].total == 7
+    assert sum((ids(p.jobs) for p in pages), []) == ids(newest)
+
+
+def test_since_accepts_ages_and_dates():
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    assert parse_since("2h", now) == int((now - timedelta(hours=2)).timestamp() * 1000)
+    assert parse_since("1w", now) == int((now - timedelta(days=7)).timestamp() * 1000)
+    midnight = datetime(2026, 11, 28, tzinfo=timezone.utc)
+    assert parse_since("2026-11-28T00:00+00:00", now) == int(midnight.timestamp() * 1000)
+    with pytest.raises(ValueError, match="expected an age"):
+        parse_since("yesterday", now)
+
+
+def test_json_carries_cells_errors_and_checkpoints(jobs, tmp_path):
+    data = job_to_dict(jobs["aaaa2222"], NOW_MS)
+    json.dumps(data)  # serializable
+    assert data["state"] == "FAILED" and data["counts"] == {"FINISHED": 1, "FAILED": 1}
+    failed = [c for c in data["cells"] if c["state"] == "FAILED"][0]
+    assert failed["error"] == "ValueError: loss is NaN at step 30" and failed["step"] == 30
+
+
+def test_checkpoint_of_a_stopped_cell_is_found_in_its_folders(tmp_path):
+    folder = tmp_path / "cell" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "last.ckpt").write_bytes(b"0")
+    run = records.RunRecord("r", "n", "e", "KILLED", 0, 1, {"output_dir": str(tmp_path / "cell")}, {})
+    assert records.checkpoint_of(run) == folder / "last.ckpt"
+    assert records.checkpoint_of(records.RunRecord("r", "n", "e", "KILLED", 0, 1, {}, {})) is None
+
+
+def test_the_sqlite_reader_agrees_with_mlflow_client(jobs_store):
+    """The direct reader reads what MlflowClient (and so the MLflow UI) reads."""
+
+    def summary(runs):
+        jobs = group_jobs(runs)
+        return {
+            j.job_id: (
+                j.state, j.parent.run_id if j.parent else None, j.overrides,
+                sorted((r.run_id, r.name, r.status, r.start_ms, r.end_ms, r.state,
+                        tuple(sorted((k, m.value) for k, m in r.metrics.items())),
+                        r.metrics["progress"].step if "progress" in r.metrics else None,
+                        tuple(sorted((k, v) for k, v in r.tags.items() if not k.startswith("mlflow."))))
+                       for r in j.runs),
+            )  # fmt: skip
+            for j in jobs
+        }
+
+    path = records.sqlite_path(jobs_store.uri)
+    assert isinstance(records.open_reader(jobs_store.uri), SqliteReader)
+    assert summary(SqliteReader(path).job_runs()) == summary(ClientReader(jobs_store.uri).job_runs())
+    one = ClientReader(jobs_store.uri).job_runs("cccc")
+    assert {r.run_id for r in one} == {jobs_store.runs["running"], jobs_store.runs["running/tft-zn"]}
+    assert {r.run_id for r in SqliteReader(path).job_runs("cccc")} == {r.run_id for r in one}
+
+
+def test_no_store_means_no_jobs(tmp_path):
+    assert load_jobs(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}") == []

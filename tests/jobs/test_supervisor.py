@@ -1,0 +1,58 @@
+"""The supervisor on its own (no training): a job that dies before reaching the store still
+gets a run, FAILED with its log's last lines, or KILLED when it was stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from foxhunt.jobs.records import LaunchRecord, find_job, jobs_dir
+
+
+def launch(root: Path, job_id: str, code: str) -> tuple[subprocess.Popen, Path]:
+    folder = jobs_dir(root)
+    folder.mkdir(parents=True)
+    log = folder / f"{job_id}.log"
+    record = LaunchRecord(
+        job_id=job_id, pid=0, host=socket.gethostname(), command=[sys.executable, "-c", code], overrides=["model=x"],
+        log=str(log), tracking_uri=f"sqlite:///{root / 'mlruns' / 'mlflow.db'}", root=str(root),
+        sweep_dir=str(root / "sweep"), started_ms=int(time.time() * 1000), plan=[], experiment="unit",
+    )  # fmt: skip
+    path = folder / f"{job_id}.json"
+    record.write(path)
+    with open(log, "a") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(path)], cwd=root, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    record.pid = process.pid
+    record.write(path)
+    return process, log
+
+
+def test_a_job_that_dies_before_the_store_gets_a_failed_run_with_its_error(tmp_path):
+    crash = "print('ModuleNotFoundError: No module named nowhere'); raise SystemExit(3)"
+    process, _ = launch(tmp_path, "dead0001", crash)
+    assert process.wait(timeout=120) == 3
+    job = find_job(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}", "dead0001", root=tmp_path)
+    assert job.state == "FAILED" and job.parent.experiment == "unit"
+    assert "ModuleNotFoundError: No module named nowhere" in job.error
+    assert job.overrides == ["model=x"] and job.pid == process.pid
+
+
+def test_sigterm_to_the_group_ends_the_job_killed(tmp_path):
+    process, log = launch(tmp_path, "stop0001", "import time; print('training', flush=True); time.sleep(120)")
+    deadline = time.monotonic() + 60
+    while "training" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=120) == 128 + signal.SIGTERM
+    job = find_job(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}", "stop0001", root=tmp_path)
+    assert job.state == "KILLED" and job.parent.tags["stop_reason"] == "SIGTERM"
+    assert "SIGTERM received, waiting for training to stop" in log.read_text()

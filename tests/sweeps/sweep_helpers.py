@@ -1,0 +1,40 @@
+"""Helpers of the sweep tests: run ``foxhunt-train -m`` in a subprocess rooted in a tmp folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+# Small and fast: one epoch of 8 steps, one torch thread (two jobs share two cores), on a week
+# of synthetic bars (WEEK; not for the CSV source).
+SMOKE = ["trainer=smoke", "strategy.torch_threads=1"]
+WEEK = ["data.source.days=7"]
+
+
+def foxhunt_train(args: list[str], root: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FOXHUNT_ROOT": str(root), "HYDRA_FULL_ERROR": "1"}
+    command = [str(Path(sys.executable).parent / "foxhunt-train"), "-m", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=root, timeout=timeout)
+
+
+def store(root: Path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
+
+
+def runs(root: Path) -> tuple[list, list]:
+    """(parent runs, cell runs) of the ``foxhunt`` experiment, most recent first."""
+    client = store(root)
+    experiment = client.get_experiment_by_name("foxhunt")
+    found = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"])
+    parents = [r for r in found if r.data.tags.get("foxhunt.run_kind") == "sweep"]
+    cells = [r for r in found if "config_hash" in r.data.tags]
+    return parents, cells
+
+
+def sweep_dirs(root: Path) -> list[Path]:
+    return sorted((root / "outputs" / "sweeps").iterdir())

@@ -1,0 +1,99 @@
+"""Cell identity (config hash), result records, the expansion of a sweep into cells."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import read_write
+
+from foxhunt.sweeps.cells import CellRecord, config_hash, read_records
+
+
+def test_config_hash_ignores_folders_launch_and_tracking_but_not_training(compose_cfg, tmp_path):
+    base = config_hash(compose_cfg(["model=dqn", "trainer=smoke"]))
+    assert len(base) == 16
+    same = [
+        ["model=dqn", "trainer=smoke", "paths.output_dir=/elsewhere"],
+        ["model=dqn", "trainer=smoke", "strategy=parallel"],
+        ["model=dqn", "trainer=smoke", "logger=none"],
+        ["model=dqn", "trainer=smoke", "resume=true"],
+    ]
+    for overrides in same:
+        assert config_hash(compose_cfg(overrides)) == base, overrides
+    different = [
+        ["model=dqn", "trainer=smoke", "seed=7"],
+        ["model=dqn", "trainer=smoke", "model.module.lr=0.01"],
+        ["model=dqn", "trainer=default"],
+        ["model=dqn", "trainer=smoke", "asset=nq"],
+    ]
+    for overrides in different:
+        assert config_hash(compose_cfg(overrides)) != base, overrides
+
+
+def test_records_round_trip_and_a_broken_one_is_skipped(tmp_path):
+    record = CellRecord("dqn-es-fp32", "dqn", "es", "fp32", "abc", status="FINISHED", run_id="r1", wall_s=1.5, metrics={"test/sharpe": 0.5})
+    record.write(tmp_path / "dqn_es_fp32")
+    CellRecord("tft-nq-fp32", "tft", "nq", "fp32", "def", error="ValueError: bad").write(tmp_path / "tft_nq_fp32")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "cell.json").write_text("{not json")
+    records = read_records(tmp_path)
+    assert [r.cell for r in records] == ["dqn-es-fp32", "tft-nq-fp32"]
+    assert records[0] == record
+    assert records[1].status == "FAILED" and records[1].error == "ValueError: bad"
+    assert json.loads((tmp_path / "dqn_es_fp32" / "cell.json").read_text())["metrics"] == {"test/sharpe": 0.5}
+
+
+@pytest.fixture
+def sweep_config(tmp_path):
+    """A composed config as ``foxhunt-train -m experiment=grid model=dqn`` sees it, Hydra kept
+    initialized (the sweep expansion composes each cell)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    conf_dir = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose("train", overrides=[f"paths.root_dir={tmp_path}", "experiment=grid", "model=dqn"], return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        yield cfg
+
+
+def test_grid_expands_to_16_cells_and_the_command_line_narrows_it(sweep_config):
+    from foxhunt.sweeps.packing import sweep_cells
+
+    cells = sweep_cells(sweep_config)
+    assert [sorted(c) for c in cells] == [sorted(["model=dqn", f"asset={a}", "experiment=grid", f"paths.root_dir={sweep_config.paths.root_dir}"]) for a in ("es", "nq", "6e", "zn")]
+    assert len(sweep_cells(_with_task_overrides(sweep_config, ["experiment=grid"]))) == 16
+
+
+def _with_task_overrides(cfg, overrides):
+    variant = copy.deepcopy(cfg)
+    with read_write(variant.hydra):
+        variant.hydra.overrides.task = overrides
+    return variant
+
+
+def test_sweep_hash_ignores_launch_choices(sweep_config):
+    from foxhunt.sweeps.callback import sweep_hash
+
+    base = sweep_hash(sweep_config)
+    task = list(sweep_config.hydra.overrides.task)
+    launch = _with_task_overrides(sweep_config, [*task, "strategy=parallel", "resume=true", "strategy.n_jobs=2"])
+    assert sweep_hash(launch) == base
+    assert sweep_hash(_with_task_overrides(sweep_config, [*task, "trainer=smoke"])) != base
+
+
+def test_slurm_strategy_sizes_each_job_from_the_strategy_keys(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    conf_dir = Path(__file__).resolve().parents[2] / "conf"
+    overrides = [f"paths.root_dir={tmp_path}", "strategy=slurm", "strategy.partition=gpu", "strategy.gpus_per_job=2", "strategy.time_min=90", "strategy.setup=[module load cuda]"]
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+    assert launcher["_target_"] == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    resolved = {key: OmegaConf.select(cfg, f"hydra.launcher.{key}") for key in ("partition", "gpus_per_node", "timeout_min", "cpus_per_task", "setup")}
+    assert resolved == {"partition": "gpu", "gpus_per_node": 2, "timeout_min": 90, "cpus_per_task": 8, "setup": ["module load cuda"]}

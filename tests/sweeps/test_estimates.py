@@ -1,0 +1,119 @@
+"""Memory estimates of sweep cells and the packing of cells into concurrent jobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from foxhunt.sweeps import estimates
+from foxhunt.sweeps.cells import config_hash
+from foxhunt.sweeps.estimates import (
+    CellExceedsBudget,
+    PackingPlan,
+    PeakEstimate,
+    check_fits,
+    estimate_peak,
+    pack,
+    plan_packing,
+)
+from foxhunt.tracking.mlflow_store import TrackedRun
+
+
+@pytest.mark.parametrize(
+    ("peaks", "available", "cap", "expected"),
+    [
+        ([100, 100, 100, 100], 1000, 2, 2),  # the cores limit
+        ([100, 100, 100, 100], 1000, 8, 4),  # all cells at once
+        ([600, 500, 100, 100], 1000, 4, 1),  # 600 + 500 > 1000: the two largest cannot overlap
+        ([400, 300, 200, 100], 1000, 4, 4),  # 400 + 300 + 200 + 100 = 1000 fits exactly
+        ([400, 300, 200, 101], 1000, 4, 3),  # one MB more: the four together do not fit
+        ([2000, 300, 300], 1000, 4, 2),  # the cell over the budget is left out (it fails alone)
+        ([2000], 1000, 4, 1),  # nothing fits: one job, the cell fails fast
+    ],
+)
+def test_pack_takes_the_largest_peaks_that_fit_together(peaks, available, cap, expected):
+    assert pack(peaks, available, cap) == expected
+
+
+def _estimates(*mbs: float) -> dict[str, PeakEstimate]:
+    return {f"c{i}": PeakEstimate(f"c{i}", mb, "test") for i, mb in enumerate(mbs)}
+
+
+def test_plan_never_exceeds_the_cores_and_splits_threads():
+    plan = plan_packing(_estimates(10, 10, 10, 10), available=1000, budget="b", cores=2, devices=0, requested="auto")
+    assert (plan.n_jobs, plan.threads_per_job, plan.limited_by) == (2, 1, "cores: 2")
+    plan = plan_packing(_estimates(10, 10), available=1000, budget="b", cores=8, devices=0, requested="auto")
+    assert (plan.n_jobs, plan.threads_per_job) == (2, 4)
+
+
+def test_plan_is_limited_by_memory_and_names_the_cells_over_budget():
+    plan = plan_packing(_estimates(700, 600, 5000, 100), available=1000, budget="b", cores=16, devices=0, requested="auto")
+    assert plan.n_jobs == 1 and plan.limited_by.startswith("memory")
+    assert plan.too_big == ["c2"]
+    assert "will fail: c2" in plan.describe()
+
+
+def test_plan_on_several_gpus_runs_one_job_per_device():
+    plan = plan_packing(_estimates(3000, 3000, 3000), available=3500, budget="b", cores=16, devices=2, requested="auto")
+    assert (plan.n_jobs, plan.limited_by, plan.threads_per_job) == (2, "devices: 2", 8)
+
+
+def test_a_requested_n_jobs_is_kept_but_capped_by_the_cores():
+    assert plan_packing(_estimates(1, 1, 1), 100, "b", cores=4, devices=0, requested=2).n_jobs == 2
+    assert plan_packing(_estimates(1, 1, 1), 100, "b", cores=2, devices=0, requested=5).n_jobs == 2
+
+
+def _finished_run(cfg, peak_mb: float, digest: str) -> str:
+    from foxhunt.config.schema import resolved_config
+
+    tags = {"model": cfg.model.name, "asset": cfg.asset.key, "precision": cfg.precision.name, "config_hash": digest}
+    with TrackedRun(cfg.logger.tracking_uri, cfg.logger.experiment, cfg.logger.artifact_location, "r", tags) as run:
+        run.log_config(resolved_config(cfg), "")
+        run.log_metrics({"memory/device_peak_mb": peak_mb, "memory/peak_mb": 1.0})
+    return run.run_id
+
+
+def test_estimate_order_measured_config_then_prediction_then_measured_cell_then_target(compose_cfg, monkeypatch):
+    cfg = compose_cfg(["strategy=parallel", "model=dqn", "asset=es"])
+    digest = config_hash(cfg)
+    calls = []
+
+    def fake_predict(cell_cfg, workdir):
+        calls.append(workdir)
+        return 321.0, "fake prediction"
+
+    monkeypatch.setattr(estimates, "_predict", fake_predict)
+    first = estimate_peak(cfg, digest)
+    assert (first.mb, first.source) == (321.0, "predicted (fake prediction)")
+    again = estimate_peak(cfg, digest)  # cached per model config: no second probe
+    assert again.mb == 321.0 and "cached" in again.source and len(calls) == 1
+
+    other = _finished_run(cfg, 111.0, "another-config")
+    assert estimate_peak(cfg, digest).mb == 321.0  # a prediction of this config beats another config's run
+
+    cfg.strategy.predict_memory = False
+    loose = estimate_peak(cfg, digest)
+    assert loose.mb == 111.0 and other in loose.source and "same model, asset" in loose.source
+
+    same = _finished_run(cfg, 222.0, digest)
+    cfg.strategy.predict_memory = True
+    exact = estimate_peak(cfg, digest)
+    assert exact.mb == 222.0 and same in exact.source and "same config" in exact.source
+
+
+def test_fallback_is_the_models_memory_target(compose_cfg):
+    cfg = compose_cfg(["strategy=parallel", "strategy.predict_memory=false", "model=ppo"])
+    estimate = estimate_peak(cfg, config_hash(cfg))
+    assert estimate.mb == 200.0 and estimate.source.startswith("fallback: model.memory_target_mb")
+
+
+def test_a_cell_over_the_budget_fails_with_one_line(compose_cfg, tmp_path):
+    cfg = compose_cfg(["model=tft", "budget=rtx3050ti"])
+    PackingPlan(1, 2, 2, 0, "rtx3050ti", 3596.0, "cores: 2", {"tft-es-fp32": PeakEstimate("tft-es-fp32", 5000.0, "measured: x")}).write(tmp_path)
+    with pytest.raises(CellExceedsBudget) as error:
+        check_fits(cfg, tmp_path)
+    assert str(error.value) == (
+        "cell tft-es-fp32 needs 5000 MB (measured: x) > 3596 MB available on budget rtx3050ti "
+        "(4096 MB total - 500 MB headroom): not started"
+    )
+    PackingPlan(1, 2, 2, 0, "rtx3050ti", 3596.0, "cores: 2", {"tft-es-fp32": PeakEstimate("tft-es-fp32", 500.0, "x")}).write(tmp_path)
+    check_fits(cfg, tmp_path)  # fits: no error
