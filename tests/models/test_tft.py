@@ -62,6 +62,7 @@ def small_tft(**overrides) -> TemporalFusionTransformer:
         learning_rate=1e-2,
         weight_decay=0.0,
         position_threshold=0.0,
+        activation_checkpointing=False,
     )
     args.update(overrides)
     return TemporalFusionTransformer(**args)
@@ -96,6 +97,7 @@ def test_yaml_states_every_constructor_argument_and_the_seed_values():
     assert (module["hidden_size"], module["num_heads"], module["lstm_layers"]) == (256, 4, 3)
     assert module["quantiles"] == SEED_QUANTILES
     assert (module["learning_rate"], module["weight_decay"], module["dropout"]) == (1e-3, 1e-3, 0.1)
+    assert module["activation_checkpointing"] is True  # the 500 MB target in fp32 needs it
 
 
 def test_seed_config_shapes_and_parameter_count(capsys):
@@ -279,6 +281,60 @@ def test_fit_under_bf16_mixed_precision():
     trainer = quiet_trainer(max_steps=3, precision="bf16-mixed", callbacks=[recorder])
     trainer.fit(model, DataLoader([random_batch(4, 12, 4, seed=s) for s in range(3)], batch_size=None))
     assert len(recorder.losses) == 3 and np.isfinite(recorder.losses).all()
+
+
+# --------------------------------------------------------------------------- activation checkpointing
+def _step_with_meter(checkpointing: bool, int8_path: bool = False):
+    """One forward + backward of a small TFT (dropout on, fixed RNG) under the activation
+    meter: (gradients by name, peak saved bytes)."""
+    from foxhunt.memory.accounting import ActivationMeter
+
+    torch.manual_seed(0)
+    model = small_tft(hidden_size=32, dropout=0.2, activation_checkpointing=checkpointing)
+    if int8_path:  # the unfolded forward, the path quantized weights take
+        for vsn in (model.encoder_selection, model.decoder_selection, model.static_selection):
+            vsn.select = lambda x, embeddings, context=None, vsn=vsn: vsn(
+                x.unsqueeze(-1) * torch.cat([e.weight for e in embeddings]) + torch.cat([e.bias for e in embeddings]),
+                context,
+            )
+    batch = random_batch(16, 12, 4, seed=3)
+    torch.manual_seed(7)  # the dropout masks: recomputation must replay them exactly
+    with ActivationMeter(exclude=model) as meter:
+        forecast = model(batch)
+        quantile_loss(forecast, batch["target"], model.quantiles).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, meter.peak_bytes
+
+
+@pytest.mark.parametrize("int8_path", [False, True], ids=["folded", "unfolded"])
+def test_activation_checkpointing_same_gradients_less_saved_memory(int8_path):
+    plain_grads, plain_peak = _step_with_meter(False, int8_path)
+    ckpt_grads, ckpt_peak = _step_with_meter(True, int8_path)
+    assert plain_grads.keys() == ckpt_grads.keys()
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(ckpt_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    assert ckpt_peak < 0.75 * plain_peak, (ckpt_peak, plain_peak)
+
+
+def test_activation_checkpointing_recomputation_is_counted_by_the_meter():
+    """The recomputed segment's saved tensors pass through the meter's hooks in backward, so
+    the peak is at least what the variable GRNs of the encoder selection save on their own."""
+    from foxhunt.memory.accounting import ActivationMeter
+    from foxhunt.models.tft import VariableSelectionNetwork
+
+    torch.manual_seed(0)
+    vsn = VariableSelectionNetwork(6, 32, dropout=0.0, context_size=None)
+    embedded = torch.randn(8, 20, 6, 32, requires_grad=True)
+    weights = torch.softmax(torch.randn(8, 20, 6, requires_grad=True), dim=-1)
+    with ActivationMeter(exclude=vsn) as alone:
+        vsn._select_embedded(embedded, weights).sum().backward()
+    vsn.activation_checkpointing = True
+    with ActivationMeter(exclude=vsn) as after_forward:
+        out = vsn(embedded)[0]
+    with ActivationMeter(exclude=vsn) as whole:
+        vsn(embedded)[0].sum().backward()
+    del out
+    assert after_forward.peak_bytes < 0.5 * alone.peak_bytes  # dropped after the forward pass
+    assert whole.peak_bytes >= alone.peak_bytes  # ... and counted again when recomputed
 
 
 def test_overfits_a_fixed_tiny_batch():

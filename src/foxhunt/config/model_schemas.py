@@ -64,6 +64,10 @@ def _quantiles(v: Any) -> str | None:
     return None
 
 
+def _boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
 def _range_pair(v: Any) -> str | None:
     ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(x) and x > 0 for x in v) and v[0] <= v[1]
     return None if ok else "must be [low, high] with 0 < low <= high"
@@ -79,6 +83,7 @@ NAME_RULES: list[tuple[str, Callable[[Any], str | None]]] = [
     (r"^epsilon_(start|end|min|final)$", _unit_closed),
     (r"^quantiles$", _quantiles),
     (r"^A_init_range$", _range_pair),
+    (r"^activation_checkpointing$", _boolean),
     (r"^(dt_min|dt_max|dt_init_floor)$", _positive),
     (r"^hidden_sizes$|^.*_hidden_sizes$", _positive_int_list),
     (r"^(seed)$", _non_negative_int),

@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from foxhunt.models.forecaster import ForecasterModule
 
@@ -138,8 +139,16 @@ class VariableSelectionNetwork(nn.Module):
     output  = sum_i weights_i * GRN_i(xi_i).
     """
 
-    def __init__(self, n_vars: int, hidden_size: int, dropout: float, context_size: int | None) -> None:
+    def __init__(
+        self,
+        n_vars: int,
+        hidden_size: int,
+        dropout: float,
+        context_size: int | None,
+        activation_checkpointing: bool = False,
+    ) -> None:
         super().__init__()
+        self.activation_checkpointing = activation_checkpointing
         self.weight_grn = GatedResidualNetwork(n_vars * hidden_size, hidden_size, n_vars, dropout, context_size)
         self.variable_grns = nn.ModuleList(
             GatedResidualNetwork(hidden_size, hidden_size, hidden_size, dropout) for _ in range(n_vars)
@@ -148,10 +157,14 @@ class VariableSelectionNetwork(nn.Module):
     def forward(self, embedded: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """embedded: (..., n_vars, hidden) -> (selected (..., hidden), weights (..., n_vars))."""
         weights = torch.softmax(self.weight_grn(embedded.flatten(-2), context), dim=-1)
-        processed = torch.stack(
-            [grn(embedded[..., i, :]) for i, grn in enumerate(self.variable_grns)], dim=-2
-        )
-        return (weights.unsqueeze(-1) * processed).sum(dim=-2), weights
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._select_embedded, embedded, weights, use_reentrant=True), weights
+        return self._select_embedded(embedded, weights), weights
+
+    def _select_embedded(self, embedded: Tensor, weights: Tensor) -> Tensor:
+        """sum_i weights_i * GRN_i(xi_i) for embedded variables (..., n_vars, hidden)."""
+        processed = torch.stack([grn(xi) for grn, xi in zip(self.variable_grns, embedded.unbind(-2))], dim=-2)
+        return (weights.unsqueeze(-1) * processed).sum(dim=-2)
 
     def select(
         self, x: Tensor, embeddings: Sequence[VariableEmbedding], context: Tensor | None = None
@@ -182,7 +195,25 @@ class VariableSelectionNetwork(nn.Module):
         else:
             weight_skip = F.linear(x, skip_w, skip_b)
         weights = torch.softmax(grn.finish(weight_hidden, weight_skip, context), dim=-1)
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            # Reentrant checkpoint: the recomputation in backward runs under the default
+            # saved-tensor hooks, so foxhunt's activation meter counts its peak (the
+            # non-reentrant variant stores recomputed tensors behind hooks of its own).
+            selected = checkpoint(
+                self._select_variables, x, weights, weight, bias, scale, offset, use_reentrant=True
+            )
+        else:
+            selected = self._select_variables(x, weights, weight, bias, scale, offset)
+        return selected, weights
 
+    def _select_variables(
+        self, x: Tensor, weights: Tensor, weight: Tensor, bias: Tensor, scale: Tensor, offset: Tensor
+    ) -> Tensor:
+        """sum_i weights_i * GRN_i(xi_i) from the raw inputs x (..., n_vars): the embedding
+        ``x_i w_i + b_i`` is each GRN's residual, ``x_i scale_i + offset_i`` its folded input
+        layer. The per-variable GRNs hold most of the TFT's activations (n_vars x hidden values
+        per position, several tensors each), so this is the segment that activation
+        checkpointing drops after the forward pass and recomputes in the backward pass."""
         embedded = x.unsqueeze(-1) * weight + bias  # (..., n_vars, hidden)
         variable_hidden = x.unsqueeze(-1) * scale + offset  # (..., n_vars, out)
         # unbind, not slices: a slice's backward zero-fills a full-size gradient per variable
@@ -193,7 +224,7 @@ class VariableSelectionNetwork(nn.Module):
             ],
             dim=-2,
         )
-        return (weights.unsqueeze(-1) * processed).sum(dim=-2), weights
+        return (weights.unsqueeze(-1) * processed).sum(dim=-2)
 
     def _folds(
         self, weight: Tensor, bias: Tensor, embeddings: Sequence[VariableEmbedding]
@@ -298,7 +329,9 @@ class TemporalFusionTransformer(ForecasterModule):
     Hyperparameters (conf/model/tft.yaml, `module`): input_dim = static_dim + known_dim +
     observed_dim; hidden_size (d_model); num_heads; lstm_layers; dropout; seq_len (encoder
     steps); horizon (decoder steps); quantiles; learning_rate; weight_decay (L2);
-    position_threshold (see ForecasterModule).
+    position_threshold (see ForecasterModule); activation_checkpointing (recompute the
+    encoder and decoder variable selections' per-variable GRNs in the backward pass instead of
+    keeping their activations: the same gradients for less memory and some extra compute).
     """
 
     def __init__(
@@ -318,6 +351,7 @@ class TemporalFusionTransformer(ForecasterModule):
         learning_rate: float,
         weight_decay: float,
         position_threshold: float,
+        activation_checkpointing: bool,
     ) -> None:
         super().__init__(
             quantiles=quantiles,
@@ -358,9 +392,15 @@ class TemporalFusionTransformer(ForecasterModule):
         self.observed_embedding = VariableEmbedding(observed_dim, d)
 
         # Variable selection.
+        # Time-varying selections may recompute their variable GRNs in the backward pass
+        # (activation_checkpointing); the static one has no time axis and stays as it is.
         self.static_selection = VariableSelectionNetwork(static_dim, d, dropout, context_size=None)
-        self.encoder_selection = VariableSelectionNetwork(known_dim + observed_dim, d, dropout, context_size=d)
-        self.decoder_selection = VariableSelectionNetwork(known_dim, d, dropout, context_size=d)
+        self.encoder_selection = VariableSelectionNetwork(
+            known_dim + observed_dim, d, dropout, context_size=d, activation_checkpointing=activation_checkpointing
+        )
+        self.decoder_selection = VariableSelectionNetwork(
+            known_dim, d, dropout, context_size=d, activation_checkpointing=activation_checkpointing
+        )
 
         # Static covariate encoders: the four contexts.
         self.context_selection = GatedResidualNetwork(d, d, d, dropout)
