@@ -219,9 +219,14 @@ class _NoRun:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def _hydra_entry(cfg: DictConfig) -> float | None:
-    # Lightning adds its own console handler; under Hydra the root logger prints already.
-    logging.getLogger("lightning.pytorch").handlers.clear()
+    import lightning.pytorch  # noqa: F401  (imported now so that its handlers exist to remove)
+
     from foxhunt.sweeps.cell import run_cell
+
+    # Lightning adds console handlers of its own (to `lightning` and `lightning.pytorch`); under
+    # Hydra the root logger prints already, so each message would appear twice.
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).handlers.clear()
 
     try:
         metrics = run_cell(cfg, train)  # in a sweep, a failing cell returns None

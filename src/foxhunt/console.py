@@ -1,0 +1,48 @@
+"""Drop the third-party console messages that say nothing to a foxhunt user, and only those.
+
+Each entry names the logger (or warning) and a fragment of the exact message; everything else
+from these libraries still prints. Written here because the libraries offer no switch for them:
+
+- Lightning's "Tip: ... install litlogger" advert on every Trainer (rank_zero_info, no flag);
+- torchao's "Failed to load .../_C_*.so" for its CUDA-only kernels on a CPU build of torch;
+- torch's notice that torchao registers an Enum with ``register_constant`` (torchao's code);
+- Lightning's own use of torch's deprecated ``LeafSpec`` (lightning/pytorch/utilities/_pytree.py);
+- Lightning's "`training_step` returned `None`": DQN skips the gradient step on purpose until its
+  replay buffer holds ``min_replay_size`` transitions (the warning itself says to ignore it then).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+# (logger name, message fragment): records of that logger containing the fragment are dropped.
+KNOWN_NOISE: tuple[tuple[str, str], ...] = (
+    ("lightning.pytorch.utilities.rank_zero", "litlogger"),
+    ("torchao", "Failed to load"),
+    ("torch.utils._pytree", "is an Enum subclass and is now natively supported"),
+)
+# Warning message patterns (regular expressions matched at the start of the message).
+KNOWN_WARNINGS: tuple[str, ...] = (
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    r"`training_step` returned `None`",
+)
+
+
+class _DropFragment(logging.Filter):
+    def __init__(self, fragment: str) -> None:
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
+
+
+def silence_known_noise() -> None:
+    """Install the filters (idempotent: a logger gets each filter once)."""
+    for name, fragment in KNOWN_NOISE:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropFragment) and f.fragment == fragment for f in logger.filters):
+            logger.addFilter(_DropFragment(fragment))
+    for pattern in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
