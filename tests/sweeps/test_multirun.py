@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -36,6 +37,8 @@ def test_sequential_sweep_groups_its_cells_under_a_parent_run_with_a_summary(seq
     parents, cells = runs(root)
     (parent,) = parents
     assert parent.info.status == "FINISHED" and parent.data.tags["strategy"] == "sequential"
+    # started by hand, not by foxhunt train start: still the process tags the job commands check
+    assert parent.data.tags["host"] == socket.gethostname() and parent.data.tags["pid"].isdigit()
     assert parent.data.metrics["sweep/cells"] == 2 and parent.data.metrics["sweep/cells_failed"] == 0
     assert sorted(c.info.run_name for c in cells) == ["dqn-es-fp32", "ppo-es-fp32"]
     for cell in cells:

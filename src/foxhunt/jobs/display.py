@@ -25,7 +25,9 @@ from foxhunt.jobs.records import (
     METRIC_LOSS,
     METRIC_PEAK_MB,
     METRIC_SHARPE,
+    PENDING,
     RUNNING,
+    SKIPPED,
     STALE,
     STARTING,
     Cell,
@@ -40,7 +42,8 @@ STATE_STYLES = {
     KILLED: "bold yellow",
     STALE: "bold magenta",
     STARTING: "cyan",
-    "PENDING": "dim",
+    SKIPPED: "green",
+    PENDING: "dim",
 }
 BAR_WIDTH = 28  # characters of a progress bar, at most
 BAR_MIN_WIDTH = 6
@@ -99,7 +102,7 @@ def eta_s(elapsed_s: float, fraction: float) -> float | None:
 
 def counts_text(job: Job) -> Text:
     text = Text()
-    order = [RUNNING, FINISHED, FAILED, KILLED, STALE, "PENDING"]
+    order = [RUNNING, FINISHED, SKIPPED, FAILED, KILLED, STALE, PENDING]
     counts = job.counts()
     for state in order + sorted(set(counts) - set(order)):
         if counts.get(state):
@@ -147,18 +150,25 @@ def status_table(job: Job, now_ms: int) -> Table:
             checkpoint = checkpoint_of(run)
             if checkpoint is not None:
                 note = Text(short_path(checkpoint), style="dim")
+        elif cell.skipped is not None and run is None:
+            note = Text(skipped_note(cell), style="dim")
         table.add_row(
             cell.name,
             state_text(cell.state),
             "-" if cell.step() is None else str(cell.step()),
-            f"{cell.fraction():.0%}" if run is not None else "-",
-            fmt_number(run.metric(METRIC_LOSS)) if run else "-",
-            fmt_number(run.metric(METRIC_SHARPE)) if run else "-",
-            fmt_mb(run.metric(METRIC_PEAK_MB)) if run else "-",
-            fmt_duration(run.duration_s(now_ms)) if run else "-",
+            f"{cell.fraction():.0%}" if cell.state != PENDING else "-",
+            fmt_number(cell.metric(METRIC_LOSS)),
+            fmt_number(cell.metric(METRIC_SHARPE)),
+            fmt_mb(cell.metric(METRIC_PEAK_MB)),
+            fmt_duration(cell.duration_s(now_ms)),
             note,
         )
     return table
+
+
+def skipped_note(cell: Cell) -> str:
+    """Where a skipped cell's result is: the earlier FINISHED run (its metrics are that run's)."""
+    return f"skipped: FINISHED earlier in run {cell.skipped.run_id}"
 
 
 def status_view(job: Job, now_ms: int, log_excerpt: str = "") -> RenderableType:
@@ -227,8 +237,8 @@ def watch_view(job: Job, now_ms: int) -> RenderableType:
             _bar(cell.fraction(), cell.state),
             f"{cell.fraction():.0%}",
             "-" if cell.step() is None else str(cell.step()),
-            fmt_number(run.metric(METRIC_LOSS)) if run else "-",
-            fmt_mb(run.metric(METRIC_PEAK_MB), unit=False) if run else "-",
+            fmt_number(cell.metric(METRIC_LOSS)),
+            fmt_mb(cell.metric(METRIC_PEAK_MB), unit=False),
             _cell_eta(cell, now_ms),
         )
     fraction = job.fraction()

@@ -38,6 +38,7 @@ from foxhunt.jobs.records import (
     FINISHED,
     KILLED,
     RUNNING,
+    SKIPPED,
     STALE,
     STARTING,
     TAG_STOP_REASON,
@@ -235,7 +236,7 @@ def resume(job: Job, root: Path, tracking_uri: str) -> Launched:
     if job.state in (RUNNING, STARTING):
         raise LaunchError(f"job {job.job_id} is {job.state}: stop it first (foxhunt train stop {job.job_id})")
     cells = job.cells()
-    if job.state == FINISHED and cells and all(c.state == FINISHED for c in cells):
+    if job.state == FINISHED and cells and all(c.state in (FINISHED, SKIPPED) for c in cells):
         raise LaunchError(f"job {job.job_id} is FINISHED with every cell FINISHED: nothing to resume")
     if not job.has_overrides:
         raise LaunchError(f"job {job.job_id} has no stored overrides: start it again with foxhunt train start")

@@ -131,17 +131,19 @@ def job_to_dict(job: Job, now_ms: int) -> dict[str, Any]:
 def cell_to_dict(cell: Cell, now_ms: int) -> dict[str, Any]:
     run = cell.run
     checkpoint = checkpoint_of(run) if run is not None and run.state in (KILLED, STALE, FAILED) else None
+    duration = cell.duration_s(now_ms)
     return {
         "name": cell.name,
-        "run_id": run.run_id if run else None,
+        "run_id": run.run_id if run else None,  # the cell's run in this job
         "state": cell.state,
+        "skipped_from": cell.skipped.run_id if cell.skipped is not None and run is None else None,
         "progress": round(cell.fraction(), 4),
         "step": cell.step(),
         "weight": cell.weight,
-        "loss": run.metric(METRIC_LOSS) if run else None,
-        "val_sharpe": run.metric(METRIC_SHARPE) if run else None,
-        "peak_mb": run.metric(METRIC_PEAK_MB) if run else None,
-        "duration_s": round(run.duration_s(now_ms), 3) if run else None,
+        "loss": cell.metric(METRIC_LOSS),
+        "val_sharpe": cell.metric(METRIC_SHARPE),
+        "peak_mb": cell.metric(METRIC_PEAK_MB),
+        "duration_s": round(duration, 3) if duration is not None else None,
         "error": (run.tags.get(TAG_ERROR) or None) if run else None,
         "checkpoint": str(checkpoint) if checkpoint else None,
     }

@@ -6,7 +6,11 @@ cells carry the tag ``job_id`` from the start, the parent from the moment the jo
 tags it (a second or so later). The store is the only database: nothing here writes to it,
 and a job's state is its parent run's status (its cells' when it has no parent), with one
 display-only state added, STALE (a run still RUNNING whose process is gone from this host:
-after ``kill -9`` or a reboot). The store is changed only when a job is stopped or resumed
+after ``kill -9`` or a reboot; a sweep's parent run carries the ``pid`` and ``host`` of the
+process that runs it, whether the launcher or a user at a shell started it). A cell that
+``resume=true`` skipped, because an earlier run of the same config had FINISHED, has no run in
+the job: its parent run's ``foxhunt.skipped.*`` tag names that earlier run, and the cell shows
+as SKIPPED with that run's metrics. The store is changed only when a job is stopped or resumed
 (:mod:`foxhunt.jobs.launch`). Besides the store, the launcher leaves a small launch record
 (``outputs/jobs/<job_id>.json``: the latest launch's leader pid, command, plan), read for the
 moments before the store knows a job, or to tell a resume in progress (STARTING).
@@ -37,8 +41,10 @@ from pathlib import Path
 from typing import Any
 
 # MLflow run statuses, and the display states: the statuses plus STALE (and STARTING for a job
-# launched moments ago whose runs are not in the store yet).
+# launched moments ago whose runs are not in the store yet; SKIPPED for a cell that
+# ``resume=true`` did not train because an earlier run of the same config had FINISHED).
 RUNNING, FINISHED, FAILED, KILLED, STALE, STARTING = "RUNNING", "FINISHED", "FAILED", "KILLED", "STALE", "STARTING"
+SKIPPED, PENDING = "SKIPPED", "PENDING"
 STATES = (RUNNING, FINISHED, FAILED, KILLED, STALE)
 TERMINAL = (FINISHED, FAILED, KILLED)
 
@@ -51,6 +57,7 @@ TAG_COMMAND = "command"
 TAG_OVERRIDES = "job.overrides"  # JSON list (the sweep's own "overrides" tag is one string)
 TAG_SWEEP_OVERRIDES = "overrides"
 TAG_RUN_KIND = "foxhunt.run_kind"  # "sweep" on a sweep's parent run (foxhunt.sweeps.callback)
+RUN_KIND_SWEEP = "sweep"
 TAG_SWEEP_DIR_OF_PARENT = "sweep_dir"  # the sweep folder, on a sweep's parent run
 TAG_OUTPUT_DIR = "output_dir"  # a cell's output folder, updated on every attempt
 RESUME_FLAG = "resume=true"
@@ -62,12 +69,18 @@ TAG_STOP_REASON = "stop_reason"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_RUN_NAME = "mlflow.runName"
 CELL_KEY_TAGS = ("model", "asset", "precision", "seed")
+# On a sweep's parent run, one tag per cell that resume=true skipped without a run of its own in
+# this sweep (foxhunt.sweeps.cell): ``foxhunt.skipped.<model>-<asset>-<precision>-s<seed>`` =
+# JSON of :class:`SkippedCell` (the earlier FINISHED run, the metrics the job commands show).
+TAG_SKIPPED_PREFIX = "foxhunt.skipped."
 
 # Metrics the job commands show.
 METRIC_PROGRESS = "progress"
 METRIC_LOSS = "train/loss"
 METRIC_PEAK_MB = "memory/peak_mb"
 METRIC_SHARPE = "val/sharpe"  # the sweep objective (train.OBJECTIVE): the list's --sort sharpe
+
+SKIPPED_METRICS = (METRIC_LOSS, METRIC_SHARPE, METRIC_PEAK_MB)  # kept in a skipped cell's tag
 
 # Params read for each cell: where its checkpoints are (the resolved config, flattened).
 PARAM_CHECKPOINT_DIRS = ("callbacks.graceful_stop.dirpath", "callbacks.model_checkpoint.dirpath")
@@ -187,30 +200,95 @@ class PlanCell:
 
 
 @dataclass
+class SkippedCell:
+    """A cell ``resume=true`` skipped: the earlier FINISHED run of the same config that holds its
+    result (``run_id``, in whatever sweep or job ran it), with the metrics the job commands show."""
+
+    model: str
+    asset: str
+    precision: str
+    seed: str
+    run_id: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    wall_s: float | None = None
+
+    def key(self) -> tuple[str, ...]:
+        return (self.model, self.asset, self.precision, self.seed)
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}-{self.asset}-{self.precision}"
+
+    def tag(self) -> tuple[str, str]:
+        """The parent-run tag (key, value) that records this skip."""
+        metrics = {k: float(v) for k, v in self.metrics.items() if k in SKIPPED_METRICS and v == v}
+        value = {**self.__dict__, "metrics": metrics}
+        return f"{TAG_SKIPPED_PREFIX}{self.name}-s{self.seed}", json.dumps(value, sort_keys=True)
+
+    @classmethod
+    def from_tag(cls, value: str) -> SkippedCell | None:
+        """The skip a tag records; None for a value this reader does not understand."""
+        try:
+            data = json.loads(value)
+            return cls(
+                model=str(data["model"]), asset=str(data["asset"]), precision=str(data["precision"]),
+                seed=str(data["seed"]), run_id=str(data["run_id"]),
+                metrics={str(k): float(v) for k, v in (data.get("metrics") or {}).items()},
+                wall_s=None if data.get("wall_s") is None else float(data["wall_s"]),
+            )  # fmt: skip
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+def skipped_cells(tags: Mapping[str, str]) -> list[SkippedCell]:
+    """The cells a parent run's tags record as skipped (see ``TAG_SKIPPED_PREFIX``)."""
+    found = (SkippedCell.from_tag(v) for k, v in sorted(tags.items()) if k.startswith(TAG_SKIPPED_PREFIX))
+    return [cell for cell in found if cell is not None]
+
+
+@dataclass
 class Cell:
-    """One cell of a job: its plan (when the launcher made one), its run (once it started)."""
+    """One cell of a job: its plan (when the launcher made one), its run (once it started), or,
+    without a run of its own, the earlier run ``resume=true`` skipped it for."""
 
     plan: PlanCell | None
     run: RunRecord | None
+    skipped: SkippedCell | None = None
 
     @property
     def name(self) -> str:
         if self.run is not None:
             return self.run.name
-        return self.plan.name if self.plan is not None else "?"
+        if self.plan is not None:
+            return self.plan.name
+        return self.skipped.name if self.skipped is not None else "?"
 
     @property
     def state(self) -> str:
-        return self.run.state if self.run is not None else "PENDING"
+        if self.run is not None:
+            return self.run.state
+        return SKIPPED if self.skipped is not None else PENDING
 
     @property
     def weight(self) -> float:
         return self.plan.weight if self.plan is not None and self.plan.weight > 0 else 1.0
 
+    def metric(self, key: str) -> float | None:
+        """The cell's metric: its run's, or (skipped) the earlier run's."""
+        if self.run is not None:
+            return self.run.metric(key)
+        return self.skipped.metrics.get(key) if self.skipped is not None else None
+
+    def duration_s(self, now_ms: int) -> float | None:
+        if self.run is not None:
+            return self.run.duration_s(now_ms)
+        return self.skipped.wall_s if self.skipped is not None else None
+
     def fraction(self) -> float:
-        """Training progress in [0, 1]; a FINISHED cell is done whatever its last report."""
+        """Training progress in [0, 1]; a FINISHED (or skipped) cell is done whatever its last
+        report."""
         if self.run is None:
-            return 0.0
+            return 1.0 if self.skipped is not None else 0.0
         if self.run.status == FINISHED:
             return 1.0
         value = self.run.metric(METRIC_PROGRESS)
@@ -357,7 +435,12 @@ class Job:
 
     @property
     def sweep_dir(self) -> str:
-        return self.tags.get(TAG_SWEEP_DIR) or (self.record.sweep_dir if self.record else "")
+        """The sweep folder: the launcher's, else (a sweep started by hand) the sweep's own tag."""
+        return (
+            self.tags.get(TAG_SWEEP_DIR)
+            or (self.record.sweep_dir if self.record else "")
+            or self.tags.get(TAG_SWEEP_DIR_OF_PARENT, "")
+        )
 
     @property
     def log(self) -> str:
@@ -368,30 +451,42 @@ class Job:
         return self.tags.get(TAG_ERROR, "")
 
     @property
+    def skipped(self) -> list[SkippedCell]:
+        """Cells resume=true skipped for an earlier run outside this job (parent-run tags)."""
+        return skipped_cells(self.tags)
+
+    @property
     def models(self) -> list[str]:
-        names = [r.tags.get("model", "") for r in self.runs] + [c.model for c in self.plan]
+        names = [r.tags.get("model", "") for r in self.runs] + [c.model for c in [*self.plan, *self.skipped]]
         return sorted({n for n in names if n})
 
     @property
     def assets(self) -> list[str]:
-        names = [r.tags.get("asset", "") for r in self.runs] + [c.asset for c in self.plan]
+        names = [r.tags.get("asset", "") for r in self.runs] + [c.asset for c in [*self.plan, *self.skipped]]
         return sorted({n for n in names if n})
 
     def best_sharpe(self) -> float | None:
-        values = [v for v in (r.metric(METRIC_SHARPE) for r in self.runs) if v is not None and v == v]
+        """The best ``val/sharpe`` of the job's cells (a skipped cell's from its earlier run)."""
+        values = [r.metric(METRIC_SHARPE) for r in self.runs] + [s.metrics.get(METRIC_SHARPE) for s in self.skipped]
+        values = [v for v in values if v is not None and v == v]
         return max(values) if values else None
 
     def cells(self) -> list[Cell]:
-        """The plan's cells matched to their runs (model, asset, precision, seed), then any run
-        the plan did not foresee; a job without a plan (launched by hand) is just its runs."""
+        """The plan's cells matched to their runs (model, asset, precision, seed), else to the
+        earlier run resume=true skipped them for; then any run or skip the plan did not foresee.
+        A job without a plan (launched by hand) is just its runs and skips."""
         unmatched = sorted(self.runs, key=lambda r: r.start_ms)
+        skipped = {s.key(): s for s in self.skipped}
         cells: list[Cell] = []
         for planned in self.plan:
             match = next((r for r in unmatched if r.cell_key() == planned.key()), None)
             if match is not None:
                 unmatched.remove(match)
-            cells.append(Cell(planned, match))
+            cells.append(Cell(planned, match, None if match is not None else skipped.get(planned.key())))
+            skipped.pop(planned.key(), None)
         cells += [Cell(None, run) for run in unmatched]
+        ran = {run.cell_key() for run in unmatched}
+        cells += [Cell(None, None, skip) for key, skip in skipped.items() if key not in ran]
         return cells
 
     def fraction(self) -> float:
@@ -477,8 +572,9 @@ class SqliteReader:
         return connection
 
     def job_runs(self, job_id: str | None = None) -> list[RunRecord]:
-        """Every run that belongs to a job (tagged ``job_id``, nested, or a parent), or, with
-        ``job_id``, the runs of the jobs whose id starts with it."""
+        """Every run that belongs to a job (tagged ``job_id``, nested, or a parent: a sweep's
+        parent run counts before its first cell starts), or, with ``job_id``, the runs of the
+        jobs whose id starts with it."""
         try:
             return self._job_runs(job_id)
         except sqlite3.OperationalError as exc:  # a store whose tables are being created
@@ -492,21 +588,22 @@ class SqliteReader:
         with self._connect() as db:
             if job_id is None:
                 member = (
-                    "SELECT run_uuid FROM tags WHERE (key = ? AND value != '') OR key = ? "
+                    "SELECT run_uuid FROM tags WHERE (key = ? AND value != '') OR key = ? OR (key = ? AND value = ?) "
                     "UNION SELECT value FROM tags WHERE key = ?"
                 )
-                args: tuple = (TAG_JOB_ID, TAG_PARENT, TAG_PARENT)
+                args: tuple = (TAG_JOB_ID, TAG_PARENT, TAG_RUN_KIND, RUN_KIND_SWEEP, TAG_PARENT)
             else:  # runs tagged with a matching job id, parents whose id matches; their kin
                 member = (
                     "WITH a AS (SELECT run_uuid AS id FROM tags WHERE key = ? AND value LIKE ? ESCAPE '\\' "
-                    "UNION SELECT value FROM tags WHERE key = ? AND value LIKE ? ESCAPE '\\'), "
+                    "UNION SELECT value FROM tags WHERE key = ? AND value LIKE ? ESCAPE '\\' "
+                    "UNION SELECT run_uuid FROM tags WHERE key = ? AND value = ? AND run_uuid LIKE ? ESCAPE '\\'), "
                     "p AS (SELECT value AS id FROM tags WHERE key = ? AND run_uuid IN (SELECT id FROM a)), "
                     "roots AS (SELECT id FROM a UNION SELECT id FROM p) "
                     "SELECT id FROM roots UNION "
                     "SELECT run_uuid FROM tags WHERE key = ? AND value IN (SELECT id FROM roots)"
                 )
                 like = _like_prefix(job_id)
-                args = (TAG_JOB_ID, like, TAG_PARENT, like, TAG_PARENT, TAG_PARENT)
+                args = (TAG_JOB_ID, like, TAG_PARENT, like, TAG_RUN_KIND, RUN_KIND_SWEEP, like, TAG_PARENT, TAG_PARENT)
             runs = db.execute(
                 "SELECT r.run_uuid, r.name, e.name, r.status, r.start_time, r.end_time "
                 "FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
@@ -601,6 +698,7 @@ class ClientReader:
             if not token:
                 break
         parents = {r.data.tags.get(TAG_PARENT) for r in runs}
+        parents |= {r.info.run_id for r in runs if r.data.tags.get(TAG_RUN_KIND) == RUN_KIND_SWEEP}
         members = [
             r for r in runs
             if r.data.tags.get(TAG_JOB_ID) or r.data.tags.get(TAG_PARENT) or r.info.run_id in parents
@@ -695,7 +793,7 @@ def group_jobs(runs: list[RunRecord], host: str | None = None) -> list[Job]:
 
     def is_root(run: RunRecord) -> bool:
         return not run.parent_id and (
-            run.run_id in has_children or run.tags.get(TAG_RUN_KIND) == "sweep" or TAG_COMMAND in run.tags
+            run.run_id in has_children or run.tags.get(TAG_RUN_KIND) == RUN_KIND_SWEEP or TAG_COMMAND in run.tags
         )
 
     # A parent's job id: its own tag (set by the supervisor), else its cells' (they carry it

@@ -7,12 +7,17 @@
   race to create its tables and crash;
 - under ``strategy=parallel``, packs the cells by memory and sets the joblib launcher's
   ``n_jobs`` (:mod:`foxhunt.sweeps.packing`);
-- starts the sweep's parent run (tags ``sweep_id``, ``sweep_hash``, ``sweep_dir``) and passes
-  its id to the jobs in ``$FOXHUNT_PARENT_RUN_ID`` (inherited by joblib's loky workers,
-  submitit's local processes and, with sbatch's default ``--export=ALL``, SLURM jobs). With
-  ``resume=true`` the most recent parent run of the same sweep (same ``sweep_hash``: the
-  command-line overrides and sweeper params, without the ones that only choose how to launch)
-  is reopened instead, so a resumed sweep stays one group in the MLflow UI.
+- starts the sweep's parent run (tags ``sweep_id``, ``sweep_hash``, ``sweep_dir``, and the
+  ``pid`` and ``host`` of this process, which the job commands check to show a sweep whose
+  process died as STALE, however it was started) and passes its id to the jobs in
+  ``$FOXHUNT_PARENT_RUN_ID`` (inherited by joblib's loky workers, submitit's local processes
+  and, with sbatch's default ``--export=ALL``, SLURM jobs). With ``resume=true`` an earlier
+  parent run is reopened instead, so a resumed sweep stays one group in the MLflow UI
+  (:func:`find_parent_run`): the newest one of the same sweep folder (``foxhunt train start
+  --resume`` reuses the job's folder), else, for a sweep rerun by hand in a new folder, the
+  newest one of the same ``sweep_hash`` (the command-line overrides and sweeper params, without
+  the ones that only choose how to launch) that no other job owns. The folder comes first
+  because two jobs with the same overrides have the same hash.
 
 ``on_multirun_end``: reads every job's ``cell.json``, prints the summary table, writes
 ``summary.md`` and ``summary.png`` into the sweep folder and logs them (and the cell counts)
@@ -31,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -39,13 +45,16 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.jobs.records import RUN_KIND_SWEEP, TAG_HOST, TAG_JOB_ID, TAG_PID, TAG_RUN_KIND, TAG_SWEEP_DIR_OF_PARENT
 from foxhunt.sweeps.cell import PARENT_RUN_ENV
 from foxhunt.sweeps.estimates import PLAN_FILE
 
 log = logging.getLogger(__name__)
 
 SWEEP_HASH_TAG = "sweep_hash"
-SWEEP_KIND_TAG = ("foxhunt.run_kind", "sweep")
+SWEEP_DIR_TAG = TAG_SWEEP_DIR_OF_PARENT
+SWEEP_KIND_TAG = (TAG_RUN_KIND, RUN_KIND_SWEEP)
+JOB_ID_ENV = "FOXHUNT_JOB_ID"  # set by foxhunt train start for every process of a job
 # Overrides that choose how a sweep runs, not what it trains: not part of its identity.
 LAUNCH_KEYS = ("resume", "strategy", "hydra/launcher", "hydra.launcher", "hydra.sweep", "hydra.job", "hydra.verbose")
 
@@ -61,6 +70,29 @@ def sweep_hash(config: DictConfig) -> str:
     params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
     text = json.dumps({"overrides": sorted(overrides), "params": params}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def find_parent_run(client, experiment_id: str, sweep_dir: str, digest: str, job_id: str | None = None) -> str | None:
+    """The parent run a resumed sweep reopens (see the module doc), or None.
+
+    Newest parent run tagged with this sweep folder; else newest with this ``sweep_hash``, not
+    counting one that belongs to another job than ``job_id`` (when this sweep is a job's).
+    """
+    # The tags are compared here, not in the filter string: MLflow's filter has no escape for a
+    # quote in a value (a folder name may hold one), and a store holds few sweep parent runs.
+    parents = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{SWEEP_KIND_TAG[0]}` = '{SWEEP_KIND_TAG[1]}'",
+        order_by=["attributes.start_time DESC"],
+    )
+    for run in parents:
+        if run.data.tags.get(SWEEP_DIR_TAG) == sweep_dir:
+            return run.info.run_id
+    for run in parents:
+        owner = run.data.tags.get(TAG_JOB_ID) or None
+        if run.data.tags.get(SWEEP_HASH_TAG) == digest and (not job_id or owner in (None, job_id)):
+            return run.info.run_id
+    return None
 
 
 class SweepCallback(Callback):
@@ -133,22 +165,21 @@ class SweepCallback(Callback):
             SWEEP_KIND_TAG[0]: SWEEP_KIND_TAG[1],
             SWEEP_HASH_TAG: digest,
             "sweep_id": self.sweep_dir.name,
-            "sweep_dir": str(self.sweep_dir.resolve()),
+            SWEEP_DIR_TAG: str(self.sweep_dir.resolve()),
             "strategy": str(config.strategy.name),
             "overrides": one_line(" ".join(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))),
+            TAG_PID: str(os.getpid()),
+            TAG_HOST: socket.gethostname(),
         }
         if config.resume:
-            earlier = client.search_runs(
-                [experiment_id],
-                filter_string=f"tags.{SWEEP_HASH_TAG} = '{digest}'",
-                order_by=["attributes.start_time DESC"],
-                max_results=1,
-            )
-            if earlier:
-                run_id = earlier[0].info.run_id
+            run_id = find_parent_run(client, experiment_id, tags[SWEEP_DIR_TAG], digest, os.environ.get(JOB_ID_ENV))
+            if run_id is not None:
+                from mlflow.entities import RunTag
+
+                # Tags first, then RUNNING: a job's supervisor tags the parent (its own pid
+                # over ours) once it is RUNNING, and must not be overwritten.
+                client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
                 client.update_run(run_id, status="RUNNING")
-                for key, value in tags.items():
-                    client.set_tag(run_id, key, value)
                 log.info("sweep resumes its parent run %s", run_id)
                 return run_id
         run = client.create_run(experiment_id, run_name=f"sweep-{self.sweep_dir.name}", tags=tags)

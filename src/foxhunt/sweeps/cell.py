@@ -130,10 +130,29 @@ def _apply_resume(cfg: DictConfig, context: CellContext, record: CellRecord) -> 
     record.note = resume.describe()
     if resume.action == SKIP:
         record.status, record.run_id, record.metrics, record.wall_s = SKIPPED, resume.run_id, resume.metrics, resume.wall_s
+        if context.parent_run_id and resume.parent_run_id != context.parent_run_id:
+            _tag_skipped(cfg, context.parent_run_id, resume)
         return resume.metrics
     if resume.action == RESUME:
         context.resume_run_id, context.ckpt_path = resume.run_id, str(resume.checkpoint)
     return None
+
+
+def _tag_skipped(cfg: DictConfig, parent_run_id: str, resume) -> None:
+    """Record a skip on the sweep's parent run: the cell has no run of its own in this sweep,
+    and ``foxhunt train status`` shows it SKIPPED, pointing at the earlier run, from this tag."""
+    from mlflow.tracking import MlflowClient
+
+    from foxhunt.jobs.records import SkippedCell
+
+    skipped = SkippedCell(
+        model=str(cfg.model.name), asset=str(cfg.asset.key), precision=str(cfg.precision.name), seed=str(cfg.seed),
+        run_id=resume.run_id, metrics=dict(resume.metrics), wall_s=resume.wall_s,
+    )  # fmt: skip
+    try:
+        MlflowClient(cfg.logger.tracking_uri).set_tag(parent_run_id, *skipped.tag())
+    except Exception:  # the cell's result stands; only the job display would miss it
+        log.warning("could not record the skip of %s on the parent run %s", skipped.name, parent_run_id, exc_info=True)
 
 
 def _take_device(cfg: DictConfig, sweep_dir: Path):

@@ -26,6 +26,7 @@ FRESH, SKIP, RESUME = "fresh", "skip", "resume"
 RESUMABLE_CHECKPOINTS = ("interrupted.ckpt", "last.ckpt")
 RESUMABLE_STATUSES = ("FAILED", "KILLED", "RUNNING")
 OUTPUT_DIR_TAG = "output_dir"
+PARENT_RUN_TAG = "mlflow.parentRunId"
 
 
 @dataclass
@@ -36,6 +37,7 @@ class ResumePlan:
     previous_status: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     wall_s: float | None = None
+    parent_run_id: str | None = None  # the sweep parent run the earlier run is nested in
 
     def describe(self) -> str:
         if self.action == SKIP:
@@ -59,7 +61,8 @@ def plan_resume(tracking_uri: str, experiment: str, digest: str, download_dir: P
     for run in runs:
         if run.info.status == "FINISHED":
             wall = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else None
-            return ResumePlan(SKIP, run.info.run_id, None, "FINISHED", dict(run.data.metrics), wall)
+            parent = run.data.tags.get(PARENT_RUN_TAG) or None
+            return ResumePlan(SKIP, run.info.run_id, None, "FINISHED", dict(run.data.metrics), wall, parent)
     for run in runs:
         if run.info.status not in RESUMABLE_STATUSES or (run.info.status == "RUNNING" and _alive(run.data.tags)):
             continue
