@@ -18,6 +18,12 @@ of the same market dataset, interleaved per repeat:
   :func:`foxhunt.models.dqn.double_dqn_loss`) on fixed random batches of the same sizes: no
   environment, no rollout, no replay writes, no Lightning, no logging.
 
+- **env side alone** (for the decomposition, no goal): foxhunt's own acting and environment
+  work of the same training steps, outside Lightning and without gradient steps (DQN:
+  epsilon-greedy action, env step, replay write; PPO: ``collect_rollout``, GAE included). The
+  report derives the ceiling any framework could reach against the bare loop while doing this
+  work, ``bare time / (bare time + env time)``, and what is left for the framework's loop.
+
 Throughput is env steps per second over the timed training steps (after ``warmup_steps``):
 PPO does ``num_envs x rollout_steps`` env steps and ``update_epochs x batch / minibatch``
 gradient steps per training step; DQN ``num_envs`` env steps and one gradient step.
@@ -35,7 +41,7 @@ from foxhunt.bench.measure import Clock, Timing, interleaved, median, paired_rat
 from foxhunt.bench.report import Row
 
 ALGORITHMS = ("ppo", "dqn")
-SIDES = ("foxhunt", "sb3", "bare")
+SIDES = ("foxhunt", "sb3", "bare", "env")
 
 
 def sb3_available() -> bool:
@@ -196,6 +202,54 @@ def bare_run(cfg, warmup: int, steps: int) -> Timing:
     return clock.timing(work=steps * env_steps_per_training_step(cfg))
 
 
+# ----------------------------------------------------------------------------------- env side
+def env_run(cfg, dataset, warmup: int, steps: int) -> Timing:
+    """foxhunt's acting and env work of ``warmup + steps`` training steps, the last ``steps``
+    timed: the agent's own methods on the training env of ``build_datamodule``, no Lightning."""
+    import lightning.pytorch as pl
+
+    from foxhunt.build import build_datamodule, build_model
+
+    pl.seed_everything(cfg.seed, verbose=False)
+    datamodule = build_datamodule(cfg, dataset)
+    datamodule.setup("fit")
+    agent = build_model(cfg)
+    agent.train_env = datamodule.make_env("train", num_envs=agent.num_envs, seed=agent.seed)
+    agent._obs = agent.train_env.reset(seed=agent.seed)
+    step = _env_ppo_step(agent) if cfg.model.name == "ppo" else _env_dqn_step(agent)
+    with torch.no_grad():
+        for _ in range(warmup):
+            step()
+        clock = Clock()
+        clock.start()
+        for _ in range(steps):
+            step()
+        clock.stop()
+    return clock.timing(work=steps * env_steps_per_training_step(cfg))
+
+
+def _env_ppo_step(agent):
+    return agent.collect_rollout
+
+
+def _env_dqn_step(agent):
+    from foxhunt.models.dqn import ReplayBuffer
+
+    hp = agent.hparams
+    agent.replay = ReplayBuffer(hp.replay_capacity, agent.obs_dim, "cpu", int(hp.seed))
+    count = [0]
+
+    def step() -> None:
+        obs = agent.env_obs(agent._obs)
+        actions = agent.act(obs, agent.epsilon(count[0]))
+        next_obs, reward, terminated, truncated, info = agent.train_env.step(actions)
+        agent.replay.add(obs, actions, reward, info["final_obs"], terminated)
+        agent._obs = next_obs
+        count[0] += 1
+
+    return step
+
+
 def _clip(params: list[torch.Tensor], max_norm: float | None) -> None:
     if max_norm is not None:
         torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -288,6 +342,7 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
         if with_sb3:
             runners["sb3"] = lambda: sb3_run(cfg, dataset, warmup, steps)
         runners["bare"] = lambda: bare_run(cfg, warmup, steps)
+        runners["env"] = lambda: env_run(cfg, dataset, warmup, steps)
         for threads in settings.threads:
             ctx.log(f"rl: {algo} at {threads} thread(s), {settings.repeats} interleaved repeats")
             with torch_threads(int(threads)):
@@ -313,4 +368,24 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
                     cpu_figure=paired_ratio(cpu_rates["foxhunt"], cpu_rates[side]),
                     samples={"foxhunt": samples["foxhunt"], side: samples[side]},
                 ))
+            rows.extend(_decomposition_rows(algo, int(threads), results))
     return rows, notes
+
+
+def _decomposition_rows(algo: str, threads: int, results: dict[str, list[Timing]]) -> list[Row]:
+    """Where foxhunt's step time goes, per repeat (seconds per env step, medians): the bare
+    gradient steps, the env side, and the rest (Lightning's loop, hooks and logging)."""
+    per_step = {side: [t.wall_s / t.work for t in results[side]] for side in ("foxhunt", "bare", "env")}
+    ceiling = median([b / (b + e) for b, e in zip(per_step["bare"], per_step["env"])])
+    rest = median([(f - b - e) / f for f, b, e in zip(per_step["foxhunt"], per_step["bare"], per_step["env"])])
+    env_share = median([e / f for f, e in zip(per_step["foxhunt"], per_step["env"])])
+    base = {"section": "rl", "threads": threads, "unit": "ratio", "figure_kind": "ratio", "reference": None,
+            "goal_op": None, "goal": None}
+    return [
+        Row(name=f"{algo.upper()} ceiling vs bare (bare / (bare + env side))", foxhunt=ceiling, figure=ceiling,
+            note="the best ratio to the bare loop any framework can reach doing this env work", **base),
+        Row(name=f"{algo.upper()} env side share of foxhunt's step", foxhunt=env_share, figure=env_share,
+            note="acting + env step + replay write (PPO: rollout + GAE), timed alone", **base),
+        Row(name=f"{algo.upper()} framework share of foxhunt's step", foxhunt=rest, figure=rest,
+            note="foxhunt step - bare gradient steps - env side: Lightning's loop, hooks, logging", **base),
+    ]

@@ -204,6 +204,20 @@ class TradingAgent(LightningModule, ABC):
             )
         return datamodule
 
+    def clip_grad_norm(self, optimizer: torch.optim.Optimizer, max_norm: float | None) -> None:
+        """Clip the gradients of ``optimizer``'s parameters to total norm ``max_norm`` (None:
+        no clipping). torch's ``clip_grad_norm_`` directly, unless a grad scaler is active
+        (16-mixed), whose gradients Lightning's ``clip_gradients`` must unscale first: called
+        once per optimizer per update, Lightning's wrapper costs about as much as the clipping
+        itself (measured in PPO's update: 143 us against 69 us per call on this CPU)."""
+        if max_norm is None:
+            return
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+
     def env_obs(self, obs: Tensor) -> Tensor:
         """An env observation as network input: on the module's device, float32."""
         return obs.to(device=self.device, dtype=torch.float32)

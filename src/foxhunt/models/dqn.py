@@ -326,12 +326,7 @@ class DQNAgent(TradingAgent):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if self.hparams.max_grad_norm is not None:
-            self.clip_gradients(
-                optimizer,
-                gradient_clip_val=self.hparams.max_grad_norm,
-                gradient_clip_algorithm="norm",
-            )
+        self.clip_grad_norm(optimizer, self.hparams.max_grad_norm)
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
         return make_optimizer(self.q_net.parameters(), "adam", lr=self.hparams.lr, policy=attached_policy(self))

@@ -383,10 +383,8 @@ class PPOAgent(TradingAgent):
                 policy_opt.zero_grad()
                 value_opt.zero_grad()
                 self.manual_backward(loss)
-                for opt in (policy_opt, value_opt):
-                    self.clip_gradients(
-                        opt, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm"
-                    )
+                self.clip_grad_norm(policy_opt, hp.max_grad_norm)  # each network by its own norm
+                self.clip_grad_norm(value_opt, hp.max_grad_norm)
                 policy_opt.step()
                 value_opt.step()
                 if stats is not None:
