@@ -21,11 +21,27 @@ def test_known_messages_dropped_and_others_kept(caplog):
         assert [r.getMessage() for r in caplog.records] == ["GPU available: False, used: False"]
 
 
-def test_lightning_litlogger_tip_is_not_printed(caplog):
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_lightning_litlogger_tip_is_not_printed():
+    """A handler on Lightning's own logger (other tests may change levels or propagation)."""
     from lightning import Trainer
 
-    with caplog.at_level(logging.INFO):
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    collect, level = _Collect(), logger.level
+    logger.addHandler(collect)
+    logger.setLevel(logging.INFO)
+    try:
         Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    messages = [r.getMessage() for r in caplog.records]
-    assert not any("litlogger" in m for m in messages)
-    assert any("GPU available" in m for m in messages)  # Lightning's other messages still come
+    finally:
+        logger.removeHandler(collect)
+        logger.setLevel(level)
+    assert not any("litlogger" in m for m in collect.messages)
+    assert any("GPU available" in m for m in collect.messages)  # Lightning's other messages still come
