@@ -15,7 +15,10 @@ values are pytorch-forecasting's lighter default.
 Each side runs in a fresh Python process (``python -m foxhunt.bench.tft``), so its peak
 resident set (``ru_maxrss``) is its own: a Lightning ``Trainer`` fits ``warmup_steps +
 steps`` batches without logger, checkpoints or validation; samples/s is over the timed batches.
-The processes of the two sides alternate, ``tft.repeats`` times.
+The processes of the two sides alternate, ``tft.repeats`` times. foxhunt runs once per entry
+of ``tft.foxhunt_variants`` (name -> conf/train.yaml overrides): ``default`` is the TFT as
+configured (activation checkpointing on, for the 500 MB target); others show what a setting
+costs or saves, each against the same peer processes.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ PEER = "pytorch_forecasting"
 TARGET_COLUMN = "target"
 TIME_COLUMN = "time_idx"
 GROUP_COLUMN = "series"
+DEFAULT_VARIANT = "default"  # tft.foxhunt_variants entry of the TFT as configured
 
 
 def peer_available() -> bool:
@@ -138,13 +142,15 @@ def _batch_timer(warmup: int):
     return BatchTimer()
 
 
-def worker(ctx: BenchContext, side: str, threads: int, hidden_continuous_size: int) -> dict:
+def worker(
+    ctx: BenchContext, side: str, threads: int, hidden_continuous_size: int, overrides: list[str] | None = None
+) -> dict:
     """Fit one side in this process; its throughput and memory (run by the subprocess)."""
     import lightning.pytorch as pl
 
     torch.set_num_threads(int(threads))
     settings = ctx.settings.tft
-    cfg = ctx.compose("tft")
+    cfg = ctx.compose("tft", list(overrides or []))
     pl.seed_everything(cfg.seed, verbose=False)
     dataset = ctx.dataset(cfg)
     if side == FOXHUNT:
@@ -177,11 +183,14 @@ def worker(ctx: BenchContext, side: str, threads: int, hidden_continuous_size: i
     }
 
 
-def run_worker(ctx: BenchContext, settings_file: Path, side: str, threads: int, hcs: int) -> dict:
+def run_worker(
+    ctx: BenchContext, settings_file: Path, side: str, threads: int, hcs: int, overrides: list[str] | None = None
+) -> dict:
     """One worker process; returns its JSON line."""
     command = [
         sys.executable, "-m", "foxhunt.bench.tft", "--settings", str(settings_file), "--root", str(ctx.root),
         "--side", side, "--threads", str(threads), "--hidden-continuous-size", str(hcs),
+        *(f"--override={override}" for override in overrides or []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -204,23 +213,29 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
     hidden = int(ctx.compose("tft").model.module.hidden_size)
     rows: list[Row] = []
     sizes = [int(h) for h in settings.tft.peer_hidden_continuous_sizes]
+    variants = {str(k): [str(o) for o in v] for k, v in settings.tft.foxhunt_variants.items()}
+    if DEFAULT_VARIANT not in variants:
+        raise ValueError(f"bench tft.foxhunt_variants must hold {DEFAULT_VARIANT!r} (the TFT as configured)")
     for threads in settings.threads:
-        ctx.log(f"tft: foxhunt vs pytorch-forecasting (hidden_continuous_size {sizes}) at {threads} thread(s), "
-                f"{settings.tft.repeats} interleaved repeats")
-        fox: list[dict] = []
+        ctx.log(f"tft: foxhunt {sorted(variants)} vs pytorch-forecasting (hidden_continuous_size {sizes}) at "
+                f"{threads} thread(s), {settings.tft.repeats} interleaved repeats")
+        fox: dict[str, list[dict]] = {name: [] for name in variants}
         peers: dict[int, list[dict]] = {hcs: [] for hcs in sizes}
         for _ in range(int(settings.tft.repeats)):
-            fox.append(run_worker(ctx, settings_file, FOXHUNT, int(threads), sizes[0]))
+            for name, overrides in variants.items():
+                fox[name].append(run_worker(ctx, settings_file, FOXHUNT, int(threads), sizes[0], overrides))
             for hcs in sizes:
                 peers[hcs].append(run_worker(ctx, settings_file, PEER, int(threads), hcs))
-        for hcs, peer in peers.items():
-            label = "same architecture" if hcs == hidden else "its lighter per-variable width"
-            variant = f"pytorch-forecasting, hidden_continuous_size {hcs} ({label})"
-            rows += _rows(int(threads), variant, fox, peer, goals)
+        for name, overrides in variants.items():
+            prefix = "" if name == DEFAULT_VARIANT else f"[foxhunt {' '.join(overrides) or name}] "
+            for hcs, peer in peers.items():
+                label = "same architecture" if hcs == hidden else "its lighter per-variable width"
+                variant = f"pytorch-forecasting, hidden_continuous_size {hcs} ({label})"
+                rows += _rows(int(threads), variant, fox[name], peer, goals, prefix)
     return rows, []
 
 
-def _rows(threads: int, variant: str, fox: list[dict], peer: list[dict], goals) -> list[Row]:
+def _rows(threads: int, variant: str, fox: list[dict], peer: list[dict], goals, prefix: str = "") -> list[Row]:
     def values(runs: list[dict], key: str) -> list[float]:
         return [r[key] for r in runs]
 
@@ -229,7 +244,7 @@ def _rows(threads: int, variant: str, fox: list[dict], peer: list[dict], goals) 
 
     return [
         Row(
-            section="tft", name=f"samples/s vs {variant}", threads=threads, unit="samples/s",
+            section="tft", name=f"{prefix}samples/s vs {variant}", threads=threads, unit="samples/s",
             foxhunt=median(values(fox, "samples_per_s")), reference=median(values(peer, "samples_per_s")),
             figure=paired_ratio(values(fox, "samples_per_s"), values(peer, "samples_per_s")),
             figure_kind="ratio", goal_op=">=", goal=float(goals.tft_speed_vs_peer),
@@ -238,7 +253,7 @@ def _rows(threads: int, variant: str, fox: list[dict], peer: list[dict], goals) 
             samples={"foxhunt": fox, "peer": peer},
         ),
         Row(
-            section="tft", name=f"peak RSS vs {variant}", threads=threads, unit="MB",
+            section="tft", name=f"{prefix}peak RSS vs {variant}", threads=threads, unit="MB",
             foxhunt=median(values(fox, "peak_rss_mb")), reference=median(values(peer, "peak_rss_mb")),
             figure=paired_ratio(values(fox, "peak_rss_mb"), values(peer, "peak_rss_mb")),
             figure_kind="ratio", goal_op="<=", goal=float(goals.tft_memory_vs_peer),
@@ -259,9 +274,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--side", choices=(FOXHUNT, PEER), required=True)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--hidden-continuous-size", type=int, required=True)
+    parser.add_argument("--override", action="append", default=[], help="conf/train.yaml override (foxhunt side)")
     args = parser.parse_args(argv)
     ctx = BenchContext(settings=load_settings(args.settings), root=Path(args.root), log=lambda *_: None)
-    result = worker(ctx, args.side, args.threads, args.hidden_continuous_size)
+    result = worker(ctx, args.side, args.threads, args.hidden_continuous_size, args.override)
     print(json.dumps(result), flush=True)
 
 
