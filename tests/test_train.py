@@ -71,6 +71,26 @@ def test_every_model_trains_on_every_asset(compose_cfg, model, asset):
     assert all(value == value for value in metrics.values()), metrics  # no NaN
 
 
+@pytest.mark.parametrize("model", ["tft", "dqn"])
+def test_max_bars_scores_the_first_bars_of_each_split_and_leaves_training_data(compose_cfg, model):
+    from foxhunt.build import build_parts
+    from foxhunt.train import scoring_datamodule
+
+    cfg = compose_cfg([f"model={model}", "trainer=smoke", "data.source.days=30", "evaluation.max_bars=700"])
+    assert compose_cfg(["trainer=smoke"]).evaluation.max_bars == 2000  # smoke's own limit
+    assert compose_cfg([]).evaluation.max_bars is None  # a real run scores whole splits
+    parts = build_parts(cfg)
+    scoring = scoring_datamodule(cfg, parts.datamodule)
+    for split in ("val", "test"):
+        full, limited = parts.dataset.splits[split], scoring.dataset.splits[split]
+        assert len(full) > 700 and len(limited) == 700
+        assert (limited.close == full.close[:700]).all() and (limited.features == full.features[:700]).all()
+        assert (limited.timestamps == full.timestamps[:700]).all()
+        assert len(parts.datamodule.dataset.splits[split]) == len(full)  # training's data untouched
+        positions = parts.model.trading_positions(scoring, split)
+        assert positions.shape == (700,)
+
+
 def test_a_failing_run_is_marked_failed_with_its_error(compose_cfg, tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("timestamp_utc,open,high,low,close,volume\n2024-01-02 00:01:00,1.1,1.09,1.1,1.1,5\n")
@@ -124,6 +144,7 @@ def _cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
         ("precision.trainer_precision=fp8", "precision.trainer_precision='fp8': Input should be"),
         ("+model.module.hidden_sise=64", "model.module.hidden_sise: not a parameter of TemporalFusionTransformer"),
         ("model.module.num_heads=3", "model.module.num_heads=3: must divide model.module.hidden_size (256)"),
+        ("evaluation.max_bars=0", "evaluation.max_bars=0: Input should be greater than or equal to 1"),
     ],
 )
 def test_impossible_values_fail_with_one_line_and_leave_no_run(tmp_path, override, expected):

@@ -58,6 +58,28 @@ def run_tags(cfg: DictConfig, digest: str | None = None) -> dict[str, str]:
     }
 
 
+def scoring_datamodule(cfg: DictConfig, datamodule):
+    """The datamodule the shared backtest scores: ``datamodule`` itself, or with
+    ``evaluation.max_bars`` set, one over the first ``max_bars`` bars of each split (same
+    features, normalization and costs; a new datamodule, so training's is left as it was)."""
+    max_bars = cfg.evaluation.get("max_bars")
+    if max_bars is None:
+        return datamodule
+    import dataclasses
+
+    from foxhunt.build import build_datamodule
+
+    dataset = datamodule.dataset
+    splits = {
+        name: dataclasses.replace(
+            arrays, timestamps=arrays.timestamps[:max_bars], features=arrays.features[:max_bars],
+            close=arrays.close[:max_bars],
+        )
+        for name, arrays in dataset.splits.items()
+    }
+    return build_datamodule(cfg, dataclasses.replace(dataset, splits=splits))
+
+
 def score_split(model, datamodule, split: str, cfg: DictConfig, asset, out_dir: Path, run) -> dict[str, float]:
     """The shared backtest of one split: the same metrics for every model family."""
     from foxhunt.evaluation.backtest import backtest
@@ -155,8 +177,9 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
     metrics.update(_memory_peaks(callbacks))
     for result in test_results:
         metrics.update({k: float(v) for k, v in result.items()})
+    scoring = scoring_datamodule(cfg, datamodule)
     for split in ("val", "test"):
-        metrics.update(score_split(model, datamodule, split, cfg, asset, out_dir, run))
+        metrics.update(score_split(model, scoring, split, cfg, asset, out_dir, run))
     if run is not None:
         scored = {k: v for k, v in metrics.items() if k.startswith(("val/", "test/"))}
         run.log_metrics(scored, step=trainer.global_step)

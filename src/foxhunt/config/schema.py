@@ -52,6 +52,7 @@ class Execution(_Strict):
 
 class Evaluation(_Strict):
     plot_equity: bool
+    max_bars: PositiveInt | None = None
 
 
 class Monitor(_Strict):
