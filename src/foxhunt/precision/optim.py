@@ -77,7 +77,10 @@ def make_optimizer(
         )
     cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
     params = [dict(p, params=list(p["params"])) if isinstance(p, dict) else p for p in params]
-    if _fused_supported(params):
+    # Not under a grad scaler (16-mixed): Lightning refuses to clip the gradients of an
+    # optimizer that unscales them itself, as torch's fused ones do.
+    scaled = policy is not None and policy.trainer_precision == "16-mixed"
+    if not scaled and _fused_supported(params):
         options["fused"] = True
     return cls(params, **options)
 
