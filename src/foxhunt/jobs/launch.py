@@ -291,15 +291,28 @@ def stop(job: Job, tracking_uri: str, timeout_s: float, force: bool, poll_s: flo
 
 
 def _signal(pid: int, signum: int) -> None:
-    """Signal the process group the job leads, or just the process if it leads none (a sweep
-    started by hand shares its shell's group: that is not ours to signal)."""
+    """Signal the process group the job leads; if it leads none (a sweep started by hand shares
+    its shell's group, which is not ours to signal), the process and its descendants: the
+    parallel strategy's worker processes train the cells, and each must get the signal to save
+    its ``interrupted.ckpt`` (descendants first, so none is orphaned before it is signalled)."""
     try:
         if os.getpgid(pid) == pid:
             os.killpg(pid, signum)
-        else:
-            os.kill(pid, signum)
+            return
     except ProcessLookupError:
-        pass
+        return
+    import psutil
+
+    try:
+        leader = psutil.Process(pid)
+        processes = [*reversed(leader.children(recursive=True)), leader]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            process.send_signal(signum)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _refind(job: Job, tracking_uri: str) -> Job:
