@@ -186,7 +186,7 @@ def status(
         typer.echo(json.dumps(job_to_dict(found, now), indent=1))
         return
     excerpt = ""
-    if not found.runs and found.log:  # nothing in the store yet, or never: the log says why
+    if not found.runs and not found.skipped and found.log:  # nothing in the store yet, or never: the log says why
         excerpt = log_tail(found.log, 10)
     _console().print(status_view(found, now, excerpt))
 
