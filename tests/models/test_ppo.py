@@ -94,11 +94,32 @@ def test_networks_are_separate_and_orthogonally_initialized():
     value_head = value[-1].weight  # (1, 256), gain 1
     assert float(value_head.detach().norm()) == pytest.approx(1.0, rel=1e-5)
     assert all(float(m.bias.detach().abs().max()) == 0.0 for m in policy + value)
-    policy_opt, value_opt = agent.configure_optimizers()
-    assert policy_opt.param_groups[0]["lr"] == 3e-4 and value_opt.param_groups[0]["lr"] == 1e-3
-    assert {id(p) for p in policy_opt.param_groups[0]["params"]} == {
-        id(p) for p in agent.policy_net.parameters()
-    }
+    optimizer = agent.configure_optimizers()  # one Adam, a parameter group per network
+    policy_group, value_group = optimizer.param_groups
+    assert policy_group["lr"] == 3e-4 and value_group["lr"] == 1e-3
+    assert policy_group["eps"] == value_group["eps"] == 1e-5
+    assert {id(p) for p in policy_group["params"]} == {id(p) for p in agent.policy_net.parameters()}
+    assert {id(p) for p in value_group["params"]} == {id(p) for p in agent.value_net.parameters()}
+
+
+def test_each_network_is_clipped_by_its_own_norm_before_every_step():
+    dataset = random_dataset(seed=2)
+    cfg = model_config("ppo", seed=0, max_grad_norm=1e-3, env={"steps_per_epoch": 1, "episode_len": 5})
+    agent = build_agent(cfg)
+    seen = []
+    original = agent.on_before_optimizer_step
+
+    def record(optimizer):
+        original(optimizer)
+        seen.append([torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in g["params"]])).item()
+                     for g in optimizer.param_groups])
+
+    agent.on_before_optimizer_step = record
+    cpu_trainer(max_steps=20).fit(agent, datamodule=env_datamodule(dataset, cfg))
+    assert len(seen) == 20  # one optimizer step per minibatch
+    for policy_norm, value_norm in seen:  # each group at most max_grad_norm on its own
+        assert policy_norm <= 1e-3 * (1 + 1e-4) and value_norm <= 1e-3 * (1 + 1e-4)
+    assert any(value_norm > 0.9e-3 for _, value_norm in seen)  # clipped to the bound, not zeroed
 
 
 def test_config_rollout_batch_and_minibatches():
@@ -115,7 +136,7 @@ def test_short_fit_logs_finite_metrics():
     cfg = model_config("ppo", seed=0, env={"steps_per_epoch": 2, "episode_len": 5})
     agent = build_agent(cfg)
     datamodule = env_datamodule(dataset, cfg)
-    steps_per_rollout = 2 * 10 * (64 // 32)  # 2 optimizers x 10 epochs x 2 minibatches
+    steps_per_rollout = 10 * (64 // 32)  # 10 epochs x 2 minibatches, one optimizer step each
     trainer = cpu_trainer(max_steps=3 * steps_per_rollout)
     calls = []
     original = agent.collect_rollout

@@ -260,7 +260,7 @@ def _bare_ppo_update(agent):
     from foxhunt.models.ppo import categorical_log_prob_entropy, ppo_minibatch_losses
 
     hp = agent.hparams
-    policy_opt, value_opt = agent.configure_optimizers()
+    optimizer = agent.configure_optimizers()
     policy_params, value_params = list(agent.policy_net.parameters()), list(agent.value_net.parameters())
     generator = torch.Generator().manual_seed(int(hp.seed))
     size = agent.batch_size
@@ -282,13 +282,11 @@ def _bare_ppo_update(agent):
                     *(tensor[start : start + hp.minibatch_size] for tensor in shuffled),
                     clip_coef=hp.clip_coef, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef, with_stats=False,
                 )
-                policy_opt.zero_grad()
-                value_opt.zero_grad()
+                optimizer.zero_grad()
                 loss.backward()
                 _clip(policy_params, hp.max_grad_norm)
                 _clip(value_params, hp.max_grad_norm)
-                policy_opt.step()
-                value_opt.step()
+                optimizer.step()
 
     return update
 

@@ -326,7 +326,8 @@ class DQNAgent(TradingAgent):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        self.clip_grad_norm(optimizer, self.hparams.max_grad_norm)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.clip_grad_norm(params, self.hparams.max_grad_norm)
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
         return make_optimizer(self.q_net.parameters(), "adam", lr=self.hparams.lr, policy=attached_policy(self))
