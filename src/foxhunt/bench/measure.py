@@ -68,6 +68,29 @@ class Clock:
         return Timing(work=work, wall_s=self.wall_s, cpu_s=self.cpu_s, extra=dict(extra))
 
 
+def train_batch_timer(warmup: int):
+    """A Lightning callback whose ``clock`` times the training batches from index ``warmup`` to
+    the last one (``timed`` counts them): the timed window of a benchmark fit."""
+    from lightning.pytorch.callbacks import Callback
+
+    class TrainBatchTimer(Callback):
+        def __init__(self) -> None:
+            self.clock = Clock()
+            self.timed = 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if batch_idx == warmup:
+                self.clock.start()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx >= warmup:
+                self.timed += 1
+            if batch_idx + 1 == trainer.num_training_batches and self.timed:
+                self.clock.stop()
+
+    return TrainBatchTimer()
+
+
 def interleaved(runners: Mapping[str, Callable[[], Timing]], repeats: int) -> dict[str, list[Timing]]:
     """Run every runner once per repeat, in order, ``repeats`` times (A, B, A, B, ...)."""
     results: dict[str, list[Timing]] = {name: [] for name in runners}

@@ -31,13 +31,22 @@ gradient steps per training step; DQN ``num_envs`` env steps and one gradient st
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from typing import Any
 
 import torch
 
 from foxhunt.bench.context import BenchContext
-from foxhunt.bench.measure import Clock, Timing, interleaved, median, paired_ratio, torch_threads
+from foxhunt.bench.measure import (
+    Clock,
+    Timing,
+    interleaved,
+    median,
+    paired_ratio,
+    torch_threads,
+    train_batch_timer,
+)
 from foxhunt.bench.report import Row
 
 ALGORITHMS = ("ppo", "dqn")
@@ -61,29 +70,6 @@ def env_steps_per_training_step(cfg) -> int:
 
 
 # ----------------------------------------------------------------------------------- foxhunt
-def _step_timer(warmup: int):
-    from lightning.pytorch.callbacks import Callback
-
-    class StepTimer(Callback):
-        """Times the training batches from index ``warmup`` to the last one."""
-
-        def __init__(self) -> None:
-            self.clock = Clock()
-            self.timed = 0
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            if batch_idx == warmup:
-                self.clock.start()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if batch_idx >= warmup:
-                self.timed += 1
-            if batch_idx + 1 == trainer.num_training_batches and self.timed:
-                self.clock.stop()
-
-    return StepTimer()
-
-
 def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
     """Train a fresh agent for ``warmup + steps`` training steps; time the last ``steps``."""
     import lightning.pytorch as pl
@@ -93,7 +79,7 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
     pl.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(cfg, dataset)
     model = build_model(cfg)
-    timer = _step_timer(warmup)
+    timer = train_batch_timer(warmup)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -215,8 +201,12 @@ def env_run(cfg, dataset, warmup: int, steps: int) -> Timing:
     datamodule.setup("fit")
     agent = build_model(cfg)
     agent.train_env = datamodule.make_env("train", num_envs=agent.num_envs, seed=agent.seed)
-    agent._obs = agent.train_env.reset(seed=agent.seed)
-    step = _env_ppo_step(agent) if cfg.model.name == "ppo" else _env_dqn_step(agent)
+    agent.on_train_start()  # what the fit does first: env reset (DQN: empty replay buffer)
+    if cfg.model.name == "ppo":
+        step = agent.collect_rollout
+    else:
+        done_steps = itertools.count()
+        step = lambda: agent.collect_step(agent.epsilon(next(done_steps)))  # noqa: E731
     with torch.no_grad():
         for _ in range(warmup):
             step()
@@ -226,33 +216,6 @@ def env_run(cfg, dataset, warmup: int, steps: int) -> Timing:
             step()
         clock.stop()
     return clock.timing(work=steps * env_steps_per_training_step(cfg))
-
-
-def _env_ppo_step(agent):
-    return agent.collect_rollout
-
-
-def _env_dqn_step(agent):
-    from foxhunt.models.dqn import ReplayBuffer
-
-    hp = agent.hparams
-    agent.replay = ReplayBuffer(hp.replay_capacity, agent.obs_dim, "cpu", int(hp.seed))
-    count = [0]
-
-    def step() -> None:
-        obs = agent.env_obs(agent._obs)
-        actions = agent.act(obs, agent.epsilon(count[0]))
-        next_obs, reward, terminated, truncated, info = agent.train_env.step(actions)
-        agent.replay.add(obs, actions, reward, info["final_obs"], terminated)
-        agent._obs = next_obs
-        count[0] += 1
-
-    return step
-
-
-def _clip(params: list[torch.Tensor], max_norm: float | None) -> None:
-    if max_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
 def _bare_ppo_update(agent):
@@ -284,8 +247,8 @@ def _bare_ppo_update(agent):
                 )
                 optimizer.zero_grad()
                 loss.backward()
-                _clip(policy_params, hp.max_grad_norm)
-                _clip(value_params, hp.max_grad_norm)
+                agent.clip_grad_norm(policy_params, hp.max_grad_norm)
+                agent.clip_grad_norm(value_params, hp.max_grad_norm)
                 optimizer.step()
 
     return update
@@ -314,7 +277,7 @@ def _bare_dqn_update(agent):
         loss, _ = double_dqn_loss(agent.q_net, agent.target_net, replay.sample(hp.batch_size), hp.gamma)
         optimizer.zero_grad()
         loss.backward()
-        _clip(params, hp.max_grad_norm)
+        agent.clip_grad_norm(params, hp.max_grad_norm)
         optimizer.step()
         step[0] += 1
         if step[0] % hp.target_update_interval == 0:

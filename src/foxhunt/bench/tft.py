@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from foxhunt.bench.context import BenchContext
-from foxhunt.bench.measure import Clock, current_rss_mb, median, paired_ratio, peak_rss_mb
+from foxhunt.bench.measure import current_rss_mb, median, paired_ratio, peak_rss_mb, train_batch_timer
 from foxhunt.bench.report import Row
 
 FOXHUNT = "foxhunt"
@@ -121,27 +121,6 @@ def peer_parts(cfg, dataset, hidden_continuous_size: int):
     return model, loader
 
 
-def _batch_timer(warmup: int):
-    import lightning.pytorch as pl
-
-    class BatchTimer(pl.Callback):
-        def __init__(self) -> None:
-            self.clock = Clock()
-            self.timed = 0
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            if batch_idx == warmup:
-                self.clock.start()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if batch_idx >= warmup:
-                self.timed += 1
-            if batch_idx + 1 == trainer.num_training_batches and self.timed:
-                self.clock.stop()
-
-    return BatchTimer()
-
-
 def worker(
     ctx: BenchContext, side: str, threads: int, hidden_continuous_size: int, overrides: list[str] | None = None
 ) -> dict:
@@ -158,7 +137,7 @@ def worker(
     else:
         model, loader = peer_parts(cfg, dataset, hidden_continuous_size)
     warmup, steps = int(settings.warmup_steps), int(settings.steps)
-    timer = _batch_timer(warmup)
+    timer = train_batch_timer(warmup)
     rss_before = current_rss_mb()
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=warmup + steps, limit_val_batches=0,

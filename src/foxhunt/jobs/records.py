@@ -166,16 +166,13 @@ class RunRecord:
 
 
 @dataclass
-class PlanCell:
-    """A cell the launcher composed and validated before the job started."""
+class CellId:
+    """What names a grid cell: model, asset, precision and seed (the ``CELL_KEY_TAGS`` of its run)."""
 
     model: str
     asset: str
     precision: str
     seed: str
-    steps: int  # planned training batches
-    weight: float  # expected cost: steps x the model's cost per batch (jobs/cost.yaml)
-    overrides: list[str] = field(default_factory=list)
 
     def key(self) -> tuple[str, ...]:
         return (self.model, self.asset, self.precision, self.seed)
@@ -183,6 +180,15 @@ class PlanCell:
     @property
     def name(self) -> str:
         return f"{self.model}-{self.asset}-{self.precision}"
+
+
+@dataclass
+class PlanCell(CellId):
+    """A cell the launcher composed and validated before the job started."""
+
+    steps: int  # planned training batches
+    weight: float  # expected cost: steps x the model's cost per batch (jobs/cost.yaml)
+    overrides: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -200,24 +206,13 @@ class PlanCell:
 
 
 @dataclass
-class SkippedCell:
+class SkippedCell(CellId):
     """A cell ``resume=true`` skipped: the earlier FINISHED run of the same config that holds its
     result (``run_id``, in whatever sweep or job ran it), with the metrics the job commands show."""
 
-    model: str
-    asset: str
-    precision: str
-    seed: str
     run_id: str
     metrics: dict[str, float] = field(default_factory=dict)
     wall_s: float | None = None
-
-    def key(self) -> tuple[str, ...]:
-        return (self.model, self.asset, self.precision, self.seed)
-
-    @property
-    def name(self) -> str:
-        return f"{self.model}-{self.asset}-{self.precision}"
 
     def tag(self) -> tuple[str, str]:
         """The parent-run tag (key, value) that records this skip."""

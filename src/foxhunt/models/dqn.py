@@ -278,10 +278,12 @@ class DQNAgent(TradingAgent):
         self._explore_generator.manual_seed(self.seed)
         self._obs = self.train_env.reset(seed=self.seed)
 
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
-        hp = self.hparams
+    @torch.no_grad()
+    def collect_step(self, epsilon: float) -> tuple[Tensor, Tensor]:
+        """One epsilon-greedy step of the training envs, its transitions written to the replay
+        buffer; returns ``(reward, done)`` per env. The acting half of a training step (the
+        benchmark times it alone)."""
         env = self.train_env
-        epsilon = self.epsilon(self.global_step)
         obs = self.env_obs(self._obs)
         actions = self.act(obs, epsilon)
         next_obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
@@ -289,8 +291,13 @@ class DQNAgent(TradingAgent):
         # terminated episode stops the bootstrap, a truncated one bootstraps from final_obs.
         self.replay.add(obs, actions, reward, info["final_obs"], terminated)
         self._obs = next_obs
+        return reward, terminated | truncated
 
-        self.note_step(env.num_envs, self.track_episodes(reward, terminated | truncated))
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
+        hp = self.hparams
+        epsilon = self.epsilon(self.global_step)
+        reward, done = self.collect_step(epsilon)
+        self.note_step(self.train_env.num_envs, self.track_episodes(reward, done))
         log = self.log_due(batch_idx, optimizer_steps=1)  # the steps a logger sees
         if log:
             self.log("train/epsilon", epsilon, on_step=True, on_epoch=False, batch_size=1)

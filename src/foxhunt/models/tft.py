@@ -157,9 +157,16 @@ class VariableSelectionNetwork(nn.Module):
     def forward(self, embedded: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """embedded: (..., n_vars, hidden) -> (selected (..., hidden), weights (..., n_vars))."""
         weights = torch.softmax(self.weight_grn(embedded.flatten(-2), context), dim=-1)
+        return self._run_variable_grns(self._select_embedded, embedded, weights), weights
+
+    def _run_variable_grns(self, segment, *inputs: Tensor) -> Tensor:
+        """``segment(*inputs)``, under activation checkpointing when it is on and gradients are
+        recorded. Reentrant checkpoint: the recomputation in backward runs under the default
+        saved-tensor hooks, so foxhunt's activation meter counts its peak (the non-reentrant
+        variant stores recomputed tensors behind hooks of its own)."""
         if self.activation_checkpointing and torch.is_grad_enabled():
-            return checkpoint(self._select_embedded, embedded, weights, use_reentrant=True), weights
-        return self._select_embedded(embedded, weights), weights
+            return checkpoint(segment, *inputs, use_reentrant=True)
+        return segment(*inputs)
 
     def _select_embedded(self, embedded: Tensor, weights: Tensor) -> Tensor:
         """sum_i weights_i * GRN_i(xi_i) for embedded variables (..., n_vars, hidden)."""
@@ -195,15 +202,7 @@ class VariableSelectionNetwork(nn.Module):
         else:
             weight_skip = F.linear(x, skip_w, skip_b)
         weights = torch.softmax(grn.finish(weight_hidden, weight_skip, context), dim=-1)
-        if self.activation_checkpointing and torch.is_grad_enabled():
-            # Reentrant checkpoint: the recomputation in backward runs under the default
-            # saved-tensor hooks, so foxhunt's activation meter counts its peak (the
-            # non-reentrant variant stores recomputed tensors behind hooks of its own).
-            selected = checkpoint(
-                self._select_variables, x, weights, weight, bias, scale, offset, use_reentrant=True
-            )
-        else:
-            selected = self._select_variables(x, weights, weight, bias, scale, offset)
+        selected = self._run_variable_grns(self._select_variables, x, weights, weight, bias, scale, offset)
         return selected, weights
 
     def _select_variables(
