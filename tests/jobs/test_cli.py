@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from jobs_store import NOW_MS
@@ -124,7 +123,8 @@ def test_resume_refuses_a_running_or_finished_job(jobs_store):
 
 def test_read_commands_import_neither_torch_lightning_nor_mlflow(jobs_store):
     """`foxhunt train list` and `status` answer from sqlite3 alone (measured: 0.7-0.8 s each on
-    the project's 2-core machine under a load of ~7; the bound here only catches a heavy import)."""
+    the project's 2-core machine under a load of ~7). What keeps them fast is asserted, not a
+    wall time: no heavy module is imported (a timed bound fails on a loaded machine)."""
     code = (
         "import sys, time; t = time.perf_counter(); from foxhunt.cli import app\n"
         f"root = {str(jobs_store.root)!r}\n"
@@ -133,10 +133,7 @@ def test_read_commands_import_neither_torch_lightning_nor_mlflow(jobs_store):
         "    try:\n        app()\n    except SystemExit as exit:\n        assert not exit.code, exit.code\n"
         "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'mlflow') if m in sys.modules))\n"
     )
-    started = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    elapsed = time.perf_counter() - started
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
     assert "cccc4444" in out.stdout
-    assert elapsed < 10, f"two read commands took {elapsed:.1f} s"

@@ -6,10 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import psutil
+from waiting import process_gone, wait_until
 
 from foxhunt.jobs.launch import _signal
 
@@ -33,27 +32,20 @@ else:
 """
 
 
-def _wait_for(path: Path, seconds: float = 20.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if path.exists():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_sigterm_reaches_the_children_of_a_process_that_leads_no_group(tmp_path):
     script = tmp_path / "tree.py"
     script.write_text(TREE)
     parent = subprocess.Popen([sys.executable, str(script), str(tmp_path)])  # same group as pytest
     try:
-        assert _wait_for(tmp_path / "child_ready")
+        wait_until((tmp_path / "child_ready").exists, "the child started")
         assert os.getpgid(parent.pid) != parent.pid
         (child,) = psutil.Process(parent.pid).children()
         _signal(parent.pid, signal.SIGTERM)
-        assert _wait_for(tmp_path / "child") and _wait_for(tmp_path / "parent")
-        parent.wait(timeout=20)
-        assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
+        wait_until((tmp_path / "child").exists, "the child's SIGTERM handler ran")
+        wait_until((tmp_path / "parent").exists, "the parent's SIGTERM handler ran")
+        parent.wait(timeout=60)
+        # the handler's file comes before the exit: the child's interpreter still has to shut down
+        wait_until(lambda: process_gone(child.pid), "the child exited")
     finally:
         for process in psutil.Process(os.getpid()).children(recursive=True):
             if process.pid == parent.pid or process.ppid() == parent.pid:

@@ -274,11 +274,17 @@ def test_lightning_fit_on_random_batches_logs_finite_losses():
         assert torch.isfinite(trainer.callback_metrics[key]), key
 
 
-def test_fit_under_bf16_mixed_precision():
+def test_fit_under_bf16_mixed_precision(tmp_path):
+    # foxhunt's bf16 policy, as foxhunt-train runs it: its callback keeps the LSTMs in fp32 on a
+    # CPU without a bf16 LSTM kernel (AVX2 only), so this passes on every CPU
+    from foxhunt.precision.callback import PrecisionCallback
+    from foxhunt.precision.policy import PrecisionPolicy
+
     torch.manual_seed(0)
     model = small_tft()
     recorder = LossRecorder()
-    trainer = quiet_trainer(max_steps=3, precision="bf16-mixed", callbacks=[recorder])
+    policy = PrecisionPolicy(name="bf16", trainer_precision="bf16-mixed")
+    trainer = quiet_trainer(max_steps=3, precision="bf16-mixed", callbacks=[recorder, PrecisionCallback(policy, report_dir=tmp_path)])
     trainer.fit(model, DataLoader([random_batch(4, 12, 4, seed=s) for s in range(3)], batch_size=None))
     assert len(recorder.losses) == 3 and np.isfinite(recorder.losses).all()
 

@@ -60,6 +60,7 @@ def test_compare_refuses_a_precision_override(tmp_path):
 @pytest.mark.parametrize("trained_in", ["fp32", "int8"])
 @pytest.mark.parametrize("config", ["weight_only", "dynamic_activation"])
 def test_int8_inference_copy_of_a_trained_model_is_close_and_leaves_the_model_alone(build, trained_in, config):
+    from foxhunt.precision.inference import int8_matmul_error
     from foxhunt.precision.quantize import is_int8_weight, quantize_model
 
     policy = load_policy("int8", min_quantized_numel=256)
@@ -76,5 +77,7 @@ def test_int8_inference_copy_of_a_trained_model_is_close_and_leaves_the_model_al
     assert type(copy.attention.query.weight).__name__ == "Int8Tensor"  # torchao's inference weight
     assert type(copy.quantile_head.linear.weight) is torch.nn.Parameter  # the head stays fp32
     assert is_int8_weight(copy.encoder_lstm.weight_ih_l0)
+    # where int8 x int8 products are inexact (a CPU without VNNI) the copy falls back to weight_only
+    assert copy.int8_config == (config if int8_matmul_error("cpu") is None else "weight_only")
     torch.testing.assert_close(got, expected, atol=0.05, rtol=0.05)
     assert is_int8_weight(model.attention.query.weight) == (trained_in == "int8")  # original untouched

@@ -338,7 +338,8 @@ class ActivationMeter:
     ``exclude``: a module or tensors whose storages are not activations (the module's
     parameters and buffers); taken when the meter is entered. ``peak_bytes`` is the running
     peak of the live saved bytes, ``live_bytes`` what is still held, ``saved_tensors`` how
-    many tensors autograd saved.
+    many tensors autograd saved; ``peak_by_dtype`` splits the peak by the dtype of the saved
+    tensors (``{"bfloat16": ..., "float32": ...}`` under bf16 autocast).
     """
 
     def __init__(self, exclude: nn.Module | Iterable[torch.Tensor] | None = None) -> None:
@@ -346,11 +347,14 @@ class ActivationMeter:
         self._excluded: set[StorageKey] = set()
         self._refs: dict[StorageKey, int] = {}
         self._sizes: dict[StorageKey, int] = {}
+        self._dtypes: dict[StorageKey, str] = {}
         self._lock = threading.RLock()  # a release can run inside a pack (a GC pass there)
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self.live_bytes = 0
         self.peak_bytes = 0
         self.saved_tensors = 0
+        self.live_by_dtype: dict[str, int] = {}
+        self.peak_by_dtype: dict[str, int] = {}
 
     def _excluded_keys(self) -> set[StorageKey]:
         source = self._exclude_source
@@ -371,12 +375,16 @@ class ActivationMeter:
                     continue
                 count = self._refs.get(key, 0)
                 if count == 0:
+                    dtype = str(tensor.dtype).removeprefix("torch.")
                     self._sizes[key] = nbytes
+                    self._dtypes[key] = dtype
                     self.live_bytes += nbytes
+                    self.live_by_dtype[dtype] = self.live_by_dtype.get(dtype, 0) + nbytes
                 self._refs[key] = count + 1
                 keys.append(key)
             if self.live_bytes > self.peak_bytes:
                 self.peak_bytes = self.live_bytes
+                self.peak_by_dtype = dict(self.live_by_dtype)
         return _SavedTensor(tensor.detach(), keys, self)
 
     @staticmethod
@@ -389,7 +397,10 @@ class ActivationMeter:
                 count = self._refs[key] - 1
                 if count == 0:
                     del self._refs[key]
-                    self.live_bytes -= self._sizes.pop(key)
+                    nbytes = self._sizes.pop(key)
+                    dtype = self._dtypes.pop(key)
+                    self.live_bytes -= nbytes
+                    self.live_by_dtype[dtype] -= nbytes
                 else:
                     self._refs[key] = count
 

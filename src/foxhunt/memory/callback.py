@@ -140,6 +140,7 @@ class MemoryBudgetCallback(pl.Callback):
         self._write_cost_seconds = 0.0  # the longest write so far
         self.writes = 0  # calls of _write (each a batch of pending rows)
         self.activations_measured = False
+        self.activation_dtypes: dict[str, int] = {}  # the activations' peak, bytes by dtype
         self._activation_meter: ActivationMeter | None = None
         self._gradient_meter: GradientMeter | None = None
         self._window_start_step = 0
@@ -235,6 +236,8 @@ class MemoryBudgetCallback(pl.Callback):
     def _close_window(self, pl_module: pl.LightningModule, trainer: pl.Trainer) -> None:
         self._close_meters()
         activations = self._activation_meter.peak_bytes if self._activation_meter is not None else 0
+        if self._activation_meter is not None:
+            self.activation_dtypes = dict(self._activation_meter.peak_by_dtype)
         hooked_grads = self._gradient_meter.grads_bytes if self._gradient_meter is not None else 0
         static = measure_static(pl_module, trainer.optimizers, activations_bytes=activations)
         self.breakdown = MemoryBreakdown(
@@ -397,6 +400,11 @@ class MemoryBudgetCallback(pl.Callback):
         notes = []
         if not self.activations_measured:
             notes.append("activations and gradients not measured: no training step produced gradients")
+        elif self.activation_dtypes:
+            split = ", ".join(
+                f"{dtype} {to_mb(nbytes):.2f} MB" for dtype, nbytes in sorted(self.activation_dtypes.items()) if nbytes
+            )
+            notes.append(f"activations at their peak by dtype (saved-tensor hooks, dtype of each saved tensor): {split}")
         return MemoryReport(
             title=type(pl_module).__name__,
             breakdown=self.breakdown,
