@@ -11,6 +11,7 @@ from market_bars import load_asset, make_bars
 from foxhunt.data.datamodules import EnvDataModule, ForecastDataModule
 from foxhunt.data.dataset import build_market_dataset
 from foxhunt.data.env import TradingEnv
+from foxhunt.data.features import FEATURE_GROUPS, compute_features, future_known_features
 
 ES = load_asset("es")
 FEATURES_CFG = {
@@ -50,7 +51,10 @@ def test_hand_checked_window(dataset, forecast):
     window = forecast.split_dataset("val")[3]  # last bar i = 49 + 3 = 52
     features = torch.from_numpy(val.features)
     assert torch.equal(window["observed"], features[3:53, OBSERVED])
-    assert torch.equal(window["known"], features[3:63, KNOWN])
+    assert torch.equal(window["known"][:SEQ_LEN], features[3:53, KNOWN])
+    # the future part is the calendar of the 10 clock minutes after bar 52, not of bars 53..62
+    future = future_known_features(val.timestamps[52:53], HORIZON, ES, FEATURES_CFG)[0]
+    assert torch.equal(window["known"][SEQ_LEN:], torch.from_numpy(future))
     assert torch.equal(window["static"], features[52, STATIC])
     close = val.close
     expected = [np.log(close[52 + k] / close[52 + k - 1]) / dataset.target_scale
@@ -59,7 +63,6 @@ def test_hand_checked_window(dataset, forecast):
     assert all(t.dtype == torch.float32 for t in window.values())
     # the last window reaches the last bar of the split with its horizon
     last = forecast.split_dataset("val")[-1]
-    assert torch.equal(last["known"][-1], features[-1, KNOWN])
     assert last["target"][-1].item() == pytest.approx(
         np.log(close[-1] / close[-2]) / dataset.target_scale, rel=1e-5
     )
@@ -92,6 +95,30 @@ def test_windows_match_items_in_order(forecast, dataset):
     val = forecast.windows("val")
     batches = list(forecast.val_dataloader())
     assert torch.equal(torch.cat([b["target"] for b in batches]), val["target"])
+
+
+def test_the_future_calendar_is_that_of_the_next_clock_minutes(dataset):
+    import pandas as pd
+
+    stamps = dataset.splits["test"].timestamps[:7]
+    future = future_known_features(stamps, HORIZON, ES, FEATURES_CFG)
+    for row, stamp in enumerate(stamps):  # the batch pipeline's calendar of those minutes as bars
+        minutes = pd.date_range(pd.Timestamp(stamp, tz="UTC") + pd.Timedelta(minutes=1), periods=HORIZON, freq="min")
+        bars = pd.DataFrame({c: 1.0 for c in ("open", "high", "low", "close", "volume")}, index=minutes)
+        known = compute_features(bars, ES, FEATURES_CFG)[list(FEATURE_GROUPS["known"])].to_numpy(np.float32)
+        np.testing.assert_array_equal(future[row], known)
+
+
+def test_input_windows_decide_at_every_bar_with_a_full_past(forecast, dataset):
+    for split in ("val", "test"):
+        inputs = forecast.input_windows(split)
+        bars = len(dataset.splits[split])
+        assert torch.equal(inputs["bar_index"], torch.arange(SEQ_LEN - 1, bars))  # the last horizon bars too
+        training = forecast.windows(split)
+        n = len(training["bar_index"])
+        for key in ("static", "known", "observed"):  # where both exist they are the same windows
+            assert torch.equal(inputs[key][:n], training[key]), (split, key)
+        assert "target" not in inputs
 
 
 def test_train_loader_shuffles_all_windows(forecast):

@@ -21,7 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 from foxhunt.assets import AssetSpec
 from foxhunt.data.datamodules import EnvDataModule
 from foxhunt.data.dataset import MarketDataset, SplitArrays, feature_groups
-from foxhunt.data.features import FEATURE_NAMES
+from foxhunt.data.features import FEATURE_NAMES, FeatureConfig
+
+# the feature settings of conf/data/pipeline/default.yaml (the future calendar reads them)
+DEFAULT_FEATURES = FeatureConfig(momentum_bars=15, volatility_bars=30, volume_bars=60)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RETURN_COLUMN = FEATURE_NAMES.index("log_return")
@@ -71,6 +74,7 @@ def planted_dataset(
         groups=groups,
         splits=splits,
         target_scale=float(np.std(np.diff(np.log(close)))),
+        feature_config=DEFAULT_FEATURES,
     )
 
 

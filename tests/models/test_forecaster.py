@@ -152,7 +152,7 @@ def test_trading_positions_threshold_and_alignment():
         "bar_index": torch.arange(seq_len - 1, seq_len - 1 + len(values)),
     }
     datamodule = SimpleNamespace(
-        windows=lambda split: windows if split == "test" else None,
+        input_windows=lambda split: windows if split == "test" else None,
         dataset=SimpleNamespace(splits={"test": SimpleNamespace(close=np.ones(n_bars))}),
         batch_size=2,  # several batches, last one partial
     )
@@ -173,7 +173,7 @@ def test_trading_positions_rejects_out_of_range_bar_index():
         "bar_index": torch.tensor([5]),
     }
     datamodule = SimpleNamespace(
-        windows=lambda split: windows,
+        input_windows=lambda split: windows,
         dataset=SimpleNamespace(splits={"val": SimpleNamespace(close=np.ones(4))}),
         batch_size=4,
     )

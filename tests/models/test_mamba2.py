@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from foxhunt.assets import AssetSpec
 from foxhunt.data.datamodules import ForecastDataModule
 from foxhunt.data.dataset import MarketDataset, SplitArrays, feature_groups
-from foxhunt.data.features import FEATURE_NAMES
+from foxhunt.data.features import FEATURE_NAMES, FeatureConfig
 from foxhunt.models.forecaster import quantile_loss
 from foxhunt.models.mamba2 import (
     NO_WEIGHT_DECAY_ATTR,
@@ -32,6 +32,9 @@ from foxhunt.models.mamba2 import (
     ssd_chunked,
     ssd_naive,
 )
+
+# the feature settings of conf/data/pipeline/default.yaml (the future calendar reads them)
+DEFAULT_FEATURES = FeatureConfig(momentum_bars=15, volatility_bars=30, volume_bars=60)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = REPO_ROOT / "conf" / "model" / "mamba2.yaml"
@@ -202,6 +205,21 @@ def test_mixer_prefill_then_stream_equals_full_forward():
         y_t, state = mixer.step(u[:, t], state)
         tail.append(y_t)
     torch.testing.assert_close(torch.stack(tail, dim=1), full[:, 17:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("split_at", [1, 2, 17, 29])
+def test_forward_continues_from_a_state_as_if_never_cut(split_at):
+    torch.manual_seed(3)
+    model = Mamba2Forecaster(**SMALL_MODEL).double().eval()
+    features = torch.randn(2, 30, SMALL_MODEL["input_dim"], dtype=torch.float64)
+    with torch.no_grad():
+        whole, whole_state = model.forecast_stream(features)
+        head, state = model.forecast_stream(features[:, :split_at])
+        tail, tail_state = model.forecast_stream(features[:, split_at:], state)
+    torch.testing.assert_close(torch.cat([head, tail], dim=1), whole, rtol=0, atol=1e-10)
+    for a, b in zip(tail_state, whole_state):
+        torch.testing.assert_close(a.ssm, b.ssm, rtol=0, atol=1e-10)
+        torch.testing.assert_close(a.conv, b.conv, rtol=0, atol=1e-12)
 
 
 def test_mixer_is_causal():
@@ -432,7 +450,8 @@ def ar1_dataset(seed: int) -> MarketDataset:
         timestamps = np.datetime64("2024-01-02T00:00", "ns") + np.arange(bars) * np.timedelta64(60, "s")
         splits[name] = SplitArrays(timestamps=timestamps, features=features, close=close)
     return MarketDataset(
-        asset=asset, feature_names=list(FEATURE_NAMES), groups=groups, splits=splits, target_scale=sigma
+        asset=asset, feature_names=list(FEATURE_NAMES), groups=groups, splits=splits, target_scale=sigma,
+        feature_config=DEFAULT_FEATURES,
     )
 
 

@@ -5,14 +5,17 @@
 
   - ``static``   (4,): static features of bar ``i``;
   - ``known``    (seq_len + horizon, 8): known (calendar) features of bars
-    ``i - seq_len + 1 .. i + horizon`` (past and future);
+    ``i - seq_len + 1 .. i`` (the past), then of the ``horizon`` clock minutes after bar ``i``
+    (the future calendar, :func:`foxhunt.data.features.future_known_features`: known in
+    advance, unlike the times of the bars that will actually come);
   - ``observed`` (seq_len, 4): observed features of bars ``i - seq_len + 1 .. i``;
   - ``target``   (horizon,): ``log(close[i + k] / close[i + k - 1]) / target_scale`` for
     ``k = 1 .. horizon``.
 
-  A split of ``T`` bars has ``T - seq_len - horizon + 1`` windows, ending at bars
-  ``seq_len - 1 .. T - horizon - 1``. Windows are index arithmetic over per-split tensors
-  (slices are views); no window is copied until the loader stacks a batch.
+  A split of ``T`` bars has ``T - seq_len - horizon + 1`` training windows, ending at bars
+  ``seq_len - 1 .. T - horizon - 1``; its *input* windows (no target: what a model reads to
+  decide at a bar) end at every bar ``seq_len - 1 .. T - 1``. Windows are index arithmetic
+  over per-split tensors; no window is copied until a batch is stacked.
 * :class:`EnvDataModule` serves RL agents (DQN, PPO): it builds
   :class:`foxhunt.data.env.TradingEnv` objects over a split, and its loaders yield dummy step
   indices only (the agent steps its env inside ``training_step``): ``steps_per_epoch`` items
@@ -28,9 +31,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from foxhunt.data.dataset import MarketDataset
 from foxhunt.data.env import TradingEnv
+from foxhunt.data.features import future_known_features
 from foxhunt.data.splits import SPLIT_NAMES
-
-WINDOW_KEYS = ("static", "known", "observed", "target")
 
 
 class WindowDataset(Dataset):
@@ -40,6 +42,7 @@ class WindowDataset(Dataset):
         self,
         static: Tensor,
         known: Tensor,
+        future_known: Tensor,
         observed: Tensor,
         returns: Tensor,
         seq_len: int,
@@ -47,6 +50,7 @@ class WindowDataset(Dataset):
     ) -> None:
         self.static = static  # (T, S)
         self.known = known  # (T, K)
+        self.future_known = future_known  # (T, horizon, K): the calendar of the minutes after each bar
         self.observed = observed  # (T, O)
         self.returns = returns  # (T,), returns[j] = scaled log(close[j] / close[j - 1])
         self.seq_len = seq_len
@@ -67,23 +71,34 @@ class WindowDataset(Dataset):
         start = i - self.seq_len + 1
         return {
             "static": self.static[i],
-            "known": self.known[start : i + self.horizon + 1],
+            "known": torch.cat([self.known[start : i + 1], self.future_known[i]]),
             "observed": self.observed[start : i + 1],
             "target": self.returns[i + 1 : i + self.horizon + 1],
         }
 
+    def inputs(self, first: int, count: int) -> dict[str, Tensor]:
+        """The inputs of the ``count`` windows ending at bars ``first .. first + count - 1``
+        (``first >= seq_len - 1``), stacked: ``static``, ``known``, ``observed``, ``bar_index``."""
+        start = first - (self.seq_len - 1)
+        past = _sliding(self.known, self.seq_len)[start : start + count]
+        return {
+            "static": self.static[first : first + count],
+            "known": torch.cat([past, self.future_known[first : first + count]], dim=1),
+            "observed": _sliding(self.observed, self.seq_len)[start : start + count],
+            "bar_index": torch.arange(first, first + count, dtype=torch.long),
+        }
+
     def all_windows(self) -> dict[str, Tensor]:
-        """Every window stacked in order, as strided views of the split tensors (no copy),
-        plus ``bar_index`` (LongTensor): the last bar of each window in the split."""
+        """Every training window stacked in order (with ``target``), plus ``bar_index``
+        (LongTensor): the last bar of each window in the split."""
         n = self.num_windows
         last = self.seq_len - 1
-        return {
-            "static": self.static[last : last + n],
-            "known": _sliding(self.known, self.seq_len + self.horizon)[:n],
-            "observed": _sliding(self.observed, self.seq_len)[:n],
-            "target": _sliding(self.returns[1:], self.horizon)[last : last + n],
-            "bar_index": torch.arange(last, last + n, dtype=torch.long),
-        }
+        return {**self.inputs(last, n), "target": _sliding(self.returns[1:], self.horizon)[last : last + n]}
+
+    def input_windows(self) -> dict[str, Tensor]:
+        """The inputs of a window ending at every bar with ``seq_len`` bars of history."""
+        last = self.seq_len - 1
+        return self.inputs(last, max(len(self.returns) - last, 0))
 
 
 def _sliding(x: Tensor, size: int) -> Tensor:
@@ -153,6 +168,12 @@ class ForecastDataModule(LightningDataModule):
         each window's last bar, to align forecasts with ``dataset.splits[split].close``."""
         return self.split_dataset(split).all_windows()
 
+    def input_windows(self, split: str) -> dict[str, Tensor]:
+        """What a forecaster reads to decide at every bar of ``split`` with ``seq_len`` bars of
+        history (``static``, ``known``, ``observed`` and ``bar_index``; no target, so the last
+        ``horizon`` bars have theirs too)."""
+        return self.split_dataset(split).input_windows()
+
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)
 
@@ -183,12 +204,16 @@ class ForecastDataModule(LightningDataModule):
             )
         features = torch.from_numpy(arrays.features).float()
         groups = self.dataset.groups
+        if self.dataset.feature_config is None:
+            raise ValueError("ForecastDataModule: the dataset has no feature_config (needed for the future calendar)")
+        future_known = future_known_features(arrays.timestamps, self.horizon, self.dataset.asset, self.dataset.feature_config)
         close = torch.from_numpy(arrays.close).double()
         returns = torch.zeros(bars, dtype=torch.float64)
         returns[1:] = torch.log(close[1:] / close[:-1]) / self.dataset.target_scale
         return WindowDataset(
             static=features[:, groups["static"]],
             known=features[:, groups["known"]],
+            future_known=torch.from_numpy(future_known),
             observed=features[:, groups["observed"]],
             returns=returns.float(),
             seq_len=self.seq_len,

@@ -68,7 +68,9 @@ class MarketDataset:
 
     ``groups`` maps ``static`` / ``known`` / ``observed`` to column indices of ``features``.
     ``observed_mean`` / ``observed_std`` are the train statistics the observed group was
-    normalized with (raw = normalized * std + mean); ``cache_key`` the SHA-256 of the inputs.
+    normalized with (raw = normalized * std + mean); ``cache_key`` the SHA-256 of the inputs;
+    ``feature_config`` the feature settings the columns were computed with (the forecasters'
+    future calendar and the streaming pipeline compute more calendar rows with it).
     """
 
     asset: AssetSpec
@@ -79,6 +81,7 @@ class MarketDataset:
     observed_mean: np.ndarray | None = None
     observed_std: np.ndarray | None = None
     cache_key: str = ""
+    feature_config: FeatureConfig | None = None
 
     def split(self, name: str) -> SplitArrays:
         if name not in self.splits:
@@ -106,6 +109,7 @@ def load_market_dataset(
         path = Path(cache_dir) / f"{asset.key}-{key}.npz"
         cached = _read_cache(path, asset, key)
         if cached is not None:
+            cached.feature_config = features_cfg
             log.info("market dataset %s: cache hit %s", asset.key, path)
             return cached
     dataset = build_market_dataset(source.load(asset), asset, features_cfg, split_cfg)
@@ -158,6 +162,7 @@ def build_market_dataset(
         target_scale=target_scale,
         observed_mean=mean,
         observed_std=std,
+        feature_config=features_cfg,
     )
 
 

@@ -11,6 +11,12 @@ The groups follow the Temporal Fusion Transformer's split of inputs, which every
 * ``observed`` (4): market features from past prices and volume. They are returned raw here;
   :mod:`foxhunt.data.dataset` z-normalizes them with train-split statistics.
 
+Known features of the FUTURE (the forecasters' decoder inputs, :func:`future_known_features`)
+are those of the next clock minutes after a bar (``t + k`` bar intervals, ``k = 1 .. horizon``),
+never of the bars that actually come next: whether a next bar exists, and when (after a quiet
+minute, a session break, a weekend), is not known in advance, and a live stream that scores each
+bar as it arrives cannot see it.
+
 No look-ahead: the feature row of bar ``t`` uses bars ``<= t`` only (rolling windows are
 trailing, returns look backwards). Windows count BARS, not minutes: a bars frame has no row for
 a minute without trade, a session break or a weekend, and the return of the first bar after such
@@ -42,6 +48,8 @@ DAYS_PER_WEEK = 7
 TRADE_DATES_PER_WEEK = 5  # Monday to Friday trade dates
 BASIS_POINTS = 1e4
 PERCENT = 100.0
+#: Every source yields 1-minute bars: the step of the future calendar (decoder inputs).
+BAR_INTERVAL = np.timedelta64(60, "s")
 
 BAR_COLUMNS = ("open", "high", "low", "close", "volume")
 
@@ -103,8 +111,8 @@ class FeatureConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"features.{name}={value!r}: must be an integer >= 1")
-        _parse_hhmm(self.rth_open, "features.rth_open")
-        _parse_hhmm(self.rth_close, "features.rth_close")
+        parse_hhmm(self.rth_open, "features.rth_open")
+        parse_hhmm(self.rth_close, "features.rth_close")
         try:
             ZoneInfo(self.rth_tz)
         except (ValueError, KeyError, TypeError):
@@ -137,12 +145,35 @@ def compute_features(bars: pd.DataFrame, asset: AssetSpec, cfg: Any) -> pd.DataF
     return pd.DataFrame(columns, index=index, columns=list(FEATURE_NAMES), dtype=np.float64)
 
 
+def known_features(index: pd.DatetimeIndex, asset: AssetSpec, cfg: Any) -> np.ndarray:
+    """The 8 ``known`` (calendar) columns of any timestamps (UTC DatetimeIndex), float64 (N, 8)."""
+    cfg = FeatureConfig.from_config(cfg)
+    columns = _known_features(index, asset, cfg)
+    return np.stack([columns[name] for name in FEATURE_GROUPS["known"]], axis=1)
+
+
+def future_known_features(timestamps: np.ndarray, horizon: int, asset: AssetSpec, cfg: Any) -> np.ndarray:
+    """(T, horizon, 8) float32: the known features of the clock minutes ``t + k`` bar intervals
+    (``k = 1 .. horizon``) after each bar start ``t`` of ``timestamps`` (datetime64, UTC)."""
+    stamps = np.asarray(timestamps, dtype="datetime64[ns]")
+    steps = np.arange(1, horizon + 1) * BAR_INTERVAL
+    future = (stamps[:, None] + steps[None, :]).reshape(-1)
+    index = pd.DatetimeIndex(future).tz_localize("UTC")
+    return known_features(index, asset, cfg).astype(np.float32).reshape(len(stamps), horizon, -1)
+
+
+def static_features(asset: AssetSpec) -> np.ndarray:
+    """The 4 ``static`` columns of ``asset`` (constant per contract), float64 (4,)."""
+    columns = _static_features(asset, 1)
+    return np.array([columns[name][0] for name in FEATURE_GROUPS["static"]], dtype=np.float64)
+
+
 def _static_features(asset: AssetSpec, n: int) -> dict[str, np.ndarray]:
     values = {
         "tick_size_bps": asset.tick_size / asset.price_level * BASIS_POINTS,
         "log10_tick_value": math.log10(asset.tick_value),
         "daily_vol_pct": asset.daily_vol * PERCENT,
-        "session_hours_frac": _session_length(asset) / MINUTES_PER_DAY,
+        "session_hours_frac": session_length(asset) / MINUTES_PER_DAY,
     }
     return {name: np.full(n, value, dtype=np.float64) for name, value in values.items()}
 
@@ -152,9 +183,9 @@ def _known_features(index: pd.DatetimeIndex, asset: AssetSpec, cfg: FeatureConfi
     minute = _minute_of_day(local)
     weekday = local.day_of_week.to_numpy().astype(np.float64)
 
-    open_min = _minutes(asset.open_time)
-    close_min = _minutes(asset.close_time)
-    length = _session_length(asset)
+    open_min = clock_minutes(asset.open_time)
+    close_min = clock_minutes(asset.close_time)
+    length = session_length(asset)
     since_open = np.mod(minute - open_min, MINUTES_PER_DAY)
     elapsed = np.clip(since_open / length, 0.0, 1.0)
     remaining = np.clip((length - since_open) / length, 0.0, 1.0)
@@ -165,8 +196,8 @@ def _known_features(index: pd.DatetimeIndex, asset: AssetSpec, cfg: FeatureConfi
 
     rth_local = index.tz_convert(cfg.rth_tz)
     rth_minute = _minute_of_day(rth_local)
-    rth_open = _minutes(_parse_hhmm(cfg.rth_open, "features.rth_open"))
-    rth_close = _minutes(_parse_hhmm(cfg.rth_close, "features.rth_close"))
+    rth_open = clock_minutes(parse_hhmm(cfg.rth_open, "features.rth_open"))
+    rth_close = clock_minutes(parse_hhmm(cfg.rth_close, "features.rth_close"))
     weekday_rth = rth_local.day_of_week.to_numpy() < TRADE_DATES_PER_WEEK
     regular = (rth_minute >= rth_open) & (rth_minute < rth_close) & weekday_rth
 
@@ -229,9 +260,9 @@ def _check_bars(bars: pd.DataFrame) -> None:
             )
 
 
-def _session_length(asset: AssetSpec) -> int:
+def session_length(asset: AssetSpec) -> int:
     """Minutes from session open to close (a session may span midnight); 24 h if equal."""
-    length = (_minutes(asset.close_time) - _minutes(asset.open_time)) % MINUTES_PER_DAY
+    length = (clock_minutes(asset.close_time) - clock_minutes(asset.open_time)) % MINUTES_PER_DAY
     return length or MINUTES_PER_DAY
 
 
@@ -242,11 +273,12 @@ def _minute_of_day(local: pd.DatetimeIndex) -> np.ndarray:
     return hours * 60.0 + minutes + seconds / 60.0
 
 
-def _minutes(t: time) -> int:
+def clock_minutes(t: time) -> int:
+    """Minutes since midnight of a clock time."""
     return t.hour * 60 + t.minute
 
 
-def _parse_hhmm(text: Any, key: str) -> time:
+def parse_hhmm(text: Any, key: str) -> time:
     try:
         hh, mm = str(text).split(":")
         return time(int(hh), int(mm))

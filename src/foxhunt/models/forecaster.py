@@ -13,9 +13,9 @@ call this base's constructor with the hyperparameters it owns; everything else l
   against the sign of the target's first step, counted over nonzero targets, accumulated over
   the whole epoch);
 - AdamW with weight decay equal to the config's L2 coefficient;
-- `trading_positions`, which turns forecasts into positions for the shared backtest: at the
-  last bar of every window, the sign of the median forecast summed over the horizon when its
-  magnitude exceeds `position_threshold` (target-scale units), flat otherwise.
+- `trading_positions`, which turns forecasts into positions for the shared backtest: at every
+  bar with `seq_len` bars of history, the sign of the median forecast summed over the horizon
+  when its magnitude exceeds `position_threshold` (target-scale units), flat otherwise.
 """
 
 from __future__ import annotations
@@ -225,18 +225,20 @@ class ForecasterModule(LightningModule):
     def trading_positions(self, datamodule: Any, split: str) -> np.ndarray:
         """Positions (T,) in {-1, 0, 1} aligned with `datamodule.dataset.splits[split].close`.
 
-        Each window decides the position at its last bar (`bar_index`); bars without a window
-        (the first seq_len - 1 bars and the last horizon bars of the split) stay 0.
+        Every bar with ``seq_len`` bars of history decides its position from the window of
+        inputs ending there (`datamodule.input_windows`: the past bars and the calendar of the
+        next ``horizon`` minutes, nothing of the future bars), the last ``horizon`` bars
+        included; the first seq_len - 1 bars of the split stay 0.
         """
         n_bars = len(datamodule.dataset.splits[split].close)
-        windows = datamodule.windows(split)
+        windows = datamodule.input_windows(split)
         bar_index = np.asarray(torch.as_tensor(windows["bar_index"]).cpu().numpy(), dtype=np.int64)
         positions = np.zeros(n_bars, dtype=np.int8)
         if bar_index.size == 0:
             return positions
         if bar_index.min() < 0 or bar_index.max() >= n_bars:
             raise ValueError(
-                f"datamodule.windows({split!r}) bar_index spans [{bar_index.min()}, {bar_index.max()}] "
+                f"datamodule.input_windows({split!r}) bar_index spans [{bar_index.min()}, {bar_index.max()}] "
                 f"outside the split's {n_bars} bars"
             )
         forecasts = self.predict_windows(windows, int(getattr(datamodule, "eval_batch_size", datamodule.batch_size)))

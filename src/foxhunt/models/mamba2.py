@@ -34,8 +34,14 @@ Pieces, bottom-up:
 Streaming inference: every level has ``step(x_t, state) -> (y_t, state)`` that consumes one
 new bar with O(1) work and memory, carrying per layer the last ``d_conv`` conv inputs and the
 SSM state (``Mamba2LayerState``); ``allocate_inference_state(batch_size)`` builds the zero
-state, and ``Mamba2Mixer.forward(u, return_state=True)`` hands over the state after a full
-prefix so a stream can continue from it.
+state, and every ``forward`` takes a state to continue from and, with ``return_state=True``,
+hands over the state after its last bar, so a stream can switch between the chunked scan and
+``step`` anywhere.
+
+Training reads windows of ``seq_len`` bars from a zero state. Trading (``trading_positions``,
+the shared backtest, and the live stream) reads the split as one stream: the recurrent state
+carries from the split's first bar, so a forecast uses all the bars before it, as a recurrent
+model streamed bar by bar does, and the batch path's decisions are exactly the stream's.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -54,6 +61,9 @@ from foxhunt.precision.optim import attached_policy, make_optimizer
 #: Attribute set on parameters that must not be weight-decayed (the SSM's dt_bias, A_log, D),
 #: the convention of the reference implementation.
 NO_WEIGHT_DECAY_ATTR = "_no_weight_decay"
+#: Chunks per segment when a whole split is streamed through `forward` (memory bound only:
+#: the state carries across segments, so the result does not depend on it).
+STREAM_SEGMENT_CHUNKS = 64
 
 
 # ------------------------------------------------------------------------------ SSD scan
@@ -291,23 +301,33 @@ class Mamba2Mixer(nn.Module):
         y = y.reshape(*y.shape[:-2], self.d_inner)
         return self.out_proj(self.norm(y, z))
 
-    def forward(self, u: Tensor, return_state: bool = False) -> Tensor | tuple[Tensor, Mamba2LayerState]:
-        """u: (batch, L, d_model) -> (batch, L, d_model); with return_state also the streaming
-        state after the last bar, from which `step` continues the sequence."""
+    def forward(
+        self, u: Tensor, state: Mamba2LayerState | None = None, return_state: bool = False
+    ) -> Tensor | tuple[Tensor, Mamba2LayerState]:
+        """u: (batch, L, d_model) -> (batch, L, d_model), continuing from ``state`` (the state
+        after earlier bars; ``None``: the zero state, a fresh sequence); with return_state also
+        the state after the last bar, from which `step` or another `forward` continues."""
         batch, length, _ = u.shape
         z, xbc_in, dt = self._split_projection(self.in_proj(u))
         dt = F.softplus(dt + self.dt_bias)  # (b, L, h)
-        xbc = F.silu(self.conv1d(xbc_in.transpose(1, 2))[..., :length].transpose(1, 2))
+        conv_in = xbc_in.transpose(1, 2)  # (b, conv_dim, L)
+        before = self.d_conv - 1  # earlier inputs the first bars' conv windows reach back to
+        if state is not None and before:
+            conv_in = torch.cat([state.conv[..., 1:], conv_in], dim=-1)
+            conv_out = self.conv1d(conv_in)[..., before : before + length]
+        else:
+            conv_out = self.conv1d(conv_in)[..., :length]
+        xbc = F.silu(conv_out.transpose(1, 2))
         x, B, C = self._split_conv_output(xbc)
         x = x.reshape(batch, length, self.nheads, self.headdim)
         B = B.reshape(batch, length, self.ngroups, self.d_state)
         C = C.reshape(batch, length, self.ngroups, self.d_state)
         A = -torch.exp(self.A_log)
-        y, final_ssm = ssd_chunked(x, dt, A, B, C, self.chunk_size)
+        y, final_ssm = ssd_chunked(x, dt, A, B, C, self.chunk_size, None if state is None else state.ssm)
         out = self._output(y, x, z)
         if not return_state:
             return out
-        window = xbc_in.transpose(1, 2)[..., -self.d_conv :]
+        window = conv_in[..., -self.d_conv :]
         conv_state = F.pad(window, (self.d_conv - window.shape[-1], 0))
         return out, Mamba2LayerState(conv=conv_state, ssm=final_ssm)
 
@@ -359,8 +379,13 @@ class Mamba2Block(nn.Module):
         self.mixer = Mamba2Mixer(d_model=d_model, norm_eps=norm_eps, **mixer_kwargs)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, u: Tensor) -> Tensor:
-        return u + self.dropout(self.mixer(self.norm(u)))
+    def forward(
+        self, u: Tensor, state: Mamba2LayerState | None = None, return_state: bool = False
+    ) -> Tensor | tuple[Tensor, Mamba2LayerState]:
+        if not return_state:
+            return u + self.dropout(self.mixer(self.norm(u), state))
+        out, state = self.mixer(self.norm(u), state, return_state=True)
+        return u + self.dropout(out), state
 
     def allocate_inference_state(self, batch_size: int, **kwargs) -> Mamba2LayerState:
         return self.mixer.allocate_inference_state(batch_size, **kwargs)
@@ -382,10 +407,23 @@ class Mamba2Stack(nn.Module):
         )
         self.norm_f = nn.RMSNorm(d_model, eps=norm_eps)
 
-    def forward(self, u: Tensor) -> Tensor:
-        for layer in self.layers:
-            u = layer(u)
-        return self.norm_f(u)
+    def forward(
+        self, u: Tensor, state: Sequence[Mamba2LayerState] | None = None, return_state: bool = False
+    ) -> Tensor | tuple[Tensor, list[Mamba2LayerState]]:
+        """(batch, L, d_model) -> same, continuing from ``state`` (one per layer; ``None``:
+        zero); with return_state also the state after the last bar."""
+        states = [None] * len(self.layers) if state is None else list(state)
+        if len(states) != len(self.layers):
+            raise ValueError(f"Mamba2Stack: state has {len(states)} layers, the stack {len(self.layers)}")
+        if not return_state:
+            for layer, layer_state in zip(self.layers, states):
+                u = layer(u, layer_state)
+            return self.norm_f(u)
+        new_state = []
+        for layer, layer_state in zip(self.layers, states):
+            u, layer_state = layer(u, layer_state, return_state=True)
+            new_state.append(layer_state)
+        return self.norm_f(u), new_state
 
     def allocate_inference_state(self, batch_size: int, **kwargs) -> list[Mamba2LayerState]:
         return [layer.allocate_inference_state(batch_size, **kwargs) for layer in self.layers]
@@ -527,6 +565,40 @@ class Mamba2Forecaster(ForecasterModule):
         """One bar's features x_t: (B, input_dim) -> (forecast (B, horizon, Q), new state)."""
         hidden, state = self.backbone.step(self.input_proj(x_t), state)
         return self._forecast(hidden), state
+
+    def forecast_stream(
+        self, features: Tensor, state: Sequence[Mamba2LayerState] | None = None
+    ) -> tuple[Tensor, list[Mamba2LayerState]]:
+        """Forecasts after every bar of features (B, L, input_dim), continuing from ``state``
+        (``None``: a fresh stream) -> ((B, L, horizon, Q), the state after the last bar).
+        The chunked scan of `forward` over a whole sequence; equal to `step` bar by bar."""
+        hidden, state = self.backbone(self.input_proj(features), state, return_state=True)
+        return self._forecast(hidden), state
+
+    @torch.no_grad()
+    def trading_positions(self, datamodule, split: str) -> np.ndarray:
+        """Positions (T,) over ``split`` as the model streams live: one recurrent state carried
+        from the split's first bar (segments of ``STREAM_SEGMENT_CHUNKS`` chunks, for bounded
+        memory), so the forecast at bar t has read every bar of the split up to t, exactly what
+        `step` gives bar by bar. The first seq_len - 1 bars hold 0, as for every forecaster."""
+        dataset = datamodule.dataset
+        features = torch.from_numpy(dataset.splits[split].features).float()
+        groups = dataset.groups
+        features = torch.cat([features[:, groups[g]] for g in ("static", "known", "observed")], dim=1)
+        segment = int(self.hparams.chunk_size) * STREAM_SEGMENT_CHUNKS
+        was_training = self.training
+        self.eval()
+        try:
+            state, forecasts = None, []
+            for start in range(0, len(features), segment):
+                chunk = features[start : start + segment].unsqueeze(0).to(self.device)
+                forecast, state = self.forecast_stream(chunk, state)
+                forecasts.append(forecast[0].float().cpu())
+        finally:
+            self.train(was_training)
+        positions = self.positions_from_forecasts(torch.cat(forecasts)) if forecasts else np.zeros(0, np.int8)
+        positions[: self.seq_len - 1] = 0
+        return positions
 
     # ---------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> torch.optim.Optimizer:

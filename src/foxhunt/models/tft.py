@@ -39,6 +39,7 @@ Causality: every layer is position-wise except the LSTMs (left to right) and the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -322,6 +323,16 @@ class MonotoneQuantileHead(nn.Module):
         return torch.cat([below, median, above], dim=-1)
 
 
+class StaticContexts(NamedTuple):
+    """The static covariate encoders' outputs [4.3]: selection weights of the static variables,
+    c_s (variable selection), c_e (enrichment) and (c_h, c_c) (the LSTMs' initial state)."""
+
+    weights: Tensor
+    selection: Tensor
+    enrichment: Tensor
+    state: tuple[Tensor, Tensor]
+
+
 class TemporalFusionTransformer(ForecasterModule):
     """Temporal Fusion Transformer quantile forecaster over ForecastDataModule windows.
 
@@ -442,30 +453,62 @@ class TemporalFusionTransformer(ForecasterModule):
         interpretation weights: `static` (B, static_dim), `encoder` (B, seq_len,
         known_dim + observed_dim; known variables first), `decoder` (B, horizon, known_dim) —
         variable selection weights, each summing to 1 — and `attention` (B, L, L), the
-        head-averaged causal attention over all L = seq_len + horizon positions."""
+        head-averaged causal attention over all L = seq_len + horizon positions.
+
+        The three stages below are also public, so that a stream can keep what does not change
+        when one bar arrives: the static contexts (constant per asset) and the per-bar outputs
+        of the variable selections (position-wise, so a bar's selection is the same in every
+        window that holds it)."""
         static, known, observed = batch["static"], batch["known"], batch["observed"]
         self._check_inputs(static, known, observed)
-        past_known, future_known = known[:, : self.seq_len], known[:, self.seq_len :]
+        contexts = self.static_contexts(static)
+        past_selected, encoder_weights = self.select_past(known[:, : self.seq_len], observed, contexts)
+        future_selected, decoder_weights = self.select_future(known[:, self.seq_len :], contexts)
+        forecast, attention = self.fuse(contexts, past_selected, future_selected, return_attention=return_weights)
+        if not return_weights:
+            return forecast
+        weights = {
+            "static": contexts.weights,
+            "encoder": encoder_weights,
+            "decoder": decoder_weights,
+            "attention": attention,
+        }
+        return forecast, weights
 
-        # Static covariate encoders.
-        static_vector, static_weights = self.static_selection.select(static, [self.static_embedding])
-        c_selection = self.context_selection(static_vector)
-        c_enrichment = self.context_enrichment(static_vector)
+    def static_contexts(self, static: Tensor) -> StaticContexts:
+        """Static covariate encoders [4.3]: the four contexts of the asset attributes (B, static_dim)."""
+        vector, weights = self.static_selection.select(static, [self.static_embedding])
         state = (
-            self.context_state_h(static_vector).unsqueeze(0).repeat(self.lstm_layers, 1, 1).contiguous(),
-            self.context_state_c(static_vector).unsqueeze(0).repeat(self.lstm_layers, 1, 1).contiguous(),
+            self.context_state_h(vector).unsqueeze(0).repeat(self.lstm_layers, 1, 1).contiguous(),
+            self.context_state_c(vector).unsqueeze(0).repeat(self.lstm_layers, 1, 1).contiguous(),
+        )
+        return StaticContexts(
+            weights=weights,
+            selection=self.context_selection(vector),
+            enrichment=self.context_enrichment(vector),
+            state=state,
         )
 
-        # Variable selection for the past (known + observed) and the future (known only).
-        past_selected, encoder_weights = self.encoder_selection.select(
-            torch.cat([past_known, observed], dim=-1), [self.known_embedding, self.observed_embedding], c_selection
-        )
-        future_selected, decoder_weights = self.decoder_selection.select(
-            future_known, [self.known_embedding], c_selection
-        )
+    def select_past(self, past_known: Tensor, observed: Tensor, contexts: StaticContexts) -> tuple[Tensor, Tensor]:
+        """Encoder variable selection over known + observed inputs of any number of bars
+        (B, L, known_dim), (B, L, observed_dim) -> (selected (B, L, d), weights)."""
+        return self.encoder_selection.select(
+            torch.cat([past_known, observed], dim=-1), [self.known_embedding, self.observed_embedding],
+            contexts.selection,
+        )  # fmt: skip
 
+    def select_future(self, future_known: Tensor, contexts: StaticContexts) -> tuple[Tensor, Tensor]:
+        """Decoder variable selection over the known inputs of future steps (B, H, known_dim)."""
+        return self.decoder_selection.select(future_known, [self.known_embedding], contexts.selection)
+
+    def fuse(
+        self, contexts: StaticContexts, past_selected: Tensor, future_selected: Tensor, return_attention: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """LSTM encoder-decoder, static enrichment, causal attention and the position-wise
+        layers over selected inputs (B, seq_len, d) and (B, horizon, d) -> (forecast, attention
+        map or None)."""
         # LSTM encoder-decoder with gated skip over the selected inputs.
-        encoded, state = self.encoder_lstm(past_selected, state)
+        encoded, state = self.encoder_lstm(past_selected, contexts.state)
         decoded, _ = self.decoder_lstm(future_selected, state)
         temporal = self.post_lstm_gate(
             torch.cat([encoded, decoded], dim=1), skip=torch.cat([past_selected, future_selected], dim=1)
@@ -474,20 +517,10 @@ class TemporalFusionTransformer(ForecasterModule):
         # Temporal fusion decoder: enrichment, causal attention, position-wise GRN. Everything
         # after the attention is position-wise and only the decoder positions are forecast, so
         # only their queries are computed (all of them when the attention map is asked for).
-        enriched = self.static_enrichment(temporal, c_enrichment)
-        query_start = 0 if return_weights else self.seq_len
+        enriched = self.static_enrichment(temporal, contexts.enrichment)
+        query_start = 0 if return_attention else self.seq_len
         attended, attention = self.attention(enriched, query_start=query_start)
         decoder = slice(self.seq_len, None)
         attended = self.post_attention_gate(attended[:, self.seq_len - query_start :], skip=enriched[:, decoder])
         fused = self.pre_output_gate(self.positionwise_grn(attended), skip=temporal[:, decoder])
-
-        forecast = self.quantile_head(fused)
-        if not return_weights:
-            return forecast
-        weights = {
-            "static": static_weights,
-            "encoder": encoder_weights,
-            "decoder": decoder_weights,
-            "attention": attention,
-        }
-        return forecast, weights
+        return self.quantile_head(fused), (attention if return_attention else None)
