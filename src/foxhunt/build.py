@@ -15,8 +15,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 
-def compose_config(overrides: list[str], root_dir: str | os.PathLike | None = None, output_dir: str | None = None) -> DictConfig:
-    """Compose ``conf/train.yaml`` with Hydra overrides outside ``@hydra.main``.
+def compose_config(
+    overrides: list[str], root_dir: str | os.PathLike | None = None, output_dir: str | None = None,
+    config_name: str = "train",
+) -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` (``train``; ``fleet`` for the ensemble commands) with
+    Hydra overrides outside ``@hydra.main``.
 
     ``paths.root_dir`` defaults to ``$FOXHUNT_ROOT`` or the current folder, as for
     ``foxhunt-train``; ``output_dir`` defaults to ``<root>/outputs/commands``. Raises Hydra's own
@@ -31,7 +35,7 @@ def compose_config(overrides: list[str], root_dir: str | os.PathLike | None = No
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="foxhunt.conf", version_base="1.3"):
         cfg = compose(
-            "train",
+            config_name,
             overrides=[f"paths.root_dir={root}", f"paths.output_dir={out}", *overrides],
             return_hydra_config=True,
         )

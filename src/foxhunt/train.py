@@ -159,6 +159,7 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
 
     parts = build_parts(cfg)
     model, datamodule, asset = parts.model, parts.datamodule, parts.asset
+    _log_dataset_record(parts.dataset, out_dir, run)
     trainer: pl.Trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
@@ -185,6 +186,19 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
         run.log_metrics(scored, step=trainer.global_step)
     _print_summary(cfg, metrics)
     return metrics
+
+
+def _log_dataset_record(dataset, out_dir: Path, run) -> None:
+    """``dataset.json``: the normalization statistics and feature settings the model reads bars
+    with (what ``foxhunt ensemble register`` stores with the model), beside the run and in MLflow."""
+    import json
+
+    from foxhunt.data.dataset import DATASET_RECORD_FILE
+
+    path = out_dir / DATASET_RECORD_FILE
+    path.write_text(json.dumps(dataset.record(), indent=1))
+    if run is not None:
+        run.log_artifact(path)
 
 
 def _best_checkpoint(callbacks) -> str | None:

@@ -117,7 +117,7 @@ def test_the_activation_meter_splits_its_peak_by_dtype():
 AVX2_RUN = r"""
 import json, sys
 sys.path.insert(0, sys.argv[2])
-from conftest import compose_train_config
+from configs import compose_train_config
 from test_smoke import FAST, SMALL
 from pathlib import Path
 from foxhunt.train import train

@@ -278,6 +278,42 @@ class TrainConfig(_Strict):
         return self
 
 
+class EnsembleSection(_Strict):
+    """``conf/ensemble``: the fleet's members, how they load and how they combine."""
+
+    models: list[Literal["dqn", "ppo", "mamba2", "tft"]] = Field(min_length=1)
+    metric: str = Field(min_length=1)
+    alias: str = Field(min_length=1)
+    versions: dict[str, PositiveInt | None]
+    registry_prefix: str = Field(min_length=1)
+    rule: Literal["majority", "mean_forecast", "weighted"]
+    forecast_threshold: NonNegativeFloat
+    weights: Literal["fp32", "int8"]
+    runtime: Literal["auto", "numpy", "torch"]
+    runtime_probe_calls: PositiveInt
+    device: str = Field(pattern=r"^(cpu|cuda(:\d+)?)$")
+    split: Literal["train", "val", "test", "all"]
+    experiment: str = Field(min_length=1)
+    plot_equity: bool
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "EnsembleSection":
+        if len(set(self.models)) != len(self.models):
+            raise _KeyedError("models", self.models, "a model family is listed twice")
+        unknown = sorted(k for k, v in self.versions.items() if v is not None and k not in self.models)
+        if unknown:
+            raise _KeyedError(f"versions.{unknown[0]}", self.versions[unknown[0]], f"{unknown[0]} is not in ensemble.models {self.models}")
+        if self.metric.startswith("test/"):
+            raise _KeyedError("metric", self.metric, "a test metric cannot select members (the test split stays unseen); use val/...")
+        return self
+
+
+class FleetConfig(TrainConfig):
+    """``conf/fleet.yaml``: the training config plus the ensemble section."""
+
+    ensemble: EnsembleSection
+
+
 class _KeyedError(ValueError):
     """Raised inside validators to point at a sibling field, with the value and the rule."""
 
@@ -335,10 +371,12 @@ def check_constructor_args(section: str, node: dict[str, Any]) -> type:
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
-    """Validate a composed training config; raise :class:`ConfigError` with one line."""
+    """Validate a composed training config (or a fleet config, with its ``ensemble`` section);
+    raise :class:`ConfigError` with one line."""
     resolved = resolved_config(cfg)
+    schema = FleetConfig if "ensemble" in resolved else TrainConfig
     try:
-        parsed = TrainConfig.model_validate(resolved)
+        parsed = schema.model_validate(resolved)
     except ValidationError as exc:
         raise ConfigError(_format(exc)) from None
 

@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 
 # Bump when the features, the normalization or the cache layout change: old files then miss.
 CACHE_VERSION = "market-dataset-1"
-RETURN_FEATURE = "log_return"  # observed column whose train std is the target scale
+RETURN_FEATURE = "log_return"
+RECORD_VERSION = 1  # layout of MarketDataset.record() (dataset.json of a run)
+DATASET_RECORD_FILE = "dataset.json"  # observed column whose train std is the target scale
 _CACHE_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 
 
@@ -82,6 +84,22 @@ class MarketDataset:
     observed_std: np.ndarray | None = None
     cache_key: str = ""
     feature_config: FeatureConfig | None = None
+
+    def record(self) -> dict[str, Any]:
+        """What a trained model needs of this dataset to read new bars (JSON-ready): the feature
+        names, groups and settings, the observed group's train statistics, the target scale,
+        the asset spec and the cache key (a digest of the inputs)."""
+        return {
+            "version": RECORD_VERSION,
+            "feature_names": list(self.feature_names),
+            "groups": {g: list(map(int, idx)) for g, idx in self.groups.items()},
+            "feature_config": None if self.feature_config is None else dataclasses.asdict(self.feature_config),
+            "observed_mean": [float(v) for v in np.asarray(self.observed_mean)],
+            "observed_std": [float(v) for v in np.asarray(self.observed_std)],
+            "target_scale": float(self.target_scale),
+            "asset": dataclasses.asdict(self.asset),
+            "cache_key": self.cache_key,
+        }
 
     def split(self, name: str) -> SplitArrays:
         if name not in self.splits:

@@ -146,9 +146,9 @@ class StreamingFeatures:
 
     def check(self, ts_ns: int, open_: float, high: float, low: float, close: float, volume: float) -> None:
         """Raise BarDataError for a bar the stream cannot accept (nothing is changed)."""
-        where = f"{self.origin}: bar {self.bars} ({np.datetime64(ts_ns, 'ns')}Z)"
+        where = f"{self.origin}: bar {self.bars} ({_utc(ts_ns)})"
         if self.last_ts is not None and ts_ns <= self.last_ts:
-            raise BarDataError(f"{where}: out of order, not after the previous bar at {np.datetime64(self.last_ts, 'ns')}Z")
+            raise BarDataError(f"{where}: out of order, not after the previous bar at {_utc(self.last_ts)}")
         prices = {"open": open_, "high": high, "low": low, "close": close}
         for name, value in prices.items():
             if not (math.isfinite(value) and value > 0):
@@ -187,6 +187,10 @@ class StreamingFeatures:
         row[self.groups["known"]] = self.calendar.row(ts_ns)
         row[self.groups["observed"]] = observed
         return row
+
+
+def _utc(ts_ns: int) -> str:
+    return f"{np.datetime64(ts_ns, 'ns').astype('datetime64[s]')}Z"
 
 
 def normalize(raw: np.ndarray, observed: list[int], mean: np.ndarray, std: np.ndarray) -> np.ndarray:

@@ -74,3 +74,34 @@ def plot_equity(
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     return out
+
+
+def plot_equities(results: dict[str, BacktestResult], timestamps, path: str | Path, title: str,
+                  highlight: str | None = None) -> Path:  # fmt: skip
+    """Several equity curves on one axis (``name -> result``, same bars), ``highlight`` drawn
+    thicker: an ensemble beside its members. Returns the path written."""
+    times = pd.DatetimeIndex(timestamps)
+    if times.tz is not None:
+        times = times.tz_convert("UTC").tz_localize(None)
+    x = times.to_numpy()
+    fig = Figure(figsize=FIGURE_SIZE_INCHES, dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, result in results.items():
+        if len(result.equity) + 1 != len(x):
+            raise ValueError(f"plot_equities {name}: {len(result.equity) + 1} bars, timestamps {len(x)}")
+        m = result.metrics
+        ax.plot(x, np.concatenate(([0.0], result.equity)), linewidth=2.4 if name == highlight else 1.0,
+                label=f"{name}: PnL {m['pnl']:,.0f} USD, Sharpe {m['sharpe']:.2f}")  # fmt: skip
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_title(title)
+    ax.set_xlabel("time (UTC)")
+    ax.set_ylabel("USD")
+    ax.legend(loc="upper left")
+    ax.grid(True, alpha=DRAWDOWN_ALPHA)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out

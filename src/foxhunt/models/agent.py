@@ -169,6 +169,11 @@ class TradingAgent(LightningModule, ABC):
         self._pending_env_steps = 0
 
     # ---------------------------------------------------------------- what each agent defines
+    @property
+    @abstractmethod
+    def acting_network(self) -> nn.Sequential:
+        """The network whose argmax over actions is the greedy action (Q-network, policy)."""
+
     @abstractmethod
     def greedy_action(self, obs: Tensor) -> Tensor:
         """(B, state_dim + 1) float observations -> (B,) int64 greedy actions in {0, 1, 2}."""

@@ -252,6 +252,10 @@ class DQNAgent(TradingAgent):
         """(B, state_dim + 1) observations -> (B, 3) Q-values."""
         return self.q_net(obs)
 
+    @property
+    def acting_network(self) -> nn.Sequential:
+        return self.q_net
+
     def greedy_action(self, obs: Tensor) -> Tensor:
         return self.q_net(obs).argmax(dim=-1)
 

@@ -299,6 +299,10 @@ class PPOAgent(TradingAgent):
         """(B, state_dim + 1) observations -> (B,) state values."""
         return self.value_net(obs).squeeze(-1)
 
+    @property
+    def acting_network(self) -> torch.nn.Sequential:
+        return self.policy_net
+
     def greedy_action(self, obs: Tensor) -> Tensor:
         return self.policy_net(obs).argmax(dim=-1)
 

@@ -1,0 +1,119 @@
+"""``foxhunt ensemble``: register each family's best run, replay bars through the fleet.
+
+``foxhunt ensemble register [OVERRIDES...] [--dry-run]`` picks, for ``asset``, the best FINISHED
+run of each family in ``ensemble.models`` by ``ensemble.metric`` and registers it in the MLflow
+Model Registry (:mod:`foxhunt.ensemble.registry`); ``--dry-run`` prints the choice only.
+
+``foxhunt ensemble replay [OVERRIDES...]`` loads the registered fleet (:mod:`foxhunt.ensemble.fleet`),
+streams the bars of the ``data`` group bar by bar through it (``ensemble.split``: a split of the
+dataset, the bars before it priming the features; ``all``: every bar), scores each member and
+the ensemble with the shared backtest, prints the table and the measured per-bar latencies, and
+logs an MLflow run (experiment ``ensemble.experiment``) with the table, the latencies and an
+equity PNG of the ensemble beside its members.
+
+Overrides are Hydra overrides of ``conf/fleet.yaml`` (the training config plus ``conf/ensemble``):
+``asset=nq``, ``data=databento data.source.path=...``, ``ensemble.metric=val/loss``,
+``ensemble.models=[dqn,tft]``, ``ensemble.rule=weighted``, ``ensemble.weights=int8``.
+Exit 0 on success, 2 with one line on a bad override, a missing store, run or version.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import typer
+
+# MLflow draws a progress bar per artifact download; a fleet downloads a few small files
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+ensemble_app = typer.Typer(help="The fleet: register the best run of each family, replay bars through it.", no_args_is_help=True)
+
+EXIT_USAGE = 2
+OVERRIDES = typer.Argument(None, help="Hydra overrides of conf/fleet.yaml: asset=es ensemble.metric=val/sharpe ensemble.models=[dqn,tft] ...")
+
+
+def _fail(command: str, message: str) -> typer.Exit:
+    typer.echo(f"foxhunt ensemble {command}: {message}", err=True)
+    return typer.Exit(EXIT_USAGE)
+
+
+def _compose(command: str, overrides: list[str] | None):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from foxhunt.build import compose_config
+    from foxhunt.config.schema import ConfigError, validate
+
+    try:
+        cfg = compose_config(list(overrides or []), config_name="fleet")
+        validate(cfg)
+    except (HydraException, OmegaConfBaseException, ConfigError) as exc:
+        raise _fail(command, f"config error: {str(exc).strip().splitlines()[0]}") from None
+    return cfg
+
+
+def _check_store(command: str, cfg) -> str:
+    if cfg.logger.tracking_uri is None:
+        raise _fail(command, "logger.tracking_uri is null (logger=none): the fleet lives in the MLflow store; "
+                             "keep logger=mlflow and set logger.enabled=false to log nothing")  # fmt: skip
+    uri = str(cfg.logger.tracking_uri)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        raise _fail(command, f"no MLflow store at {uri[len('sqlite:///'):]}: train first (foxhunt-train), or set paths.root_dir / logger.tracking_uri")
+    return uri
+
+
+@ensemble_app.command()
+def register(
+    overrides: list[str] | None = OVERRIDES,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the choice table; register nothing."),
+) -> None:
+    """Register the best run of each family (by a validation metric) as <prefix>-<model>-<asset>@champion."""
+    from foxhunt.ensemble.registry import RegistryError, register_champions, registered_name
+
+    cfg = _compose("register", overrides)
+    uri = _check_store("register", cfg)
+    ens = cfg.ensemble
+    asset = str(cfg.asset.key)
+    try:
+        choices, registered = register_champions(
+            uri, str(cfg.task), asset, [str(m) for m in ens.models], str(ens.metric), str(ens.registry_prefix),
+            str(ens.alias), dry_run,
+        )  # fmt: skip
+    except RegistryError as exc:
+        raise _fail("register", str(exc)) from None
+    typer.echo(f"experiment {cfg.task}, asset {asset}, best by {ens.metric} (FINISHED runs; ties: newest)")
+    typer.echo(f"{'family':<8} {'run':<34} {'name':<22} {ens.metric:>12} {'considered':>10} {'no metric':>9}")
+    for c in choices:
+        value = "-" if c.value is None else f"{c.value:.6g}"
+        typer.echo(f"{c.family:<8} {c.run_id or '-':<34} {c.run_name or '-':<22} {value:>12} {c.considered:>10} {c.without_metric:>9}")
+    if dry_run:
+        typer.echo("dry run: nothing registered")
+        return
+    for r in registered:
+        what = "unchanged (its best run is already the alias)" if r.unchanged else "registered"
+        typer.echo(f"{r.name} version {r.version} @{ens.alias}: {what}, run {r.run_id}")
+    names = ", ".join(registered_name(str(ens.registry_prefix), str(m), asset) for m in ens.models)
+    typer.echo(f"MLflow UI, Models page: {names} (foxhunt ui)")
+
+
+@ensemble_app.command()
+def replay(overrides: list[str] | None = OVERRIDES) -> None:
+    """Stream bars through the registered fleet; table of members and ensemble, latencies, MLflow run."""
+    from foxhunt.config.schema import ConfigError
+    from foxhunt.data.errors import BarDataError
+    from foxhunt.ensemble.registry import RegistryError
+    from foxhunt.ensemble.replay_run import run_replay
+
+    cfg = _compose("replay", overrides)
+    _check_store("replay", cfg)
+    try:
+        with tempfile.TemporaryDirectory(prefix="foxhunt-fleet-") as workdir:
+            report = run_replay(cfg, Path(workdir))
+    except ConfigError as exc:
+        raise _fail("replay", f"config error: {exc}") from None
+    except (RegistryError, BarDataError) as exc:
+        raise _fail("replay", str(exc)) from None
+    typer.echo(report.text)
+

@@ -1,0 +1,154 @@
+"""The fleet: registered members loaded onto one device, ready for the streaming engine.
+
+:func:`load_fleet` reads each family's version (``models:/<prefix>-<model>-<asset>@<alias>``,
+or the version ``ensemble.versions`` names), rebuilds its model from the version's own files
+(:func:`rebuild_model`: the stored config, validated by today's schema; the weights, loaded with
+``torch.load(weights_only=True)``; int8-trained weights through their quantized layers, then
+back to plain fp32), moves it to ``ensemble.device`` in eval mode and wraps it in a
+:class:`~foxhunt.ensemble.members.Member`. With ``ensemble.weights=int8`` a member is an int8
+inference copy (:func:`foxhunt.precision.inference.int8_inference_model`). A member trained on
+another asset than the one asked for, a missing version and a stored config that no longer
+validates are each one line (:class:`~foxhunt.ensemble.registry.RegistryError`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
+from foxhunt.ensemble.members import AgentMember, Mamba2Member, Member, TFTMember
+from foxhunt.ensemble.registry import MEMBER_FILE, WEIGHTS_FILE, RegistryError, download_version, registered_name
+
+AGENTS = ("dqn", "ppo")
+
+
+def rebuild_model(cfg, state: dict, origin: str):
+    """The LightningModule of a stored resolved config with ``state`` loaded, in plain fp32
+    (int8-trained weights loaded through their quantized layers, then dequantized)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from foxhunt.build import build_model
+    from foxhunt.config.schema import ConfigError, validate
+    from foxhunt.precision.quantize import dequantize_model, quantize_model
+
+    try:
+        validate(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg))
+    except ConfigError as exc:
+        raise RegistryError(f"{origin}: the stored config no longer validates: {exc}") from None
+    model = build_model(cfg)
+    policy = instantiate(cfg.precision)
+    if policy.quantizes_weights:
+        quantize_model(model, policy)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise RegistryError(f"{origin}: the weights do not fit the stored config's model ({first})") from None
+    return dequantize_model(model).eval()
+
+
+@dataclass
+class FleetMember:
+    member: Member
+    inputs: MemberInputs
+    name: str  # registered model name
+    version: str
+    run_id: str
+    metric: str
+    value: float | None
+    precision: str  # what it was trained in
+
+
+def int8_policy():
+    """The int8 policy of ``conf/precision/int8.yaml``: its layer rule picks the layers an int8
+    inference copy quantizes."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    text = resources.files("foxhunt.conf").joinpath("precision", "int8.yaml").read_text()
+    return instantiate(OmegaConf.create(text))
+
+
+def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime: str, device: str,
+                 probe_calls: int) -> tuple[Member, MemberInputs, dict[str, Any]]:  # fmt: skip
+    """A member from a version's model folder (``<folder>/artifacts/...``)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from foxhunt.data.features import FeatureConfig
+
+    artifacts = folder / "artifacts"
+    info = json.loads((artifacts / MEMBER_FILE).read_text())
+    if info["asset"] != asset_key:
+        raise RegistryError(f"{name}: trained on {info['asset']}, the bars are {asset_key} (asset={asset_key})")
+    cfg = OmegaConf.load(artifacts / "config.yaml")
+    state = torch.load(artifacts / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+    model = rebuild_model(cfg, state, origin=name)
+    if weights == "int8":
+        from foxhunt.precision.inference import int8_inference_model
+
+        model = int8_inference_model(model, int8_policy())
+    model = model.to(device).eval()
+    record = json.loads((artifacts / "dataset.json").read_text())
+    inputs = MemberInputs(
+        feature_config=FeatureConfig(**record["feature_config"]),
+        observed_mean=np.asarray(record["observed_mean"], dtype=np.float64),
+        observed_std=np.asarray(record["observed_std"], dtype=np.float64),
+        groups={g: list(v) for g, v in record["groups"].items()},
+    )
+    family = str(cfg.model.name)
+    metric_value = info.get("value")
+    if family in AGENTS:
+        member = AgentMember(name, family, model, weights, metric_value, runtime, probe_calls)
+    elif family == "mamba2":
+        member = Mamba2Member(name, model, weights, metric_value, runtime, probe_calls)
+    elif family == "tft":
+        member = TFTMember(name, model, weights, metric_value, inputs.groups)
+    else:
+        raise RegistryError(f"{name}: model family {family!r} has no streaming member")
+    return member, inputs, info
+
+
+def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
+    """Every family of ``cfg.ensemble.models`` for ``cfg.asset``, loaded (see the module doc)."""
+    ens = cfg.ensemble
+    asset_key = str(cfg.asset.key)
+    fleet = []
+    for family in ens.models:
+        name = registered_name(str(ens.registry_prefix), str(family), asset_key)
+        version = ens.versions.get(str(family)) if ens.versions else None
+        folder, found = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias), version, workdir / name)
+        member, inputs, info = build_member(
+            folder, name, asset_key, str(ens.weights), str(ens.runtime), str(ens.device), int(ens.runtime_probe_calls)
+        )
+        fleet.append(
+            FleetMember(member, inputs, name, str(found.version), info["run_id"], info["metric"], info.get("value"), info["precision"])
+        )
+    return fleet
+
+
+def fleet_engine(fleet: list[FleetMember], asset, cfg, origin: str) -> StreamingEngine:
+    """The streaming engine of a loaded fleet with the configured rule."""
+    from foxhunt.ensemble.registry import metric_direction
+    from foxhunt.ensemble.rules import check_rule
+
+    from foxhunt.config.schema import ConfigError
+
+    ens = cfg.ensemble
+    weights = {f.member.name: f.value for f in fleet}
+    metrics = sorted({f.metric for f in fleet})
+    if str(ens.rule) == "weighted" and len(metrics) > 1:
+        raise ConfigError(f"ensemble.rule=weighted: the members were registered on different metrics ({', '.join(metrics)})")
+    check_rule(str(ens.rule), [f.member.family for f in fleet], weights, metrics[0], metric_direction(metrics[0]) == "max")
+    return StreamingEngine(
+        [f.member for f in fleet], {f.member.name: f.inputs for f in fleet}, asset, rule=str(ens.rule),
+        weights={k: (v or 0.0) for k, v in weights.items()}, forecast_threshold=float(ens.forecast_threshold),
+        origin=origin,
+    )  # fmt: skip

@@ -1,0 +1,92 @@
+"""A registered member as an MLflow ``pyfunc`` model, so MLflow's tools can use it directly.
+
+:func:`save_member_model` writes the model folder a registered version is made of (the
+``MLmodel`` file, this wrapper and the member's artifacts, see :mod:`foxhunt.ensemble.registry`),
+with a signature: a frame of 1-minute bars in (``ts`` as UTC nanoseconds, ``open``, ``high``,
+``low``, ``close``, ``volume``), one row per bar out (``position``; ``signal``, the summed
+median forecast of a forecaster, NaN for an agent or a bar before the member is warm).
+
+``mlflow.pyfunc.load_model("models:/foxhunt-tft-es@champion").predict(bars)`` (and so
+``mlflow models serve``) streams the given bars through a fresh engine holding only this
+member: the first rows prime the features (``warmup_bars``, flat) and forecasters decide once
+``seq_len`` bars have arrived, so a request carries the history it is decided on. The fleet and
+its HTTP server keep one stream per symbol instead (``foxhunt ensemble serve``).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+
+BAR_FIELDS = ("ts", "open", "high", "low", "close", "volume")
+
+
+def _signature():
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import ColSpec, Schema
+
+    inputs = Schema([ColSpec("long", "ts"), *(ColSpec("double", c) for c in BAR_FIELDS[1:])])
+    outputs = Schema([ColSpec("long", "position"), ColSpec("double", "signal")])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+class FoxhuntMember(mlflow.pyfunc.PythonModel):
+    """pyfunc wrapper of one fleet member (see the module doc)."""
+
+    def load_context(self, context) -> None:
+        from foxhunt.ensemble.fleet import build_member
+
+        folder = Path(context.artifacts["member"]).parent.parent
+        info = json.loads(Path(context.artifacts["member"]).read_text())
+        self.member, self.inputs, self.info = build_member(
+            folder, f"foxhunt-{info['family']}-{info['asset']}", info["asset"], "fp32", "auto", "cpu", probe_calls=50,
+        )  # fmt: skip
+        record = json.loads(Path(context.artifacts["dataset"]).read_text())
+        from foxhunt.assets import AssetSpec
+
+        self.asset = AssetSpec(**record["asset"])
+
+    def predict(self, context, model_input, params: dict[str, Any] | None = None):
+        import numpy as np
+        import pandas as pd
+
+        from foxhunt.ensemble.engine import StreamingEngine
+
+        self.member.reset()
+        engine = StreamingEngine([self.member], {self.member.name: self.inputs}, self.asset, rule="majority",
+                                 origin="pyfunc input")  # fmt: skip
+        frame = pd.DataFrame(model_input)
+        positions, signals = [], []
+        for row in frame[list(BAR_FIELDS)].itertuples(index=False):
+            result = engine.step(int(row.ts), float(row.open), float(row.high), float(row.low), float(row.close), float(row.volume))
+            decision = result.decisions.get(self.member.name)
+            positions.append(0 if decision is None else decision.position)
+            signals.append(np.nan if decision is None or decision.signal is None else decision.signal)
+        return pd.DataFrame({"position": np.asarray(positions, dtype=np.int64), "signal": np.asarray(signals, dtype=np.float64)})
+
+
+def save_member_model(folder: Path, weights: Path, config: Path, record: dict, member: dict) -> Path:
+    """Write the pyfunc model folder of one member (nothing is logged anywhere)."""
+    import torch
+
+    import foxhunt
+
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        (scratch / "dataset.json").write_text(json.dumps(record, indent=1))
+        (scratch / "member.json").write_text(json.dumps(member, indent=1))
+        mlflow.pyfunc.save_model(
+            path=str(folder),
+            python_model=FoxhuntMember(),
+            artifacts={
+                "weights": str(weights), "config": str(config),
+                "dataset": str(scratch / "dataset.json"), "member": str(scratch / "member.json"),
+            },
+            signature=_signature(),
+            pip_requirements=[f"foxhunt=={getattr(foxhunt, '__version__', '0.1.0')}", f"torch>={torch.__version__.split('+')[0]}"],
+        )  # fmt: skip
+    return folder

@@ -1,0 +1,130 @@
+"""One replay of a bar source through the registered fleet, as ``foxhunt ensemble replay`` runs it.
+
+Load the fleet, load the bars of the config's ``data`` group, pick the bars scored
+(``ensemble.split``: one split of the dataset those bars make, the bars before it priming the
+features; ``all``: every bar), stream them bar by bar (:func:`foxhunt.ensemble.replay.replay_bars`),
+score every member and the ensemble with the shared backtest, and log an MLflow run (experiment
+``ensemble.experiment``): params (members, versions, runs, rule, weights, runtime, data), metrics
+``<member>/<metric>`` and ``ensemble/<metric>``, latencies ``latency/<member>_p50_us`` (p99,
+and the whole fleet's per bar), and the artifacts ``replay.md`` (the table) and
+``equity_replay.png``. Every latency is ``time.perf_counter_ns`` around each member's step on
+every bar of the replay (input normalization included), and around the whole bar for the fleet
+(feature update, every member, the rule), the first ``warmup_bars`` bars left out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from foxhunt.ensemble.fleet import fleet_engine, load_fleet
+from foxhunt.ensemble.replay import ENSEMBLE, latency_us, replay_bars, score_replay
+
+TABLE_METRICS = ("pnl", "sharpe", "max_drawdown", "hit_rate", "trades")
+FLEET = "fleet"
+REPORT_FILE = "replay.md"
+EQUITY_FILE = "equity_replay.png"
+
+
+@dataclass
+class ReplayReport:
+    text: str
+    metrics: dict[str, float]
+    run_id: str | None
+
+
+def _window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
+    """(start_ns, stop_ns, description) of the bars scored."""
+    split = str(cfg.ensemble.split)
+    if split == "all":
+        return None, None, f"all {len(bars)} bars"
+    from hydra.utils import instantiate
+
+    from foxhunt.data.dataset import load_market_dataset
+
+    dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir)
+    stamps = dataset.splits[split].timestamps.astype("datetime64[ns]").astype(np.int64)
+    return int(stamps[0]), int(stamps[-1]) + 1, f"the {split} split ({len(stamps)} bars; the {int(np.searchsorted(bars.index.as_unit('ns').asi8, stamps[0]))} bars before it prime the features)"
+
+
+def run_replay(cfg, workdir: Path) -> ReplayReport:
+    from hydra.utils import instantiate
+
+    asset = instantiate(cfg.asset)
+    fleet = load_fleet(cfg, workdir)
+    source = instantiate(cfg.data.source)
+    bars = source.load(asset)
+    engine = fleet_engine(fleet, asset, cfg, origin=f"{cfg.data.source._target_.rsplit('.', 1)[-1]} bars of {asset.key}")
+    start, stop, window = _window(cfg, asset, bars)
+    record = replay_bars(engine, bars, start_ns=start, stop_ns=stop)
+    results = score_replay(record, asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks))
+    skip = int(cfg.data.features.volume_bars) if start is None else 0
+    latency = {f.member.name: latency_us(record.member_ns[f.member.name], skip) for f in fleet}
+    latency[FLEET] = latency_us(record.total_ns, record.warm_bars)
+
+    lines = [f"replay of {window} through {len(fleet)} member(s), rule {cfg.ensemble.rule}, weights {cfg.ensemble.weights}, "
+             f"costs {cfg.execution.commission_usd} USD + {cfg.execution.slippage_ticks} ticks per contract per side"]  # fmt: skip
+    header = f"{'member':<22} {'version':>7} {'pnl USD':>11} {'sharpe':>8} {'max dd USD':>11} {'hit rate':>8} {'trades':>7} {'p50 us':>9} {'p99 us':>9}"
+    lines.append(header)
+    metrics: dict[str, float] = {}
+    for name in [*(f.member.name for f in fleet), ENSEMBLE]:
+        m = results[name].metrics
+        version = next((f.version for f in fleet if f.member.name == name), "")
+        lat = latency.get(name, latency[FLEET]) if name != ENSEMBLE else latency[FLEET]
+        label = name if name != ENSEMBLE else f"{ENSEMBLE} (whole bar)"
+        lines.append(
+            f"{label:<22} {version:>7} {m['pnl']:>11,.0f} {m['sharpe']:>8.3f} {m['max_drawdown']:>11,.0f} "
+            f"{m['hit_rate']:>8.3f} {m['trades']:>7d} {lat['p50']:>9.1f} {lat['p99']:>9.1f}"
+        )
+        key = ENSEMBLE if name == ENSEMBLE else name
+        metrics.update({f"{key}/{k}": float(v) for k, v in m.items()})
+    for name, lat in latency.items():
+        metrics.update({f"latency/{name}_p50_us": lat["p50"], f"latency/{name}_p99_us": lat["p99"]})
+    lines.append("latency: time.perf_counter_ns per bar; a member's step includes its input normalization, the fleet's "
+                 "(whole bar) the feature update, every member and the rule")  # fmt: skip
+    for f in fleet:
+        lines.append(f"  {f.member.name}: run {f.run_id}, {f.metric}={f.value:.6g}, trained {f.precision}, runtime {f.member.runtime_note}")
+    text = "\n".join(lines)
+
+    run_id = None
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / REPORT_FILE).write_text(text + "\n")
+    png = None
+    if cfg.ensemble.plot_equity and len(record.close) > 1:
+        from foxhunt.evaluation.plots import plot_equities
+
+        png = plot_equities(results, record.timestamps, out_dir / EQUITY_FILE, title=f"fleet replay, {asset.key}, {window}",
+                            highlight=ENSEMBLE)  # fmt: skip
+    if cfg.logger.enabled:
+        run_id = _log(cfg, fleet, metrics, [out_dir / REPORT_FILE, *([png] if png else [])], window)
+        text += f"\nMLflow run {run_id} in experiment {cfg.ensemble.experiment}"
+    return ReplayReport(text=text, metrics=metrics, run_id=run_id)
+
+
+def _log(cfg, fleet, metrics: dict[str, float], artifacts: list[Path], window: str) -> str:
+    from omegaconf import OmegaConf
+
+    from foxhunt.config.schema import resolved_config
+    from foxhunt.tracking.mlflow_store import TrackedRun
+
+    tags = {"asset": str(cfg.asset.key), "rule": str(cfg.ensemble.rule), "weights": str(cfg.ensemble.weights),
+            "members": ",".join(f.member.name for f in fleet), "bars": window}  # fmt: skip
+    members = {
+        f.member.family: {"name": f.name, "version": f.version, "run_id": f.run_id, "metric": f.metric, "value": f.value,
+                          "trained": f.precision, "runtime": f.member.runtime_note}
+        for f in fleet
+    }  # fmt: skip
+    fleet_file = Path(artifacts[0]).parent / "fleet.json"
+    fleet_file.write_text(json.dumps(members, indent=1))
+    resolved = resolved_config(cfg)
+    with TrackedRun(str(cfg.logger.tracking_uri), str(cfg.ensemble.experiment), cfg.logger.artifact_location,
+                    f"replay-{cfg.asset.key}-{cfg.ensemble.rule}", tags) as run:  # fmt: skip
+        run.log_config(resolved, OmegaConf.to_yaml(resolved))
+        run.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)})
+        for path in [*artifacts, fleet_file]:
+            run.log_artifact(path)
+    return run.run_id

@@ -1,0 +1,200 @@
+"""From runs to a fleet: registration into a real SQLite store, weights-only loading of fp32 and
+int8 versions, the fleet's replay equal to the training runs' own backtest, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from foxhunt.cli import app
+from foxhunt.train import train
+
+SMALL = {
+    "dqn": ["model.module.hidden_sizes=[32,32]", "model.module.min_replay_size=8"],
+    "ppo": ["model.module.policy_hidden_sizes=[32]", "model.module.value_hidden_sizes=[32]", "model.module.update_epochs=1"],
+    "mamba2": ["model.module.d_model=32", "model.module.n_layers=1"],
+    "tft": ["model.module.hidden_size=16", "model.module.lstm_layers=1"],
+}  # fmt: skip
+FAST = ["trainer=smoke", "data.source.days=4", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1", "evaluation.plot_equity=false"]  # fmt: skip
+DATA = ["data.source.days=4"]
+
+
+@pytest.fixture(scope="module")
+def store_root(tmp_path_factory):
+    """A store holding a FINISHED smoke run of each family on ES (two DQN runs, the second int8)."""
+    root = tmp_path_factory.mktemp("fleet")
+    from configs import compose_train_config
+
+    metrics = {}
+    for model, extra in [*((m, []) for m in SMALL), ("dqn", ["precision=int8", "precision.min_quantized_numel=256",
+                                                               "precision.compile_optimizer=false"])]:  # fmt: skip
+        cfg = compose_train_config([f"model={model}", *FAST, *SMALL[model], *extra,
+                                    f"paths.output_dir={root / 'outputs' / f'{model}{len(metrics)}'}"], root)  # fmt: skip
+        metrics[f"{model}{len(metrics)}"] = train(cfg)
+    return root
+
+
+def cli(root: Path, *args: str):
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        return CliRunner().invoke(app, list(args), catch_exceptions=False, env={"FOXHUNT_ROOT": str(root)})
+    finally:
+        os.chdir(old)
+
+
+def client(root: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
+
+
+def test_dry_run_prints_the_choice_and_registers_nothing(store_root):
+    result = cli(store_root, "ensemble", "register", "asset=es", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "dry run: nothing registered" in result.output
+    rows = {line.split()[0]: line.split() for line in result.output.splitlines() if line.split()[:1] in (["dqn"], ["ppo"])}
+    assert rows["dqn"][-2] == "2" and rows["ppo"][-2] == "1"  # runs considered: two DQN runs
+    assert client(store_root).search_registered_models() == []
+
+
+def test_register_picks_the_best_by_the_validation_metric_and_moves_the_alias(store_root):
+    result = cli(store_root, "ensemble", "register", "asset=es")
+    assert result.exit_code == 0, result.output
+    c = client(store_root)
+    experiment = c.get_experiment_by_name("foxhunt").experiment_id
+    for family in SMALL:
+        version = c.get_model_version_by_alias(f"foxhunt-{family}-es", "champion")
+        runs = c.search_runs([experiment], f"tags.model = '{family}' and attributes.status = 'FINISHED'")
+        best = max(runs, key=lambda r: (r.data.metrics["val/sharpe"], r.info.start_time))
+        assert version.run_id == best.info.run_id and version.tags["metric"] == "val/sharpe"
+        assert version.source == f"runs:/{best.info.run_id}/champion"
+        files = {a.path for a in c.list_artifacts(best.info.run_id, "champion/artifacts")}
+        assert {"champion/artifacts/weights.pt", "champion/artifacts/config.yaml", "champion/artifacts/dataset.json",
+                "champion/artifacts/member.json"} <= files  # fmt: skip
+    again = cli(store_root, "ensemble", "register", "asset=es")
+    assert again.exit_code == 0 and again.output.count("unchanged") == 4  # the same choice: no new version
+
+
+def test_a_registered_version_rebuilds_weights_only_without_its_run_folder(store_root, tmp_path):
+    import mlflow.pyfunc
+
+    from foxhunt.ensemble.registry import download_version
+
+    cli(store_root, "ensemble", "register", "asset=es")
+    uri = f"sqlite:///{store_root / 'mlruns' / 'mlflow.db'}"
+    for family in SMALL:
+        folder, _ = download_version(uri, f"foxhunt-{family}-es", "champion", None, tmp_path / family)
+        state = torch.load(folder / "artifacts" / "weights.pt", weights_only=True)
+        assert all(isinstance(v, torch.Tensor) for v in state.values())
+    # the int8-trained DQN run, registered by explicit version, loads through its int8 layers
+    c = client(store_root)
+    int8_run = next(r for r in c.search_runs([c.get_experiment_by_name("foxhunt").experiment_id], "tags.precision = 'int8'"))
+    from foxhunt.ensemble.registry import Choice, prepare, register_prepared
+
+    choice = Choice("dqn", int8_run.info.run_id, int8_run.info.run_name, int8_run.data.metrics["val/sharpe"], 1, 0)
+    prepared = prepare(c, choice, "foxhunt-dqn-es", "val/sharpe", tmp_path / "int8")
+    registered = register_prepared(c, prepared, "int8-trained")
+    folder, _ = download_version(uri, "foxhunt-dqn-es", "int8-trained", None, tmp_path / "int8-download")
+    state = torch.load(folder / "artifacts" / "weights.pt", weights_only=True)
+    assert any(t.dtype == torch.int8 for t in state.values())
+    model = mlflow.pyfunc.load_model(f"models:/foxhunt-dqn-es/{registered.version}")
+    assert model.metadata.get_input_schema().input_names() == ["ts", "open", "high", "low", "close", "volume"]
+
+
+def test_pyfunc_predict_streams_bars(store_root):
+    import mlflow
+    import mlflow.pyfunc
+    from hydra.utils import instantiate
+
+    from configs import compose_train_config
+
+    cli(store_root, "ensemble", "register", "asset=es")
+    mlflow.set_tracking_uri(f"sqlite:///{store_root / 'mlruns' / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model("models:/foxhunt-dqn-es@champion")
+    cfg = compose_train_config(["model=dqn", *DATA], store_root)
+    bars = instantiate(cfg.data.source).load(instantiate(cfg.asset)).iloc[:300]
+    frame = bars.reset_index().rename(columns={"ts": "ts"})
+    frame["ts"] = bars.index.as_unit("ns").asi8
+    out = model.predict(frame)
+    assert list(out.columns) == ["position", "signal"] and len(out) == 300
+    assert set(out["position"].unique()) <= {-1, 0, 1}
+    warmup = 59  # max(momentum 15, volatility 30, volume 60 - 1) bars of conf/data/pipeline/default.yaml
+    assert (out["position"].iloc[:warmup] == 0).all() and out["signal"].isna().all()  # an agent: no signal
+    assert (out["position"].iloc[warmup:] != 0).any()
+
+
+def test_replay_scores_members_and_ensemble_as_their_runs_did(store_root):
+    cli(store_root, "ensemble", "register", "asset=es")
+    result = cli(store_root, "ensemble", "replay", "asset=es", *DATA)
+    assert result.exit_code == 0, result.output
+    for family in SMALL:
+        assert f"foxhunt-{family}-es" in result.output
+    assert "ensemble (whole bar)" in result.output and "p50 us" in result.output
+    c = client(store_root)
+    experiment = c.get_experiment_by_name("ensemble")
+    (run,) = c.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    champions = {f: c.get_model_version_by_alias(f"foxhunt-{f}-es", "champion").run_id for f in SMALL}
+    for family, run_id in champions.items():  # the fleet's backtest of the test split = the training run's
+        trained = c.get_run(run_id).data.metrics
+        assert run.data.metrics[f"foxhunt-{family}-es/pnl"] == pytest.approx(trained["test/pnl"])
+        assert run.data.metrics[f"foxhunt-{family}-es/sharpe"] == pytest.approx(trained["test/sharpe"])
+    assert "latency/fleet_p99_us" in run.data.metrics
+    artifacts = {a.path for a in c.list_artifacts(run.info.run_id)}
+    assert {"replay.md", "equity_replay.png", "fleet.json", "config.yaml"} <= artifacts
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ensemble", "replay", "asset=nq", *DATA], "models:/foxhunt-dqn-nq@champion: not in the registry"),
+        (["ensemble", "replay", "asset=es", "ensemble.versions.tft=99", *DATA], "models:/foxhunt-tft-es/99: not in the registry"),
+        (["ensemble", "register", "asset=es", "ensemble.metric=test/sharpe"], "a test metric cannot select members"),
+        (["ensemble", "register", "asset=zn"], "no FINISHED zn run with val/sharpe for dqn, ppo, mamba2, tft"),
+        (["ensemble", "register", "asset=es", "ensemble.metric=val/wobble"], "ensemble.metric=val/wobble: unknown direction"),
+        (["ensemble", "replay", "asset=es", "ensemble.models=[dqn,ppo]", "ensemble.rule=mean_forecast", *DATA], "the fleet has no forecaster"),
+        (["ensemble", "replay", "asset=es", "ensemble.rule=vote"], "ensemble.rule='vote': Input should be"),
+        (["ensemble", "replay", "logger=none"], "logger.tracking_uri is null"),
+    ],
+)  # fmt: skip
+def test_bad_input_gets_one_line_and_registers_nothing_half_way(store_root, args, message):
+    before = {m.name: [v.version for v in client(store_root).search_model_versions(f"name='{m.name}'")]
+              for m in client(store_root).search_registered_models()}  # fmt: skip
+    result = cli(store_root, *args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[-1].startswith("foxhunt ensemble ") and message in lines[-1], result.output
+    assert "Traceback" not in result.output
+    after = {m.name: [v.version for v in client(store_root).search_model_versions(f"name='{m.name}'")]
+             for m in client(store_root).search_registered_models()}  # fmt: skip
+    assert after == before
+
+
+def test_a_member_of_another_asset_is_refused(store_root, tmp_path):
+    from foxhunt.ensemble.fleet import build_member
+    from foxhunt.ensemble.registry import RegistryError, download_version
+
+    cli(store_root, "ensemble", "register", "asset=es")
+    folder, _ = download_version(f"sqlite:///{store_root / 'mlruns' / 'mlflow.db'}", "foxhunt-ppo-es", "champion", None, tmp_path)
+    with pytest.raises(RegistryError, match="foxhunt-ppo-es: trained on es, the bars are nq"):
+        build_member(folder, "foxhunt-ppo-es", "nq", "fp32", "auto", "cpu", 5)
+    config = folder / "artifacts" / "config.yaml"
+    assert "    clip_coef: 0.2\n" in config.read_text()
+    config.write_text(config.read_text().replace("    clip_coef: 0.2\n", "    clip_coef: -0.2\n"))
+    with pytest.raises(RegistryError, match="foxhunt-ppo-es: the stored config no longer validates: model.module.clip_coef"):
+        build_member(folder, "foxhunt-ppo-es", "es", "fp32", "auto", "cpu", 5)
+    assert json.loads((folder / "artifacts" / "member.json").read_text())["family"] == "ppo"
+
+
+def test_the_cli_subprocess_answers_help_without_heavy_imports():
+    code = "import sys; from foxhunt.cli import app; print(sorted(m for m in ('torch', 'mlflow') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
