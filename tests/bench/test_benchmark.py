@@ -91,6 +91,21 @@ def test_quick_report_without_peers(tmp_path, monkeypatch):
     assert "load average" in text and "command: `pytest`" in text
 
 
+def test_fleet_section_measures_every_member_beside_its_floor(tmp_path):
+    settings = tiny_settings("fleet", "fleet.bars=80", "fleet.skip_bars=60", "fleet.probe_calls=3", "fleet.floor_calls=20",
+                             "fleet.floor_calls_tft=2")  # fmt: skip
+    result = run(settings, tmp_path, command="pytest", quick=True, log=lambda *_: None)
+    rows = {r["name"]: r for r in result["rows"]}
+    for family in ("dqn", "ppo"):
+        row = rows[f"{family} member p50 / numpy floor"]
+        assert row["figure"] == pytest.approx(row["foxhunt"] / row["reference"]) and row["goal"] == 1.5
+    assert rows["tft per new bar p50 / full recompute"]["goal"] == 0.25 and rows["tft per new bar p50"]["goal"] == 5000
+    assert rows["mamba2 step p50"]["goal"] == 100 and rows["whole fleet per bar p99"]["goal"] == 6000
+    assert rows["whole fleet per bar p99"]["figure"] >= rows["whole fleet per bar p50"]["figure"] > 0
+    assert any("runtime" in note for note in result["notes"]["fleet"])
+    assert "## 5. The streaming fleet" in report.markdown(result)
+
+
 def test_rl_against_stable_baselines3(tmp_path):
     pytest.importorskip("stable_baselines3")
     settings = tiny_settings("rl")

@@ -61,11 +61,13 @@ def test_agents_stream_the_greedy_walk(compose_cfg, family, runtime):
     np.testing.assert_array_equal(streamed[:-1], batch[:-1])  # the batch walk closes flat on the last bar
 
 
-@pytest.mark.parametrize("runtime", ["numpy", "torch"])
+@pytest.mark.parametrize("runtime", ["numpy", "numba", "torch"])
 def test_mamba2_streams_its_recurrent_state(compose_cfg, runtime):
     cfg, parts = _parts(compose_cfg, "mamba2")
     model = parts.model
-    record = replay_split(cfg, parts, member_of("mamba2", model, parts.dataset, runtime), "val")
+    member = member_of("mamba2", model, parts.dataset, runtime)
+    assert member.runtime == runtime
+    record = replay_split(cfg, parts, member, "val")
     batch = model.trading_positions(parts.datamodule, "val")
     np.testing.assert_array_equal(record.positions["mamba2"], batch)
     assert (batch != 0).sum() > len(batch) // 10

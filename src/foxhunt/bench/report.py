@@ -18,6 +18,7 @@ SECTION_TITLES = {
     "tft": "2. TFT training throughput and peak memory",
     "latency": "3. Batch-1 CPU inference latency",
     "overhead": "4. Framework overhead: an epoch through foxhunt-train against a plain loop",
+    "fleet": "5. The streaming fleet: per-bar latency of each member and of the whole fleet",
 }
 
 

@@ -289,9 +289,10 @@ class EnsembleSection(_Strict):
     rule: Literal["majority", "mean_forecast", "weighted"]
     forecast_threshold: NonNegativeFloat
     weights: Literal["fp32", "int8"]
-    runtime: Literal["auto", "numpy", "torch"]
+    runtime: Literal["auto", "numpy", "numba", "torch"]
     runtime_probe_calls: PositiveInt
     device: str = Field(pattern=r"^(cpu|cuda(:\d+)?)$")
+    torch_threads: PositiveInt | None
     split: Literal["train", "val", "test", "all"]
     experiment: str = Field(min_length=1)
     plot_equity: bool

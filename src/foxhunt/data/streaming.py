@@ -138,6 +138,7 @@ class StreamingFeatures:
         self.calendar = KnownCalendar(asset, self.cfg)
         self.static = static_features(asset)
         self.groups = feature_groups()
+        self._static, self._known, self._observed = (_index(self.groups[g]) for g in ("static", "known", "observed"))
         self._log_closes: deque[float] = deque(maxlen=self.cfg.momentum_bars + 1)
         self._square_returns = _RunningMean(self.cfg.volatility_bars)
         self._volumes = _RunningMean(self.cfg.volume_bars)
@@ -146,25 +147,30 @@ class StreamingFeatures:
 
     def check(self, ts_ns: int, open_: float, high: float, low: float, close: float, volume: float) -> None:
         """Raise BarDataError for a bar the stream cannot accept (nothing is changed)."""
-        where = f"{self.origin}: bar {self.bars} ({_utc(ts_ns)})"
         if self.last_ts is not None and ts_ns <= self.last_ts:
-            raise BarDataError(f"{where}: out of order, not after the previous bar at {_utc(self.last_ts)}")
-        prices = {"open": open_, "high": high, "low": low, "close": close}
-        for name, value in prices.items():
+            self._reject(ts_ns, f"out of order, not after the previous bar at {_utc(self.last_ts)}")
+        tick = self.asset.tick_size
+        for name, value in (("open", open_), ("high", high), ("low", low), ("close", close)):
             if not (math.isfinite(value) and value > 0):
-                raise BarDataError(f"{where}: {name}={value!r}: must be a finite price > 0")
-            ticks = value / self.asset.tick_size
+                self._reject(ts_ns, f"{name}={value!r}: must be a finite price > 0")
+            ticks = value / tick
             if abs(ticks - round(ticks)) > TICK_TOLERANCE:
-                raise BarDataError(f"{where}: {name}={value!r} is off the tick grid of {self.asset.key} (tick {self.asset.tick_size})")
+                self._reject(ts_ns, f"{name}={value!r} is off the tick grid of {self.asset.key} (tick {tick})")
         if not (math.isfinite(volume) and volume >= 0):
-            raise BarDataError(f"{where}: volume={volume!r}: must be finite and >= 0")
+            self._reject(ts_ns, f"volume={volume!r}: must be finite and >= 0")
         if high < low or high < max(open_, close) or low > min(open_, close):
-            raise BarDataError(f"{where}: high={high}, low={low} do not bound open={open_}, close={close}")
+            self._reject(ts_ns, f"high={high}, low={low} do not bound open={open_}, close={close}")
 
-    def update(self, ts_ns: int, open_: float, high: float, low: float, close: float, volume: float) -> np.ndarray | None:
+    def _reject(self, ts_ns: int, problem: str) -> None:
+        raise BarDataError(f"{self.origin}: bar {self.bars} ({_utc(ts_ns)}): {problem}")
+
+    def update(self, ts_ns: int, open_: float, high: float, low: float, close: float, volume: float,
+               checked: bool = False) -> np.ndarray | None:  # fmt: skip
         """The bar's 16 raw features (float64, ``FEATURE_NAMES`` order), or ``None`` while the
-        trailing windows fill (the first ``warmup_bars`` bars)."""
-        self.check(ts_ns, open_, high, low, close, volume)
+        trailing windows fill (the first ``warmup_bars`` bars). ``checked``: the caller ran
+        :meth:`check` on this bar already."""
+        if not checked:
+            self.check(ts_ns, open_, high, low, close, volume)
         self.last_ts = ts_ns
         self.bars += 1
         log_close = math.log(close)
@@ -183,20 +189,34 @@ class StreamingFeatures:
             math.log1p(volume) - math.log1p(mean_volume),
         )
         row = np.empty(len(FEATURE_NAMES))
-        row[self.groups["static"]] = self.static
-        row[self.groups["known"]] = self.calendar.row(ts_ns)
-        row[self.groups["observed"]] = observed
+        row[self._static] = self.static
+        row[self._known] = self.calendar.row(ts_ns)
+        row[self._observed] = observed
         return row
+
+
+def _index(columns: list[int]) -> slice | np.ndarray:
+    """A slice for contiguous columns (a view, no gather), else an index array."""
+    if columns == list(range(columns[0], columns[-1] + 1)):
+        return slice(columns[0], columns[-1] + 1)
+    return np.asarray(columns)
 
 
 def _utc(ts_ns: int) -> str:
     return f"{np.datetime64(ts_ns, 'ns').astype('datetime64[s]')}Z"
 
 
-def normalize(raw: np.ndarray, observed: list[int], mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+def normalizer(n_features: int, observed: list[int], mean: np.ndarray, std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, scale) over all ``n_features`` columns: the model's train statistics on the
+    observed group, 0 and 1 elsewhere (``(x - 0) / 1`` is ``x`` exactly)."""
+    offset, scale = np.zeros(n_features), np.ones(n_features)
+    offset[observed], scale[observed] = mean, std
+    return offset, scale
+
+
+def normalize(raw: np.ndarray, offset: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """One raw feature row -> the model's input row (float32): the observed group z-normalized
-    with the model's train statistics, as :func:`foxhunt.data.dataset.build_market_dataset`."""
-    row = raw.copy()
-    row[observed] = (row[observed] - mean) / std
-    return row.astype(np.float32)
+    with the model's train statistics (:func:`normalizer`), as
+    :func:`foxhunt.data.dataset.build_market_dataset` does for a whole split."""
+    return ((raw - offset) / scale).astype(np.float32)
 

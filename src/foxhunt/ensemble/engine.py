@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from foxhunt.data.streaming import KnownCalendar, StreamingFeatures, normalize
+from foxhunt.data.streaming import StreamingFeatures, normalize, normalizer
 from foxhunt.ensemble.members import BarInputs, Decision, Member
 from foxhunt.ensemble.rules import combine
 
@@ -33,6 +33,10 @@ class MemberInputs:
     observed_mean: np.ndarray
     observed_std: np.ndarray
     groups: dict[str, list[int]]
+
+    def normalizer(self) -> tuple[np.ndarray, np.ndarray]:
+        width = sum(len(columns) for columns in self.groups.values())
+        return normalizer(width, self.groups["observed"], self.observed_mean, self.observed_std)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class StreamingEngine:
         self.origin = origin
         self._pipelines: dict[object, StreamingFeatures] = {}
         self._member_pipeline: dict[str, StreamingFeatures] = {}
+        self._normalizers = {m.name: inputs[m.name].normalizer() for m in members}
         for member in members:
             config = inputs[member.name].feature_config
             pipeline = self._pipelines.get(config)
@@ -82,7 +87,7 @@ class StreamingEngine:
         pipelines = list(self._pipelines.values())
         for pipeline in pipelines:  # every check before any state changes: a bad bar changes nothing
             pipeline.check(ts_ns, *bar)
-        return {config: pipeline.update(ts_ns, *bar) for config, pipeline in self._pipelines.items()}
+        return {config: pipeline.update(ts_ns, *bar, checked=True) for config, pipeline in self._pipelines.items()}
 
     def warm(self, ts_ns: int, open_: float, high: float, low: float, close: float, volume: float) -> None:
         """Read a bar into the features only (no member is stepped)."""
@@ -95,14 +100,13 @@ class StreamingEngine:
         decisions: dict[str, Decision] = {}
         timings: dict[str, int] = {}
         for member in self.members:
-            spec = self.inputs[member.name]
-            row = raw[spec.feature_config]
+            row = raw[self.inputs[member.name].feature_config]
             if row is None:
                 continue
-            calendar: KnownCalendar = self._member_pipeline[member.name].calendar
+            calendar = self._member_pipeline[member.name].calendar
             begun = time.perf_counter_ns()
             inputs = BarInputs(
-                row=normalize(row, spec.groups["observed"], spec.observed_mean, spec.observed_std),
+                row=normalize(row, *self._normalizers[member.name]),
                 ts_ns=ts_ns,
                 future=lambda horizon, c=calendar: c.future(ts_ns, horizon),
             )

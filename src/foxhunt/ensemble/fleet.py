@@ -118,7 +118,11 @@ def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime:
 
 def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
     """Every family of ``cfg.ensemble.models`` for ``cfg.asset``, loaded (see the module doc)."""
+    import torch
+
     ens = cfg.ensemble
+    if ens.torch_threads is not None:
+        torch.set_num_threads(int(ens.torch_threads))
     asset_key = str(cfg.asset.key)
     fleet = []
     for family in ens.models:

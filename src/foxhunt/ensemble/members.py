@@ -16,9 +16,9 @@ the same decisions the model's batch path (``trading_positions``) makes over a s
 Forecasters decide once ``seq_len`` bars have arrived since the last :meth:`Member.reset`
 (flat before), as the batch path, whose first ``seq_len - 1`` bars of a split are flat.
 
-Agents and Mamba-2 run in numpy or torch (:mod:`foxhunt.ensemble.runtimes`); with
-``runtime=auto`` the member times both on its own inputs when it is built and keeps the faster,
-saying so in :attr:`Member.runtime_note`. The TFT runs in torch.
+Agents run in numpy or torch, Mamba-2 in numpy, numba or torch (:mod:`foxhunt.ensemble.runtimes`);
+with ``runtime=auto`` the member times each on its own inputs when it is built and keeps the
+fastest, saying so in :attr:`Member.runtime_note`. The TFT runs in torch.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from foxhunt.ensemble.runtimes import NumpyMamba2, NumpyMLP, UnsupportedModule
+from foxhunt.ensemble.runtimes import NumbaMamba2, NumpyMamba2, NumpyMLP, UnsupportedModule
 
-RUNTIMES = ("auto", "numpy", "torch")
+RUNTIMES = ("auto", "numpy", "numba", "torch")
 NS_PER_MINUTE = 60_000_000_000
 
 
@@ -96,25 +96,27 @@ class Member(ABC):
     def step(self, bar: BarInputs) -> Decision:
         """The decision on one new bar."""
 
-    def _choose_runtime(self, requested: str, numpy_call: Callable[[], Any] | None, torch_call: Callable[[], Any],
-                        probe_calls: int) -> str:  # fmt: skip
-        """Pick numpy or torch: as asked, or with ``auto`` the faster median of ``probe_calls``
+    def _choose_runtime(self, requested: str, candidates: dict[str, Callable[[], Any] | None], probe_calls: int) -> str:
+        """Pick a runtime among ``candidates`` (name -> a call of it, ``None`` where it cannot
+        run these weights): as asked, or with ``auto`` the fastest median of ``probe_calls``
         timed calls each (time.perf_counter_ns)."""
         if requested not in RUNTIMES:
             raise ValueError(f"ensemble.runtime={requested!r}: must be one of {', '.join(RUNTIMES)}")
-        if numpy_call is None:
-            if requested == "numpy":
-                self.runtime_note = "torch (no numpy runtime for these weights)"
-            return "torch"
+        usable = {name: call for name, call in candidates.items() if call is not None}
         if requested != "auto":
-            self.runtime_note = f"{requested} (ensemble.runtime)"
-            return requested
-        numpy_us = _median_p50_us(numpy_call, probe_calls)
-        torch_us = _median_p50_us(torch_call, probe_calls)
-        choice = "numpy" if numpy_us <= torch_us else "torch"
-        self.runtime_note = (
-            f"{choice} (auto: median of {probe_calls} timed calls at load, numpy {numpy_us:.1f} us, torch {torch_us:.1f} us)"
-        )
+            if requested in usable:
+                self.runtime_note = f"{requested} (ensemble.runtime)"
+                return requested
+            self.runtime_note = f"torch (no {requested} runtime for this member)"
+            return "torch"
+        if len(usable) == 1:
+            (only,) = usable
+            self.runtime_note = f"{only} (the only runtime for these weights)"
+            return only
+        times = {name: _median_p50_us(call, probe_calls) for name, call in usable.items()}
+        choice = min(times, key=times.get)
+        measured = ", ".join(f"{name} {us:.1f} us" for name, us in times.items())
+        self.runtime_note = f"{choice} (auto: median of {probe_calls} timed calls at load: {measured})"
         return choice
 
 
@@ -139,7 +141,6 @@ class AgentMember(Member):
             numpy_net = NumpyMLP(network)
         except UnsupportedModule:
             numpy_net = None
-        self._numpy = numpy_net
         tensor = torch.zeros(1, module.obs_dim)
 
         def torch_scores(x: np.ndarray) -> np.ndarray:
@@ -149,7 +150,7 @@ class AgentMember(Member):
 
         self._torch = torch_scores
         numpy_call = (lambda: numpy_net(obs)) if numpy_net is not None else None
-        self.runtime = self._choose_runtime(runtime, numpy_call, lambda: torch_scores(obs), probe_calls)
+        self.runtime = self._choose_runtime(runtime, {"numpy": numpy_call, "torch": lambda: torch_scores(obs)}, probe_calls)
         self._scores = numpy_net if self.runtime == "numpy" else torch_scores
         self._obs = np.zeros(module.obs_dim, np.float32)
 
@@ -173,13 +174,19 @@ class Mamba2Member(Member):
         self.seq_len = int(module.seq_len)
         self.threshold = float(module.position_threshold)
         self.bars = 0
-        try:
-            numpy_model = NumpyMamba2(module)
-        except UnsupportedModule:
-            numpy_model = None
-        self._numpy = numpy_model
-        self._state = module.allocate_inference_state(1)
+        runtimes = {"numpy": NumpyMamba2, "numba": NumbaMamba2}
+        self._steppers: dict[str, Any] = {}
+        candidates: dict[str, Callable[[], Any] | None] = {}
         x = np.zeros(module.input_dim, np.float32)
+        for name, kind in runtimes.items():
+            try:
+                stepper, probe = kind(module), kind(module)
+            except (UnsupportedModule, ImportError):
+                candidates[name] = None
+                continue
+            self._steppers[name] = stepper
+            candidates[name] = lambda probe=probe: probe.step(x)
+        self._state = module.allocate_inference_state(1)
 
         def torch_step(row: np.ndarray, keep: bool = True) -> np.ndarray:
             with torch.inference_mode():
@@ -189,21 +196,19 @@ class Mamba2Member(Member):
             return forecast[0].float().cpu().numpy()
 
         self._torch_step = torch_step
-        numpy_call = None
-        if numpy_model is not None:
-            probe = NumpyMamba2(module)
-            numpy_call = lambda: probe.step(x)  # noqa: E731
-        self.runtime = self._choose_runtime(runtime, numpy_call, lambda: torch_step(x, keep=False), probe_calls)
+        candidates["torch"] = lambda: torch_step(x, keep=False)
+        self.runtime = self._choose_runtime(runtime, candidates, probe_calls)
+        self._stepper = self._steppers.get(self.runtime)
         self.reset()
 
     def reset(self) -> None:
         self.bars = 0
         self._state = self.module.allocate_inference_state(1)
-        if self._numpy is not None:
-            self._numpy.reset()
+        for stepper in self._steppers.values():
+            stepper.reset()
 
     def step(self, bar: BarInputs) -> Decision:
-        forecast = self._numpy.step(bar.row) if self.runtime == "numpy" else self._torch_step(bar.row)
+        forecast = self._stepper.step(bar.row) if self._stepper is not None else self._torch_step(bar.row)
         self.bars += 1
         if self.bars < self.seq_len:  # the batch path's first seq_len - 1 bars are flat
             return Decision(0, forecast, None)
