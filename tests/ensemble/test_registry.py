@@ -4,56 +4,13 @@ int8 versions, the fleet's replay equal to the training runs' own backtest, bad 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
-from foxhunt.cli import app
-from foxhunt.train import train
-
-SMALL = {
-    "dqn": ["model.module.hidden_sizes=[32,32]", "model.module.min_replay_size=8"],
-    "ppo": ["model.module.policy_hidden_sizes=[32]", "model.module.value_hidden_sizes=[32]", "model.module.update_epochs=1"],
-    "mamba2": ["model.module.d_model=32", "model.module.n_layers=1"],
-    "tft": ["model.module.hidden_size=16", "model.module.lstm_layers=1"],
-}  # fmt: skip
-FAST = ["trainer=smoke", "data.source.days=4", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1",
-        "trainer.limit_test_batches=1", "evaluation.plot_equity=false"]  # fmt: skip
-DATA = ["data.source.days=4"]
-
-
-@pytest.fixture(scope="module")
-def store_root(tmp_path_factory):
-    """A store holding a FINISHED smoke run of each family on ES (two DQN runs, the second int8)."""
-    root = tmp_path_factory.mktemp("fleet")
-    from configs import compose_train_config
-
-    metrics = {}
-    for model, extra in [*((m, []) for m in SMALL), ("dqn", ["precision=int8", "precision.min_quantized_numel=256",
-                                                               "precision.compile_optimizer=false"])]:  # fmt: skip
-        cfg = compose_train_config([f"model={model}", *FAST, *SMALL[model], *extra,
-                                    f"paths.output_dir={root / 'outputs' / f'{model}{len(metrics)}'}"], root)  # fmt: skip
-        metrics[f"{model}{len(metrics)}"] = train(cfg)
-    return root
-
-
-def cli(root: Path, *args: str):
-    old = os.getcwd()
-    os.chdir(root)
-    try:
-        return CliRunner().invoke(app, list(args), catch_exceptions=False, env={"FOXHUNT_ROOT": str(root)})
-    finally:
-        os.chdir(old)
-
-
-def client(root: Path) -> MlflowClient:
-    return MlflowClient(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
+from fleet_helpers import DATA, SMALL, cli, client
 
 
 def test_dry_run_prints_the_choice_and_registers_nothing(store_root):

@@ -11,6 +11,10 @@ the ensemble with the shared backtest, prints the table and the measured per-bar
 logs an MLflow run (experiment ``ensemble.experiment``) with the table, the latencies and an
 equity PNG of the ensemble beside its members.
 
+``foxhunt ensemble serve [OVERRIDES...] [--host 127.0.0.1] [--port 8080]`` answers bars over
+HTTP with the same fleet (:mod:`foxhunt.ensemble.serve`, LitServe): ``POST /predict`` a bar or a
+batch of bars for a symbol, ``GET /health``; SIGTERM or Ctrl-C stops it.
+
 Overrides are Hydra overrides of ``conf/fleet.yaml`` (the training config plus ``conf/ensemble``):
 ``asset=nq``, ``data=databento data.source.path=...``, ``ensemble.metric=val/loss``,
 ``ensemble.models=[dqn,tft]``, ``ensemble.rule=weighted``, ``ensemble.weights=int8``.
@@ -117,3 +121,30 @@ def replay(overrides: list[str] | None = OVERRIDES) -> None:
         raise _fail("replay", str(exc)) from None
     typer.echo(report.text)
 
+
+@ensemble_app.command()
+def serve(
+    overrides: list[str] | None = OVERRIDES,
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on (127.0.0.1: this machine only)."),
+    port: int = typer.Option(8080, help="Port to listen on."),
+    timeout: float = typer.Option(30.0, help="Seconds a request may take before it is answered 504."),
+) -> None:
+    """Serve the registered fleet over HTTP: POST /predict bars for a symbol, GET /health."""
+    from foxhunt.ensemble.registry import download_version, registered_name
+    from foxhunt.ensemble.registry import RegistryError
+
+    cfg = _compose("serve", overrides)
+    uri = _check_store("serve", cfg)
+    ens = cfg.ensemble
+    for family in ens.models:  # a missing version is one line here, not a worker crash after start
+        name = registered_name(str(ens.registry_prefix), str(family), str(cfg.asset.key))
+        try:
+            with tempfile.TemporaryDirectory() as scratch:
+                download_version(uri, name, str(ens.alias), ens.versions.get(str(family)), Path(scratch))
+        except RegistryError as exc:
+            raise _fail("serve", str(exc)) from None
+    from foxhunt.ensemble.serve import serve as run_server
+
+    typer.echo(f"foxhunt ensemble serve: {', '.join(map(str, ens.models))} for {cfg.asset.key} on http://{host}:{port} "
+               "(POST /predict, GET /health)")  # fmt: skip
+    run_server(cfg, host, port, timeout)

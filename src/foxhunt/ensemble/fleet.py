@@ -13,6 +13,7 @@ validates are each one line (:class:`~foxhunt.ensemble.registry.RegistryError`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -64,6 +65,10 @@ class FleetMember:
     metric: str
     value: float | None
     precision: str  # what it was trained in
+
+    def fork(self) -> "FleetMember":
+        """The same member with a stream of its own (shared weights)."""
+        return dataclasses.replace(self, member=self.member.fork())
 
 
 def int8_policy():

@@ -23,6 +23,7 @@ fastest, saying so in :attr:`Member.runtime_note`. The TFT runs in torch.
 
 from __future__ import annotations
 
+import copy
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -92,6 +93,12 @@ class Member(ABC):
     def reset(self) -> None:
         """Forget every bar: the next bar starts a new stream (flat, empty history, zero state)."""
 
+    def fork(self) -> "Member":
+        """Another stream of the same member: the weights shared, a state of its own (fresh)."""
+        twin = copy.copy(self)
+        twin.reset()
+        return twin
+
     @abstractmethod
     def step(self, bar: BarInputs) -> Decision:
         """The decision on one new bar."""
@@ -152,10 +159,11 @@ class AgentMember(Member):
         numpy_call = (lambda: numpy_net(obs)) if numpy_net is not None else None
         self.runtime = self._choose_runtime(runtime, {"numpy": numpy_call, "torch": lambda: torch_scores(obs)}, probe_calls)
         self._scores = numpy_net if self.runtime == "numpy" else torch_scores
-        self._obs = np.zeros(module.obs_dim, np.float32)
+        self.reset()
 
     def reset(self) -> None:
         self.position = 0
+        self._obs = np.zeros(self.module.obs_dim, np.float32)
 
     def step(self, bar: BarInputs) -> Decision:
         self._obs[:-1] = bar.row
@@ -187,25 +195,30 @@ class Mamba2Member(Member):
             self._steppers[name] = stepper
             candidates[name] = lambda probe=probe: probe.step(x)
         self._state = module.allocate_inference_state(1)
-
-        def torch_step(row: np.ndarray, keep: bool = True) -> np.ndarray:
-            with torch.inference_mode():
-                forecast, state = module.step(torch.from_numpy(row)[None].to(module.device), self._state)
-            if keep:
-                self._state = state
-            return forecast[0].float().cpu().numpy()
-
-        self._torch_step = torch_step
-        candidates["torch"] = lambda: torch_step(x, keep=False)
+        candidates["torch"] = lambda: self._torch_step(x, keep=False)
         self.runtime = self._choose_runtime(runtime, candidates, probe_calls)
-        self._stepper = self._steppers.get(self.runtime)
+        self._steppers = {name: s for name, s in self._steppers.items() if name == self.runtime}
         self.reset()
+
+    def _torch_step(self, row: np.ndarray, keep: bool = True) -> np.ndarray:
+        with torch.inference_mode():
+            forecast, state = self.module.step(torch.from_numpy(row)[None].to(self.module.device), self._state)
+        if keep:
+            self._state = state
+        return forecast[0].float().cpu().numpy()
+
+    def fork(self) -> "Mamba2Member":
+        twin = copy.copy(self)
+        twin._steppers = {name: copy.copy(stepper) for name, stepper in self._steppers.items()}
+        twin.reset()
+        return twin
 
     def reset(self) -> None:
         self.bars = 0
         self._state = self.module.allocate_inference_state(1)
         for stepper in self._steppers.values():
             stepper.reset()
+        self._stepper = self._steppers.get(self.runtime)
 
     def step(self, bar: BarInputs) -> Decision:
         forecast = self._stepper.step(bar.row) if self._stepper is not None else self._torch_step(bar.row)

@@ -1,0 +1,192 @@
+"""A bounded load test of ``foxhunt ensemble serve``: concurrent clients on loopback, every
+answer checked against the in-process replay (``scripts/load_test.py``).
+
+Each of ``clients`` threads streams the same ``bars`` bars, one request per bar, as its own
+symbol (``LOAD0``, ``LOAD1``, ...), over one keep-alive HTTP connection (``http.client``). The
+expected answer of every bar is the in-process fleet's (:func:`foxhunt.ensemble.replay.replay_bars`
+over the same bars with the same registered members): the ensemble's position and every
+member's. Measured per request with ``time.perf_counter_ns`` on the client: the round trip
+(serialization, loopback, the server's queue and the fleet's step); throughput is requests
+answered per second of the whole test's wall time. An error is a non-200 answer or a failed
+connection; a wrong answer is a 200 whose decisions differ from the replay's.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import numpy as np
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    requests: int
+    answered: int
+    errors: int
+    wrong: int
+    wall_s: float
+    latencies_ms: np.ndarray
+    first_errors: list[str] = field(default_factory=list)
+
+    @property
+    def throughput(self) -> float:
+        return self.answered / self.wall_s if self.wall_s > 0 else 0.0
+
+    def text(self) -> str:
+        p50, p99 = (np.percentile(self.latencies_ms, q) if self.latencies_ms.size else float("nan") for q in (50, 99))
+        lines = [
+            f"{self.clients} clients x {self.requests // max(self.clients, 1)} bars, one request per bar, keep-alive, loopback",
+            f"answered {self.answered}/{self.requests}, errors {self.errors}, wrong {self.wrong} (against the in-process replay)",
+            f"round trip p50 {p50:.2f} ms, p99 {p99:.2f} ms (time.perf_counter_ns per request, client side); "
+            f"throughput {self.throughput:.1f} requests/s over {self.wall_s:.1f} s",
+        ]
+        return "\n".join(lines + [f"  {e}" for e in self.first_errors])
+
+
+def expected_answers(record, names: list[str]) -> list[dict]:
+    """Per bar: whether the features were warm, the ensemble's and every member's position in a
+    replay record (members answer only once warm)."""
+    answers = []
+    for j in range(len(record.close)):
+        warm = j >= record.warm_bars
+        members = {n: int(record.positions[n][j]) for n in names} if warm else {}
+        answers.append({"warm": warm, "position": int(record.positions["ensemble"][j]), "members": members})
+    return answers
+
+
+def _client(url: str, symbol: str, bars: list[dict], expected: list[dict], out: dict, lock) -> None:
+    parsed = urlparse(url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
+    latencies, answered, errors, wrong, notes = [], 0, 0, 0, []
+    for bar, want in zip(bars, expected):
+        body = json.dumps({"symbol": symbol, "bar": bar})
+        started = time.perf_counter_ns()
+        try:
+            conn.request("POST", "/predict", body=body, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            payload = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            errors += 1
+            notes.append(f"{symbol} ts {bar['ts']}: {type(exc).__name__}: {exc}")
+            conn.close()
+            conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
+            continue
+        latencies.append((time.perf_counter_ns() - started) / 1e6)
+        if response.status != 200:
+            errors += 1
+            notes.append(f"{symbol} ts {bar['ts']}: HTTP {response.status} {payload[:200]!r}")
+            continue
+        answered += 1
+        (result,) = json.loads(payload)["results"]
+        got = {"warm": result["warm"], "position": result["position"],
+               "members": {n: m["position"] for n, m in result["members"].items()}}  # fmt: skip
+        if got != want:
+            wrong += 1
+            notes.append(f"{symbol} ts {bar['ts']}: got {got}, the replay {want}")
+    conn.close()
+    with lock:
+        out["latencies"].extend(latencies)
+        out["answered"] += answered
+        out["errors"] += errors
+        out["wrong"] += wrong
+        out["notes"].extend(notes[:3])
+
+
+def run_load(url: str, bars_frame, record, member_names: list[str], clients: int) -> LoadResult:
+    """Drive ``clients`` concurrent symbols through the server; ``record`` is the in-process
+    replay of ``bars_frame`` (every bar stepped, none only warmed)."""
+    stamps = bars_frame.index.as_unit("ns").asi8
+    values = bars_frame[["open", "high", "low", "close", "volume"]].to_numpy(dtype=np.float64)
+    bars = [{"ts": int(ts), "open": v[0], "high": v[1], "low": v[2], "close": v[3], "volume": v[4]}
+            for ts, v in zip(stamps.tolist(), values.tolist())]  # fmt: skip
+    expected = expected_answers(record, member_names)
+    out = {"latencies": [], "answered": 0, "errors": 0, "wrong": 0, "notes": []}
+    lock = threading.Lock()
+    threads = [threading.Thread(target=_client, args=(url, f"LOAD{i}", bars, expected, out, lock)) for i in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    latencies = np.asarray(out["latencies"])
+    return LoadResult(clients, clients * len(bars), out["answered"], out["errors"], out["wrong"], wall, latencies,
+                      out["notes"][:5])  # fmt: skip
+
+
+def wait_healthy(url: str, timeout_s: float, process=None) -> float:
+    """Seconds until ``GET /health`` answers 200; raises TimeoutError (or RuntimeError when the
+    server process exits first)."""
+    parsed = urlparse(url)
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode} before it was healthy")
+        try:
+            conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return time.monotonic() - started
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="scripts/load_test.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=None, help="a running server (default: start foxhunt ensemble serve on a free port)")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients, one symbol each (default 8)")
+    parser.add_argument("--bars", type=int, default=300, help="bars per client, one request each (default 300)")
+    parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds to wait for /health")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/fleet.yaml (asset=es data.source.days=7 ...)")
+    args = parser.parse_args(argv)
+
+    from hydra.utils import instantiate
+
+    from foxhunt.build import compose_config
+    from foxhunt.config.schema import validate
+    from foxhunt.ensemble.fleet import fleet_engine, load_fleet
+    from foxhunt.ensemble.replay import replay_bars
+
+    cfg = compose_config(list(args.overrides), config_name="fleet")
+    validate(cfg)
+    asset = instantiate(cfg.asset)
+    bars = instantiate(cfg.data.source).load(asset).iloc[: args.bars]
+    with tempfile.TemporaryDirectory() as workdir:
+        fleet = load_fleet(cfg, Path(workdir))
+        record = replay_bars(fleet_engine(fleet, asset, cfg, origin="load test replay"), bars)
+    names = [f.member.name for f in fleet]
+    server, url = None, args.url
+    if url is None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "foxhunt.cli", "ensemble", "serve", "--port", str(port), *args.overrides]
+        server = subprocess.Popen(command, env=os.environ.copy())
+    try:
+        ready = wait_healthy(url, args.health_timeout, server)
+        print(f"server {url} healthy after {ready:.1f} s")
+        result = run_load(url, bars, record, names, args.clients)
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=60)
+    print(result.text())
+    return 0 if result.errors == 0 and result.wrong == 0 and result.answered == result.requests else 1

@@ -1,0 +1,23 @@
+"""Fixtures of the ensemble tests."""
+
+from __future__ import annotations
+
+import pytest
+from fleet_helpers import FAST, SMALL
+
+from foxhunt.train import train
+
+
+@pytest.fixture(scope="session")
+def store_root(tmp_path_factory):
+    """A store holding a FINISHED smoke run of each family on ES (two DQN runs, the second int8)."""
+    root = tmp_path_factory.mktemp("fleet")
+    from configs import compose_train_config
+
+    metrics = {}
+    for model, extra in [*((m, []) for m in SMALL), ("dqn", ["precision=int8", "precision.min_quantized_numel=256",
+                                                               "precision.compile_optimizer=false"])]:  # fmt: skip
+        cfg = compose_train_config([f"model={model}", *FAST, *SMALL[model], *extra,
+                                    f"paths.output_dir={root / 'outputs' / f'{model}{len(metrics)}'}"], root)  # fmt: skip
+        metrics[f"{model}{len(metrics)}"] = train(cfg)
+    return root

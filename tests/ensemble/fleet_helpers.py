@@ -1,0 +1,34 @@
+"""Helpers of the ensemble tests: the small models, the CLI run in a store root, the client."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from foxhunt.cli import app
+
+SMALL = {
+    "dqn": ["model.module.hidden_sizes=[32,32]", "model.module.min_replay_size=8"],
+    "ppo": ["model.module.policy_hidden_sizes=[32]", "model.module.value_hidden_sizes=[32]", "model.module.update_epochs=1"],
+    "mamba2": ["model.module.d_model=32", "model.module.n_layers=1"],
+    "tft": ["model.module.hidden_size=16", "model.module.lstm_layers=1"],
+}  # fmt: skip
+FAST = ["trainer=smoke", "data.source.days=4", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1", "evaluation.plot_equity=false"]  # fmt: skip
+DATA = ["data.source.days=4"]
+
+
+def cli(root: Path, *args: str):
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        return CliRunner().invoke(app, list(args), catch_exceptions=False, env={"FOXHUNT_ROOT": str(root)})
+    finally:
+        os.chdir(old)
+
+
+def client(root: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
