@@ -45,7 +45,6 @@ from typing import Any
 # ``resume=true`` did not train because an earlier run of the same config had FINISHED).
 RUNNING, FINISHED, FAILED, KILLED, STALE, STARTING = "RUNNING", "FINISHED", "FAILED", "KILLED", "STALE", "STARTING"
 SKIPPED, PENDING = "SKIPPED", "PENDING"
-STATES = (RUNNING, FINISHED, FAILED, KILLED, STALE)
 TERMINAL = (FINISHED, FAILED, KILLED)
 
 # Tags: the ones every foxhunt run carries (TrackedRun), and the ones the job launcher adds to
