@@ -26,7 +26,9 @@ def compose_config(overrides: list[str], root_dir: str | os.PathLike | None = No
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    root = Path(root_dir or os.environ.get("FOXHUNT_ROOT") or Path.cwd()).resolve()
+    from foxhunt.runs.environment import root_dir as default_root
+
+    root = Path(root_dir).resolve() if root_dir else default_root()
     out = output_dir or str(root / "outputs" / "commands")
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="foxhunt.conf", version_base="1.3"):

@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from foxhunt.jobs.records import find_job, load_jobs
+from foxhunt.jobs.views import find_job, load_jobs
 from foxhunt.sweeps.callback import SweepCallback
 
 

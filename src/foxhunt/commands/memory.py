@@ -22,12 +22,15 @@ load inside the command.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from importlib import resources
 from pathlib import Path
 
 import typer
+
+from foxhunt.errors import one_line_error
 
 memory_app = typer.Typer(help="Measured training memory of the models against a device budget.", no_args_is_help=True)
 
@@ -81,35 +84,6 @@ def split_overrides(overrides: list[str], models: list[str]) -> tuple[list[str],
     return shared, own
 
 
-def one_line(exc: BaseException) -> str:
-    """Hydra's and omegaconf's multi-line messages as one line (search path dropped, option
-    lists joined)."""
-    lines: list[str] = []
-    listing: list[str] = []
-    for raw in str(exc).splitlines():
-        line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("Config search path"):
-            break
-        if lines and lines[-1].endswith(":") and not listing and " " not in line:
-            listing.append(line)
-        elif listing and " " not in line:
-            listing.append(line)
-        else:
-            if listing:
-                lines[-1] += " " + ", ".join(listing)
-                listing = []
-            lines.append(line)
-    if listing:
-        lines[-1] += " " + ", ".join(listing)
-    text = " ".join(lines) or type(exc).__name__
-    cause = exc.__cause__
-    if cause is not None and str(cause).strip() and str(cause).strip().splitlines()[0] not in text:
-        text += f" ({str(cause).strip().splitlines()[0]})"
-    return text
-
-
 def _fail(prefix: str, message: str, code: int) -> typer.Exit:
     typer.echo(f"foxhunt memory validate: {prefix}{message}", err=True)
     return typer.Exit(code)
@@ -135,7 +109,9 @@ def validate(
         shared, own = split_overrides(list(overrides or []), names)
     except UsageError as exc:
         raise _fail("", str(exc), EXIT_USAGE) from None
-    root_dir = Path(root or os.environ.get("FOXHUNT_ROOT") or Path.cwd()).resolve()
+    from foxhunt.runs.environment import root_dir as default_root
+
+    root_dir = Path(root).resolve() if root else default_root()
     out_dir = root_dir / "outputs" / "memory" / f"validate-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     configs = _compose(names, shared, own, root_dir, out_dir)
     budget = _budget(configs)
@@ -155,7 +131,7 @@ def _compose(names, shared, own, root_dir: Path, out_dir: Path) -> dict:
         try:
             configs[name] = measuring_config(name, [*shared, *own[name]], root_dir=root_dir, output_dir=out_dir)
         except (HydraException, OmegaConfBaseException, ConfigError) as exc:
-            raise _fail(f"config error ({name}): ", one_line(exc), EXIT_USAGE) from None
+            raise _fail(f"config error ({name}): ", one_line_error(exc, with_type=False), EXIT_USAGE) from None
     return configs
 
 
@@ -171,19 +147,20 @@ def _budget(configs: dict):
     try:
         return instantiate(configs[first_name].budget)
     except Exception as exc:
-        raise _fail("config error: ", one_line(exc), EXIT_USAGE) from None
+        raise _fail("config error: ", one_line_error(exc, with_type=False), EXIT_USAGE) from None
 
 
 def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, overrides: list[str]) -> int:
     from foxhunt.memory import ensemble_report
     from foxhunt.memory.ensemble import MeasurementError, data_description, judge, measure_run
     from foxhunt.memory.predict import predict_footprint
+    from foxhunt.runs.tags import Tag
 
     first = next(iter(configs.values()))
     precision = "+".join(sorted({str(cfg.precision.name) for cfg in configs.values()}))
     run = _tracked_run(first, precision, budget, list(configs), overrides)
     measurements, predictions = [], {}
-    with run if run is not None else _NoRun():
+    with run if run is not None else contextlib.nullcontext():
         try:
             for name, cfg in configs.items():
                 if predict:
@@ -195,12 +172,12 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
         except MeasurementError as exc:
             typer.echo(f"foxhunt memory validate: FAIL: {exc}", err=True)
             if run is not None:
-                run.set_tags({"verdict": "FAIL", "error": str(exc)})
+                run.set_tags({Tag.VERDICT: "FAIL", Tag.ERROR: str(exc)})
             return EXIT_FAIL
         except ValueError as exc:  # a value only the model or the data source rejects
-            typer.echo(f"foxhunt memory validate: config error ({name}): {one_line(exc)}", err=True)
+            typer.echo(f"foxhunt memory validate: config error ({name}): {one_line_error(exc, with_type=False)}", err=True)
             if run is not None:
-                run.set_tags({"verdict": "ERROR", "error": one_line(exc)})
+                run.set_tags({Tag.VERDICT: "ERROR", Tag.ERROR: one_line_error(exc, with_type=False)})
             return EXIT_USAGE
         verdict = judge(measurements, budget, data=data_description(first), predictions=predictions)
         extra = {"overrides": overrides, "models_measured": list(configs)}
@@ -220,15 +197,16 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
 def _tracked_run(cfg, precision: str, budget, names: list[str], overrides: list[str]):
     if not cfg.logger.enabled:
         return None
-    from foxhunt.tracking.mlflow_store import TrackedRun
+    from foxhunt.runs.tags import Tag
+    from foxhunt.runs.tracked_run import TrackedRun
 
     return TrackedRun(
         tracking_uri=cfg.logger.tracking_uri,
         experiment=EXPERIMENT,
         artifact_location=cfg.logger.artifact_location,
         run_name=f"memory-validate-{precision}-{budget.name}",
-        tags={"command": "memory validate", "precision": precision, "budget": budget.name, "models": ",".join(names),
-              "overrides": " ".join(overrides)},
+        tags={Tag.COMMAND: "memory validate", Tag.PRECISION: precision, Tag.BUDGET: budget.name,
+              Tag.MODELS: ",".join(names), Tag.OVERRIDES: " ".join(overrides)},
     )  # fmt: skip
 
 
@@ -253,17 +231,12 @@ def _log(run, verdict, paths: list[Path]) -> None:
     metrics["memory/ensemble_mb"] = verdict.total_mb
     metrics["memory/headroom_mb"] = verdict.headroom_left_mb
     run.log_metrics(metrics)
-    run.set_tags({"verdict": "PASS" if verdict.passed else "FAIL", "device": verdict.device, "summary": verdict.summary_line()})
+    from foxhunt.runs.tags import Tag
+
+    run.set_tags({Tag.VERDICT: "PASS" if verdict.passed else "FAIL", Tag.DEVICE: verdict.device,
+                  Tag.SUMMARY: verdict.summary_line()})  # fmt: skip
     for path in paths:
         run.log_artifact(path, "configs" if path.parent.name == "configs" else None)
-
-
-class _NoRun:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc) -> bool:
-        return False
 
 
 from foxhunt.commands.memory_compare import compare  # noqa: E402 (registered after the group)

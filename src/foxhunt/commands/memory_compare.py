@@ -141,13 +141,14 @@ def compare(
     warmup: int = typer.Option(3, min=1, help="Optimizer steps per precision before timing (compiles, caches)."),
     latency_calls: int = typer.Option(200, min=1, help="Timed batch-1 inference calls per precision."),
     latency_warmup: int = typer.Option(20, min=0, help="Untimed inference calls per precision first."),
-    root: Path = typer.Option(Path("."), help="Project folder: mlruns/, data cache, outputs/."),
+    root: Path = typer.Option(None, help="Project folder: mlruns/, data cache, outputs/ (default: $FOXHUNT_ROOT or the current folder)."),
 ) -> None:
     """Train the same model in fp32 and int8 side by side; print memory, speed, latency, accuracy."""
     from foxhunt.config.schema import ConfigError
+    from foxhunt.runs.environment import root_dir
 
     try:
-        report = run_compare(list(overrides or []), steps, warmup, latency_calls, latency_warmup, root)
+        report = run_compare(list(overrides or []), steps, warmup, latency_calls, latency_warmup, root or root_dir())
     except ConfigError as exc:
         typer.echo(f"foxhunt memory compare: config error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -556,15 +557,17 @@ def _pair(label: str, values: dict[str, float], fmt: str, ratio: bool = True) ->
 
 
 def _log_mlflow(cfg, report: CompareReport, out: Path, artifacts: list[Path]) -> None:
-    from foxhunt.tracking.mlflow_store import TrackedRun
+    from foxhunt.runs.tags import Tag
+    from foxhunt.runs.tracked_run import TrackedRun
 
     run = TrackedRun(
         tracking_uri=cfg.logger.tracking_uri,
         experiment=cfg.logger.experiment,
         artifact_location=cfg.logger.artifact_location,
         run_name=f"{report.model}-{report.asset}-compare",
-        tags={"command": "memory compare", "model": report.model, "asset": report.asset, "precision": "fp32-vs-int8"},
-    )
+        tags={Tag.COMMAND: "memory compare", Tag.MODEL: report.model, Tag.ASSET: report.asset,
+              Tag.PRECISION: "fp32-vs-int8"},
+    )  # fmt: skip
     with run:
         run.log_metrics(report.metrics())
         run.log_artifact(out / REPORT_TEXT)
