@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from foxhunt.cli import app
 from foxhunt.memory.accounting import BYTES_PER_MB, MemoryBreakdown
 from foxhunt.memory.budget import MemoryBudget
-from foxhunt.memory.ensemble import RunMeasurement, judge
-from foxhunt.memory.ensemble_report import bar, render_text, stacked_bar
+from foxhunt.memory.fleet import judge
+from foxhunt.memory.fleet_report import bar, render_text, stacked_bar
+from foxhunt.memory.training_run import RunMeasurement
 from foxhunt.memory.report import MeasuredFigure
 
 MODELS = list(SMALL)

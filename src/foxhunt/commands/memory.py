@@ -2,8 +2,8 @@
 
 ``foxhunt memory validate [OVERRIDES...] [--predict] [--models dqn,ppo,mamba2,tft] [--json]``
 builds every model as ``foxhunt-train`` would, measures its training footprint with a real
-short fit (:mod:`foxhunt.memory.ensemble`), prints the report
-(:mod:`foxhunt.memory.ensemble_report`), logs an MLflow run (experiment ``memory``, run
+short fit (:mod:`foxhunt.memory.training_run`), judges the fleet against the budget
+(:mod:`foxhunt.memory.fleet`), prints the report (:mod:`foxhunt.memory.fleet_report`), logs an MLflow run (experiment ``memory``, run
 ``memory-validate-{precision}-{budget}``) with the report as artifacts, and exits
 
 - 0 when every model is within its target and the ensemble (all resident at once) leaves the
@@ -123,8 +123,8 @@ def _compose(names, shared, own, root_dir: Path, out_dir: Path) -> dict:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from foxhunt.build import measuring_config
     from foxhunt.config.schema import ConfigError
-    from foxhunt.memory.ensemble import measuring_config
 
     configs = {}
     for name in names:
@@ -151,9 +151,11 @@ def _budget(configs: dict):
 
 
 def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, overrides: list[str]) -> int:
-    from foxhunt.memory import ensemble_report
-    from foxhunt.memory.ensemble import MeasurementError, data_description, judge, measure_run
+    from foxhunt.build import MEASURING_RUNS
+    from foxhunt.memory import fleet_report
+    from foxhunt.memory.fleet import judge
     from foxhunt.memory.predict import predict_footprint
+    from foxhunt.memory.training_run import MeasurementError, data_description, measure_run
     from foxhunt.runs.tags import Tag
 
     first = next(iter(configs.values()))
@@ -164,9 +166,9 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
         try:
             for name, cfg in configs.items():
                 if predict:
-                    predictions[name] = predict_footprint(cfg, workdir=out_dir / name)
+                    predictions[name] = predict_footprint(cfg, MEASURING_RUNS, workdir=out_dir / name)
                     typer.echo(f"{name}: predicted {predictions[name].total_mb:.2f} MB ({predictions[name].seconds:.1f} s)", err=True)
-                measured = measure_run(cfg, workdir=out_dir / name)
+                measured = measure_run(cfg, MEASURING_RUNS, workdir=out_dir / name)
                 measurements.append(measured)
                 typer.echo(f"{name}: measured {measured.footprint_mb:.2f} MB ({measured.seconds:.1f} s, {measured.steps} steps on {measured.device})", err=True)
         except MeasurementError as exc:
@@ -181,11 +183,11 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
             return EXIT_USAGE
         verdict = judge(measurements, budget, data=data_description(first), predictions=predictions)
         extra = {"overrides": overrides, "models_measured": list(configs)}
-        paths = ensemble_report.write_all(verdict, out_dir, extra)
+        paths = fleet_report.write_all(verdict, out_dir, extra)
         if as_json:
             typer.echo(paths[1].read_text(), nl=False)
         else:
-            typer.echo(ensemble_report.render_text(verdict), nl=False)
+            typer.echo(fleet_report.render_text(verdict), nl=False)
         paths += _write_configs(configs, out_dir / "configs")
         if run is not None:
             _log(run, verdict, paths)

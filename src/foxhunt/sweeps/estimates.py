@@ -185,8 +185,8 @@ def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
 
     from omegaconf import OmegaConf
 
+    from foxhunt.build import MEASURE_DATA_DAYS, MEASURING_RUNS
     from foxhunt.config.schema import validate
-    from foxhunt.memory.ensemble import MEASURE_DATA_DAYS
     from foxhunt.memory.predict import predict_footprint
 
     probe = copy.deepcopy(cfg)
@@ -194,7 +194,7 @@ def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
     if "days" in probe.data.source:  # probe fits need a few days of bars, as foxhunt memory's
         OmegaConf.update(probe, "data.source.days", MEASURE_DATA_DAYS, merge=False)
     validate(probe)
-    prediction = predict_footprint(probe, workdir=workdir)
+    prediction = predict_footprint(probe, MEASURING_RUNS, workdir=workdir)
     how = (
         f"predict_footprint: training footprint, {len(prediction.probes)} probe fits at "
         f"{prediction.batch_key}={[b for b, _, _ in prediction.probes]} extrapolated to {prediction.batch_size}, "
