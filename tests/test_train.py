@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -52,6 +53,28 @@ def test_smoke_run_lands_in_mlflow_with_params_metrics_and_artifacts(compose_cfg
     artifacts = _artifacts(_store(tmp_path), run.info.run_id)
     assert "config.yaml" in artifacts and "equity_test.png" in artifacts
     assert "checkpoints/best.ckpt" in artifacts and "checkpoints/last.ckpt" in artifacts
+
+
+def test_a_run_says_where_it_came_from_source_commit_and_bars(compose_cfg, tmp_path):
+    """The runs table's Source and Dataset columns: the entry point, the git commit of this
+    checkout, and one dataset input per split with the feature cache key as its digest."""
+    from foxhunt.build import build_parts
+
+    cfg = compose_cfg(["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false"])
+    train(cfg)
+    (run,) = _runs(tmp_path)
+    assert run.data.tags["mlflow.source.name"] == "foxhunt-train"
+    assert run.data.tags["mlflow.source.type"] == "LOCAL"
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
+    if head.returncode == 0:  # a git checkout (a copy without .git has no commit to name)
+        assert run.data.tags["mlflow.source.git.commit"] == head.stdout.strip()
+    inputs = {i.tags[0].value: i.dataset for i in run.inputs.dataset_inputs}
+    assert sorted(inputs) == ["test", "train", "val"]
+    dataset = build_parts(cfg).dataset
+    for split, found in inputs.items():
+        assert found.name == f"es-SyntheticBarSource-{split}" and found.digest == dataset.cache_key[:16]
+        assert json.loads(found.profile)["rows"] == len(dataset.splits[split])
+        assert json.loads(found.source)["settings"]["days"] == 7
 
 
 def test_resume_says_in_one_line_that_it_found_nothing_then_skips_the_finished_run(compose_cfg, tmp_path, caplog):

@@ -77,6 +77,7 @@ def compose_config(overrides: list[str], root_dir: str | os.PathLike | None = No
 @dataclass
 class RunParts:
     asset: Any  # foxhunt.assets.AssetSpec
+    source: Any  # the bar source (foxhunt.data.sources)
     dataset: Any  # foxhunt.data.dataset.MarketDataset
     datamodule: Any  # ForecastDataModule | EnvDataModule
     model: Any  # the LightningModule
@@ -125,7 +126,7 @@ def build_parts(cfg: DictConfig) -> RunParts:
     dataset = load_market_dataset(source, asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir)
     datamodule = build_datamodule(cfg, dataset)
     model = build_model(cfg)
-    return RunParts(asset=asset, dataset=dataset, datamodule=datamodule, model=model, precision=precision)
+    return RunParts(asset=asset, source=source, dataset=dataset, datamodule=datamodule, model=model, precision=precision)
 
 
 def measuring_config(

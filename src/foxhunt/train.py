@@ -39,8 +39,10 @@ from foxhunt.runs.tags import Tag
 log = logging.getLogger("foxhunt.train")
 
 OBJECTIVE = "val/sharpe"
+SOURCE = "foxhunt-train"  # the runs table's Source column (foxhunt.runs.provenance)
 EXIT_CONFIG_ERROR = 2
 EXIT_ON_SIGTERM = 128 + 15  # the shell's status for a process ended by SIGTERM
+SPLITS = ("train", "val", "test")
 
 
 @dataclass
@@ -158,6 +160,7 @@ def train_run(
             tags=run_tags(cfg, key),
             parent_run_id=parent_run_id,
             resume_run_id=plan.run_id if resumed else None,
+            source=SOURCE,
         )
     with run if run is not None else contextlib.nullcontext():
         if run is not None:
@@ -212,6 +215,8 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
     from foxhunt.build import build_parts
 
     parts = build_parts(cfg)
+    if run is not None:
+        run.log_datasets(bars_datasets(cfg, parts))
     model, datamodule, asset = parts.model, parts.datamodule, parts.asset
     trainer: pl.Trainer = instantiate(
         cfg.trainer,
@@ -239,6 +244,53 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
         run.log_metrics(scored, step=trainer.global_step)
     _print_summary(cfg, metrics)
     return metrics
+
+
+def bars_datasets(cfg: DictConfig, parts) -> list:
+    """The run's bars as MLflow dataset inputs, one per split (:mod:`foxhunt.runs.provenance`):
+    the source and its files, the feature cache key as the digest, each split's extent."""
+    import hashlib
+
+    import numpy as np
+
+    from foxhunt.runs.provenance import DIGEST_LENGTH, DatasetRecord
+
+    source_cfg = OmegaConf.to_container(cfg.data.source, resolve=True)
+    target = str(source_cfg.pop("_target_"))
+    kind = target.rsplit(".", 1)[-1]
+    path = source_cfg.get("path")
+    source = {"class": target, "asset": parts.asset.key}
+    if path:
+        source.update(path=str(path), files=[str(p) for p in _source_files(parts.source, path)])
+    else:  # generated: its settings are the data
+        source["settings"] = source_cfg
+    dataset = parts.dataset
+    digest = (dataset.cache_key or hashlib.sha256(repr(sorted(source.items())).encode()).hexdigest())[:DIGEST_LENGTH]
+    records = []
+    for split in SPLITS:
+        arrays = dataset.splits.get(split)
+        if arrays is None:
+            continue
+        profile = {"rows": len(arrays), "features": int(arrays.features.shape[1]) if len(arrays) else 0}
+        if len(arrays):
+            first, last = np.datetime_as_string(arrays.timestamps[[0, -1]], unit="s")
+            profile.update(first_bar=f"{first}Z", last_bar=f"{last}Z")
+        records.append(
+            DatasetRecord(f"{parts.asset.key}-{kind}-{split}", digest, "local" if path else "code", source, split, profile)
+        )
+    return records
+
+
+def _source_files(source, path) -> list[Path]:
+    """The files a file source reads (its own listing when it has one)."""
+    from foxhunt.data.bars import resolve_files
+    from foxhunt.data.errors import BarDataError
+
+    try:
+        listing = getattr(source, "files", None)
+        return list(listing()) if callable(listing) else resolve_files(path, ("",), "bar files")
+    except (BarDataError, OSError):
+        return []
 
 
 def _best_checkpoint(callbacks) -> str | None:

@@ -35,6 +35,7 @@ from foxhunt.errors import one_line_error
 memory_app = typer.Typer(help="Measured training memory of the models against a device budget.", no_args_is_help=True)
 
 EXPERIMENT = "memory"
+SOURCE = "foxhunt memory validate"  # the runs table's Source column
 DEFAULT_MODELS = "dqn,ppo,mamba2,tft"
 EXIT_FAIL = 1
 EXIT_USAGE = 2
@@ -209,6 +210,7 @@ def _tracked_run(cfg, precision: str, budget, names: list[str], overrides: list[
         run_name=f"memory-validate-{precision}-{budget.name}",
         tags={Tag.COMMAND: "memory validate", Tag.PRECISION: precision, Tag.BUDGET: budget.name,
               Tag.MODELS: ",".join(names), Tag.OVERRIDES: " ".join(overrides)},
+        source=SOURCE,
     )  # fmt: skip
 
 

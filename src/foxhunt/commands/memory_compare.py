@@ -57,6 +57,7 @@ BAR_WIDTH = 40
 REPORT_TEXT = "compare_report.txt"
 REPORT_JSON = "compare_report.json"
 P90 = 90  # the step-time percentile reported beside the median
+SOURCE = "foxhunt memory compare"  # the runs table's Source column
 
 
 @dataclass
@@ -450,6 +451,7 @@ def _log_mlflow(cfg, report: CompareReport, out: Path, artifacts: list[Path]) ->
         run_name=f"{report.model}-{report.asset}-compare",
         tags={Tag.COMMAND: "memory compare", Tag.MODEL: report.model, Tag.ASSET: report.asset,
               Tag.PRECISION: "fp32-vs-int8"},
+        source=SOURCE,
     )  # fmt: skip
     with run:
         run.log_metrics(report.metrics())

@@ -36,6 +36,7 @@ from foxhunt.errors import TAG_TEXT_LIMIT, one_line
 from foxhunt.jobs.launch_record import LaunchRecord, job_tags
 from foxhunt.jobs.views import Job, find_job, log_tail
 from foxhunt.runs.liveness import on_this_host, run_state
+from foxhunt.runs.provenance import source_tags
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Tag
@@ -47,6 +48,7 @@ log = logging.getLogger("foxhunt.jobs.supervisor")
 POLL_S = 1.0
 ERROR_LINES = 5
 DEFAULT_EXPERIMENT = "foxhunt"  # conf/train.yaml's task, for a launch record that names none
+SOURCE = "foxhunt train start"  # the Source of the run it creates for a job that never reached the store
 
 
 class Supervisor:
@@ -167,7 +169,7 @@ class Supervisor:
         experiment = self.record.experiment or DEFAULT_EXPERIMENT
         try:
             experiment_id = self.store.ensure_experiment(experiment, self.record.artifact_location or None)
-            tags = self.tags()
+            tags = {**source_tags(SOURCE), **self.tags()}
             if status == Status.FAILED:
                 tags[Tag.ERROR] = error or "training exited before creating a run"
             else:

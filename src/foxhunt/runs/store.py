@@ -31,13 +31,16 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from foxhunt.runs.environment import sqlite_path
 from foxhunt.runs.records import Metric, RunRecord
 from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import EXPERIMENT_KIND, RUN_KIND_SWEEP, Param, Tag
+
+if TYPE_CHECKING:
+    from foxhunt.runs.provenance import DatasetRecord
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +155,20 @@ class RunStore:
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.client.log_text(run_id, text, name)
+
+    def log_datasets(self, run_id: str, datasets: Iterable[DatasetRecord]) -> None:
+        """Record ``datasets`` as the run's inputs (the runs table's Dataset column)."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        inputs = [
+            DatasetInput(
+                Dataset(d.name, d.digest, d.source_type, d.source_json(), profile=d.profile_json()),
+                [InputTag(Tag.DATASET_CONTEXT, d.context)],
+            )
+            for d in datasets
+        ]
+        if inputs:
+            self.client.log_inputs(run_id, datasets=inputs)
 
     # -- reading runs --------------------------------------------------------------------
     def get(self, run_id: str) -> RunRecord:

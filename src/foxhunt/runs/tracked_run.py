@@ -20,14 +20,14 @@ from __future__ import annotations
 import logging
 import os
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger
 
 from foxhunt.errors import TAG_TEXT_LIMIT, one_line_error
-from foxhunt.runs.provenance import process_tags
+from foxhunt.runs.provenance import DatasetRecord, process_tags, source_tags
 from foxhunt.runs.status import Status, ending_status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Tag
@@ -71,7 +71,8 @@ class TrackedRun:
     as ``error.txt``; on a stop request (Ctrl-C, SIGTERM, ``SystemExit``) it ends KILLED. The
     exception is never swallowed.
 
-    ``parent_run_id`` nests the run under a sweep's parent run.
+    ``source`` is the entry point and command that started it (the Source column,
+    :mod:`foxhunt.runs.provenance`). ``parent_run_id`` nests the run under a sweep's parent run.
     ``resume_run_id`` reopens that existing run instead of creating one
     (:meth:`RunStore.reopen`), and the params are not logged again (they were, and MLflow
     refuses to change a param's value; the config's folders differ per attempt).
@@ -86,13 +87,14 @@ class TrackedRun:
         tags: Mapping[str, Any],
         parent_run_id: str | None = None,
         resume_run_id: str | None = None,
+        source: str | None = None,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.store = RunStore(tracking_uri)
         self.experiment_name = experiment
         self.experiment_id = self.store.ensure_experiment(experiment, artifact_location)
         self.run_name = run_name
-        self.tags = {**process_tags(), **{k: str(v) for k, v in tags.items()}}
+        self.tags = {**process_tags(), **(source_tags(source) if source else {}), **{k: str(v) for k, v in tags.items()}}
         if parent_run_id:
             self.tags[Tag.PARENT] = parent_run_id
         self.resume_run_id = resume_run_id
@@ -143,6 +145,9 @@ class TrackedRun:
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         self.store.log_artifact(self.run_id, Path(path), artifact_path)
+
+    def log_datasets(self, datasets: Iterable[DatasetRecord]) -> None:
+        self.store.log_datasets(self.run_id, datasets)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         self.store.tag(self.run_id, tags)

@@ -52,6 +52,7 @@ from foxhunt.sweeps.estimates import PLAN_FILE
 
 log = logging.getLogger(__name__)
 
+SOURCE = "foxhunt-train -m"  # the parent run's Source (foxhunt.runs.provenance)
 SWEEP_HASH_LENGTH = 16
 # Overrides that choose how a sweep runs, not what it trains: not part of its identity.
 LAUNCH_KEYS = ("resume", "strategy", "hydra/launcher", "hydra.launcher", "hydra.sweep", "hydra.job", "hydra.verbose")
@@ -143,7 +144,7 @@ class SweepCallback(Callback):
         return RunStore(config.logger.tracking_uri)
 
     def _start_parent_run(self, config: DictConfig) -> str:
-        from foxhunt.runs.provenance import process_tags
+        from foxhunt.runs.provenance import process_tags, source_tags
 
         logger = config.logger
         store = self._store(config)
@@ -152,6 +153,7 @@ class SweepCallback(Callback):
         overrides = " ".join(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
         process = process_tags()
         tags = {
+            **source_tags(SOURCE),
             Tag.RUN_KIND: RUN_KIND_SWEEP,
             Tag.SWEEP_HASH: digest,
             Tag.SWEEP_ID: self.sweep_dir.name,
