@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -51,6 +53,45 @@ def test_smoke_run_lands_in_mlflow_with_params_metrics_and_artifacts(compose_cfg
     artifacts = _artifacts(_store(tmp_path), run.info.run_id)
     assert "config.yaml" in artifacts and "equity_test.png" in artifacts
     assert "checkpoints/best.ckpt" in artifacts and "checkpoints/last.ckpt" in artifacts
+
+
+def test_a_run_says_where_it_came_from_source_commit_and_bars(compose_cfg, tmp_path):
+    """The runs table's Source and Dataset columns: the entry point, the git commit of this
+    checkout, and one dataset input per split with the feature cache key as its digest."""
+    from foxhunt.build import build_parts
+
+    cfg = compose_cfg(["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false"])
+    train(cfg)
+    (run,) = _runs(tmp_path)
+    assert run.data.tags["mlflow.source.name"] == "foxhunt-train"
+    assert run.data.tags["mlflow.source.type"] == "LOCAL"
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
+    if head.returncode == 0:  # a git checkout (a copy without .git has no commit to name)
+        assert run.data.tags["mlflow.source.git.commit"] == head.stdout.strip()
+    inputs = {i.tags[0].value: i.dataset for i in run.inputs.dataset_inputs}
+    assert sorted(inputs) == ["test", "train", "val"]
+    dataset = build_parts(cfg).dataset
+    for split, found in inputs.items():
+        assert found.name == f"es-SyntheticBarSource-{split}" and found.digest == dataset.cache_key[:16]
+        assert json.loads(found.profile)["rows"] == len(dataset.splits[split])
+        assert json.loads(found.source)["settings"]["days"] == 7
+
+
+def test_resume_says_in_one_line_that_it_found_nothing_then_skips_the_finished_run(compose_cfg, tmp_path, caplog):
+    from foxhunt.runs.config_hash import config_hash
+    from foxhunt.train import train_run
+
+    cfg = compose_cfg(["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false", "resume=true"])
+    with caplog.at_level(logging.INFO, logger="foxhunt.train"):
+        first = train_run(cfg)
+    said = [r for r in caplog.records if "resume=true" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and "\n" not in said[0].getMessage()
+    assert f"from scratch: no earlier run with config_hash {config_hash(cfg)}" in said[0].getMessage()
+    assert first.status == "FINISHED"
+    again = train_run(cfg)
+    assert (again.status, again.run_id, again.note) == ("SKIPPED", first.run_id, f"skipped: FINISHED earlier in run {first.run_id}")
+    assert again.metrics["test/sharpe"] == pytest.approx(first.metrics["test/sharpe"])
+    assert len(_runs(tmp_path)) == 1
 
 
 def test_checkpoint_loads_with_weights_only(compose_cfg, tmp_path):

@@ -3,16 +3,49 @@
 ``foxhunt-train`` and the ``foxhunt memory`` commands (which build models to measure them)
 compose the same ``conf/train.yaml`` and build data, model and precision the same way, so a
 figure measured by a command describes the run ``foxhunt-train`` would make.
+
+A measuring fit (:mod:`foxhunt.memory.training_run`, :mod:`foxhunt.memory.predict`: they know
+no model, job or command line) gets what it builds from :class:`MeasuringRuns`: the run's
+parts, its callbacks but those that only write files or print, and the batch key a model's
+activations scale with. Model memory does not depend on the amount of data (forecasters read
+batches of the configured size; the agents' environments and their feature arrays stay on the
+host), so :func:`measuring_config` cuts the synthetic source to :data:`MEASURE_DATA_DAYS`
+calendar days unless ``data.source.days`` is overridden; another source is read as configured.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+#: Calendar days of synthetic bars for a measuring fit: enough for every model to reach a
+#: step with gradients (agents' episodes, forecasters' windows) and build in about a second.
+MEASURE_DATA_DAYS = 7
+#: Callbacks of ``conf/callbacks`` that a measuring fit leaves out: they write checkpoints,
+#: report progress or print, and hold no tensor of the run; the memory callback is replaced by
+#: the measuring one. Any other configured callback runs, as in ``foxhunt-train``.
+SKIPPED_CALLBACKS = frozenset(
+    {
+        "lightning.pytorch.callbacks.ModelCheckpoint",
+        "lightning.pytorch.callbacks.TQDMProgressBar",
+        "lightning.pytorch.callbacks.RichProgressBar",
+        "foxhunt.jobs.graceful_stop.GracefulStop",
+        "foxhunt.jobs.progress.ProgressReporter",
+        "foxhunt.memory.callback.MemoryBudgetCallback",
+    }
+)
+#: The config key holding the batch that a model's activations scale with: forecasters read
+#: ``model.window.batch_size`` windows per step; each agent's own update batch is listed here.
+AGENT_BATCH_KEYS = {
+    "foxhunt.models.dqn.DQNAgent": "model.module.batch_size",
+    "foxhunt.models.ppo.PPOAgent": "model.module.minibatch_size",
+}
+FORECASTER_BATCH_KEY = "model.window.batch_size"
 
 
 def compose_config(
@@ -30,7 +63,9 @@ def compose_config(
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    root = Path(root_dir or os.environ.get("FOXHUNT_ROOT") or Path.cwd()).resolve()
+    from foxhunt.runs.environment import root_dir as default_root
+
+    root = Path(root_dir).resolve() if root_dir else default_root()
     out = output_dir or str(root / "outputs" / "commands")
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="foxhunt.conf", version_base="1.3"):
@@ -46,6 +81,7 @@ def compose_config(
 @dataclass
 class RunParts:
     asset: Any  # foxhunt.assets.AssetSpec
+    source: Any  # the bar source (foxhunt.data.sources)
     dataset: Any  # foxhunt.data.dataset.MarketDataset
     datamodule: Any  # ForecastDataModule | EnvDataModule
     model: Any  # the LightningModule
@@ -94,4 +130,52 @@ def build_parts(cfg: DictConfig) -> RunParts:
     dataset = load_market_dataset(source, asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir)
     datamodule = build_datamodule(cfg, dataset)
     model = build_model(cfg)
-    return RunParts(asset=asset, dataset=dataset, datamodule=datamodule, model=model, precision=precision)
+    return RunParts(asset=asset, source=source, dataset=dataset, datamodule=datamodule, model=model, precision=precision)
+
+
+def measuring_config(
+    model: str,
+    overrides: Sequence[str] = (),
+    root_dir: str | os.PathLike | None = None,
+    output_dir: str | os.PathLike | None = None,
+) -> DictConfig:
+    """``conf/train.yaml`` composed with ``model=<model>`` and ``overrides``, as
+    ``foxhunt-train`` would compose it, with the synthetic data cut to
+    :data:`MEASURE_DATA_DAYS` days unless ``overrides`` set ``data.source.days``.
+
+    Raises Hydra's error for a bad override and :class:`foxhunt.config.schema.ConfigError` for
+    a bad value (both carry the key)."""
+    from foxhunt.config.schema import validate
+
+    cfg = compose_config(
+        [f"model={model}", *overrides], root_dir=root_dir, output_dir=None if output_dir is None else str(output_dir)
+    )
+    user_days = any(item.split("=", 1)[0].lstrip("+~") == "data.source.days" for item in overrides)
+    if "days" in cfg.data.source and not user_days:
+        OmegaConf.update(cfg, "data.source.days", MEASURE_DATA_DAYS, merge=False)
+    validate(cfg)
+    return cfg
+
+
+class MeasuringRuns:
+    """What a measuring fit builds from (:class:`foxhunt.memory.training_run.RunFactory`)."""
+
+    def parts(self, cfg: DictConfig) -> RunParts:
+        return build_parts(cfg)
+
+    def model(self, cfg: DictConfig):
+        return build_model(cfg)
+
+    def callbacks(self, cfg: DictConfig) -> list:
+        from hydra.utils import instantiate
+
+        nodes = (cfg.get("callbacks") or {}).values()
+        return [instantiate(n) for n in nodes if n is not None and str(n.get("_target_", "")) not in SKIPPED_CALLBACKS]
+
+    def batch_key(self, cfg: DictConfig) -> str | None:
+        if cfg.model.kind == "forecaster":
+            return FORECASTER_BATCH_KEY
+        return AGENT_BATCH_KEYS.get(str(cfg.model.module.get("_target_", "")))
+
+
+MEASURING_RUNS = MeasuringRuns()

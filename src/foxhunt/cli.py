@@ -30,10 +30,6 @@ def _group() -> None:
     """foxhunt: train trading models on CME futures under a measured device-memory budget."""
 
 
-def store_uri(root: Path) -> str:
-    return f"sqlite:///{(root / 'mlruns' / 'mlflow.db').resolve()}"
-
-
 def runs_table_url(host: str, port: int, experiment_id: str | None) -> str:
     base = f"http://{host}:{port}/"
     if experiment_id is None:
@@ -43,18 +39,22 @@ def runs_table_url(host: str, port: int, experiment_id: str | None) -> str:
 
 @app.command()
 def ui(
-    root: Path = typer.Option(Path("."), help="Folder holding mlruns/ (where you ran foxhunt-train)."),
+    root: Path = typer.Option(None, help="Folder holding mlruns/ (default: $FOXHUNT_ROOT or the current folder)."),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(5000, help="Port to listen on."),
     experiment: str = typer.Option("foxhunt", help="Experiment whose runs table URL is printed."),
 ) -> None:
     """Serve the MLflow UI on the project's store (mlruns/mlflow.db) and print the runs URL."""
-    database = root / "mlruns" / "mlflow.db"
+    from foxhunt.runs.environment import root_dir, sqlite_path, store_uri
+
+    uri = store_uri(Path(root) if root else root_dir())
+    database = sqlite_path(uri)
     if not database.is_file():
         typer.echo(f"foxhunt ui: no MLflow store at {database}: run foxhunt-train first (or pass --root)", err=True)
         raise typer.Exit(2)
-    uri = store_uri(root)
-    experiment_id = _experiment_id(uri, experiment)
+    from foxhunt.runs.store import RunStore
+
+    experiment_id = RunStore(uri).experiment_id(experiment)
     typer.echo(f"MLflow store: {uri}")
     typer.echo(f"Runs table:   {runs_table_url(host, port, experiment_id)}")
     command = [
@@ -63,13 +63,6 @@ def ui(
         "--host", host, "--port", str(port),
     ]  # fmt: skip
     raise typer.Exit(subprocess.call(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri}))
-
-
-def _experiment_id(uri: str, name: str) -> str | None:
-    from mlflow.tracking import MlflowClient
-
-    experiment = MlflowClient(uri).get_experiment_by_name(name)
-    return None if experiment is None else experiment.experiment_id
 
 
 if __name__ == "__main__":

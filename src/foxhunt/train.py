@@ -1,60 +1,75 @@
 """``foxhunt-train``: train one cell of the model x asset grid.
 
-Data flow (../shared/DESIGN.md): compose -> validate -> data -> model -> fit -> test ->
-shared backtest -> MLflow. ``train(cfg)`` does the work and returns the metrics; ``main`` is
-the ``@hydra.main`` entry that turns a config error into one line and a non-zero exit.
+Data flow (README, "Data flow of a run"): compose -> validate -> data -> model -> fit -> test
+-> shared backtest -> MLflow. :func:`train_run` does the work and returns the run's outcome
+(:func:`train`: its metrics); ``main`` is the ``@hydra.main`` entry that turns a config error
+into one line and a non-zero exit.
 
 The value ``train`` returns for a sweeper to optimize is ``val/sharpe``: the shared backtest of
 the validation split, comparable across all four model families (their own validation losses
 are not), and never the test split, which stays unseen until the final report.
 
-Every run goes through :func:`foxhunt.sweeps.cell.run_cell`: in a sweep (``-m``) it isolates a
-failing cell, nests the run under the sweep's parent run and applies the strategy's threads,
-device and packing check; with ``resume=true`` it skips cells that finished earlier and resumes
-interrupted ones from their checkpoint into their own MLflow run.
+A single run (``foxhunt-train`` without ``-m``) is just :func:`train_run`. In a sweep each
+Hydra job goes through :func:`foxhunt.sweeps.job.run_sweep_job`, which isolates a failing
+cell, nests the run under the sweep's parent run and applies the strategy's threads, device
+and packing check. ``resume=true`` works the same in both: a cell that finished earlier (same
+config hash) is skipped, an interrupted one resumed from its checkpoint in its own MLflow run
+(:mod:`foxhunt.runs.resume`), and the log says which, in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.schema import ConfigError, resolved_config, validate
-from foxhunt.sweeps.cells import cell_name, config_hash
-
-if TYPE_CHECKING:
-    from foxhunt.sweeps.cell import CellContext
+from foxhunt.runs.cell import CellKey, CellResult
+from foxhunt.runs.config_hash import config_hash
+from foxhunt.runs.resume import FRESH, RESUME, SKIP, ResumePlan
+from foxhunt.runs.status import Status
+from foxhunt.runs.tags import Tag
 
 log = logging.getLogger("foxhunt.train")
 
 OBJECTIVE = "val/sharpe"
+SOURCE = "foxhunt-train"  # the runs table's Source column (foxhunt.runs.provenance)
+EXIT_CONFIG_ERROR = 2
+EXIT_ON_SIGTERM = 128 + 15  # the shell's status for a process ended by SIGTERM
+SPLITS = ("train", "val", "test")
 
 
-def run_name(cfg: DictConfig) -> str:
-    return cell_name(cfg)
+@dataclass
+class RunOutcome:
+    """What became of a run: FINISHED (trained here) or SKIPPED (``resume=true`` found it
+    FINISHED earlier: ``run_id`` and ``metrics`` are that run's)."""
+
+    key: CellKey
+    status: str
+    run_id: str | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    note: str | None = None  # what resume did
+    wall_s: float | None = None  # a skipped cell: its earlier run's duration
 
 
-def run_tags(cfg: DictConfig, digest: str | None = None) -> dict[str, str]:
+def run_tags(cfg: DictConfig, key: CellKey) -> dict[str, str]:
     from hydra.core.hydra_config import HydraConfig
 
     sweep_id = ""
     if HydraConfig.initialized() and str(HydraConfig.get().mode) == "RunMode.MULTIRUN":
         sweep_id = Path(HydraConfig.get().sweep.dir).name
     return {
-        "model": cfg.model.name,
-        "asset": cfg.asset.key,
-        "precision": cfg.precision.name,
-        "strategy": cfg.strategy.name,
-        "sweep_id": sweep_id,
-        "seed": str(cfg.seed),
-        "data_source": cfg.data.source._target_.rsplit(".", 1)[-1],
-        "config_hash": digest or config_hash(cfg),
-        "output_dir": str(Path(cfg.paths.output_dir).resolve()),
+        **key.tags(),
+        Tag.STRATEGY: cfg.strategy.name,
+        Tag.SWEEP_ID: sweep_id,
+        Tag.DATA_SOURCE: cfg.data.source._target_.rsplit(".", 1)[-1],
+        Tag.OUTPUT_DIR: str(Path(cfg.paths.output_dir).resolve()),
     }
 
 
@@ -98,30 +113,42 @@ def score_split(model, datamodule, split: str, cfg: DictConfig, asset, out_dir: 
     metrics = {f"{split}/{name}": float(value) for name, value in result.metrics.items()}
     if cfg.evaluation.plot_equity and split == "test":
         png = out_dir / f"equity_{split}.png"
-        plot_equity(result, arrays.timestamps, png, title=f"{run_name(cfg)} {split} split")
+        plot_equity(result, arrays.timestamps, png, title=f"{CellKey.from_config(cfg).name} {split} split")
         if run is not None:
             run.log_artifact(png)
     return metrics
 
 
-def train(cfg: DictConfig, cell: CellContext | None = None) -> dict[str, float]:
-    """Train and score one cell; return every metric (``OBJECTIVE`` among them).
+def train(cfg: DictConfig, parent_run_id: str | None = None, before_fit: Callable[[], None] | None = None) -> dict[str, float]:
+    """Train and score one run; return every metric (``OBJECTIVE`` among them). See :func:`train_run`."""
+    return train_run(cfg, parent_run_id=parent_run_id, before_fit=before_fit).metrics
 
-    ``cell`` (from :func:`foxhunt.sweeps.cell.run_cell`): the sweep's parent run, the run and
-    checkpoint to resume, and the check that must pass before training.
-    """
+
+def train_run(
+    cfg: DictConfig, parent_run_id: str | None = None, before_fit: Callable[[], None] | None = None
+) -> RunOutcome:
+    """Validate, apply ``resume=true``, train and score one run in its MLflow run.
+
+    ``parent_run_id`` nests the run under a sweep's parent run; ``before_fit`` runs once the
+    config is valid and the run exists, before the data and the model are built (a sweep job
+    sets its threads and device there, and raises when the cell cannot fit)."""
     validate(cfg)  # before anything heavy: one clear line on a bad value
+    key = CellKey.from_config(cfg, config_hash(cfg))
+    plan = _resume_plan(cfg, key) if cfg.resume else None
+    if plan is not None and plan.action == SKIP:
+        return _skipped(cfg, key, plan, parent_run_id)
 
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
-    from foxhunt.tracking.mlflow_store import TrackedRun
+    from foxhunt.runs.tracked_run import TrackedRun
 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = resolved_config(cfg)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+    resumed = plan is not None and plan.action == RESUME
 
     run = None
     if cfg.logger.enabled:
@@ -129,26 +156,56 @@ def train(cfg: DictConfig, cell: CellContext | None = None) -> dict[str, float]:
             tracking_uri=cfg.logger.tracking_uri,
             experiment=cfg.logger.experiment,
             artifact_location=cfg.logger.artifact_location,
-            run_name=run_name(cfg),
-            tags=run_tags(cfg, cell.config_hash if cell else None),
-            parent_run_id=cell.parent_run_id if cell else None,
-            resume_run_id=cell.resume_run_id if cell else None,
+            run_name=key.name,
+            tags=run_tags(cfg, key),
+            parent_run_id=parent_run_id,
+            resume_run_id=plan.run_id if resumed else None,
+            source=SOURCE,
         )
-    with run if run is not None else _NoRun():
+    with run if run is not None else contextlib.nullcontext():
         if run is not None:
             run.log_config(resolved, OmegaConf.to_yaml(resolved))
-        if cell is not None:
-            cell.run_id = run.run_id if run is not None else None
-            if cell.preflight is not None:
-                cell.preflight()
-        ckpt_path = (cell.ckpt_path if cell else None) or cfg.ckpt
+        if before_fit is not None:
+            before_fit()
+        ckpt_path = str(plan.checkpoint) if resumed else cfg.ckpt
         callbacks = [instantiate(node) for node in cfg.callbacks.values()]
         try:
-            return _fit_and_score(cfg, callbacks, run, out_dir, ckpt_path)
+            metrics = _fit_and_score(cfg, callbacks, run, out_dir, ckpt_path)
         finally:  # checkpoints reach the run whatever happened (an interrupted run's too)
             if run is not None and cfg.logger.log_checkpoints:
                 for path in _checkpoint_files(callbacks):
                     run.log_artifact(path, "checkpoints")
+    note = plan.describe() if plan is not None else None
+    return RunOutcome(key, Status.FINISHED, run.run_id if run is not None else None, metrics, note)
+
+
+def _resume_plan(cfg: DictConfig, key: CellKey) -> ResumePlan:
+    """What ``resume=true`` does with this run, said in one line in the log."""
+    from foxhunt.runs.resume import plan_resume
+
+    if not cfg.logger.enabled:
+        plan = ResumePlan(why_fresh="the MLflow store is off (logger.enabled=false)")
+    else:
+        download = Path(cfg.paths.output_dir) / "resume"
+        plan = plan_resume(cfg.logger.tracking_uri, cfg.logger.experiment, key.config_hash, download)
+    (log.warning if plan.action == FRESH else log.info)("%s: resume=true: %s", key.name, plan.describe())
+    return plan
+
+
+def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str | None) -> RunOutcome:
+    """A cell FINISHED earlier: its result is that run's. Inside a sweep whose parent run is not
+    that run's, the skip is recorded on the parent (the cell has no run of its own there, and
+    ``foxhunt train status`` shows it SKIPPED from that tag)."""
+    outcome = RunOutcome(key, Status.SKIPPED, plan.run_id, dict(plan.metrics), plan.describe(), plan.wall_s)
+    if parent_run_id and plan.parent_run_id != parent_run_id:
+        from foxhunt.runs.store import RunStore
+
+        result = CellResult(key, Status.SKIPPED, plan.run_id, wall_s=plan.wall_s, metrics=dict(plan.metrics))
+        try:
+            RunStore(cfg.logger.tracking_uri).tag(parent_run_id, dict([result.skip_tag()]))
+        except Exception:  # the cell's result stands; only the job display would miss it
+            log.warning("could not record the skip of %s on the parent run %s", key.name, parent_run_id, exc_info=True)
+    return outcome
 
 
 def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> dict[str, float]:
@@ -158,6 +215,8 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
     from foxhunt.build import build_parts
 
     parts = build_parts(cfg)
+    if run is not None:
+        run.log_datasets(bars_datasets(cfg, parts))
     model, datamodule, asset = parts.model, parts.datamodule, parts.asset
     _log_dataset_record(parts.dataset, out_dir, run)
     trainer: pl.Trainer = instantiate(
@@ -201,6 +260,53 @@ def _log_dataset_record(dataset, out_dir: Path, run) -> None:
         run.log_artifact(path)
 
 
+def bars_datasets(cfg: DictConfig, parts) -> list:
+    """The run's bars as MLflow dataset inputs, one per split (:mod:`foxhunt.runs.provenance`):
+    the source and its files, the feature cache key as the digest, each split's extent."""
+    import hashlib
+
+    import numpy as np
+
+    from foxhunt.runs.provenance import DIGEST_LENGTH, DatasetRecord
+
+    source_cfg = OmegaConf.to_container(cfg.data.source, resolve=True)
+    target = str(source_cfg.pop("_target_"))
+    kind = target.rsplit(".", 1)[-1]
+    path = source_cfg.get("path")
+    source = {"class": target, "asset": parts.asset.key}
+    if path:
+        source.update(path=str(path), files=[str(p) for p in _source_files(parts.source, path)])
+    else:  # generated: its settings are the data
+        source["settings"] = source_cfg
+    dataset = parts.dataset
+    digest = (dataset.cache_key or hashlib.sha256(repr(sorted(source.items())).encode()).hexdigest())[:DIGEST_LENGTH]
+    records = []
+    for split in SPLITS:
+        arrays = dataset.splits.get(split)
+        if arrays is None:
+            continue
+        profile = {"rows": len(arrays), "features": int(arrays.features.shape[1]) if len(arrays) else 0}
+        if len(arrays):
+            first, last = np.datetime_as_string(arrays.timestamps[[0, -1]], unit="s")
+            profile.update(first_bar=f"{first}Z", last_bar=f"{last}Z")
+        records.append(
+            DatasetRecord(f"{parts.asset.key}-{kind}-{split}", digest, "local" if path else "code", source, split, profile)
+        )
+    return records
+
+
+def _source_files(source, path) -> list[Path]:
+    """The files a file source reads (its own listing when it has one)."""
+    from foxhunt.data.bars import resolve_files
+    from foxhunt.data.errors import BarDataError
+
+    try:
+        listing = getattr(source, "files", None)
+        return list(listing()) if callable(listing) else resolve_files(path, ("",), "bar files")
+    except (BarDataError, OSError):
+        return []
+
+
 def _best_checkpoint(callbacks) -> str | None:
     """The best checkpoint's path; ``None`` (the final weights) when there is none, or when a
     resumed run's best checkpoint, restored from its first attempt, is no longer on disk."""
@@ -241,36 +347,43 @@ def _checkpoint_files(callbacks) -> list[Path]:
 def _print_summary(cfg: DictConfig, metrics: dict[str, float]) -> None:
     keys = [k for k in sorted(metrics) if k.startswith("test/")]
     width = max((len(k) for k in keys), default=0)
-    lines = [f"{run_name(cfg)}: test split, shared backtest (net of costs)"]
+    lines = [f"{CellKey.from_config(cfg).name}: test split, shared backtest (net of costs)"]
     lines += [f"  {k:<{width}}  {metrics[k]:.6g}" for k in keys]
     print("\n".join(lines))
-
-
-class _NoRun:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc) -> bool:
-        return False
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def _hydra_entry(cfg: DictConfig) -> float | None:
     import lightning.pytorch  # noqa: F401  (imported now so that its handlers exist to remove)
 
-    from foxhunt.sweeps.cell import run_cell
+    from foxhunt.sweeps.job import in_multirun, run_sweep_job
 
     # Lightning adds console handlers of its own (to `lightning` and `lightning.pytorch`); under
     # Hydra the root logger prints already, so each message would appear twice.
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).handlers.clear()
 
+    if in_multirun():
+        metrics = run_sweep_job(cfg, train_run)  # a failing cell returns None
+        return None if metrics is None else metrics.get(OBJECTIVE)
     try:
-        metrics = run_cell(cfg, train)  # in a sweep, a failing cell returns None
+        outcome = train_run(cfg, before_fit=lambda: _use_configured_threads(cfg))
     except ConfigError as exc:
         print(f"foxhunt-train: config error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    return None if metrics is None else metrics.get(OBJECTIVE)
+        sys.exit(EXIT_CONFIG_ERROR)
+    except SystemExit as exc:
+        if not exc.code:  # Lightning's SIGTERMException carries no code, which would exit 0
+            raise SystemExit(EXIT_ON_SIGTERM) from exc
+        raise
+    return outcome.metrics.get(OBJECTIVE)
+
+
+def _use_configured_threads(cfg: DictConfig) -> None:
+    import torch
+
+    from foxhunt.sweeps.resources import configured_threads
+
+    torch.set_num_threads(configured_threads(cfg))
 
 
 def main() -> None:

@@ -55,10 +55,12 @@ def test_a_registered_version_rebuilds_weights_only_without_its_run_folder(store
     c = client(store_root)
     int8_run = next(r for r in c.search_runs([c.get_experiment_by_name("foxhunt").experiment_id], "tags.precision = 'int8'"))
     from foxhunt.ensemble.registry import Choice, prepare, register_prepared
+    from foxhunt.runs.store import RunStore
 
+    store = RunStore(uri)
     choice = Choice("dqn", int8_run.info.run_id, int8_run.info.run_name, int8_run.data.metrics["val/sharpe"], 1, 0)
-    prepared = prepare(c, choice, "foxhunt-dqn-es", "val/sharpe", tmp_path / "int8")
-    registered = register_prepared(c, prepared, "int8-trained")
+    prepared = prepare(store, choice, "foxhunt-dqn-es", "val/sharpe", tmp_path / "int8")
+    registered = register_prepared(store, prepared, "int8-trained")
     folder, _ = download_version(uri, "foxhunt-dqn-es", "int8-trained", None, tmp_path / "int8-download")
     state = torch.load(folder / "artifacts" / "weights.pt", weights_only=True)
     assert any(t.dtype == torch.int8 for t in state.values())
@@ -155,3 +157,25 @@ def test_the_cli_subprocess_answers_help_without_heavy_imports():
     code = "import sys; from foxhunt.cli import app; print(sorted(m for m in ('torch', 'mlflow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_validate_measures_fp32_and_int8_footprints_and_capacity(store_root):
+    cli(store_root, "ensemble", "register", "asset=es")
+    result = cli(store_root, "ensemble", "validate", "asset=es", *DATA, "ensemble.validate.probe_calls=5")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "fleet fp32:" in out and "(PASS: 500 MB headroom required)" in out
+    assert "capacity int8 / fp32 (whole fleet):" in out and "int8 where it pays" in out
+    rows = {line.split()[0] + " " + line.split()[1]: line.split() for line in out.splitlines()
+            if line.startswith("foxhunt-") and len(line.split()) > 10}  # fmt: skip
+    for family in SMALL:
+        fp32, int8 = rows[f"foxhunt-{family}-es fp32"], rows[f"foxhunt-{family}-es int8"]
+        assert float(int8[6]) <= float(fp32[6])  # tensors: these layers are below min_quantized_numel, so equal
+        for row in (fp32, int8):  # MB = tensors + runtime + state + peak
+            assert float(row[2]) == pytest.approx(sum(float(row[i]) for i in (6, 7, 8, 9)), abs=0.003)
+    c = client(store_root)
+    runs = c.search_runs([c.get_experiment_by_name("ensemble").experiment_id], "tags.budget = 'rtx3050ti'")
+    assert runs and "capacity/fleet_fp32" in runs[0].data.metrics
+    tiny = cli(store_root, "ensemble", "validate", "asset=es", *DATA, "ensemble.validate.probe_calls=5", "budget.total_mb=0.01",
+               "budget.headroom_mb=0.005", "logger.enabled=false")  # fmt: skip
+    assert tiny.exit_code == 1 and "FAIL" in tiny.output

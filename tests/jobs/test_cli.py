@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from foxhunt.cli import app
 from foxhunt.jobs.display import STATE_STYLES, list_table, status_view
 from foxhunt.jobs.listing import paginate
-from foxhunt.jobs.records import find_job, load_jobs
+from foxhunt.jobs.views import find_job, load_jobs
 
 runner = CliRunner()
 

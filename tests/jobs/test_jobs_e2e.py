@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from foxhunt.jobs.graceful_stop import INTERRUPTED_CHECKPOINT
-from foxhunt.jobs.records import process_alive
+from foxhunt.runs.checkpoints import INTERRUPTED_CHECKPOINT
+from foxhunt.runs.liveness import process_alive
 
 TINY = ["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false"]
 # Long enough to be stopped mid-training, short enough to finish soon after a resume: one epoch

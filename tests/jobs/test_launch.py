@@ -9,8 +9,9 @@ import socket
 import pytest
 from omegaconf import OmegaConf
 
-from foxhunt.jobs.launch import LaunchError, expand_grid, load_costs, plan_cells, planned_batches
-from foxhunt.jobs.records import job_tags
+from foxhunt.jobs.launch import LaunchError, load_costs, plan_cells, planned_batches
+from foxhunt.jobs.launch_record import job_tags
+from foxhunt.sweeps.grid import expand_grid
 
 
 def test_the_grid_is_hydras_cartesian_product():
@@ -41,7 +42,7 @@ def test_planned_batches_follow_the_trainer_and_the_env():
 def test_plan_composes_and_validates_every_cell(tmp_path):
     plan, store = plan_cells(["model=dqn,tft", "asset=es", "trainer=smoke"], tmp_path)
     costs = load_costs()["seconds_per_batch"]
-    assert [(c.model, c.asset, c.precision, c.steps) for c in plan] == [
+    assert [(c.key.model, c.key.asset, c.key.precision, c.steps) for c in plan] == [
         ("dqn", "es", "fp32", 8),
         ("tft", "es", "fp32", 8),
     ]

@@ -15,19 +15,22 @@ from rich.console import Console
 
 from foxhunt.jobs.display import counts_text, status_table
 from foxhunt.jobs.listing import job_to_dict
-from foxhunt.jobs.records import ClientReader, SqliteReader, find_job, group_jobs, now_ms, sqlite_path
-from foxhunt.sweeps.cell import CellContext, _apply_resume
-from foxhunt.sweeps.cells import SKIPPED, CellRecord, config_hash
-from foxhunt.tracking.mlflow_store import ensure_experiment
+from foxhunt.jobs.views import find_job, group_jobs, now_ms
+from foxhunt.runs.config_hash import config_hash
+from foxhunt.runs.environment import sqlite_path
+from foxhunt.runs.sqlite_reader import SqliteReader
+from foxhunt.runs.status import Status
+from foxhunt.runs.store import ClientReader, RunStore
+from foxhunt.train import train_run
 
 
 @pytest.fixture
 def setting(compose_cfg):
     """Job aaaa1111 trained dqn-es (FINISHED); job bbbb2222 plans dqn-es and dqn-nq, no run yet."""
-    cfg = compose_cfg(["model=dqn", "asset=es", "trainer=smoke"])
+    cfg = compose_cfg(["model=dqn", "asset=es", "trainer=smoke", "resume=true"])
     digest = config_hash(cfg)
     uri = cfg.logger.tracking_uri
-    experiment = ensure_experiment(uri, cfg.logger.experiment, cfg.logger.artifact_location)
+    experiment = RunStore(uri).ensure_experiment(cfg.logger.experiment, cfg.logger.artifact_location)
     client = MlflowClient(uri)
 
     def parent(job_id, extra=None):
@@ -48,9 +51,8 @@ def setting(compose_cfg):
 
 def test_a_cell_skipped_for_another_jobs_run_shows_skipped_with_that_run(setting):
     cfg, digest, uri, _, earlier, second = setting
-    record = CellRecord.for_config(cfg, digest)
-    metrics = _apply_resume(cfg, CellContext(digest, parent_run_id=second), record)
-    assert record.status == SKIPPED and record.run_id == earlier and metrics["val/sharpe"] == 1.25
+    outcome = train_run(cfg, parent_run_id=second)
+    assert outcome.status == Status.SKIPPED and outcome.run_id == earlier and outcome.metrics["val/sharpe"] == 1.25
 
     job = find_job(uri, "bbbb")
     skipped, pending = job.cells()
@@ -74,16 +76,15 @@ def test_a_cell_skipped_for_another_jobs_run_shows_skipped_with_that_run(setting
     assert "1 skipped 1 pending" in shown
 
     # the direct reader and MlflowClient see the same skip
-    client_job = [j for j in group_jobs(ClientReader(uri).job_runs("bbbb")) if j.job_id == "bbbb2222"][0]
+    client_job = [j for j in group_jobs(ClientReader(RunStore(uri)).job_runs("bbbb")) if j.job_id == "bbbb2222"][0]
     sqlite_job = [j for j in group_jobs(SqliteReader(sqlite_path(uri)).job_runs("bbbb")) if j.job_id == "bbbb2222"][0]
     assert client_job.skipped == sqlite_job.skipped == job.skipped
 
 
 def test_a_cell_skipped_for_its_own_sweeps_run_is_shown_as_that_run(setting):
     cfg, digest, uri, first, earlier, _ = setting
-    record = CellRecord.for_config(cfg, digest)
-    _apply_resume(cfg, CellContext(digest, parent_run_id=first), record)  # a resume of job aaaa1111
-    assert record.status == SKIPPED
+    outcome = train_run(cfg, parent_run_id=first)  # a resume of job aaaa1111
+    assert outcome.status == Status.SKIPPED
     assert not any(k.startswith("foxhunt.skipped.") for k in MlflowClient(uri).get_run(first).data.tags)
     (cell,) = find_job(uri, "aaaa").cells()
     assert (cell.state, cell.run.run_id, cell.skipped) == ("FINISHED", earlier, None)

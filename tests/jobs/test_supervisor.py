@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from foxhunt.jobs.records import LaunchRecord, find_job, jobs_dir
+from foxhunt.jobs.launch_record import LaunchRecord, jobs_dir
+from foxhunt.jobs.views import find_job
 
 
 def launch(root: Path, job_id: str, code: str) -> tuple[subprocess.Popen, Path]:

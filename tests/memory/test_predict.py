@@ -10,7 +10,8 @@ from small_fleet import BATCHES, CPU, SMALL
 from torch import nn
 
 from foxhunt.memory.accounting import optimizer_state_bytes
-from foxhunt.memory.ensemble import measure_run, measuring_config
+from foxhunt.memory.training_run import measure_run
+from foxhunt.build import MEASURING_RUNS, measuring_config
 from foxhunt.memory.predict import (
     LinearFit,
     OPTIMIZER_STATE_RULES,
@@ -40,8 +41,8 @@ def test_prediction_lands_within_10_percent_of_the_measurement_at_two_batch_size
     probes: dict = {}
     for batch in batches:
         cfg = compose(model, [*SMALL[model], f"{key}={batch}"], root)
-        predicted = predict_footprint(cfg, workdir=root / "probes", probe_cache=probes)
-        measured = measure_run(cfg, workdir=root / "fit")
+        predicted = predict_footprint(cfg, MEASURING_RUNS, workdir=root / "probes", probe_cache=probes)
+        measured = measure_run(cfg, MEASURING_RUNS, workdir=root / "fit")
         assert (predicted.batch_key, predicted.batch_size) == (key, batch)
         assert [b for b, _, _ in predicted.probes] == [4, 8]  # tiny batches, not the configured one
         got, want = predicted.total_bytes, measured.footprint.bytes
@@ -147,9 +148,9 @@ def test_probe_batches_skip_values_the_config_rejects(root):
 
 
 def test_meta_prediction_follows_the_precision_plugin(root):
-    fp32 = predict_static(compose("tft", SMALL["tft"], root))
-    mixed = predict_static(compose("tft", [*SMALL["tft"], "precision=bf16"], root))
-    true_bf16 = predict_static(compose("tft", [*SMALL["tft"], "precision.trainer_precision=bf16-true"], root))
+    fp32 = predict_static(compose("tft", SMALL["tft"], root), MEASURING_RUNS)
+    mixed = predict_static(compose("tft", [*SMALL["tft"], "precision=bf16"], root), MEASURING_RUNS)
+    true_bf16 = predict_static(compose("tft", [*SMALL["tft"], "precision.trainer_precision=bf16-true"], root), MEASURING_RUNS)
     assert mixed.params_bytes == fp32.params_bytes  # bf16-mixed keeps fp32 weights
     assert 2 * true_bf16.params_bytes == fp32.params_bytes  # bf16-true stores them in bf16
     # Adam's two moments follow the weights' dtype; the float32 step tensors do not

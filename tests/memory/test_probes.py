@@ -112,6 +112,8 @@ def test_merge_peak_is_the_fieldwise_maximum():
 
 @pytest.mark.gpu
 def test_cuda_peaks_are_reset_per_run():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
     probes = DeviceProbes("cuda")
     assert probes.statuses["cuda"].ran
     block = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")

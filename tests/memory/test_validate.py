@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from foxhunt.cli import app
 from foxhunt.memory.accounting import BYTES_PER_MB, MemoryBreakdown
 from foxhunt.memory.budget import MemoryBudget
-from foxhunt.memory.ensemble import RunMeasurement, judge
-from foxhunt.memory.ensemble_report import bar, render_text, stacked_bar
+from foxhunt.memory.fleet import judge
+from foxhunt.memory.fleet_report import bar, render_text, stacked_bar
+from foxhunt.memory.training_run import RunMeasurement
 from foxhunt.memory.report import MeasuredFigure
 
 MODELS = list(SMALL)
@@ -82,6 +83,7 @@ def test_the_run_lands_in_mlflow_with_metrics_and_artifacts(fleet_run):
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "memory-validate-fp32-rtx3050ti" and run.info.status == "FINISHED"
     assert run.data.tags["verdict"] == "PASS"
+    assert run.data.tags["mlflow.source.name"] == "foxhunt memory validate"  # the runs table's Source
     report = json.loads(next(root.glob("outputs/memory/validate-*/memory_validate.json")).read_text())
     for model in report["models"]:
         assert run.data.metrics[f"memory/{model['name']}_mb"] == pytest.approx(model["memory_mb"])

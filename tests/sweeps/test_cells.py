@@ -1,4 +1,4 @@
-"""Cell identity (config hash), result records, the expansion of a sweep into cells."""
+"""A sweep's cell records (``cell.json``), its expansion into cells, its identity (sweep hash)."""
 
 from __future__ import annotations
 
@@ -9,37 +9,17 @@ from pathlib import Path
 import pytest
 from omegaconf import read_write
 
-from foxhunt.sweeps.cells import CellRecord, config_hash, read_records
-
-
-def test_config_hash_ignores_folders_launch_and_tracking_but_not_training(compose_cfg, tmp_path):
-    base = config_hash(compose_cfg(["model=dqn", "trainer=smoke"]))
-    assert len(base) == 16
-    same = [
-        ["model=dqn", "trainer=smoke", "paths.output_dir=/elsewhere"],
-        ["model=dqn", "trainer=smoke", "strategy=parallel"],
-        ["model=dqn", "trainer=smoke", "logger=none"],
-        ["model=dqn", "trainer=smoke", "resume=true"],
-    ]
-    for overrides in same:
-        assert config_hash(compose_cfg(overrides)) == base, overrides
-    different = [
-        ["model=dqn", "trainer=smoke", "seed=7"],
-        ["model=dqn", "trainer=smoke", "model.module.lr=0.01"],
-        ["model=dqn", "trainer=default"],
-        ["model=dqn", "trainer=smoke", "asset=nq"],
-    ]
-    for overrides in different:
-        assert config_hash(compose_cfg(overrides)) != base, overrides
+from foxhunt.runs.cell import CellKey, CellResult, read_results
 
 
 def test_records_round_trip_and_a_broken_one_is_skipped(tmp_path):
-    record = CellRecord("dqn-es-fp32", "dqn", "es", "fp32", "abc", status="FINISHED", run_id="r1", wall_s=1.5, metrics={"test/sharpe": 0.5})
+    key = CellKey("dqn", "es", "fp32", "42", "abc")
+    record = CellResult(key, status="FINISHED", run_id="r1", wall_s=1.5, metrics={"test/sharpe": 0.5})
     record.write(tmp_path / "dqn_es_fp32")
-    CellRecord("tft-nq-fp32", "tft", "nq", "fp32", "def", error="ValueError: bad").write(tmp_path / "tft_nq_fp32")
+    CellResult(CellKey("tft", "nq", "fp32", "42", "def"), error="ValueError: bad").write(tmp_path / "tft_nq_fp32")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "cell.json").write_text("{not json")
-    records = read_records(tmp_path)
+    records = read_results(tmp_path)
     assert [r.cell for r in records] == ["dqn-es-fp32", "tft-nq-fp32"]
     assert records[0] == record
     assert records[1].status == "FAILED" and records[1].error == "ValueError: bad"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from foxhunt.sweeps import estimates
-from foxhunt.sweeps.cells import config_hash
+from foxhunt.runs.config_hash import config_hash
 from foxhunt.sweeps.estimates import (
     CellExceedsBudget,
     PackingPlan,
@@ -15,7 +15,7 @@ from foxhunt.sweeps.estimates import (
     pack,
     plan_packing,
 )
-from foxhunt.tracking.mlflow_store import TrackedRun
+from foxhunt.runs.tracked_run import TrackedRun
 
 
 @pytest.mark.parametrize(

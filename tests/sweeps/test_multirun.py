@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from foxhunt.sweeps.cells import read_records
+from foxhunt.runs.cell import read_results
 from foxhunt.sweeps.resources import available_cores
 
 from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, store, sweep_dirs
@@ -73,7 +73,7 @@ def test_resume_skips_finished_cells_and_resumes_a_killed_one_into_its_own_run(s
     assert resumed.info.status == "FINISHED" and resumed.data.tags["resume_count"] == "1"
     dqn = store(root).get_run(by_name["dqn-es-fp32"].info.run_id)
     assert dqn.info.end_time == by_name["dqn-es-fp32"].info.end_time and "resume_count" not in dqn.data.tags
-    records = {r.cell: r for r in read_records(sweep_dirs(root)[-1])}
+    records = {r.cell: r for r in read_results(sweep_dirs(root)[-1])}
     assert records["dqn-es-fp32"].status == "SKIPPED"
     assert records["dqn-es-fp32"].metrics["test/sharpe"] == by_name["dqn-es-fp32"].data.metrics["test/sharpe"]
     assert records["ppo-es-fp32"].status == "FINISHED"
@@ -178,7 +178,7 @@ def test_a_sweep_stopped_by_sigterm_resumes_from_the_interrupted_checkpoint(tmp_
     (parent_after,), (resumed,) = runs(tmp_path)
     assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
     assert parent_after.info.run_id == parent.info.run_id and parent_after.info.status == "FINISHED"
-    record = read_records(sweep_dirs(tmp_path)[-1])[0]
+    record = read_results(sweep_dirs(tmp_path)[-1])[0]
     assert record.note == f"resumed KILLED run {killed.info.run_id} from interrupted.ckpt"
 
 
@@ -187,8 +187,8 @@ def test_full_grid_in_parallel_isolates_a_failing_cell_and_resume_trains_only_th
     """The done criterion, ``foxhunt-train -m experiment=grid trainer=smoke strategy=parallel``, on a
     week of bars (the default 60 days make the TFT and Mamba-2 cells' backtests take minutes)."""
     from foxhunt.config.schema import resolved_config
-    from foxhunt.sweeps.cells import config_hash
-    from foxhunt.tracking.mlflow_store import TrackedRun
+    from foxhunt.runs.config_hash import config_hash
+    from foxhunt.runs.tracked_run import TrackedRun
 
     # An earlier run of the tft-zn cell measured 40 GB: packing must refuse that cell alone.
     cell = compose_cfg(["model=tft", "asset=zn", "trainer=smoke", *WEEK])
@@ -209,14 +209,14 @@ def test_full_grid_in_parallel_isolates_a_failing_cell_and_resume_trains_only_th
     assert status.pop("tft-zn-fp32") == "FAILED" and set(status.values()) == {"FINISHED"}
     assert parent.data.tags["failed_cells"] == "tft-zn-fp32"
     assert "1 of 16 cells failed: tft-zn-fp32 (FAILED: CellExceedsBudget: cell tft-zn-fp32 needs 40000 MB" in result.stderr
-    first = {r.cell: r for r in read_records(sweep_dirs(tmp_path)[0])}
+    first = {r.cell: r for r in read_results(sweep_dirs(tmp_path)[0])}
     assert {"test/sharpe", "val/loss", "memory/device_peak_mb"} <= set(first["tft-es-fp32"].metrics)
     assert "| tft | " in (sweep_dirs(tmp_path)[0] / "summary.md").read_text()
 
     store(tmp_path).delete_run(earlier.run_id)  # the cause is gone: the cell may run now
     again = foxhunt_train([*grid, "resume=true"], tmp_path, timeout=1800)
     check(again)
-    records = {r.cell: r for r in read_records(sweep_dirs(tmp_path)[-1])}
+    records = {r.cell: r for r in read_results(sweep_dirs(tmp_path)[-1])}
     assert records.pop("tft-zn-fp32").status == "FINISHED"
     assert {r.status for r in records.values()} == {"SKIPPED"} and len(records) == 15
     parents_after, cells_after = runs(tmp_path)

@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from foxhunt.jobs.records import find_job, load_jobs
+from foxhunt.jobs.views import find_job, load_jobs
 from foxhunt.sweeps.callback import SweepCallback
 
 
@@ -103,6 +103,7 @@ def test_a_sweep_started_by_hand_is_stale_once_its_process_is_gone(store):
     client = MlflowClient(store.uri)
     tags = client.get_run(parent).data.tags
     assert tags["pid"] == str(os.getpid()) and tags["host"] == socket.gethostname()
+    assert tags["mlflow.source.name"] == "foxhunt-train -m"  # the runs table's Source
 
     def job():
         (found,) = [j for j in load_jobs(store.uri) if j.parent is not None and j.parent.experiment == store.experiment]

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from foxhunt.sweeps.cells import CellRecord
+from foxhunt.runs.cell import CellKey, CellResult
 from foxhunt.sweeps.summary import failures, format_markdown, format_table, plot_heatmap
 
 
-def _records() -> list[CellRecord]:
+def _records() -> list[CellResult]:
     ok = {"test/sharpe": 1.23456, "val/loss": 0.98765, "memory/device_peak_mb": 612.4}
     return [
-        CellRecord("dqn-es-fp32", "dqn", "es", "fp32", "h1", "FINISHED", "r1", None, 12.34, None, {"test/sharpe": -0.5, "memory/device_peak_mb": 80.0}),
-        CellRecord("dqn-nq-fp32", "dqn", "nq", "fp32", "h2", "FAILED", "r2", "BarDataError: bad.csv line 3: price not on the tick grid", 1.0),
-        CellRecord("tft-es-fp32", "tft", "es", "fp32", "h3", "SKIPPED", "r3", None, 30.0, "skipped: FINISHED earlier in run r3", ok),
-        CellRecord("tft-nq-fp32", "tft", "nq", "fp32", "h4", "FINISHED", "r4", None, 31.0, None, ok),
+        CellResult(CellKey("dqn", "es", "fp32", "42", "h1"), "FINISHED", "r1", None, 12.34, None, {"test/sharpe": -0.5, "memory/device_peak_mb": 80.0}),
+        CellResult(CellKey("dqn", "nq", "fp32", "42", "h2"), "FAILED", "r2", "BarDataError: bad.csv line 3: price not on the tick grid", 1.0),
+        CellResult(CellKey("tft", "es", "fp32", "42", "h3"), "SKIPPED", "r3", None, 30.0, "skipped: FINISHED earlier in run r3", ok),
+        CellResult(CellKey("tft", "nq", "fp32", "42", "h4"), "FINISHED", "r4", None, 31.0, None, ok),
     ]
 
 

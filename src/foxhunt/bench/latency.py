@@ -36,9 +36,11 @@ import torch
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import torch_threads
 from foxhunt.bench.report import Row
+from foxhunt.errors import one_line_error
 
 TARGETS = ("dqn", "ppo", "mamba2_step", "mamba2", "tft")
 GOAL_KEYS = {"dqn": "dqn", "ppo": "ppo", "mamba2_step": "mamba2_step", "tft": "tft"}
+COMPILE_ERROR_WIDTH = 240  # characters of a torch.compile failure kept in the report's notes
 INT8_CONFIGS = {"weight_only": "Int8WeightOnlyConfig", "dynamic": "Int8DynamicActivationInt8WeightConfig"}
 
 
@@ -170,7 +172,7 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
                 except Exception as exc:  # a compiler failure must not lose the eager figures
                     if "fp32 compiled" not in calls:
                         raise
-                    notes.append(f"{target}: torch.compile failed ({type(exc).__name__}: {str(exc)[:200]})")
+                    notes.append(f"{target}: torch.compile failed ({one_line_error(exc, limit=COMPILE_ERROR_WIDTH)})")
                     calls.pop("fp32 compiled")
                     lat = measure(calls, int(settings.warmup), int(settings.iterations), int(settings.blocks),
                                   float(settings.max_seconds))

@@ -50,7 +50,6 @@ from foxhunt.bench.measure import (
 from foxhunt.bench.report import Row
 
 ALGORITHMS = ("ppo", "dqn")
-SIDES = ("foxhunt", "sb3", "bare", "env")
 
 
 def sb3_available() -> bool:

@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"sections=[{args.sections}]")
     import os
 
-    root = Path(args.root or os.environ.get("FOXHUNT_ROOT") or Path.cwd()).resolve()
+    from foxhunt.runs.environment import root_dir
+
+    root = Path(args.root).resolve() if args.root else root_dir()
     settings = load_settings(args.settings, quick=args.quick, overrides=overrides)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)

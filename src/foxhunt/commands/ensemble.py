@@ -148,3 +148,49 @@ def serve(
     typer.echo(f"foxhunt ensemble serve: {', '.join(map(str, ens.models))} for {cfg.asset.key} on http://{host}:{port} "
                "(POST /predict, GET /health)")  # fmt: skip
     run_server(cfg, host, port, timeout)
+
+
+@ensemble_app.command()
+def validate(overrides: list[str] | None = OVERRIDES) -> None:
+    """Footprint of the registered fleet in fp32 and int8, headroom against the budget, capacity; exit 0 when it fits."""
+    from foxhunt.config.schema import ConfigError
+    from foxhunt.ensemble.footprint import validate_fleet
+    from foxhunt.ensemble.registry import RegistryError
+
+    cfg = _compose("validate", overrides)
+    _check_store("validate", cfg)
+    try:
+        with tempfile.TemporaryDirectory(prefix="foxhunt-validate-") as workdir:
+            text, metrics, fits = validate_fleet(cfg, Path(workdir))
+    except ConfigError as exc:
+        raise _fail("validate", f"config error: {exc}") from None
+    except RegistryError as exc:
+        raise _fail("validate", str(exc)) from None
+    typer.echo(text)
+    if cfg.logger.enabled:
+        typer.echo(f"MLflow run {_log_validate(cfg, text, metrics, fits)} in experiment {cfg.ensemble.experiment}")
+    if not fits:
+        typer.echo(f"foxhunt ensemble validate: the {cfg.ensemble.weights} fleet leaves less than {cfg.budget.headroom_mb} MB of {cfg.budget.name} free", err=True)
+        raise typer.Exit(1)
+
+
+def _log_validate(cfg, text: str, metrics: dict, fits: bool) -> str:
+    import math
+
+    from omegaconf import OmegaConf
+
+    from foxhunt.config.schema import resolved_config
+    from foxhunt.runs.tracked_run import TrackedRun
+
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / "fleet_footprint.md"
+    report.write_text(text + "\n")
+    tags = {"asset": str(cfg.asset.key), "budget": str(cfg.budget.name), "fits": str(fits)}
+    resolved = resolved_config(cfg)
+    with TrackedRun(str(cfg.logger.tracking_uri), str(cfg.ensemble.experiment), cfg.logger.artifact_location,
+                    f"validate-{cfg.asset.key}-{cfg.budget.name}", tags, source="foxhunt ensemble validate") as run:  # fmt: skip
+        run.log_config(resolved, OmegaConf.to_yaml(resolved))
+        run.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
+        run.log_artifact(report)
+    return run.run_id

@@ -2,8 +2,8 @@
 
 ``foxhunt memory validate [OVERRIDES...] [--predict] [--models dqn,ppo,mamba2,tft] [--json]``
 builds every model as ``foxhunt-train`` would, measures its training footprint with a real
-short fit (:mod:`foxhunt.memory.ensemble`), prints the report
-(:mod:`foxhunt.memory.ensemble_report`), logs an MLflow run (experiment ``memory``, run
+short fit (:mod:`foxhunt.memory.training_run`), judges the fleet against the budget
+(:mod:`foxhunt.memory.fleet`), prints the report (:mod:`foxhunt.memory.fleet_report`), logs an MLflow run (experiment ``memory``, run
 ``memory-validate-{precision}-{budget}``) with the report as artifacts, and exits
 
 - 0 when every model is within its target and the ensemble (all resident at once) leaves the
@@ -22,6 +22,7 @@ load inside the command.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from importlib import resources
@@ -29,9 +30,12 @@ from pathlib import Path
 
 import typer
 
+from foxhunt.errors import one_line_error
+
 memory_app = typer.Typer(help="Measured training memory of the models against a device budget.", no_args_is_help=True)
 
 EXPERIMENT = "memory"
+SOURCE = "foxhunt memory validate"  # the runs table's Source column
 DEFAULT_MODELS = "dqn,ppo,mamba2,tft"
 EXIT_FAIL = 1
 EXIT_USAGE = 2
@@ -81,35 +85,6 @@ def split_overrides(overrides: list[str], models: list[str]) -> tuple[list[str],
     return shared, own
 
 
-def one_line(exc: BaseException) -> str:
-    """Hydra's and omegaconf's multi-line messages as one line (search path dropped, option
-    lists joined)."""
-    lines: list[str] = []
-    listing: list[str] = []
-    for raw in str(exc).splitlines():
-        line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("Config search path"):
-            break
-        if lines and lines[-1].endswith(":") and not listing and " " not in line:
-            listing.append(line)
-        elif listing and " " not in line:
-            listing.append(line)
-        else:
-            if listing:
-                lines[-1] += " " + ", ".join(listing)
-                listing = []
-            lines.append(line)
-    if listing:
-        lines[-1] += " " + ", ".join(listing)
-    text = " ".join(lines) or type(exc).__name__
-    cause = exc.__cause__
-    if cause is not None and str(cause).strip() and str(cause).strip().splitlines()[0] not in text:
-        text += f" ({str(cause).strip().splitlines()[0]})"
-    return text
-
-
 def _fail(prefix: str, message: str, code: int) -> typer.Exit:
     typer.echo(f"foxhunt memory validate: {prefix}{message}", err=True)
     return typer.Exit(code)
@@ -135,7 +110,9 @@ def validate(
         shared, own = split_overrides(list(overrides or []), names)
     except UsageError as exc:
         raise _fail("", str(exc), EXIT_USAGE) from None
-    root_dir = Path(root or os.environ.get("FOXHUNT_ROOT") or Path.cwd()).resolve()
+    from foxhunt.runs.environment import root_dir as default_root
+
+    root_dir = Path(root).resolve() if root else default_root()
     out_dir = root_dir / "outputs" / "memory" / f"validate-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     configs = _compose(names, shared, own, root_dir, out_dir)
     budget = _budget(configs)
@@ -147,15 +124,15 @@ def _compose(names, shared, own, root_dir: Path, out_dir: Path) -> dict:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from foxhunt.build import measuring_config
     from foxhunt.config.schema import ConfigError
-    from foxhunt.memory.ensemble import measuring_config
 
     configs = {}
     for name in names:
         try:
             configs[name] = measuring_config(name, [*shared, *own[name]], root_dir=root_dir, output_dir=out_dir)
         except (HydraException, OmegaConfBaseException, ConfigError) as exc:
-            raise _fail(f"config error ({name}): ", one_line(exc), EXIT_USAGE) from None
+            raise _fail(f"config error ({name}): ", one_line_error(exc, with_type=False), EXIT_USAGE) from None
     return configs
 
 
@@ -171,44 +148,47 @@ def _budget(configs: dict):
     try:
         return instantiate(configs[first_name].budget)
     except Exception as exc:
-        raise _fail("config error: ", one_line(exc), EXIT_USAGE) from None
+        raise _fail("config error: ", one_line_error(exc, with_type=False), EXIT_USAGE) from None
 
 
 def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, overrides: list[str]) -> int:
-    from foxhunt.memory import ensemble_report
-    from foxhunt.memory.ensemble import MeasurementError, data_description, judge, measure_run
+    from foxhunt.build import MEASURING_RUNS
+    from foxhunt.memory import fleet_report
+    from foxhunt.memory.fleet import judge
     from foxhunt.memory.predict import predict_footprint
+    from foxhunt.memory.training_run import MeasurementError, data_description, measure_run
+    from foxhunt.runs.tags import Tag
 
     first = next(iter(configs.values()))
     precision = "+".join(sorted({str(cfg.precision.name) for cfg in configs.values()}))
     run = _tracked_run(first, precision, budget, list(configs), overrides)
     measurements, predictions = [], {}
-    with run if run is not None else _NoRun():
+    with run if run is not None else contextlib.nullcontext():
         try:
             for name, cfg in configs.items():
                 if predict:
-                    predictions[name] = predict_footprint(cfg, workdir=out_dir / name)
+                    predictions[name] = predict_footprint(cfg, MEASURING_RUNS, workdir=out_dir / name)
                     typer.echo(f"{name}: predicted {predictions[name].total_mb:.2f} MB ({predictions[name].seconds:.1f} s)", err=True)
-                measured = measure_run(cfg, workdir=out_dir / name)
+                measured = measure_run(cfg, MEASURING_RUNS, workdir=out_dir / name)
                 measurements.append(measured)
                 typer.echo(f"{name}: measured {measured.footprint_mb:.2f} MB ({measured.seconds:.1f} s, {measured.steps} steps on {measured.device})", err=True)
         except MeasurementError as exc:
             typer.echo(f"foxhunt memory validate: FAIL: {exc}", err=True)
             if run is not None:
-                run.set_tags({"verdict": "FAIL", "error": str(exc)})
+                run.set_tags({Tag.VERDICT: "FAIL", Tag.ERROR: str(exc)})
             return EXIT_FAIL
         except ValueError as exc:  # a value only the model or the data source rejects
-            typer.echo(f"foxhunt memory validate: config error ({name}): {one_line(exc)}", err=True)
+            typer.echo(f"foxhunt memory validate: config error ({name}): {one_line_error(exc, with_type=False)}", err=True)
             if run is not None:
-                run.set_tags({"verdict": "ERROR", "error": one_line(exc)})
+                run.set_tags({Tag.VERDICT: "ERROR", Tag.ERROR: one_line_error(exc, with_type=False)})
             return EXIT_USAGE
         verdict = judge(measurements, budget, data=data_description(first), predictions=predictions)
         extra = {"overrides": overrides, "models_measured": list(configs)}
-        paths = ensemble_report.write_all(verdict, out_dir, extra)
+        paths = fleet_report.write_all(verdict, out_dir, extra)
         if as_json:
             typer.echo(paths[1].read_text(), nl=False)
         else:
-            typer.echo(ensemble_report.render_text(verdict), nl=False)
+            typer.echo(fleet_report.render_text(verdict), nl=False)
         paths += _write_configs(configs, out_dir / "configs")
         if run is not None:
             _log(run, verdict, paths)
@@ -220,15 +200,17 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
 def _tracked_run(cfg, precision: str, budget, names: list[str], overrides: list[str]):
     if not cfg.logger.enabled:
         return None
-    from foxhunt.tracking.mlflow_store import TrackedRun
+    from foxhunt.runs.tags import Tag
+    from foxhunt.runs.tracked_run import TrackedRun
 
     return TrackedRun(
         tracking_uri=cfg.logger.tracking_uri,
         experiment=EXPERIMENT,
         artifact_location=cfg.logger.artifact_location,
         run_name=f"memory-validate-{precision}-{budget.name}",
-        tags={"command": "memory validate", "precision": precision, "budget": budget.name, "models": ",".join(names),
-              "overrides": " ".join(overrides)},
+        tags={Tag.COMMAND: "memory validate", Tag.PRECISION: precision, Tag.BUDGET: budget.name,
+              Tag.MODELS: ",".join(names), Tag.OVERRIDES: " ".join(overrides)},
+        source=SOURCE,
     )  # fmt: skip
 
 
@@ -253,17 +235,12 @@ def _log(run, verdict, paths: list[Path]) -> None:
     metrics["memory/ensemble_mb"] = verdict.total_mb
     metrics["memory/headroom_mb"] = verdict.headroom_left_mb
     run.log_metrics(metrics)
-    run.set_tags({"verdict": "PASS" if verdict.passed else "FAIL", "device": verdict.device, "summary": verdict.summary_line()})
+    from foxhunt.runs.tags import Tag
+
+    run.set_tags({Tag.VERDICT: "PASS" if verdict.passed else "FAIL", Tag.DEVICE: verdict.device,
+                  Tag.SUMMARY: verdict.summary_line()})  # fmt: skip
     for path in paths:
         run.log_artifact(path, "configs" if path.parent.name == "configs" else None)
-
-
-class _NoRun:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc) -> bool:
-        return False
 
 
 from foxhunt.commands.memory_compare import compare  # noqa: E402 (registered after the group)

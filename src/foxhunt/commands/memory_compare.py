@@ -16,7 +16,7 @@ What is printed, and how each figure is measured:
   ``--steps`` steps after ``--warmup`` such steps (the first compiles torchao's optimizer);
   the two Trainers run in two threads that take turns step by step, so the precisions
   alternate and share the machine's state (a busy neighbour slows both alike); throughput =
-  samples per step / median step time;
+  samples per step / median step time (the harness: :mod:`foxhunt.bench.side_by_side`);
 - **inference latency**: batch 1 (one window or one observation), eval mode, no gradients;
   fp32 = the fp32-trained model, int8 = an int8 inference copy of the int8-trained model
   (:func:`foxhunt.precision.inference.int8_inference_model`, the policy's
@@ -29,7 +29,8 @@ What is printed, and how each figure is measured:
 With ``logger.enabled`` (the default config), the figures go to an MLflow run
 ``<model>-<asset>-compare`` of the project's store, with the report (text and JSON), each
 run's memory report and ``quantized_layers.txt`` as artifacts. Written by hand because no
-library compares two Lightning runs step by step; the measuring itself is foxhunt.memory's.
+library compares two Lightning runs step by step; the measuring itself is foxhunt.memory's and
+foxhunt.bench's.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,8 @@ COMPONENTS = (
 BAR_WIDTH = 40
 REPORT_TEXT = "compare_report.txt"
 REPORT_JSON = "compare_report.json"
-P50, P99 = 50, 99
+P90 = 90  # the step-time percentile reported beside the median
+SOURCE = "foxhunt memory compare"  # the runs table's Source column
 
 
 @dataclass
@@ -141,13 +141,14 @@ def compare(
     warmup: int = typer.Option(3, min=1, help="Optimizer steps per precision before timing (compiles, caches)."),
     latency_calls: int = typer.Option(200, min=1, help="Timed batch-1 inference calls per precision."),
     latency_warmup: int = typer.Option(20, min=0, help="Untimed inference calls per precision first."),
-    root: Path = typer.Option(Path("."), help="Project folder: mlruns/, data cache, outputs/."),
+    root: Path = typer.Option(None, help="Project folder: mlruns/, data cache, outputs/ (default: $FOXHUNT_ROOT or the current folder)."),
 ) -> None:
     """Train the same model in fp32 and int8 side by side; print memory, speed, latency, accuracy."""
     from foxhunt.config.schema import ConfigError
+    from foxhunt.runs.environment import root_dir
 
     try:
-        report = run_compare(list(overrides or []), steps, warmup, latency_calls, latency_warmup, root)
+        report = run_compare(list(overrides or []), steps, warmup, latency_calls, latency_warmup, root or root_dir())
     except ConfigError as exc:
         typer.echo(f"foxhunt memory compare: config error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -198,103 +199,11 @@ class _Measured:
     artifacts: list[Path]
 
 
-class _Turns:
-    """Two threads take turns step by step; a finished (or failed) one never blocks the other."""
-
-    def __init__(self, order: tuple[str, ...]) -> None:
-        self._cond = threading.Condition()
-        self._order = order
-        self._turn = order[0]
-        self._holding: dict[str, bool] = dict.fromkeys(order, False)
-        self._done: set[str] = set()
-
-    def acquire(self, name: str) -> None:
-        with self._cond:
-            if self._holding[name]:
-                return
-            self._cond.wait_for(lambda: self._turn == name or self._other(name) in self._done)
-            self._holding[name] = True
-
-    def release(self, name: str) -> None:
-        with self._cond:
-            if not self._holding[name]:
-                return
-            self._holding[name] = False
-            self._turn = self._other(name)
-            self._cond.notify_all()
-
-    def finish(self, name: str) -> None:
-        with self._cond:
-            self._done.add(name)
-            self._holding[name] = False
-            self._turn = self._other(name)
-            self._cond.notify_all()
-
-    def _other(self, name: str) -> str:
-        return next(n for n in self._order if n != name)
-
-
-def _step_timer_class():
-    import lightning.pytorch as pl
-    import torch
-
-    class StepTimer(pl.Callback):
-        """Times the steps that ran an optimizer step; takes turns with the other run; reseeds
-        the global RNG identically before every step; stops the run after warm-up + steps."""
-
-        def __init__(self, name: str, turns: _Turns, seed: int, warmup: int, steps: int) -> None:
-            self.name, self.turns, self.seed = name, turns, seed
-            self.warmup, self.steps = warmup, steps
-            self.durations: list[float] = []
-            self.updates = 0
-            self._stepped = False
-            self._started = 0.0
-            self.batches = 0
-
-        def _sync(self, pl_module) -> None:
-            if pl_module.device.type == "cuda":
-                torch.cuda.synchronize(pl_module.device)
-
-        def setup(self, trainer, pl_module, stage: str) -> None:
-            if stage == "fit":  # data iterators are created before the first batch: in our turn
-                self.turns.acquire(self.name)
-                torch.manual_seed(self.seed)
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-            self.turns.acquire(self.name)
-            torch.manual_seed(self.seed + self.batches)
-            self._stepped = False
-            self._sync(pl_module)
-            self._started = time.perf_counter()
-
-        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-            self._stepped = True
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-            self._sync(pl_module)
-            elapsed = time.perf_counter() - self._started
-            self.batches += 1
-            if self._stepped:
-                self.updates += 1
-                if self.updates > self.warmup:
-                    self.durations.append(elapsed)
-            if len(self.durations) >= self.steps:
-                trainer.should_stop = True
-            self.turns.release(self.name)
-
-        def on_train_end(self, trainer, pl_module) -> None:
-            self.turns.finish(self.name)
-
-        def on_exception(self, trainer, pl_module, exception) -> None:
-            self.turns.finish(self.name)
-
-    return StepTimer
-
-
 def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmup: int, out: Path) -> _Measured:
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
+    from foxhunt.bench.side_by_side import StepTimer, Turns, fit_side_by_side, percentile
     from foxhunt.build import build_datamodule, build_model
     from foxhunt.data.dataset import load_market_dataset
     from foxhunt.memory.callback import MemoryBudgetCallback
@@ -306,8 +215,7 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
     dataset = load_market_dataset(
         instantiate(cfg.data.source), asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir
     )
-    turns = _Turns(PRECISIONS)
-    timer_cls = _step_timer_class()
+    turns = Turns(PRECISIONS)
     runs: dict[str, dict[str, Any]] = {}
     for precision, run_cfg in configs.items():
         policy = instantiate(run_cfg.precision)
@@ -320,7 +228,7 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
             "memory": MemoryBudgetCallback(
                 budget=None, target_mb=None, sample_every_n_steps=_NEVER, report_dir=run_dir
             ),
-            "timer": timer_cls(precision, turns, int(run_cfg.seed), warmup, steps),
+            "timer": StepTimer(precision, turns, int(run_cfg.seed), warmup, steps),
         }
         trainer = instantiate(
             run_cfg.trainer,
@@ -338,23 +246,16 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
         )
         runs[precision] = {
             "cfg": run_cfg, "policy": policy, "model": model, "callbacks": callbacks, "trainer": trainer,
-            "datamodule": build_datamodule(run_cfg, dataset), "error": None,
+            "datamodule": build_datamodule(run_cfg, dataset),
         }  # fmt: skip
 
-    def fit(run: dict[str, Any]) -> None:
-        try:
-            run["trainer"].fit(run["model"], datamodule=run["datamodule"])
-        except BaseException as exc:  # reported in the main thread
-            run["error"] = exc
+    def fit(run: dict[str, Any]):
+        return lambda: run["trainer"].fit(run["model"], datamodule=run["datamodule"])
 
-    threads = [threading.Thread(target=fit, args=(runs[p],), name=f"compare-{p}") for p in PRECISIONS]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = fit_side_by_side({p: fit(runs[p]) for p in PRECISIONS})
     for precision, run in runs.items():
-        if run["error"] is not None:
-            raise RuntimeError(f"memory compare: the {precision} run failed: {run['error']}") from run["error"]
+        if precision in errors:
+            raise RuntimeError(f"memory compare: the {precision} run failed: {errors[precision]}") from errors[precision]
         timer = run["callbacks"]["timer"]
         if len(timer.durations) < steps:
             raise RuntimeError(
@@ -373,7 +274,7 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
     fp32, int8 = breakdowns["fp32"], breakdowns["int8"]
     params_opt_pct = 100.0 * (int8.params_bytes + int8.optimizer_bytes) / max(fp32.params_bytes + fp32.optimizer_bytes, 1)
     step_ms = {p: 1e3 * statistics.median(runs[p]["callbacks"]["timer"].durations) for p in PRECISIONS}
-    step_p90 = {p: 1e3 * _percentile(runs[p]["callbacks"]["timer"].durations, 90) for p in PRECISIONS}
+    step_p90 = {p: 1e3 * percentile(runs[p]["callbacks"]["timer"].durations, P90) for p in PRECISIONS}
     samples, unit = _samples_per_step(cfg)
     count, share = int8_share(runs["int8"]["callbacks"]["precision"].plan)
     policy8 = runs["int8"]["policy"]
@@ -465,9 +366,9 @@ def _example_input(run: dict[str, Any]):
 
 
 def _latency(runs: dict[str, dict[str, Any]], calls: int, warmup: int) -> dict[str, tuple[float, float]]:
-    """(p50, p99) ms of batch-1 eval forwards, the two models alternating call by call."""
-    import torch
-
+    """(p50, p99) ms of batch-1 eval forwards: the fp32-trained model, and an int8 inference
+    copy of the int8-trained one, alternating call by call."""
+    from foxhunt.bench.side_by_side import alternating_latency
     from foxhunt.precision.inference import int8_inference_model
 
     models = {
@@ -475,27 +376,11 @@ def _latency(runs: dict[str, dict[str, Any]], calls: int, warmup: int) -> dict[s
         "int8": int8_inference_model(runs["int8"]["model"], runs["int8"]["policy"]),
     }
     inputs = {p: _example_input(runs[p]) for p in PRECISIONS}
-    times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
-    with torch.inference_mode():
-        for call in range(warmup + calls):
-            for precision in PRECISIONS:
-                model = models[precision]
-                cuda = next(model.parameters()).device.type == "cuda"
-                if cuda:
-                    torch.cuda.synchronize()
-                started = time.perf_counter()
-                model(inputs[precision])
-                if cuda:
-                    torch.cuda.synchronize()
-                if call >= warmup:
-                    times[precision].append(time.perf_counter() - started)
-    return {p: (1e3 * _percentile(t, P50), 1e3 * _percentile(t, P99)) for p, t in times.items()}
+    return alternating_latency({p: _call(models[p], inputs[p]) for p in PRECISIONS}, calls, warmup)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(np.asarray(values), q))
+def _call(model, batch):
+    return lambda: model(batch)
 
 
 def _samples_per_step(cfg) -> tuple[int, str]:
@@ -556,15 +441,18 @@ def _pair(label: str, values: dict[str, float], fmt: str, ratio: bool = True) ->
 
 
 def _log_mlflow(cfg, report: CompareReport, out: Path, artifacts: list[Path]) -> None:
-    from foxhunt.tracking.mlflow_store import TrackedRun
+    from foxhunt.runs.tags import Tag
+    from foxhunt.runs.tracked_run import TrackedRun
 
     run = TrackedRun(
         tracking_uri=cfg.logger.tracking_uri,
         experiment=cfg.logger.experiment,
         artifact_location=cfg.logger.artifact_location,
         run_name=f"{report.model}-{report.asset}-compare",
-        tags={"command": "memory compare", "model": report.model, "asset": report.asset, "precision": "fp32-vs-int8"},
-    )
+        tags={Tag.COMMAND: "memory compare", Tag.MODEL: report.model, Tag.ASSET: report.asset,
+              Tag.PRECISION: "fp32-vs-int8"},
+        source=SOURCE,
+    )  # fmt: skip
     with run:
         run.log_metrics(report.metrics())
         run.log_artifact(out / REPORT_TEXT)

@@ -4,7 +4,7 @@ A job is one ``foxhunt-train -m`` launched in the background (see foxhunt.jobs.l
 parent MLflow run and nested cell runs are the job's only record, so what these commands show
 is what the MLflow UI shows, plus STALE for runs whose process is gone. ``list``, ``status``
 and ``watch`` only read, and import neither torch, lightning nor mlflow (the store is read with
-sqlite3: foxhunt.jobs.records says why and what it costs); ``start`` composes and validates the
+sqlite3: foxhunt.runs.sqlite_reader says why and what it costs); ``start`` composes and validates the
 grid first, so it imports what validation needs.
 
 Exit codes: 0 done / FINISHED; 1 FAILED (or a stop that did not finish in time); 2 usage
@@ -20,33 +20,37 @@ from pathlib import Path
 
 import typer
 
+from foxhunt.errors import one_line_error
+from foxhunt.runs.status import JOB_STATES, TERMINAL, Status
+
 train_app = typer.Typer(
     help="Start, watch, list and stop training jobs (grids of foxhunt-train cells run in the background).",
     no_args_is_help=True,
 )
 
-EXIT_CODES = {"FINISHED": 0, "FAILED": 1, "KILLED": 3, "STALE": 4}
+EXIT_CODES = {Status.FINISHED: 0, Status.FAILED: 1, Status.KILLED: 3, Status.STALE: 4}
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 PIPE_WIDTH = 180  # columns of tables written to a pipe or file
 STOP_POLL_S = 0.5  # how often stop checks whether the job's processes are gone
 WATCH_INTERVAL_S = 2.0  # seconds between reads of the store while watching
-LIST_STATES = ("RUNNING", "FINISHED", "FAILED", "KILLED", "STALE", "STARTING")
+LIST_STATES = tuple(str(state) for state in JOB_STATES)
+STORE_ERROR_WIDTH = 300  # characters of a store's error shown
 
 ROOT_HELP = "Folder holding mlruns/ and outputs/ (default: $FOXHUNT_ROOT or the current folder)."
 URI_HELP = "MLflow tracking URI (default: sqlite:///<root>/mlruns/mlflow.db, the project's store)."
 
 
 def _root(root: Path | None) -> Path:
-    from foxhunt.jobs.records import default_root
+    from foxhunt.runs.environment import root_dir
 
-    return Path(root).resolve() if root else default_root()
+    return Path(root).resolve() if root else root_dir()
 
 
 def _uri(root: Path, tracking_uri: str | None) -> str:
-    from foxhunt.jobs.records import default_tracking_uri
+    from foxhunt.runs.environment import store_uri
 
-    return tracking_uri or default_tracking_uri(root)
+    return tracking_uri or store_uri(root)
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
@@ -67,7 +71,7 @@ def _console():
 
 
 def _find(key: str, root: Path, uri: str):
-    from foxhunt.jobs.records import JobNotFound, find_job
+    from foxhunt.jobs.views import JobNotFound, find_job
 
     try:
         return find_job(uri, key, root=root)
@@ -78,8 +82,7 @@ def _find(key: str, root: Path, uri: str):
 
 
 def _store_error(uri: str, exc: Exception) -> typer.Exit:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return _fail(f"cannot read the MLflow store {uri}: {type(exc).__name__}: {text[:300]}", code=1)
+    return _fail(f"cannot read the MLflow store {uri}: {one_line_error(exc, limit=STORE_ERROR_WIDTH)}", code=1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,7 +149,7 @@ def _watch(key: str, root: Path, uri: str, interval: float) -> None:
     from rich.live import Live
 
     from foxhunt.jobs.display import watch_view
-    from foxhunt.jobs.records import STALE, TERMINAL, now_ms
+    from foxhunt.jobs.views import now_ms
 
     console = _console()
     job = _find(key, root, uri)
@@ -155,7 +158,7 @@ def _watch(key: str, root: Path, uri: str, interval: float) -> None:
         with Live(watch_view(job, now_ms()), console=console, auto_refresh=False, transient=False) as live:
             while True:
                 live.update(watch_view(job, now_ms()), refresh=True)
-                stale_seen = stale_seen + 1 if job.state == STALE else 0
+                stale_seen = stale_seen + 1 if job.state == Status.STALE else 0
                 if job.state in TERMINAL or stale_seen >= 2:  # STALE twice: not a passing moment
                     break
                 time.sleep(interval)
@@ -177,7 +180,7 @@ def status(
     """A job's state and each cell's step, metrics, peak memory, duration, error or checkpoint."""
     from foxhunt.jobs.display import status_view
     from foxhunt.jobs.listing import job_to_dict
-    from foxhunt.jobs.records import log_tail, now_ms
+    from foxhunt.jobs.views import log_tail, now_ms
 
     root_dir = _root(root)
     found = _find(job, root_dir, _uri(root_dir, tracking_uri))
@@ -213,7 +216,7 @@ def list_jobs(
     """Jobs in the store, newest first, with filters, sorting and pages."""
     from foxhunt.jobs.display import list_table
     from foxhunt.jobs.listing import filter_jobs, job_to_dict, paginate, parse_since, sort_jobs
-    from foxhunt.jobs.records import load_jobs, now_ms
+    from foxhunt.jobs.views import load_jobs, now_ms
 
     states = _split(status_)
     unknown = [s for s in states if s.upper() not in LIST_STATES]
@@ -260,7 +263,7 @@ def stop(
     checkpoint and ends KILLED; resume with foxhunt train start --resume JOB."""
     from foxhunt.jobs import launch
     from foxhunt.jobs.display import status_view
-    from foxhunt.jobs.records import now_ms
+    from foxhunt.jobs.views import now_ms
 
     root_dir = _root(root)
     uri = _uri(root_dir, tracking_uri)

@@ -278,6 +278,13 @@ class TrainConfig(_Strict):
         return self
 
 
+class EnsembleValidate(_Strict):
+    warm_bars: PositiveInt
+    probe_calls: PositiveInt
+    int8_max_slowdown: PositiveFloat
+    int8_min_cut_pct: Annotated[float, Field(ge=0, lt=100)]
+
+
 class EnsembleSection(_Strict):
     """``conf/ensemble``: the fleet's members, how they load and how they combine."""
 
@@ -296,6 +303,7 @@ class EnsembleSection(_Strict):
     split: Literal["train", "val", "test", "all"]
     experiment: str = Field(min_length=1)
     plot_equity: bool
+    validate_: EnsembleValidate = Field(alias="validate")
 
     @model_validator(mode="after")
     def _consistent(self) -> "EnsembleSection":

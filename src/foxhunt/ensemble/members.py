@@ -93,6 +93,14 @@ class Member(ABC):
     def reset(self) -> None:
         """Forget every bar: the next bar starts a new stream (flat, empty history, zero state)."""
 
+    def state_bytes(self) -> int:
+        """Bytes of what the member keeps between bars (its streaming state), now."""
+        return 0
+
+    def runtime_bytes(self) -> int:
+        """Bytes of the weights its numpy / numba runtime holds beside the module (0 in torch)."""
+        return 0
+
     def fork(self) -> "Member":
         """Another stream of the same member: the weights shared, a state of its own (fresh)."""
         twin = copy.copy(self)
@@ -125,6 +133,23 @@ class Member(ABC):
         measured = ", ".join(f"{name} {us:.1f} us" for name, us in times.items())
         self.runtime_note = f"{choice} (auto: median of {probe_calls} timed calls at load: {measured})"
         return choice
+
+
+def _array_bytes(obj: Any, _seen: set[int] | None = None) -> int:
+    """Bytes of the numpy arrays a runtime object holds (its attributes, lists, tuples, dicts), each once."""
+    seen = set() if _seen is None else _seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(_array_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_array_bytes(v, seen) for v in obj)
+    if type(obj).__module__.startswith("foxhunt.ensemble.runtimes"):  # a runtime's own attributes
+        return sum(_array_bytes(v, seen) for v in vars(obj).values())
+    return 0
 
 
 def forecaster_position(signal: float, threshold: float) -> int:
@@ -164,6 +189,12 @@ class AgentMember(Member):
     def reset(self) -> None:
         self.position = 0
         self._obs = np.zeros(self.module.obs_dim, np.float32)
+
+    def state_bytes(self) -> int:
+        return int(self._obs.nbytes)
+
+    def runtime_bytes(self) -> int:
+        return _array_bytes(self._scores) if self.runtime == "numpy" else 0
 
     def step(self, bar: BarInputs) -> Decision:
         self._obs[:-1] = bar.row
@@ -207,6 +238,18 @@ class Mamba2Member(Member):
             self._state = state
         return forecast[0].float().cpu().numpy()
 
+    def state_bytes(self) -> int:
+        if self._stepper is not None:
+            return _array_bytes(self._stepper.state)
+        from foxhunt.memory.accounting import tensor_bytes
+
+        return tensor_bytes(list(self._state))
+
+    def runtime_bytes(self) -> int:
+        if self._stepper is None:
+            return 0
+        return _array_bytes(self._stepper) - _array_bytes(self._stepper.state)
+
     def fork(self) -> "Mamba2Member":
         twin = copy.copy(self)
         twin._steppers = {name: copy.copy(stepper) for name, stepper in self._steppers.items()}
@@ -247,6 +290,14 @@ class TFTMember(Member):
         self._contexts = None
         self._past: deque[torch.Tensor] = deque(maxlen=self.seq_len)
         self._future: dict[int, torch.Tensor] = {}  # minute start (UTC ns) -> its decoder selection
+
+    def state_bytes(self) -> int:
+        from foxhunt.memory.accounting import tensor_bytes
+
+        kept = [*self._past, *self._future.values()]
+        if self._contexts is not None:
+            kept += [self._contexts.selection, self._contexts.enrichment, *self._contexts.state]
+        return tensor_bytes(kept)
 
     @torch.inference_mode()
     def step(self, bar: BarInputs) -> Decision:

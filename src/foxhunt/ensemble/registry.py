@@ -81,40 +81,25 @@ class Choice:
     start_ms: int | None = None
 
 
-def choose_champions(client, experiment: str, asset: str, families: list[str], metric: str) -> list[Choice]:
+def choose_champions(store, experiment: str, asset: str, families: list[str], metric: str) -> list[Choice]:
     """The best FINISHED run per family of ``asset`` by ``metric`` (see the module doc)."""
     direction = metric_direction(metric)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
+    if store.experiment_id(experiment) is None:
         raise RegistryError(f"experiment {experiment!r} (task): not in the store; train first (foxhunt-train task={experiment})")
     choices = []
     for family in families:
-        runs = _search(client, found.experiment_id, f"attributes.status = 'FINISHED' and tags.asset = '{asset}' and tags.model = '{family}'")
-        scored = [r for r in runs if metric in r.data.metrics]
-        best = None
-        for run in scored:
-            key = (run.data.metrics[metric] if direction == "max" else -run.data.metrics[metric], run.info.start_time)
-            if best is None or key > best[0]:
-                best = (key, run)
-        run = best[1] if best else None
+        runs = store.search_finished_runs(experiment, f"tags.asset = '{asset}' and tags.model = '{family}'")
+        scored = [r for r in runs if r.metric(metric) is not None]
+        best = max(scored, key=lambda r: ((r.metric(metric) if direction == "max" else -r.metric(metric)), r.start_ms),
+                   default=None)  # fmt: skip
         choices.append(
             Choice(
-                family=family, run_id=run.info.run_id if run else None, run_name=run.info.run_name if run else None,
-                value=run.data.metrics[metric] if run else None, considered=len(scored),
-                without_metric=len(runs) - len(scored), start_ms=run.info.start_time if run else None,
+                family=family, run_id=best.run_id if best else None, run_name=best.name if best else None,
+                value=best.metric(metric) if best else None, considered=len(scored),
+                without_metric=len(runs) - len(scored), start_ms=best.start_ms if best else None,
             )
         )  # fmt: skip
     return choices
-
-
-def _search(client, experiment_id: str, filter_string: str) -> list:
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
 
 
 @dataclass
@@ -127,7 +112,7 @@ class Prepared:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-def prepare(client, choice: Choice, name: str, metric: str, workdir: Path) -> Prepared:
+def prepare(store, choice: Choice, name: str, metric: str, workdir: Path) -> Prepared:
     """Download the run's checkpoint, config and dataset record, check that the model rebuilds
     from them, and save the pyfunc model folder (nothing is written to the store)."""
     import torch
@@ -138,15 +123,14 @@ def prepare(client, choice: Choice, name: str, metric: str, workdir: Path) -> Pr
     run_id = choice.run_id
     downloads = workdir / f"{choice.family}-download"
     downloads.mkdir(parents=True)
-    listed = {a.path for a in client.list_artifacts(run_id, "checkpoints")}
+    listed = {f"checkpoints/{name}" for name in store.logged_files(run_id, "checkpoints")}
     checkpoint = next((c for c in CHECKPOINTS if c in listed), None)
     if checkpoint is None:
         raise RegistryError(f"run {run_id} ({choice.run_name}): no checkpoints/best.ckpt or last.ckpt artifact to register")
-    ckpt_path = Path(client.download_artifacts(run_id, checkpoint, str(downloads)))
-    config_path = Path(client.download_artifacts(run_id, CONFIG_FILE, str(downloads)))
+    ckpt_path = store.download(run_id, checkpoint, downloads)
+    config_path = store.download(run_id, CONFIG_FILE, downloads)
     try:
-        record_path = Path(client.download_artifacts(run_id, "dataset.json", str(downloads)))
-        record = json.loads(record_path.read_text())
+        record = json.loads(store.download(run_id, "dataset.json", downloads).read_text())
     except Exception:  # a run trained before dataset.json was logged: rebuild the statistics
         record = _rebuild_record(OmegaConf.load(config_path))
     try:
@@ -189,70 +173,38 @@ class Registered:
     unchanged: bool
 
 
-def current_version(client, name: str, alias: str):
-    """The version ``alias`` points at, or ``None`` (no such model or alias)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_model_version_by_alias(name, alias)
-    except MlflowException:
-        return None
-
-
-def register_prepared(client, prepared: Prepared, alias: str) -> Registered:
+def register_prepared(store, prepared: Prepared, alias: str) -> Registered:
     """Log the model folder into the training run, register it as a new version, move ``alias``."""
-    from mlflow.exceptions import MlflowException
-
     run_id = prepared.choice.run_id
-    client.log_artifacts(run_id, str(prepared.folder), MODEL_ARTIFACT_PATH)
-    try:
-        client.get_registered_model(prepared.name)
-    except MlflowException:
-        client.create_registered_model(prepared.name, description=f"foxhunt {prepared.choice.family} champion, by run")
-    version = client.create_model_version(
-        prepared.name, source=f"runs:/{run_id}/{MODEL_ARTIFACT_PATH}", run_id=run_id, tags=prepared.tags,
-    )  # fmt: skip
-    client.set_registered_model_alias(prepared.name, alias, version.version)
-    return Registered(prepared.name, str(version.version), run_id, unchanged=False)
+    store.log_artifacts(run_id, prepared.folder, MODEL_ARTIFACT_PATH)
+    version = store.register_model_version(prepared.name, run_id, MODEL_ARTIFACT_PATH, tags=prepared.tags, alias=alias)
+    return Registered(prepared.name, version.version, run_id, unchanged=False)
 
 
 def download_version(tracking_uri: str, name: str, alias: str | None, version: int | None, dst: Path) -> tuple[Path, Any]:
     """The local folder of a registered version (``models:/name@alias`` or ``models:/name/N``)
     and its ModelVersion; a missing model, alias or version is one line."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    from foxhunt.runs.store import RunStore
 
-    client = MlflowClient(tracking_uri)
+    store = RunStore(tracking_uri)
     uri = f"models:/{name}/{version}" if version is not None else f"models:/{name}@{alias}"
-    try:
-        found = client.get_model_version(name, str(version)) if version is not None else client.get_model_version_by_alias(name, alias)
-    except MlflowException as exc:
-        raise RegistryError(f"{uri}: not in the registry of {tracking_uri} ({_mlflow_reason(exc)}); run foxhunt ensemble register first") from None
+    found = store.get_version(name, version) if version is not None else store.get_version_by_alias(name, alias)
+    if found is None:
+        raise RegistryError(f"{uri}: not in the registry of {tracking_uri}; run foxhunt ensemble register first")
     dst.mkdir(parents=True, exist_ok=True)
-    local = Path(client.download_artifacts(found.run_id, MODEL_ARTIFACT_PATH, str(dst))) if found.run_id else None
-    if local is None or not (local / "MLmodel").is_file():
-        local = _download_source(found.source, dst, tracking_uri)
+    local = store.download(found.run_id, MODEL_ARTIFACT_PATH, dst) if found.run_id else store.download_uri(found.source, dst)
+    if not (local / "MLmodel").is_file():
+        raise RegistryError(f"{uri}: its files ({found.source}) hold no MLflow model")
     return local, found
-
-
-def _download_source(source: str, dst: Path, tracking_uri: str) -> Path:
-    import mlflow
-
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dst), tracking_uri=tracking_uri))
-
-
-def _mlflow_reason(exc: BaseException) -> str:
-    text = str(getattr(exc, "message", exc)).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def register_champions(tracking_uri: str, experiment: str, asset: str, families: list[str], metric: str,
                        prefix: str, alias: str, dry_run: bool) -> tuple[list[Choice], list[Registered]]:  # fmt: skip
     """Choose, prepare every version, then register them (see the module doc)."""
-    from mlflow.tracking import MlflowClient
+    from foxhunt.runs.store import RunStore
 
-    client = MlflowClient(tracking_uri)
-    choices = choose_champions(client, experiment, asset, families, metric)
+    store = RunStore(tracking_uri)
+    choices = choose_champions(store, experiment, asset, families, metric)
     missing = [c.family for c in choices if c.run_id is None]
     if dry_run:
         return choices, []
@@ -266,12 +218,12 @@ def register_champions(tracking_uri: str, experiment: str, asset: str, families:
         todo = []
         for choice in choices:
             name = registered_name(prefix, choice.family, asset)
-            current = current_version(client, name, alias)
+            current = store.get_version_by_alias(name, alias)
             if current is not None and current.run_id == choice.run_id:
-                results.append(Registered(name, str(current.version), choice.run_id, unchanged=True))
+                results.append(Registered(name, current.version, choice.run_id, unchanged=True))
                 continue
-            todo.append(prepare(client, choice, name, metric, work))  # every check before any write
-        results += [register_prepared(client, prepared, alias) for prepared in todo]
+            todo.append(prepare(store, choice, name, metric, work))  # every check before any write
+        results += [register_prepared(store, prepared, alias) for prepared in todo]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return choices, results

@@ -25,6 +25,7 @@ from foxhunt.ensemble.replay import ENSEMBLE, latency_us, replay_bars, score_rep
 
 TABLE_METRICS = ("pnl", "sharpe", "max_drawdown", "hit_rate", "trades")
 FLEET = "fleet"
+SOURCE = "foxhunt ensemble replay"  # the runs table's Source column
 REPORT_FILE = "replay.md"
 EQUITY_FILE = "equity_replay.png"
 
@@ -109,7 +110,7 @@ def _log(cfg, fleet, metrics: dict[str, float], artifacts: list[Path], window: s
     from omegaconf import OmegaConf
 
     from foxhunt.config.schema import resolved_config
-    from foxhunt.tracking.mlflow_store import TrackedRun
+    from foxhunt.runs.tracked_run import TrackedRun
 
     tags = {"asset": str(cfg.asset.key), "rule": str(cfg.ensemble.rule), "weights": str(cfg.ensemble.weights),
             "members": ",".join(f.member.name for f in fleet), "bars": window}  # fmt: skip
@@ -122,7 +123,7 @@ def _log(cfg, fleet, metrics: dict[str, float], artifacts: list[Path], window: s
     fleet_file.write_text(json.dumps(members, indent=1))
     resolved = resolved_config(cfg)
     with TrackedRun(str(cfg.logger.tracking_uri), str(cfg.ensemble.experiment), cfg.logger.artifact_location,
-                    f"replay-{cfg.asset.key}-{cfg.ensemble.rule}", tags) as run:  # fmt: skip
+                    f"replay-{cfg.asset.key}-{cfg.ensemble.rule}", tags, source=SOURCE) as run:  # fmt: skip
         run.log_config(resolved, OmegaConf.to_yaml(resolved))
         run.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)})
         for path in [*artifacts, fleet_file]:

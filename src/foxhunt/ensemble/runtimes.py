@@ -180,6 +180,7 @@ class NumbaMamba2(NumpyMamba2):
             np.float32(self.norm_f_eps), self.head_w, self.head_b,
         )  # fmt: skip
         self._dims = (self.d_inner, self.conv_dim, self.nheads, self.headdim, self.ngroups, self.d_state)
+        self.layers = [{} for _ in self.layers]  # the stacked copies above are the weights now
         self.reset()
 
     def zero_state(self):

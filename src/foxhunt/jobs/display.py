@@ -5,7 +5,7 @@ yellow, STALE magenta). The watch view draws one bar per cell and an overall bar
 each cell's expected cost (planned batches x the model's seconds per batch from cost.yaml), so
 a Mamba-2 cell counts for what it costs rather than as one cell among four; its ETA is the
 job's own pace so far (elapsed x remaining / done, in those weights), which needs no absolute
-calibration of the weights. Pure functions of the records: no I/O here.
+calibration of the weights. Functions of the job views: no I/O here but the checkpoint lookup.
 """
 
 from __future__ import annotations
@@ -18,32 +18,20 @@ from rich.table import Table
 from rich.text import Text
 
 from foxhunt.jobs.listing import Page
-from foxhunt.jobs.records import (
-    FAILED,
-    FINISHED,
-    KILLED,
-    METRIC_LOSS,
-    METRIC_PEAK_MB,
-    METRIC_SHARPE,
-    PENDING,
-    RUNNING,
-    SKIPPED,
-    STALE,
-    STARTING,
-    Cell,
-    Job,
-    checkpoint_of,
-)
+from foxhunt.jobs.views import METRIC_LOSS, METRIC_PEAK_MB, METRIC_SHARPE, Job, JobCell, resumable_checkpoint_of
+from foxhunt.runs.resume import skip_note
+from foxhunt.runs.status import Status
+from foxhunt.runs.tags import Tag
 
 STATE_STYLES = {
-    RUNNING: "bold cyan",
-    FINISHED: "bold green",
-    FAILED: "bold red",
-    KILLED: "bold yellow",
-    STALE: "bold magenta",
-    STARTING: "cyan",
-    SKIPPED: "green",
-    PENDING: "dim",
+    Status.RUNNING: "bold cyan",
+    Status.FINISHED: "bold green",
+    Status.FAILED: "bold red",
+    Status.KILLED: "bold yellow",
+    Status.STALE: "bold magenta",
+    Status.STARTING: "cyan",
+    Status.SKIPPED: "green",
+    Status.PENDING: "dim",
 }
 BAR_WIDTH = 28  # characters of a progress bar, at most
 BAR_MIN_WIDTH = 6
@@ -102,7 +90,7 @@ def eta_s(elapsed_s: float, fraction: float) -> float | None:
 
 def counts_text(job: Job) -> Text:
     text = Text()
-    order = [RUNNING, FINISHED, SKIPPED, FAILED, KILLED, STALE, PENDING]
+    order = [Status.RUNNING, Status.FINISHED, Status.SKIPPED, Status.FAILED, Status.KILLED, Status.STALE, Status.PENDING]
     counts = job.counts()
     for state in order + sorted(set(counts) - set(order)):
         if counts.get(state):
@@ -144,19 +132,18 @@ def status_table(job: Job, now_ms: int) -> Table:
     for cell in job.cells():
         run = cell.run
         note = Text()
-        if run is not None and run.tags.get("error"):
-            note = Text(run.tags["error"][:ERROR_WIDTH], style="red")
-        elif run is not None and run.state in (KILLED, STALE, FAILED):
-            checkpoint = checkpoint_of(run)
-            if checkpoint is not None:
-                note = Text(short_path(checkpoint), style="dim")
+        checkpoint = resumable_checkpoint_of(cell)
+        if run is not None and run.tags.get(Tag.ERROR):
+            note = Text(run.tags[Tag.ERROR][:ERROR_WIDTH], style="red")
+        elif checkpoint is not None:
+            note = Text(short_path(checkpoint.path) if checkpoint.path else str(checkpoint), style="dim")
         elif cell.skipped is not None and run is None:
             note = Text(skipped_note(cell), style="dim")
         table.add_row(
             cell.name,
             state_text(cell.state),
             "-" if cell.step() is None else str(cell.step()),
-            f"{cell.fraction():.0%}" if cell.state != PENDING else "-",
+            f"{cell.fraction():.0%}" if cell.state != Status.PENDING else "-",
             fmt_number(cell.metric(METRIC_LOSS)),
             fmt_number(cell.metric(METRIC_SHARPE)),
             fmt_mb(cell.metric(METRIC_PEAK_MB)),
@@ -166,9 +153,9 @@ def status_table(job: Job, now_ms: int) -> Table:
     return table
 
 
-def skipped_note(cell: Cell) -> str:
+def skipped_note(cell: JobCell) -> str:
     """Where a skipped cell's result is: the earlier FINISHED run (its metrics are that run's)."""
-    return f"skipped: FINISHED earlier in run {cell.skipped.run_id}"
+    return skip_note(cell.skipped.run_id)
 
 
 def status_view(job: Job, now_ms: int, log_excerpt: str = "") -> RenderableType:
@@ -207,7 +194,7 @@ def list_table(page: Page, now_ms: int) -> RenderableType:
 # watch
 # --------------------------------------------------------------------------------------------
 def _bar(fraction: float, state: str) -> ProgressBar:
-    style = {FAILED: "red", KILLED: "yellow", STALE: "magenta"}.get(state)
+    style = {Status.FAILED: "red", Status.KILLED: "yellow", Status.STALE: "magenta"}.get(state)
     bar = ProgressBar(total=1.0, completed=fraction)  # as wide as its column lets it
     if style:
         bar.complete_style = style
@@ -215,8 +202,8 @@ def _bar(fraction: float, state: str) -> ProgressBar:
     return bar
 
 
-def _cell_eta(cell: Cell, now_ms: int) -> str:
-    if cell.run is None or cell.state != RUNNING:
+def _cell_eta(cell: JobCell, now_ms: int) -> str:
+    if cell.run is None or cell.state != Status.RUNNING:
         return "-"
     return fmt_duration(eta_s(cell.run.duration_s(now_ms), cell.fraction()))
 
@@ -243,7 +230,7 @@ def watch_view(job: Job, now_ms: int) -> RenderableType:
         )
     fraction = job.fraction()
     elapsed = job.duration_s(now_ms)
-    eta = eta_s(elapsed, fraction) if job.state in (RUNNING, STARTING) else None
+    eta = eta_s(elapsed, fraction) if job.state in (Status.RUNNING, Status.STARTING) else None
     overall = Table.grid(padding=(0, 2))
     overall.add_column(no_wrap=True)
     overall.add_column(min_width=BAR_MIN_WIDTH, max_width=BAR_WIDTH)

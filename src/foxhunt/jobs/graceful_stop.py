@@ -3,8 +3,9 @@
 Lightning already turns SIGTERM into a ``SIGTERMException`` raised at the next step boundary
 and Ctrl-C into a ``KeyboardInterrupt``; both reach callbacks through ``on_exception``. This
 callback writes ``interrupted.ckpt`` there (weights, optimizer and loop state, resumable with
-``ckpt=<path>``), so a stopped run loses at most the step in flight. ``train.py`` then marks
-the MLflow run KILLED.
+``ckpt=<path>``; ``resume=true`` finds it: :mod:`foxhunt.runs.checkpoints`), so a stopped run
+loses at most the step in flight. The run's :class:`~foxhunt.runs.tracked_run.TrackedRun` then
+ends it KILLED.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-log = logging.getLogger(__name__)
+from foxhunt.runs.checkpoints import INTERRUPTED_CHECKPOINT
 
-INTERRUPTED_CHECKPOINT = "interrupted.ckpt"
+log = logging.getLogger(__name__)
 
 
 def is_stop_request(exception: BaseException) -> bool:

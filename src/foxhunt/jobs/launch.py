@@ -34,24 +34,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from foxhunt.jobs.records import (
-    FINISHED,
-    KILLED,
-    RUNNING,
-    SKIPPED,
-    STALE,
-    STARTING,
-    TAG_STOP_REASON,
-    Job,
-    LaunchRecord,
-    PlanCell,
-    find_job,
-    jobs_dir,
-    process_alive,
-)
+from foxhunt.errors import one_line_error
+from foxhunt.jobs.launch_record import LaunchRecord, PlannedCell, jobs_dir
+from foxhunt.jobs.views import RESUME_FLAG, Job, find_job
+from foxhunt.runs.cell import CellKey
+from foxhunt.runs.environment import JOB_ID_ENV, ROOT_ENV
+from foxhunt.runs.liveness import process_alive, run_state
+from foxhunt.runs.status import OK_RESULTS, Status
+from foxhunt.runs.store import RunStore
+from foxhunt.runs.tags import Tag
 
 COST_FILE = Path(__file__).with_name("cost.yaml")
-RESUME_OVERRIDE = "resume=true"
 SWEEP_DIR_KEY = "hydra.sweep.dir"
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
@@ -63,15 +56,6 @@ class LaunchError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 # Planning: compose and validate every cell before anything starts
 # --------------------------------------------------------------------------------------------
-def expand_grid(overrides: list[str]) -> list[list[str]]:
-    """The cells of a sweep: Hydra's basic sweeper's cartesian product of the comma lists."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
-    return BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
-
-
 def load_costs(path: Path = COST_FILE) -> dict[str, Any]:
     import yaml
 
@@ -109,7 +93,7 @@ def planned_batches(cfg, costs: dict[str, Any]) -> int:
     return max(1, total if total is not None else per_epoch)
 
 
-def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlanCell], dict[str, str]]:
+def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dict[str, str]]:
     """Compose and validate each cell; return the plan and the store settings of the job.
 
     Raises :class:`LaunchError` with the first failing cell's overrides and the one-line error.
@@ -119,6 +103,8 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlanCell], dict[s
 
     from foxhunt.build import compose_config
     from foxhunt.config.schema import ConfigError, validate
+    from foxhunt.runs.config_hash import config_hash
+    from foxhunt.sweeps.grid import expand_grid
 
     costs = load_costs()
     try:
@@ -135,12 +121,8 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlanCell], dict[s
             raise LaunchError(f"config error in cell [{label}]: {_first_line(exc)}") from None
         steps = planned_batches(cfg, costs)
         per_batch = float(costs["seconds_per_batch"].get(str(cfg.model.name), costs["default_seconds_per_batch"]))
-        plan.append(
-            PlanCell(
-                model=str(cfg.model.name), asset=str(cfg.asset.key), precision=str(cfg.precision.name),
-                seed=str(cfg.seed), steps=steps, weight=round(steps * per_batch, 6), overrides=list(cell),
-            )  # fmt: skip
-        )
+        key = CellKey.from_config(cfg, config_hash(cfg))
+        plan.append(PlannedCell(key, steps=steps, weight=round(steps * per_batch, 6), overrides=list(cell)))
         if not store:
             store = {
                 "tracking_uri": str(cfg.logger.tracking_uri),
@@ -151,8 +133,7 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlanCell], dict[s
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return " ".join(text.splitlines()[0].split())
+    return one_line_error(exc, with_type=False, first_line=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,7 +171,7 @@ def start(
 ) -> Launched:
     """Validate the grid, then launch it in the background; return at once."""
     root = Path(root).resolve()
-    overrides = [o for o in overrides if o not in MULTIRUN_FLAGS and o != RESUME_OVERRIDE]
+    overrides = [o for o in overrides if o not in MULTIRUN_FLAGS and o != RESUME_FLAG]
     plan, store = plan_cells(overrides, root)
     job_id = job_id or new_job_id()
     folder = jobs_dir(root)
@@ -204,7 +185,7 @@ def start(
     if not user_sweep_dir:  # one folder per job, kept on resume (two jobs may start in one second)
         command.append(f"{SWEEP_DIR_KEY}={sweep_dir}")
     if resume:
-        command.append(RESUME_OVERRIDE)
+        command.append(RESUME_FLAG)
     record = LaunchRecord(
         job_id=job_id, pid=0, host=socket.gethostname(), command=command, overrides=overrides, log=str(log),
         tracking_uri=store["tracking_uri"], root=str(root), sweep_dir=sweep_dir,
@@ -213,7 +194,7 @@ def start(
     )  # fmt: skip
     record_path = folder / f"{job_id}.json"
     record.write(record_path)
-    env = {**os.environ, "FOXHUNT_JOB_ID": job_id, "FOXHUNT_ROOT": str(root), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, JOB_ID_ENV: job_id, ROOT_ENV: str(root), "PYTHONUNBUFFERED": "1"}
     with open(log, "a") as out:
         out.write(f"=== {'resume' if resume else 'start'} {datetime.now().isoformat(timespec='seconds')}: "
                   f"{' '.join(command)}\n")  # fmt: skip
@@ -233,15 +214,15 @@ def resume(job: Job, root: Path, tracking_uri: str) -> Launched:
 
     Runs the store still shows RUNNING with their process gone (STALE) are ended KILLED first
     (tag ``stop_reason=stale``): the sweep then resumes them like any interrupted cell."""
-    if job.state in (RUNNING, STARTING):
+    if job.state in (Status.RUNNING, Status.STARTING):
         raise LaunchError(f"job {job.job_id} is {job.state}: stop it first (foxhunt train stop {job.job_id})")
     cells = job.cells()
-    if job.state == FINISHED and cells and all(c.state in (FINISHED, SKIPPED) for c in cells):
+    if job.state == Status.FINISHED and cells and all(c.state in OK_RESULTS for c in cells):
         raise LaunchError(f"job {job.job_id} is FINISHED with every cell FINISHED: nothing to resume")
     if not job.has_overrides:
         raise LaunchError(f"job {job.job_id} has no stored overrides: start it again with foxhunt train start")
-    if job.state == STALE or any(r.state == STALE for r in job.runs):
-        settle(job, KILLED, "stale", tracking_uri=tracking_uri, only_dead=True)
+    if job.state == Status.STALE or any(r.state == Status.STALE for r in job.runs):
+        settle(job, Status.KILLED, "stale", tracking_uri=tracking_uri, only_dead=True)
     return start(job.overrides, root, job_id=job.job_id, sweep_dir=job.sweep_dir or None, resume=True)
 
 
@@ -258,7 +239,7 @@ class StopResult:
 
 def check_stoppable(job: Job) -> None:
     """Raise :class:`LaunchError` unless the job runs, on this host, with a live process."""
-    if job.state not in (RUNNING, STARTING):
+    if job.state not in (Status.RUNNING, Status.STARTING):
         raise LaunchError(f"job {job.job_id} is {job.state}: nothing to stop")
     if job.host and job.host != socket.gethostname():
         raise LaunchError(f"job {job.job_id} runs on host {job.host}: stop it there")
@@ -286,7 +267,7 @@ def stop(job: Job, tracking_uri: str, timeout_s: float, force: bool, poll_s: flo
     exited = not process_alive(pid)
     if exited:  # whatever the supervisor could not settle (it was killed, or there was none)
         fresh = _refind(job, tracking_uri)
-        settle(fresh, KILLED, "SIGKILL" if forced else "SIGTERM", tracking_uri=tracking_uri, only_dead=True)
+        settle(fresh, Status.KILLED, "SIGKILL" if forced else "SIGTERM", tracking_uri=tracking_uri, only_dead=True)
     return StopResult(job.job_id, exited, forced, time.monotonic() - started)
 
 
@@ -326,23 +307,15 @@ def _refind(job: Job, tracking_uri: str) -> Job:
 def settle(job: Job, status: str, reason: str, tracking_uri: str | None, only_dead: bool) -> list[str]:
     """End the job's RUNNING runs (parent and cells) with ``status``; with ``only_dead``, only
     those whose process is gone. Returns the run ids changed."""
-    from mlflow.tracking import MlflowClient
-
-    runs = [r for r in ([job.parent] if job.parent else []) + job.runs if r.status == RUNNING]
-    if only_dead:
-        runs = [r for r in runs if r.state == STALE or not _run_alive(r)]
+    runs = [r for r in ([job.parent] if job.parent else []) + job.runs if r.status == Status.RUNNING]
+    if only_dead:  # as the views show them: a RUNNING run of another host is not ours to end
+        runs = [r for r in runs if run_state(r) == Status.STALE]
     if not runs:
         return []
     uri = tracking_uri or (job.record.tracking_uri if job.record else None)
     if uri is None:
         raise LaunchError(f"job {job.job_id}: no tracking URI to settle its runs")
-    client = MlflowClient(uri)
+    store = RunStore(uri)
     for run in runs:
-        client.set_tag(run.run_id, TAG_STOP_REASON, reason)
-        client.set_terminated(run.run_id, status)
+        store.end(run.run_id, status, {Tag.STOP_REASON: reason})
     return [r.run_id for r in runs]
-
-
-def _run_alive(run) -> bool:
-    pid = run.tags.get("pid", "")
-    return pid.isdigit() and process_alive(int(pid), run.last_seen_ms())

@@ -1,6 +1,6 @@
 """``foxhunt train list``: filters, sorting and pages of jobs, and their JSON form.
 
-Pure functions of :class:`foxhunt.jobs.records.Job` lists; no store access, no heavy import.
+Pure functions of :class:`foxhunt.jobs.views.Job` lists; no store access, no heavy import.
 """
 
 from __future__ import annotations
@@ -11,19 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from foxhunt.jobs.records import (
-    FAILED,
-    KILLED,
-    METRIC_LOSS,
-    METRIC_PEAK_MB,
-    METRIC_SHARPE,
-    STALE,
-    TAG_ERROR,
-    Cell,
-    Job,
-    checkpoint_of,
-    iso_time,
-)
+from foxhunt.runs.tags import Tag
+
+from foxhunt.jobs.views import METRIC_LOSS, METRIC_PEAK_MB, METRIC_SHARPE, Job, JobCell, iso_time, resumable_checkpoint_of
 
 SORT_KEYS = ("started", "duration", "sharpe")
 _SINCE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
@@ -128,9 +118,9 @@ def job_to_dict(job: Job, now_ms: int) -> dict[str, Any]:
     }
 
 
-def cell_to_dict(cell: Cell, now_ms: int) -> dict[str, Any]:
+def cell_to_dict(cell: JobCell, now_ms: int) -> dict[str, Any]:
     run = cell.run
-    checkpoint = checkpoint_of(run) if run is not None and run.state in (KILLED, STALE, FAILED) else None
+    checkpoint = resumable_checkpoint_of(cell)
     duration = cell.duration_s(now_ms)
     return {
         "name": cell.name,
@@ -144,6 +134,6 @@ def cell_to_dict(cell: Cell, now_ms: int) -> dict[str, Any]:
         "val_sharpe": cell.metric(METRIC_SHARPE),
         "peak_mb": cell.metric(METRIC_PEAK_MB),
         "duration_s": round(duration, 3) if duration is not None else None,
-        "error": (run.tags.get(TAG_ERROR) or None) if run else None,
+        "error": (run.tags.get(Tag.ERROR) or None) if run else None,
         "checkpoint": str(checkpoint) if checkpoint else None,
     }

@@ -32,25 +32,14 @@ import sys
 import time
 from pathlib import Path
 
-from foxhunt.jobs.records import (
-    FAILED,
-    FINISHED,
-    KILLED,
-    RUNNING,
-    TAG_ERROR,
-    TAG_LOG,
-    TAG_PLAN,
-    TAG_STOP_REASON,
-    TAG_SWEEP_DIR,
-    TAG_SWEEP_DIR_OF_PARENT,
-    Job,
-    LaunchRecord,
-    find_job,
-    job_tags,
-    log_tail,
-    open_reader,
-    process_alive,
-)
+from foxhunt.errors import TAG_TEXT_LIMIT, one_line
+from foxhunt.jobs.launch_record import LaunchRecord, job_tags
+from foxhunt.jobs.views import Job, find_job, log_tail
+from foxhunt.runs.liveness import on_this_host, run_state
+from foxhunt.runs.provenance import source_tags
+from foxhunt.runs.status import Status
+from foxhunt.runs.store import RunStore
+from foxhunt.runs.tags import Tag
 
 log = logging.getLogger("foxhunt.jobs.supervisor")
 
@@ -58,8 +47,8 @@ log = logging.getLogger("foxhunt.jobs.supervisor")
 # process settings of the supervisor, not training hyperparameters.
 POLL_S = 1.0
 ERROR_LINES = 5
-TAG_VALUE_LIMIT = 5000  # as foxhunt.tracking.mlflow_store (not imported: it imports lightning)
 DEFAULT_EXPERIMENT = "foxhunt"  # conf/train.yaml's task, for a launch record that names none
+SOURCE = "foxhunt train start"  # the Source of the run it creates for a job that never reached the store
 
 
 class Supervisor:
@@ -67,15 +56,7 @@ class Supervisor:
         self.record = record
         self.stop_signal: int | None = None
         self.tagged_parent: str | None = None
-        self._client = None
-
-    @property
-    def client(self):
-        if self._client is None:
-            from mlflow.tracking import MlflowClient
-
-            self._client = MlflowClient(self.record.tracking_uri)
-        return self._client
+        self.store = RunStore(record.tracking_uri)
 
     def _on_signal(self, signum: int, frame) -> None:
         if self.stop_signal is None:
@@ -89,7 +70,10 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         child = subprocess.Popen(self.record.command, cwd=self.record.root)
-        _ = self.client  # import mlflow while training starts, not when the parent appears
+        # mlflow is imported while training starts, not when the parent appears; the client is
+        # not opened yet: opening it creates a missing store, which the sweep is creating
+        # (two processes creating one SQLite store crash).
+        import mlflow.tracking  # noqa: F401
         while True:
             try:
                 rc = child.wait(timeout=POLL_S)
@@ -115,11 +99,11 @@ class Supervisor:
 
         record = self.record
         tags = job_tags(record.job_id, os.getpid(), display_command(record.command), record.overrides)
-        tags[TAG_LOG] = record.log
-        tags[TAG_SWEEP_DIR] = record.sweep_dir
+        tags[Tag.JOB_LOG] = record.log
+        tags[Tag.JOB_SWEEP_DIR] = record.sweep_dir
         plan = json.dumps([cell.to_dict() for cell in record.plan])
-        if len(plan) <= TAG_VALUE_LIMIT:  # a larger grid keeps its plan in the launch record
-            tags[TAG_PLAN] = plan
+        if len(plan) <= TAG_TEXT_LIMIT:  # a larger grid keeps its plan in the launch record
+            tags[Tag.JOB_PLAN] = plan
         return tags
 
     def _parent_run_id(self) -> str | None:
@@ -127,15 +111,15 @@ class Supervisor:
         set when the sweep creates or reopens it), RUNNING; else the job's parent found through
         its cells' job id."""
         try:
-            reader = open_reader(self.record.tracking_uri)
-            for run_id in reader.run_ids_with_tag(TAG_SWEEP_DIR_OF_PARENT, str(Path(self.record.sweep_dir).resolve())):
-                if self.client.get_run(run_id).info.status == RUNNING:
+            reader = self.store.reader()
+            for run_id in reader.run_ids_with_tag(Tag.SWEEP_DIR, str(Path(self.record.sweep_dir).resolve())):
+                if self.store.get(run_id).status == Status.RUNNING:
                     return run_id
         except Exception:  # a store not created yet, or busy: try again at the next poll
             log.debug("parent of job %s not readable yet", self.record.job_id, exc_info=True)
             return None
         job = self._job()
-        if job is not None and job.parent is not None and job.parent.status == RUNNING:
+        if job is not None and job.parent is not None and job.parent.status == Status.RUNNING:
             return job.parent.run_id
         return None
 
@@ -148,8 +132,7 @@ class Supervisor:
         if run_id is None:
             return
         try:
-            for key, value in self.tags().items():
-                self.client.set_tag(run_id, key, value)
+            self.store.tag(run_id, self.tags())
             self.tagged_parent = run_id
         except Exception:  # the store is shared with training: a locked database, retry later
             log.warning("could not tag the parent run of job %s yet", self.record.job_id, exc_info=True)
@@ -158,61 +141,41 @@ class Supervisor:
     def _settle(self, rc: int) -> None:
         stopped = self.stop_signal is not None or rc in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL)
         job = self._job()
-        error = _one_line(log_tail(self.record.log, ERROR_LINES))
+        error = one_line(log_tail(self.record.log, ERROR_LINES), TAG_TEXT_LIMIT, separator=" | ", keep_end=True)
         if job is None or (job.parent is None and not job.runs):
-            self._record_failure(KILLED if stopped else FAILED, error)
+            self._record_failure(Status.KILLED if stopped else Status.FAILED, error)
             return
         runs = ([job.parent] if job.parent else []) + job.runs
         for run in runs:
-            if run.status != RUNNING:
+            if run.status != Status.RUNNING:
                 continue
-            pid = run.tags.get("pid", "")
-            alive = pid.isdigit() and int(pid) != os.getpid() and process_alive(int(pid), run.last_seen_ms())
-            if run is not job.parent and alive:
-                continue  # a worker still alive (another launcher's): not ours to end
+            # Training has exited, and a sweep waits for all its cells: a cell still RUNNING on
+            # another host is over too. One alive here is another launcher's: not ours to end.
+            if run is not job.parent and on_this_host(run) and run_state(run) == Status.RUNNING:
+                continue
             if stopped:
-                status = KILLED
+                status, tags = Status.KILLED, {Tag.STOP_REASON: _signal_name(self.stop_signal, rc)}
             elif run is job.parent and rc == 0:
-                status = FINISHED
+                status, tags = Status.FINISHED, {}
             else:
-                status = FAILED
+                status, tags = Status.FAILED, {Tag.ERROR: error or f"training exited with status {rc}"}
             try:
-                if status == KILLED:
-                    self.client.set_tag(run.run_id, TAG_STOP_REASON, _signal_name(self.stop_signal, rc))
-                elif status == FAILED:
-                    self.client.set_tag(run.run_id, TAG_ERROR, error or f"training exited with status {rc}")
-                self.client.set_terminated(run.run_id, status)
+                self.store.end(run.run_id, status, tags)
             except Exception:
                 log.exception("could not end run %s of job %s", run.run_id, self.record.job_id)
 
     def _record_failure(self, status: str, error: str) -> None:
         """Nothing reached the store: create a run for the job so that it is listed."""
-        from mlflow.exceptions import MlflowException
-
-        from foxhunt.jobs.records import sqlite_path
-
-        experiment_name = self.record.experiment or DEFAULT_EXPERIMENT
-        artifacts = self.record.artifact_location or None
+        experiment = self.record.experiment or DEFAULT_EXPERIMENT
         try:
-            path = sqlite_path(self.record.tracking_uri)
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            experiment = self.client.get_experiment_by_name(experiment_name)
-            if experiment is None:
-                try:
-                    location = Path(artifacts).resolve().as_uri() if artifacts else None
-                    experiment_id = self.client.create_experiment(experiment_name, artifact_location=location)
-                except MlflowException:
-                    experiment_id = self.client.get_experiment_by_name(experiment_name).experiment_id
+            experiment_id = self.store.ensure_experiment(experiment, self.record.artifact_location or None)
+            tags = {**source_tags(SOURCE), **self.tags()}
+            if status == Status.FAILED:
+                tags[Tag.ERROR] = error or "training exited before creating a run"
             else:
-                experiment_id = experiment.experiment_id
-            tags = self.tags()
-            if status == FAILED:
-                tags[TAG_ERROR] = error or "training exited before creating a run"
-            else:
-                tags[TAG_STOP_REASON] = _signal_name(self.stop_signal, 0)
-            run = self.client.create_run(experiment_id, run_name=f"job-{self.record.job_id}", tags=tags)
-            self.client.set_terminated(run.info.run_id, status)
+                tags[Tag.STOP_REASON] = _signal_name(self.stop_signal, 0)
+            run_id = self.store.create(experiment_id, f"job-{self.record.job_id}", tags)
+            self.store.end(run_id, status)
         except Exception:
             log.exception("could not record job %s in %s", self.record.job_id, self.record.tracking_uri)
 
@@ -228,11 +191,6 @@ def _signal_name(signum: int | None, rc: int) -> str:
     if signum is not None:
         return signal.Signals(signum).name
     return signal.Signals(-rc).name if rc < 0 else "stop"
-
-
-def _one_line(text: str) -> str:
-    line = " | ".join(" ".join(part.split()) for part in text.splitlines() if part.strip())
-    return line if len(line) <= TAG_VALUE_LIMIT else "..." + line[-(TAG_VALUE_LIMIT - 3):]
 
 
 def main(argv: list[str] | None = None) -> int:

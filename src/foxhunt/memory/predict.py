@@ -19,12 +19,12 @@ configured batch:
   class (torchao's 8-bit optimizers keep quantized moments: their rule belongs with the
   precision code).
 - **activations and model-owned state**: measured, not modelled. Two real short fits of the
-  same config with the batch (:func:`foxhunt.memory.ensemble.batch_key`: the forecasters'
-  windows per step, DQN's update batch, PPO's minibatch) set to two tiny values (the smallest
+  same config with the batch (the factory's ``batch_key``: the forecasters' windows per step,
+  DQN's update batch, PPO's minibatch) set to two tiny values (the smallest
   valid one >= :data:`MIN_PROBE_BATCH`, then the smallest valid one >= twice that) measure the
   activation peak and the model-owned state (the agents allocate their replay buffer or rollout
   from their config sizes, independent of the batch) with
-  :func:`foxhunt.memory.ensemble.measure_run`; both are extrapolated along the line through the
+  :func:`foxhunt.memory.training_run.measure_run`; both are extrapolated along the line through the
   two points to the configured batch.
 
 The scaling rule, per family. Every activation saved for backward belongs to one sample of
@@ -53,6 +53,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.memory.accounting import MemoryBreakdown, to_mb
+from foxhunt.memory.training_run import RunFactory
 
 #: The smallest batch a probe fit runs at. Small enough that a probe costs a fraction of the
 #: configured step's memory; not smaller, because an agent's probe step runs one update per
@@ -188,13 +189,11 @@ class StaticPrediction:
     notes: tuple[str, ...] = ()
 
 
-def predict_static(cfg: DictConfig) -> StaticPrediction:
+def predict_static(cfg: DictConfig, factory: RunFactory) -> StaticPrediction:
     """Parameters, gradients, buffers and optimizer state of ``cfg``'s model, from a meta-device
-    construction (see the module doc)."""
-    from foxhunt.build import build_model
-
+    construction by ``factory`` (see the module doc)."""
     with torch.device("meta"):
-        model = build_model(cfg)
+        model = factory.model(cfg)
     model = _precision_converted(cfg, model)
     params = list(model.parameters())  # each Parameter once (tied weights too)
     params_bytes = sum(_nbytes(p) for p in params)
@@ -215,7 +214,7 @@ def _precision_converted(cfg: DictConfig, model):
     """``model`` as the run's Lightning precision plugin stores it (``bf16-true``: bf16)."""
     import lightning.pytorch as pl
 
-    from foxhunt.memory.ensemble import quiet_lightning
+    from foxhunt.memory.training_run import quiet_lightning
 
     precision = cfg.precision.trainer_precision
     with quiet_lightning():
@@ -298,19 +297,23 @@ class Prediction:
 
 
 def predict_footprint(
-    cfg: DictConfig, workdir: str | Path | None = None, probe_cache: dict[str, tuple[int, int]] | None = None
+    cfg: DictConfig,
+    factory: RunFactory,
+    workdir: str | Path | None = None,
+    probe_cache: dict[str, tuple[int, int]] | None = None,
 ) -> Prediction:
     """Predict the training footprint of the run ``cfg`` (composed and validated, e.g. by
-    :func:`foxhunt.memory.ensemble.measuring_config`) without running its configured batch.
+    :func:`foxhunt.build.measuring_config`; built by ``factory``) without running its
+    configured batch.
 
     ``probe_cache``: a dict shared by several predictions of configs that differ only in the
     batch (their probe fits are the same): the measured ``(activations, model state)`` bytes
     per probe config."""
     from foxhunt.config.schema import resolved_config
-    from foxhunt.memory.ensemble import batch_key, config_value, measure_run
+    from foxhunt.memory.training_run import config_value, measure_run
 
     started = time.perf_counter()
-    static = predict_static(cfg)
+    static = predict_static(cfg, factory)
     notes = list(static.notes)
     precision = cfg.precision
     if str(precision.get("weights", "fp32")) != "fp32" or str(precision.get("optimizer_states", "32bit")) != "32bit":
@@ -318,10 +321,10 @@ def predict_footprint(
             f"precision {precision.name}: quantized weights and 8-bit optimizer states are not modelled by "
             "the meta-device prediction of parameters and optimizer state"
         )
-    key = batch_key(cfg)
+    key = factory.batch_key(cfg)
     batch = config_value(cfg, key)
     if key is None or batch is None:
-        measured = measure_run(cfg, extra_steps=0, workdir=workdir)
+        measured = measure_run(cfg, factory, extra_steps=0, workdir=workdir)
         activations, state = measured.breakdown.activations_bytes, measured.breakdown.model_state_bytes
         probes: tuple[tuple[int, int, int], ...] = ()
         notes.append("no batch key known for this model: activations and model state measured at the configured batch")
@@ -331,7 +334,7 @@ def predict_footprint(
         for probe_batch, probe in probe_configs(cfg, key, batch):
             cache_key = OmegaConf.to_yaml(resolved_config(probe))
             if probe_cache is None or cache_key not in probe_cache:
-                measured = measure_run(probe, extra_steps=0, workdir=workdir)
+                measured = measure_run(probe, factory, extra_steps=0, workdir=workdir)
                 found = (measured.breakdown.activations_bytes, measured.breakdown.model_state_bytes)
                 if probe_cache is not None:
                     probe_cache[cache_key] = found

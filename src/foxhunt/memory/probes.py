@@ -28,8 +28,6 @@ import torch
 
 log = logging.getLogger(__name__)
 
-PROBES = ("cuda", "nvml", "rss")
-
 PROBE_METHODS = {
     "cuda": "torch.cuda.max_memory_allocated / max_memory_reserved, peaks reset at run start",
     "nvml": "NVML used memory of the device (nvidia-smi's figure, CUDA context included) minus its value before the model was on the device",

@@ -36,7 +36,6 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -45,16 +44,16 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.jobs.records import RUN_KIND_SWEEP, TAG_HOST, TAG_JOB_ID, TAG_PID, TAG_RUN_KIND, TAG_SWEEP_DIR_OF_PARENT
-from foxhunt.sweeps.cell import PARENT_RUN_ENV
+from foxhunt.errors import TAG_TEXT_LIMIT, one_line, one_line_error
+from foxhunt.runs.environment import JOB_ID_ENV, PARENT_RUN_ENV
+from foxhunt.runs.status import Status
+from foxhunt.runs.tags import RUN_KIND_SWEEP, Tag
 from foxhunt.sweeps.estimates import PLAN_FILE
 
 log = logging.getLogger(__name__)
 
-SWEEP_HASH_TAG = "sweep_hash"
-SWEEP_DIR_TAG = TAG_SWEEP_DIR_OF_PARENT
-SWEEP_KIND_TAG = (TAG_RUN_KIND, RUN_KIND_SWEEP)
-JOB_ID_ENV = "FOXHUNT_JOB_ID"  # set by foxhunt train start for every process of a job
+SOURCE = "foxhunt-train -m"  # the parent run's Source (foxhunt.runs.provenance)
+SWEEP_HASH_LENGTH = 16
 # Overrides that choose how a sweep runs, not what it trains: not part of its identity.
 LAUNCH_KEYS = ("resume", "strategy", "hydra/launcher", "hydra.launcher", "hydra.sweep", "hydra.job", "hydra.verbose")
 
@@ -69,29 +68,23 @@ def sweep_hash(config: DictConfig) -> str:
     params = config.hydra.sweeper.get("params")
     params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
     text = json.dumps({"overrides": sorted(overrides), "params": params}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(text.encode()).hexdigest()[:SWEEP_HASH_LENGTH]
 
 
-def find_parent_run(client, experiment_id: str, sweep_dir: str, digest: str, job_id: str | None = None) -> str | None:
+def find_parent_run(store, experiment: str, sweep_dir: str, digest: str, job_id: str | None = None) -> str | None:
     """The parent run a resumed sweep reopens (see the module doc), or None.
 
     Newest parent run tagged with this sweep folder; else newest with this ``sweep_hash``, not
     counting one that belongs to another job than ``job_id`` (when this sweep is a job's).
     """
-    # The tags are compared here, not in the filter string: MLflow's filter has no escape for a
-    # quote in a value (a folder name may hold one), and a store holds few sweep parent runs.
-    parents = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`{SWEEP_KIND_TAG[0]}` = '{SWEEP_KIND_TAG[1]}'",
-        order_by=["attributes.start_time DESC"],
-    )
+    parents = store.search(experiment, tags={Tag.RUN_KIND: RUN_KIND_SWEEP})
     for run in parents:
-        if run.data.tags.get(SWEEP_DIR_TAG) == sweep_dir:
-            return run.info.run_id
+        if run.tags.get(Tag.SWEEP_DIR) == sweep_dir:
+            return run.run_id
     for run in parents:
-        owner = run.data.tags.get(TAG_JOB_ID) or None
-        if run.data.tags.get(SWEEP_HASH_TAG) == digest and (not job_id or owner in (None, job_id)):
-            return run.info.run_id
+        owner = run.tags.get(Tag.JOB_ID) or None
+        if run.tags.get(Tag.SWEEP_HASH) == digest and (not job_id or owner in (None, job_id)):
+            return run.run_id
     return None
 
 
@@ -119,21 +112,15 @@ class SweepCallback(Callback):
                 (self.sweep_dir / PLAN_FILE).unlink(missing_ok=True)
         except Exception as exc:  # Hydra would only warn and start the jobs anyway
             log.debug("sweep preparation failed", exc_info=True)
-            line = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            line = one_line_error(exc)
             if self.parent_run_id is not None:
                 self._fail_parent_run(config, line)
             print(f"foxhunt-train: cannot prepare the sweep: {line}", file=sys.stderr)
             sys.exit(2)
 
     def _fail_parent_run(self, config: DictConfig, line: str) -> None:
-        from mlflow.tracking import MlflowClient
-
-        from foxhunt.tracking.mlflow_store import one_line
-
         try:
-            client = MlflowClient(config.logger.tracking_uri)
-            client.set_tag(self.parent_run_id, "error", one_line(line))
-            client.set_terminated(self.parent_run_id, "FAILED")
+            self._store(config).end(self.parent_run_id, Status.FAILED, {Tag.ERROR: one_line(line, TAG_TEXT_LIMIT)})
         except Exception:  # the store itself may be what failed
             log.debug("could not mark the parent run FAILED", exc_info=True)
         os.environ.pop(PARENT_RUN_ENV, None)
@@ -146,54 +133,54 @@ class SweepCallback(Callback):
         apply_plan(config, plan)
         log.info(plan.describe())
         if self.parent_run_id is not None:
-            from mlflow.tracking import MlflowClient
+            store = self._store(config)
+            store.tag(self.parent_run_id, {Tag.PACKING: plan.describe()})
+            store.log_artifact(self.parent_run_id, self.sweep_dir / PLAN_FILE)
 
-            client = MlflowClient(config.logger.tracking_uri)
-            client.set_tag(self.parent_run_id, "packing", plan.describe())
-            client.log_artifact(self.parent_run_id, str(self.sweep_dir / PLAN_FILE))
+    @staticmethod
+    def _store(config: DictConfig):
+        from foxhunt.runs.store import RunStore
+
+        return RunStore(config.logger.tracking_uri)
 
     def _start_parent_run(self, config: DictConfig) -> str:
-        from mlflow.tracking import MlflowClient
-
-        from foxhunt.tracking.mlflow_store import ensure_experiment, one_line
+        from foxhunt.runs.provenance import process_tags, source_tags
 
         logger = config.logger
-        experiment_id = ensure_experiment(logger.tracking_uri, logger.experiment, logger.artifact_location)
-        client = MlflowClient(logger.tracking_uri)
+        store = self._store(config)
+        experiment_id = store.ensure_experiment(logger.experiment, logger.artifact_location)
         digest = sweep_hash(config)
+        overrides = " ".join(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+        process = process_tags()
         tags = {
-            SWEEP_KIND_TAG[0]: SWEEP_KIND_TAG[1],
-            SWEEP_HASH_TAG: digest,
-            "sweep_id": self.sweep_dir.name,
-            SWEEP_DIR_TAG: str(self.sweep_dir.resolve()),
-            "strategy": str(config.strategy.name),
-            "overrides": one_line(" ".join(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))),
-            TAG_PID: str(os.getpid()),
-            TAG_HOST: socket.gethostname(),
+            **source_tags(SOURCE),
+            Tag.RUN_KIND: RUN_KIND_SWEEP,
+            Tag.SWEEP_HASH: digest,
+            Tag.SWEEP_ID: self.sweep_dir.name,
+            Tag.SWEEP_DIR: str(self.sweep_dir.resolve()),
+            Tag.STRATEGY: str(config.strategy.name),
+            Tag.OVERRIDES: one_line(overrides, TAG_TEXT_LIMIT),
+            Tag.PID: process[Tag.PID],
+            Tag.HOST: process[Tag.HOST],
         }
         if config.resume:
-            run_id = find_parent_run(client, experiment_id, tags[SWEEP_DIR_TAG], digest, os.environ.get(JOB_ID_ENV))
+            run_id = find_parent_run(store, logger.experiment, tags[Tag.SWEEP_DIR], digest, os.environ.get(JOB_ID_ENV))
             if run_id is not None:
-                from mlflow.entities import RunTag
-
-                # Tags first, then RUNNING: a job's supervisor tags the parent (its own pid
-                # over ours) once it is RUNNING, and must not be overwritten.
-                client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
-                client.update_run(run_id, status="RUNNING")
+                store.reopen(run_id, tags)  # tags first, then RUNNING (the supervisor's come after)
                 log.info("sweep resumes its parent run %s", run_id)
                 return run_id
-        run = client.create_run(experiment_id, run_name=f"sweep-{self.sweep_dir.name}", tags=tags)
-        log.info("sweep parent run %s in %s", run.info.run_id, logger.tracking_uri)
-        return run.info.run_id
+        run_id = store.create(experiment_id, f"sweep-{self.sweep_dir.name}", tags)
+        log.info("sweep parent run %s in %s", run_id, logger.tracking_uri)
+        return run_id
 
     # -- after the jobs -------------------------------------------------------------------
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from foxhunt.sweeps.cells import read_records
+        from foxhunt.runs.cell import read_results
         from foxhunt.sweeps.summary import failures, format_markdown, format_table, plot_heatmap
 
         assert self.sweep_dir is not None and self.started is not None
         wall = time.perf_counter() - self.started
-        records = read_records(self.sweep_dir)
+        records = read_results(self.sweep_dir)
         failed = failures(records)
         title = f"sweep {self.sweep_dir.name}: {len(records)} cells, {wall:.0f} s"
         print(f"\n{title}\n{format_table(records)}", flush=True)
@@ -213,16 +200,11 @@ class SweepCallback(Callback):
             sys.exit(1)
 
     def _end_parent_run(self, config: DictConfig, records, failed, wall: float, artifacts) -> None:
-        from mlflow.entities import Metric
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(config.logger.tracking_uri)
-        now = int(time.time() * 1000)
+        store = self._store(config)
         values = {"sweep/cells": len(records), "sweep/cells_failed": len(failed), "sweep/wall_s": wall}
-        client.log_batch(self.parent_run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()])
+        store.log_metrics(self.parent_run_id, values)
         for path in artifacts:
             if path is not None:
-                client.log_artifact(self.parent_run_id, str(path))
-        if failed:
-            client.set_tag(self.parent_run_id, "failed_cells", ", ".join(r.cell for r in failed))
-        client.set_terminated(self.parent_run_id, "FAILED" if failed else "FINISHED")
+                store.log_artifact(self.parent_run_id, path)
+        tags = {Tag.FAILED_CELLS: ", ".join(r.cell for r in failed)} if failed else {}
+        store.end(self.parent_run_id, Status.FAILED if failed else Status.FINISHED, tags)

@@ -40,7 +40,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from foxhunt.sweeps.cells import cell_name
+from foxhunt.errors import one_line_error
+from foxhunt.runs.cell import CellKey
+from foxhunt.runs.status import Status
+from foxhunt.runs.tags import Param, Tag
 
 log = logging.getLogger(__name__)
 
@@ -118,17 +121,15 @@ def budget_text(cfg: DictConfig) -> str:
 
 def estimate_peak(cfg: DictConfig, digest: str) -> PeakEstimate:
     """The cell's peak memory (see the module doc for the order of the sources)."""
-    name = cell_name(cfg)
+    key = CellKey.from_config(cfg, digest)
+    name = key.name
     tracked = bool(cfg.logger.enabled)
-    found = _measured(cfg, f"tags.config_hash = '{digest}'", "same config") if tracked else None
+    found = _measured(cfg, {Tag.CONFIG_HASH: digest}, {}, "same config") if tracked else None
     if found is None and cfg.strategy.get("predict_memory", False):
         found = _predicted(cfg)
     if found is None and tracked:
-        same_cell = (
-            f"tags.model = '{cfg.model.name}' and tags.asset = '{cfg.asset.key}' and "
-            f"tags.precision = '{cfg.precision.name}' and params.`budget.name` = '{cfg.budget.name}'"
-        )
-        found = _measured(cfg, same_cell, "same model, asset, precision and budget")
+        same_cell = {Tag.MODEL: key.model, Tag.ASSET: key.asset, Tag.PRECISION: key.precision}
+        found = _measured(cfg, same_cell, {Param.BUDGET_NAME: str(cfg.budget.name)}, "same model, asset, precision and budget")
     if found is not None:
         return PeakEstimate(name, *found)
     if cfg.model.memory_target_mb is not None:
@@ -136,21 +137,14 @@ def estimate_peak(cfg: DictConfig, digest: str) -> PeakEstimate:
     return PeakEstimate(name, available_mb(cfg), "fallback: no target, measurement or prediction: the whole budget")
 
 
-def _measured(cfg: DictConfig, match: str, what: str) -> tuple[float, str] | None:
-    from mlflow.tracking import MlflowClient
+def _measured(cfg: DictConfig, tags: dict, params: dict, what: str) -> tuple[float, str] | None:
+    from foxhunt.runs.store import RunStore
 
-    client = MlflowClient(cfg.logger.tracking_uri)
-    experiment = client.get_experiment_by_name(cfg.logger.experiment)
-    if experiment is None:
-        return None
-    runs = client.search_runs(
-        [experiment.experiment_id],
-        filter_string=f"{match} and attributes.status = 'FINISHED'",
-        max_results=MEASURED_RUNS_LIMIT,
-        order_by=["attributes.start_time DESC"],
+    runs = RunStore(cfg.logger.tracking_uri).search(
+        cfg.logger.experiment, tags=tags, params=params, status=Status.FINISHED, max_results=MEASURED_RUNS_LIMIT
     )
     for metric in MEASURED_METRICS:
-        values = [(r.data.metrics[metric], r.info.run_id) for r in runs if metric in r.data.metrics]
+        values = [(r.metric(metric), r.run_id) for r in runs if metric in r.metrics]
         if values:
             mb, run_id = max(values)
             return mb, f"measured: max {metric} of {len(values)} FINISHED run(s) with the {what} (run {run_id})"
@@ -179,7 +173,7 @@ def _predicted(cfg: DictConfig) -> tuple[float, str] | None:
     try:
         mb, how = _predict(cfg, cache.parent / "probes")
     except Exception as exc:  # a prediction that cannot run leaves the next source
-        log.warning("%s: no memory prediction (%s: %s)", cell_name(cfg), type(exc).__name__, " ".join(str(exc).split()))
+        log.warning("%s: no memory prediction (%s)", CellKey.from_config(cfg).name, one_line_error(exc))
         return None
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({"mb": mb, "how": how}, indent=2))
@@ -191,8 +185,8 @@ def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
 
     from omegaconf import OmegaConf
 
+    from foxhunt.build import MEASURE_DATA_DAYS, MEASURING_RUNS
     from foxhunt.config.schema import validate
-    from foxhunt.memory.ensemble import MEASURE_DATA_DAYS
     from foxhunt.memory.predict import predict_footprint
 
     probe = copy.deepcopy(cfg)
@@ -200,7 +194,7 @@ def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
     if "days" in probe.data.source:  # probe fits need a few days of bars, as foxhunt memory's
         OmegaConf.update(probe, "data.source.days", MEASURE_DATA_DAYS, merge=False)
     validate(probe)
-    prediction = predict_footprint(probe, workdir=workdir)
+    prediction = predict_footprint(probe, MEASURING_RUNS, workdir=workdir)
     how = (
         f"predict_footprint: training footprint, {len(prediction.probes)} probe fits at "
         f"{prediction.batch_key}={[b for b, _, _ in prediction.probes]} extrapolated to {prediction.batch_size}, "
@@ -255,7 +249,7 @@ def check_fits(cfg: DictConfig, sweep_dir: Path) -> None:
     plan = PackingPlan.read(sweep_dir)
     if plan is None:
         return
-    estimate = plan.estimates.get(cell_name(cfg))
+    estimate = plan.estimates.get(CellKey.from_config(cfg).name)
     if estimate is not None and estimate.mb > available_mb(cfg):
         raise CellExceedsBudget(
             f"cell {estimate.cell} needs {estimate.mb:.0f} MB ({estimate.source}) > {budget_text(cfg)}: not started"

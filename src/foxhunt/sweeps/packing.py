@@ -26,9 +26,9 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 def sweep_cells(config: DictConfig) -> list[list[str]]:
     """The override lists of every job, as Hydra's basic sweeper will launch them."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from foxhunt.sweeps.grid import expand_grid
 
     if config.hydra.sweeper._target_ != BASIC_SWEEPER:
         raise ValueError(
@@ -38,15 +38,15 @@ def sweep_cells(config: DictConfig) -> list[list[str]]:
     params = config.hydra.sweeper.get("params") or {}
     arguments = [f"{key}={value}" for key, value in params.items()]
     arguments += OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
-    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
-    return [cell for batch in BasicSweeper.split_arguments(parser.parse_overrides(arguments), None) for cell in batch]
+    return expand_grid(arguments, GlobalHydra.instance().config_loader())
 
 
 def plan_sweep(config: DictConfig) -> PackingPlan:
     """Estimate every cell and decide ``n_jobs`` and the threads per job."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from foxhunt.sweeps.cells import cell_name, config_hash
+    from foxhunt.runs.cell import CellKey
+    from foxhunt.runs.config_hash import config_hash
     from foxhunt.sweeps.resources import available_cores, cuda_devices
 
     started = time.perf_counter()
@@ -55,7 +55,7 @@ def plan_sweep(config: DictConfig) -> PackingPlan:
     for overrides in sweep_cells(config):
         cell = loader.load_sweep_config(config, overrides)
         estimate = estimate_peak(cell, config_hash(cell))
-        estimates[cell_name(cell)] = estimate
+        estimates[CellKey.from_config(cell).name] = estimate
         log.info("  %s: %.0f MB, %s", estimate.cell, estimate.mb, estimate.source)
     plan = plan_packing(
         estimates,

@@ -30,6 +30,12 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def configured_threads(cfg) -> int:
+    """``strategy.torch_threads``: a number, or ``auto`` = every core this process may use."""
+    value = cfg.strategy.get("torch_threads", AUTO)
+    return available_cores() if str(value) == AUTO else int(value)
+
+
 def threads_per_job(n_jobs: int, cores: int | None = None) -> int:
     """Torch threads of each of ``n_jobs`` concurrent jobs so that together they use the cores."""
     cores = available_cores() if cores is None else cores

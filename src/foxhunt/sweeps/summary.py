@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from foxhunt.sweeps.cells import OK_STATUSES, CellRecord
+from foxhunt.runs.cell import CellResult
+from foxhunt.runs.status import OK_RESULTS, Status
 
 SHARPE, VAL_LOSS, PEAK = "test/sharpe", "val/loss", "memory/device_peak_mb"
 HEADER = ("cell", "status", SHARPE, VAL_LOSS, "peak MB", "wall s", "error / note")
@@ -25,8 +26,8 @@ DPI = 100
 DARK_FRACTION = 0.6  # |sharpe| above this share of the colour scale's bound is drawn on a dark cell
 
 
-def failures(records: list[CellRecord]) -> list[CellRecord]:
-    return [r for r in records if r.status not in OK_STATUSES]
+def failures(records: list[CellResult]) -> list[CellResult]:
+    return [r for r in records if r.status not in OK_RESULTS]
 
 
 def _number(value: float | None, digits: int) -> str:
@@ -35,7 +36,7 @@ def _number(value: float | None, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def _row(record: CellRecord) -> tuple[str, ...]:
+def _row(record: CellResult) -> tuple[str, ...]:
     text = record.error or record.note or ""
     if len(text) > ERROR_WIDTH:
         text = text[: ERROR_WIDTH - 3] + "..."
@@ -50,7 +51,7 @@ def _row(record: CellRecord) -> tuple[str, ...]:
     )
 
 
-def format_table(records: list[CellRecord]) -> str:
+def format_table(records: list[CellResult]) -> str:
     """Aligned plain-text table, one line per cell."""
     rows = [HEADER, *(_row(r) for r in records)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
@@ -59,18 +60,18 @@ def format_table(records: list[CellRecord]) -> str:
     return "\n".join(lines)
 
 
-def _labels(records: list[CellRecord]) -> tuple[list[str], list[str], dict[tuple[str, str], CellRecord]]:
-    several_precisions = len({r.precision for r in records}) > 1
-    grid: dict[tuple[str, str], CellRecord] = {}
+def _labels(records: list[CellResult]) -> tuple[list[str], list[str], dict[tuple[str, str], CellResult]]:
+    several_precisions = len({r.key.precision for r in records}) > 1
+    grid: dict[tuple[str, str], CellResult] = {}
     for r in records:
-        row = f"{r.model} {r.precision}" if several_precisions else r.model
-        grid[(row, r.asset)] = r
+        row = f"{r.key.model} {r.key.precision}" if several_precisions else r.key.model
+        grid[(row, r.key.asset)] = r
     rows = list(dict.fromkeys(key[0] for key in grid))
-    columns = list(dict.fromkeys(r.asset for r in records))
+    columns = list(dict.fromkeys(r.key.asset for r in records))
     return rows, columns, grid
 
 
-def format_markdown(records: list[CellRecord], title: str) -> str:
+def format_markdown(records: list[CellResult], title: str) -> str:
     """The per-cell table and the model x asset pivot of ``test/sharpe`` (status when failed)."""
     lines = [f"# {title}", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r)) + " |" for r in records]
@@ -82,7 +83,7 @@ def format_markdown(records: list[CellRecord], title: str) -> str:
             record = grid.get((row, column))
             if record is None:
                 cells.append("")
-            elif record.status in OK_STATUSES:
+            elif record.status in OK_RESULTS:
                 cells.append(_number(record.metrics.get(SHARPE), 3))
             else:
                 cells.append(record.status)
@@ -92,7 +93,7 @@ def format_markdown(records: list[CellRecord], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_heatmap(records: list[CellRecord], path: str | Path, title: str) -> Path:
+def plot_heatmap(records: list[CellResult], path: str | Path, title: str) -> Path:
     """Model x asset heatmap of ``test/sharpe``; failed cells grey with their status."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -103,7 +104,7 @@ def plot_heatmap(records: list[CellRecord], path: str | Path, title: str) -> Pat
     values = np.full((len(rows), len(columns)), np.nan)
     for (row, column), record in grid.items():
         sharpe = record.metrics.get(SHARPE)
-        if record.status in OK_STATUSES and sharpe is not None:
+        if record.status in OK_RESULTS and sharpe is not None:
             values[rows.index(row), columns.index(column)] = sharpe
     finite = values[np.isfinite(values)]
     bound = float(np.max(np.abs(finite))) if finite.size and np.max(np.abs(finite)) > 0 else 1.0
@@ -117,7 +118,7 @@ def plot_heatmap(records: list[CellRecord], path: str | Path, title: str) -> Pat
     for (row, column), record in grid.items():
         sharpe = values[rows.index(row), columns.index(column)]
         text = f"{sharpe:.2f}" if np.isfinite(sharpe) else record.status
-        if record.status == "SKIPPED":
+        if record.status == Status.SKIPPED:
             text += "\n(earlier run)"
         dark = np.isfinite(sharpe) and abs(sharpe) > DARK_FRACTION * bound  # strong colour: white text
         axes.text(columns.index(column), rows.index(row), text, ha="center", va="center", fontsize=9, color="white" if dark else "black")

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from foxhunt.memory.accounting import COMPONENT_METHODS, MemoryBreakdown, to_mb
-from foxhunt.memory.ensemble import ASSUMPTION, MEASURE_EXTRA_STEPS, EnsembleVerdict
+from foxhunt.memory.fleet import ASSUMPTION, EnsembleVerdict
+from foxhunt.memory.training_run import MEASURE_EXTRA_STEPS
 
 MARKDOWN_NAME = "memory_validate.md"
 JSON_NAME = "memory_validate.json"

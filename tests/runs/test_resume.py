@@ -7,8 +7,8 @@ import os
 import pytest
 from mlflow.tracking import MlflowClient
 
-from foxhunt.sweeps.resume import FRESH, RESUME, SKIP, plan_resume
-from foxhunt.tracking.mlflow_store import TrackedRun
+from foxhunt.runs.resume import FRESH, RESUME, SKIP, plan_resume
+from foxhunt.runs.tracked_run import TrackedRun
 
 
 @pytest.fixture

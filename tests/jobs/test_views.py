@@ -9,18 +9,15 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from jobs_store import HOUR_MS, NOW_MS, dead_pid
 
-from foxhunt.jobs import records
+from foxhunt.jobs.launch_record import LaunchRecord, PlannedCell, jobs_dir
 from foxhunt.jobs.listing import filter_jobs, job_to_dict, paginate, parse_since, sort_jobs
-from foxhunt.jobs.records import (
-    ClientReader,
-    JobNotFound,
-    LaunchRecord,
-    PlanCell,
-    SqliteReader,
-    find_job,
-    group_jobs,
-    load_jobs,
-)
+from foxhunt.jobs.views import JobNotFound, find_job, group_jobs, load_jobs
+from foxhunt.runs.cell import CellKey
+from foxhunt.runs.checkpoints import resumable_checkpoint
+from foxhunt.runs.environment import sqlite_path
+from foxhunt.runs.records import RunRecord
+from foxhunt.runs.sqlite_reader import SqliteReader
+from foxhunt.runs.store import ClientReader, RunStore, open_reader
 
 
 @pytest.fixture(scope="module")
@@ -85,19 +82,20 @@ def test_find_job_by_prefix_and_clear_errors(jobs_store, tmp_path):
 
 def test_a_job_not_in_the_store_yet_is_starting_then_failed_from_its_launch_record(jobs_store, tmp_path):
     import os
+    import socket
 
     import psutil
 
     def record(pid):
         return LaunchRecord(
-            job_id="ffff7777", pid=pid, host=records.socket.gethostname(), command=["foxhunt-train", "-m"],
+            job_id="ffff7777", pid=pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
             overrides=["model=dqn"], log=str(tmp_path / "ffff7777.log"), tracking_uri=jobs_store.uri,
             root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"),
             started_ms=int(psutil.Process(pid).create_time() * 1000) if pid == os.getpid() else NOW_MS,
-            plan=[PlanCell("dqn", "es", "fp32", "42", 8, 0.5)],
+            plan=[PlannedCell(CellKey("dqn", "es", "fp32", "42"), 8, 0.5)],
         )  # fmt: skip
 
-    path = records.jobs_dir(tmp_path) / "ffff7777.json"
+    path = jobs_dir(tmp_path) / "ffff7777.json"
     record(os.getpid()).write(path)
     job = find_job(jobs_store.uri, "ffff", root=tmp_path)
     assert job.state == "STARTING" and [c.state for c in job.cells()] == ["PENDING"]
@@ -151,9 +149,9 @@ def test_checkpoint_of_a_stopped_cell_is_found_in_its_folders(tmp_path):
     folder = tmp_path / "cell" / "checkpoints"
     folder.mkdir(parents=True)
     (folder / "last.ckpt").write_bytes(b"0")
-    run = records.RunRecord("r", "n", "e", "KILLED", 0, 1, {"output_dir": str(tmp_path / "cell")}, {})
-    assert records.checkpoint_of(run) == folder / "last.ckpt"
-    assert records.checkpoint_of(records.RunRecord("r", "n", "e", "KILLED", 0, 1, {}, {})) is None
+    run = RunRecord("r", "n", "e", "KILLED", 0, 1, {"output_dir": str(tmp_path / "cell")}, {})
+    assert resumable_checkpoint(run).path == folder / "last.ckpt"
+    assert resumable_checkpoint(RunRecord("r", "n", "e", "KILLED", 0, 1, {}, {})) is None
 
 
 def test_the_sqlite_reader_agrees_with_mlflow_client(jobs_store):
@@ -173,10 +171,11 @@ def test_the_sqlite_reader_agrees_with_mlflow_client(jobs_store):
             for j in jobs
         }
 
-    path = records.sqlite_path(jobs_store.uri)
-    assert isinstance(records.open_reader(jobs_store.uri), SqliteReader)
-    assert summary(SqliteReader(path).job_runs()) == summary(ClientReader(jobs_store.uri).job_runs())
-    one = ClientReader(jobs_store.uri).job_runs("cccc")
+    path = sqlite_path(jobs_store.uri)
+    assert isinstance(open_reader(jobs_store.uri), SqliteReader)
+    client = ClientReader(RunStore(jobs_store.uri))
+    assert summary(SqliteReader(path).job_runs()) == summary(client.job_runs())
+    one = client.job_runs("cccc")
     assert {r.run_id for r in one} == {jobs_store.runs["running"], jobs_store.runs["running/tft-zn"]}
     assert {r.run_id for r in SqliteReader(path).job_runs("cccc")} == {r.run_id for r in one}
 

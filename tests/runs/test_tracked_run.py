@@ -1,17 +1,12 @@
-"""The MLflow store: one SQLite store, flattened params, and a run status for every ending."""
+"""A run in the store: one SQLite store, flattened params, and a run status for every ending."""
 
 from __future__ import annotations
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from foxhunt.tracking.mlflow_store import (
-    PARAM_VALUE_LIMIT,
-    TrackedRun,
-    ensure_experiment,
-    flatten,
-    param_value,
-)
+from foxhunt.runs.store import PARAM_VALUE_LIMIT, RunStore, param_value
+from foxhunt.runs.tracked_run import TrackedRun, flatten
 
 
 @pytest.fixture
@@ -42,8 +37,8 @@ def test_param_values_are_truncated_to_mlflows_limit():
 
 def test_experiment_is_created_once_with_the_training_view_tag(store):
     uri, artifacts = store
-    first = ensure_experiment(uri, "unit", artifacts)
-    assert ensure_experiment(uri, "unit", artifacts) == first
+    first = RunStore(uri).ensure_experiment("unit", artifacts)
+    assert RunStore(uri).ensure_experiment("unit", artifacts) == first
     experiment = MlflowClient(uri).get_experiment(first)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert experiment.artifact_location.endswith("mlruns/artifacts")
@@ -83,7 +78,7 @@ def test_stopped_run_is_marked_killed(store, stop):
 
 def test_nested_run_carries_its_parent(store):
     uri, artifacts = store
-    parent_id = MlflowClient(uri).create_run(ensure_experiment(uri, "unit", artifacts)).info.run_id
+    parent_id = MlflowClient(uri).create_run(RunStore(uri).ensure_experiment("unit", artifacts)).info.run_id
     with TrackedRun(uri, "unit", artifacts, "dqn-es-fp32", {"model": "dqn"}, parent_run_id=parent_id) as run:
         pass
     assert MlflowClient(uri).get_run(run.run_id).data.tags["mlflow.parentRunId"] == parent_id

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA device, in one run, with a short report (outputs/gpu_check/report.md):
+#   bash scripts/gpu_check.sh            # on a machine with a GPU and foxhunt installed (make install TORCH='torch>=2.4')
+# 1. pytest -m gpu: every CUDA / NVML path (probes, the memory callback's device samples, bf16 and
+#    int8 training on CUDA, CUDA allocation peaks, the fleet streaming on CUDA, one device per job);
+# 2. foxhunt memory validate on the device against rtx3050ti;
+# 3. a smoke grid of the four models, registered, then foxhunt ensemble validate on CUDA.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+BIN=$(dirname "$PY")
+OUT=${OUT:-outputs/gpu_check}
+mkdir -p "$OUT"
+ROOT=$(mktemp -d)
+report="$OUT/report.md"
+{
+  echo "# foxhunt GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo
+  echo '```'
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" 2>&1
+  echo '```'
+} > "$report"
+
+section() { echo; echo "## $1"; echo; echo '```'; }
+run() { "$@" 2>&1 | tail -n 60; echo "exit ${PIPESTATUS[0]}"; }
+
+{ section "pytest -m gpu"; run "$PY" -m pytest -q -p no:cacheprovider -m gpu tests; echo '```'; } >> "$report"
+{ section "foxhunt memory validate (CUDA, rtx3050ti)"
+  (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" memory validate --predict); echo '```'; } >> "$report"
+{ section "smoke grid on CUDA, register, ensemble validate (CUDA)"
+  (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt-train" -m model=dqn,ppo,mamba2,tft asset=es trainer=smoke data.source.days=7 trainer.accelerator=gpu)
+  (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" ensemble register asset=es)
+  (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" ensemble validate asset=es data.source.days=7 ensemble.device=cuda)
+  (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" ensemble replay asset=es data.source.days=7 ensemble.device=cuda ensemble.runtime=torch)
+  echo '```'; } >> "$report"
+cat "$report"

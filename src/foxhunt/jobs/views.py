@@ -1,0 +1,423 @@
+"""Jobs as the store records them: runs grouped into jobs, and the state each is shown in.
+
+A job is what ``foxhunt train start`` launched, or a sweep started by hand: a parent MLflow run
+(the sweep's, tag ``foxhunt.run_kind=sweep``) whose cells are nested runs (tag
+``mlflow.parentRunId``); its cells carry the tag ``job_id`` from the start, the parent from the
+moment the job's supervisor tags it (a second or so later). The store is the only database:
+nothing here writes to it, and a job's state is its parent run's state (its cells' when it has
+no parent): the MLflow status, or STALE (:mod:`foxhunt.runs.liveness`). A cell that
+``resume=true`` skipped, because an earlier run of the same config had FINISHED, has no run in
+the job: its parent run's ``foxhunt.skipped.*`` tag names that earlier run, and the cell shows
+as SKIPPED with that run's metrics. The launch record (:mod:`foxhunt.jobs.launch_record`)
+stands in before the store knows a job. Reading goes through :func:`foxhunt.runs.store.open_reader`
+(the SQLite fast path): this module imports neither torch, lightning nor mlflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from foxhunt.jobs.launch_record import LaunchRecord, PlannedCell, jobs_dir
+from foxhunt.runs.cell import CellResult, skipped_cells
+from foxhunt.runs.checkpoints import Checkpoint, resumable_checkpoint
+from foxhunt.runs.liveness import process_alive, run_state
+from foxhunt.runs.records import RunRecord
+from foxhunt.runs.status import TERMINAL, Status
+from foxhunt.runs.store import open_reader
+from foxhunt.runs.tags import RUN_KIND_SWEEP, Tag
+
+# Metrics the job commands show.
+METRIC_PROGRESS = "progress"
+METRIC_LOSS = "train/loss"
+METRIC_PEAK_MB = "memory/peak_mb"
+METRIC_SHARPE = "val/sharpe"  # the sweep objective (train.OBJECTIVE): the list's --sort sharpe
+RESUME_FLAG = "resume=true"
+
+
+class JobNotFound(LookupError):
+    """No job, or more than one, matches what the user typed; the message says which."""
+
+
+@dataclass
+class JobCell:
+    """One cell of a job: its plan (when the launcher made one), its run (once it started), or,
+    without a run of its own, the earlier run ``resume=true`` skipped it for."""
+
+    plan: PlannedCell | None
+    run: RunRecord | None
+    skipped: CellResult | None = None
+
+    @property
+    def name(self) -> str:
+        if self.run is not None:
+            return self.run.name
+        if self.plan is not None:
+            return self.plan.name
+        return self.skipped.cell if self.skipped is not None else "?"
+
+    @property
+    def state(self) -> str:
+        if self.run is not None:
+            return self.run.state
+        return Status.SKIPPED if self.skipped is not None else Status.PENDING
+
+    @property
+    def weight(self) -> float:
+        return self.plan.weight if self.plan is not None and self.plan.weight > 0 else 1.0
+
+    def metric(self, key: str) -> float | None:
+        """The cell's metric: its run's, or (skipped) the earlier run's."""
+        if self.run is not None:
+            return self.run.metric(key)
+        return self.skipped.metrics.get(key) if self.skipped is not None else None
+
+    def duration_s(self, now_ms: int) -> float | None:
+        if self.run is not None:
+            return self.run.duration_s(now_ms)
+        return self.skipped.wall_s if self.skipped is not None else None
+
+    def fraction(self) -> float:
+        """Training progress in [0, 1]; a FINISHED (or skipped) cell is done whatever its last
+        report."""
+        if self.run is None:
+            return 1.0 if self.skipped is not None else 0.0
+        if self.run.status == Status.FINISHED:
+            return 1.0
+        value = self.run.metric(METRIC_PROGRESS)
+        return 0.0 if value is None else min(1.0, max(0.0, value))
+
+    def step(self) -> int | None:
+        if self.run is None:
+            return None
+        metric = self.run.metrics.get(METRIC_PROGRESS)
+        return None if metric is None else metric.step
+
+
+@dataclass
+class Job:
+    job_id: str
+    parent: RunRecord | None
+    runs: list[RunRecord]  # the cells' runs (nested in the parent, or tagged with the job id)
+    plan: list[PlannedCell]
+    state: str
+    record: LaunchRecord | None = None
+
+    # -- what the tables show ------------------------------------------------------------
+    @property
+    def start_ms(self) -> int:
+        starts = [r.start_ms for r in ([self.parent] if self.parent else []) + self.runs]
+        if starts:
+            return min(starts)
+        return self.record.started_ms if self.record else 0
+
+    def end_ms(self) -> int | None:
+        if self.state not in TERMINAL and self.state != Status.STALE:
+            return None
+        if self.parent is not None and self.parent.end_ms:
+            return self.parent.end_ms
+        ends = [r.last_seen_ms() for r in self.runs]
+        return max(ends) if ends else None
+
+    def duration_s(self, now_ms: int) -> float:
+        end = self.end_ms() or now_ms
+        return max(0.0, (end - self.start_ms) / 1000) if self.start_ms else 0.0
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return self.parent.tags if self.parent is not None else {}
+
+    @property
+    def overrides(self) -> list[str]:
+        """The user's overrides: the launcher's list, else (a sweep started by hand) the sweep's
+        own ``overrides`` tag split as a shell would, without ``resume=true``."""
+        text = self.tags.get(Tag.JOB_OVERRIDES)
+        if text:
+            return list(json.loads(text))
+        if self.record is not None:
+            return list(self.record.overrides)
+        text = self.tags.get(Tag.OVERRIDES, "")
+        return [o for o in shlex.split(text) if o != RESUME_FLAG] if text else []
+
+    @property
+    def has_overrides(self) -> bool:
+        """Whether the job's overrides are known (an empty list is a valid one)."""
+        return Tag.JOB_OVERRIDES in self.tags or self.record is not None or Tag.OVERRIDES in self.tags
+
+    @property
+    def command(self) -> str:
+        if self.tags.get(Tag.COMMAND):
+            return self.tags[Tag.COMMAND]
+        return shlex.join(self.record.command) if self.record else ""
+
+    @property
+    def pid(self) -> int | None:
+        """The process-group leader of the job's latest launch: the launch record's (rewritten
+        by every start and resume) when this machine has it, else the parent run's tag."""
+        if self.record is not None and self.record.pid:
+            return self.record.pid
+        text = self.tags.get(Tag.PID, "")
+        return int(text) if text.isdigit() else None
+
+    @property
+    def host(self) -> str:
+        if self.record is not None and self.record.pid:
+            return self.record.host
+        return self.tags.get(Tag.HOST, "")
+
+    @property
+    def sweep_dir(self) -> str:
+        """The sweep folder: the launcher's, else (a sweep started by hand) the sweep's own tag."""
+        return (
+            self.tags.get(Tag.JOB_SWEEP_DIR)
+            or (self.record.sweep_dir if self.record else "")
+            or self.tags.get(Tag.SWEEP_DIR, "")
+        )
+
+    @property
+    def log(self) -> str:
+        return self.tags.get(Tag.JOB_LOG) or (self.record.log if self.record else "")
+
+    @property
+    def error(self) -> str:
+        return self.tags.get(Tag.ERROR, "")
+
+    @property
+    def skipped(self) -> list[CellResult]:
+        """Cells resume=true skipped for an earlier run outside this job (parent-run tags)."""
+        return skipped_cells(self.tags)
+
+    @property
+    def models(self) -> list[str]:
+        names = [r.tags.get(Tag.MODEL, "") for r in self.runs] + [c.key.model for c in [*self.plan, *self.skipped]]
+        return sorted({n for n in names if n})
+
+    @property
+    def assets(self) -> list[str]:
+        names = [r.tags.get(Tag.ASSET, "") for r in self.runs] + [c.key.asset for c in [*self.plan, *self.skipped]]
+        return sorted({n for n in names if n})
+
+    def best_sharpe(self) -> float | None:
+        """The best ``val/sharpe`` of the job's cells (a skipped cell's from its earlier run)."""
+        values = [r.metric(METRIC_SHARPE) for r in self.runs] + [s.metrics.get(METRIC_SHARPE) for s in self.skipped]
+        values = [v for v in values if v is not None and v == v]
+        return max(values) if values else None
+
+    def cells(self) -> list[JobCell]:
+        """The plan's cells matched to their runs (model, asset, precision, seed), else to the
+        earlier run resume=true skipped them for; then any run or skip the plan did not foresee.
+        A job without a plan (launched by hand) is just its runs and skips."""
+        unmatched = sorted(self.runs, key=lambda r: r.start_ms)
+        skipped = {s.key.grid: s for s in self.skipped}
+        cells: list[JobCell] = []
+        for planned in self.plan:
+            grid = planned.key.grid
+            match = next((r for r in unmatched if r.cell_key().grid == grid), None)
+            if match is not None:
+                unmatched.remove(match)
+            cells.append(JobCell(planned, match, None if match is not None else skipped.get(grid)))
+            skipped.pop(grid, None)
+        cells += [JobCell(None, run) for run in unmatched]
+        ran = {run.cell_key().grid for run in unmatched}
+        cells += [JobCell(None, None, skip) for grid, skip in skipped.items() if grid not in ran]
+        return cells
+
+    def fraction(self) -> float:
+        """Overall progress: the cells' progress weighted by their expected cost."""
+        cells = self.cells()
+        total = sum(c.weight for c in cells)
+        if self.state == Status.FINISHED:
+            return 1.0
+        return sum(c.weight * c.fraction() for c in cells) / total if total else 0.0
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for cell in self.cells():
+            counts[str(cell.state)] = counts.get(str(cell.state), 0) + 1
+        return counts
+
+
+def job_state(parent: RunRecord | None, runs: list[RunRecord]) -> str:
+    """The parent run's state when there is one (what the MLflow UI shows for the job), else the
+    cells' together: any alive RUNNING -> RUNNING, else any STALE, FAILED, KILLED, in that order."""
+    if parent is not None:
+        return parent.state
+    states = {r.state for r in runs}
+    for state in (Status.RUNNING, Status.STALE, Status.FAILED, Status.KILLED):
+        if state in states:
+            return state
+    return Status.FINISHED if runs else Status.STARTING
+
+
+# --------------------------------------------------------------------------------------------
+# Grouping runs into jobs
+# --------------------------------------------------------------------------------------------
+def group_jobs(runs: list[RunRecord], host: str | None = None) -> list[Job]:
+    """Runs -> jobs. A run's job is its parent's job id, else its own ``job_id`` tag, else (a
+    sweep started by hand with ``foxhunt-train -m``) its parent run's id. The job's parent is
+    its newest run that nests others or carries the launcher's tags."""
+    host = host or socket.gethostname()
+    by_id = {r.run_id: r for r in runs}
+    has_children = {r.parent_id for r in runs if r.parent_id}
+    for run in runs:
+        run.state = run_state(run, host)
+
+    def is_root(run: RunRecord) -> bool:
+        return not run.parent_id and (
+            run.run_id in has_children or run.tags.get(Tag.RUN_KIND) == RUN_KIND_SWEEP or Tag.COMMAND in run.tags
+        )
+
+    # A parent's job id: its own tag (set by the supervisor), else its cells' (they carry it
+    # from the start), else its run id (a sweep started by hand).
+    child_ids: dict[str, str] = {}
+    for run in runs:
+        if run.parent_id and run.job_id:
+            child_ids.setdefault(run.parent_id, run.job_id)
+
+    def job_key(run: RunRecord) -> str:
+        root = run if is_root(run) else by_id.get(run.parent_id) if run.parent_id else None
+        if root is not None and is_root(root):
+            return root.job_id or child_ids.get(root.run_id) or root.run_id
+        return run.job_id or run.parent_id or run.run_id
+
+    groups: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        groups.setdefault(job_key(run), []).append(run)
+
+    jobs = []
+    for key, members in groups.items():
+        roots = [r for r in members if is_root(r)]
+        parent = max(roots, key=lambda r: r.start_ms) if roots else None
+        root_ids = {r.run_id for r in roots}
+        cells = _latest_per_cell([r for r in members if r.run_id not in root_ids])
+        plan_text = parent.tags.get(Tag.JOB_PLAN) if parent is not None else None
+        plan = [PlannedCell.from_dict(c) for c in json.loads(plan_text)] if plan_text else []
+        jobs.append(Job(key, parent, cells, plan, job_state(parent, cells)))
+    return jobs
+
+
+def _latest_per_cell(runs: list[RunRecord]) -> list[RunRecord]:
+    """A cell run twice (a resume that opened a new run instead of continuing the old one) is
+    shown once, as its newest run."""
+    latest: dict[tuple, RunRecord] = {}
+    keyless = []
+    for run in sorted(runs, key=lambda r: r.start_ms):
+        grid = run.cell_key().grid
+        if any(grid):
+            latest[grid] = run
+        else:
+            keyless.append(run)
+    return sorted([*latest.values(), *keyless], key=lambda r: r.start_ms)
+
+
+def load_jobs(tracking_uri: str, host: str | None = None, root: Path | None = None) -> list[Job]:
+    """Every job in the store; with ``root``, each with its launch record (see attach_record)."""
+    jobs = group_jobs(open_reader(tracking_uri).job_runs(), host)
+    if root is not None:
+        records = _launch_records(root, "")
+        for job in jobs:
+            attach_record(job, records.get(job.job_id), host)
+    return jobs
+
+
+def find_job(tracking_uri: str, key: str, root: Path | None = None, host: str | None = None) -> Job:
+    """The one job whose id (or parent run id) is ``key`` or starts with it.
+
+    A job launched moments ago whose runs are not in the store yet is found through its launch
+    record under ``<root>/outputs/jobs/`` (state STARTING, or FAILED if its process is gone).
+    """
+    key = key.strip()
+    if not key:
+        raise JobNotFound("empty job id")
+    jobs = group_jobs(open_reader(tracking_uri).job_runs(key), host)
+    exact = [j for j in jobs if j.job_id == key]
+    matches = exact or [j for j in jobs if j.job_id.startswith(key) or (j.parent and j.parent.run_id.startswith(key))]
+    records = _launch_records(root, key) if root is not None else {}
+    if not matches:
+        record_matches = [r for job_id, r in records.items() if job_id == key] or list(records.values())
+        if len(record_matches) == 1:
+            return _job_from_record(record_matches[0])
+        if len(record_matches) > 1:
+            raise JobNotFound(f"job id {key!r} is ambiguous: {', '.join(sorted(r.job_id for r in record_matches))}")
+        raise JobNotFound(f"no job {key!r} in {tracking_uri} (foxhunt train list shows the jobs)")
+    if len(matches) > 1:
+        raise JobNotFound(f"job id {key!r} is ambiguous: {', '.join(sorted(j.job_id for j in matches))}")
+    job = matches[0]
+    attach_record(job, records.get(job.job_id), host)
+    return job
+
+
+def attach_record(job: Job, record: LaunchRecord | None, host: str | None = None) -> None:
+    """Give a job its launch record: its plan if the store has none; STARTING while the latest
+    launch's supervisor lives and the store still shows the previous launch's ending (a resume
+    in its first seconds); STALE for a parent left RUNNING, untagged, by a dead launch."""
+    job.record = record
+    if record is None:
+        return
+    if not job.plan:
+        job.plan = list(record.plan)
+    here = record.host == (host or socket.gethostname())
+    leader_alive = here and process_alive(record.pid, record.started_ms)
+    untagged = job.parent is not None and Tag.PID not in job.parent.tags
+    if job.state == Status.RUNNING and untagged and here and not leader_alive:
+        job.state = job.parent.state = Status.STALE  # killed before the supervisor could tag the parent
+    end = job.end_ms()
+    if job.state != Status.RUNNING and leader_alive and (end is None or end < record.started_ms):
+        job.state = Status.STARTING  # what the store shows is the previous launch's ending
+
+
+def _launch_records(root: Path, key: str) -> dict[str, LaunchRecord]:
+    folder = jobs_dir(root)
+    found = {}
+    if folder.is_dir():
+        for path in folder.glob(f"{_glob_escape(key)}*.json"):
+            try:
+                record = LaunchRecord.read(path)
+            except (ValueError, KeyError, TypeError, OSError):
+                continue
+            found[record.job_id] = record
+    return found
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def _job_from_record(record: LaunchRecord) -> Job:
+    alive = record.host == socket.gethostname() and process_alive(record.pid, record.started_ms)
+    return Job(record.job_id, None, [], list(record.plan), Status.STARTING if alive else Status.FAILED, record)
+
+
+def resumable_checkpoint_of(cell: JobCell) -> Checkpoint | None:
+    """The checkpoint ``resume=true`` continues a stopped, failed or stale cell from (the same
+    rule, :mod:`foxhunt.runs.checkpoints`); copies logged to a remote artifact store are not
+    listed here (that needs the MLflow client), resume still finds them."""
+    run = cell.run
+    if run is None or run.state not in (Status.KILLED, Status.STALE, Status.FAILED):
+        return None
+    return resumable_checkpoint(run)
+
+
+def log_tail(path: str | os.PathLike, lines: int) -> str:
+    """The last ``lines`` non-empty lines of a job's log (the error of a job that never reached
+    the store)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
+
+
+def iso_time(ms: int) -> str | None:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="seconds") if ms else None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,88 @@
+"""Which checkpoint a stopped, failed or stale run continues from. One rule, for ``foxhunt
+train status`` and ``resume=true`` alike.
+
+A run can be continued from ``interrupted.ckpt`` (written by the graceful-stop callback on a
+stop request) or ``last.ckpt`` (written at every epoch's end); ``best.ckpt`` and a memory
+breach's checkpoint are not where training stopped. Looked up, in order:
+
+1. the run's folders on this machine: its checkpoint folders as its config names them (params
+   ``callbacks.graceful_stop.dirpath`` and ``callbacks.model_checkpoint.dirpath``) and
+   ``<output_dir>/checkpoints`` (tag ``output_dir``, updated on every attempt). When both files
+   are there the newer one wins (a run stopped, resumed, then killed keeps an older
+   ``interrupted.ckpt`` beside a newer ``last.ckpt``);
+2. the copies logged to the run (artifacts ``checkpoints/<name>``), ``interrupted.ckpt`` first:
+   read on disk when the artifact store is a local folder, listed through the store otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from foxhunt.runs.records import RunRecord
+from foxhunt.runs.tags import Param, Tag
+
+INTERRUPTED_CHECKPOINT = "interrupted.ckpt"
+LAST_CHECKPOINT = "last.ckpt"
+RESUMABLE_CHECKPOINTS = (INTERRUPTED_CHECKPOINT, LAST_CHECKPOINT)
+CHECKPOINT_ARTIFACTS = "checkpoints"  # the artifact folder checkpoints are logged to
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A resumable checkpoint: a file on this machine (``path``), or a copy logged to the run
+    (``artifact``, its path among the run's artifacts)."""
+
+    name: str
+    path: Path | None = None
+    artifact: str | None = None
+
+    def __str__(self) -> str:
+        return str(self.path) if self.path is not None else f"artifact {self.artifact}"
+
+
+def local_folders(run: RunRecord) -> list[Path]:
+    folders = {run.params.get(key) for key in Param.CHECKPOINT_DIRS}
+    if run.tags.get(Tag.OUTPUT_DIR):  # a resumed run's folder may differ from its first params
+        folders.add(str(Path(run.tags[Tag.OUTPUT_DIR]) / "checkpoints"))
+    return sorted(Path(folder) for folder in folders if folder)
+
+
+def artifact_folder(run: RunRecord) -> Path | None:
+    """The run's artifact folder when the artifact store is on this machine, else None."""
+    uri = run.artifact_uri
+    if not uri:
+        return None
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return Path(unquote(parsed.path))
+    return None
+
+
+def resumable_checkpoint(
+    run: RunRecord, list_logged: Callable[[RunRecord], Iterable[str]] | None = None
+) -> Checkpoint | None:
+    """The checkpoint ``run`` continues from (see the module doc), or None.
+
+    ``list_logged`` names the run's logged checkpoints when its artifact store is not on this
+    machine (the store's client); without it such copies are not looked for."""
+    local = [folder / name for folder in local_folders(run) for name in RESUMABLE_CHECKPOINTS]
+    local = [path for path in local if path.is_file()]
+    if local:
+        newest = max(local, key=lambda p: (p.stat().st_mtime, p.name == INTERRUPTED_CHECKPOINT))
+        return Checkpoint(newest.name, path=newest)
+    folder = artifact_folder(run)
+    if folder is not None:
+        logged = {p.name for p in (folder / CHECKPOINT_ARTIFACTS).glob("*.ckpt")}
+    elif list_logged is not None:
+        logged = set(list_logged(run))
+    else:
+        logged = set()
+    for name in RESUMABLE_CHECKPOINTS:
+        if name in logged:
+            artifact = f"{CHECKPOINT_ARTIFACTS}/{name}"
+            path = folder / artifact if folder is not None else None
+            return Checkpoint(name, path=path, artifact=artifact)
+    return None

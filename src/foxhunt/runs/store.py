@@ -1,0 +1,388 @@
+"""The MLflow store behind one interface: experiments, runs, tags, search, the model registry.
+
+:class:`RunStore` is the only place foxhunt constructs an ``MlflowClient``; every writer (a
+training run, the sweep's parent run, the job supervisor, ``foxhunt train stop``, resume) and
+every reader goes through it. Reads that the job commands make many times a second take the
+read-only SQLite fast path (:mod:`foxhunt.runs.sqlite_reader`) when the store is the
+project's SQLite file, else the client (:class:`ClientReader`, a server or an unknown
+schema): :func:`open_reader`. Nothing here imports mlflow until a method needs the client.
+
+The store is created on first use: :meth:`RunStore.ensure_experiment` makes the SQLite file's
+folder and the experiment. A sweep calls it in its parent process before any job starts:
+parallel jobs that first touch a fresh SQLite store race to create its tables and crash.
+
+Model registry (for whatever consumes trained runs; the sweep and the jobs do not use it)::
+
+    store.register_model_version(name, run_id, source, tags=None, alias=None) -> ModelVersion
+        # source: an artifact path of the run ("checkpoints") or a URI ("runs:/<id>/...",
+        # "models:/...", "file:///..."); creates the registered model when missing;
+        # alias, if given, then points at the new version
+    store.set_alias(name, alias, version) -> None
+    store.get_version_by_alias(name, alias) -> ModelVersion | None
+    store.get_version(name, version) -> ModelVersion | None
+    store.log_artifacts(run_id, folder, artifact_path) / store.download_uri(uri, destination)
+    store.search_finished_runs(experiment, filter_string="") -> list[RunRecord]
+        # FINISHED runs of an experiment (by name), newest first, with metrics, params and
+        # tags; filter_string in MLflow's search syntax, e.g. "tags.model = 'dqn'"
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from foxhunt.runs.environment import sqlite_path
+from foxhunt.runs.records import Metric, RunRecord
+from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
+from foxhunt.runs.status import Status
+from foxhunt.runs.tags import EXPERIMENT_KIND, RUN_KIND_SWEEP, Param, Tag
+
+if TYPE_CHECKING:
+    from foxhunt.runs.provenance import DatasetRecord
+
+log = logging.getLogger(__name__)
+
+# MLflow's limits (mlflow.utils.validation): param values up to 6000 characters, 100 params
+# (and 1000 metrics) per batch call.
+PARAM_VALUE_LIMIT = 6000
+PARAMS_PER_BATCH = 100
+SEARCH_PAGE = 1000
+METRIC_PROGRESS = "progress"  # its step is where a cell is (foxhunt.jobs.progress)
+
+
+def param_value(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= PARAM_VALUE_LIMIT else text[: PARAM_VALUE_LIMIT - 3] + "..."
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    name: str
+    version: str
+    run_id: str | None
+    source: str
+    tags: dict[str, str] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+
+
+class RunStore:
+    def __init__(self, tracking_uri: str) -> None:
+        self.tracking_uri = tracking_uri
+        self._client = None
+
+    @property
+    def client(self):
+        """The store's ``MlflowClient``, created on first use (importing mlflow takes seconds).
+        Creating it opens the store, and creates a missing SQLite store: only the process that
+        owns the store's creation (a sweep's parent, a single run) may touch it first."""
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(self.tracking_uri)
+        return self._client
+
+    # -- experiments ---------------------------------------------------------------------
+    def ensure_experiment(self, name: str, artifact_location: str | None = None) -> str:
+        """The id of experiment ``name``, creating the store and the experiment if needed."""
+        from mlflow.exceptions import MlflowException
+
+        path = sqlite_path(self.tracking_uri)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        location = Path(artifact_location).resolve().as_uri() if artifact_location else None
+        try:
+            return self.client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
+        except MlflowException:  # created by a concurrent process in between: use theirs
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def experiment_id(self, name: str) -> str | None:
+        found = self.client.get_experiment_by_name(name)
+        return None if found is None else found.experiment_id
+
+    # -- writing runs --------------------------------------------------------------------
+    def create(self, experiment_id: str, run_name: str, tags: Mapping[str, Any]) -> str:
+        run = self.client.create_run(experiment_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()})
+        return run.info.run_id
+
+    def reopen(self, run_id: str, tags: Mapping[str, Any]) -> RunRecord:
+        """Make an ended run RUNNING again: ``tags`` set (and ``resume_count`` one up), an
+        earlier ``error`` removed, then the status, last (a job's supervisor tags a parent
+        once it is RUNNING, and these tags must not overwrite its). Returns the run as it was."""
+        previous = self.get(run_id)
+        count = int(previous.tags.get(Tag.RESUME_COUNT, "0") or 0) + 1
+        self.tag(run_id, {**tags, Tag.RESUME_COUNT: count})
+        if Tag.ERROR in previous.tags:
+            self.client.delete_tag(run_id, Tag.ERROR)
+        self.client.update_run(run_id, status=Status.RUNNING.value)
+        return previous
+
+    def end(self, run_id: str, status: str, tags: Mapping[str, Any] | None = None) -> None:
+        """End the run with ``status`` (FINISHED, FAILED, KILLED), after setting ``tags``."""
+        if tags:
+            self.tag(run_id, tags)
+        self.client.set_terminated(run_id, str(status))
+
+    def tag(self, run_id: str, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()])
+
+    def log_params(self, run_id: str, params: Iterable[tuple[str, Any]]) -> None:
+        from mlflow.entities import Param as MlflowParam
+
+        batch = [MlflowParam(key, param_value(value)) for key, value in params]
+        for start in range(0, len(batch), PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=batch[start : start + PARAMS_PER_BATCH])
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric as MlflowMetric
+
+        now = int(time.time() * 1000)
+        batch = [MlflowMetric(key, float(value), now, step or 0) for key, value in metrics.items()]
+        for start in range(0, len(batch), PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, metrics=batch[start : start + PARAMS_PER_BATCH])
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def log_artifacts(self, run_id: str, folder: str | Path, artifact_path: str | None = None) -> None:
+        """Every file under ``folder`` into the run's artifacts (under ``artifact_path``)."""
+        self.client.log_artifacts(run_id, str(folder), artifact_path)
+
+    def log_text(self, run_id: str, text: str, name: str) -> None:
+        self.client.log_text(run_id, text, name)
+
+    def log_datasets(self, run_id: str, datasets: Iterable[DatasetRecord]) -> None:
+        """Record ``datasets`` as the run's inputs (the runs table's Dataset column)."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        inputs = [
+            DatasetInput(
+                Dataset(d.name, d.digest, d.source_type, d.source_json(), profile=d.profile_json()),
+                [InputTag(Tag.DATASET_CONTEXT, d.context)],
+            )
+            for d in datasets
+        ]
+        if inputs:
+            self.client.log_inputs(run_id, datasets=inputs)
+
+    # -- reading runs --------------------------------------------------------------------
+    def get(self, run_id: str) -> RunRecord:
+        run = self.client.get_run(run_id)
+        experiment = self.client.get_experiment(run.info.experiment_id)
+        return self._record(run, {experiment.experiment_id: experiment.name})
+
+    def search(
+        self,
+        experiment: str,
+        *,
+        tags: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+        status: str | None = None,
+        filter_string: str = "",
+        max_results: int | None = None,
+    ) -> list[RunRecord]:
+        """Active runs of experiment ``experiment`` (a name) with these tags, params and status,
+        newest first; an experiment that does not exist has none."""
+        experiment_id = self.experiment_id(experiment)
+        if experiment_id is None:
+            return []
+        wanted = [("tags", k, v) for k, v in (tags or {}).items()] + [("params", k, v) for k, v in (params or {}).items()]
+        # MLflow's filter has no escape for a quote in a value: such a condition is checked here
+        clauses = [f"{kind}.`{key}` = '{value}'" for kind, key, value in wanted if "'" not in str(value)]
+        if status is not None:
+            clauses.append(f"attributes.status = '{status}'")
+        if filter_string:
+            clauses.append(f"({filter_string})" if " or " in filter_string.lower() else filter_string)
+        runs = self._search_all([experiment_id], " and ".join(clauses), max_results)
+        names = {experiment_id: experiment}
+        records = [self._record(run, names) for run in runs]
+        return [
+            r for r in records
+            if all((r.tags if kind == "tags" else r.params).get(key) == str(value) for kind, key, value in wanted)
+        ]  # fmt: skip
+
+    def search_finished_runs(self, experiment: str, filter_string: str = "") -> list[RunRecord]:
+        """FINISHED runs of ``experiment``, newest first, with their metrics, params and tags."""
+        return self.search(experiment, status=Status.FINISHED, filter_string=filter_string)
+
+    def logged_files(self, run_id: str, folder: str) -> list[str]:
+        """Names of the files logged to the run under the artifact folder ``folder``."""
+        return [item.path.rsplit("/", 1)[-1] for item in self.client.list_artifacts(run_id, folder) if not item.is_dir]
+
+    def download(self, run_id: str, artifact: str, destination: Path) -> Path:
+        destination.mkdir(parents=True, exist_ok=True)
+        return Path(self.client.download_artifacts(run_id, artifact, str(destination)))
+
+    def reader(self) -> SqliteReader | ClientReader:
+        return open_reader(self.tracking_uri, self)
+
+    def _search_all(self, experiment_ids: list[str], filter_string: str, max_results: int | None) -> list:
+        runs: list = []
+        token = None
+        while True:
+            page_size = SEARCH_PAGE if max_results is None else min(SEARCH_PAGE, max_results - len(runs))
+            page = self.client.search_runs(
+                experiment_ids, filter_string=filter_string, max_results=page_size,
+                order_by=["attributes.start_time DESC"], page_token=token,
+            )  # fmt: skip
+            runs += list(page)
+            token = page.token
+            if not token or (max_results is not None and len(runs) >= max_results):
+                return runs
+
+    def _record(
+        self, run, experiments: Mapping[str, str], params: Iterable[str] | None = None, progress: bool = False
+    ) -> RunRecord:
+        """An MLflow ``Run`` as a :class:`RunRecord`. Metrics come with their latest value; the
+        ``progress`` metric also with its step and time (where the run is, and the last time it
+        was seen working: foxhunt.runs.liveness) with ``progress`` or for a RUNNING run."""
+        metrics = {}
+        with_progress = progress or run.info.status == Status.RUNNING
+        for key, value in run.data.metrics.items():
+            step = timestamp = None
+            if key == METRIC_PROGRESS and with_progress:
+                history = self.client.get_metric_history(run.info.run_id, key)
+                if history:
+                    latest = max(history, key=lambda m: (m.step, m.timestamp))
+                    step, timestamp = latest.step, latest.timestamp
+            metrics[key] = Metric(float(value), step, timestamp)
+        kept = run.data.params if params is None else {k: v for k, v in run.data.params.items() if k in set(params)}
+        return RunRecord(
+            run_id=run.info.run_id, name=run.info.run_name or run.info.run_id[:8],
+            experiment=experiments.get(run.info.experiment_id, ""), status=run.info.status,
+            start_ms=int(run.info.start_time or 0), end_ms=int(run.info.end_time) if run.info.end_time else None,
+            tags=dict(run.data.tags), metrics=metrics, params=dict(kept), artifact_uri=run.info.artifact_uri or "",
+        )  # fmt: skip
+
+    # -- the model registry --------------------------------------------------------------
+    def register_model_version(
+        self,
+        name: str,
+        run_id: str,
+        source: str,
+        tags: Mapping[str, Any] | None = None,
+        alias: str | None = None,
+    ) -> ModelVersion:
+        """A new version of registered model ``name`` (created when missing) from ``source``, an
+        artifact path of run ``run_id`` or a URI; ``alias`` then points at it."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        uri = source if ":/" in source else f"runs:/{run_id}/{source.strip('/')}"
+        created = self.client.create_model_version(
+            name, uri, run_id=run_id, tags={k: str(v) for k, v in (tags or {}).items()}
+        )
+        if alias:
+            self.set_alias(name, alias, created.version)
+        return self._version(self.client.get_model_version(name, created.version))
+
+    def get_version(self, name: str, version: str | int) -> ModelVersion | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self._version(self.client.get_model_version(name, str(version)))
+        except MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                return None
+            raise
+
+    def download_uri(self, uri: str, destination: Path) -> Path:
+        """The local copy of any artifact URI (``runs:/...``, ``models:/...``) of this store."""
+        import mlflow.artifacts
+
+        destination.mkdir(parents=True, exist_ok=True)
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination), tracking_uri=self.tracking_uri))
+
+    def set_alias(self, name: str, alias: str, version: str | int) -> None:
+        self.client.set_registered_model_alias(name, alias, str(version))
+
+    def get_version_by_alias(self, name: str, alias: str) -> ModelVersion | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self._version(self.client.get_model_version_by_alias(name, alias))
+        except MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                return None
+            raise
+
+    @staticmethod
+    def _version(found) -> ModelVersion:
+        return ModelVersion(
+            name=found.name, version=str(found.version), run_id=found.run_id, source=found.source,
+            tags=dict(found.tags or {}), aliases=tuple(found.aliases or ()),
+        )  # fmt: skip
+
+
+class ClientReader:
+    """The job views' reads through ``MlflowClient``: for a tracking server, or a SQLite schema
+    the direct reader does not know. Answers as :class:`~foxhunt.runs.sqlite_reader.SqliteReader`."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+
+    def run_ids_with_tag(self, key: str, value: str) -> list[str]:
+        """Active runs whose tag ``key`` is ``value``, newest first."""
+        experiments = self._experiments()
+        if not experiments:
+            return []
+        quoted = value.replace("'", "\\'")
+        runs = self.store._search_all(list(experiments), f"tags.`{key}` = '{quoted}'", None)
+        return [run.info.run_id for run in runs]
+
+    def job_runs(self, job_id: str | None = None) -> list[RunRecord]:
+        """As :meth:`SqliteReader.job_runs`."""
+        experiments = self._experiments()
+        if not experiments:
+            return []
+        runs = self.store._search_all(list(experiments), "", None)
+        parents = {r.data.tags.get(Tag.PARENT) for r in runs}
+        parents |= {r.info.run_id for r in runs if r.data.tags.get(Tag.RUN_KIND) == RUN_KIND_SWEEP}
+        members = [
+            r for r in runs
+            if r.data.tags.get(Tag.JOB_ID) or r.data.tags.get(Tag.PARENT) or r.info.run_id in parents
+        ]  # fmt: skip
+        if job_id is not None:
+            wanted = {r.info.run_id for r in members if r.data.tags.get(Tag.JOB_ID, "").startswith(job_id)}
+            wanted |= {p for p in parents if p and p.startswith(job_id)}
+            wanted |= {
+                r.data.tags[Tag.PARENT] for r in members if r.info.run_id in wanted and r.data.tags.get(Tag.PARENT)
+            }
+            members = [r for r in members if r.info.run_id in wanted or r.data.tags.get(Tag.PARENT) in wanted]
+        return [self.store._record(run, experiments, params=Param.CHECKPOINT_DIRS, progress=True) for run in members]
+
+    def _experiments(self) -> dict[str, str]:
+        from mlflow.entities import ViewType
+
+        found = self.store.client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
+        return {e.experiment_id: e.name for e in found}
+
+
+def open_reader(tracking_uri: str, store: RunStore | None = None) -> SqliteReader | ClientReader:
+    """The direct SQLite reader when the store is a SQLite file whose schema it knows (or that
+    does not exist, or is being created: no runs yet), else the client.
+
+    The client is never opened on a store that is being created: opening it runs MLflow's
+    migrations, which race with the sweep creating the same tables.
+    """
+    path = sqlite_path(tracking_uri)
+    if path is not None:
+        reader = SqliteReader(path)
+        if reader.schema() in (KNOWN, INCOMPLETE):
+            return reader
+    return ClientReader(store or RunStore(tracking_uri))

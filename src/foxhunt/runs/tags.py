@@ -1,0 +1,76 @@
+"""Every tag, param key and MLflow convention foxhunt writes to or reads from the store.
+
+The store's schema is these names. Modules that write or read a tag take its name from here;
+a tag that a Lightning callback writes through its own logger and nothing reads back (the
+precision callback's ``precision.*`` tags, the memory callback's ``memory_breach``) is named
+in that callback.
+"""
+
+from __future__ import annotations
+
+
+class Tag:
+    """Run tags, grouped by who writes them."""
+
+    # Every training run (foxhunt.train): which cell it is, and where it came from.
+    MODEL = "model"
+    ASSET = "asset"
+    PRECISION = "precision"
+    SEED = "seed"
+    CONFIG_HASH = "config_hash"  # foxhunt.runs.config_hash: what resume=true looks runs up by
+    STRATEGY = "strategy"
+    SWEEP_ID = "sweep_id"
+    DATA_SOURCE = "data_source"
+    OUTPUT_DIR = "output_dir"  # the run's folder, updated on every attempt (checkpoints live there)
+    # The process that runs it (TrackedRun, the sweep's parent run, the supervisor).
+    JOB_ID = "job_id"
+    PID = "pid"
+    HOST = "host"
+    # How it ended, and how often it was reopened.
+    ERROR = "error"
+    STOP_REASON = "stop_reason"
+    RESUME_COUNT = "resume_count"
+    # A sweep's parent run (foxhunt.sweeps.callback).
+    RUN_KIND = "foxhunt.run_kind"  # RUN_KIND_SWEEP
+    SWEEP_HASH = "sweep_hash"
+    SWEEP_DIR = "sweep_dir"
+    OVERRIDES = "overrides"  # the command-line overrides, one string (memory validate: its own)
+    PACKING = "packing"
+    FAILED_CELLS = "failed_cells"
+    # One tag per cell resume=true skipped without a run of its own in the sweep:
+    # ``foxhunt.skipped.<model>-<asset>-<precision>-s<seed>`` = JSON of a CellResult.
+    SKIPPED_PREFIX = "foxhunt.skipped."
+    # A job's parent run, set by its supervisor (foxhunt.jobs.supervisor).
+    COMMAND = "command"
+    JOB_OVERRIDES = "job.overrides"  # JSON list
+    JOB_LOG = "job.log"
+    JOB_PLAN = "job.plan"
+    JOB_SWEEP_DIR = "job.sweep_dir"
+    # The memory commands' runs (foxhunt.commands.memory).
+    VERDICT = "verdict"
+    DEVICE = "device"
+    SUMMARY = "summary"
+    BUDGET = "budget"
+    MODELS = "models"
+    # MLflow's own (mlflow.utils.mlflow_tags): nesting, names, the runs table's Source column.
+    PARENT = "mlflow.parentRunId"
+    RUN_NAME = "mlflow.runName"
+    SOURCE_NAME = "mlflow.source.name"
+    SOURCE_TYPE = "mlflow.source.type"
+    GIT_COMMIT = "mlflow.source.git.commit"
+    DATASET_CONTEXT = "mlflow.data.context"  # on a dataset input: which split
+
+
+RUN_KIND_SWEEP = "sweep"
+SOURCE_TYPE_LOCAL = "LOCAL"
+#: The tag of every experiment foxhunt creates: MLflow 3's UI then opens its runs table.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+#: The tags that name a cell of the grid (with CONFIG_HASH, its identity: foxhunt.runs.cell).
+CELL_TAGS = (Tag.MODEL, Tag.ASSET, Tag.PRECISION, Tag.SEED)
+
+
+class Param:
+    """Params (the resolved config, flattened) that foxhunt reads back."""
+
+    CHECKPOINT_DIRS = ("callbacks.graceful_stop.dirpath", "callbacks.model_checkpoint.dirpath")
+    BUDGET_NAME = "budget.name"

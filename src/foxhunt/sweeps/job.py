@@ -1,0 +1,130 @@
+"""One Hydra job of a sweep: threads, device, fail-fast check, failure isolation, ``cell.json``.
+
+Hydra's basic launcher lets a job's exception end the whole sweep, and the joblib launcher
+re-raises it in the parent. A sweep must go on when one cell fails (bad data, NaN loss, budget
+breach), so :func:`run_sweep_job` catches the error inside the job: the cell's MLflow run is
+already FAILED with its error (:class:`~foxhunt.runs.tracked_run.TrackedRun`), the job records
+FAILED in ``cell.json`` and returns normally, and the sweep callback turns any failure into a
+non-zero exit once every cell has run. A stop request (Ctrl-C, SIGTERM) is not a failure of
+the cell: it ends the sweep, whose parent run ends KILLED (the callback's end hook never runs
+then), and the process exits non-zero (Lightning's ``SIGTERMException`` is a ``SystemExit``
+without a code, which would exit 0: it becomes status 143, as for a process ended by SIGTERM).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
+
+from foxhunt.errors import one_line_error
+from foxhunt.runs.cell import CellKey, CellResult
+from foxhunt.runs.environment import PARENT_RUN_ENV
+from foxhunt.runs.status import Status, ending_status
+from foxhunt.runs.tags import Tag
+
+log = logging.getLogger(__name__)
+
+EXIT_ON_SIGTERM = 128 + 15  # the shell's status for a process ended by SIGTERM
+
+
+def in_multirun() -> bool:
+    """True inside a job of ``foxhunt-train -m``."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def current_sweep_dir() -> Path:
+    """The sweep folder of the running job (``hydra.sweep.dir``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().sweep.dir)
+
+
+def run_sweep_job(cfg: DictConfig, train_run: Callable) -> dict[str, float] | None:
+    """Run one cell with ``train_run`` (:func:`foxhunt.train.train_run`); a failure returns
+    ``None`` instead of raising, a stop request ends the sweep."""
+    started = time.perf_counter()
+    sweep_dir = current_sweep_dir()
+    parent_run_id = os.environ.get(PARENT_RUN_ENV) or None
+    result = CellResult(CellKey.from_config(cfg, _config_hash_or_none(cfg) or ""))
+    slots = []
+
+    def before_fit() -> None:  # the config is valid and the cell's run exists
+        import torch
+
+        from foxhunt.sweeps.estimates import PackingPlan, check_fits
+        from foxhunt.sweeps.resources import configured_threads
+
+        plan = PackingPlan.read(sweep_dir)
+        torch.set_num_threads(plan.threads_per_job if plan is not None else configured_threads(cfg))
+        slots.append(_take_device(cfg, sweep_dir))
+        if plan is not None:
+            check_fits(cfg, sweep_dir)
+
+    try:
+        outcome = train_run(cfg, parent_run_id=parent_run_id, before_fit=before_fit)
+        result = CellResult(outcome.key, outcome.status, outcome.run_id, None, outcome.wall_s, outcome.note,
+                            dict(outcome.metrics))  # fmt: skip
+        return outcome.metrics
+    except BaseException as exc:
+        result.status = ending_status(exc)
+        result.error = one_line_error(exc)
+        if result.status == Status.KILLED:  # a stop request ends the whole sweep, not only this cell
+            _end_parent_run_killed(cfg, parent_run_id, type(exc).__name__)
+            if isinstance(exc, SystemExit) and not exc.code:  # Lightning's SIGTERMException
+                raise SystemExit(EXIT_ON_SIGTERM) from exc  # not 0: the run did not finish
+            raise
+        log.error("cell %s FAILED (the sweep goes on): %s", result.cell, result.error)
+        return None
+    finally:
+        if result.wall_s is None:
+            result.wall_s = round(time.perf_counter() - started, 3)
+        for slot in slots:
+            if slot is not None:
+                slot.release()
+        result.write(Path(cfg.paths.output_dir))
+
+
+def _config_hash_or_none(cfg: DictConfig) -> str | None:
+    """The cell's hash for its record; a config too broken to hash has none (its error says why)."""
+    from foxhunt.runs.config_hash import config_hash
+
+    try:
+        return config_hash(cfg)
+    except Exception:
+        return None
+
+
+def _end_parent_run_killed(cfg: DictConfig, parent_run_id: str | None, reason: str) -> None:
+    if not parent_run_id or not cfg.logger.enabled:
+        return
+    from foxhunt.runs.store import RunStore
+
+    try:
+        RunStore(cfg.logger.tracking_uri).end(parent_run_id, Status.KILLED, {Tag.STOP_REASON: reason})
+    except Exception:  # the stop must go on whatever the store says
+        log.warning("could not end the sweep's parent run %s", parent_run_id, exc_info=True)
+
+
+def _take_device(cfg: DictConfig, sweep_dir: Path):
+    """On several GPUs, hold one device for this job (``trainer.devices=[i]``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from foxhunt.sweeps.resources import DeviceSlot, cuda_devices
+
+    devices = cuda_devices(cfg.trainer.accelerator)
+    if devices < 2 or cfg.trainer.devices != 1:  # one device, or the user chose several per job
+        return None
+    slot = DeviceSlot(sweep_dir, devices, preferred=int(HydraConfig.get().job.num or 0))
+    index = slot.acquire()
+    with open_dict(cfg):
+        cfg.trainer.devices = [index]
+    log.info("job holds cuda:%d", index)
+    return slot

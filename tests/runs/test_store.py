@@ -1,0 +1,52 @@
+"""The store interface beyond a training run: search, and the model registry API the ensemble
+uses (register a version from a run's artifacts, aliases, FINISHED runs with their metrics)."""
+
+from __future__ import annotations
+
+import pytest
+
+from foxhunt.runs.environment import store_uri
+from foxhunt.runs.store import RunStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    runs = RunStore(store_uri(tmp_path))
+    experiment = runs.ensure_experiment("unit", str(tmp_path / "mlruns" / "artifacts"))
+    ids = {}
+    for name, model, status, sharpe in (("a", "dqn", "FINISHED", 1.5), ("b", "dqn", "FAILED", 9.0), ("c", "tft", "FINISHED", 0.5)):
+        ids[name] = runs.create(experiment, f"{model}-es-fp32", {"model": model, "quoted": "it's"})
+        runs.log_params(ids[name], [("model.name", model)])
+        runs.log_metrics(ids[name], {"val/sharpe": sharpe})
+        checkpoint = tmp_path / f"{name}.ckpt"
+        checkpoint.write_bytes(b"weights")
+        runs.log_artifact(ids[name], checkpoint, "checkpoints")
+        runs.end(ids[name], status)
+    return runs, ids
+
+
+def test_search_finished_runs_returns_their_metrics_params_and_tags_newest_first(store):
+    runs, ids = store
+    found = runs.search_finished_runs("unit")
+    assert [r.run_id for r in found] == [ids["c"], ids["a"]]
+    dqn = runs.search_finished_runs("unit", "tags.model = 'dqn'")
+    assert [(r.run_id, r.metric("val/sharpe"), r.params["model.name"], r.tags["model"]) for r in dqn] == [
+        (ids["a"], 1.5, "dqn", "dqn")
+    ]
+    assert runs.search_finished_runs("no such experiment") == []
+    # a quote in a tag value cannot go into MLflow's filter: it is compared here
+    assert {r.run_id for r in runs.search("unit", tags={"quoted": "it's", "model": "dqn"})} == {ids["a"], ids["b"]}
+
+
+def test_model_versions_from_run_artifacts_with_aliases(store):
+    runs, ids = store
+    first = runs.register_model_version("dqn-es", ids["a"], "checkpoints", tags={"val_sharpe": 1.5}, alias="champion")
+    assert (first.name, first.version, first.run_id, first.aliases) == ("dqn-es", "1", ids["a"], ("champion",))
+    assert first.source == f"runs:/{ids['a']}/checkpoints" and first.tags == {"val_sharpe": "1.5"}
+    second = runs.register_model_version("dqn-es", ids["c"], f"runs:/{ids['c']}/checkpoints")
+    assert second.version == "2" and second.aliases == ()
+    assert runs.get_version_by_alias("dqn-es", "champion").version == "1"
+    runs.set_alias("dqn-es", "champion", second.version)
+    assert runs.get_version_by_alias("dqn-es", "champion").run_id == ids["c"]
+    assert runs.get_version_by_alias("dqn-es", "challenger") is None
+    assert runs.get_version_by_alias("no-such-model", "champion") is None
