@@ -247,6 +247,7 @@ class MemoryBreakdown:
     buffers_bytes: int = 0
     model_state_bytes: int = 0
     activations_bytes: int = 0
+    temporaries_bytes: int = 0  # what the allocator held beyond the others at its peak (0: not measured)
 
     @property
     def params_mb(self) -> float:
@@ -273,9 +274,13 @@ class MemoryBreakdown:
         return to_mb(self.activations_bytes)
 
     @property
+    def temporaries_mb(self) -> float:
+        return to_mb(self.temporaries_bytes)
+
+    @property
     def total_training_bytes(self) -> int:
-        """Sum of the components: each measured at its own peak, so an upper bound of what
-        is alive at any one instant."""
+        """Sum of the components. With ``temporaries`` measured, the allocator's peak (or the
+        sum of the others, each at its own peak, when that is higher); without, that sum alone."""
         return sum(self.components().values())
 
     @property
@@ -294,6 +299,9 @@ COMPONENT_METHODS = {
     "buffers": "bytes of the live registered buffers (unique storages)",
     "model_state": "bytes of tensors the module owns outside params/buffers (attributes, memory_tensors())",
     "activations": "peak bytes saved for backward during a real training step (saved_tensors_hooks, unique storages)",
+    "temporaries": "allocator peak of that step (bytes live when it began + the peak of what it allocated, "
+    "foxhunt.memory.allocations.AllocationPeak, equal to torch's MemTracker) minus the components above: "
+    "the backward pass's temporaries",
 }
 
 

@@ -61,6 +61,7 @@ from foxhunt.memory.accounting import (
     model_state_bytes,
     to_mb,
 )
+from foxhunt.memory.allocations import AllocationPeak
 from foxhunt.memory.budget import Breach, MemoryBudget, find_breaches
 from foxhunt.memory.probes import PROBE_METHODS, DeviceProbes, DeviceSample
 from foxhunt.memory.report import MeasuredFigure, MemoryReport, write_report
@@ -72,6 +73,12 @@ BREACH_CHECKPOINT = "memory_breach.ckpt"
 BREACH_TAG = "memory_breach"
 METRIC_PREFIX = "memory/"
 MLFLOW_METRICS_PER_BATCH = 1000  # MLflow's limit on metrics per log_batch call
+
+
+def _active_modes() -> list:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
 
 
 class MemoryBudgetExceeded(RuntimeError):
@@ -143,6 +150,10 @@ class MemoryBudgetCallback(pl.Callback):
         self.activation_dtypes: dict[str, int] = {}  # the activations' peak, bytes by dtype
         self._activation_meter: ActivationMeter | None = None
         self._gradient_meter: GradientMeter | None = None
+        self._allocations: AllocationPeak | None = None  # CPU: the allocator peak, first two steps
+        self._allocations_until = 0  # the optimizer step after which the allocator peak is read
+        self._live_at_window = 0
+        self.allocator_peak_bytes: int | None = None
         self._window_start_step = 0
         self._last_sample_step = 0
         self._train_start: float | None = None
@@ -177,6 +188,9 @@ class MemoryBudgetCallback(pl.Callback):
             return
         started = time.perf_counter()
         self._window_start_step = trainer.global_step
+        if trainer.strategy.root_device.type == "cpu":  # CUDA has its allocator's own peak
+            self._live_at_window = measure_static(pl_module, trainer.optimizers).total_training_bytes
+            self._allocations = AllocationPeak().__enter__()
         self._gradient_meter = GradientMeter(pl_module).__enter__()
         self._activation_meter = ActivationMeter(exclude=pl_module).__enter__()
         self.loop_seconds += time.perf_counter() - started
@@ -186,6 +200,13 @@ class MemoryBudgetCallback(pl.Callback):
     ) -> None:
         step = trainer.global_step
         window_open = self._activation_meter is not None
+        if self._allocations is not None and not window_open and step >= self._allocations_until:
+            started = time.perf_counter()
+            self._close_allocations()
+            self.loop_seconds += time.perf_counter() - started
+            self._sample()
+            self._queue(trainer)
+            self._check(trainer)
         sample_due = not window_open and step - self._last_sample_step >= self.sample_every_n_steps
         if not (window_open or sample_due or self.pending):
             return  # the common case: nothing to do
@@ -222,6 +243,9 @@ class MemoryBudgetCallback(pl.Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._close_meters()
+        if self._allocations is not None and self._allocations in _active_modes():
+            self._allocations.__exit__(None, None, None)
+        self._allocations = None
         self._activation_meter = self._gradient_meter = None
         if self.probes is not None:
             self.probes.close()
@@ -233,6 +257,19 @@ class MemoryBudgetCallback(pl.Callback):
         if self._gradient_meter is not None:
             self._gradient_meter.__exit__(None, None, None)
 
+    def _close_allocations(self) -> None:
+        """The allocator peak over the first step with gradients and the one after it (the
+        first whose forward runs with the optimizer state alive): what the components, each at
+        its own peak, do not hold of it is the temporaries."""
+        meter, self._allocations = self._allocations, None
+        if meter is None:
+            return
+        if meter in _active_modes():
+            meter.__exit__(None, None, None)
+        self.allocator_peak_bytes = self._live_at_window + meter.peak_bytes
+        others = replace(self.breakdown, temporaries_bytes=0).total_training_bytes
+        self.breakdown = replace(self.breakdown, temporaries_bytes=max(0, self.allocator_peak_bytes - others))
+
     def _close_window(self, pl_module: pl.LightningModule, trainer: pl.Trainer) -> None:
         self._close_meters()
         activations = self._activation_meter.peak_bytes if self._activation_meter is not None else 0
@@ -240,7 +277,7 @@ class MemoryBudgetCallback(pl.Callback):
             self.activation_dtypes = dict(self._activation_meter.peak_by_dtype)
         hooked_grads = self._gradient_meter.grads_bytes if self._gradient_meter is not None else 0
         static = measure_static(pl_module, trainer.optimizers, activations_bytes=activations)
-        self.breakdown = MemoryBreakdown(
+        breakdown = MemoryBreakdown(
             params_bytes=static.params_bytes,
             grads_bytes=max(static.grads_bytes, hooked_grads),
             optimizer_bytes=static.optimizer_bytes,
@@ -248,6 +285,8 @@ class MemoryBudgetCallback(pl.Callback):
             model_state_bytes=max(static.model_state_bytes, self.breakdown.model_state_bytes),
             activations_bytes=activations,
         )
+        self.breakdown = breakdown
+        self._allocations_until = trainer.global_step + 1
         self.activations_measured = hooked_grads > 0 or activations > 0
         self._activation_meter = None
         self._gradient_meter = None
@@ -271,9 +310,15 @@ class MemoryBudgetCallback(pl.Callback):
                 "peak", sample.cuda_allocated_peak_bytes,
                 "torch.cuda.max_memory_allocated since the run started (every tensor on the device)",
             )
+        if self.breakdown.temporaries_bytes or self.activations_measured:
+            return MeasuredFigure(
+                "peak", self.breakdown.total_training_bytes,
+                "allocator peak of the first training step: bytes live when it began plus the peak of what it "
+                "allocated (AllocationPeak, a TorchDispatchMode; equal to torch's MemTracker), temporaries included",
+            )
         return MeasuredFigure(
             "peak", self.breakdown.total_training_bytes,
-            "sum of the accounted components (no CUDA device: no allocator peak)",
+            "sum of the accounted components (no training step measured yet)",
         )
 
     def device_peak_figure(self) -> MeasuredFigure:
@@ -429,6 +474,7 @@ class MemoryBudgetCallback(pl.Callback):
         started = time.perf_counter()
         if self._activation_meter is not None:  # training ended inside the first-step window
             self._close_window(pl_module, trainer)
+        self._close_allocations()
         self._sample()
         extra = {}
         if self.train_seconds:

@@ -32,7 +32,7 @@ MARKDOWN_NAME = "memory_validate.md"
 JSON_NAME = "memory_validate.json"
 PNG_NAME = "memory_validate.png"
 BAR_COLUMNS = 60
-COMPONENTS = ("params", "grads", "optimizer", "buffers", "model_state", "activations")
+COMPONENTS = ("params", "grads", "optimizer", "buffers", "model_state", "activations", "temporaries")
 FIGURE_SIZE_INCHES = (13.0, 6.5)
 LABEL_ROOM = 1.35  # x range of the per-model panel, as a multiple of its largest figure (room for the labels)
 DPI = 100
@@ -276,7 +276,8 @@ def render_markdown(verdict: EnsembleVerdict) -> str:
         ]
         for model in predictions:
             p, m = model.prediction, model.measurement
-            probes = "; ".join(f"{b}: {to_mb(a):.3f}, {to_mb(s):.3f}" for b, a, s in p.probes) or "-"
+            probes = "; ".join(f"{b}: {to_mb(a):.3f}, {to_mb(s):.3f}, {'-' if t is None else f'{to_mb(t):.3f}'}"
+                               for b, a, s, t in p.probes) or "-"  # fmt: skip
             lines.append(
                 f"| {p.model} | {p.batch_key or '-'} | {p.batch_size if p.batch_size is not None else '-'} | {probes} | "
                 f"{p.total_mb:.3f} | {to_mb(m.breakdown.total_training_bytes):.3f} | "
@@ -323,7 +324,8 @@ def to_json(verdict: EnsembleVerdict, extra: dict[str, Any] | None = None) -> di
                 "error_against": "the measured sum of the components",
                 "components_bytes": p.breakdown.components(),
                 "component_methods": dict(p.methods),
-                "probes": [{"batch": b, "activations_bytes": a, "model_state_bytes": s} for b, a, s in p.probes],
+                "probes": [{"batch": b, "activations_bytes": a, "model_state_bytes": s, "allocator_dynamic_bytes": t}
+                           for b, a, s, t in p.probes],  # fmt: skip
                 "seconds": p.seconds,
                 "notes": list(p.notes),
             }

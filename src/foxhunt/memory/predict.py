@@ -74,6 +74,8 @@ COMPONENT_PREDICTIONS = {
     "buffers": "meta-device construction, numel x element size",
     "model_state": "measured in two probe fits at tiny batches, extrapolated linearly to the configured batch",
     "activations": "measured in two probe fits at tiny batches (configured sequence length), extrapolated linearly to the configured batch",
+    "temporaries": "the allocator peak less params, grads, optimizer, buffers in the same two probe fits, extrapolated "
+    "linearly; what it exceeds the predicted activations and model state by",
 }
 
 
@@ -278,7 +280,7 @@ class Prediction:
     breakdown: MemoryBreakdown
     batch_key: str | None
     batch_size: int | None
-    probes: tuple[tuple[int, int, int], ...] = ()  # (batch, activations, model state) measured
+    probes: tuple[tuple[int, ...], ...] = ()  # (batch, activations, model state, allocator peak beyond the static parts)
     seconds: float = 0.0
     notes: tuple[str, ...] = ()
     methods: Mapping[str, str] = field(default_factory=lambda: dict(COMPONENT_PREDICTIONS))
@@ -296,6 +298,16 @@ class Prediction:
         return None if not measured_bytes else 100.0 * (self.total_bytes - measured_bytes) / measured_bytes
 
 
+def _dynamic_peak(measured) -> int | None:
+    """A probe fit's allocator peak minus its parameters, gradients, optimizer state and buffers
+    (what grows with the batch), or None where no allocator peak was taken (CUDA)."""
+    peak = measured.allocator_peak_bytes
+    if peak is None:
+        return None
+    b = measured.breakdown
+    return peak - (b.params_bytes + b.grads_bytes + b.optimizer_bytes + b.buffers_bytes)
+
+
 def predict_footprint(
     cfg: DictConfig,
     factory: RunFactory,
@@ -308,7 +320,7 @@ def predict_footprint(
 
     ``probe_cache``: a dict shared by several predictions of configs that differ only in the
     batch (their probe fits are the same): the measured ``(activations, model state)`` bytes
-    per probe config."""
+    per probe config (and the temporaries of their step)."""
     from foxhunt.config.schema import resolved_config
     from foxhunt.memory.training_run import config_value, measure_run
 
@@ -326,7 +338,9 @@ def predict_footprint(
     if key is None or batch is None:
         measured = measure_run(cfg, factory, extra_steps=0, workdir=workdir)
         activations, state = measured.breakdown.activations_bytes, measured.breakdown.model_state_bytes
-        probes: tuple[tuple[int, int, int], ...] = ()
+        temporaries = measured.breakdown.temporaries_bytes
+        probes: tuple[tuple[int, ...], ...] = ()
+        allocator = None
         notes.append("no batch key known for this model: activations and model state measured at the configured batch")
     else:
         batch = int(batch)
@@ -334,16 +348,21 @@ def predict_footprint(
         for probe_batch, probe in probe_configs(cfg, key, batch):
             cache_key = OmegaConf.to_yaml(resolved_config(probe))
             if probe_cache is None or cache_key not in probe_cache:
-                measured = measure_run(probe, factory, extra_steps=0, workdir=workdir)
-                found = (measured.breakdown.activations_bytes, measured.breakdown.model_state_bytes)
+                measured = measure_run(probe, factory, extra_steps=1, workdir=workdir)  # the step after: its peak too
+                found = (measured.breakdown.activations_bytes, measured.breakdown.model_state_bytes,
+                         _dynamic_peak(measured))  # fmt: skip
                 if probe_cache is not None:
                     probe_cache[cache_key] = found
             else:
                 found = probe_cache[cache_key]
             points.append((probe_batch, *found))
-        (b1, a1, s1), (b2, a2, s2) = points
+        (b1, a1, s1, d1), (b2, a2, s2, d2) = points
         activations = LinearFit(b1, a1, b2, a2).at(batch)
         state = LinearFit(b1, s1, b2, s2).at(batch)
+        allocator = None if d1 is None or d2 is None else LinearFit(b1, d1, b2, d2).at(batch)
+        # the allocator peak beyond the static components, extrapolated like the rest; what it
+        # exceeds the predicted activations and state by is the temporaries
+        temporaries = 0 if allocator is None else max(0, allocator - activations - state)
         probes = tuple(points)
     breakdown = MemoryBreakdown(
         params_bytes=static.params_bytes,
@@ -352,6 +371,7 @@ def predict_footprint(
         buffers_bytes=static.buffers_bytes,
         model_state_bytes=state,
         activations_bytes=activations,
+        temporaries_bytes=temporaries,
     )
     return Prediction(
         model=str(cfg.model.name),

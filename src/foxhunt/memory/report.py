@@ -34,6 +34,7 @@ COMPONENT_COLORS = {
     "buffers": "#8172b3",
     "model_state": "#937860",
     "activations": "#c44e52",
+    "temporaries": "#da8bc3",
 }
 DEVICE_COLOR = "#64b5cd"
 OFF_SCALE_FACTOR = 10.0  # a limit line this many times above the tallest bar is listed, not drawn

@@ -16,8 +16,10 @@ activations as the peak bytes saved for backward during the first step with grad
 A model's **footprint**, the figure checked against its target and summed for the fleet
 (:mod:`foxhunt.memory.fleet`):
 
-- on CPU, the sum of those components (each at its own peak: an upper bound of what is alive
-  at one instant);
+- on CPU, the allocator's peak during the first step with gradients (what was live when it
+  began plus the peak of what it allocated, :class:`foxhunt.memory.allocations.AllocationPeak`),
+  which the components sum to with ``temporaries``, the backward pass's temporaries that live
+  tensors and saved activations miss;
 - on CUDA, ``torch.cuda.max_memory_allocated`` over the fit minus ``memory_allocated`` before
   it: every tensor the run put on the device, temporaries included (the components are
   reported beside it).
@@ -45,8 +47,10 @@ from foxhunt.memory.report import MeasuredFigure
 MEASURE_EXTRA_STEPS = 2
 
 CPU_FOOTPRINT_METHOD = (
-    "sum of the accounted components (live parameters, gradients, optimizer state, buffers and "
-    "model-owned state after a real training step; activations: peak bytes saved for backward)"
+    "allocator peak of the first training step: bytes live when it began plus the peak of what it allocated "
+    "(AllocationPeak, a TorchDispatchMode; equal to torch's MemTracker), temporaries of the backward included; "
+    "the components beside it (live parameters, gradients, optimizer state, buffers, model-owned state; "
+    "activations: peak bytes saved for backward; temporaries: the rest of the peak)"
 )
 CUDA_FOOTPRINT_METHOD = (
     "torch.cuda.max_memory_allocated over the measuring fit minus memory_allocated before it "
@@ -107,6 +111,7 @@ class RunMeasurement:
     seconds: float
     device_figures: tuple[MeasuredFigure, ...] = ()
     notes: tuple[str, ...] = ()
+    allocator_peak_bytes: int | None = None  # CPU: the first step's allocator peak (None on CUDA)
 
     @property
     def footprint_mb(self) -> float:
@@ -215,6 +220,7 @@ def measure_run(
         steps=int(trainer.global_step),
         seconds=time.perf_counter() - started,
         device_figures=tuple(figures),
+        allocator_peak_bytes=memory.allocator_peak_bytes,
     )
     del trainer, parts, memory
     _release(device)
