@@ -118,6 +118,17 @@ def build_model(cfg: DictConfig):
     return instantiate(cfg.model.module, _convert_="all")
 
 
+def run_split(cfg: DictConfig):
+    """The split a run trains and scores on: ``data.split``, or its walk-forward fold
+    (``evaluation.fold``, set on each fold's run by :mod:`foxhunt.protocol`)."""
+    from foxhunt.data.splits import FoldSplit, WalkForwardConfig
+
+    fold = cfg.evaluation.get("fold")
+    if cfg.evaluation.protocol != "walk_forward" or fold is None:
+        return cfg.data.split
+    return FoldSplit(WalkForwardConfig.from_config(cfg.evaluation.walk_forward), int(fold))
+
+
 def build_parts(cfg: DictConfig) -> RunParts:
     """Asset, cached market dataset, datamodule, model and precision policy of a validated config."""
     from hydra.utils import instantiate
@@ -127,7 +138,7 @@ def build_parts(cfg: DictConfig) -> RunParts:
     asset = instantiate(cfg.asset)
     source = instantiate(cfg.data.source)
     precision = instantiate(cfg.precision)
-    dataset = load_market_dataset(source, asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir)
+    dataset = load_market_dataset(source, asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
     datamodule = build_datamodule(cfg, dataset)
     model = build_model(cfg)
     return RunParts(asset=asset, source=source, dataset=dataset, datamodule=datamodule, model=model, precision=precision)

@@ -15,6 +15,10 @@ cell, nests the run under the sweep's parent run and applies the strategy's thre
 and packing check. ``resume=true`` works the same in both: a cell that finished earlier (same
 config hash) is skipped, an interrupted one resumed from its checkpoint in its own MLflow run
 (:mod:`foxhunt.runs.resume`), and the log says which, in one line.
+
+With ``evaluation.protocol=walk_forward`` or ``evaluation.seeds=[...]`` the cell's run holds one
+nested run per fold and seed (:mod:`foxhunt.protocol`), and what the cell returns is their
+aggregate: ``val/sharpe`` of the pooled validation blocks, the mean across seeds.
 """
 
 from __future__ import annotations
@@ -43,6 +47,11 @@ SOURCE = "foxhunt-train"  # the runs table's Source column (foxhunt.runs.provena
 EXIT_CONFIG_ERROR = 2
 EXIT_ON_SIGTERM = 128 + 15  # the shell's status for a process ended by SIGTERM
 SPLITS = ("train", "val", "test")
+SCORES_DIR = "scores"  # artifacts: each scored split's backtests (foxhunt.evaluation.scoring.SplitScore)
+
+
+def scores_file(split: str) -> str:
+    return f"{split}.npz"
 
 
 @dataclass
@@ -56,6 +65,7 @@ class RunOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
     note: str | None = None  # what resume did
     wall_s: float | None = None  # a skipped cell: its earlier run's duration
+    scores: dict = field(default_factory=dict)  # split -> SplitScore (a run trained here)
 
 
 def run_tags(cfg: DictConfig, key: CellKey) -> dict[str, str]:
@@ -95,28 +105,28 @@ def scoring_datamodule(cfg: DictConfig, datamodule):
     return build_datamodule(cfg, dataclasses.replace(dataset, splits=splits))
 
 
-def score_split(model, datamodule, split: str, cfg: DictConfig, asset, out_dir: Path, run) -> dict[str, float]:
-    """The shared backtest of one split: the same metrics for every model family."""
-    from foxhunt.evaluation.backtest import backtest
+def score_split(model, datamodule, split: str, cfg: DictConfig, asset, out_dir: Path, run):
+    """The shared backtest of one split, the model's and the baselines' (the same metrics for
+    every model family, :mod:`foxhunt.evaluation.scoring`): returns the ``<split>/...``
+    metrics and the :class:`~foxhunt.evaluation.scoring.SplitScore`, saved as an artifact."""
     from foxhunt.evaluation.plots import plot_equity
+    from foxhunt.evaluation.scoring import ScoringSettings, score_positions
 
     arrays = datamodule.dataset.splits[split]
-    positions = model.trading_positions(datamodule, split)
-    result = backtest(
-        positions,
-        arrays.close,
-        arrays.timestamps,
-        asset,
-        commission_usd=cfg.execution.commission_usd,
-        slippage_ticks=cfg.execution.slippage_ticks,
-    )
-    metrics = {f"{split}/{name}": float(value) for name, value in result.metrics.items()}
+    settings = ScoringSettings.from_config(cfg, asset)
+    score = score_positions(model.trading_positions(datamodule, split), arrays.close, arrays.timestamps, asset, settings)
+    metrics = {f"{split}/{name}": float(value) for name, value in score.metrics(settings).items()}
+    folder = out_dir / SCORES_DIR
+    folder.mkdir(exist_ok=True)
+    saved = score.save(folder / scores_file(split))
+    if run is not None:
+        run.log_artifact(saved, SCORES_DIR)
     if cfg.evaluation.plot_equity and split == "test":
         png = out_dir / f"equity_{split}.png"
-        plot_equity(result, arrays.timestamps, png, title=f"{CellKey.from_config(cfg).name} {split} split")
+        plot_equity(score.model, arrays.timestamps, png, title=f"{CellKey.from_config(cfg).name} {split} split")
         if run is not None:
             run.log_artifact(png)
-    return metrics
+    return metrics, score
 
 
 def train(cfg: DictConfig, parent_run_id: str | None = None, before_fit: Callable[[], None] | None = None) -> dict[str, float]:
@@ -125,18 +135,27 @@ def train(cfg: DictConfig, parent_run_id: str | None = None, before_fit: Callabl
 
 
 def train_run(
-    cfg: DictConfig, parent_run_id: str | None = None, before_fit: Callable[[], None] | None = None
+    cfg: DictConfig, parent_run_id: str | None = None, before_fit: Callable[[], None] | None = None,
+    extra_tags: dict[str, str] | None = None, run_name: str | None = None,
 ) -> RunOutcome:
-    """Validate, apply ``resume=true``, train and score one run in its MLflow run.
+    """Validate, apply ``resume=true``, train and score one run in its MLflow run (a cell with
+    folds or seeds: its children under the cell's run, :mod:`foxhunt.protocol`).
 
     ``parent_run_id`` nests the run under a sweep's parent run; ``before_fit`` runs once the
     config is valid and the run exists, before the data and the model are built (a sweep job
-    sets its threads and device there, and raises when the cell cannot fit)."""
+    sets its threads and device there, and raises when the cell cannot fit). ``extra_tags`` and
+    ``run_name`` are a protocol child's."""
     validate(cfg)  # before anything heavy: one clear line on a bad value
     key = CellKey.from_config(cfg, config_hash(cfg))
     plan = _resume_plan(cfg, key) if cfg.resume else None
     if plan is not None and plan.action == SKIP:
         return _skipped(cfg, key, plan, parent_run_id)
+    from foxhunt.protocol import needs_protocol, run_cell_protocol
+
+    if needs_protocol(cfg):
+        metrics, run_id = run_cell_protocol(cfg, key, train_run, run_tags(cfg, key), parent_run_id, before_fit, SOURCE)
+        note = plan.describe() if plan is not None else None
+        return RunOutcome(key, Status.FINISHED, run_id, metrics, note)
 
     import lightning.pytorch as pl
     from hydra.utils import instantiate
@@ -156,8 +175,8 @@ def train_run(
             tracking_uri=cfg.logger.tracking_uri,
             experiment=cfg.logger.experiment,
             artifact_location=cfg.logger.artifact_location,
-            run_name=key.name,
-            tags=run_tags(cfg, key),
+            run_name=run_name or key.name,
+            tags={**run_tags(cfg, key), **(extra_tags or {})},
             parent_run_id=parent_run_id,
             resume_run_id=plan.run_id if resumed else None,
             source=SOURCE,
@@ -170,13 +189,13 @@ def train_run(
         ckpt_path = str(plan.checkpoint) if resumed else cfg.ckpt
         callbacks = [instantiate(node) for node in cfg.callbacks.values()]
         try:
-            metrics = _fit_and_score(cfg, callbacks, run, out_dir, ckpt_path)
+            metrics, scores = _fit_and_score(cfg, callbacks, run, out_dir, ckpt_path)
         finally:  # checkpoints reach the run whatever happened (an interrupted run's too)
             if run is not None and cfg.logger.log_checkpoints:
                 for path in _checkpoint_files(callbacks):
                     run.log_artifact(path, "checkpoints")
     note = plan.describe() if plan is not None else None
-    return RunOutcome(key, Status.FINISHED, run.run_id if run is not None else None, metrics, note)
+    return RunOutcome(key, Status.FINISHED, run.run_id if run is not None else None, metrics, note, scores=scores)
 
 
 def _resume_plan(cfg: DictConfig, key: CellKey) -> ResumePlan:
@@ -208,7 +227,7 @@ def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str
     return outcome
 
 
-def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> dict[str, float]:
+def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> tuple[dict[str, float], dict]:
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
@@ -238,13 +257,15 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
     for result in test_results:
         metrics.update({k: float(v) for k, v in result.items()})
     scoring = scoring_datamodule(cfg, datamodule)
+    scores = {}
     for split in ("val", "test"):
-        metrics.update(score_split(model, scoring, split, cfg, asset, out_dir, run))
+        split_metrics, scores[split] = score_split(model, scoring, split, cfg, asset, out_dir, run)
+        metrics.update(split_metrics)
     if run is not None:
         scored = {k: v for k, v in metrics.items() if k.startswith(("val/", "test/"))}
         run.log_metrics(scored, step=trainer.global_step)
-    _print_summary(cfg, metrics)
-    return metrics
+    _print_summary(cfg, metrics, asset)
+    return metrics, scores
 
 
 def _log_dataset_record(dataset, out_dir: Path, run) -> None:
@@ -344,12 +365,13 @@ def _checkpoint_files(callbacks) -> list[Path]:
     return sorted({p.resolve() for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")})
 
 
-def _print_summary(cfg: DictConfig, metrics: dict[str, float]) -> None:
-    keys = [k for k in sorted(metrics) if k.startswith("test/")]
-    width = max((len(k) for k in keys), default=0)
-    lines = [f"{CellKey.from_config(cfg).name}: test split, shared backtest (net of costs)"]
-    lines += [f"  {k:<{width}}  {metrics[k]:.6g}" for k in keys]
-    print("\n".join(lines))
+def _print_summary(cfg: DictConfig, metrics: dict[str, float], asset) -> None:
+    from foxhunt.evaluation.backtest import annualization_note
+    from foxhunt.evaluation.scoring import summary_lines
+
+    name = CellKey.from_config(cfg).name
+    print("\n".join([f"{name}: test split, shared backtest (net of costs)", *summary_lines(metrics, "test/"),
+                     f"  {annualization_note(asset, float(cfg.evaluation.sessions_per_year))}"]))  # fmt: skip
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

@@ -93,7 +93,7 @@ def test_quick_report_without_peers(tmp_path, monkeypatch):
 
 def test_fleet_section_measures_every_member_beside_its_floor(tmp_path):
     settings = tiny_settings("fleet", "fleet.bars=80", "fleet.skip_bars=60", "fleet.probe_calls=3", "fleet.floor_calls=20",
-                             "fleet.floor_calls_tft=2")  # fmt: skip
+                             "fleet.floor_calls_tft=2", "fleet.capacity_warm_bars=5")  # fmt: skip
     result = run(settings, tmp_path, command="pytest", quick=True, log=lambda *_: None)
     rows = {r["name"]: r for r in result["rows"]}
     for family in ("dqn", "ppo"):
@@ -103,6 +103,9 @@ def test_fleet_section_measures_every_member_beside_its_floor(tmp_path):
     assert rows["mamba2 step p50"]["goal"] == 100 and rows["whole fleet per bar p99"]["goal"] == 6000
     assert rows["whole fleet per bar p99"]["figure"] >= rows["whole fleet per bar p50"]["figure"] > 0
     assert any("runtime" in note for note in result["notes"]["fleet"])
+    (capacity,) = [r for name, r in rows.items() if name.startswith("capacity int8 / fp32")]
+    assert capacity["figure"] == pytest.approx(capacity["foxhunt"] / capacity["reference"]) and capacity["reference"] >= 1
+    assert capacity["foxhunt"] > capacity["reference"]  # int8 copies hold less: more fleets fit
     assert "## 5. The streaming fleet" in report.markdown(result)
 
 

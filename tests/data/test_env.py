@@ -125,7 +125,7 @@ def test_env_reward_sums_to_backtest_pnl(key, moves, data, commission, slippage)
         assert not terminated.item()
         assert truncated.item() == (t == num_bars - 2)
 
-    result = backtest(positions, close, timestamps, asset, commission, slippage)
+    result = backtest(positions, close, timestamps, asset, commission, slippage, bars_per_year=1e5)
     np.testing.assert_array_equal(held, positions[:-1])
     np.testing.assert_allclose(pnls, result.pnl, rtol=1e-12, atol=1e-9)
     scale = max(1.0, float(np.abs(rewards).sum()))

@@ -159,6 +159,14 @@ def test_the_cli_subprocess_answers_help_without_heavy_imports():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_a_version_without_a_verdict_loads_fp32_and_says_why():
+    from foxhunt.ensemble.registry import weights_to_load
+    from foxhunt.runs.store import ModelVersion
+
+    weights, why = weights_to_load("auto", ModelVersion("foxhunt-dqn-es", "1", "r", "s"))
+    assert weights == "fp32" and "no int8 verdict recorded" in why
+
+
 def test_validate_measures_fp32_and_int8_footprints_and_capacity(store_root):
     cli(store_root, "ensemble", "register", "asset=es")
     result = cli(store_root, "ensemble", "validate", "asset=es", *DATA, "ensemble.validate.probe_calls=5")
@@ -176,6 +184,18 @@ def test_validate_measures_fp32_and_int8_footprints_and_capacity(store_root):
     c = client(store_root)
     runs = c.search_runs([c.get_experiment_by_name("ensemble").experiment_id], "tags.budget = 'rtx3050ti'")
     assert runs and "capacity/fleet_fp32" in runs[0].data.metrics
+    assert "fleet auto (each member's choice):" in out and "recorded on each version" in out
+    from foxhunt.ensemble.registry import WEIGHTS_CHOICE, WEIGHTS_REASON, weights_to_load
+    from foxhunt.runs.store import RunStore
+
+    store = RunStore(f"sqlite:///{store_root / 'mlruns' / 'mlflow.db'}")
+    for family in SMALL:
+        version = store.get_version_by_alias(f"foxhunt-{family}-es", "champion")
+        assert version.tags[WEIGHTS_CHOICE] in ("fp32", "int8") and "x (at most" in version.tags[WEIGHTS_REASON]
+        assert f"foxhunt-{family}-es: {version.tags[WEIGHTS_CHOICE]} (" in out  # the verdict line is what was recorded
+        weights, why = weights_to_load("auto", version)
+        assert weights == version.tags[WEIGHTS_CHOICE] and why.startswith("measured by foxhunt ensemble validate")
+        assert weights_to_load("int8", version) == ("int8", "ensemble.weights=int8")
     tiny = cli(store_root, "ensemble", "validate", "asset=es", *DATA, "ensemble.validate.probe_calls=5", "budget.total_mb=0.01",
                "budget.headroom_mb=0.005", "logger.enabled=false")  # fmt: skip
     assert tiny.exit_code == 1 and "FAIL" in tiny.output

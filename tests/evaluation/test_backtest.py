@@ -12,6 +12,11 @@ from omegaconf import OmegaConf
 
 from foxhunt.assets import AssetSpec
 from foxhunt.evaluation import BacktestResult, backtest
+from foxhunt.evaluation.backtest import (
+    annualization_note,
+    calendar_bars_per_year,
+    pooled,
+)
 
 CONF_ASSET = Path(__file__).resolve().parents[2] / "conf" / "asset"
 
@@ -26,13 +31,13 @@ ES = load_asset("es")  # tick 0.25, multiplier 50, tick value 12.5
 COMMISSION, SLIPPAGE = 2.0, 1.0
 CLOSE = np.array([100.00, 100.50, 100.25, 101.00, 100.75])
 POSITIONS = np.array([1, 1, -1, 0, 1])  # the last one is never traded
-# 5 bars, 12 hours apart: 4 steps over 2 days -> 4 / (2 / 365.25) = 730.5 steps per year.
 TWO_DAYS = pd.date_range("2024-03-04", periods=5, freq="12h", tz="UTC")
+BARS_PER_YEAR = 730.5
 
 
 def run(positions=POSITIONS, close=CLOSE, timestamps=TWO_DAYS, commission=COMMISSION,
-        slippage=SLIPPAGE) -> BacktestResult:
-    return backtest(positions, close, timestamps, ES, commission, slippage)
+        slippage=SLIPPAGE, bars_per_year=BARS_PER_YEAR) -> BacktestResult:
+    return backtest(positions, close, timestamps, ES, commission, slippage, bars_per_year=bars_per_year)
 
 
 def test_pnl_costs_and_equity_by_hand():
@@ -52,24 +57,54 @@ def test_pnl_costs_and_equity_by_hand():
     assert m["hit_rate"] == pytest.approx(1 / 3)  # in the market 3 steps, 1 gross winner
     assert m["turnover"] == pytest.approx((1 + 0 + 2 + 1) / 4)
     assert m["trades"] == 3
-    assert set(m) == {"pnl", "sharpe", "max_drawdown", "hit_rate", "turnover", "trades"}
+    assert m["mean_pnl"] == pytest.approx(-83.0 / 4)
+    assert m["steps"] == 4
+    assert set(m) == {"pnl", "mean_pnl", "sharpe", "max_drawdown", "hit_rate", "turnover", "trades", "steps"}
 
 
-def test_sharpe_uses_bars_per_year_from_timestamps():
+def test_sharpe_is_annualized_by_bars_per_year():
     result = run()
     mean = -83.0 / 4  # -20.75
     # deviations 31.25, 8.25, -45.75, 6.25 -> squares sum 3176.75; sample std: / (4 - 1)
     std = math.sqrt(3176.75 / 3)
-    steps_per_year = 4 / (2 / 365.25)  # 730.5
-    assert result.metrics["sharpe"] == pytest.approx(mean / std * math.sqrt(steps_per_year))
+    assert result.metrics["sharpe"] == pytest.approx(mean / std * math.sqrt(BARS_PER_YEAR))
+    assert run(bars_per_year=4 * BARS_PER_YEAR).metrics["sharpe"] == pytest.approx(2 * result.metrics["sharpe"])
 
 
-def test_sharpe_scales_with_bar_frequency():
-    per_minute = run(timestamps=pd.date_range("2024-03-04", periods=5, freq="1min"))
-    per_day = run(timestamps=pd.date_range("2024-03-04", periods=5, freq="1D"))
-    ratio = per_minute.metrics["sharpe"] / per_day.metrics["sharpe"]
-    assert ratio == pytest.approx(math.sqrt(24 * 60))
-    assert per_minute.metrics["pnl"] == per_day.metrics["pnl"]
+def test_annualization_does_not_depend_on_the_window_calendar_time():
+    """A window over a weekend and one inside a week give the same factor (the old rule, steps
+    per calendar year of the window, moved it from 715 to 461 on the same bars)."""
+    weekday = run(timestamps=pd.date_range("2024-03-05 14:00", periods=5, freq="1min", tz="UTC"))
+    over_weekend = run(timestamps=pd.DatetimeIndex(["2024-03-08 21:57", "2024-03-08 21:58", "2024-03-08 21:59",
+                                                    "2024-03-10 23:00", "2024-03-10 23:01"], tz="UTC"))  # fmt: skip
+    assert weekday.metrics == over_weekend.metrics
+
+
+def test_calendar_bars_per_year_is_the_session_calendar():
+    assert calendar_bars_per_year(ES, 252) == 1380 * 252  # Globex 18:00-17:00 ET: 23 h of 1-minute bars
+    note = annualization_note(ES, 252)
+    assert "347,760 bars/year" in note and "1,380 bars/session" in note and "252 sessions/year" in note
+    with pytest.raises(ValueError, match=r"evaluation.sessions_per_year=0"):
+        calendar_bars_per_year(ES, 0)
+
+
+def test_hit_rate_counts_only_bars_whose_price_moved():
+    # long over 4 steps: +2 ticks, no move, no move, -1 tick -> 1 hit, 1 miss; the flat bars are neither
+    result = run(positions=[1, 1, 1, 1, 0], close=[100.0, 100.5, 100.5, 100.5, 100.25], commission=0.0, slippage=0.0)
+    assert result.metrics["hit_rate"] == pytest.approx(1 / 2)
+
+
+def test_pooled_joins_steps_as_separate_backtests():
+    a = run(positions=[1, 1, -1, 0, 1])
+    b = run(positions=[-1, 0, 0, 1, 1], close=CLOSE[::-1].copy())
+    joined = pooled([a, b])
+    np.testing.assert_allclose(joined.pnl, np.concatenate([a.pnl, b.pnl]))
+    np.testing.assert_allclose(joined.equity, np.cumsum(np.concatenate([a.pnl, b.pnl])))
+    assert joined.metrics["trades"] == a.metrics["trades"] + b.metrics["trades"]  # b starts flat again
+    assert joined.metrics["pnl"] == pytest.approx(a.metrics["pnl"] + b.metrics["pnl"])
+    assert joined.metrics["steps"] == 8
+    with pytest.raises(ValueError, match="annualized differently"):
+        pooled([a, run(bars_per_year=1.0)])
 
 
 def test_sharpe_is_zero_when_pnl_is_constant():
@@ -86,8 +121,8 @@ def test_sharpe_is_zero_when_pnl_is_constant():
 def test_always_flat_has_zero_everything():
     result = run(positions=np.zeros(5))
     assert result.metrics == {
-        "pnl": 0.0, "sharpe": 0.0, "max_drawdown": 0.0, "hit_rate": 0.0, "turnover": 0.0,
-        "trades": 0,
+        "pnl": 0.0, "mean_pnl": 0.0, "sharpe": 0.0, "max_drawdown": 0.0, "hit_rate": 0.0, "turnover": 0.0,
+        "trades": 0, "steps": 4,
     }
 
 
@@ -116,6 +151,7 @@ def test_float_positions_on_the_grid_are_accepted():
         ({"commission": -1.0}, r"commission_usd=-1.0"),
         ({"slippage": float("nan")}, r"slippage_ticks=nan"),
         ({"positions": [1], "close": [1.0], "timestamps": TWO_DAYS[:1]}, r"at least 2 bars"),
+        ({"bars_per_year": 0.0}, r"bars_per_year=0.0"),
     ],
 )
 def test_bad_inputs_raise_naming_the_argument(kwargs, message):

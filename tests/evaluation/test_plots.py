@@ -29,7 +29,7 @@ def test_plot_equity_writes_a_png(tmp_path, es):
     close = 4800.0 + 0.25 * np.cumsum(rng.integers(-4, 5, n))
     positions = rng.integers(-1, 2, n)
     timestamps = pd.date_range("2024-03-04 14:30", periods=n, freq="1min", tz="UTC")
-    result = backtest(positions, close, timestamps, es, 2.0, 1.0)
+    result = backtest(positions, close, timestamps, es, 2.0, 1.0, bars_per_year=1e5)
 
     out = plot_equity(result, timestamps, tmp_path / "sub" / "equity.png", title="dqn-es-fp32")
 
@@ -42,6 +42,6 @@ def test_plot_equity_writes_a_png(tmp_path, es):
 
 def test_plot_equity_rejects_mismatched_timestamps(tmp_path, es):
     timestamps = pd.date_range("2024-03-04", periods=4, freq="1min", tz="UTC")
-    result = backtest([1, 0, -1, 0], [1.0, 1.25, 1.0, 1.5], timestamps, es, 0.0, 0.0)
+    result = backtest([1, 0, -1, 0], [1.0, 1.25, 1.0, 1.5], timestamps, es, 0.0, 0.0, bars_per_year=1e5)
     with pytest.raises(ValueError, match="timestamps: length 3"):
         plot_equity(result, timestamps[:3], tmp_path / "x.png", title="x")

@@ -182,3 +182,22 @@ def test_the_sqlite_reader_agrees_with_mlflow_client(jobs_store):
 
 def test_no_store_means_no_jobs(tmp_path):
     assert load_jobs(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}") == []
+
+
+def test_a_walk_forward_cell_is_one_cell_of_its_job_not_its_folds():
+    def record(run_id, parent=None, **tags):
+        base = {"job_id": "ffff7777", "model": "dqn", "asset": "es", "precision": "fp32", "seed": "42"}
+        if parent:
+            base["mlflow.parentRunId"] = parent
+        return RunRecord(run_id, run_id, "foxhunt", "FINISHED", NOW_MS - HOUR_MS, NOW_MS, {**base, **tags}, {})
+
+    runs = [
+        record("sweep", **{"foxhunt.run_kind": "sweep"}),
+        record("cell", "sweep", **{"foxhunt.role": "cell"}),
+        record("fold0", "cell", **{"foxhunt.role": "fold", "fold": "0"}),
+        record("fold1", "cell", **{"foxhunt.role": "fold", "fold": "1"}),
+    ]
+    (job,) = group_jobs(runs)
+    assert job.parent.run_id == "sweep" and [r.run_id for r in job.runs] == ["cell"]
+    (alone,) = group_jobs(runs[1:])  # a walk-forward run without a sweep: one cell, not a job of folds
+    assert alone.parent is None and [r.run_id for r in alone.runs] == ["cell"]

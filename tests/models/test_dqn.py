@@ -132,7 +132,7 @@ def test_short_fit_logs_finite_metrics_and_syncs_the_target():
     assert trainer.global_step == 120  # steps spent filling the buffer count as well
     metrics = trainer.callback_metrics
     for key in ("train/loss", "train/q_mean", "train/epsilon", "train/episode_reward",
-                "train/env_steps_per_s", "val/mean_reward", "val/pnl_usd"):
+                "train/env_steps_per_s", "val/mean_reward", "val/env_pnl_usd"):
         assert key in metrics, key
         assert math.isfinite(float(metrics[key])), key
     assert float(metrics["train/epsilon"]) == pytest.approx(0.995**119)
@@ -142,14 +142,14 @@ def test_short_fit_logs_finite_metrics_and_syncs_the_target():
     assert agent.replay.obs.device == agent.device
 
     result = trainer.test(agent, datamodule=datamodule, verbose=False)[0]
-    assert set(result) == {"test/mean_reward", "test/pnl_usd"}
+    assert set(result) == {"test/mean_reward", "test/env_pnl_usd"}
     positions = agent.trading_positions(datamodule, "test")
     close = dataset.splits["test"].close
     assert positions.shape == close.shape and positions[-1] == 0
     assert set(np.unique(positions)) <= {-1, 0, 1}
     reward, pnl = walk_rewards(positions, close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS)
     assert result["test/mean_reward"] == pytest.approx(reward.mean(), rel=1e-5)
-    assert result["test/pnl_usd"] == pytest.approx(pnl.sum(), rel=1e-5)
+    assert result["test/env_pnl_usd"] == pytest.approx(pnl.sum(), rel=1e-5)
 
 
 def test_truncated_transitions_store_final_obs_and_are_not_terminal():

@@ -148,7 +148,7 @@ def test_short_fit_logs_finite_metrics():
     for key in ("train/loss", "train/policy_loss", "train/value_loss", "train/entropy",
                 "train/approx_kl", "train/clip_fraction", "train/explained_variance",
                 "train/env_steps_per_s", "train/episode_reward", "val/mean_reward",
-                "val/pnl_usd"):
+                "val/env_pnl_usd"):
         assert key in metrics, key
         assert math.isfinite(float(metrics[key])), key
     assert 0.0 < float(metrics["train/entropy"]) <= math.log(3) + 1e-6
@@ -159,7 +159,7 @@ def test_short_fit_logs_finite_metrics():
     assert positions.shape == close.shape and positions[-1] == 0
     reward, pnl = walk_rewards(positions, close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS)
     assert result["test/mean_reward"] == pytest.approx(reward.mean(), rel=1e-5)
-    assert result["test/pnl_usd"] == pytest.approx(pnl.sum(), rel=1e-5)
+    assert result["test/env_pnl_usd"] == pytest.approx(pnl.sum(), rel=1e-5)
 
 
 LEARNING_SEEDS = [0, 1, 2]

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from foxhunt.runs.cell import CellKey, CellResult
-from foxhunt.sweeps.summary import failures, format_markdown, format_table, plot_heatmap
+from foxhunt.sweeps.summary import (
+    deflated_sharpes,
+    failures,
+    format_markdown,
+    format_table,
+    plot_heatmap,
+)
 
 
 def _records() -> list[CellResult]:
@@ -18,12 +26,44 @@ def _records() -> list[CellResult]:
 
 def test_table_has_one_line_per_cell_with_the_figures():
     lines = format_table(_records()).splitlines()
-    assert lines[0].split() == ["cell", "status", "test/sharpe", "val/loss", "peak", "MB", "wall", "s", "error", "/", "note"]
-    assert lines[2].split() == ["dqn-es-fp32", "FINISHED", "-0.500", "-", "80", "12.3"]
-    assert lines[3].split()[:6] == ["dqn-nq-fp32", "FAILED", "-", "-", "-", "1.0"]
+    assert lines[0].split() == ["cell", "status", "test/sharpe", "interval", "best", "baseline", "DSR", "flags",
+                                "val/loss", "peak", "MB", "wall", "s", "error", "/", "note"]  # fmt: skip
+    assert lines[2].split() == ["dqn-es-fp32", "FINISHED", "-0.500", "-", "-", "-", "-", "80", "12.3"]
+    assert lines[3].split()[:4] == ["dqn-nq-fp32", "FAILED", "-", "-"]
     assert "price not on the tick grid" in lines[3]
-    assert lines[5].split()[:6] == ["tft-nq-fp32", "FINISHED", "1.235", "0.9877", "612", "31.0"]
+    assert lines[5].split()[:6] == ["tft-nq-fp32", "FINISHED", "1.235", "-", "-", "-"]
+    assert "0.9877" in lines[5] and "612" in lines[5]
+    assert lines[-1].startswith("interval: block bootstrap")
     assert [r.cell for r in failures(_records())] == ["dqn-nq-fp32"]
+
+
+def scored(sharpe: float, low: float, high: float, per_step: float, baseline: float) -> dict[str, float]:
+    return {"test/sharpe": sharpe, "test/sharpe_ci_low": low, "test/sharpe_ci_high": high,
+            "test/sharpe_per_step": per_step, "test/steps": 5000.0, "test/pnl_skew": 0.0, "test/pnl_kurtosis": 3.0,
+            "test/baseline/flat/sharpe": 0.0, "test/baseline/momentum/sharpe": baseline}  # fmt: skip
+
+
+def test_interval_baseline_dsr_and_flags():
+    records = [
+        CellResult(CellKey("dqn", "es", "fp32", "42", "a"), "FINISHED", "r1", None, 1.0, None, scored(40.0, 10.0, 70.0, 0.07, 5.0)),
+        CellResult(CellKey("ppo", "es", "fp32", "42", "b"), "FINISHED", "r2", None, 1.0, None, scored(3.0, -20.0, 26.0, 0.005, 9.0)),
+        CellResult(CellKey("tft", "es", "fp32", "42", "c"), "FINISHED", "r3", None, 1.0, None, scored(-8.0, -30.0, 14.0, -0.013, -1.0)),
+    ]  # fmt: skip
+    dsr = deflated_sharpes(records)
+    # PSR of each cell against the best of 3 unskilled cells, by hand (normal moments: skew 0, kurtosis 3)
+    from statistics import NormalDist, variance
+
+    trials = [0.07, 0.005, -0.013]
+    gamma, z = 0.5772156649015329, NormalDist().inv_cdf
+    benchmark = variance(trials) ** 0.5 * ((1 - gamma) * z(1 - 1 / 3) + gamma * z(1 - 1 / (3 * 2.718281828459045)))
+    for record, sr in zip(records, trials):
+        expected = NormalDist().cdf((sr - benchmark) * 4999**0.5 / (1 + 0.5 * sr**2) ** 0.5)
+        assert dsr[record.cell] == pytest.approx(expected, rel=1e-9)
+    lines = format_table(records).splitlines()
+    assert "[10.00, 70.00]" in lines[2] and "momentum 5.000" in lines[2] and "CI~0" not in lines[2]
+    assert "CI~0" in lines[3] and "<=base" in lines[3]  # 3.0 <= momentum's 9.0
+    assert "CI~0" in lines[4] and "<=base" in lines[4]  # -8 <= flat's 0
+    assert "DSR: deflated Sharpe ratio against the best of 3 cells" in format_markdown(records, "t")
 
 
 def test_markdown_has_the_model_by_asset_pivot_and_names_failures():

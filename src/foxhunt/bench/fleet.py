@@ -13,6 +13,12 @@ included) and the whole bar (features, every member, the rule). In the same run,
 - TFT: the full 50-bar recompute of the same decision (``forward`` on the window at batch 1),
   against which the member's reuse of per-bar encodings is judged;
 - Mamba-2: the goal is absolute (``goals.latency_us.mamba2_step``).
+
+Capacity: the same four members in fp32 and as int8 inference copies, each measured as
+``foxhunt ensemble validate`` measures a registered one (:func:`foxhunt.ensemble.footprint.measure_member`:
+tensors + runtime copies + streaming state + one step's peak, after ``fleet.capacity_warm_bars``
+bars), and how many whole fleets fit the budget's available memory in each (from the measured
+per-fleet footprint: instances share nothing); the row is the int8 / fp32 ratio.
 """
 
 from __future__ import annotations
@@ -120,4 +126,40 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
                             None, float(np.percentile(whole, pct)), "value", "<=" if pct == 99 else None,
                             float(goals.fleet.fleet_p99_us) if pct == 99 else None,
                             note="features + 4 members + rule"))  # fmt: skip
+    rows.append(_capacity_row(ctx, modules, inputs, bars, asset, cfg, settings))
     return rows, notes
+
+
+def _capacity_row(ctx: BenchContext, modules, inputs, bars, asset, cfg, settings) -> Row:
+    """Whole fleets that fit the budget in int8 over fp32 (module doc)."""
+    from hydra.utils import instantiate
+
+    from foxhunt.ensemble.fleet import int8_policy
+    from foxhunt.ensemble.footprint import LoadDelta, capacity, measure_member, member_bars
+    from foxhunt.ensemble.members import AgentMember, Mamba2Member, TFTMember
+    from foxhunt.precision.inference import int8_inference_model
+
+    budget = instantiate(cfg.budget)
+    available = budget.available_mb * 1024 * 1024
+    totals = {}
+    with torch_threads(1):
+        for weights in ("fp32", "int8"):
+            total = 0
+            for family in FAMILIES:
+                module = modules[family] if weights == "fp32" else int8_inference_model(modules[family], int8_policy()).eval()
+                if family in ("dqn", "ppo"):
+                    member = AgentMember(family, family, module, weights, None, "auto", int(settings.probe_calls))
+                elif family == "mamba2":
+                    member = Mamba2Member(family, module, weights, None, "auto", int(settings.probe_calls))
+                else:
+                    member = TFTMember(family, module, weights, None, inputs[family].groups)
+                warm = member_bars(bars, asset, inputs[family], int(settings.capacity_warm_bars))
+                total += measure_member(member, weights, warm, int(settings.probe_calls), LoadDelta(None, None, None)).footprint_bytes
+            totals[weights] = total
+    counts = {w: capacity(available, t) for w, t in totals.items()}
+    ratio = counts["int8"] / counts["fp32"] if counts["fp32"] else float("nan")
+    ctx.log(f"fleet capacity in {budget.available_mb:.0f} MB: fp32 {counts['fp32']}, int8 {counts['int8']}")
+    return Row("fleet", f"capacity int8 / fp32 (whole fleets in {budget.name} {budget.available_mb:.0f} MB)", 1, "fleets",
+               float(counts["int8"]), float(counts["fp32"]), ratio, "ratio", None, None,
+               note=f"fleet footprint fp32 {totals['fp32'] / 2**20:.1f} MB, int8 {totals['int8'] / 2**20:.1f} MB "
+                    "(tensors + runtime copies + state + step peak, seed-size models)")  # fmt: skip

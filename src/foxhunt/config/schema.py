@@ -50,9 +50,48 @@ class Execution(_Strict):
     slippage_ticks: NonNegativeFloat
 
 
+class Bootstrap(_Strict):
+    samples: PositiveInt
+    block_bars: PositiveInt
+    confidence: Fraction
+    seed: Annotated[int, Field(ge=0)]
+
+
+class WalkForward(_Strict):
+    folds: PositiveInt
+    window: Literal["expanding", "rolling"]
+    train: Fraction
+    val: Fraction
+    test: Fraction
+    purge_bars: Annotated[int, Field(ge=0)]
+    embargo_bars: Annotated[int, Field(ge=0)]
+
+    @model_validator(mode="after")
+    def _folds_fit(self) -> "WalkForward":
+        total = self.train + self.val + self.folds * self.test
+        if total > 1:
+            raise _KeyedError("folds", self.folds, f"train + val + folds x test = {total:g} of the bars: must be <= 1")
+        return self
+
+
 class Evaluation(_Strict):
     plot_equity: bool
     max_bars: PositiveInt | None = None
+    sessions_per_year: PositiveFloat
+    protocol: Literal["single", "walk_forward"]
+    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] | None
+    baselines: list[Literal["flat", "buy_and_hold", "random", "momentum"]]
+    bootstrap: Bootstrap
+    walk_forward: WalkForward
+    fold: Annotated[int, Field(ge=0)] | None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Evaluation":
+        if self.seeds is not None and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
+            raise _KeyedError("seeds", self.seeds, "must list distinct seeds (or be null)")
+        if self.fold is not None and self.fold >= self.walk_forward.folds:
+            raise _KeyedError("fold", self.fold, f"must be < walk_forward.folds ({self.walk_forward.folds})")
+        return self
 
 
 class Monitor(_Strict):
@@ -283,6 +322,7 @@ class EnsembleValidate(_Strict):
     probe_calls: PositiveInt
     int8_max_slowdown: PositiveFloat
     int8_min_cut_pct: Annotated[float, Field(ge=0, lt=100)]
+    record_choice: bool
 
 
 class EnsembleSection(_Strict):
@@ -295,7 +335,7 @@ class EnsembleSection(_Strict):
     registry_prefix: str = Field(min_length=1)
     rule: Literal["majority", "mean_forecast", "weighted"]
     forecast_threshold: NonNegativeFloat
-    weights: Literal["fp32", "int8"]
+    weights: Literal["auto", "fp32", "int8"]
     runtime: Literal["auto", "numpy", "numba", "torch"]
     runtime_probe_calls: PositiveInt
     device: str = Field(pattern=r"^(cpu|cuda(:\d+)?)$")

@@ -39,7 +39,7 @@ import pandas as pd
 
 from foxhunt.assets import AssetSpec
 from foxhunt.data.features import FEATURE_GROUPS, FEATURE_NAMES, FeatureConfig, compute_features
-from foxhunt.data.splits import SPLIT_NAMES, SplitConfig, split_slices
+from foxhunt.data.splits import SPLIT_NAMES, as_split, split_slices
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class MarketDataset:
             "target_scale": float(self.target_scale),
             "asset": dataclasses.asdict(self.asset),
             "cache_key": self.cache_key,
+            "splits": {name: _extent(arrays) for name, arrays in self.splits.items()},
         }
 
     def split(self, name: str) -> SplitArrays:
@@ -117,10 +118,12 @@ def load_market_dataset(
     """Build (or read from ``cache_dir``) the market dataset of ``asset`` from ``source``.
 
     ``features_cfg`` / ``split_cfg``: mappings, DictConfigs or the config dataclasses
-    (:class:`FeatureConfig`, :class:`SplitConfig`). ``cache_dir=None`` disables the cache.
+    (:class:`FeatureConfig`, :class:`SplitConfig`), or a walk-forward fold
+    (:class:`foxhunt.data.splits.FoldSplit`: its blocks, normalized with its own training
+    window's statistics). ``cache_dir=None`` disables the cache.
     """
     features_cfg = FeatureConfig.from_config(features_cfg)
-    split_cfg = SplitConfig.from_config(split_cfg)
+    split_cfg = as_split(split_cfg)
     key = cache_key(source.fingerprint(asset), asset, features_cfg, split_cfg)
     path = None
     if cache_dir is not None:
@@ -184,6 +187,14 @@ def build_market_dataset(
     )
 
 
+def _extent(arrays: SplitArrays) -> dict[str, Any]:
+    """A split's rows and its first and last bar (ISO, UTC)."""
+    if not len(arrays):
+        return {"rows": 0}
+    first, last = np.datetime_as_string(arrays.timestamps[[0, -1]], unit="s")
+    return {"rows": len(arrays), "first_bar": f"{first}Z", "last_bar": f"{last}Z"}
+
+
 def feature_groups() -> dict[str, list[int]]:
     """Column indices of each feature group in ``FEATURE_NAMES`` order."""
     return {g: [FEATURE_NAMES.index(n) for n in names] for g, names in FEATURE_GROUPS.items()}
@@ -198,7 +209,7 @@ def cache_key(
         "source": str(fingerprint),
         "asset": dataclasses.asdict(asset),
         "features": dataclasses.asdict(FeatureConfig.from_config(features_cfg)),
-        "split": dataclasses.asdict(SplitConfig.from_config(split_cfg)),
+        "split": dataclasses.asdict(as_split(split_cfg)),
     }
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

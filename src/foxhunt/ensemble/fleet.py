@@ -6,7 +6,12 @@ or the version ``ensemble.versions`` names), rebuilds its model from the version
 ``torch.load(weights_only=True)``; int8-trained weights through their quantized layers, then
 back to plain fp32), moves it to ``ensemble.device`` in eval mode and wraps it in a
 :class:`~foxhunt.ensemble.members.Member`. With ``ensemble.weights=int8`` a member is an int8
-inference copy (:func:`foxhunt.precision.inference.int8_inference_model`). A member trained on
+inference copy (:func:`foxhunt.precision.inference.int8_inference_model`); with ``auto`` (the
+default) each member loads the weights ``foxhunt ensemble validate`` measured to pay for it
+(its version's ``weights_choice`` tag: int8 only when its step is at most
+``ensemble.validate.int8_max_slowdown`` x fp32's and its footprint at least
+``int8_min_cut_pct`` % smaller), fp32 when none was measured; the log says which and why, one
+line per member. A member trained on
 another asset than the one asked for, a missing version and a stored config that no longer
 validates are each one line (:class:`~foxhunt.ensemble.registry.RegistryError`).
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -24,8 +30,16 @@ import numpy as np
 
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
 from foxhunt.ensemble.members import AgentMember, Mamba2Member, Member, TFTMember
-from foxhunt.ensemble.registry import MEMBER_FILE, WEIGHTS_FILE, RegistryError, download_version, registered_name
+from foxhunt.ensemble.registry import (
+    MEMBER_FILE,
+    WEIGHTS_FILE,
+    RegistryError,
+    download_version,
+    registered_name,
+    weights_to_load,
+)
 
+log = logging.getLogger(__name__)
 AGENTS = ("dqn", "ppo")
 
 
@@ -134,8 +148,10 @@ def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
         name = registered_name(str(ens.registry_prefix), str(family), asset_key)
         version = ens.versions.get(str(family)) if ens.versions else None
         folder, found = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias), version, workdir / name)
+        weights, why = weights_to_load(str(ens.weights), found)
+        log.info("%s v%s: %s weights (%s)", name, found.version, weights, why)
         member, inputs, info = build_member(
-            folder, name, asset_key, str(ens.weights), str(ens.runtime), str(ens.device), int(ens.runtime_probe_calls)
+            folder, name, asset_key, weights, str(ens.runtime), str(ens.device), int(ens.runtime_probe_calls)
         )
         fleet.append(
             FleetMember(member, inputs, name, str(found.version), info["run_id"], info["metric"], info.get("value"), info["precision"])

@@ -278,10 +278,10 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
         torch.zeros(1, device=device)  # the first CUDA call creates the context
         after = _nvml_used(device)
         result.cuda_context_bytes = None if before is None or after is None else after - before
-    folders = {}
+    folders, versions = {}, {}
     for family in ens.models:
         name = registered_name(str(ens.registry_prefix), str(family), str(asset.key))
-        folders[name], _ = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias),
+        folders[name], versions[name] = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias),
                                             ens.versions.get(str(family)), Path(workdir) / name)  # fmt: skip
     for weights in ("fp32", "int8"):
         loaded_members = []  # kept loaded: each RSS delta is on top of the members before it
@@ -297,24 +297,45 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
         del loaded_members
     targets = {str(f): model_memory_target(str(f)) for f in ens.models}
     text, metrics, _ = report_text(result, budget, targets)
-    text += "\n" + "\n".join(int8_verdicts(result, float(settings.int8_max_slowdown), float(settings.int8_min_cut_pct)))
+    limits = float(settings.int8_max_slowdown), float(settings.int8_min_cut_pct)
+    choices = int8_choices(result, *limits)
+    text += "\n" + "\n".join(int8_verdicts(choices, *limits))
+    if str(ens.weights) == "auto":  # the fleet as it will load: each member's choice
+        chosen = sum(next(m for m in result.members[w] if m.name == name).footprint_bytes for name, (w, _) in choices.items())
+        metrics["fleet/auto_total_mb"] = chosen / MB
+        metrics["fleet/auto_headroom_mb"] = budget.available_mb - chosen / MB
+        text += f"\nfleet auto (each member's choice): {chosen / MB:.2f} MB, headroom {metrics['fleet/auto_headroom_mb']:.2f} MB"
+    if settings.record_choice:
+        from foxhunt.ensemble.registry import record_weights_choice
+
+        record_weights_choice(str(cfg.logger.tracking_uri), versions, choices)
+        text += "\nrecorded on each version (tags weights_choice, weights_reason): ensemble.weights=auto loads them"
     fits = metrics[f"fleet/{ens.weights}_headroom_mb"] >= budget.headroom_mb
     return text, metrics, fits
 
 
-def int8_verdicts(footprint: FleetFootprint, max_slowdown: float, min_cut_pct: float) -> list[str]:
-    """Per member, whether its int8 copy pays (measured step time and footprint, both runs)."""
-    lines = [f"int8 where it pays (step p50 at most {max_slowdown:.2f}x fp32's and footprint at least {min_cut_pct:.0f}% smaller):"]
+def int8_choices(footprint: FleetFootprint, max_slowdown: float, min_cut_pct: float) -> dict[str, tuple[str, str]]:
+    """Per member, the weights that pay (``int8`` when its measured step p50 is at most
+    ``max_slowdown`` x fp32's and its footprint at least ``min_cut_pct`` % smaller, else
+    ``fp32``) and the measured reason, in one line."""
+    choices = {}
     for fp32 in footprint.members["fp32"]:
         int8 = next(m for m in footprint.members["int8"] if m.name == fp32.name)
         slowdown = int8.step_p50_us / fp32.step_p50_us
         cut = 100 * (1 - int8.footprint_bytes / fp32.footprint_bytes)
         pays = slowdown <= max_slowdown and cut >= min_cut_pct
-        lines.append(
-            f"  {fp32.name}: {'int8' if pays else 'fp32'} (int8 step {int8.step_p50_us:.1f} us vs {fp32.step_p50_us:.1f} us = "
-            f"{slowdown:.2f}x, footprint {int8.footprint_mb:.2f} vs {fp32.footprint_mb:.2f} MB = {cut:.1f}% less; "
-            f"runtimes {int8.runtime} / {fp32.runtime})"
-        )  # fmt: skip
+        choices[fp32.name] = ("int8" if pays else "fp32", (
+            f"int8 step {int8.step_p50_us:.1f} us vs {fp32.step_p50_us:.1f} us = {slowdown:.2f}x (at most {max_slowdown:.2f}x), "
+            f"footprint {int8.footprint_mb:.2f} vs {fp32.footprint_mb:.2f} MB = {cut:.1f}% less (at least {min_cut_pct:.0f}%); "
+            f"runtimes {int8.runtime} / {fp32.runtime}"
+        ))  # fmt: skip
+    return choices
+
+
+def int8_verdicts(choices: dict[str, tuple[str, str]], max_slowdown: float, min_cut_pct: float) -> list[str]:
+    """The choices as report lines."""
+    lines = [f"int8 where it pays (step p50 at most {max_slowdown:.2f}x fp32's and footprint at least {min_cut_pct:.0f}% smaller):"]
+    lines += [f"  {name}: {choice} ({reason})" for name, (choice, reason) in choices.items()]
     return lines
 
 

@@ -4,7 +4,10 @@
 with that asset and a model family; per family the best by ``ensemble.metric``, a validation
 metric (``val/...``; a ``test/`` metric is refused: the test split stays unseen until the final
 report), in the metric's known direction (:data:`METRIC_DIRECTIONS`); a tie goes to the newest
-run. Runs without the metric are counted, not considered.
+run. Runs without the metric are counted, not considered. A cell evaluated by walk-forward or
+over seeds (:mod:`foxhunt.protocol`) competes with its aggregate (``val/sharpe``: the pooled
+validation blocks, mean across seeds), never with its folds one by one; its weights are those
+of its last fold (trained on the most recent bars), the seed best on the metric there.
 
 **A registered version** (``<prefix>-<model>-<asset>``, e.g. ``foxhunt-tft-es``) is an MLflow
 ``pyfunc`` model (:class:`foxhunt.ensemble.pyfunc.FoxhuntMember`, with a signature: bars in,
@@ -34,12 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from foxhunt.runs.status import Status
+from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
+
 #: Direction of each known metric name (the part after the split, ``val/<name>``).
 METRIC_DIRECTIONS = {
-    "sharpe": "max", "pnl": "max", "pnl_usd": "max", "mean_reward": "max", "hit_rate": "max",
+    "sharpe": "max", "pnl": "max", "env_pnl_usd": "max", "mean_pnl": "max", "mean_reward": "max", "hit_rate": "max",
     "direction_accuracy": "max", "loss": "min", "max_drawdown": "min",
 }  # fmt: skip
 SELECTION_PREFIXES = ("val/",)
+WEIGHTS_CHOICE, WEIGHTS_REASON = "weights_choice", "weights_reason"  # version tags: foxhunt ensemble validate's verdict
 MEMBER_FILE = "member.json"
 WEIGHTS_FILE = "weights.pt"
 CONFIG_FILE = "config.yaml"
@@ -89,6 +96,7 @@ def choose_champions(store, experiment: str, asset: str, families: list[str], me
     choices = []
     for family in families:
         runs = store.search_finished_runs(experiment, f"tags.asset = '{asset}' and tags.model = '{family}'")
+        runs = [r for r in runs if r.tags.get(Tag.ROLE) != ROLE_FOLD]  # a fold or seed is part of its cell
         scored = [r for r in runs if r.metric(metric) is not None]
         best = max(scored, key=lambda r: ((r.metric(metric) if direction == "max" else -r.metric(metric)), r.start_ms),
                    default=None)  # fmt: skip
@@ -120,7 +128,7 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path) -> Pre
 
     from foxhunt.ensemble.pyfunc import save_member_model
 
-    run_id = choice.run_id
+    run_id = deployed_run(store, choice, metric)
     downloads = workdir / f"{choice.family}-download"
     downloads.mkdir(parents=True)
     listed = {f"checkpoints/{name}" for name in store.logged_files(run_id, "checkpoints")}
@@ -147,12 +155,30 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path) -> Pre
     member = {
         "family": choice.family, "asset": str(cfg.asset.key), "run_id": run_id, "run_name": choice.run_name,
         "metric": metric, "value": choice.value, "checkpoint": checkpoint, "precision": str(cfg.precision.name),
+        "cell_run_id": choice.run_id,
     }  # fmt: skip
     folder = workdir / f"{choice.family}-model"
     save_member_model(folder, weights=weights, config=config_path, record=record, member=member)
-    tags = {"run_id": run_id, "metric": metric, "metric_value": f"{choice.value:.6g}", "family": choice.family,
+    tags = {"run_id": choice.run_id, "weights_run_id": run_id, "metric": metric, "metric_value": f"{choice.value:.6g}", "family": choice.family,
             "asset": member["asset"], "precision": member["precision"], "checkpoint": checkpoint}  # fmt: skip
     return Prepared(choice=choice, name=name, folder=folder, tags=tags)
+
+
+def deployed_run(store, choice: Choice, metric: str) -> str:
+    """The run whose weights a choice registers: itself, or for a cell made of folds and seeds
+    its last fold's child best on ``metric`` (module doc)."""
+    record = store.get(choice.run_id)
+    if record.tags.get(Tag.ROLE) != ROLE_CELL:
+        return choice.run_id
+    found = store.search(record.experiment, tags={Tag.PARENT: choice.run_id, Tag.ROLE: ROLE_FOLD}, status=Status.FINISHED)
+    kids = list(found)
+    if not kids:
+        raise RegistryError(f"run {choice.run_id} ({choice.run_name}): a cell run without FINISHED folds to take weights from")
+    last = max(int(r.tags.get(Tag.FOLD) or 0) for r in kids)
+    direction = metric_direction(metric)
+    candidates = [r for r in kids if int(r.tags.get(Tag.FOLD) or 0) == last and r.metric(metric) is not None] or kids
+    sign = 1.0 if direction == "max" else -1.0
+    return max(candidates, key=lambda r: (sign * (r.metric(metric) or 0.0), r.start_ms)).run_id
 
 
 def _rebuild_record(cfg) -> dict[str, Any]:
@@ -163,6 +189,27 @@ def _rebuild_record(cfg) -> dict[str, Any]:
     asset = instantiate(cfg.asset)
     dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir)
     return dataset.record()
+
+
+def record_weights_choice(tracking_uri: str, versions: dict, choices: dict[str, tuple[str, str]]) -> None:
+    """Tag each measured version with the weights that pay for it and why (``ensemble.weights=auto``
+    loads them)."""
+    from foxhunt.runs.store import RunStore
+
+    store = RunStore(tracking_uri)
+    for name, (choice, reason) in choices.items():
+        store.set_version_tags(name, versions[name].version, {WEIGHTS_CHOICE: choice, WEIGHTS_REASON: reason})
+
+
+def weights_to_load(configured: str, version) -> tuple[str, str]:
+    """(weights, why) of a member: the configured ``fp32``/``int8``, or with ``auto`` the version's
+    recorded verdict (fp32 when none was measured)."""
+    if configured != "auto":
+        return configured, f"ensemble.weights={configured}"
+    choice = version.tags.get(WEIGHTS_CHOICE)
+    if choice in ("fp32", "int8"):
+        return choice, f"measured by foxhunt ensemble validate: {version.tags.get(WEIGHTS_REASON, '')}"
+    return "fp32", "no int8 verdict recorded for this version (foxhunt ensemble validate measures one)"
 
 
 @dataclass(frozen=True)

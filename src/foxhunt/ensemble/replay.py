@@ -82,11 +82,12 @@ def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | Non
     )
 
 
-def score_replay(record: ReplayRecord, asset, commission_usd: float, slippage_ticks: float) -> dict[str, BacktestResult]:
+def score_replay(record: ReplayRecord, asset, commission_usd: float, slippage_ticks: float,
+                 bars_per_year: float) -> dict[str, BacktestResult]:  # fmt: skip
     """The shared backtest of every member's and the ensemble's positions (name -> result)."""
     return {
         name: backtest(positions, record.close, record.timestamps, asset, commission_usd=commission_usd,
-                       slippage_ticks=slippage_ticks)  # fmt: skip
+                       slippage_ticks=slippage_ticks, bars_per_year=bars_per_year)  # fmt: skip
         for name, positions in record.positions.items()
     }
 

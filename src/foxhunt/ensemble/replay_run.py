@@ -46,7 +46,9 @@ def _window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
 
     from foxhunt.data.dataset import load_market_dataset
 
-    dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir)
+    from foxhunt.build import run_split
+
+    dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
     stamps = dataset.splits[split].timestamps.astype("datetime64[ns]").astype(np.int64)
     return int(stamps[0]), int(stamps[-1]) + 1, f"the {split} split ({len(stamps)} bars; the {int(np.searchsorted(bars.index.as_unit('ns').asi8, stamps[0]))} bars before it prime the features)"
 
@@ -61,7 +63,10 @@ def run_replay(cfg, workdir: Path) -> ReplayReport:
     engine = fleet_engine(fleet, asset, cfg, origin=f"{cfg.data.source._target_.rsplit('.', 1)[-1]} bars of {asset.key}")
     start, stop, window = _window(cfg, asset, bars)
     record = replay_bars(engine, bars, start_ns=start, stop_ns=stop)
-    results = score_replay(record, asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks))
+    from foxhunt.evaluation.backtest import calendar_bars_per_year
+
+    results = score_replay(record, asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks),
+                           calendar_bars_per_year(asset, float(cfg.evaluation.sessions_per_year)))  # fmt: skip
     skip = int(cfg.data.features.volume_bars) if start is None else 0
     latency = {f.member.name: latency_us(record.member_ns[f.member.name], skip) for f in fleet}
     latency[FLEET] = latency_us(record.total_ns, record.warm_bars)

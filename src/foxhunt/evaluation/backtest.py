@@ -11,10 +11,20 @@ bar and is ignored). Step ``t`` (``t = 0 .. T - 2``) earns, in USD::
 which is the trading environment's reward (:mod:`foxhunt.data.env`) times ``tick_value``: an
 agent's summed reward in ticks equals this PnL divided by the tick value.
 
+**Annualization** follows the asset's session calendar, never the calendar time of the
+window: ``bars_per_year = bars per session x sessions per year`` (:func:`calendar_bars_per_year`:
+the Globex session's minutes over the bar interval, times ``evaluation.sessions_per_year``), so
+a window with a weekend and one without get the same factor (the calendar time of a window
+moved it from 715 to 461 on the same bars). The Sharpe ratio of ``pnl`` is
+``mean / std(ddof=1) * sqrt(bars_per_year)``.
+
+**Pooling.** :func:`pooled` joins the steps of several backtests (the test blocks of a
+walk-forward's folds, each starting flat) into one, the out-of-sample record the walk-forward
+figures are measured on.
+
 The metrics are written here with numpy instead of taken from a library (empyrical,
 quantstats) because those assume daily returns on a capital base, while foxhunt trades one
-contract on irregular intraday bars: PnL is in USD, and the annualization factor comes from
-the bars' own timestamps.
+contract on intraday bars: PnL is in USD per contract, annualized by the session calendar.
 """
 
 from __future__ import annotations
@@ -27,8 +37,9 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
+from foxhunt.data.features import BAR_INTERVAL
+from foxhunt.evaluation.stats import sharpe_ratio
 
-SECONDS_PER_YEAR = 365.25 * 24 * 3600
 ALLOWED_POSITIONS = (-1, 0, 1)
 
 
@@ -43,8 +54,10 @@ class BacktestResult:
         positions: (T,) int8 the positions given (the last one is not traded).
         gross_pnl: (T - 1,) float64 USD before costs.
         costs: (T - 1,) float64 USD of commission and slippage paid at step t (>= 0).
-        metrics: ``pnl`` (total USD), ``sharpe`` (annualized), ``max_drawdown`` (USD, >= 0),
-            ``hit_rate``, ``turnover``, ``trades`` (see :func:`backtest`).
+        bars_per_year: the annualization the Sharpe ratio used.
+        metrics: ``pnl`` (total USD), ``mean_pnl`` (USD per step), ``sharpe`` (annualized),
+            ``max_drawdown`` (USD, >= 0), ``hit_rate``, ``turnover``, ``trades``, ``steps``
+            (see :func:`backtest`).
     """
 
     pnl: np.ndarray
@@ -52,7 +65,27 @@ class BacktestResult:
     positions: np.ndarray
     gross_pnl: np.ndarray
     costs: np.ndarray
+    bars_per_year: float
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+def calendar_bars_per_year(asset: AssetSpec, sessions_per_year: float) -> float:
+    """Bars in a year of the asset's sessions: the Globex session's minutes over the bar
+    interval (:data:`foxhunt.data.features.BAR_INTERVAL`), times ``sessions_per_year``."""
+    if not (isinstance(sessions_per_year, numbers.Real) and math.isfinite(sessions_per_year) and sessions_per_year > 0):
+        raise ValueError(f"evaluation.sessions_per_year={sessions_per_year!r}: must be a number > 0")
+    bars_per_session = asset.session_minutes * pd.Timedelta(minutes=1) / BAR_INTERVAL
+    return float(bars_per_session * sessions_per_year)
+
+
+def annualization_note(asset: AssetSpec, sessions_per_year: float) -> str:
+    """How the Sharpe ratios of a report are annualized, in one line."""
+    per_session = asset.session_minutes * pd.Timedelta(minutes=1) / BAR_INTERVAL
+    return (
+        f"Sharpe annualized by the session calendar: sqrt({calendar_bars_per_year(asset, sessions_per_year):,.0f} bars/year"
+        f" = {per_session:,.0f} bars/session ({asset.key} Globex {asset.session_open}-{asset.session_close}"
+        f" {asset.session_tz}) x {sessions_per_year:g} sessions/year)"
+    )
 
 
 def backtest(
@@ -62,8 +95,11 @@ def backtest(
     asset: AssetSpec,
     commission_usd: float,
     slippage_ticks: float,
+    *,
+    bars_per_year: float,
 ) -> BacktestResult:
-    """Trade ``positions`` (T,) on ``close`` (T,) and measure the result.
+    """Trade ``positions`` (T,) on ``close`` (T,) and measure the result (``timestamps`` are
+    checked to increase; the annualization comes from ``bars_per_year``, not from them).
 
     Args:
         positions: (T,) values in {-1, 0, 1}; ``positions[t]`` is held from bar t to t + 1.
@@ -72,18 +108,21 @@ def backtest(
         asset: the contract (multiplier and tick value).
         commission_usd: commission per contract traded, USD (>= 0).
         slippage_ticks: slippage per contract traded, ticks (>= 0).
+        bars_per_year: the annualization (:func:`calendar_bars_per_year`).
 
     Metrics (over the T - 1 steps):
         pnl: total net PnL, USD.
+        mean_pnl: net PnL per step, USD.
         sharpe: mean / sample standard deviation (ddof=1) of the per-step PnL, times
-            sqrt(steps per year); steps per year = (T - 1) / (timestamps[-1] - timestamps[0]
-            in years of 365.25 days), so the figure follows the bar frequency and the
-            session gaps of the data. 0 when the deviation is 0 or there are fewer than 2 steps.
+            sqrt(bars_per_year). 0 when the deviation is 0 or there are fewer than 2 steps.
         max_drawdown: largest fall of the equity from a previous peak, USD (>= 0); the
             equity starts at 0.
-        hit_rate: fraction of steps with a nonzero position whose gross PnL is > 0 (0 if none).
+        hit_rate: among the steps held in the market over a bar whose price moved, the
+            fraction whose gross PnL is > 0 (0 if none). A bar that did not move is neither
+            a hit nor a miss (counted as misses, random positions scored 0.458).
         turnover: sum over steps of |positions[t] - positions[t-1]| (from flat) / (T - 1).
         trades: number of steps where the position changes (a flip counts once).
+        steps: T - 1.
 
     Raises:
         ValueError: naming the argument, for positions outside {-1, 0, 1}, mismatched lengths,
@@ -91,48 +130,64 @@ def backtest(
     """
     pos = _check_positions(positions)
     prices = _check_close(close, len(pos))
-    times_ns = _check_timestamps(timestamps, len(pos))
+    _check_timestamps(timestamps, len(pos))
     for name, value in (("commission_usd", commission_usd), ("slippage_ticks", slippage_ticks)):
         if not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
             raise ValueError(f"backtest {name}={value!r}: must be a finite number >= 0")
+    if not (isinstance(bars_per_year, numbers.Real) and math.isfinite(bars_per_year) and bars_per_year > 0):
+        raise ValueError(f"backtest bars_per_year={bars_per_year!r}: must be a number > 0")
 
     cost_per_contract = float(commission_usd) + float(slippage_ticks) * asset.tick_value
-    held = pos[:-1].astype(np.float64)
-    previous = np.concatenate(([0], pos[:-2])).astype(np.float64)
-    traded = np.abs(held - previous)
-    move_usd = (prices[1:] - prices[:-1]) * asset.multiplier
-    gross = held * move_usd
-    costs = cost_per_contract * traded
-    pnl = gross - costs
-    equity = np.cumsum(pnl)
+    traded = _traded(pos)
+    gross = pos[:-1].astype(np.float64) * (prices[1:] - prices[:-1]) * asset.multiplier
+    return _result(pos, gross, cost_per_contract * traded, float(bars_per_year), traded)
 
-    num_steps = len(pnl)
-    elapsed_years = (times_ns[-1] - times_ns[0]) / 1e9 / SECONDS_PER_YEAR
-    metrics = {
-        "pnl": float(pnl.sum()),
-        "sharpe": _sharpe(pnl, num_steps / elapsed_years),
-        "max_drawdown": _max_drawdown(equity),
-        "hit_rate": _hit_rate(held, gross),
-        "turnover": float(traded.sum() / num_steps),
-        "trades": int(np.count_nonzero(traded)),
-    }
-    return BacktestResult(
-        pnl=pnl,
-        equity=equity,
-        positions=pos,
-        gross_pnl=gross,
-        costs=costs,
-        metrics=metrics,
+
+def pooled(results: list[BacktestResult]) -> BacktestResult:
+    """One backtest of the steps of ``results`` in order (each started flat and paid its own
+    costs), annualized as they were: the out-of-sample record of a walk-forward."""
+    if not results:
+        raise ValueError("pooled: needs at least one backtest")
+    rates = {r.bars_per_year for r in results}
+    if len(rates) != 1:
+        raise ValueError(f"pooled: the backtests were annualized differently ({sorted(rates)})")
+    return _result(
+        np.concatenate([r.positions for r in results]),
+        np.concatenate([r.gross_pnl for r in results]),
+        np.concatenate([r.costs for r in results]),
+        rates.pop(),
+        traded=np.concatenate([_traded(r.positions) for r in results]),
     )
 
 
-def _sharpe(pnl: np.ndarray, steps_per_year: float) -> float:
-    if len(pnl) < 2:
-        return 0.0
-    std = float(np.std(pnl, ddof=1))
-    if std == 0.0:
-        return 0.0
-    return float(np.mean(pnl) / std * math.sqrt(steps_per_year))
+def from_steps(positions: np.ndarray, gross_pnl: np.ndarray, costs: np.ndarray, bars_per_year: float) -> BacktestResult:
+    """A backtest rebuilt from its saved arrays (one that started flat)."""
+    pos = np.asarray(positions, dtype=np.int8)
+    return _result(pos, np.asarray(gross_pnl, np.float64), np.asarray(costs, np.float64), float(bars_per_year), _traded(pos))
+
+
+def _traded(pos: np.ndarray) -> np.ndarray:
+    """|positions[t] - positions[t-1]| for the traded steps, from flat."""
+    held = pos[:-1].astype(np.float64)
+    return np.abs(held - np.concatenate(([0], pos[:-2])).astype(np.float64))
+
+
+def _result(pos: np.ndarray, gross: np.ndarray, costs: np.ndarray, bars_per_year: float, traded: np.ndarray) -> BacktestResult:
+    pnl = gross - costs
+    equity = np.cumsum(pnl)
+    num_steps = len(pnl)
+    metrics = {
+        "pnl": float(pnl.sum()),
+        "mean_pnl": float(pnl.mean()),
+        "sharpe": sharpe_ratio(pnl, bars_per_year),
+        "max_drawdown": _max_drawdown(equity),
+        "hit_rate": _hit_rate(gross),
+        "turnover": float(traded.sum() / num_steps),
+        "trades": int(np.count_nonzero(traded)),
+        "steps": num_steps,
+    }
+    return BacktestResult(pnl=pnl, equity=equity, positions=pos, gross_pnl=gross, costs=costs,
+                          bars_per_year=bars_per_year, metrics=metrics)  # fmt: skip
 
 
 def _max_drawdown(equity: np.ndarray) -> float:
@@ -140,12 +195,12 @@ def _max_drawdown(equity: np.ndarray) -> float:
     return float(np.max(np.maximum.accumulate(curve) - curve))
 
 
-def _hit_rate(held: np.ndarray, gross: np.ndarray) -> float:
-    in_market = held != 0
-    count = int(np.count_nonzero(in_market))
+def _hit_rate(gross: np.ndarray) -> float:
+    # gross is nonzero exactly when a position was held over a bar whose price moved
+    count = int(np.count_nonzero(gross))
     if count == 0:
         return 0.0
-    return float(np.count_nonzero(gross[in_market] > 0) / count)
+    return float(np.count_nonzero(gross > 0) / count)
 
 
 def _check_positions(positions) -> np.ndarray:

@@ -32,7 +32,7 @@ from foxhunt.runs.liveness import process_alive, run_state
 from foxhunt.runs.records import RunRecord
 from foxhunt.runs.status import TERMINAL, Status
 from foxhunt.runs.store import open_reader
-from foxhunt.runs.tags import RUN_KIND_SWEEP, Tag
+from foxhunt.runs.tags import ROLE_FOLD, RUN_KIND_SWEEP, Tag
 
 # Metrics the job commands show.
 METRIC_PROGRESS = "progress"
@@ -262,8 +262,11 @@ def job_state(parent: RunRecord | None, runs: list[RunRecord]) -> str:
 def group_jobs(runs: list[RunRecord], host: str | None = None) -> list[Job]:
     """Runs -> jobs. A run's job is its parent's job id, else its own ``job_id`` tag, else (a
     sweep started by hand with ``foxhunt-train -m``) its parent run's id. The job's parent is
-    its newest run that nests others or carries the launcher's tags."""
+    its newest run that nests others or carries the launcher's tags. A cell's walk-forward folds
+    and seeds (``foxhunt.role=fold``, :mod:`foxhunt.protocol`) are part of it: the cell's run
+    stands for them."""
     host = host or socket.gethostname()
+    runs = [r for r in runs if r.tags.get(Tag.ROLE) != ROLE_FOLD]
     by_id = {r.run_id: r for r in runs}
     has_children = {r.parent_id for r in runs if r.parent_id}
     for run in runs:

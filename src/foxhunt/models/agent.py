@@ -11,7 +11,10 @@ the greedy walk) and a dummy batch per training step. The base:
   the network input ``state_dim + 1`` (the features, then the position) matches
   ``env.observation_dim``;
 - evaluates greedily over a whole split in validation and test: logs ``val/mean_reward``
-  (mean reward per step, in ticks, net of costs) and ``val/pnl_usd`` (``test/...`` in test);
+  (mean reward per step, in ticks, net of costs) and ``val/env_pnl_usd`` (``test/...`` in
+  test): the agent's own greedy walk through the env over the whole split, in Lightning's
+  evaluation loop; the shared backtest's ``test/pnl`` is another figure (same formula, but over
+  the scored bars, ``evaluation.max_bars``), hence the distinct name;
 - implements ``trading_positions(datamodule, split)`` for the shared backtest;
 - tracks episode returns for ``train/episode_reward`` and the env throughput, and decides
   which training steps log (``log_due``: the steps a logger or a callback can see).
@@ -334,7 +337,7 @@ class TradingAgent(LightningModule, ABC):
 
     def evaluate_split(self, split: str) -> dict[str, float]:
         """Greedy walk over a split of the trainer's datamodule: ``mean_reward`` (ticks per
-        step) and ``pnl_usd`` (total, net of costs)."""
+        step) and ``env_pnl_usd`` (total, net of costs)."""
         if split not in self._eval_costs:
             raise RuntimeError(
                 f"{type(self).__name__}.evaluate_split({split!r}): no env was built for this "
@@ -345,12 +348,12 @@ class TradingAgent(LightningModule, ABC):
         positions = self.trading_positions(datamodule, split)
         close = datamodule.dataset.splits[split].close
         reward, pnl_usd = walk_rewards(positions, close, asset, commission_usd, slippage_ticks)
-        return {"mean_reward": float(reward.mean()), "pnl_usd": float(pnl_usd.sum())}
+        return {"mean_reward": float(reward.mean()), "env_pnl_usd": float(pnl_usd.sum())}
 
     def _log_evaluation(self, split: str, prefix: str) -> None:
         metrics = self.evaluate_split(split)
         self.log(f"{prefix}/mean_reward", metrics["mean_reward"], prog_bar=True, batch_size=1)
-        self.log(f"{prefix}/pnl_usd", metrics["pnl_usd"], batch_size=1)
+        self.log(f"{prefix}/env_pnl_usd", metrics["env_pnl_usd"], batch_size=1)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._log_evaluation("val", "val")

@@ -308,6 +308,10 @@ class RunStore:
         destination.mkdir(parents=True, exist_ok=True)
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination), tracking_uri=self.tracking_uri))
 
+    def set_version_tags(self, name: str, version: str | int, tags: Mapping[str, Any]) -> None:
+        for key, value in tags.items():
+            self.client.set_model_version_tag(name, str(version), key, str(value))
+
     def set_alias(self, name: str, alias: str, version: str | int) -> None:
         self.client.set_registered_model_alias(name, alias, str(version))
 

@@ -32,6 +32,9 @@ class Tag:
     RESUME_COUNT = "resume_count"
     # A sweep's parent run (foxhunt.sweeps.callback).
     RUN_KIND = "foxhunt.run_kind"  # RUN_KIND_SWEEP
+    ROLE = "foxhunt.role"  # a cell run made of children: "cell"; each child (fold, seed): "fold"
+    FOLD = "fold"  # a walk-forward child's fold index
+    PROTOCOL = "protocol"  # a cell run's evaluation protocol, in words
     SWEEP_HASH = "sweep_hash"
     SWEEP_DIR = "sweep_dir"
     OVERRIDES = "overrides"  # the command-line overrides, one string (memory validate: its own)
@@ -62,6 +65,7 @@ class Tag:
 
 
 RUN_KIND_SWEEP = "sweep"
+ROLE_CELL, ROLE_FOLD = "cell", "fold"  # Tag.ROLE values
 SOURCE_TYPE_LOCAL = "LOCAL"
 #: The tag of every experiment foxhunt creates: MLflow 3's UI then opens its runs table.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")

@@ -1,16 +1,26 @@
 """The end-of-sweep summary: one row per cell, a model x asset pivot and a heatmap.
 
-Columns: status, ``test/sharpe`` (shared backtest of the test split), ``val/loss``
-(forecasters only; agents have none), peak memory (``memory/device_peak_mb``: the measured
+Columns: status, ``test/sharpe`` (shared backtest of the test split; a walk-forward cell's is its
+pooled test blocks', mean across seeds) with its block bootstrap interval, the best baseline's
+Sharpe on the same bars (``test/baseline/<name>/sharpe``), the deflated Sharpe ratio, flags,
+``val/loss`` (forecasters only; agents have none), peak memory (``memory/device_peak_mb``: the measured
 figure the budget is checked against; how it was measured depends on the budget, see
 :mod:`foxhunt.memory.callback`), wall time of the job (``time.perf_counter`` around the cell;
 for a SKIPPED cell, the duration of its earlier FINISHED run) and the error of a failed cell.
 The heatmap is built on a ``matplotlib.figure.Figure`` with an Agg canvas, never ``pyplot``.
+
+**Deflated Sharpe ratio** (:func:`foxhunt.evaluation.stats.deflated_sharpe_ratio`): the best
+of N cells looks good by chance alone, so each cell's test Sharpe (per step) is judged against
+the Sharpe the best of the sweep's N cells with results would reach by luck, given the spread
+of their Sharpe ratios; the DSR is the probability that the cell's true Sharpe exceeds that.
+**Flags**: ``CI~0``: the interval contains 0 (the figure cannot be told from no skill);
+``<=base``: the Sharpe does not beat the best baseline's.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +29,18 @@ from foxhunt.runs.cell import CellResult
 from foxhunt.runs.status import OK_RESULTS, Status
 
 SHARPE, VAL_LOSS, PEAK = "test/sharpe", "val/loss", "memory/device_peak_mb"
-HEADER = ("cell", "status", SHARPE, VAL_LOSS, "peak MB", "wall s", "error / note")
+CI_LOW, CI_HIGH = "test/sharpe_ci_low", "test/sharpe_ci_high"
+BASELINE_SHARPE = re.compile(r"^test/baseline/(?P<name>[^/]+)/sharpe$")
+HEADER = ("cell", "status", SHARPE, "interval", "best baseline", "DSR", "flags", VAL_LOSS, "peak MB", "wall s",
+          "error / note")  # fmt: skip
 ERROR_WIDTH = 80  # characters of an error shown in the printed table
 CELL_INCHES = (1.6, 0.9)  # heatmap width per asset, height per model
 DPI = 100
 DARK_FRACTION = 0.6  # |sharpe| above this share of the colour scale's bound is drawn on a dark cell
+
+
+LEGEND = ("interval: block bootstrap of the test Sharpe; DSR: deflated Sharpe ratio against the best of the"
+          " sweep's cells by chance; flags: CI~0 = the interval contains 0, <=base = does not beat the best baseline")
 
 
 def failures(records: list[CellResult]) -> list[CellResult]:
@@ -36,15 +53,58 @@ def _number(value: float | None, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def _row(record: CellResult) -> tuple[str, ...]:
+def best_baseline(metrics: dict[str, float]) -> tuple[str, float] | None:
+    """The baseline with the highest test Sharpe on the cell's bars (name, Sharpe)."""
+    found = [(m["name"], value) for key, value in metrics.items() if (m := BASELINE_SHARPE.match(key))]
+    return max(found, key=lambda item: item[1], default=None)
+
+
+def deflated_sharpes(records: list[CellResult]) -> dict[str, float]:
+    """Each cell's deflated Sharpe ratio against the sweep's cells with results (module doc)."""
+    from foxhunt.evaluation.stats import deflated_sharpe_ratio
+
+    needed = ("test/sharpe_per_step", "test/steps", "test/pnl_skew", "test/pnl_kurtosis")
+    scored = [r for r in records if r.status in OK_RESULTS and all(k in r.metrics for k in needed)]
+    trials = [r.metrics["test/sharpe_per_step"] for r in scored]
+    values = {}
+    for r in scored:
+        m = r.metrics
+        try:
+            values[r.cell] = deflated_sharpe_ratio(m["test/sharpe_per_step"], trials, int(m["test/steps"]),
+                                                   m["test/pnl_skew"], m["test/pnl_kurtosis"])  # fmt: skip
+        except ValueError:  # moments the PSR formula cannot take (a degenerate record): no figure
+            continue
+    return values
+
+
+def _flags(metrics: dict[str, float]) -> str:
+    flags = []
+    low, high, sharpe = metrics.get(CI_LOW), metrics.get(CI_HIGH), metrics.get(SHARPE)
+    if low is not None and high is not None and low <= 0 <= high:
+        flags.append("CI~0")
+    base = best_baseline(metrics)
+    if base is not None and sharpe is not None and sharpe <= base[1]:
+        flags.append("<=base")
+    return " ".join(flags)
+
+
+def _row(record: CellResult, dsr: dict[str, float] | None = None) -> tuple[str, ...]:
     text = record.error or record.note or ""
     if len(text) > ERROR_WIDTH:
         text = text[: ERROR_WIDTH - 3] + "..."
+    m = record.metrics
+    ok = record.status in OK_RESULTS
+    interval = f"[{m[CI_LOW]:.2f}, {m[CI_HIGH]:.2f}]" if ok and CI_LOW in m and CI_HIGH in m else "-"
+    base = best_baseline(m) if ok else None
     return (
         record.cell,
         record.status,
-        _number(record.metrics.get(SHARPE), 3),
-        _number(record.metrics.get(VAL_LOSS), 4),
+        _number(m.get(SHARPE), 3),
+        interval,
+        f"{base[0]} {base[1]:.3f}" if base else "-",
+        _number((dsr or {}).get(record.cell), 3),
+        _flags(m) if ok else "",
+        _number(m.get(VAL_LOSS), 4),
         _number(record.metrics.get(PEAK), 0),
         _number(record.wall_s, 1),
         text,
@@ -53,10 +113,12 @@ def _row(record: CellResult) -> tuple[str, ...]:
 
 def format_table(records: list[CellResult]) -> str:
     """Aligned plain-text table, one line per cell."""
-    rows = [HEADER, *(_row(r) for r in records)]
+    dsr = deflated_sharpes(records)
+    rows = [HEADER, *(_row(r, dsr) for r in records)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
+    lines.append(LEGEND)
     return "\n".join(lines)
 
 
@@ -74,7 +136,8 @@ def _labels(records: list[CellResult]) -> tuple[list[str], list[str], dict[tuple
 def format_markdown(records: list[CellResult], title: str) -> str:
     """The per-cell table and the model x asset pivot of ``test/sharpe`` (status when failed)."""
     lines = [f"# {title}", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r)) + " |" for r in records]
+    dsr = deflated_sharpes(records)
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r, dsr)) + " |" for r in records]
     rows, columns, grid = _labels(records)
     lines += ["", f"## {SHARPE} (model x asset)", "", "| model | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
     for row in rows:
@@ -89,6 +152,8 @@ def format_markdown(records: list[CellResult], title: str) -> str:
                 cells.append(record.status)
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     failed = failures(records)
+    lines += ["", (f"DSR: deflated Sharpe ratio against the best of {len(dsr)} cells by chance; flags: CI~0 = the"
+              " interval contains 0, <=base = does not beat the best baseline (foxhunt.sweeps.summary)")]  # fmt: skip
     lines += ["", f"{len(records) - len(failed)} of {len(records)} cells ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
     return "\n".join(lines) + "\n"
 

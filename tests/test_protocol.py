@@ -1,0 +1,92 @@
+"""A cell evaluated by walk-forward over two seeds: one cell run, its folds nested under it, the
+aggregate equal to the children's pooled scores, resume and registration on the cell."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from configs import compose_train_config
+
+from foxhunt.evaluation.scoring import ScoringSettings, SplitScore, pool_scores
+from foxhunt.runs.store import RunStore
+from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
+from foxhunt.train import SCORES_DIR, scores_file, train_run
+
+OVERRIDES = [
+    "model=dqn", "asset=es", "trainer=smoke", "data.source.days=14", "evaluation.protocol=walk_forward",
+    "evaluation.walk_forward.folds=2", "evaluation.seeds=[1,2]", "evaluation.bootstrap.samples=200",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cell(tmp_path_factory):
+    root = tmp_path_factory.mktemp("walk_forward")
+    cfg = compose_train_config(OVERRIDES, root)
+    outcome = train_run(cfg)
+    store = RunStore(cfg.logger.tracking_uri)
+    return root, cfg, outcome, store, store.search("foxhunt")
+
+
+def test_one_cell_run_with_a_child_per_seed_and_fold(cell):
+    _, _, outcome, _, runs = cell
+    (parent,) = [r for r in runs if r.tags.get(Tag.ROLE) == ROLE_CELL]
+    assert parent.run_id == outcome.run_id and parent.name == "dqn-es-fp32"
+    assert "walk-forward 2 folds expanding" in parent.tags[Tag.PROTOCOL] and "seeds [1, 2]" in parent.tags[Tag.PROTOCOL]
+    kids = [r for r in runs if r.tags.get(Tag.ROLE) == ROLE_FOLD]
+    assert sorted(r.name for r in kids) == [f"dqn-es-fp32 seed{s}_fold{k}" for s in (1, 2) for k in (0, 1)]
+    assert all(r.parent_id == parent.run_id and r.status == "FINISHED" for r in kids)
+    assert sorted((r.tags[Tag.SEED], r.tags[Tag.FOLD]) for r in kids) == [("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
+
+
+def test_seeds_change_the_model_not_the_bars(cell):
+    root, _, _, _, _ = cell
+    records = {p.parent.name: json.loads(p.read_text()) for p in (root / "outputs" / "run").glob("seed*/dataset.json")}
+    assert records["seed1_fold0"]["cache_key"] == records["seed2_fold0"]["cache_key"]
+    assert records["seed1_fold0"]["splits"] == records["seed2_fold0"]["splits"]
+    assert records["seed1_fold0"]["splits"]["test"] != records["seed1_fold1"]["splits"]["test"]
+    # each fold normalizes with its own training window: fold 1's window is longer
+    assert records["seed1_fold1"]["splits"]["train"]["rows"] > records["seed1_fold0"]["splits"]["train"]["rows"]
+    assert records["seed1_fold0"]["observed_mean"] != records["seed1_fold1"]["observed_mean"]
+
+
+def test_aggregate_is_the_pooled_children_mean_across_seeds(cell, tmp_path):
+    _, cfg, outcome, store, runs = cell
+    from hydra.utils import instantiate
+
+    settings = ScoringSettings.from_config(cfg, instantiate(cfg.asset))
+    kids = sorted((r for r in runs if r.tags.get(Tag.ROLE) == ROLE_FOLD), key=lambda r: (r.tags[Tag.SEED], r.tags[Tag.FOLD]))
+    per_seed = {}
+    for seed in ("1", "2"):
+        scores = [SplitScore.load(store.download(r.run_id, f"{SCORES_DIR}/{scores_file('val')}", tmp_path / r.run_id))
+                  for r in kids if r.tags[Tag.SEED] == seed]  # fmt: skip
+        per_seed[seed] = pool_scores(scores).metrics(settings)["sharpe"]
+    values = list(per_seed.values())
+    assert outcome.metrics["val/sharpe"] == pytest.approx(np.mean(values), rel=1e-12)
+    assert outcome.metrics["val/sharpe_std"] == pytest.approx(np.std(values, ddof=1), rel=1e-12)
+    parent = store.get(outcome.run_id)
+    for key in ("test/sharpe", "test/sharpe_ci_low", "test/sharpe_ci_high", "test/baseline/momentum/sharpe",
+                "test/sharpe_fold_std", "val/mean_reward", "memory/peak_mb"):  # fmt: skip
+        assert parent.metric(key) is not None, key
+    assert parent.metric("test/sharpe_ci_low") < parent.metric("test/sharpe") < parent.metric("test/sharpe_ci_high")
+    files = store.logged_files(outcome.run_id, "")
+    assert "folds.md" in files and "equity_walk_forward.png" in files
+
+
+def test_resume_skips_the_finished_cell(cell):
+    root, _, outcome, _, _ = cell
+    again = train_run(compose_train_config([*OVERRIDES, "resume=true"], root))
+    assert again.status == "SKIPPED" and again.run_id == outcome.run_id
+    assert again.metrics["val/sharpe"] == pytest.approx(outcome.metrics["val/sharpe"])
+
+
+def test_register_selects_the_cell_and_takes_its_last_fold(cell):
+    _, _, outcome, store, _runs = cell
+    from foxhunt.ensemble.registry import choose_champions, deployed_run
+
+    (choice,) = choose_champions(store, "foxhunt", "es", ["dqn"], "val/sharpe")
+    assert choice.run_id == outcome.run_id and choice.considered == 1  # the folds do not compete
+    weights = store.get(deployed_run(store, choice, "val/sharpe"))
+    assert weights.tags[Tag.ROLE] == ROLE_FOLD and weights.tags[Tag.FOLD] == "1"
+    assert weights.parent_id == outcome.run_id
