@@ -6,6 +6,11 @@ figure the budget is checked against; how it was measured depends on the budget,
 :mod:`foxhunt.memory.callback`), wall time of the job (``time.perf_counter`` around the cell;
 for a SKIPPED cell, the duration of its earlier FINISHED run) and the error of a failed cell.
 The heatmap is built on a ``matplotlib.figure.Figure`` with an Agg canvas, never ``pyplot``.
+
+A search sweep's records are trials (:mod:`foxhunt.sweeps.search`): one row per trial, in
+trial order, with an ``objective`` column (the value its job returned to the sweeper); the
+markdown ends with the best trial instead of the model x asset pivot, and the figure plots
+each trial's value and the best so far (:func:`plot_trials`) instead of the heatmap.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from foxhunt.runs.status import OK_RESULTS, Status
 
 SHARPE, VAL_LOSS, PEAK = "test/sharpe", "val/loss", "memory/device_peak_mb"
 HEADER = ("cell", "status", SHARPE, VAL_LOSS, "peak MB", "wall s", "error / note")
+OBJECTIVE_COLUMN = "objective"  # a trial's value, what its job returned to the sweeper
+TRIAL_HEADER = ("trial", "status", OBJECTIVE_COLUMN, *HEADER[2:])
+TRIAL_INCHES = (7.0, 4.0)
 ERROR_WIDTH = 80  # characters of an error shown in the printed table
 CELL_INCHES = (1.6, 0.9)  # heatmap width per asset, height per model
 DPI = 100
@@ -36,13 +44,23 @@ def _number(value: float | None, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def _row(record: CellResult) -> tuple[str, ...]:
+def is_search(records: list[CellResult]) -> bool:
+    """True for the records of a search sweep (trials)."""
+    return any(r.trial is not None for r in records)
+
+
+def _header(records: list[CellResult]) -> tuple[str, ...]:
+    return TRIAL_HEADER if is_search(records) else HEADER
+
+
+def _row(record: CellResult, search: bool = False) -> tuple[str, ...]:
     text = record.error or record.note or ""
     if len(text) > ERROR_WIDTH:
         text = text[: ERROR_WIDTH - 3] + "..."
     return (
         record.cell,
         record.status,
+        *((_number(record.objective, 4),) if search else ()),
         _number(record.metrics.get(SHARPE), 3),
         _number(record.metrics.get(VAL_LOSS), 4),
         _number(record.metrics.get(PEAK), 0),
@@ -52,9 +70,10 @@ def _row(record: CellResult) -> tuple[str, ...]:
 
 
 def format_table(records: list[CellResult]) -> str:
-    """Aligned plain-text table, one line per cell."""
-    rows = [HEADER, *(_row(r) for r in records)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    """Aligned plain-text table, one line per cell (per trial)."""
+    header, search = _header(records), is_search(records)
+    rows = [header, *(_row(r, search) for r in records)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
@@ -71,10 +90,17 @@ def _labels(records: list[CellResult]) -> tuple[list[str], list[str], dict[tuple
     return rows, columns, grid
 
 
-def format_markdown(records: list[CellResult], title: str) -> str:
-    """The per-cell table and the model x asset pivot of ``test/sharpe`` (status when failed)."""
-    lines = [f"# {title}", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r)) + " |" for r in records]
+def format_markdown(records: list[CellResult], title: str, best: str | None = None) -> str:
+    """The per-cell table and the model x asset pivot of ``test/sharpe`` (status when failed);
+    for trials, the per-trial table and ``best`` (the best trial's lines)."""
+    header, search = _header(records), is_search(records)
+    lines = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r, search)) + " |" for r in records]
+    failed = failures(records)
+    if search or best is not None:
+        lines += ["", "```", best or "best trial: -", "```", ""]
+        lines += [f"{len(records) - len(failed)} of {len(records)} trials ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
+        return "\n".join(lines) + "\n"
     rows, columns, grid = _labels(records)
     lines += ["", f"## {SHARPE} (model x asset)", "", "| model | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
     for row in rows:
@@ -88,7 +114,6 @@ def format_markdown(records: list[CellResult], title: str) -> str:
             else:
                 cells.append(record.status)
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    failed = failures(records)
     lines += ["", f"{len(records) - len(failed)} of {len(records)} cells ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
     return "\n".join(lines) + "\n"
 
@@ -123,6 +148,46 @@ def plot_heatmap(records: list[CellResult], path: str | Path, title: str) -> Pat
         dark = np.isfinite(sharpe) and abs(sharpe) > DARK_FRACTION * bound  # strong colour: white text
         axes.text(columns.index(column), rows.index(row), text, ha="center", va="center", fontsize=9, color="white" if dark else "black")
     figure.colorbar(image, ax=axes, label=SHARPE)
+    axes.set_title(title)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=DPI)
+    return path
+
+
+def plot_summary(records: list[CellResult], path: str | Path, title: str, goal: str | None = None) -> Path:
+    """The sweep's figure: the heatmap of a grid, or :func:`plot_trials` for a search."""
+    return plot_trials(records, path, title, goal) if is_search(records) else plot_heatmap(records, path, title)
+
+
+def plot_trials(records: list[CellResult], path: str | Path, title: str, goal: str | None = None) -> Path:
+    """Each trial's value by trial number, the best so far as a step line (``goal``: maximize
+    or minimize) and the trials without a value marked at the bottom."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    trials = sorted((r for r in records if r.trial is not None), key=lambda r: r.trial)
+    scored = [(r.trial, r.objective) for r in trials
+              if r.status in OK_RESULTS and r.objective is not None and math.isfinite(r.objective)]  # fmt: skip
+    missing = [r.trial for r in trials if (r.trial, r.objective) not in scored]
+    figure = Figure(figsize=TRIAL_INCHES)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    if scored:
+        numbers, values = zip(*scored)
+        axes.plot(numbers, values, "o", color="tab:blue", label=OBJECTIVE_COLUMN)
+        if goal in ("maximize", "minimize"):
+            best = np.maximum.accumulate(values) if goal == "maximize" else np.minimum.accumulate(values)
+            axes.step(numbers, best, where="post", color="tab:green", label=f"best so far ({goal})")
+    if missing:
+        low = min((v for _, v in scored), default=0.0)
+        axes.plot(missing, [low] * len(missing), "x", color="tab:red", label="failed / no value")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("trial")
+    axes.set_ylabel(OBJECTIVE_COLUMN)
+    if scored or missing:
+        axes.legend(loc="best", fontsize=8)
     axes.set_title(title)
     figure.tight_layout()
     path = Path(path)
