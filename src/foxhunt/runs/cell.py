@@ -155,11 +155,11 @@ def skipped_cells(tags: Mapping[str, str]) -> list[CellResult]:
 
 
 def read_results(sweep_dir: Path) -> list[CellResult]:
-    """Every job's ``cell.json`` in a sweep folder, by cell (trials by number); an unreadable one is logged."""
+    """Every job's ``cell.json`` in a sweep folder, by cell (a search's trials: by number); an unreadable one is logged."""
     results = []
     for path in sorted(Path(sweep_dir).glob(f"*/{CELL_RESULT_FILE}")):
         try:
             results.append(CellResult.read(path))
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.error("unreadable cell record %s: %s", path, exc)
-    return sorted(results, key=lambda r: (r.key.model, r.key.asset, r.key.precision, -1 if r.trial is None else r.trial))
+    return sorted(results, key=lambda r: (r.trial is not None, r.trial or 0, r.key.model, r.key.asset, r.key.precision))

@@ -70,7 +70,8 @@ SWEEP_HASH_LENGTH = 16
 # Overrides that choose how a sweep runs, not what it trains: not part of its identity.
 LAUNCH_KEYS = ("resume", "strategy", "hydra/launcher", "hydra.launcher", "hydra.sweep", "hydra.job", "hydra.verbose")
 OPTUNA_RESULTS = "optimization_results.yaml"  # the Optuna sweeper's best trial, in the sweep folder
-UNFINISHED = "the sweeper stopped before the end of the sweep (its error is above); no trial returned a value"
+# At exit, when the sweeper raised: the Optuna sweeper does after its last trial when none finished.
+UNFINISHED = "the sweeper raised before the end of the sweep (see its error in the log; the Optuna sweeper does when no trial returned a value)"
 
 
 def sweep_hash(config: DictConfig) -> str:
@@ -128,12 +129,12 @@ class SweepCallback(Callback):
             if config.logger.enabled:
                 self.parent_run_id = self._start_parent_run(config)
                 os.environ[PARENT_RUN_ENV] = self.parent_run_id
-            if is_search(config):  # a study whose every trial failed ends without on_multirun_end
-                atexit.register(self._end_unfinished, config)
             if config.strategy.name == "parallel":
                 self._pack(config)
             else:  # a plan left in a reused sweep folder must not size this sweep's jobs
                 (self.sweep_dir / PLAN_FILE).unlink(missing_ok=True)
+            if is_search(config):  # a study whose every trial failed ends without on_multirun_end
+                atexit.register(self._end_unfinished, config)
         except Exception as exc:  # Hydra would only warn and start the jobs anyway
             log.debug("sweep preparation failed", exc_info=True)
             line = one_line_error(exc)
