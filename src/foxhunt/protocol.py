@@ -42,7 +42,6 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from foxhunt.runs.cell import CellKey
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
 
 log = logging.getLogger("foxhunt.protocol")
@@ -100,7 +99,7 @@ def child_tags(child: Child) -> dict[str, str]:
     return tags
 
 
-def run_cell_protocol(cfg: DictConfig, key: CellKey, run_single: Callable, run_tags: dict[str, str],
+def run_cell_protocol(cfg: DictConfig, name: str, run_single: Callable, run_tags: dict[str, str],
                       parent_run_id: str | None, before_fit: Callable[[], None] | None, source: str):  # fmt: skip
     """Train every child of the cell under one cell run and aggregate (module doc).
 
@@ -118,7 +117,7 @@ def run_cell_protocol(cfg: DictConfig, key: CellKey, run_single: Callable, run_t
     if cfg.logger.enabled:
         tags = {**run_tags, Tag.ROLE: ROLE_CELL, Tag.PROTOCOL: describe_protocol(cfg)}
         run = TrackedRun(tracking_uri=cfg.logger.tracking_uri, experiment=cfg.logger.experiment,
-                         artifact_location=cfg.logger.artifact_location, run_name=key.name, tags=tags,
+                         artifact_location=cfg.logger.artifact_location, run_name=name, tags=tags,
                          parent_run_id=parent_run_id, source=source)  # fmt: skip
     with run if run is not None else contextlib.nullcontext():
         if run is not None:
@@ -127,24 +126,24 @@ def run_cell_protocol(cfg: DictConfig, key: CellKey, run_single: Callable, run_t
             before_fit()
         results = []
         for child in children(cfg, out_dir):
-            log.info("%s: %s (%s)", key.name, child.label, describe_protocol(cfg))
+            log.info("%s: %s (%s)", name, child.label, describe_protocol(cfg))
             outcome = run_single(child.cfg, parent_run_id=run.run_id if run is not None else None,
-                                 extra_tags=child_tags(child), run_name=f"{key.name} {child.label}")  # fmt: skip
+                                 extra_tags=child_tags(child), run_name=f"{name} {child.label}")  # fmt: skip
             results.append(ChildResult.of(child, outcome, cfg))
         metrics = aggregate(results, cfg)
         table = folds_table(results)
         (out_dir / FOLDS_TABLE).write_text(table)
-        png = plot_walk_forward(results, cfg, out_dir / EQUITY_PNG, title=f"{key.name}: {describe_protocol(cfg)}")
+        png = plot_walk_forward(results, cfg, out_dir / EQUITY_PNG, title=f"{name}: {describe_protocol(cfg)}")
         if run is not None:
             run.log_metrics(metrics)
             run.log_artifact(out_dir / FOLDS_TABLE)
             if png is not None:
                 run.log_artifact(png)
-        print(table + cell_summary(key, cfg, metrics))
+        print(table + cell_summary(name, cfg, metrics))
     return metrics, (run.run_id if run is not None else None)
 
 
-def cell_summary(key: CellKey, cfg: DictConfig, metrics: dict[str, float]) -> str:
+def cell_summary(name: str, cfg: DictConfig, metrics: dict[str, float]) -> str:
     """The cell's figures for the console: its pooled test record (mean across seeds)."""
     from hydra.utils import instantiate
 
@@ -152,7 +151,7 @@ def cell_summary(key: CellKey, cfg: DictConfig, metrics: dict[str, float]) -> st
     from foxhunt.evaluation.scoring import summary_lines
 
     seeds = int(metrics.get("protocol/seeds", 1))
-    lines = [f"{key.name}: {describe_protocol(cfg)}: test blocks pooled per seed" + (f", mean of {seeds} seeds" if seeds > 1 else ""),
+    lines = [f"{name}: {describe_protocol(cfg)}: test blocks pooled per seed" + (f", mean of {seeds} seeds" if seeds > 1 else ""),
              *summary_lines({k: v for k, v in metrics.items() if not k.endswith("_std")}, "test/")]  # fmt: skip
     if seeds > 1:
         lines.append(f"  test/sharpe across seeds: {metrics['test/sharpe']:.4g} +- {metrics.get('test/sharpe_std', float('nan')):.3g} (std)")

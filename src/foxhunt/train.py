@@ -34,7 +34,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.schema import ConfigError, resolved_config, validate
-from foxhunt.runs.cell import CellKey, CellResult
+from foxhunt.runs.cell import CellKey, CellResult, cell_name
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.resume import FRESH, RESUME, SKIP, ResumePlan
 from foxhunt.runs.status import Status
@@ -135,25 +135,32 @@ def train(cfg: DictConfig, parent_run_id: str | None = None, before_fit: Callabl
 
 
 def train_run(
-    cfg: DictConfig, parent_run_id: str | None = None, before_fit: Callable[[], None] | None = None,
-    extra_tags: dict[str, str] | None = None, run_name: str | None = None,
+    cfg: DictConfig,
+    parent_run_id: str | None = None,
+    before_fit: Callable[[], None] | None = None,
+    trial: int | None = None,
+    extra_tags: dict[str, str] | None = None,
+    run_name: str | None = None,
 ) -> RunOutcome:
     """Validate, apply ``resume=true``, train and score one run in its MLflow run (a cell with
     folds or seeds: its children under the cell's run, :mod:`foxhunt.protocol`).
 
     ``parent_run_id`` nests the run under a sweep's parent run; ``before_fit`` runs once the
     config is valid and the run exists, before the data and the model are built (a sweep job
-    sets its threads and device there, and raises when the cell cannot fit). ``extra_tags`` and
-    ``run_name`` are a protocol child's."""
+    sets its threads and device there, and raises when the cell cannot fit); ``trial``, a
+    search sweep's trial number, names the run ``<cell>-trial<N>`` and tags it; ``extra_tags``
+    and ``run_name`` are a protocol child's."""
     validate(cfg)  # before anything heavy: one clear line on a bad value
     key = CellKey.from_config(cfg, config_hash(cfg))
     plan = _resume_plan(cfg, key) if cfg.resume else None
     if plan is not None and plan.action == SKIP:
-        return _skipped(cfg, key, plan, parent_run_id)
+        return _skipped(cfg, key, plan, parent_run_id, trial)
+    name = run_name or cell_name(key, trial)
+    tags = {**run_tags(cfg, key), **({Tag.TRIAL: str(trial)} if trial is not None else {}), **(extra_tags or {})}
     from foxhunt.protocol import needs_protocol, run_cell_protocol
 
     if needs_protocol(cfg):
-        metrics, run_id = run_cell_protocol(cfg, key, train_run, run_tags(cfg, key), parent_run_id, before_fit, SOURCE)
+        metrics, run_id = run_cell_protocol(cfg, name, train_run, tags, parent_run_id, before_fit, SOURCE)
         note = plan.describe() if plan is not None else None
         return RunOutcome(key, Status.FINISHED, run_id, metrics, note)
 
@@ -175,8 +182,8 @@ def train_run(
             tracking_uri=cfg.logger.tracking_uri,
             experiment=cfg.logger.experiment,
             artifact_location=cfg.logger.artifact_location,
-            run_name=run_name or key.name,
-            tags={**run_tags(cfg, key), **(extra_tags or {})},
+            run_name=name,
+            tags=tags,
             parent_run_id=parent_run_id,
             resume_run_id=plan.run_id if resumed else None,
             source=SOURCE,
@@ -211,7 +218,7 @@ def _resume_plan(cfg: DictConfig, key: CellKey) -> ResumePlan:
     return plan
 
 
-def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str | None) -> RunOutcome:
+def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str | None, trial: int | None = None) -> RunOutcome:
     """A cell FINISHED earlier: its result is that run's. Inside a sweep whose parent run is not
     that run's, the skip is recorded on the parent (the cell has no run of its own there, and
     ``foxhunt train status`` shows it SKIPPED from that tag)."""
@@ -219,7 +226,7 @@ def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str
     if parent_run_id and plan.parent_run_id != parent_run_id:
         from foxhunt.runs.store import RunStore
 
-        result = CellResult(key, Status.SKIPPED, plan.run_id, wall_s=plan.wall_s, metrics=dict(plan.metrics))
+        result = CellResult(key, Status.SKIPPED, plan.run_id, wall_s=plan.wall_s, metrics=dict(plan.metrics), trial=trial)
         try:
             RunStore(cfg.logger.tracking_uri).tag(parent_run_id, dict([result.skip_tag()]))
         except Exception:  # the cell's result stands; only the job display would miss it

@@ -38,3 +38,17 @@ def runs(root: Path) -> tuple[list, list]:
 
 def sweep_dirs(root: Path) -> list[Path]:
     return sorted((root / "outputs" / "sweeps").iterdir())
+
+
+def six_e_csv(path: Path) -> Path:
+    """A week of synthetic 6E bars as a CSV file: off the ES tick grid, so an ES cell on it fails."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from foxhunt.data.sources.synthetic import SyntheticBarSource
+
+    asset = instantiate(OmegaConf.load(Path(__file__).parents[2] / "conf" / "asset" / "6e.yaml"))
+    bars = SyntheticBarSource(days=7, seed=3).load(asset)
+    bars.index = bars.index.tz_convert(None)
+    bars.rename_axis("timestamp_utc").to_csv(path)
+    return path

@@ -18,7 +18,7 @@ import pytest
 from foxhunt.runs.cell import read_results
 from foxhunt.sweeps.resources import available_cores
 
-from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, store, sweep_dirs
+from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, six_e_csv, store, sweep_dirs
 
 TWO_AGENTS = ["experiment=grid", "model=dqn,ppo", "asset=es", *SMOKE, *WEEK]
 
@@ -113,22 +113,9 @@ def test_parallel_sweep_packs_by_memory_and_fails_a_cell_over_budget_before_trai
     assert last.startswith("foxhunt-train: 2 of 4 cells failed: tft-es-fp32 (FAILED: CellExceedsBudget: cell tft-es-fp32")
 
 
-def _six_e_csv(path: Path) -> Path:
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    from foxhunt.data.sources.synthetic import SyntheticBarSource
-
-    asset = instantiate(OmegaConf.load(Path(__file__).parents[2] / "conf" / "asset" / "6e.yaml"))
-    bars = SyntheticBarSource(days=7, seed=3).load(asset)
-    bars.index = bars.index.tz_convert(None)
-    bars.rename_axis("timestamp_utc").to_csv(path)
-    return path
-
-
 def test_a_cell_with_bad_data_fails_alone_and_the_sweep_exits_non_zero(tmp_path, check):
     # 6E prices (1.09, on the 0.00005 grid) are off the ES grid (0.25): the es cell's data is bad.
-    csv = _six_e_csv(tmp_path / "6e.csv")
+    csv = six_e_csv(tmp_path / "6e.csv")
     data = ["data=csv", f"data.source.path={csv}", "data.source.bar_label=start"]
     result = foxhunt_train(["model=dqn", "asset=6e,es", *data, *SMOKE], tmp_path)
     check(result, 1)

@@ -9,6 +9,12 @@ SKIPPED (``resume=true`` found it FINISHED in an earlier run, whose metrics it r
 sweep job writes it as ``cell.json`` in its folder (read back for the summary); a skip is also
 written as a tag on the sweep's parent run (``Tag.SKIPPED_PREFIX``), since the cell has no run
 of its own in that sweep and ``foxhunt train status`` shows it from there.
+
+In a search sweep (``hparams_search=...``) every job is a *trial*: the sweeper picks its
+config, so several trials share a cell's model, asset and precision. A trial's result carries
+its number (the Hydra job number), the overrides the sweeper gave it and the value the job
+returned to the sweeper (``objective``); its name, :func:`cell_name`, is the cell's with
+``-trial<N>`` (MLflow run name, summary row).
 """
 
 from __future__ import annotations
@@ -70,6 +76,11 @@ class CellKey:
                    str(data.get("config_hash") or ""))  # fmt: skip
 
 
+def cell_name(key: CellKey, trial: int | None = None) -> str:
+    """A cell's name, or a search trial's: ``dqn-es-fp32``, ``dqn-es-fp32-trial3``."""
+    return key.name if trial is None else f"{key.name}-trial{trial}"
+
+
 #: Metrics a skipped cell's parent-run tag keeps (what the job commands show).
 SKIP_TAG_METRICS = ("train/loss", "val/sharpe", "memory/peak_mb")
 
@@ -83,22 +94,30 @@ class CellResult:
     wall_s: float | None = None  # a skipped cell: the earlier run's duration
     note: str | None = None  # what resume did: skipped for / resumed from which run and checkpoint
     metrics: dict[str, float] = field(default_factory=dict)
+    trial: int | None = None  # a search sweep's trial number; None for a grid cell
+    overrides: list[str] | None = None  # a trial's Hydra overrides (what the sweeper chose among them)
+    objective: float | None = None  # what the job returned to the sweeper (None: nothing, or it failed)
 
     @property
     def cell(self) -> str:
-        return self.key.name
+        return cell_name(self.key, self.trial)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.key.to_dict(), "status": str(self.status), "run_id": self.run_id, "error": self.error,
+        data = {**self.key.to_dict(), "status": str(self.status), "run_id": self.run_id, "error": self.error,
                 "wall_s": self.wall_s, "note": self.note, "metrics": dict(self.metrics)}  # fmt: skip
+        if self.trial is not None:
+            data.update(trial=self.trial, overrides=self.overrides, objective=self.objective)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], status: str = Status.FAILED) -> CellResult:
-        wall = data.get("wall_s")
+        wall, trial, objective, overrides = (data.get(k) for k in ("wall_s", "trial", "objective", "overrides"))
         return cls(
             key=CellKey.from_dict(data), status=str(data.get("status") or status), run_id=data.get("run_id"),
             error=data.get("error"), wall_s=None if wall is None else float(wall), note=data.get("note"),
             metrics={str(k): float(v) for k, v in (data.get("metrics") or {}).items()},
+            trial=None if trial is None else int(trial), overrides=None if overrides is None else [str(o) for o in overrides],
+            objective=None if objective is None else float(objective),
         )  # fmt: skip
 
     # -- cell.json -----------------------------------------------------------------------
@@ -117,8 +136,8 @@ class CellResult:
     def skip_tag(self) -> tuple[str, str]:
         """The (key, value) of the sweep parent-run tag that records this skip."""
         kept = {k: float(v) for k, v in self.metrics.items() if k in SKIP_TAG_METRICS and v == v}
-        value = replace(self, metrics=kept).to_dict()
-        return f"{Tag.SKIPPED_PREFIX}{self.key.name}-s{self.key.seed}", json.dumps(value, sort_keys=True)
+        value = replace(self, metrics=kept, overrides=None).to_dict()
+        return f"{Tag.SKIPPED_PREFIX}{self.cell}-s{self.key.seed}", json.dumps(value, sort_keys=True)
 
     @classmethod
     def from_skip_tag(cls, value: str) -> CellResult | None:
@@ -136,11 +155,11 @@ def skipped_cells(tags: Mapping[str, str]) -> list[CellResult]:
 
 
 def read_results(sweep_dir: Path) -> list[CellResult]:
-    """Every job's ``cell.json`` in a sweep folder, by cell; an unreadable one is logged."""
+    """Every job's ``cell.json`` in a sweep folder, by cell (a search's trials: by number); an unreadable one is logged."""
     results = []
     for path in sorted(Path(sweep_dir).glob(f"*/{CELL_RESULT_FILE}")):
         try:
             results.append(CellResult.read(path))
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.error("unreadable cell record %s: %s", path, exc)
-    return sorted(results, key=lambda r: (r.key.model, r.key.asset, r.key.precision))
+    return sorted(results, key=lambda r: (r.trial is not None, r.trial or 0, r.key.model, r.key.asset, r.key.precision))

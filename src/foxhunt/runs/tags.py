@@ -22,6 +22,7 @@ class Tag:
     SWEEP_ID = "sweep_id"
     DATA_SOURCE = "data_source"
     OUTPUT_DIR = "output_dir"  # the run's folder, updated on every attempt (checkpoints live there)
+    TRIAL = "trial"  # a search sweep's trial (its Hydra job number; foxhunt.sweeps.search)
     # The process that runs it (TrackedRun, the sweep's parent run, the supervisor).
     JOB_ID = "job_id"
     PID = "pid"
@@ -40,6 +41,13 @@ class Tag:
     OVERRIDES = "overrides"  # the command-line overrides, one string (memory validate: its own)
     PACKING = "packing"
     FAILED_CELLS = "failed_cells"
+    # A search sweep's parent run (hparams_search=...: foxhunt.sweeps.search): the study and
+    # the best trial by the value foxhunt-train returned (foxhunt.train.OBJECTIVE).
+    STUDY = "study"
+    BEST_TRIAL = "best_trial"  # the trial's name, <model>-<asset>-<precision>-trial<N>
+    BEST_TRIAL_RUN = "best_trial.run_id"
+    BEST_VALUE = "best_trial.value"
+    BEST_OVERRIDES = "best_trial.overrides"  # the searched keys' values, as Hydra overrides
     # One tag per cell resume=true skipped without a run of its own in the sweep:
     # ``foxhunt.skipped.<model>-<asset>-<precision>-s<seed>`` = JSON of a CellResult.
     SKIPPED_PREFIX = "foxhunt.skipped."

@@ -8,7 +8,9 @@ Hydra runs the sweep; this package adds what Hydra's launchers lack:
   estimates (:mod:`~foxhunt.sweeps.estimates`), the budget and the cores and devices
   (:mod:`~foxhunt.sweeps.resources`);
 - :mod:`foxhunt.sweeps.job`: one Hydra job of a sweep (threads, device, failure isolation,
-  ``cell.json``); :mod:`foxhunt.sweeps.grid`: the expansion of a sweep into its cells.
+  ``cell.json``); :mod:`foxhunt.sweeps.grid`: the expansion of a sweep into its cells;
+- :mod:`foxhunt.sweeps.search`: search sweeps (``hparams_search=...``, Hydra's Optuna sweeper):
+  trial names and folders, the largest trial the packing plans from, the best trial.
 
 What a sweep records (runs, cells, resume) is the store's: :mod:`foxhunt.runs`.
 """

@@ -24,6 +24,16 @@
 to the parent run, which ends FINISHED, or FAILED when a cell failed; then, if any cell
 failed, prints one line naming them and exits with status 1.
 
+A search sweep (``hparams_search=...``, :mod:`foxhunt.sweeps.search`) is refused at the start
+when its trials would share a folder or its Optuna storage cannot open (one line, status 2);
+its parent run is tagged with the ``study``. ``on_job_end``, in the process that ran the trial,
+adds the value the job returned to the sweeper to its ``cell.json``. At the end the summary
+lists the trials with those values, and the best trial is printed and tagged on the parent run
+(``best_trial``, ``best_trial.value``, ``best_trial.overrides``, ``best_trial.run_id``, metric
+``sweep/best_value``), with the sweeper's ``optimization_results.yaml``. When every trial failed,
+the Optuna sweeper raises before Hydra calls ``on_multirun_end``; an exit handler then prints
+the summary and ends the parent run FAILED instead of leaving it RUNNING.
+
 Hydra turns an exception raised by a callback into a warning and carries on, so this callback
 exits itself (``SystemExit``, which Hydra lets through): with status 2 and one line when the
 store or the parent run cannot be prepared (no job starts), with status 1 after the summary
@@ -32,6 +42,7 @@ when a cell failed.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
@@ -45,10 +56,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.errors import TAG_TEXT_LIMIT, one_line, one_line_error
+from foxhunt.runs.cell import CELL_RESULT_FILE
 from foxhunt.runs.environment import JOB_ID_ENV, PARENT_RUN_ENV
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import RUN_KIND_SWEEP, Tag
 from foxhunt.sweeps.estimates import PLAN_FILE
+from foxhunt.sweeps.search import is_search
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +69,9 @@ SOURCE = "foxhunt-train -m"  # the parent run's Source (foxhunt.runs.provenance)
 SWEEP_HASH_LENGTH = 16
 # Overrides that choose how a sweep runs, not what it trains: not part of its identity.
 LAUNCH_KEYS = ("resume", "strategy", "hydra/launcher", "hydra.launcher", "hydra.sweep", "hydra.job", "hydra.verbose")
+OPTUNA_RESULTS = "optimization_results.yaml"  # the Optuna sweeper's best trial, in the sweep folder
+# At exit, when the sweeper raised: the Optuna sweeper does after its last trial when none finished.
+UNFINISHED = "the sweeper raised before the end of the sweep (see its error in the log; the Optuna sweeper does when no trial returned a value)"
 
 
 def sweep_hash(config: DictConfig) -> str:
@@ -93,6 +109,8 @@ class SweepCallback(Callback):
         self.parent_run_id: str | None = None
         self.sweep_dir: Path | None = None
         self.started: float | None = None
+        self.finished = False
+        self.pid: int | None = None
 
     # -- before the jobs ------------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -100,9 +118,14 @@ class SweepCallback(Callback):
 
         HydraConfig.instance().set_config(config)
         self.started = time.perf_counter()
+        self.finished, self.pid = False, os.getpid()
         try:
             self.sweep_dir = Path(str(config.hydra.sweep.dir))
             self.sweep_dir.mkdir(parents=True, exist_ok=True)
+            if is_search(config):
+                from foxhunt.sweeps.search import check_search_config
+
+                check_search_config(config)
             if config.logger.enabled:
                 self.parent_run_id = self._start_parent_run(config)
                 os.environ[PARENT_RUN_ENV] = self.parent_run_id
@@ -110,6 +133,8 @@ class SweepCallback(Callback):
                 self._pack(config)
             else:  # a plan left in a reused sweep folder must not size this sweep's jobs
                 (self.sweep_dir / PLAN_FILE).unlink(missing_ok=True)
+            if is_search(config):  # a study whose every trial failed ends without on_multirun_end
+                atexit.register(self._end_unfinished, config)
         except Exception as exc:  # Hydra would only warn and start the jobs anyway
             log.debug("sweep preparation failed", exc_info=True)
             line = one_line_error(exc)
@@ -163,6 +188,10 @@ class SweepCallback(Callback):
             Tag.PID: process[Tag.PID],
             Tag.HOST: process[Tag.HOST],
         }
+        if is_search(config):
+            from foxhunt.sweeps.search import study_name
+
+            tags[Tag.STUDY] = study_name(config) or ""
         if config.resume:
             run_id = find_parent_run(store, logger.experiment, tags[Tag.SWEEP_DIR], digest, os.environ.get(JOB_ID_ENV))
             if run_id is not None:
@@ -173,38 +202,116 @@ class SweepCallback(Callback):
         log.info("sweep parent run %s in %s", run_id, logger.tracking_uri)
         return run_id
 
+    # -- each job ---------------------------------------------------------------------------
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        """A search trial's record gets the value its job returned to the sweeper (this runs in
+        the process that ran the job: the sweep's, a joblib worker, a submitit process)."""
+        from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
+
+        if config.hydra.mode != RunMode.MULTIRUN or job_return.status != JobStatus.COMPLETED:
+            return
+        from foxhunt.runs.cell import CellResult
+
+        path = Path(str(config.hydra.runtime.output_dir)) / CELL_RESULT_FILE
+        try:
+            record = CellResult.read(path)
+            if record.trial is None:
+                return
+            value = job_return.return_value
+            record.objective = None if value is None else float(value)
+            record.write(path.parent)
+        except (OSError, ValueError, TypeError, KeyError):  # no record (the job died early) or no number
+            log.debug("no objective recorded in %s", path, exc_info=True)
+
     # -- after the jobs -------------------------------------------------------------------
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        records, failed, noun = self._finish(config)
+        if failed:
+            names = ", ".join(f"{r.cell} ({r.status}: {r.error})" for r in failed)
+            print(f"foxhunt-train: {len(failed)} of {len(records)} {noun} failed: {names}", file=sys.stderr, flush=True)
+            sys.exit(1)
+
+    def _end_unfinished(self, config: DictConfig) -> None:
+        """At exit: a search sweep whose sweeper raised (every trial failed) still gets its
+        summary, and its parent run ends FAILED rather than staying RUNNING."""
+        if self.finished or os.getpid() != self.pid:  # ended normally, or a forked child
+            return
+        try:
+            if self.parent_run_id is not None and self._store(config).get(self.parent_run_id).status != Status.RUNNING:
+                return  # ended already (a stop request ends it KILLED)
+            records, failed, noun = self._finish(config, error=UNFINISHED)
+            names = ", ".join(f"{r.cell} ({r.status}: {r.error})" for r in failed) or "none recorded"
+            print(f"foxhunt-train: {len(failed)} of {len(records)} {noun} failed: {names}", file=sys.stderr, flush=True)
+        except Exception:
+            log.exception("could not end the sweep's parent run at exit")
+
+    def _finish(self, config: DictConfig, error: str | None = None):
+        """Print, write and log the summary; end the parent run. Returns (records, failed, noun)."""
         from foxhunt.runs.cell import read_results
-        from foxhunt.sweeps.summary import failures, format_markdown, format_table, plot_heatmap
+        from foxhunt.sweeps import search
+        from foxhunt.sweeps.summary import (
+            failures,
+            format_markdown,
+            format_table,
+            plot_summary,
+        )
 
         assert self.sweep_dir is not None and self.started is not None
+        self.finished = True
         wall = time.perf_counter() - self.started
         records = read_results(self.sweep_dir)
         failed = failures(records)
-        title = f"sweep {self.sweep_dir.name}: {len(records)} cells, {wall:.0f} s"
-        print(f"\n{title}\n{format_table(records)}", flush=True)
+        searching = is_search(config)
+        noun = "trials" if searching else "cells"
+        title = f"sweep {self.sweep_dir.name}: {len(records)} {noun}, {wall:.0f} s"
+        best, best_text, goal = None, None, None
+        if searching:
+            goal = search.direction(config)
+            best = search.best_trial(records, goal)
+            best_text = search.describe_best(best, goal, search.search_keys(config), len(records))
+        print(f"\n{title}\n{format_table(records)}" + (f"\n{best_text}" if best_text else ""), flush=True)
         try:  # a failure to write or log the summary must not hide failed cells
             markdown = self.sweep_dir / "summary.md"
-            markdown.write_text(format_markdown(records, title))
-            heatmap = plot_heatmap(records, self.sweep_dir / "summary.png", title) if records else None
+            markdown.write_text(format_markdown(records, title, best_text))
+            image = plot_summary(records, self.sweep_dir / "summary.png", title, goal) if records else None
             if self.parent_run_id is not None:
-                self._end_parent_run(config, records, failed, wall, [markdown, heatmap])
+                results = self.sweep_dir / OPTUNA_RESULTS
+                artifacts = [markdown, image, results if searching and results.is_file() else None]
+                tags = self._best_tags(config, best) if searching else {}
+                if error is not None:
+                    tags[Tag.ERROR] = one_line(error, TAG_TEXT_LIMIT)
+                self._end_parent_run(config, records, failed, wall, artifacts, tags, failed_run=error is not None)
         except Exception:
             log.exception("could not write or log the sweep summary")
         finally:
             os.environ.pop(PARENT_RUN_ENV, None)
-        if failed:
-            names = ", ".join(f"{r.cell} ({r.status}: {r.error})" for r in failed)
-            print(f"foxhunt-train: {len(failed)} of {len(records)} cells failed: {names}", file=sys.stderr, flush=True)
-            sys.exit(1)
+        return records, failed, noun
 
-    def _end_parent_run(self, config: DictConfig, records, failed, wall: float, artifacts) -> None:
+    @staticmethod
+    def _best_tags(config: DictConfig, best) -> dict[str, str]:
+        from foxhunt.sweeps.search import search_keys, searched_overrides
+
+        if best is None:
+            return {}
+        overrides = " ".join(searched_overrides(best, search_keys(config)))
+        return {
+            Tag.BEST_TRIAL: best.cell,
+            Tag.BEST_VALUE: repr(float(best.objective)),
+            Tag.BEST_OVERRIDES: one_line(overrides, TAG_TEXT_LIMIT),
+            Tag.BEST_TRIAL_RUN: best.run_id or "",
+        }
+
+    def _end_parent_run(self, config: DictConfig, records, failed, wall: float, artifacts, tags=None, failed_run=False) -> None:
         store = self._store(config)
         values = {"sweep/cells": len(records), "sweep/cells_failed": len(failed), "sweep/wall_s": wall}
+        tags = dict(tags or {})
+        if Tag.BEST_VALUE in tags:
+            values["sweep/best_value"] = float(tags[Tag.BEST_VALUE])
         store.log_metrics(self.parent_run_id, values)
         for path in artifacts:
             if path is not None:
                 store.log_artifact(self.parent_run_id, path)
-        tags = {Tag.FAILED_CELLS: ", ".join(r.cell for r in failed)} if failed else {}
-        store.end(self.parent_run_id, Status.FAILED if failed else Status.FINISHED, tags)
+        if failed:
+            tags[Tag.FAILED_CELLS] = ", ".join(r.cell for r in failed)
+        store.end(self.parent_run_id, Status.FAILED if failed or failed_run else Status.FINISHED, tags)

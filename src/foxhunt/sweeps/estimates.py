@@ -27,6 +27,12 @@ number of cells. On several GPUs each job has a device of its own: ``n_jobs`` is
 number of devices and each cell only has to fit alone. A cell whose peak alone exceeds the
 available memory is left out of the packing; its job fails fast with one line, before
 training (:func:`check_fits`).
+
+A search sweep (``plan.search``: what each searched key was planned at) has one estimate per
+cell of its largest trial (:mod:`foxhunt.sweeps.search`) and up to ``trials`` trials at
+once (``hydra.sweeper.n_jobs``): ``n_jobs`` is the largest ``k`` such that ``k`` copies of
+the largest estimate fit. A trial fits when that bound does; otherwise its own peak is
+estimated when it starts (:func:`estimate_peak`, the sources above) and checked the same way.
 """
 
 from __future__ import annotations
@@ -76,18 +82,27 @@ class PackingPlan:
     limited_by: str
     estimates: dict[str, PeakEstimate] = field(default_factory=dict)
     seconds: float = 0.0  # time spent estimating and planning, before any job
+    search: dict[str, str] | None = None  # a search sweep: the value each searched key was planned at
 
     @property
     def too_big(self) -> list[str]:
         return sorted(name for name, e in self.estimates.items() if e.mb > self.available_mb)
 
+    @property
+    def bound_mb(self) -> float:
+        """A search sweep's bound on every trial's peak: its largest trial's estimate."""
+        return max((e.mb for e in self.estimates.values()), default=0.0)
+
     def describe(self) -> str:
+        what = "largest trial of a search" if self.search is not None else f"{len(self.estimates)} cells"
         line = (
-            f"packing: {len(self.estimates)} cells, n_jobs={self.n_jobs} ({self.limited_by}), "
+            f"packing: {what}, n_jobs={self.n_jobs} ({self.limited_by}), "
             f"{self.threads_per_job} torch thread(s) per job, budget {self.budget} {self.available_mb:g} MB, "
             f"planned in {self.seconds:.1f} s"
         )
-        if self.too_big:
+        if self.search is not None and self.too_big:
+            line += f"; the largest trial ({self.bound_mb:.0f} MB) is over the budget: each trial is estimated when it starts"
+        elif self.too_big:
             line += f"; over the budget alone, will fail: {', '.join(self.too_big)}"
         return line
 
@@ -99,7 +114,7 @@ class PackingPlan:
         return path
 
     @classmethod
-    def read(cls, sweep_dir: Path) -> "PackingPlan | None":
+    def read(cls, sweep_dir: Path) -> PackingPlan | None:
         path = Path(sweep_dir) / PLAN_FILE
         if not path.is_file():
             return None
@@ -222,12 +237,18 @@ def plan_packing(
     cores: int,
     devices: int,
     requested: int | str,
+    trials: int | None = None,
 ) -> PackingPlan:
-    """``n_jobs`` and threads per job for these cells (see the module doc)."""
+    """``n_jobs`` and threads per job for these cells, or for up to ``trials`` trials at once
+    of a search bounded by the largest of these estimates (see the module doc)."""
     from foxhunt.sweeps.resources import AUTO, threads_per_job
 
-    cells = max(1, len(estimates))
-    limits = {"cores": cores, "cells": cells}
+    if trials is None:
+        limits = {"cores": cores, "cells": max(1, len(estimates))}
+        peaks = [e.mb for e in estimates.values()]
+    else:
+        limits = {"cores": cores, "hydra.sweeper.n_jobs": max(1, trials)}
+        peaks = [max((e.mb for e in estimates.values()), default=0.0)] * max(1, trials)
     if devices > 1:
         limits["devices"] = devices
     if str(requested) != AUTO:
@@ -238,7 +259,7 @@ def plan_packing(
         log.warning("strategy.n_jobs=%s lowered to %d (%s)", requested, cap, cap_name)
     n_jobs, limited_by = cap, f"{cap_name}: {cap}"
     if devices <= 1:  # every job on the same memory
-        packed = pack([e.mb for e in estimates.values()], available, cap)
+        packed = pack(peaks, available, cap)
         if packed < cap:
             n_jobs, limited_by = packed, f"memory: the {packed + 1} largest peaks exceed {available:g} MB"
     return PackingPlan(n_jobs, threads_per_job(n_jobs, cores), cores, devices, budget, available, limited_by, estimates)
@@ -249,8 +270,18 @@ def check_fits(cfg: DictConfig, sweep_dir: Path) -> None:
     plan = PackingPlan.read(sweep_dir)
     if plan is None:
         return
-    estimate = plan.estimates.get(CellKey.from_config(cfg).name)
+    if plan.search is not None:  # a trial: within the bound, or its own estimate
+        if plan.bound_mb <= available_mb(cfg):
+            return
+        from foxhunt.runs.cell import cell_name
+        from foxhunt.runs.config_hash import config_hash
+        from foxhunt.sweeps.search import trial_number
+
+        estimate = estimate_peak(cfg, config_hash(cfg))
+        estimate = PeakEstimate(cell_name(CellKey.from_config(cfg), trial_number()), estimate.mb, estimate.source)
+    else:
+        estimate = plan.estimates.get(CellKey.from_config(cfg).name)
     if estimate is not None and estimate.mb > available_mb(cfg):
         raise CellExceedsBudget(
-            f"cell {estimate.cell} needs {estimate.mb:.0f} MB ({estimate.source}) > {budget_text(cfg)}: not started"
+            f"{'trial' if plan.search is not None else 'cell'} {estimate.cell} needs {estimate.mb:.0f} MB ({estimate.source}) > {budget_text(cfg)}: not started"
         )

@@ -9,6 +9,10 @@ non-zero exit once every cell has run. A stop request (Ctrl-C, SIGTERM) is not a
 the cell: it ends the sweep, whose parent run ends KILLED (the callback's end hook never runs
 then), and the process exits non-zero (Lightning's ``SIGTERMException`` is a ``SystemExit``
 without a code, which would exit 0: it becomes status 143, as for a process ended by SIGTERM).
+
+In a search sweep the job is a trial (:mod:`foxhunt.sweeps.search`): its record and run carry
+the trial number and its overrides, and the ``None`` a failure returns is what the Optuna
+sweeper records as a FAILED trial before it goes on.
 """
 
 from __future__ import annotations
@@ -50,11 +54,16 @@ def current_sweep_dir() -> Path:
 def run_sweep_job(cfg: DictConfig, train_run: Callable) -> dict[str, float] | None:
     """Run one cell with ``train_run`` (:func:`foxhunt.train.train_run`); a failure returns
     ``None`` instead of raising, a stop request ends the sweep."""
+    from foxhunt.sweeps.search import job_overrides, trial_number
+
     started = time.perf_counter()
     sweep_dir = current_sweep_dir()
     parent_run_id = os.environ.get(PARENT_RUN_ENV) or None
-    result = CellResult(CellKey.from_config(cfg, _config_hash_or_none(cfg) or ""))
+    trial = trial_number()
+    overrides = job_overrides() if trial is not None else None
+    result = CellResult(CellKey.from_config(cfg, _config_hash_or_none(cfg) or ""), trial=trial, overrides=overrides)
     slots = []
+    trial_arg = {"trial": trial} if trial is not None else {}
 
     def before_fit() -> None:  # the config is valid and the cell's run exists
         import torch
@@ -69,9 +78,9 @@ def run_sweep_job(cfg: DictConfig, train_run: Callable) -> dict[str, float] | No
             check_fits(cfg, sweep_dir)
 
     try:
-        outcome = train_run(cfg, parent_run_id=parent_run_id, before_fit=before_fit)
+        outcome = train_run(cfg, parent_run_id=parent_run_id, before_fit=before_fit, **trial_arg)
         result = CellResult(outcome.key, outcome.status, outcome.run_id, None, outcome.wall_s, outcome.note,
-                            dict(outcome.metrics))  # fmt: skip
+                            dict(outcome.metrics), trial, overrides)  # fmt: skip
         return outcome.metrics
     except BaseException as exc:
         result.status = ending_status(exc)
@@ -81,7 +90,7 @@ def run_sweep_job(cfg: DictConfig, train_run: Callable) -> dict[str, float] | No
             if isinstance(exc, SystemExit) and not exc.code:  # Lightning's SIGTERMException
                 raise SystemExit(EXIT_ON_SIGTERM) from exc  # not 0: the run did not finish
             raise
-        log.error("cell %s FAILED (the sweep goes on): %s", result.cell, result.error)
+        log.error("%s %s FAILED (the sweep goes on): %s", "trial" if trial is not None else "cell", result.cell, result.error)
         return None
     finally:
         if result.wall_s is None:

@@ -8,6 +8,12 @@ then command-line overrides, cartesian product), composes each cell's config wit
 ``load_sweep_config``, estimates each cell's peak (:mod:`foxhunt.sweeps.estimates`), decides
 ``n_jobs`` and the torch threads per job, and writes that plan to ``<sweep dir>/packing.json``
 where each job reads its thread count and whether it fits at all.
+
+A search sweep (``hparams_search=...``: the Optuna sweeper picks each trial's values, so its
+trials are unknown before they start) is planned from its largest trial instead
+(:func:`foxhunt.sweeps.search.planning_cells`: every searched size at its largest value):
+``n_jobs`` is how many such trials fit together, at most ``hydra.sweeper.n_jobs``, and each
+trial is checked again when it starts (:func:`foxhunt.sweeps.estimates.check_fits`).
 """
 
 from __future__ import annotations
@@ -17,18 +23,21 @@ import time
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from foxhunt.sweeps.estimates import PackingPlan, available_mb, estimate_peak, plan_packing
+from foxhunt.sweeps.estimates import (
+    PackingPlan,
+    available_mb,
+    estimate_peak,
+    plan_packing,
+)
 
 log = logging.getLogger(__name__)
-
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-
 
 def sweep_cells(config: DictConfig) -> list[list[str]]:
     """The override lists of every job, as Hydra's basic sweeper will launch them."""
     from hydra.core.global_hydra import GlobalHydra
 
     from foxhunt.sweeps.grid import expand_grid
+    from foxhunt.sweeps.search import BASIC_SWEEPER
 
     if config.hydra.sweeper._target_ != BASIC_SWEEPER:
         raise ValueError(
@@ -48,15 +57,18 @@ def plan_sweep(config: DictConfig) -> PackingPlan:
     from foxhunt.runs.cell import CellKey
     from foxhunt.runs.config_hash import config_hash
     from foxhunt.sweeps.resources import available_cores, cuda_devices
+    from foxhunt.sweeps.search import concurrent_trials, is_search, planning_cells
 
     started = time.perf_counter()
     loader = GlobalHydra.instance().config_loader()
+    search = is_search(config)
+    cells, planned = planning_cells(config, loader) if search else (sweep_cells(config), None)
     estimates = {}
-    for overrides in sweep_cells(config):
+    for overrides in cells:
         cell = loader.load_sweep_config(config, overrides)
         estimate = estimate_peak(cell, config_hash(cell))
         estimates[CellKey.from_config(cell).name] = estimate
-        log.info("  %s: %.0f MB, %s", estimate.cell, estimate.mb, estimate.source)
+        log.info("  %s%s: %.0f MB, %s", estimate.cell, " (largest trial)" if search else "", estimate.mb, estimate.source)
     plan = plan_packing(
         estimates,
         available=available_mb(config),
@@ -64,7 +76,9 @@ def plan_sweep(config: DictConfig) -> PackingPlan:
         cores=available_cores(),
         devices=cuda_devices(config.trainer.accelerator),
         requested=config.strategy.n_jobs,
+        trials=concurrent_trials(config) if search else None,
     )
+    plan.search = planned
     plan.seconds = round(time.perf_counter() - started, 3)
     return plan
 

@@ -12,9 +12,15 @@ The heatmap is built on a ``matplotlib.figure.Figure`` with an Agg canvas, never
 **Deflated Sharpe ratio** (:func:`foxhunt.evaluation.stats.deflated_sharpe_ratio`): the best
 of N cells looks good by chance alone, so each cell's test Sharpe (per step) is judged against
 the Sharpe the best of the sweep's N cells with results would reach by luck, given the spread
-of their Sharpe ratios; the DSR is the probability that the cell's true Sharpe exceeds that.
-**Flags**: ``CI~0``: the interval contains 0 (the figure cannot be told from no skill);
-``<=base``: the Sharpe does not beat the best baseline's.
+of their Sharpe ratios; the DSR is the probability that the cell's true Sharpe exceeds that
+(a search's trials are N trials the same way). **Flags**: ``CI~0``: the interval contains 0
+(the figure cannot be told from no skill); ``<=base``: the Sharpe does not beat the best
+baseline's.
+
+A search sweep's records are trials (:mod:`foxhunt.sweeps.search`): one row per trial, in
+trial order, with an ``objective`` column (the value its job returned to the sweeper); the
+markdown ends with the best trial instead of the model x asset pivot, and the figure plots
+each trial's value and the best so far (:func:`plot_trials`) instead of the heatmap.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ CI_LOW, CI_HIGH = "test/sharpe_ci_low", "test/sharpe_ci_high"
 BASELINE_SHARPE = re.compile(r"^test/baseline/(?P<name>[^/]+)/sharpe$")
 HEADER = ("cell", "status", SHARPE, "interval", "best baseline", "DSR", "flags", VAL_LOSS, "peak MB", "wall s",
           "error / note")  # fmt: skip
+OBJECTIVE_COLUMN = "objective"  # a trial's value, what its job returned to the sweeper
+TRIAL_HEADER = ("trial", "status", OBJECTIVE_COLUMN, *HEADER[2:])
+TRIAL_INCHES = (7.0, 4.0)
 ERROR_WIDTH = 80  # characters of an error shown in the printed table
 CELL_INCHES = (1.6, 0.9)  # heatmap width per asset, height per model
 DPI = 100
@@ -88,7 +97,16 @@ def _flags(metrics: dict[str, float]) -> str:
     return " ".join(flags)
 
 
-def _row(record: CellResult, dsr: dict[str, float] | None = None) -> tuple[str, ...]:
+def is_search(records: list[CellResult]) -> bool:
+    """True for the records of a search sweep (trials)."""
+    return any(r.trial is not None for r in records)
+
+
+def _header(records: list[CellResult]) -> tuple[str, ...]:
+    return TRIAL_HEADER if is_search(records) else HEADER
+
+
+def _row(record: CellResult, dsr: dict[str, float] | None = None, search: bool = False) -> tuple[str, ...]:
     text = record.error or record.note or ""
     if len(text) > ERROR_WIDTH:
         text = text[: ERROR_WIDTH - 3] + "..."
@@ -99,6 +117,7 @@ def _row(record: CellResult, dsr: dict[str, float] | None = None) -> tuple[str, 
     return (
         record.cell,
         record.status,
+        *((_number(record.objective, 4),) if search else ()),
         _number(m.get(SHARPE), 3),
         interval,
         f"{base[0]} {base[1]:.3f}" if base else "-",
@@ -112,10 +131,11 @@ def _row(record: CellResult, dsr: dict[str, float] | None = None) -> tuple[str, 
 
 
 def format_table(records: list[CellResult]) -> str:
-    """Aligned plain-text table, one line per cell."""
+    """Aligned plain-text table, one line per cell (per trial)."""
+    header, search = _header(records), is_search(records)
     dsr = deflated_sharpes(records)
-    rows = [HEADER, *(_row(r, dsr) for r in records)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    rows = [header, *(_row(r, dsr, search) for r in records)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
     lines.append(LEGEND)
@@ -133,11 +153,20 @@ def _labels(records: list[CellResult]) -> tuple[list[str], list[str], dict[tuple
     return rows, columns, grid
 
 
-def format_markdown(records: list[CellResult], title: str) -> str:
-    """The per-cell table and the model x asset pivot of ``test/sharpe`` (status when failed)."""
-    lines = [f"# {title}", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+def format_markdown(records: list[CellResult], title: str, best: str | None = None) -> str:
+    """The per-cell table and the model x asset pivot of ``test/sharpe`` (status when failed);
+    for trials, the per-trial table and ``best`` (the best trial's lines)."""
+    header, search = _header(records), is_search(records)
+    lines = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     dsr = deflated_sharpes(records)
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r, dsr)) + " |" for r in records]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r, dsr, search)) + " |" for r in records]
+    lines += ["", (f"DSR: deflated Sharpe ratio against the best of {len(dsr)} cells by chance; flags: CI~0 = the"
+              " interval contains 0, <=base = does not beat the best baseline (foxhunt.sweeps.summary)")]  # fmt: skip
+    failed = failures(records)
+    if search or best is not None:
+        lines += ["", "```", best or "best trial: -", "```", ""]
+        lines += [f"{len(records) - len(failed)} of {len(records)} trials ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
+        return "\n".join(lines) + "\n"
     rows, columns, grid = _labels(records)
     lines += ["", f"## {SHARPE} (model x asset)", "", "| model | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
     for row in rows:
@@ -151,9 +180,6 @@ def format_markdown(records: list[CellResult], title: str) -> str:
             else:
                 cells.append(record.status)
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    failed = failures(records)
-    lines += ["", (f"DSR: deflated Sharpe ratio against the best of {len(dsr)} cells by chance; flags: CI~0 = the"
-              " interval contains 0, <=base = does not beat the best baseline (foxhunt.sweeps.summary)")]  # fmt: skip
     lines += ["", f"{len(records) - len(failed)} of {len(records)} cells ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
     return "\n".join(lines) + "\n"
 
@@ -188,6 +214,46 @@ def plot_heatmap(records: list[CellResult], path: str | Path, title: str) -> Pat
         dark = np.isfinite(sharpe) and abs(sharpe) > DARK_FRACTION * bound  # strong colour: white text
         axes.text(columns.index(column), rows.index(row), text, ha="center", va="center", fontsize=9, color="white" if dark else "black")
     figure.colorbar(image, ax=axes, label=SHARPE)
+    axes.set_title(title)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=DPI)
+    return path
+
+
+def plot_summary(records: list[CellResult], path: str | Path, title: str, goal: str | None = None) -> Path:
+    """The sweep's figure: the heatmap of a grid, or :func:`plot_trials` for a search."""
+    return plot_trials(records, path, title, goal) if is_search(records) else plot_heatmap(records, path, title)
+
+
+def plot_trials(records: list[CellResult], path: str | Path, title: str, goal: str | None = None) -> Path:
+    """Each trial's value by trial number, the best so far as a step line (``goal``: maximize
+    or minimize) and the trials without a value marked at the bottom."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    trials = sorted((r for r in records if r.trial is not None), key=lambda r: r.trial)
+    scored = [(r.trial, r.objective) for r in trials
+              if r.status in OK_RESULTS and r.objective is not None and math.isfinite(r.objective)]  # fmt: skip
+    missing = [r.trial for r in trials if (r.trial, r.objective) not in scored]
+    figure = Figure(figsize=TRIAL_INCHES)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    if scored:
+        numbers, values = zip(*scored)
+        axes.plot(numbers, values, "o", color="tab:blue", label=OBJECTIVE_COLUMN)
+        if goal in ("maximize", "minimize"):
+            best = np.maximum.accumulate(values) if goal == "maximize" else np.minimum.accumulate(values)
+            axes.step(numbers, best, where="post", color="tab:green", label=f"best so far ({goal})")
+    if missing:
+        low = min((v for _, v in scored), default=0.0)
+        axes.plot(missing, [low] * len(missing), "x", color="tab:red", label="failed / no value")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("trial")
+    axes.set_ylabel(OBJECTIVE_COLUMN)
+    if scored or missing:
+        axes.legend(loc="best", fontsize=8)
     axes.set_title(title)
     figure.tight_layout()
     path = Path(path)

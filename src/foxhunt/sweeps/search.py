@@ -1,0 +1,258 @@
+"""Search sweeps: a sweeper that picks each job's config (``hparams_search=<model>_optuna``).
+
+Hydra's basic sweeper launches the cartesian product of the comma lists: a grid, every cell
+known before the first starts. A search sweeper (hydra-optuna-sweeper, ``hydra.sweeper`` not
+the basic one) asks its sampler for each trial's values, so trials are only known as they
+start and several share a cell's model, asset and precision. What that changes, and where:
+
+- **Names.** Every job of a search sweep is a trial numbered by its Hydra job number
+  (:func:`trial_number`; for a fresh study it is Optuna's trial number): its MLflow run is
+  ``<model>-<asset>-<precision>-trial<N>`` (tag ``trial``), its folder
+  ``hydra.sweep.subdir`` must hold ``${hydra.job.num}`` (the ``hparams_search`` configs set
+  ``<model>_<asset>_<precision>_trial<N>``; :func:`check_search_config` refuses a sweep
+  whose trials would share a folder).
+- **Packing** (``strategy=parallel``, :mod:`foxhunt.sweeps.packing`). The plan is made from
+  the *largest* trial of the search space (:func:`planning_cells`): every searched key at its
+  largest value (numbers at their maximum, an interval at its upper bound, lists of numbers
+  such as ``hidden_sizes`` the one with the largest sum), keys whose values have no order
+  (strings, booleans, config groups) at every value, as a grid; the largest estimate of those
+  cells bounds every trial. ``n_jobs`` is then the number of such trials that fit together,
+  at most ``hydra.sweeper.n_jobs`` (the trials the sampler asks for at once) and the cores.
+  When a trial starts it gets the same fail-fast check as a grid cell
+  (:func:`foxhunt.sweeps.estimates.check_fits`): if the largest trial fits the budget every
+  trial does; if not, the trial's own peak is estimated (same sources as a cell) and a trial
+  over the budget fails before training, recorded FAILED while the study goes on.
+- **Failures.** A job that fails returns ``None`` (:mod:`foxhunt.sweeps.job`); the Optuna
+  sweeper cannot cast it to a float and tells the study the trial FAILED (a NaN value too:
+  Optuna refuses it and the sweeper records FAIL), then goes on with the next trial. With
+  ``max_failure_rate: 1.0`` (the configs) it never gives up on the study for failed trials.
+  When every trial failed the sweeper raises ("No trials are completed yet") and Hydra skips
+  the callbacks' end; the sweep callback then ends the parent run FAILED at exit
+  (:class:`foxhunt.sweeps.callback.SweepCallback`).
+- **Result.** Each trial's ``cell.json`` holds its overrides and the value its job returned
+  to the sweeper (``objective``: what ``foxhunt-train`` returns, :data:`foxhunt.train.OBJECTIVE`);
+  :func:`best_trial` picks the best by ``hydra.sweeper.direction`` as Optuna does (finite
+  values of the trials that finished; the first of equal values), and the callback prints it
+  and tags the parent run (``best_trial``, ``best_trial.value``, ``best_trial.overrides``,
+  ``best_trial.run_id``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.runs.cell import CellResult
+from foxhunt.runs.status import OK_RESULTS
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+JOB_NUM = "hydra.job.num"  # what a trial's folder name must hold
+MAXIMIZE, MINIMIZE = "maximize", "minimize"
+
+
+class SearchConfigError(ValueError):
+    """A search sweep that cannot run as configured (one line naming the key)."""
+
+
+def is_search(config: DictConfig) -> bool:
+    """True when ``config``'s sweeper picks the jobs' configs (not Hydra's basic grid sweeper)."""
+    sweeper = config.hydra.get("sweeper")
+    return sweeper is not None and str(sweeper.get("_target_", BASIC_SWEEPER)) != BASIC_SWEEPER
+
+
+def trial_number() -> int | None:
+    """The running job's trial number in a search sweep (its Hydra job number), else None."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    if str(hydra_cfg.sweeper.get("_target_", BASIC_SWEEPER)) == BASIC_SWEEPER or hydra_cfg.job.get("num") is None:
+        return None
+    return int(hydra_cfg.job.num)
+
+
+def job_overrides() -> list[str]:
+    """The running job's task overrides (command line and what the sweeper chose)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return [str(o) for o in OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)]
+
+
+def override_key(text: str) -> str:
+    return text.split("=", 1)[0].lstrip("+~")
+
+
+def study_name(config: DictConfig) -> str | None:
+    name = config.hydra.sweeper.get("study_name")
+    return None if name is None else str(name)
+
+
+def direction(config: DictConfig) -> str | None:
+    """``maximize`` or ``minimize``; None for a multi-objective study (several directions)."""
+    value = config.hydra.sweeper.get("direction", MINIMIZE)
+    if OmegaConf.is_list(value) or isinstance(value, (list, tuple)):
+        if len(value) != 1:
+            return None
+        value = value[0]
+    return str(value).rsplit(".", 1)[-1].lower()  # also an optuna-sweeper Direction enum
+
+
+def _search_arguments(config: DictConfig) -> tuple[list[str], dict[str, str]]:
+    """(fixed command-line overrides, searched key -> its override text), as the Optuna
+    sweeper reads them: ``hydra.sweeper.params`` first, then the command line, whose plain
+    value fixes a searched key and whose sweep (comma list, ``interval(...)``) searches one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = config.hydra.sweeper.get("params") or {}
+    space: dict[str, str] = {}
+    for key, value in params.items():
+        if not isinstance(value, str):
+            raise SearchConfigError(
+                f"hydra.sweeper.params.{key}={value}: packing plans search spaces written as Hydra override "
+                f"strings (choice(...), interval(...)); set strategy.n_jobs to a number"
+            )
+        space[str(key)] = value
+    fixed = []
+    parser = OverridesParser.create()
+    for text in OmegaConf.to_container(config.hydra.overrides.task, resolve=False):
+        override = parser.parse_override(str(text))
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            space[key] = str(text).split("=", 1)[1]
+        else:
+            space.pop(key, None)
+            fixed.append(str(text))
+    return fixed, space
+
+
+def search_keys(config: DictConfig) -> list[str]:
+    """The keys the sweep searches (see :func:`_search_arguments`)."""
+    try:
+        return list(_search_arguments(config)[1])
+    except SearchConfigError:
+        return [str(k) for k in (config.hydra.sweeper.get("params") or {})]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def largest_value(override) -> Any | None:
+    """The memory-largest value of one searched key, or None when its values have no order.
+
+    Numbers: the maximum (an interval: its upper bound); lists of numbers: the largest sum,
+    then the longest (``hidden_sizes``); anything else (strings, booleans, groups): None."""
+    from hydra.core.override_parser.types import Transformer
+
+    if override.is_interval_sweep():
+        return override.value().end
+    values = list(override.sweep_iterator(transformer=Transformer.identity))
+    if values and all(_is_number(v) for v in values):
+        return max(values)
+    if values and all(isinstance(v, list) and v and all(_is_number(x) for x in v) for v in values):
+        return max(values, key=lambda v: (sum(v), len(v)))
+    return None
+
+
+def planning_arguments(config: DictConfig) -> tuple[list[str], dict[str, str]]:
+    """The overrides of the largest trial (see the module doc): a grid whose cells bound every
+    trial, and what each searched key was planned at (for ``packing.json``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Transformer
+
+    fixed, space = _search_arguments(config)
+    parser = OverridesParser.create()
+    arguments, planned = list(fixed), {}
+    for key, text in space.items():
+        value = largest_value(parser.parse_override(f"{key}={text}"))
+        if value is None:  # no order: every value, as grid cells
+            arguments.append(f"{key}={text}")
+            planned[key] = f"every value of {text}"
+        else:
+            arguments.append(f"{key}={Transformer.str(value)}")
+            planned[key] = Transformer.str(value)
+    return arguments, planned
+
+
+def planning_cells(config: DictConfig, config_loader=None) -> tuple[list[list[str]], dict[str, str]]:
+    """The override lists the packing estimates for a search sweep, and the planned values."""
+    from foxhunt.sweeps.grid import expand_grid
+
+    arguments, planned = planning_arguments(config)
+    return expand_grid(arguments, config_loader), planned
+
+
+def concurrent_trials(config: DictConfig) -> int:
+    """How many trials a search sweep launches at once: ``hydra.sweeper.n_jobs`` (Optuna's
+    batch), at most ``n_trials``."""
+    sweeper = config.hydra.sweeper
+    batch = int(sweeper.get("n_jobs") or 1)
+    trials = sweeper.get("n_trials")
+    return max(1, min(batch, int(trials)) if trials is not None else batch)
+
+
+def check_search_config(config: DictConfig) -> None:
+    """Refuse, in one line naming the key, a search sweep that cannot run as configured."""
+    sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
+    subdir = str(sweep.get("subdir"))
+    if JOB_NUM not in subdir:
+        raise SearchConfigError(
+            f"hydra.sweep.subdir={subdir}: the trials of a search sweep share model, asset and precision, "
+            f"so their folder needs ${{{JOB_NUM}}} (the hparams_search configs set it)"
+        )
+    storage = config.hydra.sweeper.get("storage")
+    if storage is not None and "optuna" in str(config.hydra.sweeper.get("_target_", "")):
+        _check_optuna_storage(str(storage))
+
+
+def _check_optuna_storage(storage: str) -> None:
+    import optuna
+    import sqlalchemy
+
+    if int(optuna.__version__.split(".")[0]) < 3 and int(sqlalchemy.__version__.split(".")[0]) >= 2:
+        raise SearchConfigError(
+            f"hydra.sweeper.storage={storage}: optuna {optuna.__version__} (hydra-optuna-sweeper 1.3 needs optuna < 3) "
+            f"cannot open an RDB storage with SQLAlchemy {sqlalchemy.__version__} (MLflow's); keep it null (an in-memory study)"
+        )
+
+
+def trials(records: Iterable[CellResult]) -> list[CellResult]:
+    return sorted((r for r in records if r.trial is not None), key=lambda r: r.trial)
+
+
+def has_value(record: CellResult) -> bool:
+    return record.status in OK_RESULTS and record.objective is not None and math.isfinite(record.objective)
+
+
+def best_trial(records: Iterable[CellResult], goal: str | None) -> CellResult | None:
+    """The best trial by ``goal`` (``maximize`` / ``minimize``), as Optuna's ``best_trial``:
+    among trials with a finite value, the first of the best values; None when there is none
+    or the study has several objectives (``goal`` None)."""
+    scored = [r for r in trials(records) if has_value(r)]
+    if not scored or goal not in (MAXIMIZE, MINIMIZE):
+        return None
+    sign = 1.0 if goal == MAXIMIZE else -1.0
+    return max(scored, key=lambda r: sign * r.objective)  # max keeps the first of equal values
+
+
+def searched_overrides(record: CellResult, keys: Sequence[str]) -> list[str]:
+    """The overrides of ``record`` that set a searched key: what the sampler chose."""
+    wanted = set(keys)
+    return [o for o in record.overrides or [] if override_key(o) in wanted]
+
+
+def describe_best(best: CellResult | None, goal: str | None, keys: Sequence[str], count: int) -> str:
+    """The lines printed at the end of a search sweep."""
+    if goal is None:
+        return "best trial: several objectives; the sweeper's optimization_results.yaml holds the Pareto front"
+    if best is None:
+        return f"best trial: none of {count} trials returned a finite value"
+    overrides = " ".join(searched_overrides(best, keys)) or "(no searched key)"
+    return (
+        f"best trial: {best.cell} ({goal}: {best.objective:.6g}), run {best.run_id or '-'}\n"
+        f"  overrides: {overrides}"
+    )

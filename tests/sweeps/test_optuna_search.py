@@ -1,0 +1,96 @@
+"""``foxhunt-train -m hparams_search=dqn_optuna``: Hydra's Optuna sweeper through foxhunt's sweep.
+
+Real searches in a subprocess rooted in a tmp folder (``FOXHUNT_ROOT``), with smoke-sized DQN
+trials on a week of synthetic bars: the trials are nested runs of the sweep's parent run, in
+folders of their own, and the best one is printed and tagged; a failed trial is recorded and
+the study goes on; a study whose every trial failed still ends its parent run.
+"""
+
+from __future__ import annotations
+
+import math
+
+from foxhunt.runs.cell import read_results
+from foxhunt.train import OBJECTIVE
+
+from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, six_e_csv, store, sweep_dirs
+
+SEARCH = ["hparams_search=dqn_optuna", *SMOKE]
+
+
+def test_a_two_trial_search_nests_its_trials_and_names_the_best(tmp_path, check):
+    result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=2", *WEEK], tmp_path)
+    check(result)
+    (sweep,) = sweep_dirs(tmp_path)
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["dqn_es_fp32_trial0", "dqn_es_fp32_trial1"]
+    (parent,), trials = runs(tmp_path)
+    assert sorted(t.info.run_name for t in trials) == ["dqn-es-fp32-trial0", "dqn-es-fp32-trial1"]
+    for trial in trials:
+        assert trial.info.status == "FINISHED" and trial.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert trial.data.tags["trial"] == trial.info.run_name[-1]
+    # each trial's record holds the value its job returned to the sweeper: the run's objective
+    records = {r.cell: r for r in read_results(sweep)}
+    by_name = {t.info.run_name: t for t in trials}
+    for name, record in records.items():
+        assert record.objective == by_name[name].data.metrics[OBJECTIVE]
+        assert any(o.startswith("model.module.lr=") for o in record.overrides)
+    assert records["dqn-es-fp32-trial0"].overrides != records["dqn-es-fp32-trial1"].overrides
+
+    best = max(trials, key=lambda t: t.data.metrics[OBJECTIVE])  # equal values: the first trial, as Optuna
+    if trials[0].data.metrics[OBJECTIVE] == trials[1].data.metrics[OBJECTIVE]:
+        best = by_name["dqn-es-fp32-trial0"]
+    tags = parent.data.tags
+    assert parent.info.status == "FINISHED" and tags["study"] == "dqn-es"
+    assert tags["best_trial"] == best.info.run_name and tags["best_trial.run_id"] == best.info.run_id
+    assert float(tags["best_trial.value"]) == best.data.metrics[OBJECTIVE] == parent.data.metrics["sweep/best_value"]
+    overrides = tags["best_trial.overrides"].split()
+    assert [o.split("=")[0] for o in overrides][:2] == ["model.module.lr", "model.module.hidden_sizes"]
+    assert all(o in records[best.info.run_name].overrides for o in overrides)
+    assert not any(o.startswith(("trainer=", "hparams_search=")) for o in overrides)  # only the searched keys
+
+    tail = result.stdout[result.stdout.index(f"sweep {sweep.name}: 2 trials") :]
+    assert f"best trial: {best.info.run_name} (maximize: {best.data.metrics[OBJECTIVE]:.6g}), run {best.info.run_id}" in tail
+    assert f"  overrides: {tags['best_trial.overrides']}" in tail
+    artifacts = {a.path for a in store(tmp_path).list_artifacts(parent.info.run_id)}
+    assert {"summary.md", "summary.png", "optimization_results.yaml"} <= artifacts
+
+
+def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path, check):
+    # 6E prices are off the ES tick grid: a trial the sampler sends to es fails inside its run.
+    csv = six_e_csv(tmp_path / "6e.csv")
+    data = ["data=csv", f"data.source.path={csv}", "data.source.bar_label=start", "asset=6e,es"]
+    # seed=44 seeds the sampler too: its first trial goes to es, the next two to 6e (optuna 2.10.1)
+    result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=3", "seed=44", *data], tmp_path)
+    check(result, 1)  # a failed trial fails the sweep, after the study
+    records = read_results(sweep_dirs(tmp_path)[0])
+    assert [r.trial for r in records] == [0, 1, 2]  # every trial ran
+    by_asset = {asset: [r for r in records if r.key.asset == asset] for asset in ("6e", "es")}
+    assert [r.trial for r in by_asset["es"]] == [0] and [r.trial for r in by_asset["6e"]] == [1, 2]
+    assert all(r.status == "FAILED" and "BarDataError" in r.error and r.objective is None for r in by_asset["es"])
+    assert all(r.status == "FINISHED" and math.isfinite(r.objective) for r in by_asset["6e"])
+    (parent,), trials = runs(tmp_path)
+    assert {t.info.run_name: t.info.status for t in trials} == {r.cell: r.status for r in records}
+    assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
+    best = max(by_asset["6e"], key=lambda r: r.objective)
+    assert parent.info.status == "FAILED" and parent.data.tags["best_trial"] in {r.cell for r in by_asset["6e"]}
+    assert float(parent.data.tags["best_trial.value"]) == best.objective
+    assert "Return value must be float-castable. Got 'None'" in result.stdout + result.stderr  # told FAIL
+    failed = ", ".join(r.cell for r in by_asset["es"])
+    assert parent.data.tags["failed_cells"] == failed
+    assert result.stderr.strip().splitlines()[-1].startswith(f"foxhunt-train: {len(by_asset['es'])} of 3 trials failed: ")
+
+
+def test_a_study_whose_every_trial_failed_still_ends_its_parent_run(tmp_path, check):
+    # a fixed batch size larger than any replay buffer searched: every trial fails its config check
+    result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=2", "model.module.batch_size=200000", *WEEK], tmp_path)
+    check(result, 1)
+    assert "No trials are completed yet" in result.stderr  # the Optuna sweeper's own end
+    records = read_results(sweep_dirs(tmp_path)[0])
+    assert [(r.trial, r.status) for r in records] == [(0, "FAILED"), (1, "FAILED")]
+    assert "model.module.batch_size=200000" in records[0].error
+    (parent,), trials = runs(tmp_path)
+    assert trials == []  # a config error stops a trial before its run
+    assert parent.info.status == "FAILED" and "best_trial" not in parent.data.tags
+    assert parent.data.tags["error"].startswith("the sweeper raised before the end of the sweep")
+    assert "best trial: none of 2 trials returned a finite value" in result.stdout
+    assert result.stderr.strip().splitlines()[-1].startswith("foxhunt-train: 2 of 2 trials failed: dqn-es-fp32-trial0")
