@@ -20,7 +20,7 @@ def test_compare_reports_every_field_and_logs_the_report_to_mlflow(tmp_path):
     report = run_compare(overrides, steps=4, warmup=1, latency_calls=10, latency_warmup=2, root=tmp_path)
 
     rows = {row.name: row for row in report.components}
-    assert list(rows) == ["parameters", "gradients", "optimizer state", "activations", "other", "total"]
+    assert list(rows) == ["parameters", "gradients", "optimizer state", "activations", "other", "temporaries", "total"]
     assert rows["parameters"].int8_mb < 0.3 * rows["parameters"].fp32_mb
     assert rows["optimizer state"].int8_mb < 0.3 * rows["optimizer state"].fp32_mb
     assert rows["gradients"].reduction_mb == pytest.approx(0.0, abs=1e-9)  # fp32 gradients in both

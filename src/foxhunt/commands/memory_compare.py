@@ -7,10 +7,11 @@ Lightning Trainers that carry the run's precision callback and the memory-budget
 What is printed, and how each figure is measured:
 
 - **memory per component** (parameters, gradients, optimizer state, activations, other =
-  buffers + model-owned state, total): the memory-budget callback's breakdown of each run
-  (:mod:`foxhunt.memory.accounting`: live tensor storages; activations = peak bytes saved for
-  backward during the first training step that updates the weights); fp32 MB, int8 MB,
-  reduction MB and %;
+  buffers + model-owned state, temporaries, total): the memory-budget callback's breakdown of
+  each run (:mod:`foxhunt.memory.accounting`: live tensor storages; activations = peak bytes
+  saved for backward during the first training step that updates the weights; temporaries =
+  what the allocator held beyond those at its peak, the backward pass's scratch); fp32 MB,
+  int8 MB, reduction MB and %;
 - **training step time**: wall time from ``on_train_batch_start`` to ``on_train_batch_end`` of
   every step that ran an optimizer step (forward, backward, optimizer), median over
   ``--steps`` steps after ``--warmup`` such steps (the first compiles torchao's optimizer);
@@ -51,6 +52,7 @@ COMPONENTS = (
     ("optimizer state", "optimizer"),
     ("activations", "activations"),
     ("other", None),
+    ("temporaries", "temporaries"),
     ("total", None),
 )
 BAR_WIDTH = 40
