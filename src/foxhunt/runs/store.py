@@ -8,8 +8,14 @@ project's SQLite file, else the client (:class:`ClientReader`, a server or an un
 schema): :func:`open_reader`. Nothing here imports mlflow until a method needs the client.
 
 The store is created on first use: :meth:`RunStore.ensure_experiment` makes the SQLite file's
-folder and the experiment. A sweep calls it in its parent process before any job starts:
-parallel jobs that first touch a fresh SQLite store race to create its tables and crash.
+folder and the experiment. Concurrent writers (several ``foxhunt-train`` processes, the jobs of
+``foxhunt train start``, a sweep's parallel cells) share one SQLite file safely: the client is
+opened, and a fresh store's tables created or migrated, under an exclusive lock on
+``<store>.lock`` (the first process creates, the others wait and then find the tables), and
+every SQLite connection waits up to :data:`SQLITE_BUSY_TIMEOUT_MS` for a writer's lock instead
+of failing with "database is locked". A store that cannot be opened (an unknown URI scheme, a
+file that is not an SQLite database, a folder that cannot be made) raises :class:`StoreError`,
+one line naming the URI.
 
 Model registry (for whatever consumes trained runs; the sweep and the jobs do not use it)::
 
@@ -31,10 +37,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from foxhunt.errors import UserError, one_line_error
 from foxhunt.runs.environment import sqlite_path
 from foxhunt.runs.records import Metric, RunRecord
 from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
@@ -51,6 +59,69 @@ log = logging.getLogger(__name__)
 PARAM_VALUE_LIMIT = 6000
 PARAMS_PER_BATCH = 100
 SEARCH_PAGE = 1000
+#: How long an SQLite connection waits for another process's write lock (milliseconds).
+SQLITE_BUSY_TIMEOUT_MS = 120_000
+STORE_LOCK_SUFFIX = ".lock"
+_ACCEPTED_URIS = "sqlite:///<file> (created when missing) or an http(s):// MLflow server"
+
+
+class StoreError(UserError):
+    """The MLflow store cannot be opened: the message names the URI and what is accepted."""
+
+    kind = "store"
+
+
+def _busy_timeout(dbapi_connection, _record) -> None:
+    import sqlite3
+
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+
+
+def _wait_for_locks() -> None:
+    """Every SQLite engine of the process (MLflow's, Lightning's logger's) waits for locks."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    if not event.contains(Engine, "connect", _busy_timeout):
+        event.listen(Engine, "connect", _busy_timeout)
+
+
+@contextmanager
+def _store_lock(database: Path):
+    """An exclusive lock on ``<database>.lock`` (held while a client opens, and maybe creates, the store)."""
+    import fcntl
+
+    with open(database.with_name(database.name + STORE_LOCK_SUFFIX), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_client(tracking_uri: str):
+    """An ``MlflowClient`` on a store that exists (see the module doc); :class:`StoreError` when
+    the store cannot be opened."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    database = sqlite_path(tracking_uri)
+    try:
+        if database is None:
+            return MlflowClient(tracking_uri)
+        _wait_for_locks()
+        database.parent.mkdir(parents=True, exist_ok=True)
+        with _store_lock(database):
+            client = MlflowClient(tracking_uri)
+            client.search_experiments(max_results=1)  # opens the store: creates or migrates its tables
+        return client
+    except (MlflowException, OSError) as exc:
+        raise StoreError(f"{tracking_uri}: cannot open the MLflow store ({one_line_error(exc, with_type=False, first_line=True, limit=300)}); expected {_ACCEPTED_URIS}") from None
+    except Exception as exc:  # SQLAlchemy's and alembic's errors for a file that is not an MLflow store
+        if type(exc).__module__.split(".")[0] not in ("sqlalchemy", "alembic", "sqlite3"):
+            raise
+        raise StoreError(f"{tracking_uri}: not an MLflow SQLite store ({one_line_error(exc, with_type=False, first_line=True, limit=300)}); expected {_ACCEPTED_URIS}") from None
 METRIC_PROGRESS = "progress"  # its step is where a cell is (foxhunt.jobs.progress)
 
 
@@ -80,9 +151,7 @@ class RunStore:
         Creating it opens the store, and creates a missing SQLite store: only the process that
         owns the store's creation (a sweep's parent, a single run) may touch it first."""
         if self._client is None:
-            from mlflow.tracking import MlflowClient
-
-            self._client = MlflowClient(self.tracking_uri)
+            self._client = open_client(self.tracking_uri)
         return self._client
 
     # -- experiments ---------------------------------------------------------------------
@@ -90,9 +159,6 @@ class RunStore:
         """The id of experiment ``name``, creating the store and the experiment if needed."""
         from mlflow.exceptions import MlflowException
 
-        path = sqlite_path(self.tracking_uri)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
