@@ -404,6 +404,7 @@ def main() -> None:
     # Hydra prints its own report of an error raised while composing the config (and exits 1);
     # with HYDRA_FULL_ERROR set it raises instead, and the error reaches `reported` here.
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its table-creation notes on stderr
     with reported(PROG, debug=_DEBUG):
         _hydra_entry()
 
