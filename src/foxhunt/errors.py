@@ -108,7 +108,11 @@ def error_line(exc: BaseException, limit: int | None = TAG_TEXT_LIMIT) -> str:
     if not is_user_error(exc):
         return one_line_error(exc, limit=limit)
     kind = exc.kind if isinstance(exc, UserError) else "config"
-    return one_line(f"{kind} error: {one_line_error(exc, with_type=False)}", limit)
+    message = one_line_error(exc, with_type=False)
+    override = getattr(exc, "override", None)  # Hydra's parse error does not repeat the override
+    if isinstance(override, str) and override not in message:
+        message = f"override {override!r}: {message}"
+    return one_line(f"{kind} error: {message}", limit)
 
 
 def debug_requested(argv: list[str] | None = None) -> bool:

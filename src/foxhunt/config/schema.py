@@ -398,8 +398,18 @@ def validate(cfg: DictConfig) -> TrainConfig:
     module = resolved["model"]["module"]
     cls = check_constructor_args("model.module", module)
     validate_model_hyperparameters(cls, module, resolved["model"])
-    check_constructor_args("data.source", resolved["data"]["source"])
+    source = resolved["data"]["source"]
+    check_source_settings(check_constructor_args("data.source", source), source)
     return parsed
+
+
+def check_source_settings(cls: type, node: dict[str, Any]) -> None:
+    """Construct the bar source: its constructor checks its settings (and reads no file), raising
+    ValueError ``"<key>=<value>: <rule>"``, which becomes a ConfigError naming ``data.source.<key>``."""
+    try:
+        cls(**{key: value for key, value in node.items() if not key.startswith("_")})
+    except ValueError as exc:
+        raise ConfigError(f"data.source.{' '.join(str(exc).split())}") from None
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:
