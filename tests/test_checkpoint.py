@@ -28,8 +28,8 @@ def test_a_stamped_checkpoint_of_the_configs_model_passes_the_check(compose_cfg,
     path = tmp_path / f"{model}.ckpt"
     stamp = {"format": 1, "model": model, "module": cfg.model.module._target_, "precision": "fp32"}
     torch.save({"state_dict": built.state_dict(), "hyper_parameters": dict(built.hparams), STAMP_KEY: stamp}, path)
-    assert check_checkpoint(cfg, path) == stamp
-    assert check_checkpoint(compose_cfg([f"model={model}", "precision=bf16"]), path) == stamp  # same fp32 weights
+    assert check_checkpoint(cfg, path).stamp == stamp
+    assert check_checkpoint(compose_cfg([f"model={model}", "precision=bf16"]), path).stamp == stamp  # fp32 weights
     with pytest.raises(CheckpointError, match="precision=int8"):
         check_checkpoint(compose_cfg([f"model={model}", "precision=int8"]), path)
 
@@ -87,3 +87,70 @@ def test_kill_9_during_a_checkpoint_write_leaves_the_previous_checkpoint_loadabl
     assert writer.returncode == -signal.SIGKILL
     state = torch.load(path, weights_only=True)  # the previous file, whole
     assert state["global_step"] == 1 and torch.equal(state["state_dict"]["w"], torch.zeros(4))
+
+
+def _train_process(args: list[str], root) -> subprocess.Popen:
+    env = {**os.environ, "FOXHUNT_ROOT": str(root), "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen([sys.executable, "-m", "foxhunt.train", *args], env=env, cwd=root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _history(uri: str, key: str) -> list[int]:
+    from foxhunt.runs.store import RunStore
+
+    store = RunStore(uri)
+    (run,) = store.search("foxhunt")
+    return sorted(m.step for m in store.client.get_metric_history(run.run_id, key))
+
+
+@pytest.mark.slow
+def test_resume_after_kill_9_continues_the_same_run_with_every_step_once(tmp_path):
+    """A real ``foxhunt-train resume=true`` killed with SIGKILL in its second epoch, then started
+    again: the same MLflow run ends FINISHED and its metric history has each step exactly once,
+    the same steps as an uninterrupted run."""
+    import sqlite3
+
+    import torch
+
+    from foxhunt.runs.environment import store_uri
+    from foxhunt.runs.store import RunStore
+
+    args = [
+        "model=dqn", "trainer=smoke", "trainer.max_epochs=3", "trainer.limit_train_batches=300",
+        "trainer.limit_val_batches=1", "data.source.days=7", "evaluation.plot_equity=false", "resume=true",
+        "callbacks.progress.every_n_steps=1",
+    ]  # fmt: skip
+    killed_root, reference_root = tmp_path / "killed", tmp_path / "reference"
+    for root in (killed_root, reference_root):
+        root.mkdir()
+    out = killed_root / "out"
+    first = _train_process([*args, f"paths.output_dir={out}"], killed_root)
+    last, database = out / "checkpoints" / "last.ckpt", killed_root / "mlruns" / "mlflow.db"
+    deadline = time.monotonic() + 600
+    while True:  # kill once the run has logged steps beyond its first epoch's checkpoint
+        assert first.poll() is None, f"the run ended before the kill: {first.stderr.read()[-2000:]}"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        if not (last.is_file() and database.is_file()):
+            continue
+        saved = torch.load(last, weights_only=True)["global_step"]
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+            (logged,) = db.execute("SELECT max(step) FROM metrics WHERE key = 'progress'").fetchone()
+        if logged is not None and logged >= saved + 20:
+            break
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=60)
+    assert (RunStore(store_uri(killed_root)).search("foxhunt")[0].status) == "RUNNING"  # as the kill left it
+
+    second = _train_process([*args, f"paths.output_dir={out}"], killed_root)
+    reference = _train_process([*args, f"paths.output_dir={reference_root / 'out'}"], reference_root)
+    for process in (second, reference):
+        assert process.wait(timeout=900) == 0, process.stderr.read()[-3000:]
+
+    (run,) = RunStore(store_uri(killed_root)).search("foxhunt")  # the same run, continued
+    assert run.status == "FINISHED" and run.tags["resume_count"] == "1"
+    for key in ("progress", "train/loss"):  # (progress: its last step twice in both, at batch and fit end)
+        steps = _history(store_uri(killed_root), key)
+        assert steps == _history(store_uri(reference_root), key), f"{key}: a step lost or logged twice"
+    losses = _history(store_uri(killed_root), "train/loss")
+    assert len(losses) == len(set(losses)) and max(losses) > 600

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +112,16 @@ class CheckpointStamp(_stamp_callback_base()):
 
 
 # ----------------------------------------------------------------------------- checking
-def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt") -> dict[str, Any]:
+@dataclass(frozen=True)
+class CheckedCheckpoint:
+    stamp: dict[str, Any]
+    global_step: int  # the optimizer steps taken when it was written
+
+
+def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt") -> CheckedCheckpoint:
     """Check the checkpoint at ``path`` against the composed config ``cfg`` (see the module doc);
     ``key`` names where the path came from in the error (``ckpt``, or the resumed run). Returns
-    the checkpoint's stamp."""
+    the checkpoint's stamp and step."""
     where = f"{key}={path}"
     file = Path(str(path)).expanduser()
     if not file.exists():
@@ -143,7 +150,7 @@ def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt") -> dict[st
         )
     if precision != INT8:
         _check_shapes(cfg, state, where)
-    return stamp
+    return CheckedCheckpoint(dict(stamp), int(state.get("global_step") or 0))
 
 
 def _what_it_is(file: Path) -> str:

@@ -35,7 +35,7 @@ from foxhunt.config.schema import resolved_config, validate
 from foxhunt.errors import EXIT_USER_ERROR, debug_requested, reported, strip_debug_flag
 from foxhunt.runs.cell import CellKey, CellResult
 from foxhunt.runs.config_hash import config_hash
-from foxhunt.runs.resume import FRESH, RESUME, SKIP, ResumePlan
+from foxhunt.runs.resume import FRESH, RESUME, SKIP, ResumePlan, rewind_run
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import Tag
 
@@ -144,8 +144,9 @@ def train_run(
     plan = _resume_plan(cfg, key) if cfg.resume else None
     if plan is not None and plan.action == SKIP:
         return _skipped(cfg, key, plan, parent_run_id)
-    if plan is not None and plan.action == RESUME:
-        check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint")
+    if plan is not None and plan.action == RESUME:  # the steps logged after its checkpoint died with it
+        checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint")
+        rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.global_step)
 
     import lightning.pytorch as pl
     from hydra.utils import instantiate

@@ -65,6 +65,17 @@ STORE_LOCK_SUFFIX = ".lock"
 _ACCEPTED_URIS = "sqlite:///<file> (created when missing) or an http(s):// MLflow server"
 
 
+# Each key's latest value as MLflow keeps it: the greatest (step, timestamp, value).
+_LATEST_METRICS = """
+INSERT INTO latest_metrics (key, value, timestamp, step, is_nan, run_uuid)
+SELECT key, value, timestamp, step, is_nan, run_uuid FROM metrics AS m WHERE run_uuid = ?1 AND NOT EXISTS (
+    SELECT 1 FROM metrics AS n WHERE n.run_uuid = m.run_uuid AND n.key = m.key AND (
+        n.step > m.step OR (n.step = m.step AND (n.timestamp > m.timestamp
+        OR (n.timestamp = m.timestamp AND n.value > m.value)))))
+GROUP BY key
+"""
+
+
 class StoreError(UserError):
     """The MLflow store cannot be opened: the message names the URI and what is accepted."""
 
@@ -191,6 +202,28 @@ class RunStore:
             self.client.delete_tag(run_id, Tag.ERROR)
         self.client.update_run(run_id, status=Status.RUNNING.value)
         return previous
+
+    def forget_metrics_after(self, run_id: str, step: int) -> int:
+        """Remove the run's metric values logged at steps after ``step`` (returns how many).
+
+        A run killed after its last checkpoint logged steps whose training died with it; resumed
+        from that checkpoint it logs them again, so without this the history would hold those
+        steps twice. MLflow's client cannot delete a metric value: on the project's SQLite store
+        the rows go (and each key's latest value is recomputed) in one transaction; another store
+        keeps them, said in the log."""
+        import sqlite3
+
+        database = sqlite_path(self.tracking_uri)
+        if database is None or not database.is_file():
+            log.warning("run %s: metrics after step %d stay in the store %s (only SQLite's can be rewound)",
+                        run_id, step, self.tracking_uri)
+            return 0
+        with _store_lock(database), sqlite3.connect(database, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000) as db:
+            removed = db.execute("DELETE FROM metrics WHERE run_uuid = ? AND step > ?", (run_id, step)).rowcount
+            if removed:
+                db.execute("DELETE FROM latest_metrics WHERE run_uuid = ?", (run_id,))
+                db.execute(_LATEST_METRICS, (run_id,))
+        return removed
 
     def end(self, run_id: str, status: str, tags: Mapping[str, Any] | None = None) -> None:
         """End the run with ``status`` (FINISHED, FAILED, KILLED), after setting ``tags``."""
