@@ -147,7 +147,9 @@ def _snapshot(battery: Battery) -> tuple:
 
     runs = {r.run_id: (r.status, dict(r.tags), dict(r.params), {k: m.value for k, m in r.metrics.items()})
             for r in RunStore(battery.uri).search("foxhunt")}  # fmt: skip
+    inputs = battery.root / "inputs"
     digests = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in battery.files.items()}
+    digests["files in inputs/"] = sorted(str(p.relative_to(inputs)) for p in inputs.rglob("*"))  # none added
     return runs, digests
 
 
@@ -179,7 +181,7 @@ TRAIN_CASES = [
     ("dbn-root", ["data=databento", "asset=zn", f"data.source.path={REAL_DBN_1M}"], f"data error: {REAL_DBN_1M}: no outright ZN futures contract among the symbols found (ESH1)"),
     # lean
     ("lean-cut", ["data=lean", "data.source.path={minute_es_20131007_cut_trade.zip}"], "data error: {minute_es_20131007_cut_trade.zip}: truncated or damaged zip archive"),
-    ("lean-damaged", ["data=lean", "data.source.path={minute_es_20131007_damaged_trade.zip}"], "data error: {minute_es_20131007_damaged_trade.zip}:"),
+    ("lean-damaged", ["data=lean", "data.source.path={minute_es_20131007_damaged_trade.zip}"], "data error: {minute_es_20131007_damaged_trade.zip}:20131007_es_minute_trade_201312.csv: corrupt compressed data (Error -3 while decompressing data"),
     ("lean-root", ["data=lean", "asset=nq", f"data.source.path={REAL_LEAN}"], f"data error: {REAL_LEAN}: no Lean minute trade bars for root nq (the zips hold root es"),
     # checkpoints (each with data that does not exist: refused before the data is read)
     ("ckpt-csv", ["ckpt={empty.csv}"], "checkpoint error: ckpt={empty.csv}: not a torch checkpoint archive (text starting 'timestamp_utc"),

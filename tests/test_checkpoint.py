@@ -44,7 +44,9 @@ def test_a_run_stamps_its_checkpoints_and_starts_again_from_one(compose_cfg, tmp
     folder = tmp_path / "outputs" / "run" / "checkpoints"
     for name in ("best.ckpt", "last.ckpt"):
         state = torch.load(folder / name, weights_only=True)
-        assert state[STAMP_KEY] == {"format": 1, "model": "dqn", "module": "foxhunt.models.dqn.DQNAgent", "precision": "fp32"}
+        stamp = state[STAMP_KEY]
+        assert stamp.pop("saved_at_ms") <= time.time() * 1000
+        assert stamp == {"format": 1, "model": "dqn", "module": "foxhunt.models.dqn.DQNAgent", "precision": "fp32"}
     assert not list(folder.glob(".*.tmp"))  # no temporary file left behind
     again = train_run(compose_cfg([*overrides, f"ckpt={folder / 'last.ckpt'}", "trainer.max_epochs=2"]))
     assert again.status == "FINISHED"
@@ -116,7 +118,7 @@ def test_resume_after_kill_9_continues_the_same_run_with_every_step_once(tmp_pat
     from foxhunt.runs.store import RunStore
 
     args = [
-        "model=dqn", "trainer=smoke", "trainer.max_epochs=3", "trainer.limit_train_batches=300",
+        "model=dqn", "trainer=smoke", "trainer.max_epochs=3", "trainer.limit_train_batches=150",
         "trainer.limit_val_batches=1", "data.source.days=7", "evaluation.plot_equity=false", "resume=true",
         "callbacks.progress.every_n_steps=1",
     ]  # fmt: skip
@@ -149,8 +151,10 @@ def test_resume_after_kill_9_continues_the_same_run_with_every_step_once(tmp_pat
 
     (run,) = RunStore(store_uri(killed_root)).search("foxhunt")  # the same run, continued
     assert run.status == "FINISHED" and run.tags["resume_count"] == "1"
-    for key in ("progress", "train/loss"):  # (progress: its last step twice in both, at batch and fit end)
+    for key in ("progress", "train/epsilon"):  # (progress: its last step twice in both, at batch and fit end)
         steps = _history(store_uri(killed_root), key)
         assert steps == _history(store_uri(reference_root), key), f"{key}: a step lost or logged twice"
+    # train/loss: once per step too; the resumed DQN refills its replay buffer (not in a checkpoint)
+    # before it updates again, so the steps right after the checkpoint have no loss to log
     losses = _history(store_uri(killed_root), "train/loss")
-    assert len(losses) == len(set(losses)) and max(losses) > 600
+    assert len(losses) == len(set(losses)) and max(losses) == max(_history(store_uri(reference_root), "train/loss"))

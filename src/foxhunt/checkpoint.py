@@ -3,7 +3,7 @@
 Writing. The ``checkpoint_stamp`` callback (``conf/callbacks/default.yaml``,
 :class:`CheckpointStamp`) adds foxhunt's stamp to every checkpoint a run writes (best, last,
 interrupted, a memory breach's): ``checkpoint["foxhunt"] = {"format", "model", "module",
-"precision"}``, and makes the Trainer write each file atomically (:func:`atomic_save`: a
+"precision", "saved_at_ms"}``, and makes the Trainer write each file atomically (:func:`atomic_save`: a
 temporary file beside the target, flushed and fsynced, then renamed over it), so a ``kill -9``
 during a write leaves the previous file whole.
 
@@ -89,26 +89,42 @@ def _atomic_checkpoint_io():
     return AtomicCheckpointIO()
 
 
-def _stamp_callback_base():
+def _checkpoint_stamp_class() -> type:
     import lightning.pytorch as pl
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-    return pl.Callback
+    class CheckpointStamp(pl.Callback):
+        """Stamps every checkpoint of the run (model family, module, precision) and has the
+        Trainer write each one atomically."""
+
+        def __init__(self, model: str, module: str, precision: str) -> None:
+            self.stamp = {"format": STAMP_FORMAT, "model": str(model), "module": str(module), "precision": str(precision)}
+
+        def setup(self, trainer, pl_module, stage: str) -> None:  # noqa: D102
+            if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # another IO is the user's choice
+                trainer.strategy.checkpoint_io = _atomic_checkpoint_io()
+
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:  # noqa: D102
+            import time
+
+            # saved_at_ms: what the run logged after this moment is not in the checkpoint (resume.rewind_run)
+            checkpoint[STAMP_KEY] = {**self.stamp, "saved_at_ms": int(time.time() * 1000)}
+
+    CheckpointStamp.__module__, CheckpointStamp.__qualname__ = __name__, "CheckpointStamp"
+    return CheckpointStamp
 
 
-class CheckpointStamp(_stamp_callback_base()):
-    """Stamps every checkpoint of the run (model family, module, precision) and writes it atomically."""
+_LAZY: dict[str, type] = {}
 
-    def __init__(self, model: str, module: str, precision: str) -> None:
-        self.stamp = {"format": STAMP_FORMAT, "model": str(model), "module": str(module), "precision": str(precision)}
 
-    def setup(self, trainer, pl_module, stage: str) -> None:  # noqa: D102
-        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-
-        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # another IO is the user's choice
-            trainer.strategy.checkpoint_io = _atomic_checkpoint_io()
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:  # noqa: D102
-        checkpoint[STAMP_KEY] = dict(self.stamp)
+def __getattr__(name: str):
+    """``CheckpointStamp`` is made on first use: importing this module (``foxhunt-train`` does,
+    to check a checkpoint) loads neither torch nor lightning."""
+    if name == "CheckpointStamp":
+        if name not in _LAZY:
+            _LAZY[name] = _checkpoint_stamp_class()
+        return _LAZY[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------- checking
@@ -116,6 +132,7 @@ class CheckpointStamp(_stamp_callback_base()):
 class CheckedCheckpoint:
     stamp: dict[str, Any]
     global_step: int  # the optimizer steps taken when it was written
+    saved_at_ms: int  # when its state was taken (the stamp's time, else the file's)
 
 
 def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt") -> CheckedCheckpoint:
@@ -150,7 +167,8 @@ def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt") -> Checked
         )
     if precision != INT8:
         _check_shapes(cfg, state, where)
-    return CheckedCheckpoint(dict(stamp), int(state.get("global_step") or 0))
+    saved_at_ms = int(stamp.get("saved_at_ms") or file.stat().st_mtime * 1000)
+    return CheckedCheckpoint(dict(stamp), int(state.get("global_step") or 0), saved_at_ms)
 
 
 def _what_it_is(file: Path) -> str:

@@ -146,7 +146,7 @@ def train_run(
         return _skipped(cfg, key, plan, parent_run_id)
     if plan is not None and plan.action == RESUME:  # the steps logged after its checkpoint died with it
         checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint")
-        rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.global_step)
+        rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.global_step, checked.saved_at_ms)
 
     import lightning.pytorch as pl
     from hydra.utils import instantiate

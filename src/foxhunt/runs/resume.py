@@ -88,10 +88,11 @@ def plan_resume(tracking_uri: str, experiment: str, digest: str, download_dir: P
     return ResumePlan(why_fresh=f"no run with config_hash {digest} to continue ({'; '.join(left)})")
 
 
-def rewind_run(tracking_uri: str, run_id: str, step: int) -> None:
-    """Before a run continues from a checkpoint of step ``step``: the metric values it logged
-    after that step (work lost with a kill) leave the store, so each step is logged once."""
-    removed = RunStore(tracking_uri).forget_metrics_after(run_id, step)
+def rewind_run(tracking_uri: str, run_id: str, step: int, saved_at_ms: int) -> None:
+    """Before a run continues from a checkpoint of step ``step`` taken at ``saved_at_ms``: the
+    metric values it logged after it (work lost with a kill) leave the store, so each step is
+    logged once."""
+    removed = RunStore(tracking_uri).forget_metrics_after(run_id, step, saved_at_ms)
     if removed:
         log.info("run %s: %d metric values logged after step %d (lost with the stop) removed", run_id, removed, step)
 

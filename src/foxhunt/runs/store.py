@@ -62,6 +62,7 @@ SEARCH_PAGE = 1000
 #: How long an SQLite connection waits for another process's write lock (milliseconds).
 SQLITE_BUSY_TIMEOUT_MS = 120_000
 STORE_LOCK_SUFFIX = ".lock"
+_SQLITE_HEADER = b"SQLite format 3\x00"
 _ACCEPTED_URIS = "sqlite:///<file> (created when missing) or an http(s):// MLflow server"
 
 
@@ -121,6 +122,11 @@ def open_client(tracking_uri: str):
     try:
         if database is None:
             return MlflowClient(tracking_uri)
+        if database.is_file() and database.stat().st_size:  # an existing file must be an SQLite database
+            with open(database, "rb") as handle:
+                if handle.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
+                    raise StoreError(f"{tracking_uri}: not an MLflow SQLite store (the file is not an SQLite "
+                                     f"database); expected {_ACCEPTED_URIS}")
         _wait_for_locks()
         database.parent.mkdir(parents=True, exist_ok=True)
         with _store_lock(database):
@@ -203,12 +209,15 @@ class RunStore:
         self.client.update_run(run_id, status=Status.RUNNING.value)
         return previous
 
-    def forget_metrics_after(self, run_id: str, step: int) -> int:
-        """Remove the run's metric values logged at steps after ``step`` (returns how many).
+    def forget_metrics_after(self, run_id: str, step: int, since_ms: int) -> int:
+        """Remove the run's metric values of steps ``step`` and later logged after ``since_ms``
+        (milliseconds since the epoch); returns how many.
 
-        A run killed after its last checkpoint logged steps whose training died with it; resumed
-        from that checkpoint it logs them again, so without this the history would hold those
-        steps twice. MLflow's client cannot delete a metric value: on the project's SQLite store
+        A run killed after its last checkpoint (of step ``step``, taken at ``since_ms``) logged
+        steps whose training died with it; resumed from that checkpoint it logs them again, so
+        without this the history would hold those steps twice. (Both bounds: Lightning logs a
+        step's values at the index of its batch, the ``progress`` metric at the step count after
+        it, so a value of step ``step`` can come from before the checkpoint or after it.) MLflow's client cannot delete a metric value: on the project's SQLite store
         the rows go (and each key's latest value is recomputed) in one transaction; another store
         keeps them, said in the log."""
         import sqlite3
@@ -219,7 +228,9 @@ class RunStore:
                         run_id, step, self.tracking_uri)
             return 0
         with _store_lock(database), sqlite3.connect(database, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000) as db:
-            removed = db.execute("DELETE FROM metrics WHERE run_uuid = ? AND step > ?", (run_id, step)).rowcount
+            removed = db.execute(
+                "DELETE FROM metrics WHERE run_uuid = ? AND step >= ? AND timestamp > ?", (run_id, step, since_ms)
+            ).rowcount
             if removed:
                 db.execute("DELETE FROM latest_metrics WHERE run_uuid = ?", (run_id,))
                 db.execute(_LATEST_METRICS, (run_id,))
