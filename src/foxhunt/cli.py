@@ -65,5 +65,15 @@ def ui(
     raise typer.Exit(subprocess.call(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri}))
 
 
+def main() -> None:
+    """``foxhunt``: an input error that a command does not report itself is one line on stderr
+    and exit status 2 (``--debug`` / ``FOXHUNT_DEBUG=1``: its traceback); a bug keeps its traceback."""
+    from foxhunt.errors import debug_requested, reported, strip_debug_flag
+
+    sys.argv, flag = strip_debug_flag(sys.argv)
+    with reported("foxhunt", debug=flag or debug_requested()):
+        app()
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -5,9 +5,21 @@ a summary row). Defined here only.
 messages it drops the config search path and joins option lists (``Available options in
 'asset': 6e, es, nq, zn``), and it adds the first line of the cause when the message does not
 carry it. :func:`one_line` folds any text (a log's last lines) into one line of bounded length.
+
+Input errors and bugs: an error the user's input caused (a :class:`UserError`: ``ConfigError``,
+``BarDataError``, ``CheckpointError``, ``StoreError``; or Hydra's error for a bad override) is
+reported by :func:`reported` as one line, ``<command>: <kind> error: <message>``, exit status
+2, no traceback; the run's ``error`` tag is the same line without the command
+(:func:`error_line`). Any other exception is a bug and keeps its traceback. ``--debug`` or
+``FOXHUNT_DEBUG=1`` (or ``HYDRA_FULL_ERROR=1``) shows the traceback of an input error too.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 #: Characters kept of a one-line error stored as an MLflow tag (MLflow allows 8000 per tag value).
 TAG_TEXT_LIMIT = 5000
@@ -57,3 +69,72 @@ def one_line_error(
         text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     text = text or type(exc).__name__
     return one_line(text, limit)
+
+
+# ----------------------------------------------------------------------------- user errors
+#: Exit status of a command stopped by an error in its input (config, data, checkpoint, store).
+EXIT_USER_ERROR = 2
+#: Asking for the traceback of an input error: ``FOXHUNT_DEBUG=1`` (or Hydra's own
+#: ``HYDRA_FULL_ERROR=1``) in the environment, or ``--debug`` on the command line.
+DEBUG_ENV = "FOXHUNT_DEBUG"
+DEBUG_FLAG = "--debug"
+_HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
+#: Hydra's errors that mean the command line or the config is wrong (not a bug of foxhunt).
+_HYDRA_INPUT_ERRORS = ("ConfigCompositionException", "MissingConfigException", "OverrideParseException", "SearchPathException")
+
+
+class UserError(Exception):
+    """An error in what the user gave foxhunt (config, data file, checkpoint, store URI,
+    registry name, job id): reported as one line, :func:`error_line`, without a traceback.
+    ``kind`` names the input in that line (``data error: ...``). A bug is any other exception."""
+
+    kind = "input"
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """True for an error the user's input caused: a :class:`UserError`, or Hydra's error for
+    a bad override or a config group option that does not exist."""
+    if isinstance(exc, UserError):
+        return True
+    hydra_errors = sys.modules.get("hydra.errors")  # imported only where Hydra is in use
+    if hydra_errors is None:
+        return False
+    return isinstance(exc, tuple(getattr(hydra_errors, name) for name in _HYDRA_INPUT_ERRORS))
+
+
+def error_line(exc: BaseException, limit: int | None = TAG_TEXT_LIMIT) -> str:
+    """The one line that stands for ``exc`` on stderr (after the command's name) and in the run's
+    ``error`` tag: ``<kind> error: <message>`` for an input error, ``Type: message`` for a bug."""
+    if not is_user_error(exc):
+        return one_line_error(exc, limit=limit)
+    kind = exc.kind if isinstance(exc, UserError) else "config"
+    message = one_line_error(exc, with_type=False)
+    override = getattr(exc, "override", None)  # Hydra's parse error does not repeat the override
+    if isinstance(override, str) and override not in message:
+        message = f"override {override!r}: {message}"
+    return one_line(f"{kind} error: {message}", limit)
+
+
+def debug_requested(argv: list[str] | None = None) -> bool:
+    """True when the user asked for tracebacks (see :data:`DEBUG_ENV`)."""
+    env = any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes") for name in (DEBUG_ENV, _HYDRA_FULL_ERROR))
+    return env or DEBUG_FLAG in (argv or [])
+
+
+def strip_debug_flag(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` without ``--debug``, and whether it was there."""
+    kept = [arg for arg in argv if arg != DEBUG_FLAG]
+    return kept, len(kept) != len(argv)
+
+
+@contextmanager
+def reported(prog: str, *, debug: bool = False, exit_code: int = EXIT_USER_ERROR) -> Iterator[None]:
+    """Around a command: an input error becomes ``<prog>: <error_line>`` on stderr and exit
+    status ``exit_code``; a bug (and any error with ``debug``) propagates with its traceback."""
+    try:
+        yield
+    except Exception as exc:
+        if debug or not is_user_error(exc):
+            raise
+        print(f"{prog}: {error_line(exc, limit=None)}", file=sys.stderr, flush=True)
+        raise SystemExit(exit_code) from None

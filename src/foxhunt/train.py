@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,10 +34,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.config.schema import ConfigError, resolved_config, validate
+from foxhunt.checkpoint import check_checkpoint
+from foxhunt.config.schema import resolved_config, validate
+from foxhunt.errors import EXIT_USER_ERROR, debug_requested, reported, strip_debug_flag
 from foxhunt.runs.cell import CellKey, CellResult, cell_name
 from foxhunt.runs.config_hash import config_hash
-from foxhunt.runs.resume import FRESH, RESUME, SKIP, ResumePlan
+from foxhunt.runs.resume import FRESH, RESUME, SKIP, ResumePlan, rewind_run
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import Tag
 
@@ -44,7 +47,9 @@ log = logging.getLogger("foxhunt.train")
 
 OBJECTIVE = "val/sharpe"
 SOURCE = "foxhunt-train"  # the runs table's Source column (foxhunt.runs.provenance)
-EXIT_CONFIG_ERROR = 2
+EXIT_CONFIG_ERROR = EXIT_USER_ERROR  # any error in the input: config, data, checkpoint, store
+PROG = "foxhunt-train"
+_DEBUG = False  # --debug / FOXHUNT_DEBUG=1 / HYDRA_FULL_ERROR=1: input errors keep their traceback
 EXIT_ON_SIGTERM = 128 + 15  # the shell's status for a process ended by SIGTERM
 SPLITS = ("train", "val", "test")
 SCORES_DIR = "scores"  # artifacts: each scored split's backtests (foxhunt.evaluation.scoring.SplitScore)
@@ -151,10 +156,15 @@ def train_run(
     search sweep's trial number, names the run ``<cell>-trial<N>`` and tags it; ``extra_tags``
     and ``run_name`` are a protocol child's."""
     validate(cfg)  # before anything heavy: one clear line on a bad value
+    if cfg.ckpt:  # and a checkpoint that cannot start this run, before the data and the model
+        check_checkpoint(cfg, cfg.ckpt)
     key = CellKey.from_config(cfg, config_hash(cfg))
     plan = _resume_plan(cfg, key) if cfg.resume else None
     if plan is not None and plan.action == SKIP:
         return _skipped(cfg, key, plan, parent_run_id, trial)
+    if plan is not None and plan.action == RESUME:  # the steps logged after its checkpoint died with it
+        checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint")
+        rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.global_step, checked.saved_at_ms)
     name = run_name or cell_name(key, trial)
     tags = {**run_tags(cfg, key), **({Tag.TRIAL: str(trial)} if trial is not None else {}), **(extra_tags or {})}
     from foxhunt.protocol import needs_protocol, run_cell_protocol
@@ -395,11 +405,9 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
     if in_multirun():
         metrics = run_sweep_job(cfg, train_run)  # a failing cell returns None
         return None if metrics is None else metrics.get(OBJECTIVE)
-    try:
-        outcome = train_run(cfg, before_fit=lambda: _use_configured_threads(cfg))
-    except ConfigError as exc:
-        print(f"foxhunt-train: config error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
+    try:  # an input error: one line and exit 2 from here (Hydra would print its job line first)
+        with reported(PROG, debug=_DEBUG):
+            outcome = train_run(cfg, before_fit=lambda: _use_configured_threads(cfg))
     except SystemExit as exc:
         if not exc.code:  # Lightning's SIGTERMException carries no code, which would exit 0
             raise SystemExit(EXIT_ON_SIGTERM) from exc
@@ -416,7 +424,19 @@ def _use_configured_threads(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    _hydra_entry()
+    """``foxhunt-train``: an error in the input (a bad override, a config group option that does not
+    exist, a bad value, data file, checkpoint or store) is one line on stderr and exit status 2,
+    without a traceback unless asked for (``--debug``, ``FOXHUNT_DEBUG=1`` or ``HYDRA_FULL_ERROR=1``:
+    :mod:`foxhunt.errors`); a bug keeps its traceback."""
+    global _DEBUG
+    sys.argv, flag = strip_debug_flag(sys.argv)
+    _DEBUG = flag or debug_requested()
+    # Hydra prints its own report of an error raised while composing the config (and exits 1);
+    # with HYDRA_FULL_ERROR set it raises instead, and the error reaches `reported` here.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its table-creation notes on stderr
+    with reported(PROG, debug=_DEBUG):
+        _hydra_entry()
 
 
 if __name__ == "__main__":

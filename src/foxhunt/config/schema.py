@@ -23,14 +23,18 @@ from typing import Annotated, Any, Literal
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from foxhunt.errors import UserError
+
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(ge=1)]
 Fraction = Annotated[float, Field(gt=0, lt=1)]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A composed config that cannot run; the message is one line naming the key."""
+
+    kind = "config"
 
 
 class _Strict(BaseModel):
@@ -434,8 +438,18 @@ def validate(cfg: DictConfig) -> TrainConfig:
     module = resolved["model"]["module"]
     cls = check_constructor_args("model.module", module)
     validate_model_hyperparameters(cls, module, resolved["model"])
-    check_constructor_args("data.source", resolved["data"]["source"])
+    source = resolved["data"]["source"]
+    check_source_settings(check_constructor_args("data.source", source), source)
     return parsed
+
+
+def check_source_settings(cls: type, node: dict[str, Any]) -> None:
+    """Construct the bar source: its constructor checks its settings (and reads no file), raising
+    ValueError ``"<key>=<value>: <rule>"``, which becomes a ConfigError naming ``data.source.<key>``."""
+    try:
+        cls(**{key: value for key, value in node.items() if not key.startswith("_")})
+    except ValueError as exc:
+        raise ConfigError(f"data.source.{' '.join(str(exc).split())}") from None
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:

@@ -264,6 +264,32 @@ def resolve_files(path: str | Path, suffixes: Iterable[str], what: str) -> list[
     raise BarDataError(f"{text}: file not found ({what})")
 
 
+def unreadable(file: str | Path, exc: BaseException, what: str) -> BarDataError:
+    """The one-line error for a file that cannot be read as ``what`` ("CSV", "zip"): a compressed
+    file cut short is named truncated, damaged compressed data corrupt, anything else unreadable."""
+    import zlib
+    import zipfile
+
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    name = str(file)
+    if isinstance(exc, EOFError) or "ended before the end-of-stream" in text:
+        return BarDataError(f"{name}: truncated: the compressed data ends before its end-of-stream marker "
+                            f"(the file was cut short; download or copy it again)")
+    if isinstance(exc, zlib.error) or "CRC check failed" in text or "Not a gzipped file" in text or "Bad CRC-32" in text:
+        return BarDataError(f"{name}: corrupt compressed data ({text}); download or copy the file again")
+    if isinstance(exc, zipfile.BadZipFile):
+        try:
+            with open(file, "rb") as handle:
+                cut = handle.read(2) == b"PK"
+        except OSError:  # a member of an archive: the archive is what is damaged
+            cut = True
+        if cut:
+            return BarDataError(f"{name}: truncated or damaged zip archive ({text}: no end-of-archive record; "
+                                "the file was cut short)")
+        return BarDataError(f"{name}: not a zip archive ({text})")
+    return BarDataError(f"{name}: cannot read as {what} ({text})")
+
+
 def source_fingerprint(
     kind: str, params: dict[str, Any], asset: AssetSpec, files: Sequence[Path] = ()
 ) -> str:

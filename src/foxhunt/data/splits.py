@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from foxhunt.config.sections import dataclass_values
+from foxhunt.errors import UserError
 
 SPLIT_NAMES = ("train", "val", "test")
 FRACTION_SUM_TOLERANCE = 1e-6  # float slack when checking that the fractions sum to 1
@@ -74,6 +75,13 @@ class SplitConfig:
 
 
 WINDOWS = ("expanding", "rolling")
+
+
+class SplitError(UserError, ValueError):
+    """Split or fold settings the bars cannot hold, found when the bars are read (one line
+    naming the keys and the bars there are)."""
+
+    kind = "data"
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,7 @@ class WalkForwardConfig:
         purge, embargo = self.purge_bars, self.embargo_bars
         needed = n_train + 2 * purge + n_val + self.folds * n_test + (self.folds - 1) * embargo
         if min(n_train, n_val, n_test) < 1 or needed > n_bars:
-            raise ValueError(
+            raise SplitError(
                 f"evaluation.walk_forward: {self.folds} folds need {needed} bars (train {n_train} + val {n_val}"
                 f" + {self.folds} x test {n_test} + 2 x purge_bars {purge} + {self.folds - 1} x embargo_bars"
                 f" {embargo}), the data has {n_bars} after warm-up; use fewer folds, smaller fractions or more bars"
@@ -174,7 +182,7 @@ def split_slices(n_bars: int, cfg: Any) -> dict[str, slice]:
     sizes = {"train": n_train, "val": n_val, "test": usable - n_train - n_val}
     for name, size in sizes.items():
         if size < 1:
-            raise ValueError(
+            raise SplitError(
                 f"split.{name}={cfg.fraction(name):g}: gives {max(size, 0)} bars "
                 f"({n_bars} bars after warm-up, split.gap_bars={cfg.gap_bars}); need more bars"
             )

@@ -5,7 +5,9 @@
 - :mod:`~foxhunt.runs.cell`: ``CellKey`` (model, asset, precision, seed, config hash) and
   ``CellResult``; :mod:`~foxhunt.runs.config_hash`: what makes two runs "the same training";
 - :mod:`~foxhunt.runs.store`: ``RunStore`` (create, reopen, end, tag, search, logged files, the
-  model registry), the only ``MlflowClient``; :mod:`~foxhunt.runs.sqlite_reader`: the read-only
+  model registry), the only ``MlflowClient`` (opened under the store's file lock, SQLite
+  connections with a busy timeout: concurrent writers lose nothing; ``StoreError`` for a store
+  that cannot be opened; ``forget_metrics_after`` for a resumed run); :mod:`~foxhunt.runs.sqlite_reader`: the read-only
   SQLite fast path of the job commands; :mod:`~foxhunt.runs.records`: a run as read;
 - :mod:`~foxhunt.runs.tracked_run`: one training run from creation to its final status;
 - :mod:`~foxhunt.runs.liveness`: is a RUNNING run still running (STALE otherwise);

@@ -8,6 +8,9 @@
   left alone;
 - else train from scratch in a new run.
 
+A resumed run continues from its checkpoint's step: :func:`rewind_run` first removes the metric
+values logged after that step (a ``kill -9`` lost their training), so no step is logged twice.
+
 :meth:`ResumePlan.describe` says which, in one line, for the log and the sweep's summary;
 when the store holds no run of the config, or none that can be continued, the line says so
 and names the hash, so that a changed setting is not silently a new training.
@@ -83,6 +86,15 @@ def plan_resume(tracking_uri: str, experiment: str, digest: str, download_dir: P
             path = store.download(run.run_id, checkpoint.artifact, download_dir)
         return ResumePlan(RESUME, run.run_id, path, state)
     return ResumePlan(why_fresh=f"no run with config_hash {digest} to continue ({'; '.join(left)})")
+
+
+def rewind_run(tracking_uri: str, run_id: str, step: int, saved_at_ms: int) -> None:
+    """Before a run continues from a checkpoint of step ``step`` taken at ``saved_at_ms``: the
+    metric values it logged after it (work lost with a kill) leave the store, so each step is
+    logged once."""
+    removed = RunStore(tracking_uri).forget_metrics_after(run_id, step, saved_at_ms)
+    if removed:
+        log.info("run %s: %d metric values logged after step %d (lost with the stop) removed", run_id, removed, step)
 
 
 def _left_alone(run: RunRecord, state: str) -> str:

@@ -8,8 +8,14 @@ project's SQLite file, else the client (:class:`ClientReader`, a server or an un
 schema): :func:`open_reader`. Nothing here imports mlflow until a method needs the client.
 
 The store is created on first use: :meth:`RunStore.ensure_experiment` makes the SQLite file's
-folder and the experiment. A sweep calls it in its parent process before any job starts:
-parallel jobs that first touch a fresh SQLite store race to create its tables and crash.
+folder and the experiment. Concurrent writers (several ``foxhunt-train`` processes, the jobs of
+``foxhunt train start``, a sweep's parallel cells) share one SQLite file safely: the client is
+opened, and a fresh store's tables created or migrated, under an exclusive lock on
+``<store>.lock`` (the first process creates, the others wait and then find the tables), and
+every SQLite connection waits up to :data:`SQLITE_BUSY_TIMEOUT_MS` for a writer's lock instead
+of failing with "database is locked". A store that cannot be opened (an unknown URI scheme, a
+file that is not an SQLite database, a folder that cannot be made) raises :class:`StoreError`,
+one line naming the URI.
 
 Model registry (for whatever consumes trained runs; the sweep and the jobs do not use it)::
 
@@ -31,10 +37,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from foxhunt.errors import UserError, one_line_error
 from foxhunt.runs.environment import sqlite_path
 from foxhunt.runs.records import Metric, RunRecord
 from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
@@ -51,6 +59,86 @@ log = logging.getLogger(__name__)
 PARAM_VALUE_LIMIT = 6000
 PARAMS_PER_BATCH = 100
 SEARCH_PAGE = 1000
+#: How long an SQLite connection waits for another process's write lock (milliseconds).
+SQLITE_BUSY_TIMEOUT_MS = 120_000
+STORE_LOCK_SUFFIX = ".lock"
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_ACCEPTED_URIS = "sqlite:///<file> (created when missing) or an http(s):// MLflow server"
+
+
+# Each key's latest value as MLflow keeps it: the greatest (step, timestamp, value).
+_LATEST_METRICS = """
+INSERT INTO latest_metrics (key, value, timestamp, step, is_nan, run_uuid)
+SELECT key, value, timestamp, step, is_nan, run_uuid FROM metrics AS m WHERE run_uuid = ?1 AND NOT EXISTS (
+    SELECT 1 FROM metrics AS n WHERE n.run_uuid = m.run_uuid AND n.key = m.key AND (
+        n.step > m.step OR (n.step = m.step AND (n.timestamp > m.timestamp
+        OR (n.timestamp = m.timestamp AND n.value > m.value)))))
+GROUP BY key
+"""
+
+
+class StoreError(UserError):
+    """The MLflow store cannot be opened: the message names the URI and what is accepted."""
+
+    kind = "store"
+
+
+def _busy_timeout(dbapi_connection, _record) -> None:
+    import sqlite3
+
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+
+
+def _wait_for_locks() -> None:
+    """Every SQLite engine of the process (MLflow's, Lightning's logger's) waits for locks."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    if not event.contains(Engine, "connect", _busy_timeout):
+        event.listen(Engine, "connect", _busy_timeout)
+
+
+@contextmanager
+def _store_lock(database: Path):
+    """An exclusive lock on ``<database>.lock`` (held while a client opens, and maybe creates, the store)."""
+    import fcntl
+
+    with open(database.with_name(database.name + STORE_LOCK_SUFFIX), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_client(tracking_uri: str):
+    """An ``MlflowClient`` on a store that exists (see the module doc); :class:`StoreError` when
+    the store cannot be opened."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    database = sqlite_path(tracking_uri)
+    try:
+        if database is None:
+            return MlflowClient(tracking_uri)
+        if database.is_file() and database.stat().st_size:  # an existing file must be an SQLite database
+            with open(database, "rb") as handle:
+                if handle.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
+                    raise StoreError(f"{tracking_uri}: not an MLflow SQLite store (the file is not an SQLite "
+                                     f"database); expected {_ACCEPTED_URIS}")
+        _wait_for_locks()
+        database.parent.mkdir(parents=True, exist_ok=True)
+        with _store_lock(database):
+            client = MlflowClient(tracking_uri)
+            client.search_experiments(max_results=1)  # opens the store: creates or migrates its tables
+        return client
+    except (MlflowException, OSError) as exc:
+        raise StoreError(f"{tracking_uri}: cannot open the MLflow store ({one_line_error(exc, with_type=False, first_line=True, limit=300)}); expected {_ACCEPTED_URIS}") from None
+    except Exception as exc:  # SQLAlchemy's and alembic's errors for a file that is not an MLflow store
+        if type(exc).__module__.split(".")[0] not in ("sqlalchemy", "alembic", "sqlite3"):
+            raise
+        raise StoreError(f"{tracking_uri}: not an MLflow SQLite store ({one_line_error(exc, with_type=False, first_line=True, limit=300)}); expected {_ACCEPTED_URIS}") from None
 METRIC_PROGRESS = "progress"  # its step is where a cell is (foxhunt.jobs.progress)
 
 
@@ -80,9 +168,7 @@ class RunStore:
         Creating it opens the store, and creates a missing SQLite store: only the process that
         owns the store's creation (a sweep's parent, a single run) may touch it first."""
         if self._client is None:
-            from mlflow.tracking import MlflowClient
-
-            self._client = MlflowClient(self.tracking_uri)
+            self._client = open_client(self.tracking_uri)
         return self._client
 
     # -- experiments ---------------------------------------------------------------------
@@ -90,9 +176,6 @@ class RunStore:
         """The id of experiment ``name``, creating the store and the experiment if needed."""
         from mlflow.exceptions import MlflowException
 
-        path = sqlite_path(self.tracking_uri)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
@@ -125,6 +208,33 @@ class RunStore:
             self.client.delete_tag(run_id, Tag.ERROR)
         self.client.update_run(run_id, status=Status.RUNNING.value)
         return previous
+
+    def forget_metrics_after(self, run_id: str, step: int, since_ms: int) -> int:
+        """Remove the run's metric values of steps ``step`` and later logged after ``since_ms``
+        (milliseconds since the epoch); returns how many.
+
+        A run killed after its last checkpoint (of step ``step``, taken at ``since_ms``) logged
+        steps whose training died with it; resumed from that checkpoint it logs them again, so
+        without this the history would hold those steps twice. (Both bounds: Lightning logs a
+        step's values at the index of its batch, the ``progress`` metric at the step count after
+        it, so a value of step ``step`` can come from before the checkpoint or after it.) MLflow's client cannot delete a metric value: on the project's SQLite store
+        the rows go (and each key's latest value is recomputed) in one transaction; another store
+        keeps them, said in the log."""
+        import sqlite3
+
+        database = sqlite_path(self.tracking_uri)
+        if database is None or not database.is_file():
+            log.warning("run %s: metrics after step %d stay in the store %s (only SQLite's can be rewound)",
+                        run_id, step, self.tracking_uri)
+            return 0
+        with _store_lock(database), sqlite3.connect(database, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000) as db:
+            removed = db.execute(
+                "DELETE FROM metrics WHERE run_uuid = ? AND step >= ? AND timestamp > ?", (run_id, step, since_ms)
+            ).rowcount
+            if removed:
+                db.execute("DELETE FROM latest_metrics WHERE run_uuid = ?", (run_id,))
+                db.execute(_LATEST_METRICS, (run_id,))
+        return removed
 
     def end(self, run_id: str, status: str, tags: Mapping[str, Any] | None = None) -> None:
         """End the run with ``status`` (FINISHED, FAILED, KILLED), after setting ``tags``."""

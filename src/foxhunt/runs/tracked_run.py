@@ -26,7 +26,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger
 
-from foxhunt.errors import TAG_TEXT_LIMIT, one_line_error
+from foxhunt.errors import error_line
 from foxhunt.runs.provenance import DatasetRecord, process_tags, source_tags
 from foxhunt.runs.status import Status, ending_status
 from foxhunt.runs.store import RunStore
@@ -117,7 +117,7 @@ class TrackedRun:
         if self.status == Status.KILLED:
             tags[Tag.STOP_REASON] = type(exc).__name__
         elif self.status == Status.FAILED:
-            tags[Tag.ERROR] = one_line_error(exc, limit=TAG_TEXT_LIMIT)
+            tags[Tag.ERROR] = error_line(exc)  # the line the user reads on stderr
             self._record_traceback(exc)
         self.store.end(self.run_id, self.status, tags)
         return False

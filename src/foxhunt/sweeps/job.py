@@ -25,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from foxhunt.errors import one_line_error
+from foxhunt.errors import error_line
 from foxhunt.runs.cell import CellKey, CellResult
 from foxhunt.runs.environment import PARENT_RUN_ENV
 from foxhunt.runs.status import Status, ending_status
@@ -84,7 +84,7 @@ def run_sweep_job(cfg: DictConfig, train_run: Callable) -> dict[str, float] | No
         return outcome.metrics
     except BaseException as exc:
         result.status = ending_status(exc)
-        result.error = one_line_error(exc)
+        result.error = error_line(exc)
         if result.status == Status.KILLED:  # a stop request ends the whole sweep, not only this cell
             _end_parent_run_killed(cfg, parent_run_id, type(exc).__name__)
             if isinstance(exc, SystemExit) and not exc.code:  # Lightning's SIGTERMException

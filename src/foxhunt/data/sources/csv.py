@@ -13,6 +13,7 @@ files are read in name order and must not overlap. Each file is checked with
 
 from __future__ import annotations
 
+import zlib
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import BAR_COLUMNS, resolve_files, source_fingerprint, validate_bars
+from foxhunt.data.bars import BAR_COLUMNS, resolve_files, source_fingerprint, unreadable, validate_bars
 from foxhunt.data.errors import BarDataError
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".txt", ".txt.gz")
@@ -131,8 +132,8 @@ class CsvBarSource:
                 dtype={ts_name: str} if self.timestamp_unit is None else None,
                 skipinitialspace=True,
             )
-        except (OSError, ValueError, UnicodeDecodeError, EOFError) as exc:
-            raise BarDataError(f"{origin}: cannot read as CSV ({_one_line(exc)})") from None
+        except (OSError, ValueError, UnicodeDecodeError, EOFError, zlib.error) as exc:
+            raise unreadable(file, exc, "CSV") from None
         missing = [name for name in self.columns.values() if name not in raw.columns]
         if missing:
             found = ", ".join(map(str, raw.columns)) or "none"

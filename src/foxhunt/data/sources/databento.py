@@ -41,6 +41,7 @@ from __future__ import annotations
 import gzip
 import io
 import re
+import zlib
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -57,6 +58,7 @@ from foxhunt.data.bars import (
     resolve_files,
     source_fingerprint,
     trade_dates,
+    unreadable,
     validate_bars,
 )
 from foxhunt.data.errors import BarDataError
@@ -131,6 +133,10 @@ def _decode_dbn(file: Path) -> tuple[object, list]:
             head = handle.read(4)
             if head[:4] == _ZSTD_MAGIC:
                 compression = dbn.Compression.ZSTD
+                problem = _zstd_problem(handle)
+                if problem is not None:
+                    raise BarDataError(f"{file}: {problem}")
+                handle.seek(len(head))
             elif head[:3] == b"DBN":
                 compression = dbn.Compression.NONE
             else:
@@ -144,15 +150,102 @@ def _decode_dbn(file: Path) -> tuple[object, list]:
                 decoder.write(chunk)
                 out.extend(decoder.decode())
             out.extend(decoder.decode())
+            leftover = len(decoder.buffer())
     except OSError as exc:
         raise BarDataError(f"{file}: cannot read ({_one_line(exc)})") from None
-    except (dbn.DBNError, ValueError) as exc:
+    except (dbn.DBNError, ValueError, RuntimeError) as exc:  # zstd: "Restored data doesn't match checksum"
         if isinstance(exc, BarDataError):
             raise
-        raise BarDataError(f"{file}: cannot decode DBN ({_one_line(exc)})") from None
+        raise BarDataError(f"{file}: corrupt DBN data, cannot decode it ({_one_line(exc)})") from None
     if not out or not isinstance(out[0], dbn.Metadata):
+        if leftover:
+            raise BarDataError(f"{file}: truncated: the file ends inside its DBN metadata header ({leftover} bytes)")
         raise BarDataError(f"{file}: DBN data without metadata header")
+    if leftover:  # a record cut short: never a silently shorter series
+        raise BarDataError(
+            f"{file}: truncated: record {len(out) - 1} is incomplete (the file ends {leftover} bytes into it); "
+            "download or copy the file again"
+        )
     return out[0], out[1:]
+
+
+def _dbn_metadata(file: Path, head_bytes: int = 1 << 16):
+    """The metadata header of a DBN file (only its first bytes are read and decoded)."""
+    with open(file, "rb") as handle:
+        head = handle.read(head_bytes)
+    compression = dbn.Compression.ZSTD if head[:4] == _ZSTD_MAGIC else dbn.Compression.NONE
+    decoder = dbn.DBNDecoder(compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)
+    try:
+        decoder.write(head)
+        decoded = decoder.decode()
+    except (dbn.DBNError, ValueError, RuntimeError) as exc:
+        raise BarDataError(f"{file}: corrupt DBN data, cannot decode its metadata ({_one_line(exc)})") from None
+    if not decoded or not isinstance(decoded[0], dbn.Metadata):
+        raise BarDataError(f"{file}: DBN data without metadata header")
+    return decoded[0]
+
+
+_ZSTD_FRAME_MAGIC = 0xFD2FB528
+_ZSTD_SKIPPABLE = range(0x184D2A50, 0x184D2A60)
+_ZSTD_RESERVED_BLOCK = 3
+
+
+def _zstd_problem(handle) -> str | None:
+    """Why the zstd data of ``handle`` is not whole ("truncated: ...", "corrupt ...": the frame
+    layout of RFC 8878 walked block by block, nothing decompressed), or None.
+
+    The DBN decoder stops quietly where a cut zstd stream ends, so a download cut short would
+    read as fewer records (or none): each frame must end with its last block (and checksum)."""
+    size = handle.seek(0, 2)
+    pos = 0
+
+    def read(at: int, count: int) -> bytes | None:
+        if at + count > size:
+            return None
+        handle.seek(at)
+        return handle.read(count)
+
+    cut = "truncated: the zstd data ends inside a frame at byte {} of {} (the file was cut short)"
+    while pos < size:
+        magic = read(pos, 4)
+        if magic is None:
+            return cut.format(pos, size)
+        number = int.from_bytes(magic, "little")
+        if number in _ZSTD_SKIPPABLE:
+            length = read(pos + 4, 4)
+            if length is None or pos + 8 + int.from_bytes(length, "little") > size:
+                return cut.format(pos, size)
+            pos += 8 + int.from_bytes(length, "little")
+            continue
+        if number != _ZSTD_FRAME_MAGIC:
+            return f"corrupt zstd data: no zstd frame at byte {pos} of {size}"
+        descriptor = read(pos + 4, 1)
+        if descriptor is None:
+            return cut.format(pos, size)
+        flags = descriptor[0]
+        if flags & 0x08:
+            return f"corrupt zstd data: reserved bit set in the frame header at byte {pos}"
+        single = bool(flags & 0x20)
+        header = (0 if single else 1) + (0, 1, 2, 4)[flags & 0x03] + ((1 if single else 0), 2, 4, 8)[flags >> 6]
+        pos += 5 + header
+        while True:
+            block = read(pos, 3)
+            if block is None:
+                return cut.format(pos, size)
+            value = int.from_bytes(block, "little")
+            kind, length = (value >> 1) & 0x03, value >> 3
+            if kind == _ZSTD_RESERVED_BLOCK:
+                return f"corrupt zstd data: a reserved block type at byte {pos}"
+            pos += 3 + (1 if kind == 1 else length)
+            if pos > size:
+                return cut.format(size, size)
+            if value & 0x01:
+                break
+        if flags & 0x04:
+            pos += 4
+            if pos > size:
+                return cut.format(size, size)
+    return None
 
 
 def _mapping_table(metadata) -> pd.DataFrame:
@@ -337,8 +430,8 @@ def _schema_from_name(file: Path) -> str | None:
 def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
     try:
         raw = pd.read_csv(file, dtype={"symbol": object})
-    except (OSError, ValueError, UnicodeDecodeError, EOFError) as exc:
-        raise BarDataError(f"{file}: cannot read as CSV ({_one_line(exc)})") from None
+    except (OSError, ValueError, UnicodeDecodeError, EOFError, zlib.error) as exc:
+        raise unreadable(file, exc, "CSV") from None
     missing = [c for c in CSV_REQUIRED if c not in raw.columns]
     if missing:
         found = ", ".join(map(str, raw.columns)) or "none"
@@ -574,6 +667,8 @@ class DatabentoBarSource:
         roll: the roll rule; "volume" (front month = most volume per trading date).
         csv_prices: "auto" (integer columns are fixed-point 1e-9, others decimal), "fixed"
             or "decimal".
+        dataset: the Databento dataset the DBN files' metadata must name (``GLBX.MDP3``);
+            None accepts any.
     """
 
     def __init__(
@@ -583,12 +678,14 @@ class DatabentoBarSource:
         symbol: str | None = None,
         roll: str = "volume",
         csv_prices: str = "auto",
+        dataset: str | None = None,
     ) -> None:
         if roll not in ROLL_RULES:
             raise ValueError(f"roll={roll!r}: must be one of {', '.join(ROLL_RULES)}")
         if csv_prices not in CSV_PRICE_FORMATS:
             raise ValueError(f"csv_prices={csv_prices!r}: must be one of {', '.join(CSV_PRICE_FORMATS)}")
         self.path = str(path)
+        self.dataset = None if dataset is None else str(dataset)
         self.definitions = None if definitions is None else str(definitions)
         self.symbol = None if symbol is None else str(symbol)
         self.roll = roll
@@ -616,12 +713,16 @@ class DatabentoBarSource:
             "symbol": self.symbol,
             "roll": self.roll,
             "csv_prices": self.csv_prices,
+            "dataset": self.dataset,
         }
         return source_fingerprint("databento", params, asset, files)
 
     # ------------------------------------------------------------------ internals
     def _continuous(self, asset: AssetSpec) -> tuple[pd.DataFrame, pd.Series]:
-        records, definitions, _ = _read_all(self.path, self.definitions, self.csv_prices)
+        records, definitions, files = _read_all(self.path, self.definitions, self.csv_prices)
+        for file in files:
+            if file.name.lower().endswith(DBN_SUFFIXES):
+                self._check_metadata(file, asset)
         wrong = records["schema"].to_numpy() != TRAINING_SCHEMA
         if wrong.any():
             i = int(np.flatnonzero(wrong)[0])
@@ -684,6 +785,17 @@ class DatabentoBarSource:
         picked["contract"] = f"instrument_id={ids[0]}"
         picked["rank"] = 0.0
         return self._with_ts(picked)
+
+    def _check_metadata(self, file: Path, asset: AssetSpec) -> None:
+        """The dataset a DBN file's metadata names against ``dataset`` (the schema and the
+        symbols are checked on the records: another schema, or no outright of the asset's root)."""
+        metadata = _dbn_metadata(file)
+        found = str(metadata.dataset or "")
+        if self.dataset and found and found != self.dataset:
+            raise BarDataError(
+                f"{file}: metadata dataset {found}, but data.source.dataset={self.dataset} "
+                "(set data.source.dataset to the file's dataset, or null for any)"
+            )
 
     @staticmethod
     def _with_ts(frame: pd.DataFrame) -> pd.DataFrame:

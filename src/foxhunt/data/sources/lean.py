@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import re
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import BAR_COLUMNS, INDEX_NAME, resolve_files, source_fingerprint, validate_bars
+from foxhunt.data.bars import BAR_COLUMNS, INDEX_NAME, resolve_files, source_fingerprint, unreadable, validate_bars
 from foxhunt.data.errors import BarDataError
 from foxhunt.data.sources.databento import MONTH_CODES, roll_by_volume
 
@@ -88,6 +89,7 @@ class LeanMinuteSource:
         named_directly = Path(self.path).expanduser().is_file()
         root = asset.root.lower()
         frames = []
+        found_roots: set[str] = set()
         for file in files:
             try:
                 with zipfile.ZipFile(file) as archive:
@@ -101,15 +103,18 @@ class LeanMinuteSource:
                                 f"among {', '.join(members) or 'no members'}"
                             )
                         continue
+                    found_roots.update(match["root"].lower() for _, match in usable)
                     for member, match in usable:
                         if match["root"].lower() != root:
                             continue
                         with archive.open(member) as handle:
                             frames.append(self._read_member(file, member, match, handle, asset))
-            except (zipfile.BadZipFile, OSError) as exc:
-                raise BarDataError(f"{file}: cannot read zip ({' '.join(str(exc).split())})") from None
+            except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+                raise unreadable(file, exc, "zip") from None
         if not frames:
-            raise BarDataError(f"{self.path}: no Lean minute trade bars for root {asset.root.lower()}")
+            roots = sorted(found_roots - {root})
+            other = f" (the zips hold root {', '.join(roots)}: is asset={asset.key} the right asset?)" if roots else ""
+            raise BarDataError(f"{self.path}: no Lean minute trade bars for root {root}{other}")
         return pd.concat(frames, ignore_index=True)
 
     def fingerprint(self, asset: AssetSpec) -> str:
@@ -122,6 +127,8 @@ class LeanMinuteSource:
         origin = f"{file}:{member}"
         try:
             raw = pd.read_csv(handle, header=None)
+        except (zipfile.BadZipFile, EOFError, zlib.error) as exc:  # a damaged member
+            raise unreadable(origin, exc, "zip member") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise BarDataError(f"{origin}: cannot read as CSV ({' '.join(str(exc).split())})") from None
         if raw.shape[1] != len(LEAN_COLUMNS):

@@ -1,0 +1,252 @@
+"""Checkpoints: written atomically with foxhunt's stamp, and checked before a run starts from one.
+
+Writing. The ``checkpoint_stamp`` callback (``conf/callbacks/default.yaml``,
+:class:`CheckpointStamp`) adds foxhunt's stamp to every checkpoint a run writes (best, last,
+interrupted, a memory breach's): ``checkpoint["foxhunt"] = {"format", "model", "module",
+"precision", "saved_at_ms"}``, and makes the Trainer write each file atomically (:func:`atomic_save`: a
+temporary file beside the target, flushed and fsynced, then renamed over it), so a ``kill -9``
+during a write leaves the previous file whole.
+
+Checking. :func:`check_checkpoint` opens a checkpoint (``ckpt=`` or the one ``resume=true``
+found) before the data is loaded or the model is built, and raises :class:`CheckpointError`
+with one line that says which check failed:
+
+1. the file exists and is a torch archive (``torch.save``'s zip; a CSV or a cut download is not);
+2. it loads with ``torch.load(weights_only=True)``: tensors and plain values only (a pickle of
+   arbitrary objects is refused, never loaded some other way);
+3. foxhunt wrote it (a Lightning checkpoint with foxhunt's stamp);
+4. the model family (``model=``) and the weights' precision (int8 weights only with
+   ``precision=int8``; fp32 and bf16 share fp32 weights) are the config's;
+5. every weight has the shape the config's model has (built on the meta device: no memory,
+   no data), and the hyperparameters that differ are named.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from foxhunt.errors import UserError, one_line
+
+STAMP_KEY = "foxhunt"
+STAMP_FORMAT = 1
+INT8 = "int8"
+_SHOWN_DIFFERENCES = 3  # hyperparameters or weights named in a shape error
+_TMP_SUFFIX = ".tmp"
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint that cannot start this run; the message names the file and the failed check."""
+
+    kind = "checkpoint"
+
+
+# ----------------------------------------------------------------------------- writing
+def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
+    """``torch.save(checkpoint)`` to ``path`` through a temporary file in the same folder that is
+    fsynced and renamed over ``path``: ``path`` is always either the old file or the new one."""
+    import torch
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}{_TMP_SUFFIX}")
+    try:
+        with open(tmp, "wb") as handle:
+            torch.save(checkpoint, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:  # the rename itself reaches the disk with the folder's entry
+        folder = os.open(target.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(folder)
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
+
+
+def _atomic_checkpoint_io():
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    class AtomicCheckpointIO(TorchCheckpointIO):
+        """Lightning's torch checkpoint IO, each file written by :func:`atomic_save`."""
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:  # noqa: D102
+            if storage_options is not None:
+                return super().save_checkpoint(checkpoint, path, storage_options)
+            atomic_save(checkpoint, path)
+
+    return AtomicCheckpointIO()
+
+
+def _checkpoint_stamp_class() -> type:
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    class CheckpointStamp(pl.Callback):
+        """Stamps every checkpoint of the run (model family, module, precision) and has the
+        Trainer write each one atomically."""
+
+        def __init__(self, model: str, module: str, precision: str) -> None:
+            self.stamp = {"format": STAMP_FORMAT, "model": str(model), "module": str(module), "precision": str(precision)}
+
+        def setup(self, trainer, pl_module, stage: str) -> None:  # noqa: D102
+            if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # another IO is the user's choice
+                trainer.strategy.checkpoint_io = _atomic_checkpoint_io()
+
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:  # noqa: D102
+            import time
+
+            # saved_at_ms: what the run logged after this moment is not in the checkpoint (resume.rewind_run)
+            checkpoint[STAMP_KEY] = {**self.stamp, "saved_at_ms": int(time.time() * 1000)}
+
+    CheckpointStamp.__module__, CheckpointStamp.__qualname__ = __name__, "CheckpointStamp"
+    return CheckpointStamp
+
+
+_LAZY: dict[str, type] = {}
+
+
+def __getattr__(name: str):
+    """``CheckpointStamp`` is made on first use: importing this module (``foxhunt-train`` does,
+    to check a checkpoint) loads neither torch nor lightning."""
+    if name == "CheckpointStamp":
+        if name not in _LAZY:
+            _LAZY[name] = _checkpoint_stamp_class()
+        return _LAZY[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ----------------------------------------------------------------------------- checking
+@dataclass(frozen=True)
+class CheckedCheckpoint:
+    stamp: dict[str, Any]
+    global_step: int  # the optimizer steps taken when it was written
+    saved_at_ms: int  # when its state was taken (the stamp's time, else the file's)
+
+
+def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt") -> CheckedCheckpoint:
+    """Check the checkpoint at ``path`` against the composed config ``cfg`` (see the module doc);
+    ``key`` names where the path came from in the error (``ckpt``, or the resumed run). Returns
+    the checkpoint's stamp and step."""
+    where = f"{key}={path}"
+    file = Path(str(path)).expanduser()
+    if not file.exists():
+        raise CheckpointError(f"{where}: file not found (a .ckpt file written by foxhunt-train)")
+    if not file.is_file():
+        raise CheckpointError(f"{where}: not a file (a .ckpt file written by foxhunt-train)")
+    if not zipfile.is_zipfile(file):
+        raise CheckpointError(f"{where}: not a torch checkpoint archive ({_what_it_is(file)}; a .ckpt file is a torch.save zip)")
+    state = _load_weights_only(file, where)
+    if not isinstance(state, dict) or "state_dict" not in state:
+        found = ", ".join(sorted(map(str, state)))[:200] if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{where}: not a Lightning checkpoint (no state_dict; found {found or 'nothing'})")
+    stamp = state.get(STAMP_KEY)
+    if not isinstance(stamp, dict) or "model" not in stamp:
+        raise CheckpointError(
+            f"{where}: not written by foxhunt (no '{STAMP_KEY}' stamp naming its model family and precision; "
+            "start from a checkpoint of foxhunt-train)"
+        )
+    model, precision = str(cfg.model.name), str(cfg.precision.name)
+    if stamp["model"] != model:
+        raise CheckpointError(f"{where}: a {stamp['model']} checkpoint, but the config trains model={model}")
+    if (stamp.get("precision") == INT8) != (precision == INT8):
+        raise CheckpointError(
+            f"{where}: weights of precision={stamp.get('precision')} do not load into precision={precision} "
+            "(int8 weights need precision=int8; fp32 and bf16 runs share fp32 weights)"
+        )
+    if precision != INT8:
+        _check_shapes(cfg, state, where)
+    saved_at_ms = int(stamp.get("saved_at_ms") or file.stat().st_mtime * 1000)
+    return CheckedCheckpoint(dict(stamp), int(state.get("global_step") or 0), saved_at_ms)
+
+
+def _what_it_is(file: Path) -> str:
+    size = file.stat().st_size
+    if size == 0:
+        return "an empty file"
+    with open(file, "rb") as handle:
+        head = handle.read(64)
+    if head.startswith(b"PK"):
+        return f"a zip archive cut short or damaged ({size} bytes, no end of archive)"
+    if head.startswith(b"\x1f\x8b"):
+        return "gzip data"
+    if head.startswith(b"\x80"):
+        return "a pickle, not an archive"
+    text = head.decode("utf-8", "replace").splitlines()[0] if head.strip() else ""
+    if text and all(ch.isprintable() for ch in text):
+        return f"text starting {text[:40]!r}"
+    return f"{size} bytes of something else"
+
+
+def _load_weights_only(file: Path, where: str) -> Any:
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{where}: refused: it holds objects that torch.load(weights_only=True) does not load "
+            f"({_unsafe_global(exc)}); foxhunt loads only checkpoints of tensors and plain values"
+        ) from None
+    except (RuntimeError, OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"{where}: damaged torch archive ({_first_line(exc)})") from None
+
+
+def _unsafe_global(exc: BaseException) -> str:
+    match = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    if match:
+        return f"unsupported global {match.group(1)}"
+    match = re.search(r"WeightsUnpickler error: ([^\n]*)", str(exc))
+    return match.group(1).strip()[:120] if match else "not tensors and plain values"
+
+
+def _first_line(exc: BaseException) -> str:
+    """The error's first line without torch's advice on loading the file another way."""
+    text = one_line(str(exc).split("\n", 1)[0], 200) or type(exc).__name__
+    return re.sub(r"\s*\(?[^.]*weights_only[^.]*\.?\)?", "", text) or type(exc).__name__
+
+
+def _check_shapes(cfg, state: dict[str, Any], where: str) -> None:
+    import torch
+
+    from foxhunt.build import build_model
+
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in state["state_dict"].items() if hasattr(v, "shape")}
+    missing = sorted(expected.keys() - found.keys())
+    extra = sorted(found.keys() - expected.keys())
+    wrong = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
+    if not (missing or extra or wrong):
+        return
+    problems = [f"{k} is {list(found[k])} in the checkpoint, {list(expected[k])} for the config" for k in wrong]
+    problems += [f"{k} missing from the checkpoint" for k in missing] + [f"{k} not in the config's model" for k in extra]
+    shown = "; ".join(problems[:_SHOWN_DIFFERENCES]) + (f"; {len(problems) - _SHOWN_DIFFERENCES} more" if len(problems) > _SHOWN_DIFFERENCES else "")
+    differing = _differing_hyperparameters(cfg, state.get("hyper_parameters") or {})
+    hint = f" (the checkpoint has {differing})" if differing else ""
+    raise CheckpointError(f"{where}: weights do not fit the config's {cfg.model.name} model: {shown}{hint}")
+
+
+def _differing_hyperparameters(cfg, saved: dict[str, Any]) -> str:
+    from omegaconf import OmegaConf
+
+    module = OmegaConf.to_container(cfg.model.module, resolve=True)
+    differ = [
+        f"{name}={saved[name]!r}, the config model.module.{name}={value!r}"
+        for name, value in module.items()
+        if name != "_target_" and name in saved and saved[name] != value
+    ]
+    return "; ".join(differ[:_SHOWN_DIFFERENCES])

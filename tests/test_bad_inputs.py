@@ -1,0 +1,319 @@
+"""Every bad input: one line on stderr naming the problem, a non-zero exit, no traceback, and
+nothing already in the store or on disk changed.
+
+The battery calls the entry functions in this process (``foxhunt.train.main`` with its command
+line, the ``foxhunt`` Typer app), so each case costs a config composition, not an interpreter
+start; two cases run the real ``foxhunt-train`` to prove the same from a shell. One store and
+one set of bad files are shared by the module.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from foxhunt.errors import EXIT_USER_ERROR
+
+REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+REAL_6E = REAL / "6e_minute" / "6EH4_1min_bars_20240101_20240131.csv.gz"
+REAL_DBN_1M = REAL / "databento" / "GLBX.MDP3.test_data.ohlcv-1m.dbn.zst"
+REAL_DBN_1H = REAL / "databento" / "GLBX.MDP3.test_data.ohlcv-1h.dbn.zst"
+REAL_LEAN = REAL / "es_lean_minute" / "minute_es_20131007_trade.zip"
+HEADER = "timestamp_utc,open,high,low,close,volume\n"
+SMOKE = ["trainer=smoke", "evaluation.plot_equity=false"]
+
+
+class Evil:  # a pickled object of this class is what weights_only=True refuses
+    pass
+
+
+# ----------------------------------------------------------------------------- the bad files
+def _bad_files(folder: Path) -> dict[str, Path]:
+    import databento_dbn as dbn
+    import torch
+
+    from foxhunt.data.sources.databento import write_ohlcv_1m
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+
+    def text(name: str, body: str) -> None:
+        files[name] = folder / name
+        files[name].write_text(body)
+
+    def raw(name: str, body: bytes) -> None:
+        files[name] = folder / name
+        files[name].write_bytes(body)
+
+    text("empty.csv", HEADER)
+    text("no_volume.csv", "timestamp_utc,open,high,low,close\n2024-01-02 00:01:00,100.0,100.25,99.75,100.0\n")
+    text("high_below_low.csv", HEADER + "2024-01-02 00:01:00,100.0,100.25,99.75,100.0,5\n2024-01-02 00:02:00,100.0,99.75,100.0,100.0,5\n")
+    text("off_tick.csv", HEADER + "2024-01-02 00:01:00,100.1,100.25,99.75,100.0,5\n")
+    gz = REAL_6E.read_bytes()
+    raw("cut.csv.gz", gz[: len(gz) // 2])
+    raw("crc.csv.gz", gz[:-8] + bytes(8))
+    dbn_zst = REAL_DBN_1M.read_bytes()
+    raw("cut.dbn.zst", dbn_zst[: len(dbn_zst) - 5])
+    flipped = bytearray(dbn_zst)
+    flipped[150] ^= 0xFF
+    raw("corrupt.dbn.zst", bytes(flipped))
+    decoder = dbn.DBNDecoder(compression=dbn.Compression.ZSTD)
+    decoder.write(dbn_zst)
+    decoded = decoder.decode()
+    plain = decoded[0].encode() + b"".join(bytes(r) for r in decoded[1:])
+    raw("last_record_cut.dbn", plain[:-20])
+    from foxhunt.data.sources.synthetic import SyntheticBarSource
+
+    bars = SyntheticBarSource(days=2, seed=1).load(_asset("es"))
+    files["other_dataset.dbn.zst"] = write_ohlcv_1m(bars, folder / "other_dataset.dbn.zst", "ESH4", 7, dataset="XCME.ITCH")
+    lean = REAL_LEAN.read_bytes()
+    raw("minute_es_20131007_cut_trade.zip", lean[: len(lean) // 2])
+    with zipfile.ZipFile(REAL_LEAN) as archive:
+        member = archive.namelist()[0]
+        info = archive.getinfo(member)
+    damaged = bytearray(lean)
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    for i in range(start + 200, start + 260):
+        damaged[i] ^= 0x5A
+    raw("minute_es_20131007_damaged_trade.zip", bytes(damaged))
+
+    # checkpoints: the config's own model, stamped or not, of another family, shape or precision
+    from configs import compose_train_config
+
+    from foxhunt.build import build_model
+
+    def checkpoint(name: str, overrides: list[str], stamp: dict | None, extra: dict | None = None) -> None:
+        model = build_model(compose_train_config(overrides, folder / "compose"))
+        state = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "global_step": 0, **(extra or {})}
+        if stamp is not None:
+            state["foxhunt"] = {"format": 1, "module": "foxhunt.models.dqn.DQNAgent", "precision": "fp32", **stamp}
+        files[name] = folder / name
+        torch.save(state, files[name])
+
+    checkpoint("foxhunt.ckpt", ["model=dqn"], {"model": "dqn"})
+    checkpoint("lightning_only.ckpt", ["model=dqn"], None)
+    checkpoint("ppo.ckpt", ["model=ppo"], {"model": "ppo"})
+    checkpoint("small.ckpt", ["model=dqn", "model.module.hidden_sizes=[64,64]"], {"model": "dqn"})
+    checkpoint("int8.ckpt", ["model=dqn"], {"model": "dqn", "precision": "int8"})
+    checkpoint("evil.ckpt", ["model=dqn"], {"model": "dqn"}, {"callback": Evil()})
+    whole = files["foxhunt.ckpt"].read_bytes()
+    raw("cut.ckpt", whole[: len(whole) // 2])
+    text("text_store.db", "this is not a database\n")
+    return files
+
+
+def _asset(key: str):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    return instantiate(OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "asset" / f"{key}.yaml"))
+
+
+@dataclass
+class Battery:
+    root: Path
+    files: dict[str, Path]
+    uri: str
+
+
+@pytest.fixture(scope="module")
+def battery(tmp_path_factory) -> Battery:
+    if not REAL.is_dir():
+        pytest.skip(f"real data folder {REAL} is absent")
+    root = tmp_path_factory.mktemp("battery")
+    files = _bad_files(root / "inputs")
+    from foxhunt.runs.environment import store_uri
+    from foxhunt.runs.store import RunStore
+
+    uri = store_uri(root)
+    store = RunStore(uri)  # one FINISHED run already in the store: no bad input may touch it
+    run_id = store.create(store.ensure_experiment("foxhunt"), "dqn-es-fp32", {"model": "dqn"})
+    store.log_metrics(run_id, {"test/sharpe": 1.5}, step=3)
+    store.end(run_id, "FINISHED")
+    return Battery(root, files, uri)
+
+
+def _snapshot(battery: Battery) -> tuple:
+    """Every run of the store (its status, tags, params, metrics) and every input file's digest."""
+    from foxhunt.runs.store import RunStore
+
+    runs = {r.run_id: (r.status, dict(r.tags), dict(r.params), {k: m.value for k, m in r.metrics.items()})
+            for r in RunStore(battery.uri).search("foxhunt")}  # fmt: skip
+    inputs = battery.root / "inputs"
+    digests = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in battery.files.items()}
+    digests["files in inputs/"] = sorted(str(p.relative_to(inputs)) for p in inputs.rglob("*"))  # none added
+    return runs, digests
+
+
+# ----------------------------------------------------------------------------- the cases
+# (id, command-line arguments with {file} placeholders, what the one line must contain)
+TRAIN_CASES = [
+    # config
+    ("horizon", ["model=tft", "model.window.horizon=60"], "config error: model.window.horizon=60: must be < model.window.seq_len (50)"),
+    ("unknown-option", ["model=nope"], "config error: In 'train': Could not find 'model/nope' Available options in 'model': dqn, mamba2, ppo, tft"),
+    ("unknown-key", ["learning_rate=3"], "config error: Could not override 'learning_rate'"),
+    ("bad-override", ["model.module.lr=[1,"], "config error: override 'model.module.lr=[1,': no viable alternative at input '[1,'"),
+    ("no-path", ["data=csv"], "config error: data.source.path: missing (required; set it on the command line"),
+    ("bar-label", ["data=csv", "data.source.path={empty.csv}", "data.source.bar_label=middle"], "config error: data.source.bar_label='middle': must be one of start, close"),
+    ("resume-no-store", ["resume=true", "logger=none"], "config error: resume=True: needs logger.enabled=true"),
+    ("folds-too-many", ["evaluation.protocol=walk_forward", "evaluation.walk_forward.folds=6"], "config error: evaluation.walk_forward.folds=6: train + val + folds x test = 1.1 of the bars: must be <= 1"),
+    ("folds-too-few-bars", ["data=csv", "asset=6e", f"data.source.path={REAL_6E}", "evaluation.protocol=walk_forward", "evaluation.walk_forward.purge_bars=100000"], "data error: evaluation.walk_forward: 4 folds need"),
+    # csv
+    ("csv-empty", ["data=csv", "data.source.path={empty.csv}"], "data error: {empty.csv}: no bars (the file has a header but no rows)"),
+    ("csv-column", ["data=csv", "data.source.path={no_volume.csv}"], "data error: {no_volume.csv}: missing column(s) volume"),
+    ("csv-high-low", ["data=csv", "data.source.path={high_below_low.csv}"], "data error: {high_below_low.csv}: line 3 (2024-01-02T00:01:00+00:00): high=99.75 < low=100.0"),
+    ("csv-off-tick", ["data=csv", "data.source.path={off_tick.csv}"], "data error: {off_tick.csv}: line 2 (2024-01-02T00:00:00+00:00): field 'open'=100.1 is off the 0.25 tick grid"),
+    ("csv-missing", ["data=csv", "data.source.path={inputs}/nope.csv"], "data error: {inputs}/nope.csv: file not found (OHLCV CSV files)"),
+    ("gzip-cut", ["data=csv", "asset=6e", "data.source.path={cut.csv.gz}"], "data error: {cut.csv.gz}: truncated: the compressed data ends before its end-of-stream marker"),
+    ("gzip-crc", ["data=csv", "asset=6e", "data.source.path={crc.csv.gz}"], "data error: {crc.csv.gz}: corrupt compressed data (CRC check failed"),
+    # databento
+    ("dbn-cut", ["data=databento", "data.source.path={cut.dbn.zst}"], "data error: {cut.dbn.zst}: truncated: the zstd data ends inside a frame"),
+    ("dbn-record-cut", ["data=databento", "data.source.path={last_record_cut.dbn}"], "data error: {last_record_cut.dbn}: truncated: record 3 is incomplete (the file ends 36 bytes into it)"),
+    ("dbn-corrupt", ["data=databento", "data.source.path={corrupt.dbn.zst}"], "data error: {corrupt.dbn.zst}: corrupt DBN data"),
+    ("dbn-dataset", ["data=databento", "data.source.path={other_dataset.dbn.zst}"], "data error: {other_dataset.dbn.zst}: metadata dataset XCME.ITCH, but data.source.dataset=GLBX.MDP3"),
+    ("dbn-schema", ["data=databento", f"data.source.path={REAL_DBN_1H}"], f"data error: {REAL_DBN_1H}: schema ohlcv-1h found; DatabentoBarSource.load needs ohlcv-1m bars"),
+    ("dbn-root", ["data=databento", "asset=zn", f"data.source.path={REAL_DBN_1M}"], f"data error: {REAL_DBN_1M}: no outright ZN futures contract among the symbols found (ESH1)"),
+    # lean
+    ("lean-cut", ["data=lean", "data.source.path={minute_es_20131007_cut_trade.zip}"], "data error: {minute_es_20131007_cut_trade.zip}: truncated or damaged zip archive"),
+    ("lean-damaged", ["data=lean", "data.source.path={minute_es_20131007_damaged_trade.zip}"], "data error: {minute_es_20131007_damaged_trade.zip}:20131007_es_minute_trade_201312.csv: corrupt compressed data (Error -3 while decompressing data"),
+    ("lean-root", ["data=lean", "asset=nq", f"data.source.path={REAL_LEAN}"], f"data error: {REAL_LEAN}: no Lean minute trade bars for root nq (the zips hold root es"),
+    # checkpoints (each with data that does not exist: refused before the data is read)
+    ("ckpt-csv", ["ckpt={empty.csv}"], "checkpoint error: ckpt={empty.csv}: not a torch checkpoint archive (text starting 'timestamp_utc"),
+    ("ckpt-missing", ["ckpt={inputs}/gone.ckpt"], "checkpoint error: ckpt={inputs}/gone.ckpt: file not found"),
+    ("ckpt-cut", ["ckpt={cut.ckpt}"], "checkpoint error: ckpt={cut.ckpt}: not a torch checkpoint archive (a zip archive cut short or damaged"),
+    ("ckpt-unsafe", ["ckpt={evil.ckpt}"], "checkpoint error: ckpt={evil.ckpt}: refused: it holds objects that torch.load(weights_only=True) does not load (unsupported global test_bad_inputs.Evil)"),
+    ("ckpt-foreign", ["ckpt={lightning_only.ckpt}"], "checkpoint error: ckpt={lightning_only.ckpt}: not written by foxhunt"),
+    ("ckpt-family", ["ckpt={ppo.ckpt}"], "checkpoint error: ckpt={ppo.ckpt}: a ppo checkpoint, but the config trains model=dqn"),
+    ("ckpt-shape", ["ckpt={small.ckpt}"], "checkpoint error: ckpt={small.ckpt}: weights do not fit the config's dqn model: "),
+    ("ckpt-precision", ["ckpt={int8.ckpt}"], "checkpoint error: ckpt={int8.ckpt}: weights of precision=int8 do not load into precision=fp32"),
+    # stores
+    ("store-not-sqlite", ["logger.tracking_uri=sqlite:///{text_store.db}"], "store error: sqlite:///{text_store.db}: not an MLflow SQLite store"),
+    ("store-scheme", ["logger.tracking_uri=nosuch://store"], "store error: nosuch://store: cannot open the MLflow store"),
+]
+NO_DATA = "data=csv data.source.path=/nonexistent/bars.csv".split()
+
+
+def _fill(text: str, battery: Battery) -> str:
+    names = {name: str(path) for name, path in battery.files.items()}
+    names["inputs"] = str(battery.root / "inputs")
+    for name, value in names.items():
+        text = text.replace("{" + name + "}", value)
+    return text
+
+
+def _run_main(argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    from foxhunt import train
+
+    monkeypatch.setattr(sys, "argv", ["foxhunt-train", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        train.main()
+    return stopped.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "expected"), [c[1:] for c in TRAIN_CASES], ids=[c[0] for c in TRAIN_CASES])
+def test_bad_input_is_one_line_exit_2_no_traceback_and_nothing_changed(battery, args, expected, monkeypatch, capsys):
+    monkeypatch.setenv("FOXHUNT_ROOT", str(battery.root))
+    for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR", "MLFLOW_LOGGING_LEVEL"):
+        monkeypatch.setenv(name, "0" if name != "MLFLOW_LOGGING_LEVEL" else "WARNING")
+    argv = [_fill(a, battery) for a in args] + SMOKE
+    if any(a.startswith("ckpt=") for a in argv):
+        argv += NO_DATA
+    before = _snapshot(battery)
+
+    code, err = _run_main(argv, monkeypatch, capsys)
+
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == EXIT_USER_ERROR, err
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith("foxhunt-train: ") and _fill(expected, battery) in lines[0], lines[0]
+    assert "weights_only=False" not in err
+    runs, digests = _snapshot(battery)
+    assert digests == before[1]  # no input file touched
+    assert {k: v for k, v in runs.items() if k in before[0]} == before[0]  # no earlier run changed
+    new = [run for run_id, run in runs.items() if run_id not in before[0]]
+    if lines[0].startswith("foxhunt-train: data error"):  # the run was made: it ended FAILED, same line
+        assert len(new) == (2 if "evaluation.protocol=walk_forward" in argv else 1)  # a cell run and its fold
+        for status, tags, _, _ in new:
+            assert status == "FAILED" and "foxhunt-train: " + tags["error"] == lines[0]
+    else:  # config, checkpoint and store errors stop before any run is made
+        assert new == []
+
+
+def test_the_traceback_is_shown_when_asked_for_and_for_a_bug(battery, monkeypatch, capsys):
+    from foxhunt import train
+    from foxhunt.data.errors import BarDataError
+
+    monkeypatch.setenv("FOXHUNT_ROOT", str(battery.root))
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")
+    monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "WARNING")
+    bad = ["data=csv", f"data.source.path={battery.files['empty.csv']}", "logger=none", *SMOKE]
+    monkeypatch.setenv("FOXHUNT_DEBUG", "1")
+    monkeypatch.setattr(sys, "argv", ["foxhunt-train", *bad])
+    with pytest.raises(BarDataError, match="no bars"):
+        train.main()
+    monkeypatch.setenv("FOXHUNT_DEBUG", "0")
+    monkeypatch.setattr(sys, "argv", ["foxhunt-train", "--debug", *bad])
+    with pytest.raises(BarDataError, match="no bars"):
+        train.main()
+
+    def bug(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(train, "train_run", bug)
+    monkeypatch.setattr(sys, "argv", ["foxhunt-train", *bad])
+    with pytest.raises(KeyError, match="a bug"):  # a bug keeps its traceback, without --debug
+        train.main()
+
+
+# ----------------------------------------------------------------------------- foxhunt (CLI)
+CLI_CASES = [
+    ("job-id", ["train", "status", "nosuchjob"], "nosuchjob"),
+    ("list-status", ["train", "list", "--status", "BOGUS"], "--status BOGUS: expected one of"),
+    ("watch-job-id", ["train", "watch", "nosuchjob"], "nosuchjob"),
+    ("stop-job-id", ["train", "stop", "nosuchjob"], "nosuchjob"),
+    ("store-not-sqlite", ["train", "list", "--tracking-uri", "sqlite:///{text_store.db}"], "{text_store.db}"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_bad_cli_argument_is_one_line_and_nothing_changed(battery, args, expected):
+    from typer.testing import CliRunner
+
+    from foxhunt.cli import app
+
+    before = _snapshot(battery)
+    result = CliRunner().invoke(app, [_fill(a, battery) for a in args], env={"FOXHUNT_ROOT": str(battery.root)})
+    err = result.stderr if result.stderr_bytes is not None else result.output
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert result.exit_code != 0 and (result.exception is None or isinstance(result.exception, SystemExit)), result.output
+    assert "Traceback" not in result.output and len(lines) == 1, result.output
+    assert _fill(expected, battery) in lines[0]
+    assert _snapshot(battery) == before
+
+
+# ----------------------------------------------------------------------------- from a shell
+def _shell(args: list[str], root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FOXHUNT_ROOT": str(root), "HYDRA_FULL_ERROR": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("FOXHUNT_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "foxhunt.train", *args], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+
+
+def test_from_a_shell_a_data_error_and_a_checkpoint_error_are_one_line(battery):
+    """The real process: stderr holds the one line and nothing else (no Hydra line, no traceback)."""
+    data = _shell(["data=csv", f"data.source.path={battery.files['high_below_low.csv']}", *SMOKE], battery.root)
+    assert data.returncode == EXIT_USER_ERROR
+    assert data.stderr.strip().splitlines() == [
+        f"foxhunt-train: data error: {battery.files['high_below_low.csv']}: line 3 (2024-01-02T00:01:00+00:00): high=99.75 < low=100.0"
+    ], data.stderr
+    ckpt = _shell([f"ckpt={battery.files['empty.csv']}", *SMOKE, *NO_DATA], battery.root)
+    assert ckpt.returncode == EXIT_USER_ERROR
+    (line,) = ckpt.stderr.strip().splitlines()
+    assert line.startswith(f"foxhunt-train: checkpoint error: ckpt={battery.files['empty.csv']}: not a torch checkpoint archive")
