@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,21 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-from omegaconf import OmegaConf
 
-from foxhunt.assets import AssetSpec
 from foxhunt.evaluation.backtest import BacktestResult, backtest
 from foxhunt.evaluation.baselines import BASELINES, baseline_positions
+from tests.evaluation.test_backtest import (
+    ES,  # tick 0.25, multiplier 50, tick value 12.5
+)
 
-CONF_ASSET = Path(__file__).resolve().parents[2] / "conf" / "asset"
-
-
-def load_asset(key: str) -> AssetSpec:
-    raw = OmegaConf.to_container(OmegaConf.load(CONF_ASSET / f"{key}.yaml"))
-    return AssetSpec(**{k: v for k, v in raw.items() if k != "_target_"})
-
-
-ES = load_asset("es")  # tick 0.25, multiplier 50, tick value 12.5
 # Costs: 2 USD commission + 1 tick (12.5 USD) slippage = 14.5 USD per contract traded.
 COMMISSION, SLIPPAGE = 2.0, 1.0
 # Moves in ticks: +2, 0, -1, +3, -1 -> USD per contract: +25, 0, -12.5, +37.5, -12.5

@@ -126,7 +126,7 @@ def test_a_cell_with_bad_data_fails_alone_and_the_sweep_exits_non_zero(tmp_path,
     assert parents[0].info.status == "FAILED"
     table = result.stdout[result.stdout.rindex("cell  ") :]
     assert "dqn-6e-fp32  FINISHED" in table and "dqn-es-fp32  FAILED" in table
-    assert "1 of 2 cells failed: dqn-es-fp32 (FAILED: BarDataError" in result.stderr.splitlines()[-1]
+    assert "1 of 2 cells failed: dqn-es-fp32 (FAILED: data error: " in result.stderr.splitlines()[-1]
 
 
 def test_submitit_local_runs_each_cell_in_its_own_process(tmp_path, check):
