@@ -68,9 +68,11 @@ def ui(
 def main() -> None:
     """``foxhunt``: an input error that a command does not report itself is one line on stderr
     and exit status 2 (``--debug`` / ``FOXHUNT_DEBUG=1``: its traceback); a bug keeps its traceback."""
-    from foxhunt.errors import debug_requested, reported, strip_debug_flag
+    from foxhunt.errors import DEBUG_ENV, debug_requested, reported, strip_debug_flag
 
     sys.argv, flag = strip_debug_flag(sys.argv)
+    if flag:  # the commands' own reporters (and their child processes) read it from here
+        os.environ[DEBUG_ENV] = "1"
     with reported("foxhunt", debug=flag or debug_requested()):
         app()
 

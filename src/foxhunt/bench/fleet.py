@@ -38,7 +38,7 @@ FAMILIES = ("dqn", "ppo", "mamba2", "tft")
 def _members(ctx: BenchContext, settings):
     from foxhunt.build import build_model
     from foxhunt.ensemble.engine import MemberInputs
-    from foxhunt.ensemble.members import AgentMember, Mamba2Member, TFTMember
+    from foxhunt.ensemble.members import make_member
 
     members, inputs, modules, cfg, dataset = [], {}, {}, None, None
     for family in FAMILIES:
@@ -47,14 +47,7 @@ def _members(ctx: BenchContext, settings):
         torch.manual_seed(int(cfg.seed))
         module = build_model(cfg).eval()
         modules[family] = module
-        probe = int(settings.probe_calls)
-        if family in ("dqn", "ppo"):
-            member = AgentMember(family, family, module, "fp32", None, "auto", probe)
-        elif family == "mamba2":
-            member = Mamba2Member(family, module, "fp32", None, "auto", probe)
-        else:
-            member = TFTMember(family, module, "fp32", None, dataset.groups)
-        members.append(member)
+        members.append(make_member(family, family, module, "fp32", None, "auto", int(settings.probe_calls), dataset.groups))
         inputs[family] = MemberInputs(dataset.feature_config, dataset.observed_mean, dataset.observed_std, dataset.groups)
     return members, inputs, modules, cfg, dataset
 
@@ -135,8 +128,13 @@ def _capacity_row(ctx: BenchContext, modules, inputs, bars, asset, cfg, settings
     from hydra.utils import instantiate
 
     from foxhunt.ensemble.fleet import int8_policy
-    from foxhunt.ensemble.footprint import LoadDelta, capacity, measure_member, member_bars
-    from foxhunt.ensemble.members import AgentMember, Mamba2Member, TFTMember
+    from foxhunt.ensemble.footprint import (
+        LoadDelta,
+        capacity,
+        measure_member,
+        member_bars,
+    )
+    from foxhunt.ensemble.members import make_member
     from foxhunt.precision.inference import int8_inference_model
 
     budget = instantiate(cfg.budget)
@@ -147,12 +145,7 @@ def _capacity_row(ctx: BenchContext, modules, inputs, bars, asset, cfg, settings
             total = 0
             for family in FAMILIES:
                 module = modules[family] if weights == "fp32" else int8_inference_model(modules[family], int8_policy()).eval()
-                if family in ("dqn", "ppo"):
-                    member = AgentMember(family, family, module, weights, None, "auto", int(settings.probe_calls))
-                elif family == "mamba2":
-                    member = Mamba2Member(family, module, weights, None, "auto", int(settings.probe_calls))
-                else:
-                    member = TFTMember(family, module, weights, None, inputs[family].groups)
+                member = make_member(family, family, module, weights, None, "auto", int(settings.probe_calls), inputs[family].groups)
                 warm = member_bars(bars, asset, inputs[family], int(settings.capacity_warm_bars))
                 total += measure_member(member, weights, warm, int(settings.probe_calls), LoadDelta(None, None, None)).footprint_bytes
             totals[weights] = total

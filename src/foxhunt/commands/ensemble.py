@@ -23,6 +23,7 @@ Exit 0 on success, 2 with one line on a bad override, a missing store, run or ve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -41,6 +42,17 @@ OVERRIDES = typer.Argument(None, help="Hydra overrides of conf/fleet.yaml: asset
 def _fail(command: str, message: str) -> typer.Exit:
     typer.echo(f"foxhunt ensemble {command}: {message}", err=True)
     return typer.Exit(EXIT_USAGE)
+
+
+@contextlib.contextmanager
+def _reported(command: str):
+    """An input error inside a command (config, data, registry, store): one line naming the
+    command and the input, exit 2 (:func:`foxhunt.errors.reported`; FOXHUNT_DEBUG=1 or
+    ``--debug``: the traceback)."""
+    from foxhunt.errors import debug_requested, reported
+
+    with reported(f"foxhunt ensemble {command}", debug=debug_requested(), exit_code=EXIT_USAGE):
+        yield
 
 
 def _compose(command: str, overrides: list[str] | None):
@@ -74,19 +86,20 @@ def register(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the choice table; register nothing."),
 ) -> None:
     """Register the best run of each family (by a validation metric) as <prefix>-<model>-<asset>@champion."""
-    from foxhunt.ensemble.registry import RegistryError, register_champions, registered_name
+    from foxhunt.ensemble.registry import (
+        register_champions,
+        registered_name,
+    )
 
     cfg = _compose("register", overrides)
     uri = _check_store("register", cfg)
     ens = cfg.ensemble
     asset = str(cfg.asset.key)
-    try:
+    with _reported("register"):
         choices, registered = register_champions(
             uri, str(cfg.task), asset, [str(m) for m in ens.models], str(ens.metric), str(ens.registry_prefix),
             str(ens.alias), dry_run,
         )  # fmt: skip
-    except RegistryError as exc:
-        raise _fail("register", str(exc)) from None
     typer.echo(f"experiment {cfg.task}, asset {asset}, best by {ens.metric} (FINISHED runs; ties: newest)")
     typer.echo(f"{'family':<8} {'run':<34} {'name':<22} {ens.metric:>12} {'considered':>10} {'no metric':>9}")
     for c in choices:
@@ -105,20 +118,12 @@ def register(
 @ensemble_app.command()
 def replay(overrides: list[str] | None = OVERRIDES) -> None:
     """Stream bars through the registered fleet; table of members and ensemble, latencies, MLflow run."""
-    from foxhunt.config.schema import ConfigError
-    from foxhunt.data.errors import BarDataError
-    from foxhunt.ensemble.registry import RegistryError
     from foxhunt.ensemble.replay_run import run_replay
 
     cfg = _compose("replay", overrides)
     _check_store("replay", cfg)
-    try:
-        with tempfile.TemporaryDirectory(prefix="foxhunt-fleet-") as workdir:
-            report = run_replay(cfg, Path(workdir))
-    except ConfigError as exc:
-        raise _fail("replay", f"config error: {exc}") from None
-    except (RegistryError, BarDataError) as exc:
-        raise _fail("replay", str(exc)) from None
+    with _reported("replay"), tempfile.TemporaryDirectory(prefix="foxhunt-fleet-") as workdir:
+        report = run_replay(cfg, Path(workdir))
     typer.echo(report.text)
 
 
@@ -131,18 +136,14 @@ def serve(
 ) -> None:
     """Serve the registered fleet over HTTP: POST /predict bars for a symbol, GET /health."""
     from foxhunt.ensemble.registry import download_version, registered_name
-    from foxhunt.ensemble.registry import RegistryError
 
     cfg = _compose("serve", overrides)
     uri = _check_store("serve", cfg)
     ens = cfg.ensemble
     for family in ens.models:  # a missing version is one line here, not a worker crash after start
         name = registered_name(str(ens.registry_prefix), str(family), str(cfg.asset.key))
-        try:
-            with tempfile.TemporaryDirectory() as scratch:
-                download_version(uri, name, str(ens.alias), ens.versions.get(str(family)), Path(scratch))
-        except RegistryError as exc:
-            raise _fail("serve", str(exc)) from None
+        with _reported("serve"), tempfile.TemporaryDirectory() as scratch:
+            download_version(uri, name, str(ens.alias), ens.versions.get(str(family)), Path(scratch))
     from foxhunt.ensemble.serve import serve as run_server
 
     typer.echo(f"foxhunt ensemble serve: {', '.join(map(str, ens.models))} for {cfg.asset.key} on http://{host}:{port} "
@@ -153,19 +154,12 @@ def serve(
 @ensemble_app.command()
 def validate(overrides: list[str] | None = OVERRIDES) -> None:
     """Footprint of the registered fleet in fp32 and int8, headroom against the budget, capacity; exit 0 when it fits."""
-    from foxhunt.config.schema import ConfigError
     from foxhunt.ensemble.footprint import validate_fleet
-    from foxhunt.ensemble.registry import RegistryError
 
     cfg = _compose("validate", overrides)
     _check_store("validate", cfg)
-    try:
-        with tempfile.TemporaryDirectory(prefix="foxhunt-validate-") as workdir:
-            text, metrics, fits = validate_fleet(cfg, Path(workdir))
-    except ConfigError as exc:
-        raise _fail("validate", f"config error: {exc}") from None
-    except RegistryError as exc:
-        raise _fail("validate", str(exc)) from None
+    with _reported("validate"), tempfile.TemporaryDirectory(prefix="foxhunt-validate-") as workdir:
+        text, metrics, fits = validate_fleet(cfg, Path(workdir))
     typer.echo(text)
     if cfg.logger.enabled:
         typer.echo(f"MLflow run {_log_validate(cfg, text, metrics, fits)} in experiment {cfg.ensemble.experiment}")

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
-from foxhunt.ensemble.members import AgentMember, Mamba2Member, Member, TFTMember
+from foxhunt.ensemble.members import Member, make_member
 from foxhunt.ensemble.registry import (
     MEMBER_FILE,
     WEIGHTS_FILE,
@@ -40,7 +40,6 @@ from foxhunt.ensemble.registry import (
 )
 
 log = logging.getLogger(__name__)
-AGENTS = ("dqn", "ppo")
 
 
 def rebuild_model(cfg, state: dict, origin: str):
@@ -123,14 +122,8 @@ def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime:
         groups={g: list(v) for g, v in record["groups"].items()},
     )
     family = str(cfg.model.name)
-    metric_value = info.get("value")
-    if family in AGENTS:
-        member = AgentMember(name, family, model, weights, metric_value, runtime, probe_calls)
-    elif family == "mamba2":
-        member = Mamba2Member(name, model, weights, metric_value, runtime, probe_calls)
-    elif family == "tft":
-        member = TFTMember(name, model, weights, metric_value, inputs.groups)
-    else:
+    member = make_member(family, name, model, weights, info.get("value"), runtime, probe_calls, inputs.groups)
+    if member is None:
         raise RegistryError(f"{name}: model family {family!r} has no streaming member")
     return member, inputs, info
 
@@ -161,10 +154,9 @@ def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
 
 def fleet_engine(fleet: list[FleetMember], asset, cfg, origin: str) -> StreamingEngine:
     """The streaming engine of a loaded fleet with the configured rule."""
+    from foxhunt.config.schema import ConfigError
     from foxhunt.ensemble.registry import metric_direction
     from foxhunt.ensemble.rules import check_rule
-
-    from foxhunt.config.schema import ConfigError
 
     ens = cfg.ensemble
     weights = {f.member.name: f.value for f in fleet}

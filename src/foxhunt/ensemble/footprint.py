@@ -305,7 +305,7 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
         metrics["fleet/auto_total_mb"] = chosen / MB
         metrics["fleet/auto_headroom_mb"] = budget.available_mb - chosen / MB
         text += f"\nfleet auto (each member's choice): {chosen / MB:.2f} MB, headroom {metrics['fleet/auto_headroom_mb']:.2f} MB"
-    if settings.record_choice:
+    if settings.record_choice and cfg.logger.enabled:  # logger.enabled=false writes nothing to the store
         from foxhunt.ensemble.registry import record_weights_choice
 
         record_weights_choice(str(cfg.logger.tracking_uri), versions, choices)

@@ -34,7 +34,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from foxhunt.ensemble.runtimes import NumbaMamba2, NumpyMamba2, NumpyMLP, UnsupportedModule
+from foxhunt.ensemble.runtimes import (
+    NumbaMamba2,
+    NumpyMamba2,
+    NumpyMLP,
+    UnsupportedModule,
+)
 
 RUNTIMES = ("auto", "numpy", "numba", "torch")
 NS_PER_MINUTE = 60_000_000_000
@@ -325,3 +330,20 @@ class TFTMember(Member):
         forecast = model.fuse(self._contexts, past, future)[0][0].float().cpu().numpy()
         signal = float(forecast[:, model.median_index].sum())
         return Decision(forecaster_position(signal, self.threshold), forecast, signal)
+
+
+AGENTS = ("dqn", "ppo")
+
+
+def make_member(family: str, name: str, module, weights: str, metric_value: float | None, runtime: str,
+                probe_calls: int, groups: dict[str, list[int]]) -> Member | None:  # fmt: skip
+    """The streaming member of a model family around ``module`` (``None`` for a family that has
+    none): agents and Mamba-2 with their batch-1 runtime (``runtime``, probed ``probe_calls``
+    times when ``auto``), the TFT with its feature ``groups``."""
+    if family in AGENTS:
+        return AgentMember(name, family, module, weights, metric_value, runtime, probe_calls)
+    if family == "mamba2":
+        return Mamba2Member(name, module, weights, metric_value, runtime, probe_calls)
+    if family == "tft":
+        return TFTMember(name, module, weights, metric_value, groups)
+    return None

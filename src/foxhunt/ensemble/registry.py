@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from foxhunt.errors import UserError
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
 
@@ -54,8 +55,10 @@ MODEL_ARTIFACT_PATH = "champion"
 CHECKPOINTS = ("checkpoints/best.ckpt", "checkpoints/last.ckpt")
 
 
-class RegistryError(ValueError):
+class RegistryError(UserError, ValueError):
     """A registry or store problem the user can act on (one line)."""
+
+    kind = "registry"
 
 
 def metric_direction(metric: str) -> str:

@@ -38,9 +38,7 @@ def plot_equity(
             f"plot_equity timestamps: length {len(times)} does not match the backtest's "
             f"{len(result.equity) + 1} bars"
         )
-    if times.tz is not None:
-        times = times.tz_convert("UTC").tz_localize(None)
-    x = times.to_numpy()
+    x = _utc_naive(times)
     equity = np.concatenate(([0.0], result.equity))
     peak = np.maximum.accumulate(equity)
     m = result.metrics
@@ -59,31 +57,15 @@ def plot_equity(
         label=f"drawdown (max {m['max_drawdown']:,.0f} USD)",
     )
     ax.axhline(0.0, color="grey", linewidth=0.8)
-    ax.set_title(
-        f"{title}\nSharpe {m['sharpe']:.2f} | hit rate {m['hit_rate']:.1%} | "
-        f"turnover {m['turnover']:.3f} | trades {m['trades']}"
-    )
-    ax.set_xlabel("time (UTC)")
-    ax.set_ylabel("USD")
-    ax.legend(loc="upper left")
-    ax.grid(True, alpha=DRAWDOWN_ALPHA)
-    fig.autofmt_xdate()
-    fig.tight_layout()
-
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return _finish(fig, ax, path, f"{title}\nSharpe {m['sharpe']:.2f} | hit rate {m['hit_rate']:.1%} | "
+                                  f"turnover {m['turnover']:.3f} | trades {m['trades']}")  # fmt: skip
 
 
 def plot_equities(results: dict[str, BacktestResult], timestamps, path: str | Path, title: str,
                   highlight: str | None = None) -> Path:  # fmt: skip
     """Several equity curves on one axis (``name -> result``, same bars), ``highlight`` drawn
     thicker: an ensemble beside its members. Returns the path written."""
-    times = pd.DatetimeIndex(timestamps)
-    if times.tz is not None:
-        times = times.tz_convert("UTC").tz_localize(None)
-    x = times.to_numpy()
+    x = _utc_naive(pd.DatetimeIndex(timestamps))
     fig = Figure(figsize=FIGURE_SIZE_INCHES, dpi=DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -94,6 +76,17 @@ def plot_equities(results: dict[str, BacktestResult], timestamps, path: str | Pa
         ax.plot(x, np.concatenate(([0.0], result.equity)), linewidth=2.4 if name == highlight else 1.0,
                 label=f"{name}: PnL {m['pnl']:,.0f} USD, Sharpe {m['sharpe']:.2f}")  # fmt: skip
     ax.axhline(0.0, color="grey", linewidth=0.8)
+    return _finish(fig, ax, path, title)
+
+
+def _utc_naive(times: pd.DatetimeIndex) -> np.ndarray:
+    if times.tz is not None:
+        times = times.tz_convert("UTC").tz_localize(None)
+    return times.to_numpy()
+
+
+def _finish(fig: Figure, ax, path: str | Path, title: str) -> Path:
+    """Title, labels, legend and grid of an equity axis; the PNG written to ``path``."""
     ax.set_title(title)
     ax.set_xlabel("time (UTC)")
     ax.set_ylabel("USD")

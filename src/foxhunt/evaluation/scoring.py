@@ -40,6 +40,11 @@ from foxhunt.evaluation.stats import block_bootstrap, pnl_moments, sharpe_ratio
 
 BASELINE_PREFIX = "baseline/"
 BASELINE_METRICS = ("sharpe", "pnl")
+#: Every metric a SplitScore yields itself (the rest of a split's metrics are the model's own).
+BACKTEST_NAMES = frozenset({
+    "pnl", "mean_pnl", "sharpe", "max_drawdown", "hit_rate", "turnover", "trades", "steps", "sharpe_ci_low",
+    "sharpe_ci_high", "mean_pnl_ci_low", "mean_pnl_ci_high", "pnl_skew", "pnl_kurtosis", "sharpe_per_step",
+})  # fmt: skip
 MODEL = "model"
 
 
@@ -100,6 +105,8 @@ class SplitScore:
         return metrics
 
     def save(self, path: Path) -> Path:
+        """One ``.npz`` of a scored stretch that started flat (what a run saves per split; a
+        pooled score is rebuilt from its parts, not saved)."""
         arrays = {"timestamps": self.timestamps, "bars_per_year": np.float64(self.model.bars_per_year)}
         for name, result in {MODEL: self.model, **self.baselines}.items():
             arrays.update({f"{name}.positions": result.positions, f"{name}.gross": result.gross_pnl, f"{name}.costs": result.costs})
@@ -199,10 +206,3 @@ def summary_lines(metrics: dict[str, float], prefix: str) -> list[str]:
                     and k[len(prefix):] not in BACKTEST_NAMES)  # fmt: skip
     lines += [f"  {k:<19} {metrics[k]:.6g}" for k in others]
     return lines
-
-
-#: Every metric a SplitScore yields itself (the rest of a split's metrics are the model's own).
-BACKTEST_NAMES = frozenset({
-    "pnl", "mean_pnl", "sharpe", "max_drawdown", "hit_rate", "turnover", "trades", "steps", "sharpe_ci_low",
-    "sharpe_ci_high", "mean_pnl_ci_low", "mean_pnl_ci_high", "pnl_skew", "pnl_kurtosis", "sharpe_per_step",
-})  # fmt: skip
