@@ -100,13 +100,7 @@ def scoring_datamodule(cfg: DictConfig, datamodule):
     from foxhunt.build import build_datamodule
 
     dataset = datamodule.dataset
-    splits = {
-        name: dataclasses.replace(
-            arrays, timestamps=arrays.timestamps[:max_bars], features=arrays.features[:max_bars],
-            close=arrays.close[:max_bars],
-        )
-        for name, arrays in dataset.splits.items()
-    }
+    splits = {name: arrays.head(max_bars) for name, arrays in dataset.splits.items()}
     return build_datamodule(cfg, dataclasses.replace(dataset, splits=splits))
 
 
@@ -119,7 +113,8 @@ def score_split(model, datamodule, split: str, cfg: DictConfig, asset, out_dir: 
 
     arrays = datamodule.dataset.splits[split]
     settings = ScoringSettings.from_config(cfg, asset)
-    score = score_positions(model.trading_positions(datamodule, split), arrays.close, arrays.timestamps, asset, settings)
+    score = score_positions(model.trading_positions(datamodule, split), arrays.close, arrays.timestamps, asset,
+                            settings, roll_price=arrays.roll_price)  # fmt: skip
     metrics = {f"{split}/{name}": float(value) for name, value in score.metrics(settings).items()}
     folder = out_dir / SCORES_DIR
     folder.mkdir(exist_ok=True)
@@ -287,15 +282,22 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
 
 def _log_dataset_record(dataset, out_dir: Path, run) -> None:
     """``dataset.json``: the normalization statistics and feature settings the model reads bars
-    with (what ``foxhunt ensemble register`` stores with the model), beside the run and in MLflow."""
+    with (what ``foxhunt ensemble register`` stores with the model), beside the run and in MLflow;
+    for a source that rolls contracts, ``roll_schedule.csv`` (one row per roll, and why)."""
     import json
 
     from foxhunt.data.dataset import DATASET_RECORD_FILE
 
     path = out_dir / DATASET_RECORD_FILE
     path.write_text(json.dumps(dataset.record(), indent=1))
+    paths = [path]
+    if any(arrays.roll_price is not None for arrays in dataset.splits.values()):  # a source that rolls
+        from foxhunt.data.roll import ROLL_SCHEDULE_FILE, write_schedule
+
+        paths.append(write_schedule(dataset.rolls, out_dir / ROLL_SCHEDULE_FILE))
     if run is not None:
-        run.log_artifact(path)
+        for saved in paths:
+            run.log_artifact(saved)
 
 
 def bars_datasets(cfg: DictConfig, parts) -> list:

@@ -28,7 +28,7 @@ FRONT_MONTHS = {
     "2013-10-07": "ESZ13", "2013-10-08": "ESZ13", "2013-10-09": "ESZ13", "2013-10-10": "ESZ13",
     "2013-10-11": "ESZ13", "2013-10-14": "ESZ13", "2013-10-15": "ESZ13", "2013-10-29": "ESZ13",
     "2013-10-30": "ESZ13", "2013-10-31": "ESZ13", "2013-11-18": "ESZ13", "2013-11-19": "ESZ13",
-    "2013-12-02": "ESZ13", "2013-12-03": "ESZ13", "2013-12-04": "ESZ13", "2013-12-18": "ESH14",
+    "2013-12-02": "ESZ13", "2013-12-03": "ESZ13", "2013-12-04": "ESZ13", "2013-12-18": "ESZ13",
     "2013-12-19": "ESH14", "2013-12-20": "ESH14", "2020-01-06": "ESH20", "2020-01-07": "ESH20",
 }  # fmt: skip
 
@@ -53,16 +53,17 @@ def test_real_zips_exact_bars(real):
         "ESU14": 6, "ESU20": 5, "ESZ13": 16673, "ESZ14": 9,
     }  # fmt: skip
     bars = real.load(ES)
-    assert len(bars) == 19_083  # README: ~19k front-month rows
+    assert len(bars) == 18_888  # README: ~19k front-month rows (here ESZ13 holds 2013-12-18, see below)
     # 20131006_es_minute_trade_201312.csv line 1: "79200000,1676.75,1677.25,1673.5,1675.25,1884"
     assert bars.index[0] == pd.Timestamp("2013-10-06 22:00", tz="UTC")
-    assert bars.iloc[0].tolist() == [1676.75, 1677.25, 1673.5, 1675.25, 1884.0]
-    # the roll: 2013-12-18 comes from 20131218_es_minute_trade_201403.csv
-    # ("0,1773.75,1773.75,1773.5,1773.75,94")
-    assert bars.loc["2013-12-18 00:00"].tolist() == [1773.75, 1773.75, 1773.5, 1773.75, 94.0]
+    assert bars.iloc[0].tolist()[:5] == [1676.75, 1677.25, 1673.5, 1675.25, 1884.0]
+    # No look-ahead: ESH14 outtraded ESZ13 in the 2013-12-18 session, so the roll is the session
+    # after; 2013-12-18 still comes from 20131218_es_minute_trade_201312.csv
+    # ("0,1780.25,1780.25,1780,1780,24"), not from ..._201403.csv ("0,1773.75,...")
+    assert bars.loc["2013-12-18 00:00"].tolist()[:5] == [1780.25, 1780.25, 1780.0, 1780.0, 24.0]
     # 20200106_es_minute_trade_202003.csv last line: "86340000,3241.75,3242.5,3241.75,3242.5,158"
     assert bars.index[-1] == pd.Timestamp("2020-01-06 23:59", tz="UTC")
-    assert bars.iloc[-1].tolist() == [3241.75, 3242.5, 3241.75, 3242.5, 158.0]
+    assert bars.iloc[-1].tolist()[:5] == [3241.75, 3242.5, 3241.75, 3242.5, 158.0]
 
 
 @pytest.mark.realdata
@@ -129,8 +130,9 @@ def test_roll_never_goes_back_to_an_earlier_expiry(tmp_path):
         },
     )
     source = LeanMinuteSource(path=str(tmp_path))
-    assert source.front_months(ES).tolist() == ["ESH24", "ESM24", "ESM24"]
-    assert source.load(ES)["open"].tolist() == [5000.0, 5051.0, 5052.0]
+    # ESM24 leads from 2024-03-05: held from the session after
+    assert source.front_months(ES).tolist() == ["ESH24", "ESH24", "ESM24"]
+    assert source.load(ES)["open"].tolist() == [5000.0, 5001.0, 5052.0]
 
 
 def test_exchange_time_zone_argument(tmp_path):

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from foxhunt.data.dataset import MarketDataset
 from foxhunt.data.env import TradingEnv
+from foxhunt.data.roll import entry_prices
 from foxhunt.data.features import future_known_features
 from foxhunt.data.splits import SPLIT_NAMES
 
@@ -207,9 +208,12 @@ class ForecastDataModule(LightningDataModule):
         if self.dataset.feature_config is None:
             raise ValueError("ForecastDataModule: the dataset has no feature_config (needed for the future calendar)")
         future_known = future_known_features(arrays.timestamps, self.horizon, self.dataset.asset, self.dataset.feature_config)
+        # Targets: each bar's log return in the contract held over it (a roll bar's from its
+        # entry price), what a position earns; never the jump between two contracts.
         close = torch.from_numpy(arrays.close).double()
+        entry = torch.from_numpy(entry_prices(arrays.close, arrays.roll_price)).double()
         returns = torch.zeros(bars, dtype=torch.float64)
-        returns[1:] = torch.log(close[1:] / close[:-1]) / self.dataset.target_scale
+        returns[1:] = torch.log(close[1:] / entry) / self.dataset.target_scale
         return WindowDataset(
             static=features[:, groups["static"]],
             known=features[:, groups["known"]],
@@ -315,6 +319,7 @@ class EnvDataModule(LightningDataModule):
             slippage_ticks=self.slippage_ticks,
             seed=seed,
             device=device,
+            roll_price=self.dataset.split(split).roll_price,
         )
 
     def make_eval_env(self, split: str, device: torch.device | str | None = None) -> TradingEnv:
@@ -327,6 +332,7 @@ class EnvDataModule(LightningDataModule):
             commission_usd=self.commission_usd,
             slippage_ticks=self.slippage_ticks,
             device=device,
+            roll_price=self.dataset.split(split).roll_price,
         )
 
     def train_dataloader(self) -> DataLoader:

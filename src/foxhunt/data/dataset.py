@@ -2,8 +2,11 @@
 
 :func:`load_market_dataset` runs the data pipeline for one asset:
 
-1. ``source.load(asset)`` -> 1-minute bars frame (UTC index, OHLCV);
-2. :func:`foxhunt.data.features.compute_features` -> 16 feature columns;
+1. ``source.load(asset)`` -> 1-minute bars frame (UTC index, OHLCV; a source that rolls
+   contracts adds ``raw_close`` and ``roll_price``, :mod:`foxhunt.data.roll`);
+2. :func:`foxhunt.data.features.compute_features` -> 16 feature columns, read from the
+   (back-adjusted) OHLCV; the splits keep the raw close and the roll prices, which the
+   backtest and the env trade;
 3. drop the warm-up rows (trailing windows not yet full, hence NaN);
 4. :func:`foxhunt.data.splits.split_slices` -> chronological train / val / test with gaps;
 5. z-normalize the observed group with the mean and std of the TRAIN split only (static and
@@ -38,15 +41,16 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
+from foxhunt.data.roll import RAW_CLOSE, ROLL_PRICE, held_moves
 from foxhunt.data.features import FEATURE_GROUPS, FEATURE_NAMES, FeatureConfig, compute_features
 from foxhunt.data.splits import SPLIT_NAMES, as_split, split_slices
 
 log = logging.getLogger(__name__)
 
 # Bump when the features, the normalization or the cache layout change: old files then miss.
-CACHE_VERSION = "market-dataset-1"
+CACHE_VERSION = "market-dataset-2"  # 2: raw close, roll prices and the rolls
 RETURN_FEATURE = "log_return"
-RECORD_VERSION = 1  # layout of MarketDataset.record() (dataset.json of a run)
+RECORD_VERSION = 2  # layout of MarketDataset.record() (dataset.json of a run)
 DATASET_RECORD_FILE = "dataset.json"  # observed column whose train std is the target scale
 _CACHE_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 
@@ -54,14 +58,26 @@ _CACHE_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFil
 @dataclass
 class SplitArrays:
     """One split: ``timestamps`` (datetime64[ns], UTC, bar start), ``features`` (float32,
-    T x 16, normalized) and ``close`` (float64, T)."""
+    T x 16, normalized), ``close`` (float64, T: the raw close of the contract held) and
+    ``roll_price`` (float64, T: on a roll bar the new contract's price at the previous bar,
+    NaN elsewhere; None for a source that never rolls)."""
 
     timestamps: np.ndarray
     features: np.ndarray
     close: np.ndarray
+    roll_price: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.close)
+
+    def head(self, bars: int) -> SplitArrays:
+        """The first ``bars`` bars."""
+        roll = None if self.roll_price is None else self.roll_price[:bars]
+        return SplitArrays(self.timestamps[:bars], self.features[:bars], self.close[:bars], roll)
+
+    def moves(self) -> np.ndarray:
+        """(T - 1,) each bar's price move in the contract held over it (roll-aware)."""
+        return held_moves(self.close, self.roll_price)
 
 
 @dataclass
@@ -84,6 +100,7 @@ class MarketDataset:
     observed_std: np.ndarray | None = None
     cache_key: str = ""
     feature_config: FeatureConfig | None = None
+    rolls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         """What a trained model needs of this dataset to read new bars (JSON-ready): the feature
@@ -100,6 +117,7 @@ class MarketDataset:
             "asset": dataclasses.asdict(self.asset),
             "cache_key": self.cache_key,
             "splits": {name: _extent(arrays) for name, arrays in self.splits.items()},
+            "rolls": list(self.rolls),
         }
 
     def split(self, name: str) -> SplitArrays:
@@ -150,7 +168,9 @@ def build_market_dataset(
     features = features.iloc[features_cfg.warmup_bars :]
     _check_finite(features)
     values = features.to_numpy(dtype=np.float64, copy=True)
-    close = bars["close"].to_numpy(dtype=np.float64, copy=True)[features_cfg.warmup_bars :]
+    warm = features_cfg.warmup_bars
+    close = bars[RAW_CLOSE if RAW_CLOSE in bars else "close"].to_numpy(dtype=np.float64, copy=True)[warm:]
+    roll_price = bars[ROLL_PRICE].to_numpy(dtype=np.float64, copy=True)[warm:] if ROLL_PRICE in bars else None
     timestamps = _utc_datetime64(features.index)
 
     slices = split_slices(len(values), split_cfg)
@@ -171,7 +191,8 @@ def build_market_dataset(
 
     splits = {
         name: SplitArrays(
-            timestamps=timestamps[s].copy(), features=values[s].copy(), close=close[s].copy()
+            timestamps=timestamps[s].copy(), features=values[s].copy(), close=close[s].copy(),
+            roll_price=None if roll_price is None else roll_price[s].copy(),
         )
         for name, s in slices.items()
     }
@@ -184,6 +205,7 @@ def build_market_dataset(
         observed_mean=mean,
         observed_std=std,
         feature_config=features_cfg,
+        rolls=list(bars.attrs.get("rolls", [])),
     )
 
 
@@ -243,6 +265,9 @@ def _write_cache(path: Path, dataset: MarketDataset) -> None:
         arrays[f"{name}_timestamps"] = split.timestamps.astype("datetime64[ns]").view(np.int64)
         arrays[f"{name}_features"] = split.features
         arrays[f"{name}_close"] = split.close
+        if split.roll_price is not None:
+            arrays[f"{name}_roll_price"] = split.roll_price
+    arrays["rolls"] = np.array(json.dumps(dataset.rolls))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -275,9 +300,12 @@ def _read_cache(path: Path, asset: AssetSpec, key: str) -> MarketDataset | None:
                 stamps = data[f"{name}_timestamps"].view("datetime64[ns]")
                 features = data[f"{name}_features"]
                 close = data[f"{name}_close"]
+                roll = data[f"{name}_roll_price"] if f"{name}_roll_price" in data else None
                 if features.shape != (len(stamps), len(names)) or close.shape != stamps.shape:
                     raise ValueError(f"{name} shapes disagree")
-                splits[name] = SplitArrays(timestamps=stamps, features=features, close=close)
+                if roll is not None and roll.shape != stamps.shape:
+                    raise ValueError(f"{name} roll prices disagree")
+                splits[name] = SplitArrays(timestamps=stamps, features=features, close=close, roll_price=roll)
             dataset = MarketDataset(
                 asset=asset,
                 feature_names=names,
@@ -287,6 +315,7 @@ def _read_cache(path: Path, asset: AssetSpec, key: str) -> MarketDataset | None:
                 observed_mean=data["observed_mean"],
                 observed_std=data["observed_std"],
                 cache_key=key,
+                rolls=json.loads(str(data["rolls"])),
             )
     except _CACHE_READ_ERRORS as err:
         log.warning("market dataset cache %s unreadable (%s): rebuilding", path, err)

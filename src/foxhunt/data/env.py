@@ -21,9 +21,15 @@ numbers in USD):
   in ticks::
 
       cost_per_contract = commission_usd + slippage_ticks * tick_value
-      pnl_usd = pos_new * (close[t+1] - close[t]) * multiplier
+      pnl_usd = pos_new * move[t] * multiplier
                 - cost_per_contract * |pos_new - pos_old|
+                - cost_per_contract * 2 * |pos_new|     if bar t + 1 is a roll bar
       reward  = pnl_usd / tick_value
+
+  ``move[t]`` is the price move of bar ``t + 1`` in the contract held: ``close[t+1] -
+  close[t]``, or ``close[t+1] - roll_price[t+1]`` on a roll bar, where the position is
+  closed in the old contract and reopened in the new one (:mod:`foxhunt.data.roll`): the env
+  trades the raw contract prices, never the back-adjusted series the features read.
 
   A flip from short to long therefore pays two contracts' cost; flattening pays one. No cost is
   charged for the position still open when an episode ends (as in the backtest, where the last
@@ -69,7 +75,7 @@ class TradingEnv:
 
     Args:
         features: (T, F) per-bar features of one split (float32 after conversion).
-        close: (T,) close prices of the same bars (float64 after conversion).
+        close: (T,) raw close prices of the same bars (float64 after conversion).
         asset: the contract (multiplier and tick value turn price moves into USD and ticks).
         num_envs: parallel episodes N.
         episode_len: steps per episode; at most T - 1.
@@ -79,6 +85,8 @@ class TradingEnv:
         device: where all state lives; default the device of ``features`` (CPU for arrays).
         auto_reset: restart finished episodes inside ``step`` (default). When False, stepping a
             finished episode raises until ``reset`` is called (used by :meth:`sequential`).
+        roll_price: (T,) the new contract's entry price on each roll bar, NaN elsewhere; None
+            when the series never rolls.
 
     Tensors returned by ``reset`` / ``step`` live on ``device``:
         obs (N, F + 1) float32; reward (N,) float32 in ticks; terminated, truncated (N,) bool;
@@ -103,6 +111,7 @@ class TradingEnv:
         seed: int,
         device: torch.device | str | None = None,
         auto_reset: bool = True,
+        roll_price: Any = None,
     ) -> None:
         if device is None:
             device = features.device if isinstance(features, Tensor) else torch.device("cpu")
@@ -151,8 +160,16 @@ class TradingEnv:
         self.commission_usd = float(commission_usd)
         self.slippage_ticks = float(slippage_ticks)
         self.cost_per_contract_usd = self.commission_usd + self.slippage_ticks * asset.tick_value
-        # USD earned by one long contract held from bar t to bar t + 1, for t = 0 .. T - 2.
-        self._move_usd = (close_t[1:] - close_t[:-1]) * asset.multiplier
+        # USD earned by one long contract held from bar t to bar t + 1, for t = 0 .. T - 2, and
+        # the roll's cost of a position held over bar t + 1 when it is a roll bar.
+        rolls = None if roll_price is None else _as_tensor("roll_price", roll_price, torch.float64, self.device)
+        if rolls is not None and rolls.shape != close_t.shape:
+            raise ValueError(f"TradingEnv roll_price: expected shape {tuple(close_t.shape)}, got {tuple(rolls.shape)}")
+        entry = close_t[:-1] if rolls is None else torch.where(torch.isnan(rolls[1:]), close_t[:-1], rolls[1:])
+        self._move_usd = (close_t[1:] - entry) * asset.multiplier
+        self._roll_cost_usd = (
+            None if rolls is None else (~torch.isnan(rolls[1:])).to(torch.float64) * 2.0 * self.cost_per_contract_usd
+        )
         self._generator = torch.Generator(device="cpu")
         self._generator.manual_seed(int(seed))
         self._bar: Tensor | None = None  # (N,) current bar of each episode
@@ -168,6 +185,7 @@ class TradingEnv:
         commission_usd: float,
         slippage_ticks: float,
         device: torch.device | str | None = None,
+        roll_price: Any = None,
     ) -> TradingEnv:
         """One environment that walks the whole split once: bars 0 .. T - 2, T - 1 steps.
 
@@ -188,6 +206,7 @@ class TradingEnv:
             seed=0,  # the only possible start is bar 0: the seed draws nothing that matters
             device=device,
             auto_reset=False,
+            roll_price=roll_price,
         )
 
     @property
@@ -259,6 +278,8 @@ class TradingEnv:
             new_position.to(torch.float64) * self._move_usd[bar]
             - self.cost_per_contract_usd * traded.to(torch.float64)
         )
+        if self._roll_cost_usd is not None:
+            pnl_usd = pnl_usd - new_position.abs().to(torch.float64) * self._roll_cost_usd[bar]
         reward = (pnl_usd / self.asset.tick_value).to(torch.float32)
 
         self._position = new_position

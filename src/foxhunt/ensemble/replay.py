@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from foxhunt.data.roll import RAW_CLOSE, ROLL_PRICE
 from foxhunt.ensemble.engine import StreamingEngine
 from foxhunt.evaluation.backtest import BacktestResult, backtest
 
@@ -27,7 +28,8 @@ ENSEMBLE = "ensemble"
 @dataclass
 class ReplayRecord:
     """What a replay decided: over the ``T`` bars the members were stepped on, ``timestamps``
-    (datetime64[ns]), ``close``, ``positions`` (name -> (T,) int8, ``ensemble`` included),
+    (datetime64[ns]), ``close`` (the raw close of the contract held), ``roll_price`` (NaN
+    except on roll bars, :mod:`foxhunt.data.roll`; None without rolls), ``positions`` (name -> (T,) int8, ``ensemble`` included),
     ``signals`` (forecaster name -> (T,) float, NaN where it had none), ``member_ns`` (name ->
     (T,) step ns, 0 while the features warmed up) and ``total_ns`` (T,) per bar."""
 
@@ -38,6 +40,7 @@ class ReplayRecord:
     member_ns: dict[str, np.ndarray]
     total_ns: np.ndarray
     warm_bars: int  # bars at the start whose features were not ready (every position flat)
+    roll_price: np.ndarray | None = None
 
 
 def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | None = None,
@@ -71,9 +74,11 @@ def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | Non
             member_ns[name][j] = result.member_ns[name]
             if name in signals and decision.signal is not None:
                 signals[name][j] = decision.signal
+    raw = bars[RAW_CLOSE].to_numpy(np.float64) if RAW_CLOSE in bars else values[:, 3]
     return ReplayRecord(
         timestamps=stamps[first:last].astype("datetime64[ns]"),
-        close=values[first:last, 3].copy(),
+        close=raw[first:last].copy(),
+        roll_price=bars[ROLL_PRICE].to_numpy(np.float64)[first:last].copy() if ROLL_PRICE in bars else None,
         positions=positions,
         signals=signals,
         member_ns=member_ns,
@@ -87,7 +92,7 @@ def score_replay(record: ReplayRecord, asset, commission_usd: float, slippage_ti
     """The shared backtest of every member's and the ensemble's positions (name -> result)."""
     return {
         name: backtest(positions, record.close, record.timestamps, asset, commission_usd=commission_usd,
-                       slippage_ticks=slippage_ticks, bars_per_year=bars_per_year)  # fmt: skip
+                       slippage_ticks=slippage_ticks, bars_per_year=bars_per_year, roll_price=record.roll_price)  # fmt: skip
         for name, positions in record.positions.items()
     }
 

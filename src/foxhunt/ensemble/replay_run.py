@@ -56,9 +56,16 @@ def _window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
 def run_replay(cfg, workdir: Path) -> ReplayReport:
     from hydra.utils import instantiate
 
+    from foxhunt.config.schema import ConfigError
+
     asset = instantiate(cfg.asset)
     fleet = load_fleet(cfg, workdir)
     source = instantiate(cfg.data.source)
+    if str(cfg.data.source.get("adjust", "none")) == "ratio":
+        raise ConfigError(
+            "data.source.adjust=ratio: a replay streams bars as a live feed sends them, on the tick grid; "
+            "ratio-adjusted prices are off it (use adjust=difference or none)"
+        )
     bars = source.load(asset)
     engine = fleet_engine(fleet, asset, cfg, origin=f"{cfg.data.source._target_.rsplit('.', 1)[-1]} bars of {asset.key}")
     start, stop, window = _window(cfg, asset, bars)

@@ -5,11 +5,16 @@ the close of bar ``t`` and held to the close of bar ``t + 1`` (the last position
 bar and is ignored). Step ``t`` (``t = 0 .. T - 2``) earns, in USD::
 
     cost_per_contract = commission_usd + slippage_ticks * tick_value
-    pnl[t] = positions[t] * (close[t+1] - close[t]) * multiplier
+    pnl[t] = positions[t] * move[t] * multiplier
              - cost_per_contract * |positions[t] - positions[t-1]|,   positions[-1] = 0
+             - cost_per_contract * 2 * |positions[t]|   if bar t + 1 is a roll bar
 
-which is the trading environment's reward (:mod:`foxhunt.data.env`) times ``tick_value``: an
-agent's summed reward in ticks equals this PnL divided by the tick value.
+where ``move[t] = close[t+1] - close[t]``, the raw prices of the contract held, except on a
+roll bar (:mod:`foxhunt.data.roll`): there the position is closed in the old contract at its
+last close and reopened in the new one at ``roll_price[t+1]`` (two contracts' costs), so
+``move[t] = close[t+1] - roll_price[t+1]``: the PnL an account would have seen. This is the
+trading environment's reward (:mod:`foxhunt.data.env`) times ``tick_value``: an agent's summed
+reward in ticks equals this PnL divided by the tick value.
 
 **Annualization** follows the asset's session calendar, never the calendar time of the
 window: ``bars_per_year = bars per session x sessions per year`` (:func:`calendar_bars_per_year`:
@@ -38,6 +43,7 @@ import pandas as pd
 
 from foxhunt.assets import AssetSpec
 from foxhunt.data.features import BAR_INTERVAL
+from foxhunt.data.roll import held_moves, roll_flags
 from foxhunt.evaluation.stats import sharpe_ratio
 
 ALLOWED_POSITIONS = (-1, 0, 1)
@@ -97,6 +103,7 @@ def backtest(
     slippage_ticks: float,
     *,
     bars_per_year: float,
+    roll_price=None,
 ) -> BacktestResult:
     """Trade ``positions`` (T,) on ``close`` (T,) and measure the result (``timestamps`` are
     checked to increase; the annualization comes from ``bars_per_year``, not from them).
@@ -109,6 +116,8 @@ def backtest(
         commission_usd: commission per contract traded, USD (>= 0).
         slippage_ticks: slippage per contract traded, ticks (>= 0).
         bars_per_year: the annualization (:func:`calendar_bars_per_year`).
+        roll_price: (T,) the new contract's entry price on each roll bar, NaN elsewhere
+            (:attr:`foxhunt.data.dataset.SplitArrays.roll_price`); None: no roll.
 
     Metrics (over the T - 1 steps):
         pnl: total net PnL, USD.
@@ -138,9 +147,12 @@ def backtest(
         raise ValueError(f"backtest bars_per_year={bars_per_year!r}: must be a number > 0")
 
     cost_per_contract = float(commission_usd) + float(slippage_ticks) * asset.tick_value
+    rolls = None if roll_price is None else _check_roll_price(roll_price, len(pos))
     traded = _traded(pos)
-    gross = pos[:-1].astype(np.float64) * (prices[1:] - prices[:-1]) * asset.multiplier
-    return _result(pos, gross, cost_per_contract * traded, float(bars_per_year), traded)
+    held = pos[:-1].astype(np.float64)
+    gross = held * held_moves(prices, rolls) * asset.multiplier
+    rolled = 2.0 * np.abs(held) * roll_flags(rolls, len(pos))
+    return _result(pos, gross, cost_per_contract * (traded + rolled), float(bars_per_year), traded)
 
 
 def pooled(results: list[BacktestResult]) -> BacktestResult:
@@ -232,6 +244,17 @@ def _check_close(close, num_bars: int) -> np.ndarray:
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise ValueError(f"backtest close[{row}]={prices[row]}: must be a finite price")
+    return prices
+
+
+def _check_roll_price(roll_price, num_bars: int) -> np.ndarray:
+    prices = np.asarray(roll_price, dtype=np.float64)
+    if prices.shape != (num_bars,):
+        raise ValueError(f"backtest roll_price: shape {prices.shape} does not match positions ({num_bars},)")
+    bad = np.isinf(prices) | (prices <= 0)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"backtest roll_price[{row}]={prices[row]}: must be a positive price or NaN (no roll)")
     return prices
 
 

@@ -10,8 +10,10 @@ figures a model has to beat, each for a different reason:
     random        positions[t] uniform in {-1, 0, 1} from a seeded numpy Generator: no
                   skill, full turnover; what the costs alone do to a strategy that trades.
     momentum      positions[t] = sign(close[t] - close[t-1]) (0 at t = 0 and when the bar
-                  did not move): the simplest use of the price, one bar of trend-following;
-                  a model whose features see the last bars must beat it.
+                  did not move; on a roll bar the move in the new contract, from its roll
+                  price, never the jump between contracts): the simplest use of the price,
+                  one bar of trend-following; a model whose features see the last bars must
+                  beat it.
 
 As in :func:`foxhunt.evaluation.backtest.backtest`, ``positions[t]`` is taken at the close
 of bar ``t`` and may use only ``close[:t + 1]``: no baseline looks ahead.
@@ -23,10 +25,12 @@ import numbers
 
 import numpy as np
 
+from foxhunt.data.roll import held_moves
+
 BASELINES = ("flat", "buy_and_hold", "random", "momentum")
 
 
-def baseline_positions(name: str, close, *, seed: int) -> np.ndarray:
+def baseline_positions(name: str, close, *, seed: int, roll_price=None) -> np.ndarray:
     """The positions of baseline ``name`` on ``close``.
 
     Args:
@@ -34,6 +38,7 @@ def baseline_positions(name: str, close, *, seed: int) -> np.ndarray:
         close: (T,) finite close prices, T >= 1.
         seed: seed of the numpy Generator of the ``random`` baseline (an integer >= 0;
             the others ignore it).
+        roll_price: (T,) roll prices (NaN except on roll bars, :mod:`foxhunt.data.roll`) or None.
 
     Returns:
         (T,) int8 positions in {-1, 0, 1}; ``positions[t]`` depends on ``close[:t + 1]`` only.
@@ -60,7 +65,7 @@ def baseline_positions(name: str, close, *, seed: int) -> np.ndarray:
         return rng.integers(-1, 2, size=num_bars).astype(np.int8)
     # momentum: the sign of the bar's own move, known at its close
     positions = np.zeros(num_bars, dtype=np.int8)
-    positions[1:] = np.sign(np.diff(prices)).astype(np.int8)
+    positions[1:] = np.sign(held_moves(prices, roll_price)).astype(np.int8)
     return positions
 
 

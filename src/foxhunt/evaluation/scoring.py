@@ -128,14 +128,18 @@ class SplitScore:
         return cls(model=model, baselines=results, timestamps=stamps)
 
 
-def score_positions(positions, close, timestamps, asset, settings: ScoringSettings) -> SplitScore:
-    """The model's ``positions`` and every baseline's, backtested on ``close`` (T,)."""
+def score_positions(positions, close, timestamps, asset, settings: ScoringSettings, roll_price=None) -> SplitScore:
+    """The model's ``positions`` and every baseline's, backtested on the raw ``close`` (T,)
+    with the rolls of ``roll_price`` (see :func:`foxhunt.evaluation.backtest.backtest`)."""
 
     def run(pos) -> BacktestResult:
         return backtest(pos, close, timestamps, asset, settings.commission_usd, settings.slippage_ticks,
-                        bars_per_year=settings.bars_per_year)  # fmt: skip
+                        bars_per_year=settings.bars_per_year, roll_price=roll_price)  # fmt: skip
 
-    baselines = {name: run(baseline_positions(name, close, seed=settings.seed)) for name in settings.baselines}
+    baselines = {
+        name: run(baseline_positions(name, close, seed=settings.seed, roll_price=roll_price))
+        for name in settings.baselines
+    }
     return SplitScore(model=run(positions), baselines=baselines, timestamps=_utc_ns(timestamps))
 
 

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from foxhunt.assets import AssetSpec
 from foxhunt.data.env import NUM_ACTIONS, TradingEnv
+from foxhunt.data.roll import held_moves, roll_flags
 
 #: Activation names accepted by :func:`build_mlp` (config key ``model.module.activation``).
 ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -125,19 +126,23 @@ def walk_rewards(
     asset: AssetSpec,
     commission_usd: float,
     slippage_ticks: float,
+    roll_price: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-step reward (ticks) and PnL (USD) of holding ``positions[t]`` from bar t to t + 1.
 
     The env's formula, vectorized over a whole walk that starts flat: ``pnl_usd[t] =
-    pos[t] * (close[t+1] - close[t]) * multiplier - cost * |pos[t] - pos[t-1]|`` with
-    ``pos[-1] = 0`` and ``cost = commission_usd + slippage_ticks * tick_value``; reward =
+    pos[t] * move[t] * multiplier - cost * |pos[t] - pos[t-1]| - 2 * cost * |pos[t]| * roll[t]``
+    with ``pos[-1] = 0``, ``cost = commission_usd + slippage_ticks * tick_value``, ``move`` and
+    ``roll`` the held contract's move and the roll bars (:mod:`foxhunt.data.roll`); reward =
     pnl_usd / tick_value. The last position is ignored. Returns two float64 (T - 1,) arrays.
     """
     held = np.asarray(positions, dtype=np.float64)[:-1]
     close = np.asarray(close, dtype=np.float64)
     previous = np.concatenate([[0.0], held[:-1]])
     cost_per_contract = commission_usd + slippage_ticks * asset.tick_value
-    pnl_usd = held * np.diff(close) * asset.multiplier - cost_per_contract * np.abs(held - previous)
+    pnl_usd = held * held_moves(close, roll_price) * asset.multiplier - cost_per_contract * np.abs(held - previous)
+    if roll_price is not None:
+        pnl_usd = pnl_usd - 2.0 * cost_per_contract * np.abs(held) * roll_flags(roll_price, len(close))
     return pnl_usd / asset.tick_value, pnl_usd
 
 
@@ -346,8 +351,8 @@ class TradingAgent(LightningModule, ABC):
         asset, commission_usd, slippage_ticks = self._eval_costs[split]
         datamodule = self._datamodule()
         positions = self.trading_positions(datamodule, split)
-        close = datamodule.dataset.splits[split].close
-        reward, pnl_usd = walk_rewards(positions, close, asset, commission_usd, slippage_ticks)
+        arrays = datamodule.dataset.splits[split]
+        reward, pnl_usd = walk_rewards(positions, arrays.close, asset, commission_usd, slippage_ticks, arrays.roll_price)
         return {"mean_reward": float(reward.mean()), "env_pnl_usd": float(pnl_usd.sum())}
 
     def _log_evaluation(self, split: str, prefix: str) -> None:

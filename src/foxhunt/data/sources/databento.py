@@ -27,10 +27,12 @@ the training series; other OHLCV schemas can be read with :func:`read_databento_
 but ``load`` rejects them naming the schema found. For a parent-symbol request (``ES.FUT``:
 every contract plus calendar spreads such as ``ESM5-ESU5``) only the outright futures of the
 asset's root are kept (``ES`` + month code + year: spreads, options and other roots are
-dropped), then :func:`roll_by_volume` picks the front month per CME trading date (the
-outright with the most volume that day; a roll never goes back to an earlier expiry) and
-concatenates those contracts' bars. Prices are not back-adjusted: the series jumps by the
-calendar spread on a roll day, as Databento's own continuous contracts do.
+dropped), then :mod:`foxhunt.data.roll` picks the contract of each CME trading date from what
+was known before it opened (the previous session's volume, or the open interest of
+statistics files in ``path``; optionally N sessions before expiry), records the roll
+schedule and back-adjusts (``adjust``). Definition records (in ``path`` or ``definitions``)
+name the contracts, give their expirations, and their tick size and contract size are
+checked against the asset config.
 
 :func:`write_ohlcv_1m` writes bars in Databento's format through ``databento_dbn``'s own
 encoder, for tests and smoke runs (see its docstring for the exact format).
@@ -40,28 +42,23 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import re
 import zlib
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import databento_dbn as dbn
 import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import (
-    BAR_COLUMNS,
-    INDEX_NAME,
-    resolve_files,
-    source_fingerprint,
-    trade_dates,
-    unreadable,
-    validate_bars,
-)
+from foxhunt.data.bars import BAR_COLUMNS, INDEX_NAME, resolve_files, source_fingerprint, unreadable, validate_bars
 from foxhunt.data.errors import BarDataError
+from foxhunt.data.roll import ContinuousSeries, RollRule, build_continuous, single_contract
 
 FIXED_PRICE_SCALE = dbn.FIXED_PRICE_SCALE  # 1e9 raw units per 1.0 of price
 UNDEF_PRICE = dbn.UNDEF_PRICE  # 2**63 - 1, Databento's null price
@@ -76,7 +73,6 @@ RAW_COLUMNS = (
 )  # fmt: skip
 CSV_REQUIRED = ("ts_event", "instrument_id", "open", "high", "low", "close", "volume")
 CSV_PRICE_FORMATS = ("auto", "fixed", "decimal")
-ROLL_RULES = ("volume",)
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _DECODE_CHUNK = 1 << 23
@@ -104,17 +100,57 @@ def _one_line(exc: BaseException) -> str:
 # ============================================================================ definitions
 @dataclass
 class _Definitions:
-    """instrument_id -> raw symbol and expiration (ns), from definition records."""
+    """What definition records say of each instrument id (raw symbol, expiration in ns, tick,
+    contract size and its unit, the file), and the open interest statistics records read."""
 
     symbol: dict[int, str] = field(default_factory=dict)
     expiration: dict[int, int] = field(default_factory=dict)
+    tick: dict[int, float] = field(default_factory=dict)
+    size: dict[int, tuple[float, str]] = field(default_factory=dict)
+    file: dict[int, Path] = field(default_factory=dict)
+    open_interest: list[dict] = field(default_factory=list)
 
-    def add(self, record) -> None:
+    def add(self, record, file: Path | None = None) -> None:
         iid = int(record.instrument_id)
         self.symbol[iid] = str(record.raw_symbol)
         expiration = int(record.expiration)
         if 0 < expiration < dbn.UNDEF_TIMESTAMP:
             self.expiration[iid] = expiration
+        if 0 < int(record.min_price_increment) < UNDEF_PRICE:
+            self.tick[iid] = int(record.min_price_increment) / FIXED_PRICE_SCALE
+        qty = int(getattr(record, "unit_of_measure_qty", UNDEF_PRICE))
+        if 0 < qty < UNDEF_PRICE:
+            self.size[iid] = (qty / FIXED_PRICE_SCALE, str(getattr(record, "unit_of_measure", "")))
+        if file is not None:
+            self.file[iid] = file
+
+    def check(self, asset: AssetSpec, symbols: set[str]) -> None:
+        """Tick size and contract size of the asset's contracts (``symbols``) against the asset
+        config: one line naming the file, the contract and both values on a mismatch. A
+        contract sized in a currency (ZN: USD 100,000 face value) is quoted in percent of par,
+        so its value per 1.0 of price is the size over 100."""
+        for iid, symbol in self.symbol.items():
+            if symbol not in symbols:
+                continue
+            where = f"{self.file.get(iid, 'definitions')}: {symbol}"
+            tick = self.tick.get(iid)
+            if tick is not None and not math.isclose(tick, asset.tick_size, rel_tol=1e-9):
+                raise BarDataError(
+                    f"{where}: definition tick size {tick:g}, but asset.tick_size={asset.tick_size:g} "
+                    f"(asset={asset.key}: is this the right asset?)"
+                )
+            size, unit = self.size.get(iid, (None, ""))
+            if size is None:
+                continue
+            per_point = size / 100.0 if unit in _CURRENCY_UNITS else size
+            if not math.isclose(per_point, asset.multiplier, rel_tol=1e-9):
+                raise BarDataError(
+                    f"{where}: definition contract size {size:g} {unit} (= {per_point:g} per 1.0 of price), but "
+                    f"asset.multiplier={asset.multiplier:g} (asset={asset.key}: is this the right asset?)"
+                )
+
+
+_CURRENCY_UNITS = ("USD",)  # unit_of_measure of contracts sized in face value, quoted in percent of par
 
 
 def _is_definition(record) -> bool:
@@ -354,17 +390,20 @@ def _read_dbn(file: Path, definitions: _Definitions) -> pd.DataFrame | None:
     if schema == "definition" or (schema is None and records and all(_is_definition(r) for r in records)):
         for record in records:
             if _is_definition(record):
-                definitions.add(record)
+                definitions.add(record, file)
+        return None
+    if schema == "statistics":
+        _read_open_interest(file, metadata, records, definitions)
         return None
     if schema is not None and not schema.startswith("ohlcv"):
-        raise BarDataError(f"{file}: schema {schema} is not an OHLCV schema (ohlcv-1s/1m/1h/1d)")
+        raise BarDataError(f"{file}: schema {schema} is not an OHLCV schema (ohlcv-1s/1m/1h/1d), nor definition or statistics")
     bars, kept = [], []
     for number, record in enumerate(records):
         if isinstance(record, dbn.OHLCVMsg):
             bars.append(record)
             kept.append(number)
         elif _is_definition(record):
-            definitions.add(record)
+            definitions.add(record, file)
     numbers = np.asarray(kept, dtype=np.int64)
     if not bars:
         raise BarDataError(f"{file}: no OHLCV records in this DBN file (schema {schema})")
@@ -385,6 +424,22 @@ def _read_dbn(file: Path, definitions: _Definitions) -> pd.DataFrame | None:
         row_name="record",
     )
     return frame
+
+
+def _read_open_interest(file: Path, metadata, records: list, definitions: _Definitions) -> None:
+    """Open interest records of a statistics file (stat_type OPEN_INTEREST): instrument,
+    symbol, when Databento received it (``ts_recv``: when it was known) and the quantity."""
+    stats = [r for r in records if isinstance(r, dbn.StatMsg) and r.stat_type == dbn.StatType.OPEN_INTEREST]
+    if not stats:
+        return
+    iids = np.array([int(r.instrument_id) for r in stats], dtype=np.int64)
+    recv = np.array([int(r.ts_recv) for r in stats], dtype=np.int64)
+    symbols = _resolve_symbols(iids, recv, _mapping_table(metadata))
+    for record, symbol in zip(stats, symbols, strict=True):
+        definitions.open_interest.append({
+            "instrument_id": int(record.instrument_id), "symbol": symbol,
+            "published": pd.Timestamp(int(record.ts_recv), unit="ns", tz="UTC"), "value": float(record.quantity),
+        })  # fmt: skip
 
 
 def _records_frame(
@@ -556,7 +611,7 @@ def _read_all(
                 "definitions= needs definition files"
             )
         for record in found:
-            definitions.add(record)
+            definitions.add(record, file)
     frames = []
     for file in files:
         name = file.name.lower()
@@ -614,44 +669,6 @@ def outright_expiry_rank(symbol: str, root: str, first_year: int) -> int | None:
     return year * 12 + month
 
 
-def roll_by_volume(records: pd.DataFrame, asset: AssetSpec) -> tuple[pd.DataFrame, pd.Series]:
-    """Continuous front-month records, chosen by volume per CME trading date.
-
-    ``records`` has columns ``ts`` (UTC bar starts), ``contract`` (any label), ``rank``
-    (expiry order, larger = later; NaN when unknown) and ``volume``. On each trading date
-    (see :func:`foxhunt.data.bars.trade_dates`) the leader is the contract with the most
-    volume (ties: the earlier expiry); the front month is the leader unless that would go
-    back to an earlier expiry than the previous day's front month, in which case the front
-    month stays. With unknown expiries, contracts are ordered by when they first lead.
-
-    Returns (the records of the front month of each day, sorted by time; a Series indexed by
-    trading date naming that day's front-month contract).
-    """
-    days = trade_dates(pd.DatetimeIndex(records["ts"]), asset)
-    table = pd.DataFrame(
-        {"day": days, "contract": records["contract"].to_numpy(), "volume": records["volume"].to_numpy()}
-    )
-    daily = table.groupby(["day", "contract"], sort=True)["volume"].sum().reset_index()
-    ranks = records.groupby("contract")["rank"].first()
-    known = bool(ranks.notna().all())
-    daily["rank"] = daily["contract"].map(ranks) if known else 0.0
-    daily = daily.sort_values(["day", "volume", "rank"], ascending=[True, False, True], kind="stable")
-    leaders = daily.drop_duplicates("day", keep="first")
-    order: dict[object, int] = {}
-    front: list[object] = []
-    current, current_rank = None, None
-    for contract, rank in zip(leaders["contract"], leaders["rank"], strict=True):
-        rank = float(rank) if known else float(order.setdefault(contract, len(order)))
-        if current is None or rank > current_rank:
-            current, current_rank = contract, rank
-        front.append(current)
-    fronts = pd.Series(front, index=pd.Index(leaders["day"].to_numpy(), name="trade_date"), name="contract")
-    chosen = fronts.reindex(days).to_numpy()
-    mask = records["contract"].to_numpy() == chosen
-    selected = records.loc[mask].sort_values("ts", kind="stable")
-    return selected, fronts
-
-
 # ============================================================================ source
 class DatabentoBarSource:
     """Continuous 1-minute front-month bars from Databento OHLCV files.
@@ -664,7 +681,10 @@ class DatabentoBarSource:
         symbol: take exactly this contract (raw symbol such as ``ESU4``, a continuous symbol
             such as ``ES.c.0``, or an instrument id) instead of rolling; None to roll
             the asset's outrights.
-        roll: the roll rule; "volume" (front month = most volume per trading date).
+        roll: the roll rule (:class:`foxhunt.data.roll.RollRule`): ``by`` volume or
+            open_interest (of the session before), ``expiry_sessions`` (roll at the latest
+            this many sessions before expiry; needs definitions), or a plain "volume".
+        adjust: back-adjustment of the continuous prices: none, difference or ratio.
         csv_prices: "auto" (integer columns are fixed-point 1e-9, others decimal), "fixed"
             or "decimal".
         dataset: the Databento dataset the DBN files' metadata must name (``GLBX.MDP3``);
@@ -676,32 +696,33 @@ class DatabentoBarSource:
         path: str,
         definitions: str | None = None,
         symbol: str | None = None,
-        roll: str = "volume",
+        roll: Any = "volume",
+        adjust: str = "none",
         csv_prices: str = "auto",
         dataset: str | None = None,
     ) -> None:
-        if roll not in ROLL_RULES:
-            raise ValueError(f"roll={roll!r}: must be one of {', '.join(ROLL_RULES)}")
+        self.rule = RollRule.from_config(roll, adjust)
         if csv_prices not in CSV_PRICE_FORMATS:
             raise ValueError(f"csv_prices={csv_prices!r}: must be one of {', '.join(CSV_PRICE_FORMATS)}")
         self.path = str(path)
         self.dataset = None if dataset is None else str(dataset)
         self.definitions = None if definitions is None else str(definitions)
         self.symbol = None if symbol is None else str(symbol)
-        self.roll = roll
         self.csv_prices = csv_prices
 
     # ------------------------------------------------------------------ public API
     def load(self, asset: AssetSpec) -> pd.DataFrame:
-        """The continuous 1-minute bars frame of ``asset`` (see the module docstring)."""
-        selected, _ = self._continuous(asset)
-        index = pd.DatetimeIndex(selected["ts"]).rename(INDEX_NAME)
-        frame = pd.DataFrame({c: selected[c].to_numpy() for c in BAR_COLUMNS}, index=index)
-        return validate_bars(frame, asset.tick_size, origin=self.path)
+        """The continuous 1-minute bars frame of ``asset`` (see the module docstring and
+        :func:`foxhunt.data.roll.continuous` for the extra columns; ``attrs["rolls"]``)."""
+        return self.continuous(asset).bars()
+
+    def continuous(self, asset: AssetSpec) -> ContinuousSeries:
+        """The rolled series with its schedule and rolls (:mod:`foxhunt.data.roll`)."""
+        return self._continuous(asset)
 
     def front_months(self, asset: AssetSpec) -> pd.Series:
         """The contract used on each trading date (index: trading date; values: symbol)."""
-        return self._continuous(asset)[1]
+        return self._continuous(asset).front_months()
 
     def fingerprint(self, asset: AssetSpec) -> str:
         files = resolve_files(self.path, DBN_SUFFIXES + CSV_SUFFIXES, "Databento DBN or CSV files")
@@ -711,14 +732,14 @@ class DatabentoBarSource:
             "path": self.path,
             "definitions": self.definitions,
             "symbol": self.symbol,
-            "roll": self.roll,
+            "roll": self.rule.params(),
             "csv_prices": self.csv_prices,
             "dataset": self.dataset,
         }
         return source_fingerprint("databento", params, asset, files)
 
     # ------------------------------------------------------------------ internals
-    def _continuous(self, asset: AssetSpec) -> tuple[pd.DataFrame, pd.Series]:
+    def _continuous(self, asset: AssetSpec) -> ContinuousSeries:
         records, definitions, files = _read_all(self.path, self.definitions, self.csv_prices)
         for file in files:
             if file.name.lower().endswith(DBN_SUFFIXES):
@@ -733,7 +754,16 @@ class DatabentoBarSource:
             )
         contracts = self._contracts(records, asset, definitions)
         self._validate_contracts(contracts, asset)
-        return roll_by_volume(contracts, asset)
+        definitions.check(asset, set(contracts["contract"].astype(str)))
+        if self.symbol is not None or contracts["contract"].nunique() == 1 and contracts["month"].isna().all():
+            return single_contract(contracts, asset, self.path)
+        expiration = {}
+        for iid, symbol in definitions.symbol.items():
+            if iid in definitions.expiration:
+                expiration[symbol] = pd.Timestamp(definitions.expiration[iid], unit="ns", tz="UTC")
+        oi = pd.DataFrame(definitions.open_interest, columns=["instrument_id", "symbol", "published", "value"])
+        oi = oi.assign(contract=oi["symbol"].fillna(oi["instrument_id"].map(definitions.symbol)))
+        return build_continuous(contracts, asset, self.rule, expiration, oi[["contract", "published", "value"]])
 
     def _contracts(self, records: pd.DataFrame, asset: AssetSpec, definitions: _Definitions) -> pd.DataFrame:
         """The candidate records with columns ts/contract/rank, before the roll."""
@@ -751,6 +781,7 @@ class DatabentoBarSource:
             picked = records.loc[mask].copy()
             picked["contract"] = self.symbol
             picked["rank"] = 0.0
+            picked["month"] = np.nan
             return self._with_ts(picked)
         if symbols.notna().any():
             first_year = records.groupby("symbol")["ts_event"].min().dt.year
@@ -771,6 +802,7 @@ class DatabentoBarSource:
                 picked["rank"] = expirations.astype(np.float64)
             else:
                 picked["rank"] = picked["symbol"].map(rank_of).astype(np.float64)
+            picked["month"] = picked["symbol"].map(rank_of).astype(np.float64)
             picked["contract"] = picked["symbol"].astype(object)
             return self._with_ts(picked)
         ids = sorted(set(iids.tolist()))
@@ -784,6 +816,7 @@ class DatabentoBarSource:
         picked = records.copy()
         picked["contract"] = f"instrument_id={ids[0]}"
         picked["rank"] = 0.0
+        picked["month"] = np.nan
         return self._with_ts(picked)
 
     def _check_metadata(self, file: Path, asset: AssetSpec) -> None:

@@ -15,9 +15,10 @@ UTC stamps do; the Sunday session starts at 22:00 (2013-10-06) and 23:00 (2020-0
 18:00 New York time both. ``timezone`` is kept as an argument for Lean data stored in
 exchange time.
 
-Several contracts trade each day; :func:`~foxhunt.data.sources.databento.roll_by_volume`
-keeps the front month (the contract with the most volume per CME trading date, never
-rolling back to an earlier expiry). Zips whose CSVs are not minute trade bars (Lean's
+Several contracts trade each day; :mod:`foxhunt.data.roll` picks the contract of each CME
+trading date from the previous session's volume (Lean has no definition or open interest
+records here, so ``roll.by`` is volume and ``roll.expiry_sessions`` is refused), records the
+roll schedule and back-adjusts (``adjust``). Zips whose CSVs are not minute trade bars (Lean's
 ``daily``/``hour`` files, quote files) are skipped when ``path`` is a directory or glob,
 and rejected when named directly. Each contract's CSV is checked with
 :func:`~foxhunt.data.bars.validate_bars` (origin ``<zip>:<csv>``, line numbers from 1).
@@ -29,6 +30,7 @@ import re
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -36,7 +38,8 @@ import pandas as pd
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import BAR_COLUMNS, INDEX_NAME, resolve_files, source_fingerprint, unreadable, validate_bars
 from foxhunt.data.errors import BarDataError
-from foxhunt.data.sources.databento import MONTH_CODES, roll_by_volume
+from foxhunt.data.roll import ContinuousSeries, RollRule, build_continuous
+from foxhunt.data.sources.databento import MONTH_CODES
 
 LEAN_COLUMNS = ("ms", "open", "high", "low", "close", "volume")
 _MEMBER = re.compile(
@@ -57,9 +60,17 @@ class LeanMinuteSource:
         path: a zip, a directory of zips or a glob.
         timezone: the zone in which the first column counts from midnight of the file's
             date ("UTC" for Lean futures data, verified on the ES samples).
+        roll: the roll rule (:class:`foxhunt.data.roll.RollRule`); ``by: volume`` only.
+        adjust: back-adjustment of the continuous prices: none, difference or ratio.
     """
 
-    def __init__(self, path: str, timezone: str = "UTC") -> None:
+    def __init__(self, path: str, timezone: str = "UTC", roll: Any = "volume", adjust: str = "none") -> None:
+        self.rule = RollRule.from_config(roll, adjust)
+        if self.rule.by != "volume" or self.rule.expiry_sessions is not None:
+            raise ValueError(
+                f"roll={self.rule.params()}: Lean minute data rolls by volume only (no open interest "
+                "or expiration records): set roll.by=volume, roll.expiry_sessions=null"
+            )
         try:
             pd.Timestamp("2024-01-01").tz_localize(timezone)
         except Exception as exc:  # noqa: BLE001 - any failure means an unusable zone
@@ -72,15 +83,17 @@ class LeanMinuteSource:
         return resolve_files(self.path, (".zip",), "Lean minute zips")
 
     def load(self, asset: AssetSpec) -> pd.DataFrame:
-        """Front-month 1-minute bars, start-labelled in UTC."""
-        selected, _ = roll_by_volume(self.read_contracts(asset), asset)
-        index = pd.DatetimeIndex(selected["ts"]).rename(INDEX_NAME)
-        frame = pd.DataFrame({c: selected[c].to_numpy() for c in BAR_COLUMNS}, index=index)
-        return validate_bars(frame, asset.tick_size, origin=self.path)
+        """The continuous 1-minute bars, start-labelled in UTC (columns as
+        :meth:`foxhunt.data.roll.ContinuousSeries.bars`)."""
+        return self.continuous(asset).bars()
+
+    def continuous(self, asset: AssetSpec) -> ContinuousSeries:
+        """The rolled series with its schedule and rolls (:mod:`foxhunt.data.roll`)."""
+        return build_continuous(self.read_contracts(asset), asset, self.rule)
 
     def front_months(self, asset: AssetSpec) -> pd.Series:
         """The contract used on each CME trading date (values like "ESZ13")."""
-        return roll_by_volume(self.read_contracts(asset), asset)[1]
+        return self.continuous(asset).front_months()
 
     def read_contracts(self, asset: AssetSpec) -> pd.DataFrame:
         """Every contract's bars for the asset's root: columns ts, open..volume, contract
@@ -118,7 +131,8 @@ class LeanMinuteSource:
         return pd.concat(frames, ignore_index=True)
 
     def fingerprint(self, asset: AssetSpec) -> str:
-        return source_fingerprint("lean", {"path": self.path, "timezone": self.timezone}, asset, self.files())
+        params = {"path": self.path, "timezone": self.timezone, "roll": self.rule.params()}
+        return source_fingerprint("lean", params, asset, self.files())
 
     # ------------------------------------------------------------------ internals
     def _read_member(
@@ -160,6 +174,7 @@ class LeanMinuteSource:
         out = bars.reset_index().rename(columns={INDEX_NAME: "ts"})
         out["contract"] = lean_contract_symbol(match["root"], contract)
         out["rank"] = float(int(contract[:4]) * 12 + int(contract[4:]) - 1)
+        out["month"] = out["rank"]
         out["file"] = origin
         out["line"] = lines
         return out
