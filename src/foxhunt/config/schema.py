@@ -151,6 +151,17 @@ class AssetSection(Targeted):
     session_tz: str
     session_open: str = Field(pattern=r"^\d{2}:\d{2}$")
     session_close: str = Field(pattern=r"^\d{2}:\d{2}$")
+    calendar: str = Field(min_length=1)
+
+    @field_validator("calendar")
+    @classmethod
+    def _known_calendar(cls, value: str) -> str:
+        import pandas_market_calendars as mcal
+
+        if value not in mcal.get_calendar_names():
+            raise ValueError("unknown exchange calendar (pandas_market_calendars names, e.g. CME_Equity, "
+                             "CMEGlobex_FX, CME Globex Fixed Income)")
+        return value
 
     @model_validator(mode="after")
     def _tick_value_consistent(self) -> "AssetSection":
