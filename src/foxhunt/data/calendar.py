@@ -49,6 +49,7 @@ DAYS_PER_YEAR = 365.25  # mean calendar year (Julian), the unit of "per year"
 # Sessions are fetched this many days beyond the bars on each side, so that the session a
 # bar belongs to (opened the evening before, or before a long weekend) is always among them.
 _MARGIN_DAYS = 10
+_STREAM_AHEAD_DAYS = 370  # a stream loads the sessions of the year ahead at once
 _FIRST_GOOD_FRIDAY_RULE_YEAR = 2023  # the library's "every Good Friday an early close" rule starts here
 SESSION_COLUMNS = ("open", "close", "break_start", "break_end")
 
@@ -233,10 +234,10 @@ class SessionCalendar:
     def _schedule(self, first: date, last: date) -> pd.DataFrame:
         return _corrected_schedule(self.name, first, last)
 
-    def _cover(self, stamps: np.ndarray) -> dict[str, np.ndarray]:
-        """Session arrays spanning the stamps (with a margin), loaded once per wider span."""
+    def _cover(self, stamps: np.ndarray, ahead: int = _MARGIN_DAYS) -> dict[str, np.ndarray]:
+        """Session arrays spanning the stamps (with margins), loaded once per wider span."""
         lo = int(stamps.min() // DAY_NS) - _MARGIN_DAYS
-        hi = int(stamps.max() // DAY_NS) + _MARGIN_DAYS
+        hi = int(stamps.max() // DAY_NS) + ahead
         if self._bounds is None or lo < self._bounds[0] or hi > self._bounds[1]:
             if self._bounds is not None:
                 lo, hi = min(lo, self._bounds[0]), max(hi, self._bounds[1])
@@ -252,8 +253,9 @@ class SessionCalendar:
         return arrays["iv_start"], arrays["iv_end"], arrays["iv_cum"]
 
     def stream_cover(self, ts_ns: int) -> dict[str, np.ndarray]:
-        """The session arrays around one timestamp (for one-bar-at-a-time callers)."""
-        return self._cover(np.array([ts_ns], np.int64))
+        """The session arrays from shortly before one timestamp to a year after it (for
+        one-bar-at-a-time callers: one schedule per year of bars)."""
+        return self._cover(np.array([ts_ns], np.int64), ahead=_STREAM_AHEAD_DAYS)
 
 
 # ----------------------------------------------------------------------------- helpers
