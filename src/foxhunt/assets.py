@@ -21,7 +21,9 @@ class AssetSpec:
     Session hours are given in the exchange's local time zone: Globex opens on the evening
     before the trading date (``session_open``, Sunday to Thursday) and closes at
     ``session_close`` (Monday to Friday), with a daily maintenance break between close and
-    the next open.
+    the next open. Holidays, early closes and the sessions' actual bounds come from the
+    exchange calendar ``calendar`` names (:func:`foxhunt.data.calendar.calendar_for`, which
+    checks its regular hours against these).
     """
 
     key: str  # short name used in configs and run names: es, nq, 6e, zn
@@ -35,6 +37,7 @@ class AssetSpec:
     session_tz: str  # IANA zone of the session hours, e.g. America/New_York
     session_open: str  # "HH:MM" local, Globex open (evening before the trade date)
     session_close: str  # "HH:MM" local, Globex close
+    calendar: str  # pandas-market-calendars name of the exchange calendar (foxhunt.data.calendar)
     price_level: float  # typical price, the synthetic source's starting level
     daily_vol: float  # typical daily return volatility (fraction, e.g. 0.01 = 1%)
 
@@ -49,6 +52,8 @@ class AssetSpec:
                 f"= {self.tick_size * self.multiplier:g} for {self.symbol}"
             )
         ZoneInfo(self.session_tz)  # raises for an unknown zone
+        if not (isinstance(self.calendar, str) and self.calendar.strip()):
+            raise ValueError(f"asset.calendar={self.calendar!r}: must name an exchange calendar (e.g. CME_Equity)")
         self.open_time, self.close_time  # noqa: B018  (parse now: fail early on a bad "HH:MM")
 
     @property

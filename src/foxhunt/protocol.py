@@ -147,7 +147,7 @@ def cell_summary(name: str, cfg: DictConfig, metrics: dict[str, float]) -> str:
     """The cell's figures for the console: its pooled test record (mean across seeds)."""
     from hydra.utils import instantiate
 
-    from foxhunt.evaluation.backtest import annualization_note
+    from foxhunt.evaluation.backtest import evaluation_annualization
     from foxhunt.evaluation.scoring import summary_lines
 
     seeds = int(metrics.get("protocol/seeds", 1))
@@ -155,7 +155,7 @@ def cell_summary(name: str, cfg: DictConfig, metrics: dict[str, float]) -> str:
              *summary_lines({k: v for k, v in metrics.items() if not k.endswith("_std")}, "test/")]  # fmt: skip
     if seeds > 1:
         lines.append(f"  test/sharpe across seeds: {metrics['test/sharpe']:.4g} +- {metrics.get('test/sharpe_std', float('nan')):.3g} (std)")
-    lines.append(f"  {annualization_note(instantiate(cfg.asset), float(cfg.evaluation.sessions_per_year))}")
+    lines.append(f"  {evaluation_annualization(instantiate(cfg.asset), cfg.evaluation).note}")
     return "\n".join(lines)
 
 

@@ -385,12 +385,12 @@ def _checkpoint_files(callbacks) -> list[Path]:
 
 
 def _print_summary(cfg: DictConfig, metrics: dict[str, float], asset) -> None:
-    from foxhunt.evaluation.backtest import annualization_note
+    from foxhunt.evaluation.backtest import evaluation_annualization
     from foxhunt.evaluation.scoring import summary_lines
 
     name = CellKey.from_config(cfg).name
     print("\n".join([f"{name}: test split, shared backtest (net of costs)", *summary_lines(metrics, "test/"),
-                     f"  {annualization_note(asset, float(cfg.evaluation.sessions_per_year))}"]))  # fmt: skip
+                     f"  {evaluation_annualization(asset, cfg.evaluation).note}"]))  # fmt: skip
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

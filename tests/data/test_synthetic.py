@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import BAR_COLUMNS, trade_dates, validate_bars
+from foxhunt.data.calendar import MINUTE_NS, calendar_for
 from foxhunt.data.errors import BarDataError
 from foxhunt.data.sources.synthetic import SyntheticBarSource, ar1_filter
 
@@ -84,10 +85,10 @@ def test_frame_contract_and_exact_calendar():
     bars = SyntheticBarSource(days=14, seed=1, start="2024-01-01").load(ES)
     assert list(bars.columns) == list(BAR_COLUMNS)
     assert bars.index.name == "ts" and bars.index.dtype == "datetime64[ns, UTC]"
-    # trading dates Jan 1-5 and 8-12 (Mon-Fri), 23 h = 1380 one-minute bars each
-    assert len(bars) == 10 * 1380
-    # Monday Jan 1's session opens Sunday Dec 31 at 18:00 New York (23:00 UTC)
-    assert bars.index[0] == pd.Timestamp("2023-12-31 23:00", tz="UTC")
+    # trading dates Jan 2-5 and 8-12 (Mon-Fri; Jan 1 is a CME holiday), 23 h = 1380 bars each
+    assert len(bars) == 9 * 1380
+    # Tuesday Jan 2's session opens on the holiday's evening at 18:00 New York (23:00 UTC)
+    assert bars.index[0] == pd.Timestamp("2024-01-01 23:00", tz="UTC")
     # Friday Jan 12's session closes at 17:00 New York: last bar starts 16:59 EST = 21:59 UTC
     assert bars.index[-1] == pd.Timestamp("2024-01-12 21:59", tz="UTC")
     assert bars["open"].iloc[0] == ES.price_level
@@ -132,11 +133,12 @@ def test_prices_sit_exactly_on_the_tick_grid(key):
 def test_output_always_passes_validation(seed, days, key, autocorrelation, vol_of_vol):
     spec = ASSETS[key]
     bars = SyntheticBarSource(
-        days=days, seed=seed, start="2024-01-01", autocorrelation=autocorrelation, vol_of_vol=vol_of_vol
+        days=days, seed=seed, start="2024-01-08", autocorrelation=autocorrelation, vol_of_vol=vol_of_vol
     ).load(spec)
     checked = validate_bars(bars, spec.tick_size, origin="property")
     pd.testing.assert_frame_equal(checked, bars, check_exact=True)
-    assert len(bars) == days * spec.session_minutes  # 2024-01-01 is a Monday: days <= 5 are all trading dates
+    # 2024-01-08 is a Monday of a week without holiday: days <= 5 are all full trading dates
+    assert len(bars) == days * spec.session_minutes
 
 
 # ----------------------------------------------------------------------------- stylized facts
@@ -170,10 +172,13 @@ def test_volatility_clustering(es_60):
 
 def test_intraday_u_shape(es_60):
     returns, _, position = intraday_returns(es_60, ES)
-    minute = position % ES.session_minutes  # every trading date has a full session
-    first = returns[minute < 60].std()
-    last = returns[minute >= ES.session_minutes - 60].std()
-    middle = returns[np.abs(minute - ES.session_minutes // 2) < 30].std()
+    session = calendar_for(ES).session_of(es_60.index[position])
+    stamps = es_60.index[position].asi8
+    since, to_close = (stamps - session["open"]) // MINUTE_NS, (session["close"] - stamps) // MINUTE_NS
+    full = (session["close"] - session["open"]) // MINUTE_NS == ES.session_minutes  # not the early closes
+    first = returns[full & (since < 60)].std()
+    last = returns[full & (to_close <= 60)].std()
+    middle = returns[full & (np.abs(since - ES.session_minutes // 2) < 30)].std()
     assert first > 1.5 * middle and last > 1.5 * middle
 
 
@@ -214,7 +219,7 @@ def test_invalid_arguments_name_the_key():
         SyntheticBarSource(start="2024-13-01")
     with pytest.raises(ValueError, match="seed=-1"):
         SyntheticBarSource(seed=-1)
-    with pytest.raises(BarDataError, match="no trading date"):
+    with pytest.raises(BarDataError, match="no trading session of the CME_Equity calendar"):
         SyntheticBarSource(days=2, start="2024-01-06").load(ES)  # Saturday and Sunday
 
 

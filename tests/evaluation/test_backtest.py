@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from foxhunt.assets import AssetSpec
 from foxhunt.evaluation import BacktestResult, backtest
 from foxhunt.evaluation.backtest import (
+    annualization,
     annualization_note,
     calendar_bars_per_year,
     pooled,
@@ -80,12 +81,30 @@ def test_annualization_does_not_depend_on_the_window_calendar_time():
     assert weekday.metrics == over_weekend.metrics
 
 
-def test_calendar_bars_per_year_is_the_session_calendar():
-    assert calendar_bars_per_year(ES, 252) == 1380 * 252  # Globex 18:00-17:00 ET: 23 h of 1-minute bars
+def test_an_explicit_session_count_overrides_the_calendar():
+    # a number: that many regular Globex sessions (18:00-17:00 ET: 23 h of 1-minute bars), the old figure
+    assert calendar_bars_per_year(ES, 252) == 1380 * 252
     note = annualization_note(ES, 252)
     assert "347,760 bars/year" in note and "1,380 bars/session" in note and "252 sessions/year" in note
-    with pytest.raises(ValueError, match=r"evaluation.sessions_per_year=0"):
-        calendar_bars_per_year(ES, 0)
+    for bad in (0, -1.0, float("nan"), "weekly", True):
+        with pytest.raises(ValueError, match=r"^evaluation.sessions_per_year=.*: must be 'calendar' or a number > 0$"):
+            calendar_bars_per_year(ES, bad)
+
+
+def test_calendar_annualization_is_hand_checked_on_2024():
+    # CME_Equity 2024: 262 weekdays - 3 holidays (Jan 1, Good Friday Mar 29, Dec 25) = 259 sessions of
+    # 1,380 minutes, 10 of them closing at 12:00 CT instead of 16:00 (240 minutes short each)
+    minutes = 259 * 1380 - 10 * 240
+    assert minutes == 355_020
+    result = annualization(ES, "calendar", ["2024-01-01", "2024-12-31"])
+    assert result.bars_per_year == pytest.approx(minutes / (366 / 365.25), rel=1e-12)
+    assert "CME_Equity" in result.note and "2024-01-01..2024-12-31" in result.note and "259 sessions" in result.note
+    assert "354,292 bars/year" in result.note  # vs 347,760 = 1,380 x 252 before the calendar
+    # the same span, the same factor, whatever window is scored
+    assert calendar_bars_per_year(ES, "calendar", ("2024-01-01", "2024-12-31")) == result.bars_per_year
+    for bad in (["2024-12-31", "2024-01-01"], ["2024-13-01", "2024-12-31"], None, ["2024-01-01"]):
+        with pytest.raises(ValueError, match=r"^evaluation.annualization_span=.*: must be \[start, end\]"):
+            annualization(ES, "calendar", bad)
 
 
 def test_hit_rate_counts_only_bars_whose_price_moved():

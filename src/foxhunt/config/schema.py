@@ -81,13 +81,37 @@ class WalkForward(_Strict):
 class Evaluation(_Strict):
     plot_equity: bool
     max_bars: PositiveInt | None = None
-    sessions_per_year: PositiveFloat
+    sessions_per_year: float | Literal["calendar"]
+    annualization_span: list[str]
     protocol: Literal["single", "walk_forward"]
     seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] | None
     baselines: list[Literal["flat", "buy_and_hold", "random", "momentum"]]
     bootstrap: Bootstrap
     walk_forward: WalkForward
     fold: Annotated[int, Field(ge=0)] | None
+
+    @field_validator("sessions_per_year", mode="before")
+    @classmethod
+    def _sessions_per_year(cls, value: Any) -> Any:
+        if value == "calendar":
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError("must be 'calendar' (the asset's exchange calendar) or a number of sessions per year > 0")
+        return float(value)
+
+    @field_validator("annualization_span", mode="before")
+    @classmethod
+    def _annualization_span(cls, value: Any) -> Any:
+        from datetime import date
+
+        rule = "must be [start, end], trading dates 'YYYY-MM-DD' with start <= end"
+        try:
+            first, last = (date.fromisoformat(str(d)) for d in value)
+        except (TypeError, ValueError):
+            raise ValueError(rule) from None
+        if last < first:
+            raise ValueError(rule)
+        return [first.isoformat(), last.isoformat()]
 
     @model_validator(mode="after")
     def _consistent(self) -> "Evaluation":
@@ -151,6 +175,17 @@ class AssetSection(Targeted):
     session_tz: str
     session_open: str = Field(pattern=r"^\d{2}:\d{2}$")
     session_close: str = Field(pattern=r"^\d{2}:\d{2}$")
+    calendar: str = Field(min_length=1)
+
+    @field_validator("calendar")
+    @classmethod
+    def _known_calendar(cls, value: str) -> str:
+        import pandas_market_calendars as mcal
+
+        if value not in mcal.get_calendar_names():
+            raise ValueError("unknown exchange calendar (pandas_market_calendars names, e.g. CME_Equity, "
+                             "CMEGlobex_FX, CME Globex Fixed Income)")
+        return value
 
     @model_validator(mode="after")
     def _tick_value_consistent(self) -> "AssetSection":

@@ -5,8 +5,11 @@ The groups follow the Temporal Fusion Transformer's split of inputs, which every
 * ``static`` (4): contract attributes, one constant per asset, pre-scaled to order one so they
   need no normalization.
 * ``known`` (8): calendar features, known in advance for any future bar, bounded in [-1, 1]
-  or [0, 1]; computed in the exchange's time zone (``asset.session_tz``), except the
-  regular-trading-hours flag, which uses its own hours and zone (default: the US cash-equity
+  or [0, 1]; clock features in the exchange's time zone (``asset.session_tz``); the session
+  features (elapsed, remaining, week elapsed) from the actual session of each bar in the
+  asset's exchange calendar (:mod:`foxhunt.data.calendar`: a holiday has none, an early
+  close shortens its session; in closed time the last session reads as over); the
+  regular-trading-hours flag uses its own hours and zone (default: the US cash-equity
   session, 09:30-16:00 New York time, whatever the contract).
 * ``observed`` (4): market features from past prices and volume. They are returned raw here;
   :mod:`foxhunt.data.dataset` z-normalizes them with train-split statistics.
@@ -42,10 +45,12 @@ import pandas as pd
 
 from foxhunt.assets import AssetSpec
 from foxhunt.config.sections import dataclass_values
+from foxhunt.data.calendar import calendar_for
 
 MINUTES_PER_DAY = 24 * 60
 DAYS_PER_WEEK = 7
 TRADE_DATES_PER_WEEK = 5  # Monday to Friday trade dates
+EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (Monday = 0)
 BASIS_POINTS = 1e4
 PERCENT = 100.0
 #: Every source yields 1-minute bars: the step of the future calendar (decoder inputs).
@@ -65,8 +70,8 @@ FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
         "minute_of_day_cos",  # cos(2 pi m / 1440)
         "day_of_week_sin",  # sin(2 pi d / 7), d = local weekday, Monday = 0
         "day_of_week_cos",  # cos(2 pi d / 7)
-        "session_elapsed",  # minutes since the session open / session length, in [0, 1]
-        "session_remaining",  # minutes to the session close / session length, in [0, 1]
+        "session_elapsed",  # time since the session open / session length, in [0, 1] (calendar's session)
+        "session_remaining",  # time to the session close / session length, in [0, 1] (early closes shorten it)
         "regular_hours",  # 1.0 inside the regular (day) trading hours on a weekday, else 0.0
         "week_elapsed",  # (trade-date weekday + session_elapsed) / 5, in [0, 1]
     ),
@@ -183,15 +188,16 @@ def _known_features(index: pd.DatetimeIndex, asset: AssetSpec, cfg: FeatureConfi
     minute = _minute_of_day(local)
     weekday = local.day_of_week.to_numpy().astype(np.float64)
 
-    open_min = clock_minutes(asset.open_time)
-    close_min = clock_minutes(asset.close_time)
-    length = session_length(asset)
-    since_open = np.mod(minute - open_min, MINUTES_PER_DAY)
-    elapsed = np.clip(since_open / length, 0.0, 1.0)
-    remaining = np.clip((length - since_open) / length, 0.0, 1.0)
-    # A Globex session that opens in the evening trades for the next calendar date.
-    overnight = open_min > close_min
-    trade_weekday = np.mod(weekday + ((minute >= open_min) & overnight), DAYS_PER_WEEK)
+    # The session of each timestamp from the asset's exchange calendar: the one it lies in, or,
+    # in closed time (daily break, weekend, holiday, after an early close), the one that ended
+    # last, which then reads as over (elapsed 1, remaining 0).
+    session = calendar_for(asset).session_of(index)
+    stamps = index.as_unit("ns").asi8
+    length = session["close"] - session["open"]
+    inside = session["inside"]
+    elapsed = np.where(inside, np.clip((stamps - session["open"]) / length, 0.0, 1.0), 1.0)
+    remaining = np.where(inside, np.clip((session["close"] - stamps) / length, 0.0, 1.0), 0.0)
+    trade_weekday = trade_weekdays(session["date"])
     week_elapsed = np.clip((trade_weekday + elapsed) / TRADE_DATES_PER_WEEK, 0.0, 1.0)
 
     rth_local = index.tz_convert(cfg.rth_tz)
@@ -258,6 +264,12 @@ def _check_bars(bars: pd.DataFrame) -> None:
                 f"bars frame: {column}={float(values[row])!r} at {index[row]} (row {row}): "
                 f"must be finite and {rule}"
             )
+
+
+def trade_weekdays(dates: np.ndarray) -> np.ndarray:
+    """Weekday (Monday = 0) of ``datetime64[D]`` trading dates, float64."""
+    days = np.asarray(dates, dtype="datetime64[D]").astype(np.int64)
+    return np.mod(days + EPOCH_WEEKDAY, DAYS_PER_WEEK).astype(np.float64)
 
 
 def session_length(asset: AssetSpec) -> int:

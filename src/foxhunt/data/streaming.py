@@ -5,7 +5,8 @@ feature values, the same numbers :func:`foxhunt.data.features.compute_features` 
 bar of the whole series (tested to float rounding). What each group needs:
 
 - ``static``: constants of the asset, computed once;
-- ``known`` (calendar): a function of the bar's timestamp alone, computed here for one
+- ``known`` (calendar): a function of the bar's timestamp alone (and of the exchange
+  calendar's sessions, loaded a year ahead and bisected), computed here for one
   timestamp with :mod:`zoneinfo` (a pandas call per bar costs more than all the rest), and
   memoised per minute, because the forecasters' decoder asks for the next minutes again and
   again (:meth:`known_at`);
@@ -36,17 +37,18 @@ import numpy as np
 
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import TICK_TOLERANCE
+from foxhunt.data.calendar import calendar_for
 from foxhunt.data.errors import BarDataError
 from foxhunt.data.features import (
     BAR_INTERVAL,
     DAYS_PER_WEEK,
+    EPOCH_WEEKDAY,
     FEATURE_NAMES,
     MINUTES_PER_DAY,
     TRADE_DATES_PER_WEEK,
     FeatureConfig,
     clock_minutes,
     parse_hhmm,
-    session_length,
     static_features,
 )
 from foxhunt.data.dataset import feature_groups
@@ -80,18 +82,29 @@ class _RunningMean:
 
 
 class KnownCalendar:
-    """The 8 calendar features of one timestamp, as :func:`foxhunt.data.features.known_features`."""
+    """The 8 calendar features of one timestamp, as :func:`foxhunt.data.features.known_features`
+    (the same exchange-calendar sessions, looked up by bisection, a year ahead at a time)."""
 
     def __init__(self, asset: AssetSpec, cfg: FeatureConfig) -> None:
         self.zone = ZoneInfo(asset.session_tz)
         self.rth_zone = ZoneInfo(cfg.rth_tz)
-        self.open_min = clock_minutes(asset.open_time)
-        self.close_min = clock_minutes(asset.close_time)
-        self.length = session_length(asset)
-        self.overnight = self.open_min > self.close_min
+        self.sessions = calendar_for(asset)
         self.rth_open = clock_minutes(parse_hhmm(cfg.rth_open, "features.rth_open"))
         self.rth_close = clock_minutes(parse_hhmm(cfg.rth_close, "features.rth_close"))
         self._cache: dict[int, np.ndarray] = {}
+        self._arrays: dict[str, np.ndarray] | None = None
+        self._span = (0, -1)  # UTC ns the loaded sessions cover
+
+    def _session(self, ts_ns: int) -> tuple[int, int, int]:
+        """(open ns, close ns, trade weekday) of the session last opened at or before ``ts_ns``."""
+        if not (self._span[0] <= ts_ns <= self._span[1]):
+            self._arrays = self.sessions.stream_cover(ts_ns)
+            opens = self._arrays["open"]
+            self._span = (int(opens[0]), int(opens[-1]))
+        arrays = self._arrays
+        i = max(int(np.searchsorted(arrays["open"], ts_ns, side="right")) - 1, 0)
+        weekday = (int(arrays["date"][i].astype(np.int64)) + EPOCH_WEEKDAY) % DAYS_PER_WEEK
+        return int(arrays["open"][i]), int(arrays["close"][i]), weekday
 
     def row(self, ts_ns: int) -> np.ndarray:
         """(8,) float64 known features of the bar starting at ``ts_ns`` (UTC nanoseconds)."""
@@ -103,10 +116,13 @@ class KnownCalendar:
         local = utc.astimezone(self.zone)
         minute = local.hour * 60.0 + local.minute + local.second / 60.0
         weekday = float(local.weekday())
-        since_open = (minute - self.open_min) % MINUTES_PER_DAY
-        elapsed = min(max(since_open / self.length, 0.0), 1.0)
-        remaining = min(max((self.length - since_open) / self.length, 0.0), 1.0)
-        trade_weekday = (weekday + float(minute >= self.open_min and self.overnight)) % DAYS_PER_WEEK
+        opened, closes, trade_weekday = self._session(ts_ns)
+        length = closes - opened
+        if ts_ns < closes:
+            elapsed = min(max((ts_ns - opened) / length, 0.0), 1.0)
+            remaining = min(max((closes - ts_ns) / length, 0.0), 1.0)
+        else:  # closed time: the last session is over
+            elapsed, remaining = 1.0, 0.0
         week_elapsed = min(max((trade_weekday + elapsed) / TRADE_DATES_PER_WEEK, 0.0), 1.0)
         rth = utc.astimezone(self.rth_zone)
         rth_minute = rth.hour * 60.0 + rth.minute + rth.second / 60.0

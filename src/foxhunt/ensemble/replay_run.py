@@ -70,10 +70,10 @@ def run_replay(cfg, workdir: Path) -> ReplayReport:
     engine = fleet_engine(fleet, asset, cfg, origin=f"{cfg.data.source._target_.rsplit('.', 1)[-1]} bars of {asset.key}")
     start, stop, window = _window(cfg, asset, bars)
     record = replay_bars(engine, bars, start_ns=start, stop_ns=stop)
-    from foxhunt.evaluation.backtest import calendar_bars_per_year
+    from foxhunt.evaluation.backtest import evaluation_annualization
 
     results = score_replay(record, asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks),
-                           calendar_bars_per_year(asset, float(cfg.evaluation.sessions_per_year)))  # fmt: skip
+                           evaluation_annualization(asset, cfg.evaluation).bars_per_year)  # fmt: skip
     skip = int(cfg.data.features.volume_bars) if start is None else 0
     latency = {f.member.name: latency_us(record.member_ns[f.member.name], skip) for f in fleet}
     latency[FLEET] = latency_us(record.total_ns, record.warm_bars)

@@ -16,12 +16,15 @@ last close and reopened in the new one at ``roll_price[t+1]`` (two contracts' co
 trading environment's reward (:mod:`foxhunt.data.env`) times ``tick_value``: an agent's summed
 reward in ticks equals this PnL divided by the tick value.
 
-**Annualization** follows the asset's session calendar, never the calendar time of the
-window: ``bars_per_year = bars per session x sessions per year`` (:func:`calendar_bars_per_year`:
-the Globex session's minutes over the bar interval, times ``evaluation.sessions_per_year``), so
-a window with a weekend and one without get the same factor (the calendar time of a window
-moved it from 715 to 461 on the same bars). The Sharpe ratio of ``pnl`` is
-``mean / std(ddof=1) * sqrt(bars_per_year)``.
+**Annualization** follows the asset's exchange calendar, never the calendar time of the
+window: ``bars_per_year = sessions per year x bars per session`` (:func:`annualization`), both
+measured on the asset's calendar (:mod:`foxhunt.data.calendar`, holidays, early closes and
+breaks counted) over a fixed reference span of trading dates (``evaluation.annualization_span``),
+so a window with a weekend and one without, or one split and another, get the same factor (the
+calendar time of a window moved it from 715 to 461 on the same bars). A number given as
+``evaluation.sessions_per_year`` overrides the calendar (that many regular Globex sessions).
+The Sharpe ratio of ``pnl`` is ``mean / std(ddof=1) * sqrt(bars_per_year)``; the run prints
+:attr:`Annualization.note` with it.
 
 **Pooling.** :func:`pooled` joins the steps of several backtests (the test blocks of a
 walk-forward's folds, each starting flat) into one, the out-of-sample record the walk-forward
@@ -37,6 +40,8 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -47,6 +52,7 @@ from foxhunt.data.roll import held_moves, roll_flags
 from foxhunt.evaluation.stats import sharpe_ratio
 
 ALLOWED_POSITIONS = (-1, 0, 1)
+CALENDAR = "calendar"  # evaluation.sessions_per_year: annualize by the asset's exchange calendar
 
 
 @dataclass(frozen=True)
@@ -75,23 +81,96 @@ class BacktestResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def calendar_bars_per_year(asset: AssetSpec, sessions_per_year: float) -> float:
-    """Bars in a year of the asset's sessions: the Globex session's minutes over the bar
-    interval (:data:`foxhunt.data.features.BAR_INTERVAL`), times ``sessions_per_year``."""
-    if not (isinstance(sessions_per_year, numbers.Real) and math.isfinite(sessions_per_year) and sessions_per_year > 0):
-        raise ValueError(f"evaluation.sessions_per_year={sessions_per_year!r}: must be a number > 0")
-    bars_per_session = asset.session_minutes * pd.Timedelta(minutes=1) / BAR_INTERVAL
-    return float(bars_per_session * sessions_per_year)
+@dataclass(frozen=True)
+class Annualization:
+    """The bars per year a run's Sharpe ratios are annualized by, and how they were found."""
+
+    bars_per_year: float
+    note: str  # one line, printed with the run's figures
 
 
-def annualization_note(asset: AssetSpec, sessions_per_year: float) -> str:
-    """How the Sharpe ratios of a report are annualized, in one line."""
-    per_session = asset.session_minutes * pd.Timedelta(minutes=1) / BAR_INTERVAL
-    return (
-        f"Sharpe annualized by the session calendar: sqrt({calendar_bars_per_year(asset, sessions_per_year):,.0f} bars/year"
-        f" = {per_session:,.0f} bars/session ({asset.key} Globex {asset.session_open}-{asset.session_close}"
-        f" {asset.session_tz}) x {sessions_per_year:g} sessions/year)"
+def annualization(asset: AssetSpec, sessions_per_year: Any = CALENDAR, span: Any = None) -> Annualization:
+    """Bars per year for ``asset`` (see the module doc).
+
+    ``sessions_per_year="calendar"``: from the asset's exchange calendar
+    (:func:`foxhunt.data.calendar.calendar_for`) over the trading dates ``span`` = [start, end]
+    (``evaluation.annualization_span``): its open minutes over the span (holidays, early closes
+    and breaks counted) per year of the span, over the bar interval, i.e. sessions per year x
+    open minutes per session. A number > 0 overrides it: that many sessions a year of the
+    asset's regular Globex session (``asset.session_minutes``), the figure before calendars.
+    """
+    per_bar = BAR_INTERVAL / pd.Timedelta(minutes=1)
+    if isinstance(sessions_per_year, str) and sessions_per_year == CALENDAR:
+        from foxhunt.data.calendar import calendar_for
+
+        first, last = _span(span)
+        cal = calendar_for(asset)
+        figures = cal.annual(first, last)
+        bars = figures.open_minutes_per_year / per_bar
+        note = (
+            f"Sharpe annualized by the exchange calendar: sqrt({bars:,.0f} bars/year = "
+            f"{figures.sessions_per_year:.2f} sessions/year x {figures.minutes_per_session / per_bar:,.1f} bars/session; "
+            f"{asset.key} calendar {cal.name} ({cal.library}), trading dates {first}..{last}: "
+            f"{figures.sessions:,} sessions, {figures.open_minutes:,} open minutes in {figures.years:.2f} years, "
+            f"holidays and early closes counted)"
+        )
+        return Annualization(float(bars), note)
+    if not (isinstance(sessions_per_year, numbers.Real) and not isinstance(sessions_per_year, bool)
+            and math.isfinite(sessions_per_year) and sessions_per_year > 0):  # fmt: skip
+        raise ValueError(f"evaluation.sessions_per_year={sessions_per_year!r}: must be 'calendar' or a number > 0")
+    per_session = asset.session_minutes / per_bar
+    bars = float(per_session * sessions_per_year)
+    note = (
+        f"Sharpe annualized by a given session count: sqrt({bars:,.0f} bars/year = {per_session:,.0f} bars/session "
+        f"({asset.key} Globex {asset.session_open}-{asset.session_close} {asset.session_tz}, no holiday or early close) "
+        f"x {sessions_per_year:g} sessions/year, evaluation.sessions_per_year)"
     )
+    return Annualization(bars, note)
+
+
+def evaluation_annualization(asset: AssetSpec, evaluation: Any) -> Annualization:
+    """:func:`annualization` from a config's ``evaluation`` node (``sessions_per_year``,
+    ``annualization_span``)."""
+    value = evaluation.sessions_per_year
+    span = evaluation.get("annualization_span") if hasattr(evaluation, "get") else getattr(evaluation, "annualization_span", None)
+    return annualization(asset, value if isinstance(value, str) else _number(value), span)
+
+
+def calendar_bars_per_year(asset: AssetSpec, sessions_per_year: Any = CALENDAR, span: Any = None) -> float:
+    """Bars in a year of the asset's sessions (:func:`annualization`)."""
+    return annualization(asset, sessions_per_year, span).bars_per_year
+
+
+def annualization_note(asset: AssetSpec, sessions_per_year: Any = CALENDAR, span: Any = None) -> str:
+    """How the Sharpe ratios of a report are annualized, in one line (:func:`annualization`)."""
+    return annualization(asset, sessions_per_year, span).note
+
+
+def _number(value: Any) -> Any:
+    try:
+        return float(value) if not isinstance(value, bool) else value
+    except (TypeError, ValueError):
+        return value
+
+
+def _span(span: Any) -> tuple[date, date]:
+    rule = "must be [start, end], trading dates 'YYYY-MM-DD' with start <= end"
+    try:
+        first, last = (date.fromisoformat(str(d)) for d in span)
+    except (TypeError, ValueError):
+        raise ValueError(f"evaluation.annualization_span={_plain(span)!r}: {rule}") from None
+    if last < first:
+        raise ValueError(f"evaluation.annualization_span={_plain(span)!r}: {rule}")
+    return first, last
+
+
+def _plain(value: Any) -> Any:
+    try:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    except ImportError:  # pragma: no cover
+        return value
 
 
 def backtest(

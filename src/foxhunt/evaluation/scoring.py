@@ -31,7 +31,7 @@ import pandas as pd
 from foxhunt.evaluation.backtest import (
     BacktestResult,
     backtest,
-    calendar_bars_per_year,
+    evaluation_annualization,
     from_steps,
     pooled,
 )
@@ -80,7 +80,7 @@ class ScoringSettings:
         return cls(
             commission_usd=float(cfg.execution.commission_usd),
             slippage_ticks=float(cfg.execution.slippage_ticks),
-            bars_per_year=calendar_bars_per_year(asset, float(evaluation.sessions_per_year)),
+            bars_per_year=evaluation_annualization(asset, evaluation).bars_per_year,
             bootstrap=BootstrapSettings(int(boot.samples), int(boot.block_bars), float(boot.confidence), int(boot.seed)),
             baselines=tuple(str(name) for name in evaluation.baselines),
             seed=int(cfg.seed),

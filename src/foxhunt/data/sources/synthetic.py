@@ -4,9 +4,11 @@ The generator reproduces the stylized facts a trading model meets in real minute
 asset (price level, tick size, daily volatility and Globex session hours come from the
 :class:`~foxhunt.assets.AssetSpec`):
 
-* session calendar: Globex sessions open on the evening before each trading date (Sunday
-  evening for Monday) and close on the trading date; trading dates are Monday to Friday,
-  so weekends and the daily break between close and the next open have no bars;
+* session calendar: bars only inside the sessions of the asset's exchange calendar
+  (:func:`foxhunt.data.calendar.calendar_for`, pandas-market-calendars): Globex sessions open
+  on the evening before each trading date (Sunday evening for Monday) and close on it, CME
+  holidays have no session, an early close ends its session early, a break inside a session
+  (the equity halt before 2021) has no bars; weekends and the daily break have none either;
 * volatility clustering: the log-volatility is a stationary AR(1) process in trading
   minutes (a stochastic-volatility model, GARCH-like in effect: calm and busy stretches
   persist with a chosen half-life);
@@ -30,16 +32,16 @@ from __future__ import annotations
 
 import math
 import zlib
-from datetime import date, datetime, timedelta
+from datetime import date, timedelta
 
 import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import BAR_COLUMNS, INDEX_NAME, snap_to_tick, source_fingerprint, validate_bars
+from foxhunt.data.calendar import MINUTE_NS, calendar_for
 from foxhunt.data.errors import BarDataError
 
-MINUTES_PER_DAY = 24 * 60
 # Blocks of the AR(1) filter are sized so that |phi|**-block stays below exp(this): the
 # closed form divides by phi**k, and this bound keeps those factors far from overflow.
 _AR1_BLOCK_LOG_RANGE = 200.0
@@ -70,20 +72,12 @@ def ar1_filter(innovations: np.ndarray, phi: float, initial: float = 0.0) -> np.
     return out
 
 
-def _session_layout(asset: AssetSpec) -> tuple[timedelta, int]:
-    """(offset of the session open from the trading date's midnight, session length in minutes)."""
-    o, c = asset.open_time, asset.close_time
-    open_min, close_min = o.hour * 60 + o.minute, c.hour * 60 + c.minute
-    if open_min > close_min:  # Globex: opens the evening before the trading date
-        return timedelta(minutes=open_min - MINUTES_PER_DAY), MINUTES_PER_DAY - open_min + close_min
-    return timedelta(minutes=open_min), close_min - open_min
-
-
 class SyntheticBarSource:
     """Deterministic synthetic 1-minute bars for any asset.
 
     Args:
-        days: calendar days to cover, starting at ``start`` (trading dates Monday-Friday).
+        days: calendar days to cover, starting at ``start``: the sessions of the asset's
+            calendar whose trading date falls in them.
         seed: random seed (non-negative); the asset's key is mixed in, so assets differ.
         start: first calendar date, "YYYY-MM-DD".
         autocorrelation: AR(1) coefficient of 1-minute returns (0 = none), in (-1, 1).
@@ -173,7 +167,9 @@ class SyntheticBarSource:
         return validate_bars(bars, asset.tick_size, origin=self._origin(asset))
 
     def fingerprint(self, asset: AssetSpec) -> str:
-        return source_fingerprint("synthetic", self._params(), asset)
+        # the calendar's library version is in it: new holiday rules, new bars, a new cache key
+        params = {**self._params(), "calendar": calendar_for(asset).fingerprint()}
+        return source_fingerprint("synthetic", params, asset)
 
     # ------------------------------------------------------------------ internals
     def _params(self) -> dict:
@@ -200,42 +196,45 @@ class SyntheticBarSource:
         return f"synthetic {asset.key} (seed={self.seed}, start={self.start}, days={self.days})"
 
     def _calendar(self, asset: AssetSpec):
-        """UTC minute stamps of every session minute of the trading dates in range."""
-        open_offset, session_minutes = _session_layout(asset)
-        dates = trading_dates(self.start, self.days)
-        if len(dates) == 0:
+        """UTC minute stamps of every open minute of the calendar's sessions in range, each
+        bar's session number, its clock minute since the session open and its session's length."""
+        last = self.start + timedelta(days=self.days - 1)
+        sessions = calendar_for(asset).sessions(self.start, last)
+        if sessions.empty:
             raise BarDataError(
-                f"{self._origin(asset)}: no trading date (Monday-Friday) in the {self.days} day(s) "
-                f"from {self.start}"
+                f"{self._origin(asset)}: no trading session of the {asset.calendar} calendar in the "
+                f"{self.days} day(s) from {self.start}"
             )
-        opens = (dates + open_offset).to_numpy().astype("datetime64[m]")
-        local = (opens[:, None] + np.arange(session_minutes, dtype="timedelta64[m]")[None, :]).ravel()
-        session_id = np.repeat(np.arange(len(dates)), session_minutes)
-        minute_of_session = np.tile(np.arange(session_minutes), len(dates))
-        index = pd.DatetimeIndex(local.astype("datetime64[ns]")).tz_localize(
-            asset.session_tz, ambiguous="NaT", nonexistent="NaT"
-        )
-        keep = ~index.isna()
-        if not keep.all():  # a session crossing a DST change: drop minutes missing or repeated
-            index, session_id, minute_of_session = index[keep], session_id[keep], minute_of_session[keep]
-        index = index.tz_convert("UTC").as_unit("ns").rename(INDEX_NAME)
-        return index, session_id, minute_of_session, session_minutes
+        opens = pd.DatetimeIndex(sessions["open"]).asi8
+        closes = pd.DatetimeIndex(sessions["close"]).asi8
+        lengths = (closes - opens) // MINUTE_NS  # clock minutes from open to close
+        session_id = np.repeat(np.arange(len(sessions)), lengths)
+        starts = np.cumsum(lengths) - lengths
+        minute_of_session = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+        stamps = opens[session_id] + minute_of_session * MINUTE_NS
+        breaks = sessions["break_start"].notna().to_numpy()
+        if breaks.any():  # no bar inside a session's break
+            bs = np.where(breaks, pd.DatetimeIndex(sessions["break_start"]).asi8, 0)[session_id]
+            be = np.where(breaks, pd.DatetimeIndex(sessions["break_end"]).asi8, 0)[session_id]
+            keep = ~((stamps >= bs) & (stamps < be))
+            stamps, session_id, minute_of_session = stamps[keep], session_id[keep], minute_of_session[keep]
+        index = pd.DatetimeIndex(stamps.astype("datetime64[ns]")).tz_localize("UTC").rename(INDEX_NAME)
+        return index, session_id, minute_of_session, lengths[session_id]
 
-    def _generate(self, asset, index, session_id, minute_of_session, session_minutes) -> pd.DataFrame:
+    def _generate(self, asset, index, session_id, minute_of_session, session_length) -> pd.DataFrame:
         n = len(index)
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, zlib.crc32(asset.key.encode())]))
         a = self.autocorrelation
         v = self.vol_of_vol
         nu = self.tail_dof
 
-        # Intraday U shape, normalized so its mean square over the session is 1.
-        position = (np.arange(session_minutes) + 0.5) / session_minutes
-        shape = (
-            self.intraday_u_depth
-            + (1.0 - self.intraday_u_depth) * np.abs(2.0 * position - 1.0) ** self.intraday_u_power
-        )
-        shape /= math.sqrt(np.mean(shape**2))
-        u = shape[minute_of_session]
+        # Intraday U shape over each session (an early close compresses it), normalized so that
+        # its mean square over a regular session is 1.
+        session_minutes = asset.session_minutes
+        shape = self._u_shape((np.arange(session_minutes) + 0.5) / session_minutes)
+        norm = math.sqrt(np.mean(shape**2))
+        shape /= norm
+        u = self._u_shape((minute_of_session + 0.5) / session_length) / norm
 
         # Log-volatility: stationary AR(1) with standard deviation v.
         phi_vol = 0.5 ** (1.0 / self.vol_half_life_minutes)
@@ -291,8 +290,6 @@ class SyntheticBarSource:
         data = {"open": o, "high": h_, "low": l_, "close": c, "volume": volume.astype(np.float64)}
         return pd.DataFrame({col: data[col] for col in BAR_COLUMNS}, index=index)
 
-
-def trading_dates(start: date | datetime | str, days: int) -> pd.DatetimeIndex:
-    """The trading dates (Monday-Friday) among ``days`` calendar days from ``start``."""
-    dates = pd.date_range(pd.Timestamp(start).normalize(), periods=days, freq="D")
-    return dates[dates.day_of_week < 5]
+    def _u_shape(self, position: np.ndarray) -> np.ndarray:
+        """Volatility profile at ``position`` in (0, 1) of the session (1 at the open and close)."""
+        return self.intraday_u_depth + (1.0 - self.intraday_u_depth) * np.abs(2.0 * position - 1.0) ** self.intraday_u_power
