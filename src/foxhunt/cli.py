@@ -15,11 +15,13 @@ from pathlib import Path
 
 import typer
 
+from foxhunt.commands.data import data_app
 from foxhunt.commands.ensemble import ensemble_app
 from foxhunt.commands.memory import memory_app
 from foxhunt.commands.train_jobs import train_app
 
 app = typer.Typer(help="foxhunt: train trading models on CME futures under a memory budget.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
 app.add_typer(ensemble_app, name="ensemble")
 app.add_typer(memory_app, name="memory")
 app.add_typer(train_app, name="train")

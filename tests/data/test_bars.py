@@ -18,9 +18,9 @@ from foxhunt.data.bars import (
     resolve_files,
     snap_to_tick,
     source_fingerprint,
-    trade_dates,
     validate_bars,
 )
+from foxhunt.data.calendar import calendar_for
 from foxhunt.data.errors import BarDataError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,14 +187,14 @@ def test_trade_dates_follow_the_globex_evening_open():
         ],
         tz="UTC",
     )
-    assert [str(d) for d in trade_dates(stamps, es)] == [
+    assert [str(d) for d in calendar_for(es).trading_dates(stamps)] == [
         "2024-01-08",
         "2024-01-08",
         "2024-07-02",
         "2024-07-01",
     ]
-    fx_stamps = pd.DatetimeIndex(["2024-01-01 23:00", "2024-01-01 21:59"], tz="UTC")  # 17:00 / 15:59 CST
-    assert [str(d) for d in trade_dates(fx_stamps, fx)] == ["2024-01-02", "2024-01-01"]
+    fx_stamps = pd.DatetimeIndex(["2024-01-02 23:00", "2024-01-02 21:59"], tz="UTC")  # 17:00 / 15:59 CST
+    assert [str(d) for d in calendar_for(fx).trading_dates(fx_stamps)] == ["2024-01-03", "2024-01-02"]
 
 
 # ---------------------------------------------------------------------------------- files

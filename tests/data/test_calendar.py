@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.calendar import MINUTE_NS, CalendarError, SessionCalendar, calendar_for
+from foxhunt.data.calendar import (
+    MINUTE_NS,
+    CalendarError,
+    SessionCalendar,
+    calendar_for,
+)
 from foxhunt.data.features import FeatureConfig, future_known_features, known_features
 from foxhunt.data.sources.synthetic import SyntheticBarSource
 from foxhunt.data.streaming import KnownCalendar

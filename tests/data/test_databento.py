@@ -9,7 +9,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import databento_dbn as dbn
-import numpy as np
 import pandas as pd
 import pytest
 from hydra.utils import instantiate

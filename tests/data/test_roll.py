@@ -124,7 +124,7 @@ def test_the_env_reward_is_the_backtest_pnl_in_ticks(tmp_path):
 
 
 def test_open_interest_published_before_the_session_decides(tmp_path):
-    path = two_contract_file(tmp_path, volumes=[{"ESH4": 900, "ESM4": 90}] * 4)  # volume never crosses
+    two_contract_file(tmp_path, volumes=[{"ESH4": 900, "ESM4": 90}] * 4)  # volume never crosses
     oi = [  # (published, ESH4, ESM4)
         ("2024-03-04 12:00", 2000, 500),
         ("2024-03-05 20:00", 1000, 2000),  # after Tuesday's bars: decides Wednesday

@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 from market_bars import load_asset, make_bars
 
 from foxhunt.data.errors import BarDataError
-from foxhunt.data.features import FEATURE_GROUPS, FeatureConfig, compute_features, future_known_features
+from foxhunt.data.features import (
+    FEATURE_GROUPS,
+    FeatureConfig,
+    compute_features,
+    future_known_features,
+)
 from foxhunt.data.streaming import StreamingFeatures, normalize, normalizer
 
 FEATURES = FeatureConfig(momentum_bars=5, volatility_bars=7, volume_bars=11)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import BAR_COLUMNS, trade_dates, validate_bars
+from foxhunt.data.bars import BAR_COLUMNS, validate_bars
 from foxhunt.data.calendar import MINUTE_NS, calendar_for
 from foxhunt.data.errors import BarDataError
 from foxhunt.data.sources.synthetic import SyntheticBarSource, ar1_filter
@@ -35,7 +35,7 @@ ES = ASSETS["es"]
 def intraday_returns(bars: pd.DataFrame, spec: AssetSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """1-minute log returns within one trading date, their trading dates, and the bar index."""
     log_close = np.log(bars["close"].to_numpy())
-    days = trade_dates(bars.index, spec)
+    days = calendar_for(spec).trading_dates(bars.index)
     same = days[1:] == days[:-1]
     return np.diff(log_close)[same], days[1:][same], np.flatnonzero(same) + 1
 
@@ -107,7 +107,7 @@ def test_sessions_weekends_and_daily_break(key):
     assert not ((local.day_of_week == 6) & (minutes < open_min)).any()  # Sunday before the open
     assert not ((local.day_of_week == 4) & (minutes >= close_min)).any()  # Friday after the close
     assert not ((minutes >= close_min) & (minutes < open_min)).any()  # the daily break
-    per_day = pd.Series(1, index=trade_dates(bars.index, spec)).groupby(level=0).size()
+    per_day = pd.Series(1, index=calendar_for(spec).trading_dates(bars.index)).groupby(level=0).size()
     assert (per_day == spec.session_minutes).all()
 
 
@@ -149,7 +149,7 @@ def test_daily_volatility_matches_the_asset(years, key):
     returns, days, _ = intraday_returns(bars, spec)
     realized = np.sqrt(pd.Series(returns**2).groupby(days).sum().mean())
     close_to_close = (
-        pd.Series(np.log(bars["close"].to_numpy())).groupby(trade_dates(bars.index, spec)).last().diff().std()
+        pd.Series(np.log(bars["close"].to_numpy())).groupby(calendar_for(spec).trading_dates(bars.index)).last().diff().std()
     )
     assert realized == pytest.approx(spec.daily_vol, rel=0.25)
     assert close_to_close == pytest.approx(spec.daily_vol, rel=0.25)

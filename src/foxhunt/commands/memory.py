@@ -156,7 +156,11 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
     from foxhunt.memory import fleet_report
     from foxhunt.memory.fleet import judge
     from foxhunt.memory.predict import predict_footprint
-    from foxhunt.memory.training_run import MeasurementError, data_description, measure_run
+    from foxhunt.memory.training_run import (
+        MeasurementError,
+        data_description,
+        measure_run,
+    )
     from foxhunt.runs.tags import Tag
 
     first = next(iter(configs.values()))

@@ -205,7 +205,12 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
-    from foxhunt.bench.side_by_side import StepTimer, Turns, fit_side_by_side, percentile
+    from foxhunt.bench.side_by_side import (
+        StepTimer,
+        Turns,
+        fit_side_by_side,
+        percentile,
+    )
     from foxhunt.build import build_datamodule, build_model
     from foxhunt.data.dataset import load_market_dataset
     from foxhunt.memory.callback import MemoryBudgetCallback

@@ -215,7 +215,13 @@ def list_jobs(
 ) -> None:
     """Jobs in the store, newest first, with filters, sorting and pages."""
     from foxhunt.jobs.display import list_table
-    from foxhunt.jobs.listing import filter_jobs, job_to_dict, paginate, parse_since, sort_jobs
+    from foxhunt.jobs.listing import (
+        filter_jobs,
+        job_to_dict,
+        paginate,
+        parse_since,
+        sort_jobs,
+    )
     from foxhunt.jobs.views import load_jobs, now_ms
 
     states = _split(status_)

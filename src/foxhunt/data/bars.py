@@ -23,7 +23,6 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -222,21 +221,6 @@ def validate_bars(
     return out
 
 
-# ----------------------------------------------------------------------------- sessions
-def trade_dates(index: pd.DatetimeIndex, asset: AssetSpec) -> np.ndarray:
-    """The CME trading date of each bar (``datetime64[D]``).
-
-    Globex sessions open on the evening before their trading date (``asset.session_open``
-    local time): a bar at or after the open belongs to the next calendar day. Sessions that
-    open and close on the same day map to their local calendar date.
-    """
-    local = index.tz_convert(asset.session_tz).tz_localize(None)
-    open_time, close_time = asset.open_time, asset.close_time
-    if (open_time.hour, open_time.minute) > (close_time.hour, close_time.minute):
-        local = local + (timedelta(days=1) - timedelta(hours=open_time.hour, minutes=open_time.minute))
-    return local.to_numpy().astype("datetime64[D]")
-
-
 # ----------------------------------------------------------------------------- file inputs
 def resolve_files(path: str | Path, suffixes: Iterable[str], what: str) -> list[Path]:
     """Files named by ``path``: one file, a directory (files ending in ``suffixes``, searched
@@ -267,8 +251,8 @@ def resolve_files(path: str | Path, suffixes: Iterable[str], what: str) -> list[
 def unreadable(file: str | Path, exc: BaseException, what: str) -> BarDataError:
     """The one-line error for a file that cannot be read as ``what`` ("CSV", "zip"): a compressed
     file cut short is named truncated, damaged compressed data corrupt, anything else unreadable."""
-    import zlib
     import zipfile
+    import zlib
 
     text = " ".join(str(exc).split()) or type(exc).__name__
     name = str(file)

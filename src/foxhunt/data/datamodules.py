@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from foxhunt.data.dataset import MarketDataset
 from foxhunt.data.env import TradingEnv
-from foxhunt.data.roll import entry_prices
 from foxhunt.data.features import future_known_features
+from foxhunt.data.roll import entry_prices
 from foxhunt.data.splits import SPLIT_NAMES
 
 

@@ -41,8 +41,13 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
+from foxhunt.data.features import (
+    FEATURE_GROUPS,
+    FEATURE_NAMES,
+    FeatureConfig,
+    compute_features,
+)
 from foxhunt.data.roll import RAW_CLOSE, ROLL_PRICE, held_moves
-from foxhunt.data.features import FEATURE_GROUPS, FEATURE_NAMES, FeatureConfig, compute_features
 from foxhunt.data.splits import SPLIT_NAMES, as_split, split_slices
 
 log = logging.getLogger(__name__)

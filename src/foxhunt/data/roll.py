@@ -51,7 +51,8 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import BAR_COLUMNS, INDEX_NAME, trade_dates, validate_bars
+from foxhunt.data.bars import BAR_COLUMNS, INDEX_NAME, validate_bars
+from foxhunt.data.calendar import calendar_for
 from foxhunt.data.errors import BarDataError
 
 ROLL_BY = ("volume", "open_interest")
@@ -309,7 +310,7 @@ def single_contract(records: pd.DataFrame, asset: AssetSpec, origin: str) -> Con
     frame[RAW_CLOSE] = frame["close"].to_numpy(np.float64)
     frame[ROLL_PRICE] = np.nan
     frame[CONTRACT] = bars["contract"].to_numpy()
-    sessions = pd.unique(trade_dates(frame.index, asset))
+    sessions = pd.unique(calendar_for(asset).trading_dates(frame.index))
     schedule = pd.DataFrame({"session": pd.DatetimeIndex(sessions), "contract": bars["contract"].iloc[0],
                              "rolled": False, "reason": ""})  # fmt: skip
     schedule.loc[:0, "reason"] = "a single contract: no roll"
@@ -322,12 +323,15 @@ def build_continuous(records: pd.DataFrame, asset: AssetSpec, rule: RollRule,
     """Roll ``records`` (columns ``ts``, ``contract``, ``rank`` (expiry order), ``month``
     (contract month as year * 12 + month - 1), ``open/high/low/close/volume``) by ``rule``.
 
-    Sessions are the asset's trading dates (:func:`foxhunt.data.bars.trade_dates`);
+    Sessions are the trading dates of the asset's exchange calendar
+    (:meth:`foxhunt.data.calendar.SessionCalendar.trading_dates`), and so are the sessions
+    counted to an expiration;
     ``expiration``: contract -> UTC expiration (definition records); ``open_interest``:
     columns ``contract``, ``published``, ``value``.
     """
+    calendar = calendar_for(asset)
     bars = records.copy()
-    bars["session"] = trade_dates(pd.DatetimeIndex(bars["ts"]), asset)
+    bars["session"] = calendar.trading_dates(pd.DatetimeIndex(bars["ts"]))
     ranks = bars.groupby("contract", sort=False)["rank"].first()
     months = bars.groupby("contract", sort=False)["month"].first()
     contracts = Contracts(
@@ -337,7 +341,11 @@ def build_continuous(records: pd.DataFrame, asset: AssetSpec, rule: RollRule,
         last_month_day={c: _month_end(m) for c, m in months.items() if not pd.isna(m)},
         open_interest=open_interest,
     )
-    schedule = roll_schedule(contracts, rule, _weekday_sessions)
+    def sessions_until(session: pd.Timestamp, expiry: pd.Timestamp) -> int:
+        last = calendar.trading_dates(pd.DatetimeIndex([expiry]))[0]
+        return len(calendar.sessions(session, last)) if last >= np.datetime64(session.date(), "D") else 0
+
+    schedule = roll_schedule(contracts, rule, sessions_until)
     frame, rolls = continuous(contracts, schedule, rule.adjust)
     return ContinuousSeries(frame=frame, schedule=schedule, rolls=rolls)
 
@@ -353,14 +361,6 @@ def write_schedule(rolls: list[dict[str, Any]], path: Path) -> Path:
 def _month_end(month: float) -> pd.Timestamp:
     year, index = divmod(int(month), 12)
     return pd.Timestamp(year=year, month=index + 1, day=1) + pd.offsets.MonthEnd(0)
-
-
-def _weekday_sessions(session: pd.Timestamp, until: pd.Timestamp) -> int:
-    """Sessions from ``session`` to the trading date of ``until``, both included (Monday to
-    Friday)."""
-    start = np.datetime64(pd.Timestamp(session).date(), "D")
-    end = np.datetime64(pd.Timestamp(until).tz_convert(None).date() if pd.Timestamp(until).tzinfo else pd.Timestamp(until).date(), "D")
-    return int(np.busday_count(start, end + 1)) if end >= start else 0
 
 
 def _adjustment(close: np.ndarray, roll_at: np.ndarray, roll_price: np.ndarray, adjust: str):

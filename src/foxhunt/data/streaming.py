@@ -38,6 +38,7 @@ import numpy as np
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import TICK_TOLERANCE
 from foxhunt.data.calendar import calendar_for
+from foxhunt.data.dataset import feature_groups
 from foxhunt.data.errors import BarDataError
 from foxhunt.data.features import (
     BAR_INTERVAL,
@@ -51,7 +52,6 @@ from foxhunt.data.features import (
     parse_hhmm,
     static_features,
 )
-from foxhunt.data.dataset import feature_groups
 
 NS_PER_S = 1_000_000_000
 BAR_INTERVAL_NS = int(BAR_INTERVAL / np.timedelta64(1, "ns"))

@@ -44,9 +44,8 @@ def _window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
         return None, None, f"all {len(bars)} bars"
     from hydra.utils import instantiate
 
-    from foxhunt.data.dataset import load_market_dataset
-
     from foxhunt.build import run_split
+    from foxhunt.data.dataset import load_market_dataset
 
     dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
     stamps = dataset.splits[split].timestamps.astype("datetime64[ns]").astype(np.int64)

@@ -21,7 +21,13 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import BAR_COLUMNS, resolve_files, source_fingerprint, unreadable, validate_bars
+from foxhunt.data.bars import (
+    BAR_COLUMNS,
+    resolve_files,
+    source_fingerprint,
+    unreadable,
+    validate_bars,
+)
 from foxhunt.data.errors import BarDataError
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".txt", ".txt.gz")

@@ -56,9 +56,20 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import BAR_COLUMNS, INDEX_NAME, resolve_files, source_fingerprint, unreadable, validate_bars
+from foxhunt.data.bars import (
+    BAR_COLUMNS,
+    resolve_files,
+    source_fingerprint,
+    unreadable,
+    validate_bars,
+)
 from foxhunt.data.errors import BarDataError
-from foxhunt.data.roll import ContinuousSeries, RollRule, build_continuous, single_contract
+from foxhunt.data.roll import (
+    ContinuousSeries,
+    RollRule,
+    build_continuous,
+    single_contract,
+)
 
 FIXED_PRICE_SCALE = dbn.FIXED_PRICE_SCALE  # 1e9 raw units per 1.0 of price
 UNDEF_PRICE = dbn.UNDEF_PRICE  # 2**63 - 1, Databento's null price

@@ -36,7 +36,14 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import BAR_COLUMNS, INDEX_NAME, resolve_files, source_fingerprint, unreadable, validate_bars
+from foxhunt.data.bars import (
+    BAR_COLUMNS,
+    INDEX_NAME,
+    resolve_files,
+    source_fingerprint,
+    unreadable,
+    validate_bars,
+)
 from foxhunt.data.errors import BarDataError
 from foxhunt.data.roll import ContinuousSeries, RollRule, build_continuous
 from foxhunt.data.sources.databento import MONTH_CODES

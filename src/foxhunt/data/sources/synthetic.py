@@ -38,7 +38,13 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import BAR_COLUMNS, INDEX_NAME, snap_to_tick, source_fingerprint, validate_bars
+from foxhunt.data.bars import (
+    BAR_COLUMNS,
+    INDEX_NAME,
+    snap_to_tick,
+    source_fingerprint,
+    validate_bars,
+)
 from foxhunt.data.calendar import MINUTE_NS, calendar_for
 from foxhunt.data.errors import BarDataError
 

@@ -1,0 +1,68 @@
+"""``foxhunt data show``: what a data config yields, on the real Lean ES files, a two-contract
+Databento file and the synthetic source; bad inputs get their one line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_roll import two_contract_file
+from typer.testing import CliRunner
+
+from foxhunt.cli import app
+
+
+def show(root: Path, *args: str):
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        return CliRunner().invoke(app, ["data", "show", *args], env={"FOXHUNT_ROOT": str(root)})
+    finally:
+        os.chdir(old)
+
+
+@pytest.mark.realdata
+def test_real_lean_es_roll_schedule(tmp_path, real_data_dir):
+    path = str(real_data_dir / "es_lean_minute")
+    text = show(tmp_path, "data=lean", f"data.source.path={path}", "asset=es", "data.source.adjust=difference")
+    assert text.exit_code == 0, text.output
+    assert "2013-12-19  ESZ13 -> ESH14  at 2013-12-18T23:00: out at 1810.25, in at 1804 (gap -6.25); " \
+           "ESH14 outtraded ESZ13 in session 2013-12-18 (2,253,915 vs 282,813)" in text.output  # fmt: skip
+    assert "calendar: CME_Equity" in text.output
+    result = show(tmp_path, "data=lean", f"data.source.path={path}", "asset=es", "--json", "--min-gap", "60")
+    summary = json.loads(result.output)
+    assert [r["to_contract"] for r in summary["rolls"]] == ["ESH14", "ESH20"]
+    assert summary["bars"] == 18_888 and summary["bars_per_contract"] == {"ESH14": 1367, "ESH20": 1425, "ESZ13": 16096}
+    assert sum(s["bars"] for s in summary["sessions"]) == summary["bars"]
+    assert summary["tick_grid"]["off_grid"] == 0
+    # the days without a file are gaps; the weekends and daily breaks between files are not
+    assert summary["gaps"][0] == {"start": "2013-10-13T22:00:00+00:00", "end": "2013-10-14T00:00:00+00:00",
+                                  "open_minutes_missing": 120, "closed_minutes_inside": 0}  # fmt: skip
+    assert "2013-12-25" in summary["calendar"]["holidays"]
+    splits = summary["splits"]
+    assert splits["train"]["rows"] + splits["val"]["rows"] + splits["test"]["rows"] + 2 * 60 + splits["warmup_bars"] == 18_888
+    assert Path(summary["png"]).stat().st_size > 10_000
+
+
+def test_two_contract_file_and_walk_forward_folds(tmp_path):
+    path = two_contract_file(tmp_path)
+    result = show(tmp_path, "data=databento", f"data.source.path={path}", "asset=es", "data.source.adjust=ratio",
+                  "--json", "--png", str(tmp_path / "chart.png"))  # fmt: skip
+    assert result.exit_code == 2  # 12 bars cannot fill the default splits: one line, no traceback
+    assert result.output.count("\n") == 1 and "foxhunt data show:" in result.output
+    synthetic = show(tmp_path, "data=synthetic", "data.source.days=14", "asset=es", "evaluation.protocol=walk_forward",
+                     "evaluation.walk_forward.folds=2", "--json")  # fmt: skip
+    assert synthetic.exit_code == 0, synthetic.output
+    summary = json.loads(synthetic.output)
+    assert summary["rolls"] == [] and summary["gaps"] == []  # synthetic bars fill every open minute
+    assert summary["calendar"]["holidays"] == ["2024-01-01", "2024-01-15"] or "2024-01-01" in summary["calendar"]["holidays"]
+    assert [f["fold"] for f in summary["splits"]["folds"]] == [0, 1]
+
+
+def test_bad_inputs_are_one_line(tmp_path):
+    bad_key = show(tmp_path, "data=lean", "data.source.path=/nowhere", "asset=es", "data.source.roll.by=calendar")
+    assert bad_key.exit_code == 2 and "roll.by='calendar'" in bad_key.output and "Traceback" not in bad_key.output
+    missing = show(tmp_path, "data=lean", f"data.source.path={tmp_path / 'none'}", "asset=es")
+    assert missing.exit_code == 2 and str(tmp_path / "none") in missing.output and "Traceback" not in missing.output
