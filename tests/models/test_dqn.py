@@ -22,7 +22,7 @@ from agent_data import (
 )
 
 from foxhunt.models.agent import walk_rewards
-from foxhunt.models.dqn import ReplayBuffer, double_dqn_targets, epsilon_at
+from foxhunt.models.dqn import ReplayBuffer, double_dqn_loss, double_dqn_targets, epsilon_at
 
 
 def test_double_dqn_target_hand_computed():
@@ -121,7 +121,9 @@ def test_target_network_updated_exactly_every_interval():
 
 def test_short_fit_logs_finite_metrics_and_syncs_the_target():
     dataset = random_dataset(seed=1)
-    cfg = model_config("dqn", seed=0, env={"steps_per_epoch": 60, "episode_len": 50})
+    # 15 training_step calls per epoch x steps_per_call 4 = 60 agent steps: two epochs
+    cfg = model_config("dqn", seed=0, env={"steps_per_epoch": 15, "episode_len": 50})
+    assert cfg.module.steps_per_call == 4
     agent = build_agent(cfg)
     datamodule = env_datamodule(dataset, cfg)
     syncs = []
@@ -205,3 +207,94 @@ def test_learns_a_planted_pattern(seed):
     )
     assert greedy_reward > random_reward + MARGIN_TICKS
     assert greedy_reward > flat_reward + MARGIN_TICKS
+
+
+EQUAL_UPDATE_STEPS = 130  # agent steps: 25 filling the buffer (100 / 4 envs), 105 learning, a target sync at 100
+
+
+def _fit_agent(dataset, steps_per_call: int, max_steps: int = EQUAL_UPDATE_STEPS):
+    cfg = model_config("dqn", seed=3, env={"steps_per_epoch": 1000, "episode_len": 30},
+                       steps_per_call=steps_per_call)
+    torch.manual_seed(3)
+    agent = build_agent(cfg)
+    trainer = cpu_trainer(max_steps=max_steps, limit_val_batches=0)
+    trainer.fit(agent, datamodule=env_datamodule(dataset, cfg))
+    return agent, trainer
+
+
+def _reference_one_step_loop(dataset, num_steps: int):
+    """The algorithm one agent step per iteration, without Lightning: the agent's own acting
+    (collect_step), replay, loss, Adam and clipping, the target synced after the step whose
+    count is a multiple of the interval. The same initial weights as _fit_agent's."""
+    cfg = model_config("dqn", seed=3, env={"steps_per_epoch": 1000, "episode_len": 30}, steps_per_call=1)
+    torch.manual_seed(3)
+    agent = build_agent(cfg)
+    hp = agent.hparams
+    datamodule = env_datamodule(dataset, cfg)
+    datamodule.setup("fit")
+    agent.train_env = datamodule.make_env("train", num_envs=agent.num_envs, seed=agent.seed)
+    agent.on_train_start()
+    optimizer = agent.configure_optimizers()
+    params = list(agent.q_net.parameters())
+    for step in range(num_steps):
+        agent.collect_step(epsilon_at(step, hp.epsilon_start, hp.epsilon_end, hp.epsilon_decay))
+        if len(agent.replay) >= hp.min_replay_size:
+            loss, _ = double_dqn_loss(agent.q_net, agent.target_net, agent.replay.sample(hp.batch_size), hp.gamma)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm)
+            optimizer.step()
+        if (step + 1) % hp.target_update_interval == 0:
+            agent.target_net.load_state_dict(agent.q_net.state_dict())
+    return agent
+
+
+def _assert_same_agent(a, b):
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+    for field in ("obs", "next_obs", "actions", "rewards", "dones"):
+        assert torch.equal(getattr(a.replay, field), getattr(b.replay, field)), field
+    assert a.replay.cursor == b.replay.cursor
+
+
+@pytest.mark.parametrize("steps_per_call", [4, 3])  # 3 does not divide 130: the last call is cut at max_steps
+def test_several_agent_steps_per_training_step_take_the_one_step_updates(steps_per_call):
+    dataset = random_dataset(seed=4)
+    one, one_trainer = _fit_agent(dataset, steps_per_call=1)
+    several, trainer = _fit_agent(dataset, steps_per_call=steps_per_call)
+    assert one_trainer.global_step == trainer.global_step == EQUAL_UPDATE_STEPS
+    assert len(several.replay) == 4 * EQUAL_UPDATE_STEPS
+    _assert_same_agent(one, several)
+    one_state = one_trainer.optimizers[0].state_dict()["state"]
+    state = trainer.optimizers[0].state_dict()["state"]
+    assert one_state.keys() == state.keys() and len(state) > 0
+    for key in state:
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(one_state[key][name], state[key][name]), (key, name)
+    # the logged values are those of the last agent step in either case
+    for key in ("train/epsilon", "train/loss", "train/q_mean"):
+        assert float(trainer.callback_metrics[key]) == float(one_trainer.callback_metrics[key]), key
+    assert float(trainer.callback_metrics["train/epsilon"]) == pytest.approx(0.995 ** (EQUAL_UPDATE_STEPS - 1))
+
+
+def test_lightning_fit_takes_the_updates_of_the_plain_one_step_loop():
+    dataset = random_dataset(seed=4)
+    fitted, _ = _fit_agent(dataset, steps_per_call=4)
+    _assert_same_agent(fitted, _reference_one_step_loop(dataset, EQUAL_UPDATE_STEPS))
+
+
+def test_steps_per_call_must_be_positive():
+    with pytest.raises(Exception, match=r"model\.module\.steps_per_call=0: must be >= 1"):
+        build_agent(model_config("dqn", seed=0, steps_per_call=0))
+
+
+@pytest.mark.parametrize("value", [0, 1.5])
+def test_a_bad_steps_per_call_is_a_one_line_config_error(value, tmp_path):
+    from configs import compose_train_config
+
+    from foxhunt.config.schema import ConfigError, validate
+
+    cfg = compose_train_config(["model=dqn", f"model.module.steps_per_call={value}"], tmp_path)
+    with pytest.raises(ConfigError) as error:
+        validate(cfg)
+    assert str(error.value) == f"model.module.steps_per_call={value!r}: must be an integer >= 1"

@@ -26,7 +26,9 @@ of the same market dataset, interleaved per repeat:
 
 Throughput is env steps per second over the timed training steps (after ``warmup_steps``):
 PPO does ``num_envs x rollout_steps`` env steps and ``update_epochs x batch / minibatch``
-gradient steps per training step; DQN ``num_envs`` env steps and one gradient step.
+gradient steps per training step; DQN ``num_envs`` env steps and one gradient step per agent
+step (``rl.dqn`` counts agent steps; foxhunt's DQN runs ``model.module.steps_per_call`` of them
+per ``training_step`` call, so its side times ``ceil(steps / steps_per_call)`` calls).
 """
 
 from __future__ import annotations
@@ -61,20 +63,31 @@ def sb3_available() -> bool:
 
 
 def env_steps_per_training_step(cfg) -> int:
-    """Env steps one foxhunt training step takes."""
+    """Env steps of one training step of the settings (PPO: a rollout; DQN: an agent step)."""
     steps = int(cfg.model.env.num_envs)
     if cfg.model.name == "ppo":
         steps *= int(cfg.model.module.rollout_steps)
     return steps
 
 
+def steps_per_call(cfg) -> int:
+    """Training steps of the settings one foxhunt ``training_step`` call takes."""
+    return int(cfg.model.module.get("steps_per_call", 1)) if cfg.model.name == "dqn" else 1
+
+
 # ----------------------------------------------------------------------------------- foxhunt
 def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
-    """Train a fresh agent for ``warmup + steps`` training steps; time the last ``steps``."""
+    """Train a fresh agent for ``warmup + steps`` training steps; time the last ``steps``
+    (rounded up to whole ``training_step`` calls)."""
     import lightning.pytorch as pl
+    from omegaconf import OmegaConf
 
     from foxhunt.build import build_datamodule, build_model
 
+    per_call = steps_per_call(cfg)
+    warmup, steps = -(-warmup // per_call), -(-steps // per_call)  # training_step calls
+    cfg = cfg.copy()
+    OmegaConf.update(cfg, "model.env.steps_per_epoch", max(int(cfg.model.env.steps_per_epoch), warmup + steps))
     pl.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(cfg, dataset)
     model = build_model(cfg)
@@ -99,7 +112,7 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
         trainer.fit(model, datamodule=datamodule)
     if timer.timed != steps:
         raise RuntimeError(f"bench rl: timed {timer.timed} training steps, expected {steps}")
-    return timer.clock.timing(work=steps * env_steps_per_training_step(cfg))
+    return timer.clock.timing(work=steps * per_call * env_steps_per_training_step(cfg))
 
 
 # ----------------------------------------------------------------------------------- SB3

@@ -92,7 +92,7 @@ NAME_RULES: list[tuple[str, Callable[[Any], str | None]]] = [
         r"^(.*_dim|dim|d_model|d_state|d_conv|expand|headdim|ngroups|chunk_size|hidden|hidden_size|"
         r"num_heads|n_heads|heads|lstm_layers|n_layers|num_layers|horizon|seq_len|batch_size|"
         r"minibatch_size|replay_capacity|capacity|update_epochs|num_actions|n_actions|"
-        r"rollout_steps|num_envs|target_update_every|.*_every|n_static|n_known|n_observed|"
+        r"rollout_steps|num_envs|steps_per_call|target_update_every|.*_every|n_static|n_known|n_observed|"
         r"num_static|num_known|num_observed)$",
         _positive_int,
     ),

@@ -7,34 +7,46 @@ the whole algorithm fits on a page.
 
 Algorithm (van Hasselt et al., 2016, "Deep Reinforcement Learning with Double Q-learning"):
 
-- **Acting.** Every ``training_step`` steps the ``num_envs`` training envs once with an
-  epsilon-greedy policy on the online Q-network and stores the ``num_envs`` transitions in the
-  replay buffer. Epsilon decays multiplicatively per *training step* (one ``training_step``
-  call = one optimizer step = ``num_envs`` env steps): ``epsilon(k) = max(epsilon_end,
-  epsilon_start * epsilon_decay ** k)`` with ``k = trainer.global_step``.
+- **Agent steps.** One agent step steps the ``num_envs`` training envs once with an
+  epsilon-greedy policy on the online Q-network, stores the ``num_envs`` transitions in the
+  replay buffer and takes one gradient step (``num_envs`` env steps per gradient step). Epsilon
+  decays multiplicatively per agent step: ``epsilon(k) = max(epsilon_end, epsilon_start *
+  epsilon_decay ** k)`` with ``k = trainer.global_step``, the agent steps completed.
+- **Several agent steps per ``training_step``.** Each ``training_step`` call runs
+  ``steps_per_call`` agent steps one after the other (fewer where ``trainer.max_steps`` comes
+  first), with manual optimization: Lightning's loop costs about as much per ``training_step``
+  as a gradient step of this network (hooks, batch fetch, result collection; measured by
+  foxhunt.bench.rl), so it is paid once per ``steps_per_call`` gradient steps. Every agent step
+  is exactly the step of a one-step ``training_step`` (same order of random draws, same
+  ``global_step`` at each, the target update after its own step), so the updates do not depend
+  on ``steps_per_call`` (tests/models/test_dqn.py checks it bit for bit). ``trainer.global_step``
+  counts agent steps, filling steps included; ``model.env.steps_per_epoch`` counts
+  ``training_step`` calls.
 - **Episode ends.** The env only truncates episodes (time limit, ``terminated`` is always
   False). A truncated transition is *not* terminal: its next state is ``info["final_obs"]``
   (the observation the episode reached, before the auto-reset) and its target bootstraps from
   it. Only ``terminated`` masks the bootstrap (``done`` in the buffer = ``terminated``).
-- **Learning.** Once the buffer holds ``min_replay_size`` transitions, each training step
+- **Learning.** Once the buffer holds ``min_replay_size`` transitions, each agent step
   samples ``batch_size`` transitions uniformly and minimizes the Huber loss between
   ``Q(s, a)`` and the double-DQN target ``r + gamma * (1 - done) * Q_target(s',
-  argmax_a' Q_online(s', a'))`` with Adam. While the buffer fills, ``training_step`` returns
-  None: Lightning skips backward and the optimizer update (still counting the step; it warns
-  once that the step returned None), and nothing but the epsilon and env metrics is logged.
+  argmax_a' Q_online(s', a'))`` with Adam. While the buffer fills, an agent step takes an
+  optimizer step without gradients (Adam leaves every parameter and its state as they are; the
+  step is counted in ``global_step``), and nothing but the epsilon and env metrics is logged.
 - **Target network.** A copy of the online network, hard-updated (weights copied) whenever
   ``global_step`` is a multiple of ``target_update_interval``, after that step's update.
 - **Gradient clipping.** By total norm at ``max_grad_norm`` (``null`` disables it), applied in
-  ``configure_gradient_clipping`` so that the value lives in the model config; the trainer's
-  ``gradient_clip_val`` is not used by this model.
+  ``on_before_optimizer_step`` (after Lightning has unscaled the gradients under a grad scaler)
+  so that the value lives in the model config; the trainer's ``gradient_clip_val`` must stay
+  unset (Lightning rejects it under manual optimization).
 
 The replay buffer is preallocated tensors on the module's device; sampling uses its own seeded
 ``torch.Generator`` (on the CPU, so that a seed gives the same batches on every device), as
 does the exploration. The buffer and the env state are not part of a checkpoint: a resumed run
 refills the buffer (``global_step``, hence epsilon and the target schedule, resume exactly).
 
-Logged on the training steps a logger sees (``TradingAgent.log_due``): ``train/loss``,
-``train/q_mean`` (mean Q(s, a) of the batch), ``train/epsilon``, ``train/episode_reward`` (mean
+Logged on the training steps a logger sees (``TradingAgent.log_due``), of the last agent step
+of that ``training_step``: ``train/loss``, ``train/q_mean`` (mean Q(s, a) of the batch),
+``train/epsilon``, ``train/episode_reward`` (mean
 return in ticks of the episodes that ended since the previous logged step),
 ``train/env_steps_per_s``, and in validation/test the greedy pass of :class:`TradingAgent`.
 The loss is :func:`double_dqn_loss`, a pure function the benchmark's bare loop
@@ -183,14 +195,15 @@ class DQNAgent(TradingAgent):
         state_dim: features per bar; the Q-network takes ``state_dim + 1`` inputs.
         hidden_sizes: widths of the Q-network's hidden layers.
         activation: hidden activation (see :data:`foxhunt.models.agent.ACTIVATIONS`).
-        num_envs: parallel training envs, each stepped once per training step.
+        num_envs: parallel training envs, each stepped once per agent step.
+        steps_per_call: agent steps (env step + gradient step) per ``training_step`` call.
         seed: seeds the env starts, the exploration and the replay sampling.
         gamma: discount factor.
         lr: Adam learning rate.
         batch_size: transitions per update.
         replay_capacity: replay buffer size (transitions).
         min_replay_size: transitions stored before learning starts.
-        target_update_interval: training steps between hard target updates.
+        target_update_interval: agent steps between hard target updates.
         epsilon_start, epsilon_end, epsilon_decay: ``max(end, start * decay ** step)``.
         max_grad_norm: total-norm gradient clipping; None disables it.
     """
@@ -201,6 +214,7 @@ class DQNAgent(TradingAgent):
         hidden_sizes: Sequence[int],
         activation: str,
         num_envs: int,
+        steps_per_call: int,
         seed: int,
         gamma: float,
         lr: float,
@@ -217,6 +231,7 @@ class DQNAgent(TradingAgent):
         # plain ints, not an OmegaConf ListConfig: checkpoints must load with weights_only=True
         hidden_sizes = [int(h) for h in hidden_sizes]
         self.save_hyperparameters()
+        self.automatic_optimization = False  # several gradient steps per training_step
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"model.module.gamma={gamma!r}: must be in [0, 1]")
         if not 0.0 <= epsilon_end <= epsilon_start <= 1.0:
@@ -227,6 +242,7 @@ class DQNAgent(TradingAgent):
         if not 0.0 < epsilon_decay <= 1.0:
             raise ValueError(f"model.module.epsilon_decay={epsilon_decay!r}: must be in (0, 1]")
         for name, value in (
+            ("steps_per_call", steps_per_call),
             ("batch_size", batch_size),
             ("target_update_interval", target_update_interval),
             ("min_replay_size", min_replay_size),
@@ -298,30 +314,47 @@ class DQNAgent(TradingAgent):
         return reward, terminated | truncated
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
-        hp = self.hparams
-        epsilon = self.epsilon(self.global_step)
-        reward, done = self.collect_step(epsilon)
-        self.note_step(self.train_env.num_envs, self.track_episodes(reward, done))
-        log = self.log_due(batch_idx, optimizer_steps=1)  # the steps a logger sees
+        """``steps_per_call`` agent steps (fewer where ``trainer.max_steps`` comes first); logs
+        the last one's metrics on a logged step and returns its loss (None while filling)."""
+        steps = int(self.hparams.steps_per_call)
+        max_steps = self.trainer.max_steps
+        if max_steps is not None and max_steps >= 0:
+            steps = max(1, min(steps, max_steps - self.global_step))
+        log = self.log_due(batch_idx, optimizer_steps=steps)  # the steps a logger sees
+        optimizer = self.optimizers()
+        for _ in range(steps):
+            epsilon, loss, q_taken = self.agent_step(optimizer)
         if log:
             self.log("train/epsilon", epsilon, on_step=True, on_epoch=False, batch_size=1)
             for key, value in self.pending_metrics().items():
                 self.log(key, value, on_step=True, on_epoch=False, batch_size=1)
-
-        if len(self.replay) < hp.min_replay_size:
-            return None  # still filling the buffer: no update this step
-        loss, q_taken = double_dqn_loss(
-            self.q_net, self.target_net, self.replay.sample(hp.batch_size), hp.gamma
-        )
-        if log:
-            self.log("train/loss", loss.detach(), on_step=True, on_epoch=False, prog_bar=True,
-                     batch_size=hp.batch_size)
-            self.log("train/q_mean", q_taken.detach().mean(), on_step=True, on_epoch=False,
-                     batch_size=hp.batch_size)
+            if loss is not None:
+                batch_size = self.hparams.batch_size
+                self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size)
+                self.log("train/q_mean", q_taken.mean(), on_step=True, on_epoch=False, batch_size=batch_size)
         return loss
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def agent_step(self, optimizer: Any) -> tuple[float, Tensor | None, Tensor | None]:
+        """One agent step: act and store (:meth:`collect_step`), one gradient step once the
+        buffer holds ``min_replay_size`` transitions, then the target update due at the new
+        ``global_step``, with ``optimizer`` (Lightning's wrapper of the Adam). Returns
+        ``(epsilon, loss, q_taken)``, the last two detached (None while the buffer fills)."""
+        hp = self.hparams
+        epsilon = self.epsilon(self.global_step)
+        reward, done = self.collect_step(epsilon)
+        self.note_step(self.train_env.num_envs, self.track_episodes(reward, done))
+        loss = q_taken = None
+        if len(self.replay) >= hp.min_replay_size:
+            loss, q_taken = double_dqn_loss(
+                self.q_net, self.target_net, self.replay.sample(hp.batch_size), hp.gamma
+            )
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            loss, q_taken = loss.detach(), q_taken.detach()
+        # Counted in global_step either way; without gradients (filling) Adam changes nothing.
+        optimizer.step()  # clipped first, in on_before_optimizer_step
         self.maybe_update_target(self.global_step)
+        return epsilon, loss, q_taken
 
     def maybe_update_target(self, step: int) -> bool:
         """Copy the online weights into the target network when ``step`` (training steps
@@ -331,12 +364,7 @@ class DQNAgent(TradingAgent):
             return True
         return False
 
-    def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.clip_grad_norm(params, self.hparams.max_grad_norm)
 
