@@ -200,3 +200,18 @@ def test_real_lean_roll_schedule(real_data_dir):
     at = frame.index.get_loc(rolls["first_bar"].iloc[0])
     jump = frame["close"].iloc[at] - frame["close"].iloc[at - 1]
     assert jump == frame["raw_close"].iloc[at] - 1804.0  # ESH14's own first move, not the -6.25 spread
+
+
+@pytest.mark.realdata
+def test_real_definitions_match_the_asset_configs(real_data_dir):
+    folder = real_data_dir / "databento"
+    bars = folder / "historical_bars_catalog_futures_ohlcv-1m_2024-07-01T23-40_2024-07-02T00-10.dbn.zst"
+    defs = folder / "historical_bars_catalog_futures_definition.dbn.zst"  # ESU4 and NQU4: tick 0.25, 50 and 20 IPNT
+    nq = asset("nq")
+    for spec in (ES, nq):
+        assert len(DatabentoBarSource(path=str(bars), definitions=str(defs)).load(spec)) == 30
+    wrong = dataclasses.replace(nq, multiplier=50.0, tick_value=12.5)
+    with pytest.raises(BarDataError, match=r"NQU4: definition contract size 20 IPNT \(= 20 per 1.0 of price\), but asset\.multiplier=50"):
+        DatabentoBarSource(path=str(bars), definitions=str(defs)).load(wrong)
+    series = DatabentoBarSource(path=str(bars), definitions=str(defs), roll={"expiry_sessions": 5}).continuous(ES)
+    assert series.schedule["contract"].tolist() == ["ESU4"]  # expires 2024-09-20: far from the 2024-07-02 session

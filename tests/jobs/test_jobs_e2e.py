@@ -22,6 +22,7 @@ from foxhunt.runs.checkpoints import INTERRUPTED_CHECKPOINT
 from foxhunt.runs.liveness import process_alive
 
 TINY = ["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false"]
+STEPS = 8 * 4  # trainer=smoke's 8 training_step calls x model.module.steps_per_call (4 agent steps each)
 # Long enough to be stopped mid-training, short enough to finish soon after a resume: one epoch
 # of 200 batches (about 0.1 s a batch), progress reported every 10.
 LONGER = [*TINY, "asset=es", "trainer.limit_train_batches=200"]
@@ -86,7 +87,7 @@ def test_start_watch_list_a_tiny_job(tmp_path):
 
     data = status(tmp_path, job_id)
     assert data["state"] == "FINISHED" and [c["state"] for c in data["cells"]] == ["FINISHED", "FINISHED"]
-    assert all(c["step"] == 8 and c["peak_mb"] is not None for c in data["cells"])
+    assert all(c["step"] == STEPS and c["peak_mb"] is not None for c in data["cells"])
     agrees_with_store(tmp_path, data)
     assert data["overrides"] == [*TINY, "asset=es,nq"] and data["pid"] and data["host"]
     assert data["command"].startswith("foxhunt-train -m model=dqn")

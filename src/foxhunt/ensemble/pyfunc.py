@@ -48,7 +48,10 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
         record = json.loads(Path(context.artifacts["dataset"]).read_text())
         from foxhunt.assets import AssetSpec
 
-        self.asset = AssetSpec(**record["asset"])
+        fields = dict(record["asset"])
+        if "calendar" not in fields:  # registered before assets named their exchange calendar
+            fields["calendar"] = _packaged_asset(fields["key"])["calendar"]
+        self.asset = AssetSpec(**fields)
 
     def predict(self, context, model_input, params: dict[str, Any] | None = None):
         import numpy as np
@@ -67,6 +70,15 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
             positions.append(0 if decision is None else decision.position)
             signals.append(np.nan if decision is None or decision.signal is None else decision.signal)
         return pd.DataFrame({"position": np.asarray(positions, dtype=np.int64), "signal": np.asarray(signals, dtype=np.float64)})
+
+
+def _packaged_asset(key: str) -> dict:
+    """The asset config shipped with foxhunt (``conf/asset/<key>.yaml``)."""
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(files("foxhunt.conf").joinpath("asset", f"{key}.yaml")))
 
 
 def save_member_model(folder: Path, weights: Path, config: Path, record: dict, member: dict) -> Path:
