@@ -250,6 +250,7 @@ class PrecisionSection(Targeted):
     min_quantized_numel: PositiveInt | None = None
     keep_fp32: list[str] = Field(default_factory=list)
     inference_weights: Literal["weight_only", "dynamic_activation"] | None = None
+    choice: str | None = None  # precision=auto: what it chose and why (foxhunt.precision.auto)
 
     @model_validator(mode="after")
     def _int8_needs_its_rule(self) -> "PrecisionSection":

@@ -25,6 +25,9 @@ Everything that is not such a weight matrix (biases, norms, embeddings, the SSM'
 (:func:`foxhunt.precision.inference.int8_inference_model`): ``weight_only`` or
 ``dynamic_activation`` (int8 weights and per-token int8 activations).
 
+``choice``: set by ``precision=auto`` (:mod:`foxhunt.precision.auto`) to the line that says which
+of bf16 and fp32 it picked on the device and why; ``None`` for a precision chosen by name.
+
 A policy applies to any ``nn.Module`` (:func:`foxhunt.precision.quantize.quantize_model`) and
 knows nothing of models, jobs or the command line; the Lightning side is
 :class:`foxhunt.precision.callback.PrecisionCallback`.
@@ -54,6 +57,7 @@ class PrecisionPolicy:
     optimizer_block_size: int | None = None
     compile_optimizer: bool = True
     inference_weights: str | None = None
+    choice: str | None = None  # precision=auto: what it chose on this device and why (foxhunt.precision.auto)
 
     def __post_init__(self) -> None:
         # Hydra passes ListConfig for lists: keep plain tuples (hashable, picklable)
