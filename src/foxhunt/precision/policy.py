@@ -11,7 +11,8 @@ optimizer are represented while training:
   ``optimizer_block_size`` elements for Adam's two moments: ``fp8`` (float8 e4m3 codes,
   torchao ``Adam(W)Fp8``) or ``8bit`` (dynamic-map codes, torchao ``Adam(W)8bit``);
   ``compile_optimizer`` false runs torchao's per-parameter update eagerly instead of
-  compiled (:mod:`foxhunt.precision.optim`).
+  compiled; ``fuse_fp32_states`` updates the tensors torchao keeps fp32 states for (small
+  ones) with one fused torch Adam(W) call (:mod:`foxhunt.precision.optim`).
 
 The rule that picks the int8 layers, all from ``conf/precision/int8.yaml``:
 ``quantize_types`` (module types whose weight matrices may be int8: ``Linear``, ``LSTM``),
@@ -56,6 +57,7 @@ class PrecisionPolicy:
     quantize_types: Sequence[str] = field(default_factory=tuple)
     optimizer_block_size: int | None = None
     compile_optimizer: bool = True
+    fuse_fp32_states: bool = False
     inference_weights: str | None = None
     choice: str | None = None  # precision=auto: what it chose on this device and why (foxhunt.precision.auto)
 
