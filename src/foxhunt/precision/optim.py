@@ -125,7 +125,7 @@ class _FusedFp32States:
                 and not (p.numel() >= 4096 and p.numel() % self.block_size == 0))  # fmt: skip
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: ANN001 (torch's signature)
+    def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
