@@ -85,6 +85,7 @@ def run_tags(cfg: DictConfig, key: CellKey) -> dict[str, str]:
         Tag.SWEEP_ID: sweep_id,
         Tag.DATA_SOURCE: cfg.data.source._target_.rsplit(".", 1)[-1],
         Tag.OUTPUT_DIR: str(Path(cfg.paths.output_dir).resolve()),
+        **({Tag.PRECISION_CHOICE: str(cfg.precision.choice)} if cfg.precision.get("choice") else {}),
     }
 
 

@@ -42,9 +42,12 @@ def test_planned_batches_follow_the_trainer_and_the_env():
 def test_plan_composes_and_validates_every_cell(tmp_path):
     plan, store = plan_cells(["model=dqn,tft", "asset=es", "trainer=smoke"], tmp_path)
     costs = load_costs()["seconds_per_batch"]
+    from foxhunt.precision.auto import auto_choice, device_for
+
+    tft_precision = auto_choice(device_for("auto")).name  # the TFT's default: precision=auto
     assert [(c.key.model, c.key.asset, c.key.precision, c.steps) for c in plan] == [
         ("dqn", "es", "fp32", 8),
-        ("tft", "es", "fp32", 8),
+        ("tft", "es", tft_precision, 8),
     ]
     assert plan[1].weight / plan[0].weight == pytest.approx(costs["tft"] / costs["dqn"])
     assert store["tracking_uri"] == f"sqlite:///{tmp_path}/mlruns/mlflow.db" and store["experiment"] == "foxhunt"

@@ -155,9 +155,9 @@ def test_probe_batches_skip_values_the_config_rejects(root):
 
 
 def test_meta_prediction_follows_the_precision_plugin(root):
-    fp32 = predict_static(compose("tft", SMALL["tft"], root), MEASURING_RUNS)
+    fp32 = predict_static(compose("tft", [*SMALL["tft"], "precision=fp32"], root), MEASURING_RUNS)
     mixed = predict_static(compose("tft", [*SMALL["tft"], "precision=bf16"], root), MEASURING_RUNS)
-    true_bf16 = predict_static(compose("tft", [*SMALL["tft"], "precision.trainer_precision=bf16-true"], root), MEASURING_RUNS)
+    true_bf16 = predict_static(compose("tft", [*SMALL["tft"], "precision=fp32", "precision.trainer_precision=bf16-true"], root), MEASURING_RUNS)
     assert mixed.params_bytes == fp32.params_bytes  # bf16-mixed keeps fp32 weights
     assert 2 * true_bf16.params_bytes == fp32.params_bytes  # bf16-true stores them in bf16
     # Adam's two moments follow the weights' dtype; the float32 step tensors do not

@@ -32,7 +32,7 @@ def validate(*args: str):
 def fleet_run(tmp_path_factory):
     """One validate run of the four small models against the default budget (rtx3050ti)."""
     root = tmp_path_factory.mktemp("validate")
-    result = validate("--root", str(root), *CPU, *prefixed())
+    result = validate("--root", str(root), *CPU, "precision=fp32", *prefixed())  # fp32: the TFT defaults to auto
     return root, result
 
 

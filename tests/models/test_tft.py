@@ -415,9 +415,8 @@ def planted_ar1_dataset(seed: int) -> MarketDataset:
     )
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_learns_planted_ar1_pattern(seed, capsys):
-    started = time.perf_counter()
+def fit_planted_ar1(seed: int, precision: str = "32-true", callbacks=()):
+    """The learning test's fit: a small TFT, two epochs on the planted AR(1) dataset."""
     seed_everything(seed, verbose=False)
     datamodule = ForecastDataModule(
         planted_ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64
@@ -432,8 +431,16 @@ def test_learns_planted_ar1_pattern(seed, capsys):
         learning_rate=3e-3,
         weight_decay=1e-3,
     )
-    trainer = quiet_trainer(max_epochs=2, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer = quiet_trainer(max_epochs=2, num_sanity_val_steps=0, limit_val_batches=0, precision=precision,
+                            callbacks=list(callbacks))  # fmt: skip
     trainer.fit(model, datamodule=datamodule)
+    return trainer, model, datamodule
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_learns_planted_ar1_pattern(seed, capsys):
+    started = time.perf_counter()
+    trainer, model, datamodule = fit_planted_ar1(seed)
     [metrics] = trainer.test(model, datamodule=datamodule, verbose=False)
 
     target = datamodule.windows("test")["target"]
@@ -461,3 +468,28 @@ def test_learns_planted_ar1_pattern(seed, capsys):
     assert not positions[: LEARN_SEQ_LEN - 1].any() and positions[len(close) - LEARN_HORIZON :].any()
     next_return = np.diff(np.log(close))
     assert np.mean(positions[:-1] * next_return) > 0
+
+
+# bf16-mixed must learn what fp32 learns before precision=auto may pick it (conf/model/tft.yaml)
+BF16_VAL_LOSS_TOLERANCE = 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bf16_mixed_validation_loss_within_one_percent_of_fp32(seed, tmp_path, capsys):
+    from foxhunt.precision.callback import PrecisionCallback
+    from foxhunt.precision.policy import PrecisionPolicy
+
+    losses = {}
+    for precision, name in (("32-true", "fp32"), ("bf16-mixed", "bf16")):
+        callbacks = [PrecisionCallback(PrecisionPolicy(name=name, trainer_precision=precision), report_dir=tmp_path)]
+        trainer, model, datamodule = fit_planted_ar1(seed, precision, callbacks)
+        assert trainer.precision == precision  # bf16 really ran (it falls back to fp32 where it cannot)
+        # the whole validation split, under the precision it trained in (its fp32 islands kept)
+        [metrics] = quiet_trainer(precision=precision).validate(model, datamodule=datamodule, verbose=False)
+        losses[name] = metrics["val/loss"]
+    gap = abs(losses["bf16"] - losses["fp32"]) / losses["fp32"]
+    with capsys.disabled():
+        print(f"\nseed {seed}: val/loss fp32 {losses['fp32']:.5f}, bf16-mixed {losses['bf16']:.5f}, "
+              f"relative gap {100 * gap:.3f}% (tolerance {100 * BF16_VAL_LOSS_TOLERANCE:.0f}%)")
+    assert gap < BF16_VAL_LOSS_TOLERANCE

@@ -46,3 +46,48 @@ def test_not_fused_on_meta_device_nor_under_a_grad_scaler():
     scaled = make_optimizer(net.parameters(), "adam", lr=1e-3, policy=_policy("fp32", trainer_precision="16-mixed"))
     assert scaled.defaults.get("fused") is not True
     assert make_optimizer(net.parameters(), "adam", lr=1e-3, policy=_policy("bf16")).defaults["fused"] is True
+
+
+def _int8_model_and_grads(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.Linear(128, 3))
+    grads = [[torch.randn_like(p) for p in model.parameters()] for _ in range(3)]
+    return model, grads
+
+
+def test_fused_fp32_states_leave_the_8bit_updates_unchanged_and_update_small_tensors_as_adamw():
+    """fuse_fp32_states: the tensors with 8-bit states get torchao's update bit for bit; the small
+    ones (fp32 states) the update of torch's AdamW; the states are the same tensors either way."""
+    import copy
+
+    from precision_helpers import load_policy
+
+    updated = {}
+    for fused in (False, True):
+        model, grads = _int8_model_and_grads()
+        policy = load_policy("int8", compile_optimizer=False, fuse_fp32_states=fused)
+        optimizer = make_optimizer(model.parameters(), "adamw", lr=1e-2, weight_decay=1e-2, policy=policy)
+        for step in grads:
+            for p, g in zip(model.parameters(), step):
+                p.grad = g.clone()
+            optimizer.step()
+            assert all(p.grad is not None for p in model.parameters())  # the gradients held back are restored
+        assert ("FusedFp32" in type(optimizer).__name__) == fused
+        updated[fused] = (copy.deepcopy(model), optimizer.state_dict())
+    (plain, plain_state), (fused, fused_state) = updated[False], updated[True]
+    reference, grads = _int8_model_and_grads()
+    adamw = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=1e-2)
+    for step in grads:
+        for p, g in zip(reference.parameters(), step):
+            p.grad = g.clone()
+        adamw.step()
+    for (name, a), b, ref in zip(plain.named_parameters(), fused.parameters(), reference.parameters()):
+        if a.numel() >= 4096:  # 8-bit states: torchao's update in both
+            assert torch.equal(a, b), name
+        else:
+            assert torch.allclose(b, ref, rtol=1e-5, atol=1e-6), name
+    for index, state in plain_state["state"].items():
+        other = fused_state["state"][index]
+        assert set(state) == set(other) and float(state["step"]) == float(other["step"]) == 3.0
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert type(state[key]) is type(other[key]), (index, key)

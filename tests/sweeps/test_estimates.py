@@ -107,7 +107,7 @@ def test_fallback_is_the_models_memory_target(compose_cfg):
 
 
 def test_a_cell_over_the_budget_fails_with_one_line(compose_cfg, tmp_path):
-    cfg = compose_cfg(["model=tft", "budget=rtx3050ti"])
+    cfg = compose_cfg(["model=tft", "precision=fp32", "budget=rtx3050ti"])  # fp32: the TFT defaults to auto
     PackingPlan(1, 2, 2, 0, "rtx3050ti", 3596.0, "cores: 2", {"tft-es-fp32": PeakEstimate("tft-es-fp32", 5000.0, "measured: x")}).write(tmp_path)
     with pytest.raises(CellExceedsBudget) as error:
         check_fits(cfg, tmp_path)

@@ -84,7 +84,7 @@ def test_parallel_sweep_packs_by_memory_and_fails_a_cell_over_budget_before_trai
     # Fallback estimates (no earlier run, no prediction): dqn 150 MB, tft 500 MB (their
     # model.memory_target_mb). 320 MB available: both dqn cells fit together, a tft cell never.
     budget = ["budget.total_mb=320", "budget.headroom_mb=0", "strategy.predict_memory=false"]
-    result = foxhunt_train(["model=dqn,tft", "asset=es,nq", "strategy=parallel", *budget, *SMOKE, *WEEK], tmp_path)
+    result = foxhunt_train(["model=dqn,tft", "asset=es,nq", "precision=fp32", "strategy=parallel", *budget, *SMOKE, *WEEK], tmp_path)
     check(result, 1)
     n_jobs = min(2, available_cores())
     assert f"packing: 4 cells, n_jobs={n_jobs} (cores: {available_cores()})" in result.stdout or n_jobs < 2
@@ -178,14 +178,14 @@ def test_full_grid_in_parallel_isolates_a_failing_cell_and_resume_trains_only_th
     from foxhunt.runs.tracked_run import TrackedRun
 
     # An earlier run of the tft-zn cell measured 40 GB: packing must refuse that cell alone.
-    cell = compose_cfg(["model=tft", "asset=zn", "trainer=smoke", *WEEK])
+    cell = compose_cfg(["model=tft", "asset=zn", "precision=fp32", "trainer=smoke", *WEEK])
     tags = {"model": "tft", "asset": "zn", "precision": "fp32", "config_hash": config_hash(cell)}
     logger = cell.logger
     with TrackedRun(logger.tracking_uri, logger.experiment, logger.artifact_location, "tft-zn-fp32", tags) as earlier:
         earlier.log_config(resolved_config(cell), "")
         earlier.log_metrics({"memory/device_peak_mb": 40000.0})
 
-    grid = ["experiment=grid", "trainer=smoke", "strategy=parallel", *WEEK]
+    grid = ["experiment=grid", "precision=fp32", "trainer=smoke", "strategy=parallel", *WEEK]  # fp32: the TFT defaults to auto
     result = foxhunt_train(grid, tmp_path, timeout=1800)
     check(result, 1)
     parents, cells = runs(tmp_path)

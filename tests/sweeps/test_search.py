@@ -131,7 +131,7 @@ def test_trials_at_once_are_the_copies_of_the_bound_that_fit_at_most_the_sweeper
 
 
 def test_a_trial_fits_within_the_bound_else_is_checked_on_its_own_estimate(compose_cfg, tmp_path):
-    cfg = compose_cfg(["model=tft", "logger.enabled=false", "budget.total_mb=400", "budget.headroom_mb=0"])
+    cfg = compose_cfg(["model=tft", "precision=fp32", "logger.enabled=false", "budget.total_mb=400", "budget.headroom_mb=0"])
     bound = {"tft-es-fp32": PeakEstimate("tft-es-fp32", 300.0, "test")}
     PackingPlan(1, 2, 2, 0, "b", 400, "x", bound, search={"model.module.hidden_size": "256"}).write(tmp_path)
     check_fits(cfg, tmp_path)  # the largest trial fits: so does this one, no estimate made

@@ -246,10 +246,12 @@ class PrecisionSection(Targeted):
     optimizer_states: Literal["32bit", "8bit", "fp8"] = "32bit"
     optimizer_block_size: PositiveInt | None = None
     compile_optimizer: bool = True
+    fuse_fp32_states: bool = False
     quantize_types: list[Literal["Linear", "LSTM"]] = Field(default_factory=list)
     min_quantized_numel: PositiveInt | None = None
     keep_fp32: list[str] = Field(default_factory=list)
     inference_weights: Literal["weight_only", "dynamic_activation"] | None = None
+    choice: str | None = None  # precision=auto: what it chose and why (foxhunt.precision.auto)
 
     @model_validator(mode="after")
     def _int8_needs_its_rule(self) -> "PrecisionSection":

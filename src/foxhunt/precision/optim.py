@@ -64,6 +64,8 @@ def make_optimizer(
             cls = AdamWFp8 if kind == "adamw" else AdamFp8
         else:
             cls = AdamW8bit if kind == "adamw" else Adam8bit
+        if policy.fuse_fp32_states:
+            cls = type(f"FusedFp32{cls.__name__}", (_FusedFp32States, cls), {})
         if not policy.compile_optimizer:
             cls = type(f"Eager{cls.__name__}", (_EagerStep, cls), {})
         optimizer = cls(params, block_size=int(policy.optimizer_block_size), **options)
@@ -108,6 +110,60 @@ class _EagerStep:
     def step(self, closure=None):  # noqa: ANN001 (torch's signature)
         with torch.compiler.set_stance("force_eager"):
             return super().step(closure)
+
+
+class _FusedFp32States:
+    """torchao's 8-bit Adam(W) whose plain fp32 tensors (those torchao keeps fp32 states for: fewer
+    than 4,096 elements, or not a multiple of the block size; never an int8 weight) are updated by
+    one call of torch's fused Adam(W) kernel over all of them, instead of one compiled torchao
+    update per tensor, each with its guard checks and call overhead. Same states (``step``,
+    ``exp_avg``, ``exp_avg_sq``, fp32 tensors), so the same memory and checkpoints; the tensors
+    with 8-bit states and the int8 weights go through torchao's update as before."""
+
+    def _fp32_states(self, p: torch.Tensor) -> bool:
+        return (type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_floating_point()
+                and not (p.numel() >= 4096 and p.numel() % self.block_size == 0))  # fmt: skip
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        held: list[tuple[dict, list[torch.Tensor], list[torch.Tensor]]] = []
+        for group in self.param_groups:
+            small = [p for p in group["params"] if p.grad is not None and self._fp32_states(p) and not group["amsgrad"]]
+            grads = [p.grad for p in small]
+            for p in small:  # torchao's loop skips a tensor without a gradient
+                p.grad = None
+            held.append((group, small, grads))
+        try:
+            super().step()
+        finally:
+            for _, small, grads in held:
+                for p, grad in zip(small, grads):
+                    p.grad = grad
+        for group, small, grads in held:
+            if small:
+                self._fused_update(group, small, grads)
+        return loss
+
+    def _fused_update(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        from torch.optim.adam import adam
+
+        states = []
+        for p in params:
+            state = self.state[p]
+            if len(state) == 0:  # as torchao initializes a tensor it keeps fp32 states for
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            states.append(state)
+        beta1, beta2 = group["betas"]
+        adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
+             [s["step"] for s in states], fused=True, decoupled_weight_decay=self.is_adamw, amsgrad=False,
+             beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+             maximize=False)  # fmt: skip
 
 
 # -- 8-bit states in checkpoints ---------------------------------------------------------------

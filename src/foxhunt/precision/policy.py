@@ -11,7 +11,8 @@ optimizer are represented while training:
   ``optimizer_block_size`` elements for Adam's two moments: ``fp8`` (float8 e4m3 codes,
   torchao ``Adam(W)Fp8``) or ``8bit`` (dynamic-map codes, torchao ``Adam(W)8bit``);
   ``compile_optimizer`` false runs torchao's per-parameter update eagerly instead of
-  compiled (:mod:`foxhunt.precision.optim`).
+  compiled; ``fuse_fp32_states`` updates the tensors torchao keeps fp32 states for (small
+  ones) with one fused torch Adam(W) call (:mod:`foxhunt.precision.optim`).
 
 The rule that picks the int8 layers, all from ``conf/precision/int8.yaml``:
 ``quantize_types`` (module types whose weight matrices may be int8: ``Linear``, ``LSTM``),
@@ -24,6 +25,9 @@ Everything that is not such a weight matrix (biases, norms, embeddings, the SSM'
 ``inference_weights`` is the torchao config an int8 *inference* copy of a model uses
 (:func:`foxhunt.precision.inference.int8_inference_model`): ``weight_only`` or
 ``dynamic_activation`` (int8 weights and per-token int8 activations).
+
+``choice``: set by ``precision=auto`` (:mod:`foxhunt.precision.auto`) to the line that says which
+of bf16 and fp32 it picked on the device and why; ``None`` for a precision chosen by name.
 
 A policy applies to any ``nn.Module`` (:func:`foxhunt.precision.quantize.quantize_model`) and
 knows nothing of models, jobs or the command line; the Lightning side is
@@ -53,7 +57,9 @@ class PrecisionPolicy:
     quantize_types: Sequence[str] = field(default_factory=tuple)
     optimizer_block_size: int | None = None
     compile_optimizer: bool = True
+    fuse_fp32_states: bool = False
     inference_weights: str | None = None
+    choice: str | None = None  # precision=auto: what it chose on this device and why (foxhunt.precision.auto)
 
     def __post_init__(self) -> None:
         # Hydra passes ListConfig for lists: keep plain tuples (hashable, picklable)

@@ -9,7 +9,9 @@ is the SHA-256 (:data:`HASH_LENGTH` hex digits kept) of the resolved config
 - without what does not change the result (:data:`HASH_IGNORED`): how the run is launched
   (``strategy``, Hydra's node) or recorded (``logger``), the ``resume`` switch itself, and what
   only displays or samples it: progress bars and the progress metric, the logging cadence, the
-  model summary, the memory callback's sampling cadence, the equity plot.
+  model summary, the memory callback's sampling cadence, the equity plot, and
+  ``precision=auto``'s explanation of its choice (the precision it chose counts: an auto run that
+  chose bf16 hashes as a ``precision=bf16`` one).
 
 Everything else counts: the model, the asset, the data (source, features, split), the
 precision, the seed, the training length (``trainer.max_epochs``, ``max_steps``,
@@ -38,6 +40,7 @@ HASH_IGNORED = (
     "callbacks.memory_budget.sample_every_n_steps",
     "callbacks.memory_budget.max_overhead_pct",
     "evaluation.plot_equity",
+    "precision.choice",  # precision=auto's explanation (names the hardware); what it chose counts
 )
 HASH_MASKED = ("paths",)
 

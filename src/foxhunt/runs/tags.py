@@ -16,6 +16,7 @@ class Tag:
     MODEL = "model"
     ASSET = "asset"
     PRECISION = "precision"
+    PRECISION_CHOICE = "precision.choice"  # precision=auto: what it chose on the device and why
     SEED = "seed"
     CONFIG_HASH = "config_hash"  # foxhunt.runs.config_hash: what resume=true looks runs up by
     STRATEGY = "strategy"
