@@ -46,7 +46,7 @@ def show(
 
         from foxhunt.build import compose_config
         from foxhunt.config.schema import validate
-        from foxhunt.data.inspect import describe, plot_continuous
+        from foxhunt.data.inspect import describe, load_bars, plot_continuous
         from foxhunt.data.splits import WalkForwardConfig
 
         cfg = compose_config(list(overrides or []))
@@ -56,9 +56,11 @@ def show(
         walk_forward = (
             WalkForwardConfig.from_config(cfg.evaluation.walk_forward) if cfg.evaluation.protocol == "walk_forward" else None
         )
-        summary = describe(source, asset, cfg.data.features, cfg.data.split, walk_forward, min_gap_minutes=min_gap)
+        bars, rolls = load_bars(source, asset)
+        summary = describe(source, asset, bars, rolls, cfg.data.features, cfg.data.split, walk_forward,
+                           min_gap_minutes=min_gap)  # fmt: skip
         target = png or Path(cfg.paths.root_dir) / "outputs" / "data" / f"{asset.key}-continuous.png"
-        summary["png"] = str(plot_continuous(source, asset, target))
+        summary["png"] = str(plot_continuous(bars, rolls, asset, summary["adjust"], target))
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
         return

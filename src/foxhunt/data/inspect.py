@@ -26,12 +26,21 @@ from foxhunt.data.roll import CONTRACT, RAW_CLOSE, ROLL_PRICE, schedule_records
 from foxhunt.data.splits import SPLIT_NAMES, FoldSplit, WalkForwardConfig, as_split
 
 
-def describe(source: Any, asset: AssetSpec, features_cfg: Any, split_cfg: Any,
-             walk_forward: WalkForwardConfig | None = None, min_gap_minutes: int = 1) -> dict[str, Any]:  # fmt: skip
-    """The summary of what ``source`` yields for ``asset`` (see the module docstring); a gap is
-    a run of at least ``min_gap_minutes`` open-market minutes without a bar."""
-    series = source.continuous(asset) if hasattr(source, "continuous") else None
-    bars = series.bars() if series is not None else source.load(asset)
+def load_bars(source: Any, asset: AssetSpec) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The bars a run would read from ``source`` and, for a source that rolls, its rolls
+    (:data:`foxhunt.data.roll.SCHEDULE_COLUMNS`); the files are read once."""
+    if not hasattr(source, "continuous"):
+        return source.load(asset), None
+    series = source.continuous(asset)
+    return series.bars(), series.rolls
+
+
+def describe(source: Any, asset: AssetSpec, bars: pd.DataFrame, rolls: pd.DataFrame | None, features_cfg: Any,
+             split_cfg: Any, walk_forward: WalkForwardConfig | None = None,
+             min_gap_minutes: int = 1) -> dict[str, Any]:  # fmt: skip
+    """The summary of what ``source`` yields for ``asset``, from its ``bars`` and ``rolls``
+    (:func:`load_bars`; see the module docstring); a gap is a run of at least
+    ``min_gap_minutes`` open-market minutes without a bar."""
     index = bars.index
     raw = bars[RAW_CLOSE].to_numpy(np.float64) if RAW_CLOSE in bars else bars["close"].to_numpy(np.float64)
     contracts = bars[CONTRACT].astype(str).to_numpy() if CONTRACT in bars else np.full(len(bars), asset.root)
@@ -59,7 +68,7 @@ def describe(source: Any, asset: AssetSpec, features_cfg: Any, split_cfg: Any,
              "first_bar": r.min.isoformat(), "last_bar": r.max.isoformat()}
             for r in per_session.itertuples(index=False)
         ],  # fmt: skip
-        "rolls": schedule_records(series.rolls) if series is not None else [],
+        "rolls": schedule_records(rolls) if rolls is not None else [],
         "tick_grid": {"tick": asset.tick_size, "raw_closes": int(len(raw)), "off_grid": int(off.sum()),
                       "first_off_grid": index[int(np.argmax(off))].isoformat() if off.any() else None},  # fmt: skip
         "calendar": {
@@ -79,23 +88,21 @@ def describe(source: Any, asset: AssetSpec, features_cfg: Any, split_cfg: Any,
     return summary
 
 
-def plot_continuous(source: Any, asset: AssetSpec, path: Path) -> Path:
-    """A PNG of the continuous close, raw and back-adjusted, with each roll marked."""
+def plot_continuous(bars: pd.DataFrame, rolls: pd.DataFrame | None, asset: AssetSpec, adjust: str, path: Path) -> Path:
+    """A PNG of the continuous close, raw and back-adjusted (``adjust``), with each roll marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = source.continuous(asset) if hasattr(source, "continuous") else None
-    bars = series.bars() if series is not None else source.load(asset)
     raw = bars[RAW_CLOSE] if RAW_CLOSE in bars else bars["close"]
     x = np.arange(len(bars))  # bar number: closed-market time takes no width
     fig, ax = plt.subplots(figsize=(11, 4.5))
     ax.plot(x, raw.to_numpy(), lw=0.8, label="raw close (the contract held)")
     if ROLL_PRICE in bars and not np.allclose(bars["close"].to_numpy(), raw.to_numpy()):
-        ax.plot(x, bars["close"].to_numpy(), lw=0.8, label=f"adjusted close ({getattr(source.rule, 'adjust', '')})")
-    if series is not None:
-        for roll in series.rolls.itertuples(index=False):
+        ax.plot(x, bars["close"].to_numpy(), lw=0.8, label=f"adjusted close ({adjust})")
+    if rolls is not None:
+        for roll in rolls.itertuples(index=False):
             at = int(bars.index.get_loc(roll.first_bar))
             ax.axvline(at, color="tab:red", lw=0.8, ls="--")
             ax.annotate(f"{roll.from_contract}->{roll.to_contract}\n{pd.Timestamp(roll.session):%Y-%m-%d}", (at, ax.get_ylim()[1]),

@@ -224,11 +224,10 @@ def continuous(contracts: Contracts, schedule: pd.DataFrame, adjust: str) -> tup
             "to_contract": contract[t], "reason": str(reasons.get(session, "")), "from_price": close[t - 1],
             "roll_price": entry, "gap": entry - close[t - 1],
         })  # fmt: skip
-    factor = _adjustment(close, roll_at, roll_price, adjust)
+    offset, scale = _adjustment(close, roll_at, roll_price, adjust)
     out = pd.DataFrame(index=pd.DatetimeIndex(picked["ts"]).rename("ts"))
     for column in PRICE_COLUMNS:
-        raw = picked[column].to_numpy(np.float64)
-        out[column] = raw * factor[1] + factor[0] if adjust != "none" else raw
+        out[column] = picked[column].to_numpy(np.float64) * scale + offset
     out["volume"] = picked["volume"].to_numpy(np.float64)
     out[RAW_CLOSE] = close
     out[ROLL_PRICE] = roll_price
@@ -371,9 +370,7 @@ def _adjustment(close: np.ndarray, roll_at: np.ndarray, roll_price: np.ndarray, 
         if adjust == "difference":
             offset[:t] += roll_price[t] - close[t - 1]
         elif adjust == "ratio":
-            ratio = roll_price[t] / close[t - 1]
-            offset[:t] *= ratio
-            scale[:t] *= ratio
+            scale[:t] *= roll_price[t] / close[t - 1]
     return offset, scale
 
 

@@ -179,7 +179,8 @@ class DatabentoBarSource:
         contracts = self._contracts(records, asset, definitions)
         self._validate_contracts(contracts, asset)
         definitions.check(asset, set(contracts["contract"].astype(str)))
-        if self.symbol is not None or contracts["contract"].nunique() == 1 and contracts["month"].isna().all():
+        one_unnamed = contracts["contract"].nunique() == 1 and contracts["month"].isna().all()  # an instrument id only
+        if self.symbol is not None or one_unnamed:
             return single_contract(contracts, asset, self.path)
         expiration = {}
         for iid, symbol in definitions.symbol.items():
