@@ -56,9 +56,19 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import BAR_COLUMNS, resolve_files, source_fingerprint, validate_bars
+from foxhunt.data.bars import (
+    BAR_COLUMNS,
+    resolve_files,
+    source_fingerprint,
+    validate_bars,
+)
 from foxhunt.data.errors import BarDataError
-from foxhunt.data.roll import ContinuousSeries, RollRule, build_continuous, single_contract
+from foxhunt.data.roll import (
+    ContinuousSeries,
+    RollRule,
+    build_continuous,
+    single_contract,
+)
 from foxhunt.data.sources.databento_records import (
     CSV_PRICE_FORMATS,
     CSV_SUFFIXES,
