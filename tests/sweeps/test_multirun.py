@@ -33,7 +33,7 @@ def test_sequential_sweep_groups_its_cells_under_a_parent_run_with_a_summary(seq
     root, result = sequential
     check(result)
     (sweep,) = sweep_dirs(root)
-    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["dqn_es_fp32", "ppo_es_fp32"]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["dqn_es_fp32_0", "ppo_es_fp32_1"]
     parents, cells = runs(root)
     (parent,) = parents
     assert parent.info.status == "FINISHED" and parent.data.tags["strategy"] == "sequential"
@@ -92,7 +92,7 @@ def test_parallel_sweep_packs_by_memory_and_fails_a_cell_over_budget_before_trai
     (sweep,) = sweep_dirs(tmp_path)
     plan = json.loads((sweep / "packing.json").read_text())
     assert plan["threads_per_job"] == max(1, available_cores() // n_jobs)
-    assert plan["estimates"]["tft-es-fp32"]["mb"] == 500.0
+    assert plan["estimates"]["2"] == {"cell": "tft-es-fp32", "mb": 500.0, "source": plan["estimates"]["2"]["source"]}  # job 2
 
     parents, cells = runs(tmp_path)
     (parent,) = parents
@@ -106,7 +106,7 @@ def test_parallel_sweep_packs_by_memory_and_fails_a_cell_over_budget_before_trai
         "CellExceedsBudget: cell tft-es-fp32 needs 500 MB (fallback: model.memory_target_mb (no measurement, "
         "no prediction)) > 320 MB available on budget rtx3050ti (320 MB total - 0 MB headroom): not started"
     )
-    assert not (sweep / "tft_es_fp32" / "checkpoints").exists()  # failed before training
+    assert not (sweep / "tft_es_fp32_2" / "checkpoints").exists()  # failed before training
     if n_jobs == 2:  # two loky workers
         assert status["dqn-es-fp32"].data.tags["pid"] != status["dqn-nq-fp32"].data.tags["pid"]
     last = result.stderr.strip().splitlines()[-1]
@@ -151,14 +151,14 @@ def test_a_sweep_stopped_by_sigterm_resumes_from_the_interrupted_checkpoint(tmp_
     process = subprocess.Popen([str(Path(sys.executable).parent / "foxhunt-train"), *args], env=env, cwd=tmp_path,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 180
-    while not list((tmp_path / "outputs").glob("sweeps/*/dqn_es_fp32/checkpoints/last.ckpt")):
+    while not list((tmp_path / "outputs").glob("sweeps/*/dqn_es_fp32_0/checkpoints/last.ckpt")):
         assert time.monotonic() < deadline and process.poll() is None, "no checkpoint before the deadline"
         time.sleep(0.5)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 143  # as for a process ended by SIGTERM, never 0
     (parent,), (killed,) = runs(tmp_path)
     assert killed.info.status == "KILLED" and parent.info.status == "KILLED"
-    assert list((tmp_path / "outputs").glob("sweeps/*/dqn_es_fp32/checkpoints/interrupted.ckpt"))
+    assert list((tmp_path / "outputs").glob("sweeps/*/dqn_es_fp32_0/checkpoints/interrupted.ckpt"))
 
     result = foxhunt_train([*args[1:], "resume=true"], tmp_path)
     check(result)
