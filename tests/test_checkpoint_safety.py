@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -135,7 +136,7 @@ def test_resume_after_kill_9_continues_the_same_run_with_every_step_once(tmp_pat
         time.sleep(0.05)
         if not (last.is_file() and database.is_file()):
             continue
-        saved = torch.load(last, weights_only=True)["global_step"]
+        saved = torch.load(last, weights_only=True)["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"]
         with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
             (logged,) = db.execute("SELECT max(step) FROM metrics WHERE key = 'progress'").fetchone()
         if logged is not None and logged >= saved + 20:
@@ -158,3 +159,53 @@ def test_resume_after_kill_9_continues_the_same_run_with_every_step_once(tmp_pat
     # before it updates again, so the steps right after the checkpoint have no loss to log
     losses = _history(store_uri(killed_root), "train/loss")
     assert len(losses) == len(set(losses)) and max(losses) == max(_history(store_uri(reference_root), "train/loss"))
+
+
+def test_a_checkpoint_names_its_run_and_is_refused_where_it_belongs_to_another(compose_cfg, tmp_path):
+    """Each logged run stamps its checkpoints with its run id; a checkpoint planted in another
+    run's folder is refused by ``ckpt=`` and by a check for that run, naming both runs; a run's
+    own checkpoint starts a new run, which records where it started from."""
+    import shutil
+
+    import torch
+
+    from foxhunt.runs.store import RunStore
+    from foxhunt.train import train_run
+
+    quick = ["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false", "evaluation.max_bars=200"]
+    first = train_run(compose_cfg([*quick, f"paths.output_dir={tmp_path / 'a'}"]))
+    second = train_run(compose_cfg([*quick, "seed=7", f"paths.output_dir={tmp_path / 'b'}"]))
+    own = tmp_path / "a" / "checkpoints" / "best.ckpt"
+    assert torch.load(own, weights_only=True)[STAMP_KEY]["run_id"] == first.run_id
+    planted = tmp_path / "b" / "checkpoints" / "best.ckpt"
+    shutil.copy(own, planted)  # run a's weights in run b's folder
+    with pytest.raises(CheckpointError) as refused:
+        train_run(compose_cfg([*quick, f"ckpt={planted}", f"paths.output_dir={tmp_path / 'c'}"]))
+    assert str(refused.value) == (f"ckpt={planted} (in the folder of run {second.run_id}): stamped for run {first.run_id}, "
+                                  f"not for run {second.run_id} (a checkpoint belongs to the run that wrote it)")  # fmt: skip
+    with pytest.raises(CheckpointError, match=f"stamped for run {first.run_id}, not for run {second.run_id}"):
+        check_checkpoint(compose_cfg(quick), planted, key="resume", run_id=second.run_id)
+    started = train_run(compose_cfg([*quick, f"ckpt={own}", "trainer.max_epochs=2", f"paths.output_dir={tmp_path / 'd'}"]))
+    store = RunStore(compose_cfg(quick).logger.tracking_uri)
+    assert store.get(started.run_id).tags["ckpt.run_id"] == first.run_id
+
+
+def test_register_refuses_a_logged_checkpoint_stamped_for_another_run(compose_cfg, tmp_path):
+    import torch
+
+    from foxhunt.checkpoint import CheckpointError
+    from foxhunt.ensemble.registry import register_champions
+    from foxhunt.runs.store import RunStore
+    from foxhunt.train import train_run
+
+    cfg = compose_cfg(["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false"])
+    outcome = train_run(cfg)
+    store = RunStore(cfg.logger.tracking_uri)
+    logged = Path(store.get(outcome.run_id).artifact_uri.removeprefix("file://")) / "checkpoints"
+    for path in logged.glob("*.ckpt"):  # as a run sharing its folder with another would have logged them
+        state = torch.load(path, weights_only=True)
+        state[STAMP_KEY]["run_id"] = "0" * 32
+        torch.save(state, path)
+    with pytest.raises(CheckpointError, match=f"stamped for run {'0' * 32}, not for run {outcome.run_id}"):
+        register_champions(cfg.logger.tracking_uri, "foxhunt", "es", ["dqn"], "val/sharpe", "foxhunt", "champion", False)
+    assert store.get_version("foxhunt-dqn-es", 1) is None

@@ -3,7 +3,8 @@
 Writing. The ``checkpoint_stamp`` callback (``conf/callbacks/default.yaml``,
 :class:`CheckpointStamp`) adds foxhunt's stamp to every checkpoint a run writes (best, last,
 interrupted, a memory breach's): ``checkpoint["foxhunt"] = {"format", "model", "module",
-"precision", "saved_at_ms"}``, and makes the Trainer write each file atomically (:func:`atomic_save`: a
+"precision", "run_id", "saved_at_ms"}`` (``run_id``: the MLflow run the Trainer logs to, or
+none without a logger), and makes the Trainer write each file atomically (:func:`atomic_save`: a
 temporary file beside the target, flushed and fsynced, then renamed over it), so a ``kill -9``
 during a write leaves the previous file whole.
 
@@ -18,7 +19,9 @@ with one line that says which check failed:
 4. the model family (``model=``) and the weights' precision (int8 weights only with
    ``precision=int8``; fp32 and bf16 share fp32 weights) are the config's;
 5. every weight has the shape the config's model has (built on the meta device: no memory,
-   no data), and the hyperparameters that differ are named.
+   no data), and the hyperparameters that differ are named;
+6. given the run it must belong to (``run_id``: resume, registration), its stamp names that run:
+   a checkpoint stamped for another run is refused, naming both (:func:`check_stamped_run`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from foxhunt.errors import UserError, one_line
 
 STAMP_KEY = "foxhunt"
 STAMP_FORMAT = 1
+RUN_ID = "run_id"  # the stamp's key for the MLflow run a checkpoint belongs to
 INT8 = "int8"
 _SHOWN_DIFFERENCES = 3  # hyperparameters or weights named in a shape error
 _TMP_SUFFIX = ".tmp"
@@ -79,12 +83,23 @@ def _atomic_checkpoint_io():
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
     class AtomicCheckpointIO(TorchCheckpointIO):
-        """Lightning's torch checkpoint IO, each file written by :func:`atomic_save`."""
+        """Lightning's torch checkpoint IO, each file written by :func:`atomic_save`; it keeps
+        the files it wrote and has not removed since (:attr:`written`)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.written: dict[Path, None] = {}  # in the order written
 
         def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:  # noqa: D102
             if storage_options is not None:
-                return super().save_checkpoint(checkpoint, path, storage_options)
-            atomic_save(checkpoint, path)
+                super().save_checkpoint(checkpoint, path, storage_options)
+            else:
+                atomic_save(checkpoint, path)
+            self.written[Path(path).resolve()] = None
+
+        def remove_checkpoint(self, path) -> None:  # noqa: D102
+            super().remove_checkpoint(path)
+            self.written.pop(Path(path).resolve(), None)
 
     return AtomicCheckpointIO()
 
@@ -94,15 +109,28 @@ def _checkpoint_stamp_class() -> type:
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
     class CheckpointStamp(pl.Callback):
-        """Stamps every checkpoint of the run (model family, module, precision) and has the
-        Trainer write each one atomically."""
+        """Stamps every checkpoint of the run (model family, module, precision, run) and has the
+        Trainer write each one atomically; :meth:`written` names the files this run wrote."""
 
         def __init__(self, model: str, module: str, precision: str) -> None:
             self.stamp = {"format": STAMP_FORMAT, "model": str(model), "module": str(module), "precision": str(precision)}
+            self.io = None
+
+        def written(self) -> list[Path] | None:
+            """The checkpoint files the Trainer wrote through this callback's IO and did not
+            remove since, that are still on disk (None: another checkpoint IO was in use)."""
+            if self.io is None:
+                return None
+            return [path for path in self.io.written if path.is_file()]
 
         def setup(self, trainer, pl_module, stage: str) -> None:  # noqa: D102
-            if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # another IO is the user's choice
-                trainer.strategy.checkpoint_io = _atomic_checkpoint_io()
+            if self.io is None and type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # another IO is the user's choice
+                self.io = _atomic_checkpoint_io()
+            if self.io is not None:
+                trainer.strategy.checkpoint_io = self.io
+            run_id = next((logger.run_id for logger in trainer.loggers if getattr(logger, "run_id", None)), None)
+            if run_id:  # the MLflow run this Trainer logs to: its checkpoints are that run's
+                self.stamp[RUN_ID] = str(run_id)
 
         def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:  # noqa: D102
             import time
@@ -131,14 +159,26 @@ def __getattr__(name: str):
 @dataclass(frozen=True)
 class CheckedCheckpoint:
     stamp: dict[str, Any]
-    global_step: int  # the optimizer steps taken when it was written
+    logging_step: int  # the step the run's metrics were logged at when it was written (foxhunt.runs.steps)
     saved_at_ms: int  # when its state was taken (the stamp's time, else the file's)
 
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run the checkpoint was written by (None: written without a logger)."""
+        return self.stamp.get(RUN_ID) or None
 
-def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt") -> CheckedCheckpoint:
+
+def check_stamped_run(where: str, stamped: str | None, run_id: str) -> None:
+    """Refuse a checkpoint stamped for a run other than ``run_id``, naming both runs."""
+    if stamped and stamped != run_id:
+        raise CheckpointError(f"{where}: stamped for run {stamped}, not for run {run_id} (a checkpoint "
+                              f"belongs to the run that wrote it)")  # fmt: skip
+
+
+def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt", run_id: str | None = None) -> CheckedCheckpoint:
     """Check the checkpoint at ``path`` against the composed config ``cfg`` (see the module doc);
-    ``key`` names where the path came from in the error (``ckpt``, or the resumed run). Returns
-    the checkpoint's stamp and step."""
+    ``key`` names where the path came from in the error (``ckpt``, or the resumed run); with
+    ``run_id``, a checkpoint stamped for another run is refused. Returns its stamp and step."""
     where = f"{key}={path}"
     file = Path(str(path)).expanduser()
     if not file.exists():
@@ -165,10 +205,25 @@ def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt") -> Checked
             f"{where}: weights of precision={stamp.get('precision')} do not load into precision={precision} "
             "(int8 weights need precision=int8; fp32 and bf16 runs share fp32 weights)"
         )
+    if run_id is not None:
+        check_stamped_run(where, stamp.get(RUN_ID), run_id)
     if precision != INT8:
         _check_shapes(cfg, state, where)
+    from foxhunt.runs.steps import checkpoint_logging_step
+
     saved_at_ms = int(stamp.get("saved_at_ms") or file.stat().st_mtime * 1000)
-    return CheckedCheckpoint(dict(stamp), int(state.get("global_step") or 0), saved_at_ms)
+    step = checkpoint_logging_step(state)
+    return CheckedCheckpoint(dict(stamp), int(state.get("global_step") or 0) if step is None else step, saved_at_ms)
+
+
+def read_stamp(path: str | os.PathLike) -> dict[str, Any] | None:
+    """foxhunt's stamp of the checkpoint at ``path`` (None: unreadable, or not stamped)."""
+    try:
+        state = _load_weights_only(Path(path), str(path))
+    except CheckpointError:
+        return None
+    stamp = state.get(STAMP_KEY) if isinstance(state, dict) else None
+    return dict(stamp) if isinstance(stamp, dict) else None
 
 
 def _what_it_is(file: Path) -> str:

@@ -25,7 +25,10 @@ artifacts hold everything needed to rebuild the model without the training folde
 The version's tags name the run (``run_id``), the metric and its value; the alias
 (``ensemble.alias``, default ``champion``) moves to the new version. When a family's best run
 already is the aliased version, nothing new is registered. Every choice is prepared and checked
-(checkpoint present and loadable, config valid) before anything is written to the registry.
+(checkpoint present, loadable and stamped for the run that logged it, config valid) before
+anything is written to the registry. The whole step holds the store's registry lock
+(:meth:`foxhunt.runs.store.RunStore.exclusive`): a second ``register`` started meanwhile waits,
+then finds the champions registered and registers nothing again.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from foxhunt.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
 from foxhunt.errors import UserError
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
@@ -53,6 +57,7 @@ WEIGHTS_FILE = "weights.pt"
 CONFIG_FILE = "config.yaml"
 MODEL_ARTIFACT_PATH = "champion"
 CHECKPOINTS = ("checkpoints/best.ckpt", "checkpoints/last.ckpt")
+REGISTRY_LOCK = "registry"  # the store's lock held while champions are chosen and registered
 
 
 class RegistryError(UserError, ValueError):
@@ -145,9 +150,12 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path) -> Pre
     except Exception:  # a run trained before dataset.json was logged: rebuild the statistics
         record = _rebuild_record(OmegaConf.load(config_path))
     try:
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
+        loaded = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        state = loaded["state_dict"]
     except Exception as exc:
         raise RegistryError(f"run {run_id}: {checkpoint}: not a loadable foxhunt checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    stamp = loaded.get(STAMP_KEY) if isinstance(loaded.get(STAMP_KEY), dict) else {}
+    check_stamped_run(f"run {run_id} ({choice.run_name}): {checkpoint}", stamp.get(RUN_ID), run_id)
     cfg = OmegaConf.load(config_path)
     from foxhunt.ensemble.fleet import rebuild_model
 
@@ -254,10 +262,16 @@ def register_champions(tracking_uri: str, experiment: str, asset: str, families:
     from foxhunt.runs.store import RunStore
 
     store = RunStore(tracking_uri)
+    if dry_run:
+        return choose_champions(store, experiment, asset, families, metric), []
+    with store.exclusive(REGISTRY_LOCK):  # a concurrent register waits, then finds the champions registered
+        return _register_locked(store, experiment, asset, families, metric, prefix, alias)
+
+
+def _register_locked(store, experiment: str, asset: str, families: list[str], metric: str, prefix: str,
+                     alias: str) -> tuple[list[Choice], list[Registered]]:  # fmt: skip
     choices = choose_champions(store, experiment, asset, families, metric)
     missing = [c.family for c in choices if c.run_id is None]
-    if dry_run:
-        return choices, []
     if missing:
         raise RegistryError(
             f"no FINISHED {asset} run with {metric} for {', '.join(missing)} in experiment {experiment!r}: "

@@ -12,6 +12,9 @@ breach's checkpoint are not where training stopped. Looked up, in order:
    ``interrupted.ckpt`` beside a newer ``last.ckpt``);
 2. the copies logged to the run (artifacts ``checkpoints/<name>``), ``interrupted.ckpt`` first:
    read on disk when the artifact store is a local folder, listed through the store otherwise.
+
+A checkpoint belongs to the run that wrote it (its stamp names it: :mod:`foxhunt.checkpoint`);
+:func:`check_folder_owner` refuses a checkpoint found in one run's folder but stamped for another.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from urllib.parse import unquote, urlparse
 
 from foxhunt.runs.records import RunRecord
 from foxhunt.runs.tags import Param, Tag
+
+CHECKPOINTS_FOLDER = "checkpoints"  # a run's checkpoints, in its output folder (conf/callbacks/default.yaml)
 
 INTERRUPTED_CHECKPOINT = "interrupted.ckpt"
 LAST_CHECKPOINT = "last.ckpt"
@@ -86,3 +91,19 @@ def resumable_checkpoint(
             path = folder / artifact if folder is not None else None
             return Checkpoint(name, path=path, artifact=artifact)
     return None
+
+
+def check_folder_owner(tracking_uri: str, path: str | Path, stamped_run: str | None) -> None:
+    """Refuse (:class:`~foxhunt.checkpoint.CheckpointError`, naming both runs) a checkpoint that
+    lies in a run's ``<output_dir>/checkpoints`` folder but is stamped for another run: it was
+    copied there, or written by a run that shared the folder. A checkpoint outside any run's
+    folder, or without a run in its stamp, is left to the other checks."""
+    from foxhunt.checkpoint import check_stamped_run
+    from foxhunt.runs.store import open_reader
+
+    file = Path(str(path)).expanduser().resolve()
+    if not stamped_run or file.parent.name != CHECKPOINTS_FOLDER:
+        return
+    owners = open_reader(tracking_uri).run_ids_with_tag(Tag.OUTPUT_DIR, str(file.parent.parent))
+    if owners and stamped_run not in owners:
+        check_stamped_run(f"ckpt={path} (in the folder of run {owners[0]})", stamped_run, owners[0])

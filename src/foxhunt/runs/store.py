@@ -171,6 +171,27 @@ class RunStore:
             self._client = open_client(self.tracking_uri)
         return self._client
 
+    @contextmanager
+    def exclusive(self, name: str):
+        """Hold the store's lock ``name`` (``<store>.<name>.lock`` beside the SQLite file) for a
+        step that reads then writes and must not interleave with another process's same step
+        (``foxhunt ensemble register``: two at once would both find no champion and register
+        one each). A server store has no lock file: the step runs unlocked, said in the log."""
+        database = sqlite_path(self.tracking_uri)
+        if database is None:
+            log.info("%s: a server store: %s runs without a cross-process lock", self.tracking_uri, name)
+            yield
+            return
+        import fcntl
+
+        database.parent.mkdir(parents=True, exist_ok=True)
+        with open(database.with_name(f"{database.name}.{name}{STORE_LOCK_SUFFIX}"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     # -- experiments ---------------------------------------------------------------------
     def ensure_experiment(self, name: str, artifact_location: str | None = None) -> str:
         """The id of experiment ``name``, creating the store and the experiment if needed."""

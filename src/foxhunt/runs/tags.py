@@ -24,6 +24,7 @@ class Tag:
     DATA_SOURCE = "data_source"
     OUTPUT_DIR = "output_dir"  # the run's folder, updated on every attempt (checkpoints live there)
     TRIAL = "trial"  # a search sweep's trial (its Hydra job number; foxhunt.sweeps.search)
+    CKPT_RUN = "ckpt.run_id"  # ckpt=: the run whose checkpoint this run started from
     # The process that runs it (TrackedRun, the sweep's parent run, the supervisor).
     JOB_ID = "job_id"
     PID = "pid"
