@@ -66,7 +66,9 @@ def make_optimizer(
             cls = AdamW8bit if kind == "adamw" else Adam8bit
         if policy.fuse_fp32_states:
             cls = type(f"FusedFp32{cls.__name__}", (_FusedFp32States, cls), {})
-        if not policy.compile_optimizer:
+        if policy.compile_optimizer:
+            cls = type(cls.__name__, (_EagerUnderDispatchMode, cls), {})
+        else:
             cls = type(f"Eager{cls.__name__}", (_EagerStep, cls), {})
         optimizer = cls(params, block_size=int(policy.optimizer_block_size), **options)
         optimizer.register_state_dict_post_hook(_plain_states)
@@ -108,6 +110,24 @@ class _EagerStep:
     """torchao's step with its per-parameter ``torch.compile`` turned off (run eagerly)."""
 
     def step(self, closure=None):  # noqa: ANN001 (torch's signature)
+        with torch.compiler.set_stance("force_eager"):
+            return super().step(closure)
+
+
+class _EagerUnderDispatchMode:
+    """torchao's compiled step, run eagerly while a ``TorchDispatchMode`` is active.
+
+    ``torch.compile(fullgraph=True)`` cannot trace under a non-infra dispatch mode ("found no
+    compiled frames"): a mode that watches every op (the memory callback's allocator peak,
+    :mod:`foxhunt.memory.allocations`; a FLOP counter) would stop the run at its first step.
+    Under such a mode the update runs op by op, the same math, so the mode sees it; outside
+    one (every other step) it runs compiled."""
+
+    def step(self, closure=None):  # noqa: ANN001 (torch's signature)
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if _get_current_dispatch_mode() is None:
+            return super().step(closure)
         with torch.compiler.set_stance("force_eager"):
             return super().step(closure)
 
