@@ -4,7 +4,8 @@ The job CLI reads it from the MLflow store to draw progress bars, so it must be 
 regular: fraction of the planned training batches done. ``trainer.estimated_stepping_batches``
 is Lightning's own count of the optimizer steps the fit will take; times the gradient
 accumulation it is the number of batches. Batches, not ``global_step``, are counted because
-manual optimization (PPO: several optimizer steps per batch) advances ``global_step`` faster.
+manual optimization (PPO: several optimizer steps per batch) advances ``global_step`` faster;
+the metric is logged at the run's one step unit (:mod:`foxhunt.runs.steps`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import math
 
 import lightning.pytorch as pl
+
+from foxhunt.runs.steps import logging_step
 
 
 class ProgressReporter(pl.Callback):
@@ -22,7 +25,7 @@ class ProgressReporter(pl.Callback):
 
     def _log(self, trainer: pl.Trainer, fraction: float) -> None:
         for logger in trainer.loggers:
-            logger.log_metrics({"progress": fraction}, step=trainer.global_step)
+            logger.log_metrics({"progress": fraction}, step=logging_step(trainer))
 
     @staticmethod
     def fraction_done(trainer: pl.Trainer) -> float:

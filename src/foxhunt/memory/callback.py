@@ -31,14 +31,16 @@ into ``checkpoint_dir`` (when given), sets ``trainer.should_stop`` so the run en
 after the step; ``fail`` raises :class:`MemoryBudgetExceeded` with one line. In every case the
 MLflow run gets the tag ``memory_breach`` = that line.
 
-Metrics are logged with the step they were measured at, but written to the loggers in
+Metrics are logged with the step they were measured at: the training batches done then (the
+step unit of every metric of the run, :mod:`foxhunt.runs.steps`), but written to the loggers in
 batches: one MLflow write costs tens of milliseconds (a SQLite transaction), far more than a
 training step of a small model, while a probe reading costs tens of microseconds. Pending rows
 are written when the time spent in the per-step hooks so far, plus the longest write so far,
 stays within ``max_overhead_pct`` of the training time elapsed (one ``log_batch`` call for all
-pending rows on an ``MLFlowLogger``); the fit-start row is written at once, before training,
-which also measures what a write costs; everything pending is written at the end, on an
-exception too. The callback times its per-step hooks (``time.perf_counter``) and logs that
+pending rows on an ``MLFlowLogger``), the newest row excepted: a later row of the same step
+merges into it, so each metric has one value per step; everything pending is written at the
+end, on an exception too. A fit restored from a checkpoint (``resume=true``, ``ckpt=``) logs no
+fit-start row: the run that wrote the checkpoint logged that moment. The callback times its per-step hooks (``time.perf_counter``) and logs that
 share of the training time as ``memory/callback_overhead_pct``.
 """
 
@@ -65,6 +67,7 @@ from foxhunt.memory.allocations import AllocationPeak
 from foxhunt.memory.budget import Breach, MemoryBudget, find_breaches
 from foxhunt.memory.probes import PROBE_METHODS, DeviceProbes, DeviceSample
 from foxhunt.memory.report import MeasuredFigure, MemoryReport, write_report
+from foxhunt.runs.steps import logging_step
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +178,8 @@ class MemoryBudgetCallback(pl.Callback):
         started = time.perf_counter()
         self.breakdown = measure_static(pl_module, trainer.optimizers)
         self._sample()
-        self._queue(trainer)
-        self._write(trainer)  # before training: also measures what a write costs
+        if trainer.ckpt_path is None:  # a fit restored from a checkpoint: its run logged this moment already
+            self._queue(trainer)
         self.once_seconds += time.perf_counter() - started
         self._check(trainer)
 
@@ -205,7 +208,7 @@ class MemoryBudgetCallback(pl.Callback):
             self._close_allocations()
             self.loop_seconds += time.perf_counter() - started
             self._sample()
-            self._queue(trainer)
+            self._queue(trainer, after_batch=True)
             self._check(trainer)
         sample_due = not window_open and step - self._last_sample_step >= self.sample_every_n_steps
         if not (window_open or sample_due or self.pending):
@@ -223,8 +226,8 @@ class MemoryBudgetCallback(pl.Callback):
         if measured:
             self._sample()
             self._last_sample_step = step
-            self._queue(trainer)
-        if self.pending and self._may_write(started):
+            self._queue(trainer, after_batch=True)
+        if len(self.pending) > 1 and self._may_write(started):
             self._write(trainer)
         self.loop_seconds += time.perf_counter() - started
         if measured:
@@ -314,7 +317,9 @@ class MemoryBudgetCallback(pl.Callback):
             return MeasuredFigure(
                 "peak", self.breakdown.total_training_bytes,
                 "allocator peak of the first training step: bytes live when it began plus the peak of what it "
-                "allocated (AllocationPeak, a TorchDispatchMode; equal to torch's MemTracker), temporaries included",
+                "allocated (AllocationPeak, a TorchDispatchMode; equal to torch's MemTracker), temporaries included; "
+                "forward, backward and optimizer update (a compiled update runs op by op under the meter: "
+                "its temporaries are eager's, an upper bound of the compiled kernel's)",
             )
         return MeasuredFigure(
             "peak", self.breakdown.total_training_bytes,
@@ -375,10 +380,15 @@ class MemoryBudgetCallback(pl.Callback):
         metrics.update({f"{METRIC_PREFIX}{k}": to_mb(v) for k, v in current.items() if v is not None})
         return metrics
 
-    def _queue(self, trainer: pl.Trainer, extra: dict[str, float] | None = None) -> None:
-        """Add the metrics now, at the current step, to the rows waiting to be written."""
+    def _queue(self, trainer: pl.Trainer, extra: dict[str, float] | None = None, after_batch: bool = False) -> None:
+        """Add the metrics now to the rows waiting to be written, at the count of training
+        batches done (``after_batch``: the batch ending now included); a row of the same step
+        as the last waiting one replaces its values (one value per metric and step)."""
         metrics = {**self.metrics(), **(extra or {})}
-        self.pending.append((trainer.global_step, int(time.time() * 1000), metrics))
+        step = logging_step(trainer) + (1 if after_batch else 0)
+        if self.pending and self.pending[-1][0] == step:
+            metrics = {**self.pending.pop()[2], **metrics}
+        self.pending.append((step, int(time.time() * 1000), metrics))
 
     def _may_write(self, now: float) -> bool:
         """Whether writing now keeps the per-step hooks within ``max_overhead_pct``."""
@@ -387,10 +397,12 @@ class MemoryBudgetCallback(pl.Callback):
         elapsed = now - self._train_start
         return 100.0 * (self.loop_seconds + self._write_cost_seconds) <= self.max_overhead_pct * elapsed
 
-    def _write(self, trainer: pl.Trainer) -> None:
-        """Write the pending rows to every logger (one ``log_batch`` per MLflow logger)."""
+    def _write(self, trainer: pl.Trainer, final: bool = False) -> None:
+        """Write the pending rows to every logger (one ``log_batch`` per MLflow logger); until
+        the ``final`` write the newest row waits, as a later row of its step merges into it."""
         started = time.perf_counter()
-        rows, self.pending = self.pending, []
+        cut = len(self.pending) if final else len(self.pending) - 1
+        rows, self.pending = self.pending[:cut], self.pending[cut:]
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger.run_id:
                 self._write_mlflow(logger, rows)
@@ -480,7 +492,7 @@ class MemoryBudgetCallback(pl.Callback):
         if self.train_seconds:
             extra[f"{METRIC_PREFIX}callback_overhead_pct"] = 100.0 * self.loop_seconds / self.train_seconds
         self._queue(trainer, extra=extra)
-        self._write(trainer)
+        self._write(trainer, final=True)
         if not trainer.is_global_zero or not self.write_report:  # one report per run, from the process that logs
             return
         report = self.build_report(pl_module, trainer.global_step)

@@ -56,8 +56,21 @@ class AttachedMLFlowLogger(MLFlowLogger):
     keys). ``finalize`` flushes nothing and leaves the status alone.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._last_written: dict[str, tuple[int | None, float]] = {}  # key -> (step, value) written last
+
     def log_hyperparams(self, params: Any) -> None:  # noqa: D102
         return None
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Lightning's, without a value this logger already wrote at the same step: Lightning
+        adds ``epoch`` to every call, so a step whose training and validation metrics are logged
+        separately would hold ``epoch`` twice (one value per metric and step)."""
+        fresh = {k: v for k, v in metrics.items() if self._last_written.get(k) != (step, float(v))}
+        self._last_written.update({k: (step, float(v)) for k, v in fresh.items()})
+        if fresh:
+            super().log_metrics(fresh, step)
 
     def finalize(self, status: str = "success") -> None:  # noqa: D102
         return None
