@@ -25,7 +25,8 @@ record of the first seed, with the baselines' figures in the title).
 
 **Resume.** Each child has its own config hash, so ``resume=true`` skips the folds that finished
 and resumes an interrupted one from its checkpoint; their scores are read back from their runs.
-A cell run that was interrupted is not reopened: the next attempt opens a new one.
+An interrupted cell run is reopened (``resume_run_id``: :mod:`foxhunt.runs.resume`), so the kept
+folds and the resumed ones stay nested under the one cell run, and no cell run stays RUNNING.
 """
 
 from __future__ import annotations
@@ -100,8 +101,10 @@ def child_tags(child: Child) -> dict[str, str]:
 
 
 def run_cell_protocol(cfg: DictConfig, name: str, run_single: Callable, run_tags: dict[str, str],
-                      parent_run_id: str | None, before_fit: Callable[[], None] | None, source: str):  # fmt: skip
-    """Train every child of the cell under one cell run and aggregate (module doc).
+                      parent_run_id: str | None, before_fit: Callable[[], None] | None, source: str,
+                      resume_run_id: str | None = None):  # fmt: skip
+    """Train every child of the cell under one cell run (``resume_run_id``: the interrupted cell
+    run, reopened) and aggregate (module doc).
 
     ``run_single(child_cfg, parent_run_id=..., extra_tags=..., run_name=...)`` trains one child and returns
     its :class:`foxhunt.train.RunOutcome` (with ``scores``); returns the cell's metrics and its
@@ -118,7 +121,7 @@ def run_cell_protocol(cfg: DictConfig, name: str, run_single: Callable, run_tags
         tags = {**run_tags, Tag.ROLE: ROLE_CELL, Tag.PROTOCOL: describe_protocol(cfg)}
         run = TrackedRun(tracking_uri=cfg.logger.tracking_uri, experiment=cfg.logger.experiment,
                          artifact_location=cfg.logger.artifact_location, run_name=name, tags=tags,
-                         parent_run_id=parent_run_id, source=source)  # fmt: skip
+                         parent_run_id=parent_run_id, resume_run_id=resume_run_id, source=source)  # fmt: skip
     with run if run is not None else contextlib.nullcontext():
         if run is not None:
             run.log_config(resolved, OmegaConf.to_yaml(resolved))

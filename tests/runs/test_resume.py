@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from foxhunt.runs.resume import FRESH, RESUME, SKIP, plan_resume
+from foxhunt.runs.resume import BUSY, FRESH, RESUME, SETTLED_REASON, SKIP, plan_resume
 from foxhunt.runs.tracked_run import TrackedRun
 
 
@@ -65,7 +66,7 @@ def test_a_failed_run_resumes_from_its_logged_checkpoint_when_the_folder_is_gone
     assert plan.checkpoint.read_bytes() == b"weights" and plan.checkpoint.is_relative_to(tmp_path / "download")
 
 
-def test_a_run_without_checkpoint_or_still_alive_is_not_resumed(store, tmp_path):
+def test_a_run_without_checkpoint_is_not_resumed_and_one_still_alive_is_not_started_again(store, tmp_path):
     _run(store, "h", RuntimeError)  # failed before any checkpoint
     assert plan_resume(store[0], "unit", "h", tmp_path).action == FRESH
     uri, _ = store
@@ -75,6 +76,28 @@ def test_a_run_without_checkpoint_or_still_alive_is_not_resumed(store, tmp_path)
     (output / "checkpoints" / "last.ckpt").write_bytes(b"x")
     live = _run(store, "h2", None, {"output_dir": str(output), "pid": str(os.getppid())})
     client.update_run(live, status="RUNNING")  # its process (this test's parent) is alive on this host
-    assert plan_resume(uri, "unit", "h2", tmp_path).action == FRESH
+    busy = plan_resume(uri, "unit", "h2", tmp_path)
+    assert (busy.action, busy.run_id) == (BUSY, live)  # never a second process on the cell
+    assert busy.describe() == (f"skipped: still running (run {live} on {socket.gethostname()}, pid {os.getppid()}); "
+                               "not started a second time")  # fmt: skip
     client.set_tag(live, "pid", "999999999")  # a dead process: the run is stale
     assert plan_resume(uri, "unit", "h2", tmp_path).action == RESUME
+
+
+def test_a_stale_run_not_continued_is_settled_killed(store, tmp_path):
+    """A run RUNNING without its process and without a checkpoint: the new attempt trains from
+    scratch, and the stale run ends KILLED instead of staying RUNNING forever."""
+    uri, _ = store
+    stale = _run(store, "h3", None, {"output_dir": str(tmp_path / "none"), "pid": "999999999"})
+    MlflowClient(uri).update_run(stale, status="RUNNING")
+    assert plan_resume(uri, "unit", "h3", tmp_path).action == FRESH
+    run = MlflowClient(uri).get_run(stale)
+    assert run.info.status == "KILLED" and run.data.tags["stop_reason"] == SETTLED_REASON
+
+
+def test_a_cell_of_folds_reopens_its_interrupted_run_without_a_checkpoint(store, tmp_path):
+    uri, _ = store
+    killed = _run(store, "h4", KeyboardInterrupt)
+    assert plan_resume(uri, "unit", "h4", tmp_path).action == FRESH  # a single run needs its checkpoint
+    plan = plan_resume(uri, "unit", "h4", tmp_path, needs_checkpoint=False)
+    assert (plan.action, plan.run_id, plan.checkpoint) == (RESUME, killed, None)

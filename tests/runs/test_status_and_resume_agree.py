@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from foxhunt.cli import app
 from foxhunt.runs.environment import store_uri
-from foxhunt.runs.resume import FRESH, RESUME, plan_resume
+from foxhunt.runs.resume import BUSY, RESUME, plan_resume
 from foxhunt.runs.store import RunStore
 
 JOB = "abcd0001"
@@ -88,7 +88,7 @@ def test_status_and_resume_choose_the_same_checkpoint_and_liveness(store):
     # and the newer of interrupted.ckpt and last.ckpt
     assert shown["tft"]["state"] == "STALE" and Path(shown["tft"]["checkpoint"]).name == "last.ckpt"
     assert (resume("tft").action, str(resume("tft").checkpoint)) == (RESUME, shown["tft"]["checkpoint"])
-    # RUNNING on another host: shown as the store says, and resume leaves it alone, saying why
+    # RUNNING on another host: shown as the store says, and resume does not start it again, saying where
     assert shown["mamba2"]["state"] == "RUNNING" and shown["mamba2"]["checkpoint"] is None
     plan = resume("mamba2")
-    assert plan.action == FRESH and "RUNNING on another-host" in plan.describe()
+    assert plan.action == BUSY and "on another-host, pid" in plan.describe()

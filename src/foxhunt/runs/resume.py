@@ -1,15 +1,21 @@
 """``resume=true``: what to do with a run whose config (same ``config_hash``) was tried before.
 
 - a FINISHED run exists: skip, and report that run's metrics;
+- else a run still RUNNING (on this host with its process alive, or on another host, which
+  cannot be checked from here: :mod:`foxhunt.runs.liveness`, the rule of the job views): the
+  cell is busy; it is not started a second time, and the line names the run, host and pid;
 - else the most recent FAILED, KILLED or stale RUNNING run with a resumable checkpoint
   (:mod:`foxhunt.runs.checkpoints`: the rule ``foxhunt train status`` shows too): reopen that
-  MLflow run and fit from the checkpoint; a run RUNNING on this host with its process alive,
-  or RUNNING on another host (:mod:`foxhunt.runs.liveness`: the rule of the job views), is
-  left alone;
+  MLflow run and fit from the checkpoint. A cell run made of folds or seeds
+  (``needs_checkpoint=False``: its children hold the checkpoints) is reopened without one;
 - else train from scratch in a new run.
+
+Every stale run of the config that is not continued (its process gone, the store still saying
+RUNNING) is settled KILLED on the way, so no run stays RUNNING after its process is gone.
 
 A resumed run continues from its checkpoint's step: :func:`rewind_run` first removes the metric
 values logged after that step (a ``kill -9`` lost their training), so no step is logged twice.
+The step is the run's one logging unit (:mod:`foxhunt.runs.steps`).
 
 :meth:`ResumePlan.describe` says which, in one line, for the log and the sweep's summary;
 when the store holds no run of the config, or none that can be continued, the line says so
@@ -31,9 +37,9 @@ from foxhunt.runs.tags import Tag
 
 log = logging.getLogger(__name__)
 
-FRESH, SKIP, RESUME = "fresh", "skip", "resume"
+FRESH, SKIP, RESUME, BUSY = "fresh", "skip", "resume", "busy"
 RESUMABLE_STATES = (Status.FAILED, Status.KILLED, Status.STALE)
-CHECKPOINT_DOWNLOADS = "resume"  # folder, in the run's output folder, for logged checkpoints fetched
+SETTLED_REASON = "process gone; settled KILLED by resume=true"
 
 
 @dataclass
@@ -47,11 +53,16 @@ class ResumePlan:
     parent_run_id: str | None = None  # the sweep parent run the earlier run is nested in
     why_fresh: str = ""  # FRESH: what the store holds of this config
 
+    busy: str = ""  # BUSY: where the cell is still running
+
     def describe(self) -> str:
         if self.action == SKIP:
             return skip_note(self.run_id)
+        if self.action == BUSY:
+            return f"skipped: still running ({self.busy}); not started a second time"
         if self.action == RESUME:
-            return f"resumed {self.previous_status} run {self.run_id} from {self.checkpoint.name}"
+            source = f"from {self.checkpoint.name}" if self.checkpoint is not None else "(its folds and seeds resume on their own)"
+            return f"resumed {self.previous_status} run {self.run_id} {source}"
         return f"from scratch: {self.why_fresh}" if self.why_fresh else "from scratch"
 
 
@@ -60,7 +71,8 @@ def skip_note(run_id: str | None) -> str:
     return f"skipped: FINISHED earlier in run {run_id}"
 
 
-def plan_resume(tracking_uri: str, experiment: str, digest: str, download_dir: Path) -> ResumePlan:
+def plan_resume(tracking_uri: str, experiment: str, digest: str, download_dir: Path,
+                needs_checkpoint: bool = True) -> ResumePlan:  # fmt: skip
     """The plan for a run with config hash ``digest`` (see the module doc); a checkpoint logged
     to the run but not on this machine is downloaded into ``download_dir``."""
     store = RunStore(tracking_uri)
@@ -71,20 +83,30 @@ def plan_resume(tracking_uri: str, experiment: str, digest: str, download_dir: P
             return ResumePlan(SKIP, run.run_id, None, Status.FINISHED, run.metric_values(), wall, run.parent_id)
     if not runs:
         return ResumePlan(why_fresh=f"no earlier run with config_hash {digest} in experiment {experiment!r}")
-    left: list[str] = []
+    states = {run.run_id: run_state(run) for run in runs}
+    running = [run for run in runs if states[run.run_id] == Status.RUNNING]
+    if running:
+        return ResumePlan(BUSY, running[0].run_id, previous_status=Status.RUNNING, busy=_where(running[0]))
+    plan, left = None, []
     for run in runs:
-        state = run_state(run)
-        if state not in RESUMABLE_STATES:
-            left.append(_left_alone(run, state))
+        state = states[run.run_id]
+        if plan is not None or state not in RESUMABLE_STATES:
+            left.append(f"{run.run_id} {state}")
             continue
         checkpoint = resumable_checkpoint(run, lambda r: store.logged_files(r.run_id, "checkpoints"))
-        if checkpoint is None:
+        if checkpoint is None and needs_checkpoint:
             left.append(f"{run.run_id} {state} without a checkpoint")
             continue
-        path = checkpoint.path
-        if checkpoint.artifact is not None:  # a logged copy: fetched next to this attempt
+        path = checkpoint.path if checkpoint is not None else None
+        if checkpoint is not None and checkpoint.artifact is not None:  # a logged copy: fetched next to this attempt
             path = store.download(run.run_id, checkpoint.artifact, download_dir)
-        return ResumePlan(RESUME, run.run_id, path, state)
+        plan = ResumePlan(RESUME, run.run_id, path, state)
+    for run in runs:  # the stale runs not continued: their process is gone, so they end
+        if states[run.run_id] == Status.STALE and (plan is None or run.run_id != plan.run_id):
+            store.end(run.run_id, Status.KILLED, {Tag.STOP_REASON: SETTLED_REASON})
+            log.info("run %s: RUNNING without its process (pid %s): ended KILLED", run.run_id, run.tags.get(Tag.PID, "?"))
+    if plan is not None:
+        return plan
     return ResumePlan(why_fresh=f"no run with config_hash {digest} to continue ({'; '.join(left)})")
 
 
@@ -97,7 +119,5 @@ def rewind_run(tracking_uri: str, run_id: str, step: int, saved_at_ms: int) -> N
         log.info("run %s: %d metric values logged after step %d (lost with the stop) removed", run_id, removed, step)
 
 
-def _left_alone(run: RunRecord, state: str) -> str:
-    if state == Status.RUNNING:
-        return f"{run.run_id} RUNNING on {run.tags.get(Tag.HOST) or 'an unknown host'} (pid {run.tags.get(Tag.PID, '?')})"
-    return f"{run.run_id} {state}"
+def _where(run: RunRecord) -> str:
+    return f"run {run.run_id} on {run.tags.get(Tag.HOST) or 'an unknown host'}, pid {run.tags.get(Tag.PID, '?')}"
