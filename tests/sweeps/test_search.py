@@ -115,7 +115,8 @@ def test_a_search_plan_packs_copies_of_its_largest_trial(compose_search, tmp_pat
                  "hydra.sweeper.n_jobs=4"]  # fmt: skip
     cfg = _task(compose_search(overrides), overrides)
     plan = plan_sweep(cfg)
-    assert list(plan.estimates) == ["ppo-es-fp32"] and plan.estimates["ppo-es-fp32"].mb == 200  # the model's target
+    assert list(plan.estimates) == ["0"] and plan.estimates["0"].cell == "ppo-es-fp32"
+    assert plan.estimates["0"].mb == 200  # the model's target
     assert plan.search["model.module.policy_hidden_sizes"] == "[256,256]"
     assert plan.n_jobs <= 4 and "largest trial of a search" in plan.describe()
     plan.write(tmp_path)

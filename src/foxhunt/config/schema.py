@@ -291,6 +291,7 @@ class StrategySection(_Strict):
     time_min: PositiveInt | None = None
     array_parallelism: PositiveInt | None = None
     setup: list[str] | None = None
+    orphan_grace_s: PositiveFloat | None = None
 
     @model_validator(mode="after")
     def _cache_for_predictions(self) -> "StrategySection":

@@ -6,7 +6,9 @@ carry a job's and a sweep's identity into the processes they start. Defined here
   ``outputs/`` and ``.cache/``; ``conf/paths/default.yaml`` resolves ``paths.root_dir`` the same way;
 - ``$FOXHUNT_JOB_ID``: set by ``foxhunt train start`` for every process of a job (tag ``job_id``);
 - ``$FOXHUNT_PARENT_RUN_ID``: set by the sweep callback before any job starts: the parent run
-  every cell nests under (inherited by joblib's workers, submitit's processes, SLURM tasks).
+  every cell nests under (inherited by joblib's workers, submitit's processes, SLURM tasks);
+- ``$FOXHUNT_SWEEP_PID``: set beside it: the sweep's process, whose death ends its workers
+  (:mod:`foxhunt.sweeps.orphans`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 ROOT_ENV = "FOXHUNT_ROOT"
 JOB_ID_ENV = "FOXHUNT_JOB_ID"
 PARENT_RUN_ENV = "FOXHUNT_PARENT_RUN_ID"
+SWEEP_PID_ENV = "FOXHUNT_SWEEP_PID"
 SQLITE_PREFIX = "sqlite:///"
 STORE_FILE = Path("mlruns") / "mlflow.db"
 

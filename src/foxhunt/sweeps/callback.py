@@ -57,7 +57,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.errors import TAG_TEXT_LIMIT, one_line, one_line_error
 from foxhunt.runs.cell import CELL_RESULT_FILE
-from foxhunt.runs.environment import JOB_ID_ENV, PARENT_RUN_ENV
+from foxhunt.runs.environment import JOB_ID_ENV, PARENT_RUN_ENV, SWEEP_PID_ENV
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import RUN_KIND_SWEEP, Tag
 from foxhunt.sweeps.estimates import PLAN_FILE
@@ -119,6 +119,7 @@ class SweepCallback(Callback):
         HydraConfig.instance().set_config(config)
         self.started = time.perf_counter()
         self.finished, self.pid = False, os.getpid()
+        os.environ[SWEEP_PID_ENV] = str(self.pid)  # its workers end when this process dies (foxhunt.sweeps.orphans)
         try:
             self.sweep_dir = Path(str(config.hydra.sweep.dir))
             self.sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.errors import one_line_error
 from foxhunt.runs.cell import CellKey
@@ -86,7 +86,7 @@ class PackingPlan:
 
     @property
     def too_big(self) -> list[str]:
-        return sorted(name for name, e in self.estimates.items() if e.mb > self.available_mb)
+        return sorted({e.cell for e in self.estimates.values() if e.mb > self.available_mb})
 
     @property
     def bound_mb(self) -> float:
@@ -279,9 +279,20 @@ def check_fits(cfg: DictConfig, sweep_dir: Path) -> None:
 
         estimate = estimate_peak(cfg, config_hash(cfg))
         estimate = PeakEstimate(cell_name(CellKey.from_config(cfg), trial_number()), estimate.mb, estimate.source)
-    else:
-        estimate = plan.estimates.get(CellKey.from_config(cfg).name)
+    else:  # the plan lists the jobs by number (Hydra's job.num); called outside a job: by the cell's name
+        estimate = plan.estimates.get(str(_job_number()))
+        if estimate is None:
+            name = CellKey.from_config(cfg).name
+            estimate = max((e for e in plan.estimates.values() if e.cell == name), key=lambda e: e.mb, default=None)
     if estimate is not None and estimate.mb > available_mb(cfg):
         raise CellExceedsBudget(
             f"{'trial' if plan.search is not None else 'cell'} {estimate.cell} needs {estimate.mb:.0f} MB ({estimate.source}) > {budget_text(cfg)}: not started"
         )
+
+
+def _job_number() -> int | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return OmegaConf.select(HydraConfig.get(), "job.num", default=None, throw_on_missing=False)

@@ -56,6 +56,9 @@ def run_sweep_job(cfg: DictConfig, train_run: Callable) -> dict[str, float] | No
     ``None`` instead of raising, a stop request ends the sweep."""
     from foxhunt.sweeps.search import job_overrides, trial_number
 
+    from foxhunt.sweeps.orphans import EXIT_ORPHANED, orphaned, watch_sweep_process
+
+    watch_sweep_process(cfg.strategy.get("orphan_grace_s"))  # a worker ends with the sweep's process
     started = time.perf_counter()
     sweep_dir = current_sweep_dir()
     parent_run_id = os.environ.get(PARENT_RUN_ENV) or None
@@ -99,6 +102,8 @@ def run_sweep_job(cfg: DictConfig, train_run: Callable) -> dict[str, float] | No
             if slot is not None:
                 slot.release()
         result.write(Path(cfg.paths.output_dir))
+        if orphaned():  # the sweep is gone: no next cell for this worker
+            os._exit(EXIT_ORPHANED)
 
 
 def _config_hash_or_none(cfg: DictConfig) -> str | None:

@@ -54,7 +54,6 @@ def plan_sweep(config: DictConfig) -> PackingPlan:
     """Estimate every cell and decide ``n_jobs`` and the threads per job."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from foxhunt.runs.cell import CellKey
     from foxhunt.runs.config_hash import config_hash
     from foxhunt.sweeps.resources import available_cores, cuda_devices
     from foxhunt.sweeps.search import concurrent_trials, is_search, planning_cells
@@ -64,10 +63,10 @@ def plan_sweep(config: DictConfig) -> PackingPlan:
     search = is_search(config)
     cells, planned = planning_cells(config, loader) if search else (sweep_cells(config), None)
     estimates = {}
-    for overrides in cells:
+    for number, overrides in enumerate(cells):  # by job number: cells of one name (seeds) are several jobs
         cell = loader.load_sweep_config(config, overrides)
         estimate = estimate_peak(cell, config_hash(cell))
-        estimates[CellKey.from_config(cell).name] = estimate
+        estimates[str(number)] = estimate
         log.info("  %s%s: %.0f MB, %s", estimate.cell, " (largest trial)" if search else "", estimate.mb, estimate.source)
     plan = plan_packing(
         estimates,
