@@ -103,9 +103,13 @@ def test_checkpoint_loads_with_weights_only(compose_cfg, tmp_path):
     assert "state_dict" in state and state["hyper_parameters"]["hidden_sizes"] == [256, 256]
 
 
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("asset", ASSETS)
-def test_every_model_trains_on_every_asset(compose_cfg, model, asset):
+# Each model on two assets, each asset for two models (a Latin pairing: the 16-cell grid costs four
+# times as much and checks nothing more; every model x precision through the CLI: test_run_records).
+PAIRS = [*zip(MODELS, ASSETS), *zip(MODELS, [*ASSETS[1:], ASSETS[0]])]
+
+
+@pytest.mark.parametrize(("model", "asset"), PAIRS)
+def test_every_model_trains_on_two_assets_and_every_asset_for_two_models(compose_cfg, model, asset):
     overrides = [f"model={model}", f"asset={asset}", "trainer=smoke", "logger=none", "data.source.days=7"]
     metrics = train(compose_cfg(overrides))
     assert {"test/sharpe", "test/pnl", "val/sharpe"} <= set(metrics)
@@ -130,6 +134,16 @@ def test_max_bars_scores_the_first_bars_of_each_split_and_leaves_training_data(c
         assert len(parts.datamodule.dataset.splits[split]) == len(full)  # training's data untouched
         positions = parts.model.trading_positions(scoring, split)
         assert positions.shape == (700,)
+    assert len(scoring.dataset.splits["train"]) == len(parts.dataset.splits["train"])  # train is not scored: whole
+
+
+def test_an_agent_scored_on_fewer_bars_than_its_episode_finishes(compose_cfg):
+    """evaluation.max_bars below the agent's episode length: the scoring datamodule keeps the
+    train split whole (its episodes are checked against it), so the run scores 200 bars."""
+    cfg = compose_cfg(["model=dqn", "trainer=smoke", "data.source.days=7", "logger=none", "evaluation.max_bars=200"])
+    assert cfg.model.env.episode_len > 200
+    metrics = train(cfg)
+    assert metrics["test/steps"] == 199  # 200 bars, 199 position changes scored
 
 
 def test_a_failing_run_is_marked_failed_with_its_error(compose_cfg, tmp_path):

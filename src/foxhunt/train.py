@@ -38,8 +38,10 @@ from foxhunt.checkpoint import check_checkpoint
 from foxhunt.config.schema import resolved_config, validate
 from foxhunt.errors import EXIT_USER_ERROR, debug_requested, reported, strip_debug_flag
 from foxhunt.runs.cell import CellKey, CellResult, cell_name
+from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, check_folder_owner
 from foxhunt.runs.config_hash import config_hash
-from foxhunt.runs.resume import FRESH, RESUME, SKIP, ResumePlan, rewind_run
+from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, rewind_run
+from foxhunt.runs.steps import logging_step
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import Tag
 
@@ -52,6 +54,7 @@ PROG = "foxhunt-train"
 _DEBUG = False  # --debug / FOXHUNT_DEBUG=1 / HYDRA_FULL_ERROR=1: input errors keep their traceback
 EXIT_ON_SIGTERM = 128 + 15  # the shell's status for a process ended by SIGTERM
 SPLITS = ("train", "val", "test")
+SCORED = ("val", "test")  # the splits the shared backtest scores
 SCORES_DIR = "scores"  # artifacts: each scored split's backtests (foxhunt.evaluation.scoring.SplitScore)
 
 
@@ -91,8 +94,9 @@ def run_tags(cfg: DictConfig, key: CellKey) -> dict[str, str]:
 
 def scoring_datamodule(cfg: DictConfig, datamodule):
     """The datamodule the shared backtest scores: ``datamodule`` itself, or with
-    ``evaluation.max_bars`` set, one over the first ``max_bars`` bars of each split (same
-    features, normalization and costs; a new datamodule, so training's is left as it was)."""
+    ``evaluation.max_bars`` set, one over the first ``max_bars`` bars of the val and test splits
+    (same features, normalization and costs; the train split, which is not scored, whole, as the
+    datamodule checks its episodes against it; a new datamodule, so training's is left as it was)."""
     max_bars = cfg.evaluation.get("max_bars")
     if max_bars is None:
         return datamodule
@@ -101,7 +105,7 @@ def scoring_datamodule(cfg: DictConfig, datamodule):
     from foxhunt.build import build_datamodule
 
     dataset = datamodule.dataset
-    splits = {name: arrays.head(max_bars) for name, arrays in dataset.splits.items()}
+    splits = {name: arrays.head(max_bars) if name in SCORED else arrays for name, arrays in dataset.splits.items()}
     return build_datamodule(cfg, dataclasses.replace(dataset, splits=splits))
 
 
@@ -152,21 +156,34 @@ def train_run(
     search sweep's trial number, names the run ``<cell>-trial<N>`` and tags it; ``extra_tags``
     and ``run_name`` are a protocol child's."""
     validate(cfg)  # before anything heavy: one clear line on a bad value
+    lineage = {}
     if cfg.ckpt:  # and a checkpoint that cannot start this run, before the data and the model
-        check_checkpoint(cfg, cfg.ckpt)
+        started_from = check_checkpoint(cfg, cfg.ckpt)
+        if cfg.logger.enabled:
+            check_folder_owner(cfg.logger.tracking_uri, cfg.ckpt, started_from.run_id)
+        if started_from.run_id:
+            lineage[Tag.CKPT_RUN] = started_from.run_id
     key = CellKey.from_config(cfg, config_hash(cfg))
-    plan = _resume_plan(cfg, key) if cfg.resume else None
-    if plan is not None and plan.action == SKIP:
-        return _skipped(cfg, key, plan, parent_run_id, trial)
-    if plan is not None and plan.action == RESUME:  # the steps logged after its checkpoint died with it
-        checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint")
-        rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.global_step, checked.saved_at_ms)
-    name = run_name or cell_name(key, trial)
-    tags = {**run_tags(cfg, key), **({Tag.TRIAL: str(trial)} if trial is not None else {}), **(extra_tags or {})}
     from foxhunt.protocol import needs_protocol, run_cell_protocol
 
-    if needs_protocol(cfg):
-        metrics, run_id = run_cell_protocol(cfg, name, train_run, tags, parent_run_id, before_fit, SOURCE)
+    protocol = needs_protocol(cfg)
+    plan = _resume_plan(cfg, key, needs_checkpoint=not protocol) if cfg.resume else None
+    if plan is not None and plan.action == SKIP:
+        return _skipped(cfg, key, plan, parent_run_id, trial)
+    if plan is not None and plan.action == BUSY:  # never a second process on one cell
+        return RunOutcome(key, Status.SKIPPED, plan.run_id, {}, plan.describe())
+    resumed = plan is not None and plan.action == RESUME
+    if resumed and plan.checkpoint is not None:  # the steps logged after its checkpoint died with it
+        checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint", run_id=plan.run_id)
+        rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.logging_step, checked.saved_at_ms)
+    elif resumed:  # a cell run of folds and seeds logs only its aggregate, recomputed now
+        rewind_run(cfg.logger.tracking_uri, plan.run_id, 0, 0)
+    name = run_name or cell_name(key, trial)
+    tags = {**run_tags(cfg, key), **({Tag.TRIAL: str(trial)} if trial is not None else {}), **lineage, **(extra_tags or {})}
+
+    if protocol:
+        metrics, run_id = run_cell_protocol(cfg, name, train_run, tags, parent_run_id, before_fit, SOURCE,
+                                            resume_run_id=plan.run_id if resumed else None)  # fmt: skip
         note = plan.describe() if plan is not None else None
         return RunOutcome(key, Status.FINISHED, run_id, metrics, note)
 
@@ -180,7 +197,6 @@ def train_run(
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = resolved_config(cfg)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-    resumed = plan is not None and plan.action == RESUME
 
     run = None
     if cfg.logger.enabled:
@@ -205,13 +221,13 @@ def train_run(
             metrics, scores = _fit_and_score(cfg, callbacks, run, out_dir, ckpt_path)
         finally:  # checkpoints reach the run whatever happened (an interrupted run's too)
             if run is not None and cfg.logger.log_checkpoints:
-                for path in _checkpoint_files(callbacks):
-                    run.log_artifact(path, "checkpoints")
+                for path in _checkpoint_files(callbacks, run.run_id):
+                    run.log_artifact(path, CHECKPOINT_ARTIFACTS)
     note = plan.describe() if plan is not None else None
     return RunOutcome(key, Status.FINISHED, run.run_id if run is not None else None, metrics, note, scores=scores)
 
 
-def _resume_plan(cfg: DictConfig, key: CellKey) -> ResumePlan:
+def _resume_plan(cfg: DictConfig, key: CellKey, needs_checkpoint: bool) -> ResumePlan:
     """What ``resume=true`` does with this run, said in one line in the log."""
     from foxhunt.runs.resume import plan_resume
 
@@ -219,8 +235,8 @@ def _resume_plan(cfg: DictConfig, key: CellKey) -> ResumePlan:
         plan = ResumePlan(why_fresh="the MLflow store is off (logger.enabled=false)")
     else:
         download = Path(cfg.paths.output_dir) / "resume"
-        plan = plan_resume(cfg.logger.tracking_uri, cfg.logger.experiment, key.config_hash, download)
-    (log.warning if plan.action == FRESH else log.info)("%s: resume=true: %s", key.name, plan.describe())
+        plan = plan_resume(cfg.logger.tracking_uri, cfg.logger.experiment, key.config_hash, download, needs_checkpoint)
+    (log.warning if plan.action in (FRESH, BUSY) else log.info)("%s: resume=true: %s", key.name, plan.describe())
     return plan
 
 
@@ -270,13 +286,13 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
     for result in test_results:
         metrics.update({k: float(v) for k, v in result.items()})
     scoring = scoring_datamodule(cfg, datamodule)
-    scores = {}
-    for split in ("val", "test"):
+    scores, backtest = {}, {}
+    for split in SCORED:
         split_metrics, scores[split] = score_split(model, scoring, split, cfg, asset, out_dir, run)
-        metrics.update(split_metrics)
-    if run is not None:
-        scored = {k: v for k, v in metrics.items() if k.startswith(("val/", "test/"))}
-        run.log_metrics(scored, step=trainer.global_step)
+        backtest.update(split_metrics)
+    metrics.update(backtest)
+    if run is not None:  # only the backtest's: what Lightning and the callbacks logged is in the run already
+        run.log_metrics(backtest, step=logging_step(trainer))
     _print_summary(cfg, metrics, asset)
     return metrics, scores
 
@@ -373,16 +389,31 @@ def _memory_peaks(callbacks) -> dict[str, float]:
     return {}
 
 
-def _checkpoint_files(callbacks) -> list[Path]:
-    """Checkpoint files the run's callbacks wrote (best, last, interrupted), each once."""
+def _checkpoint_files(callbacks, run_id: str) -> list[Path]:
+    """The checkpoint files this run wrote (best, last, interrupted, a memory breach's), each
+    once: as the stamp callback's checkpoint IO saw them written (never found by listing a
+    folder), and each stamped for ``run_id`` (a file stamped for another run is left out, said in
+    the log). Without the stamp callback or with another checkpoint IO: the files the checkpoint
+    and stop callbacks name."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from foxhunt.checkpoint import RUN_ID, CheckpointStamp, read_stamp
     from foxhunt.jobs.graceful_stop import GracefulStop
 
-    folders = {
-        Path(c.dirpath) for c in callbacks if isinstance(c, (ModelCheckpoint, GracefulStop)) and c.dirpath
-    }
-    return sorted({p.resolve() for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")})
+    written = next((c.written() for c in callbacks if isinstance(c, CheckpointStamp)), None)
+    if written is None:
+        named = [p for c in callbacks if isinstance(c, ModelCheckpoint) for p in (c.best_model_path, c.last_model_path)]
+        named += [str(c.checkpoint_path or "") for c in callbacks if isinstance(c, GracefulStop)]
+        written = [Path(p) for p in named if p and Path(p).is_file()]
+    files = sorted({p.resolve() for p in written})
+    kept = []
+    for path in files:
+        stamped = (read_stamp(path) or {}).get(RUN_ID)
+        if stamped and stamped != run_id:
+            log.warning("%s: stamped for run %s, not this run %s: not logged", path, stamped, run_id)
+            continue
+        kept.append(path)
+    return kept
 
 
 def _print_summary(cfg: DictConfig, metrics: dict[str, float], asset) -> None:
