@@ -176,7 +176,7 @@ def test_runs_started_in_the_same_second_keep_their_own_folders_and_checkpoints(
     first = next(iter(weights.values()))
     assert sum(all(torch.equal(first[k], w[k]) for k in first) for w in weights.values()) == 1  # four different models
 
-    register = ["ensemble", "register", "ensemble.models=[dqn]"]
+    register = ["ensemble", "register", "ensemble.models=[dqn]", "ensemble.gate=none"]
     both = [_start(register, tmp_path, program="foxhunt") for _ in range(2)]
     for process in both:
         _finish(process, "foxhunt ensemble register")

@@ -118,15 +118,20 @@ def build_model(cfg: DictConfig):
     return instantiate(cfg.model.module, _convert_="all")
 
 
-def run_split(cfg: DictConfig):
+def run_split(cfg: DictConfig, open_holdout: bool = False):
     """The split a run trains and scores on: ``data.split``, or its walk-forward fold
-    (``evaluation.fold``, set on each fold's run by :mod:`foxhunt.protocol`)."""
-    from foxhunt.data.splits import FoldSplit, WalkForwardConfig
+    (``evaluation.fold``, set on each fold's run by :mod:`foxhunt.protocol`), with the lockbox
+    ``evaluation.holdout`` cut off the end (``open_holdout``: held as the split ``holdout``,
+    for the one recorded report of ``foxhunt ensemble register --holdout`` only)."""
+    import dataclasses
 
+    from foxhunt.data.splits import FoldSplit, SplitConfig, WalkForwardConfig
+
+    lockbox = {"holdout": float(cfg.evaluation.get("holdout") or 0.0), "open_holdout": open_holdout}
     fold = cfg.evaluation.get("fold")
     if cfg.evaluation.protocol != "walk_forward" or fold is None:
-        return cfg.data.split
-    return FoldSplit(WalkForwardConfig.from_config(cfg.evaluation.walk_forward), int(fold))
+        return dataclasses.replace(SplitConfig.from_config(cfg.data.split), **lockbox)
+    return FoldSplit(WalkForwardConfig.from_config(cfg.evaluation.walk_forward), int(fold), **lockbox)
 
 
 def build_parts(cfg: DictConfig) -> RunParts:

@@ -167,7 +167,7 @@ def describe_protocol(cfg: DictConfig) -> str:
     parts = []
     if evaluation.protocol == "walk_forward":
         wf = evaluation.walk_forward
-        parts.append(f"walk-forward {wf.folds} folds {wf.window} (purge {wf.purge_bars}, embargo {wf.embargo_bars} bars)")
+        parts.append(f"walk-forward {wf.folds} folds {wf.window} (purge {wf.purge_bars} bars)")
     else:
         parts.append("single split")
     if evaluation.get("seeds"):

@@ -16,6 +16,7 @@ from foxhunt.data.features import (
     compute_features,
     future_known_features,
 )
+from foxhunt.data.splits import SplitError
 
 ES = load_asset("es")
 FEATURES_CFG = {
@@ -135,8 +136,8 @@ def test_train_loader_shuffles_all_windows(forecast):
 
 
 def test_split_too_short_for_a_window(dataset):
-    with pytest.raises(ValueError, match=r"split 'val' has 118 bars: needs at least "
-                                         r"model.window.seq_len \+ model.window.horizon = 120"):
+    with pytest.raises(SplitError, match=r"model.window.seq_len \+ model.window.horizon = 100 \+ 20 = 120 bars: "
+                                         r"the val split has 118, not one window"):
         ForecastDataModule(dataset, seq_len=100, horizon=20)
     with pytest.raises(ValueError, match=r"model.window.batch_size=0"):
         ForecastDataModule(dataset, batch_size=0)

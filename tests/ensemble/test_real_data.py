@@ -30,7 +30,7 @@ def test_a_6e_fleet_replays_the_real_file_as_its_runs_scored_it(real_data_dir, t
         runner = CliRunner()
         env = {"FOXHUNT_ROOT": str(tmp_path)}
         fleet = ["ensemble.models=[dqn,tft]", *data]
-        registered = runner.invoke(app, ["ensemble", "register", *fleet], env=env, catch_exceptions=False)
+        registered = runner.invoke(app, ["ensemble", "register", *fleet, "ensemble.gate=none"], env=env, catch_exceptions=False)
         assert registered.exit_code == 0, registered.output
         replayed = runner.invoke(app, ["ensemble", "replay", *fleet], env=env, catch_exceptions=False)
         assert replayed.exit_code == 0, replayed.output

@@ -14,7 +14,7 @@ from fleet_helpers import DATA, SMALL, cli, client
 
 
 def test_dry_run_prints_the_choice_and_registers_nothing(store_root):
-    result = cli(store_root, "ensemble", "register", "asset=es", "--dry-run")
+    result = cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "dry run: nothing registered" in result.output
     rows = {line.split()[0]: line.split() for line in result.output.splitlines() if line.split()[:1] in (["dqn"], ["ppo"])}
@@ -23,7 +23,7 @@ def test_dry_run_prints_the_choice_and_registers_nothing(store_root):
 
 
 def test_register_picks_the_best_by_the_validation_metric_and_moves_the_alias(store_root):
-    result = cli(store_root, "ensemble", "register", "asset=es")
+    result = cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     assert result.exit_code == 0, result.output
     c = client(store_root)
     experiment = c.get_experiment_by_name("foxhunt").experiment_id
@@ -36,7 +36,7 @@ def test_register_picks_the_best_by_the_validation_metric_and_moves_the_alias(st
         files = {a.path for a in c.list_artifacts(best.info.run_id, "champion/artifacts")}
         assert {"champion/artifacts/weights.pt", "champion/artifacts/config.yaml", "champion/artifacts/dataset.json",
                 "champion/artifacts/member.json"} <= files  # fmt: skip
-    again = cli(store_root, "ensemble", "register", "asset=es")
+    again = cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     assert again.exit_code == 0 and again.output.count("unchanged") == 4  # the same choice: no new version
 
 
@@ -45,7 +45,7 @@ def test_a_registered_version_rebuilds_weights_only_without_its_run_folder(store
 
     from foxhunt.ensemble.registry import download_version
 
-    cli(store_root, "ensemble", "register", "asset=es")
+    cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     uri = f"sqlite:///{store_root / 'mlruns' / 'mlflow.db'}"
     for family in SMALL:
         folder, _ = download_version(uri, f"foxhunt-{family}-es", "champion", None, tmp_path / family)
@@ -60,7 +60,7 @@ def test_a_registered_version_rebuilds_weights_only_without_its_run_folder(store
     store = RunStore(uri)
     choice = Choice("dqn", int8_run.info.run_id, int8_run.info.run_name, int8_run.data.metrics["val/sharpe"], 1, 0)
     prepared = prepare(store, choice, "foxhunt-dqn-es", "val/sharpe", tmp_path / "int8")
-    registered = register_prepared(store, prepared, "int8-trained")
+    registered = register_prepared(store, prepared, "int8-trained", gate="none")
     folder, _ = download_version(uri, "foxhunt-dqn-es", "int8-trained", None, tmp_path / "int8-download")
     state = torch.load(folder / "artifacts" / "weights.pt", weights_only=True)
     assert any(t.dtype == torch.int8 for t in state.values())
@@ -75,7 +75,7 @@ def test_pyfunc_predict_streams_bars(store_root):
 
     from configs import compose_train_config
 
-    cli(store_root, "ensemble", "register", "asset=es")
+    cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     mlflow.set_tracking_uri(f"sqlite:///{store_root / 'mlruns' / 'mlflow.db'}")
     model = mlflow.pyfunc.load_model("models:/foxhunt-dqn-es@champion")
     cfg = compose_train_config(["model=dqn", *DATA], store_root)
@@ -91,7 +91,7 @@ def test_pyfunc_predict_streams_bars(store_root):
 
 
 def test_replay_scores_members_and_ensemble_as_their_runs_did(store_root):
-    cli(store_root, "ensemble", "register", "asset=es")
+    cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     result = cli(store_root, "ensemble", "replay", "asset=es", *DATA)
     assert result.exit_code == 0, result.output
     for family in SMALL:
@@ -116,9 +116,9 @@ def test_replay_scores_members_and_ensemble_as_their_runs_did(store_root):
     [
         (["ensemble", "replay", "asset=nq", *DATA], "models:/foxhunt-dqn-nq@champion: not in the registry"),
         (["ensemble", "replay", "asset=es", "ensemble.versions.tft=99", *DATA], "models:/foxhunt-tft-es/99: not in the registry"),
-        (["ensemble", "register", "asset=es", "ensemble.metric=test/sharpe"], "a test metric cannot select members"),
+        (["ensemble", "register", "asset=es", "ensemble.gate=none", "ensemble.metric=test/sharpe"], "a test metric cannot select members"),
         (["ensemble", "register", "asset=zn"], "no FINISHED zn run with val/sharpe for dqn, ppo, mamba2, tft"),
-        (["ensemble", "register", "asset=es", "ensemble.metric=val/wobble"], "ensemble.metric=val/wobble: unknown direction"),
+        (["ensemble", "register", "asset=es", "ensemble.gate=none", "ensemble.metric=val/wobble"], "ensemble.metric=val/wobble: unknown direction"),
         (["ensemble", "replay", "asset=es", "ensemble.models=[dqn,ppo]", "ensemble.rule=mean_forecast", *DATA], "the fleet has no forecaster"),
         (["ensemble", "replay", "asset=es", "ensemble.rule=vote"], "ensemble.rule='vote': Input should be"),
         (["ensemble", "replay", "logger=none"], "logger.tracking_uri is null"),
@@ -141,7 +141,7 @@ def test_a_member_of_another_asset_is_refused(store_root, tmp_path):
     from foxhunt.ensemble.fleet import build_member
     from foxhunt.ensemble.registry import RegistryError, download_version
 
-    cli(store_root, "ensemble", "register", "asset=es")
+    cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     folder, _ = download_version(f"sqlite:///{store_root / 'mlruns' / 'mlflow.db'}", "foxhunt-ppo-es", "champion", None, tmp_path)
     with pytest.raises(RegistryError, match="foxhunt-ppo-es: trained on es, the bars are nq"):
         build_member(folder, "foxhunt-ppo-es", "nq", "fp32", "auto", "cpu", 5)
@@ -168,7 +168,7 @@ def test_a_version_without_a_verdict_loads_fp32_and_says_why():
 
 
 def test_validate_measures_fp32_and_int8_footprints_and_capacity(store_root):
-    cli(store_root, "ensemble", "register", "asset=es")
+    cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     result = cli(store_root, "ensemble", "validate", "asset=es", *DATA, "ensemble.validate.probe_calls=5")
     assert result.exit_code == 0, result.output
     out = result.output

@@ -39,7 +39,7 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def server(store_root):
-    cli(store_root, "ensemble", "register", "asset=es")
+    cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     port = _free_port()
     env = {**os.environ, "FOXHUNT_ROOT": str(store_root)}
     process = subprocess.Popen([sys.executable, "-m", "foxhunt.cli", "ensemble", "serve", "--port", str(port), "asset=es", *DATA],

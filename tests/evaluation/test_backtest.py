@@ -58,9 +58,15 @@ def test_pnl_costs_and_equity_by_hand():
     assert m["hit_rate"] == pytest.approx(1 / 3)  # in the market 3 steps, 1 gross winner
     assert m["turnover"] == pytest.approx((1 + 0 + 2 + 1) / 4)
     assert m["trades"] == 3
+    assert m["exposure"] == pytest.approx(3 / 4)  # long, long, short, flat
+    mean = -83.0 / 4
+    downside = math.sqrt((0.0 + 12.5**2 + 66.5**2 + 14.5**2) / 4)  # losses only (step 0 won), over every step
+    assert m["sortino"] == pytest.approx(mean / downside * math.sqrt(BARS_PER_YEAR))
+    assert m["calmar"] == pytest.approx(mean * BARS_PER_YEAR / (10.5 + 83.0))
     assert m["mean_pnl"] == pytest.approx(-83.0 / 4)
     assert m["steps"] == 4
-    assert set(m) == {"pnl", "mean_pnl", "sharpe", "max_drawdown", "hit_rate", "turnover", "trades", "steps"}
+    assert set(m) == {"pnl", "mean_pnl", "sharpe", "sortino", "calmar", "max_drawdown", "exposure", "hit_rate",
+                      "turnover", "trades", "steps"}  # fmt: skip
 
 
 def test_sharpe_is_annualized_by_bars_per_year():
@@ -140,8 +146,8 @@ def test_sharpe_is_zero_when_pnl_is_constant():
 def test_always_flat_has_zero_everything():
     result = run(positions=np.zeros(5))
     assert result.metrics == {
-        "pnl": 0.0, "mean_pnl": 0.0, "sharpe": 0.0, "max_drawdown": 0.0, "hit_rate": 0.0, "turnover": 0.0,
-        "trades": 0, "steps": 4,
+        "pnl": 0.0, "mean_pnl": 0.0, "sharpe": 0.0, "sortino": 0.0, "calmar": 0.0, "max_drawdown": 0.0,
+        "exposure": 0.0, "hit_rate": 0.0, "turnover": 0.0, "trades": 0, "steps": 4,
     }
 
 

@@ -17,7 +17,9 @@ from foxhunt.sweeps.summary import (
 def _records() -> list[CellResult]:
     ok = {"test/sharpe": 1.23456, "val/loss": 0.98765, "memory/device_peak_mb": 612.4}
     return [
-        CellResult(CellKey("dqn", "es", "fp32", "42", "h1"), "FINISHED", "r1", None, 12.34, None, {"test/sharpe": -0.5, "memory/device_peak_mb": 80.0}),
+        CellResult(CellKey("dqn", "es", "fp32", "42", "h1"), "FINISHED", "r1", None, 12.34, None,
+                   {"test/sharpe": -0.5, "test/sortino": -0.7, "test/calmar": -1.25, "test/max_drawdown": 1234.4,
+                    "test/exposure": 0.625, "memory/device_peak_mb": 80.0}),  # fmt: skip
         CellResult(CellKey("dqn", "nq", "fp32", "42", "h2"), "FAILED", "r2", "BarDataError: bad.csv line 3: price not on the tick grid", 1.0),
         CellResult(CellKey("tft", "es", "fp32", "42", "h3"), "SKIPPED", "r3", None, 30.0, "skipped: FINISHED earlier in run r3", ok),
         CellResult(CellKey("tft", "nq", "fp32", "42", "h4"), "FINISHED", "r4", None, 31.0, None, ok),
@@ -27,8 +29,10 @@ def _records() -> list[CellResult]:
 def test_table_has_one_line_per_cell_with_the_figures():
     lines = format_table(_records()).splitlines()
     assert lines[0].split() == ["cell", "status", "test/sharpe", "interval", "best", "baseline", "DSR", "flags",
-                                "val/loss", "peak", "MB", "wall", "s", "error", "/", "note"]  # fmt: skip
-    assert lines[2].split() == ["dqn-es-fp32", "FINISHED", "-0.500", "-", "-", "-", "-", "80", "12.3"]
+                                "sortino", "calmar", "max", "DD", "$", "exposure", "val/loss", "peak", "MB", "wall",
+                                "s", "error", "/", "note"]  # fmt: skip
+    assert lines[2].split() == ["dqn-es-fp32", "FINISHED", "-0.500", "-", "-", "-", "-0.700", "-1.25", "1234", "0.62",
+                                "-", "80", "12.3"]  # fmt: skip
     assert lines[3].split()[:4] == ["dqn-nq-fp32", "FAILED", "-", "-"]
     assert "price not on the tick grid" in lines[3]
     assert lines[5].split()[:6] == ["tft-nq-fp32", "FINISHED", "1.235", "-", "-", "-"]

@@ -19,6 +19,7 @@ SECTION_TITLES = {
     "latency": "3. Batch-1 CPU inference latency",
     "overhead": "4. Framework overhead: an epoch through foxhunt-train against a plain loop",
     "fleet": "5. The streaming fleet: per-bar latency of each member and of the whole fleet",
+    "system": "6. The whole chain: a planted pattern found, none found in a random walk (walk-forward, through the CLI)",
 }
 
 

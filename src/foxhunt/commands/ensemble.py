@@ -84,33 +84,46 @@ def _check_store(command: str, cfg) -> str:
 def register(
     overrides: list[str] | None = OVERRIDES,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the choice table; register nothing."),
+    force: bool = typer.Option(False, "--force", help="Register champions the gate refuses (tagged gate=forced)."),
+    holdout: bool = typer.Option(False, "--holdout", help="Score the champions on the lockbox (evaluation.holdout), once; recorded on their runs."),
 ) -> None:
-    """Register the best run of each family (by a validation metric) as <prefix>-<model>-<asset>@champion."""
-    from foxhunt.ensemble.registry import (
-        register_champions,
-        registered_name,
-    )
+    """Register the best run of each family (by a validation metric) as <prefix>-<model>-<asset>@champion,
+    if it beats its baseline on the validation bars (ensemble.gate)."""
+    from foxhunt.ensemble.registry import register_champions, registered_name
 
     cfg = _compose("register", overrides)
     uri = _check_store("register", cfg)
     ens = cfg.ensemble
     asset = str(cfg.asset.key)
     with _reported("register"):
-        choices, registered = register_champions(
+        outcome = register_champions(
             uri, str(cfg.task), asset, [str(m) for m in ens.models], str(ens.metric), str(ens.registry_prefix),
-            str(ens.alias), dry_run,
+            str(ens.alias), dry_run, gate=str(ens.gate), force=force,
         )  # fmt: skip
-    typer.echo(f"experiment {cfg.task}, asset {asset}, best by {ens.metric} (FINISHED runs; ties: newest)")
+    typer.echo(f"experiment {cfg.task}, asset {asset}, best by {ens.metric} (FINISHED runs; ties: the champion, then the newest)")
     typer.echo(f"{'family':<8} {'run':<34} {'name':<22} {ens.metric:>12} {'considered':>10} {'no metric':>9}")
-    for c in choices:
+    for c in outcome.choices:
         value = "-" if c.value is None else f"{c.value:.6g}"
         typer.echo(f"{c.family:<8} {c.run_id or '-':<34} {c.run_name or '-':<22} {value:>12} {c.considered:>10} {c.without_metric:>9}")
     if dry_run:
         typer.echo("dry run: nothing registered")
         return
-    for r in registered:
-        what = "unchanged (its best run is already the alias)" if r.unchanged else "registered"
+    if outcome.refused and not force:
+        for family, why in outcome.refused:
+            typer.echo(f"foxhunt ensemble register: {family}: not registered: {why} (--force registers it, tagged gate=forced)", err=True)
+        typer.echo("foxhunt ensemble register: nothing registered", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    for family, why in outcome.refused:
+        typer.echo(f"{family}: registered although {why} (--force: tagged gate=forced)")
+    for r in outcome.registered:
+        what = "unchanged (its best run is already the alias)" if r.unchanged else f"registered (gate={r.gate})"
         typer.echo(f"{r.name} version {r.version} @{ens.alias}: {what}, run {r.run_id}")
+    if holdout:
+        from foxhunt.ensemble.holdout import open_lockbox
+
+        with _reported("register"), tempfile.TemporaryDirectory(prefix="foxhunt-holdout-") as workdir:
+            for report in open_lockbox(uri, outcome.registered, Path(workdir)):
+                typer.echo(report.line())
     names = ", ".join(registered_name(str(ens.registry_prefix), str(m), asset) for m in ens.models)
     typer.echo(f"MLflow UI, Models page: {names} (foxhunt ui)")
 

@@ -68,13 +68,12 @@ class WalkForward(_Strict):
     val: Fraction
     test: Fraction
     purge_bars: Annotated[int, Field(ge=0)]
-    embargo_bars: Annotated[int, Field(ge=0)]
 
     @model_validator(mode="after")
     def _folds_fit(self) -> "WalkForward":
-        total = self.train + self.val + self.folds * self.test
+        total = self.train + self.folds * (self.val + self.test)
         if total > 1:
-            raise _KeyedError("folds", self.folds, f"train + val + folds x test = {total:g} of the bars: must be <= 1")
+            raise _KeyedError("folds", self.folds, f"train + folds x (val + test) = {total:g} of the bars: must be <= 1")
         return self
 
 
@@ -89,6 +88,7 @@ class Evaluation(_Strict):
     bootstrap: Bootstrap
     walk_forward: WalkForward
     fold: Annotated[int, Field(ge=0)] | None
+    holdout: Fraction | None = None  # the lockbox: the last fraction of the bars (foxhunt.data.splits)
 
     @field_validator("sessions_per_year", mode="before")
     @classmethod
@@ -358,6 +358,38 @@ class TrainConfig(_Strict):
             raise _KeyedError("resume", True, "needs logger.enabled=true (finished and interrupted runs are found in MLflow)")
         return self
 
+    @model_validator(mode="after")
+    def _one_key_per_window_setting(self) -> "TrainConfig":
+        window, module = self.model.window, self.model.module.model_extra or {}
+        for name in ("seq_len", "horizon"):
+            if window is not None and name in module and module[name] != getattr(window, name):
+                raise _KeyedError(f"model.module.{name}", module[name],
+                                  f"the model's {name} is model.window.{name} ({getattr(window, name)}); set that key")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _purge_covers_the_labels(self) -> "TrainConfig":
+        reach, why = label_reach(self.model)
+        if self.evaluation.protocol == "walk_forward":
+            key, gap = "evaluation.walk_forward.purge_bars", self.evaluation.walk_forward.purge_bars
+        else:
+            key, gap = "data.split.gap_bars", self.data.split.gap_bars
+        if gap < reach:
+            raise _KeyedError(key, gap, f"must be >= the {self.model.name} labels' reach, {reach} bars ({why})")
+        return self
+
+
+def label_reach(model: ModelSection) -> tuple[int, str]:
+    """How many bars ahead a family's labels read (foxhunt.data.splits: the purge must cover
+    it): a forecaster its horizon, PPO its rollout (its advantages sum the rollout's rewards),
+    any other agent one bar (a one-step target)."""
+    if model.window is not None:
+        return model.window.horizon, "model.window.horizon"
+    rollout = (model.module.model_extra or {}).get("rollout_steps")
+    if rollout is not None:
+        return int(rollout), "model.module.rollout_steps"
+    return 1, "a one-step target"
+
 
 class EnsembleValidate(_Strict):
     warm_bars: PositiveInt
@@ -373,6 +405,7 @@ class EnsembleSection(_Strict):
     models: list[Literal["dqn", "ppo", "mamba2", "tft"]] = Field(min_length=1)
     metric: str = Field(min_length=1)
     alias: str = Field(min_length=1)
+    gate: Literal["baseline", "interval", "none"]
     versions: dict[str, PositiveInt | None]
     registry_prefix: str = Field(min_length=1)
     rule: Literal["majority", "mean_forecast", "weighted"]

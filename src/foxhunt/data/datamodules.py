@@ -33,7 +33,7 @@ from foxhunt.data.dataset import MarketDataset
 from foxhunt.data.env import TradingEnv
 from foxhunt.data.features import future_known_features
 from foxhunt.data.roll import entry_prices
-from foxhunt.data.splits import SPLIT_NAMES
+from foxhunt.data.splits import SplitError
 
 
 class WindowDataset(Dataset):
@@ -150,7 +150,7 @@ class ForecastDataModule(LightningDataModule):
             raise ValueError(f"model.window.eval_batch_size={eval_batch_size!r}: must be an integer >= 1")
         self.num_workers = num_workers
         self.pin_memory = pin_memory
-        self._windows = {name: self._window_dataset(name) for name in SPLIT_NAMES}
+        self._windows = {name: self._window_dataset(name) for name in dataset.splits}
 
     @property
     def group_dims(self) -> dict[str, int]:
@@ -199,9 +199,9 @@ class ForecastDataModule(LightningDataModule):
         bars = len(arrays)
         need = self.seq_len + self.horizon
         if bars < need:
-            raise ValueError(
-                f"split {split!r} has {bars} bars: needs at least model.window.seq_len + "
-                f"model.window.horizon = {need} for one window"
+            raise SplitError(
+                f"model.window.seq_len + model.window.horizon = {self.seq_len} + {self.horizon} = {need} bars: "
+                f"the {split} split has {bars}, not one window; shorten the window or use more bars"
             )
         features = torch.from_numpy(arrays.features).float()
         groups = self.dataset.groups
@@ -274,7 +274,7 @@ class EnvDataModule(LightningDataModule):
                 raise ValueError(f"execution.{name}={value!r}: must be a number >= 0")
         train_bars = len(dataset.split("train"))
         if episode_len > train_bars - 1:
-            raise ValueError(
+            raise SplitError(
                 f"model.env.episode_len={episode_len}: exceeds the train split "
                 f"({train_bars} bars, at most {train_bars - 1} steps)"
             )

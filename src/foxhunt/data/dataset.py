@@ -8,7 +8,8 @@
    (back-adjusted) OHLCV; the splits keep the raw close and the roll prices, which the
    backtest and the env trade;
 3. drop the warm-up rows (trailing windows not yet full, hence NaN);
-4. :func:`foxhunt.data.splits.split_slices` -> chronological train / val / test with gaps;
+4. :func:`foxhunt.data.splits.split_slices` -> chronological train / val / test with gaps, laid
+   out before the lockbox (``evaluation.holdout``: a split ``holdout`` only when it is opened);
 5. z-normalize the observed group with the mean and std of the TRAIN split only (static and
    known columns are already bounded and stay as they are);
 6. ``target_scale`` = std of the raw 1-bar log return over the train split (forecast targets
@@ -48,12 +49,12 @@ from foxhunt.data.features import (
     compute_features,
 )
 from foxhunt.data.roll import RAW_CLOSE, ROLL_PRICE, held_moves
-from foxhunt.data.splits import SPLIT_NAMES, as_split, split_slices
+from foxhunt.data.splits import as_split, split_slices
 
 log = logging.getLogger(__name__)
 
 # Bump when the features, the normalization or the cache layout change: old files then miss.
-CACHE_VERSION = "market-dataset-2"  # 2: raw close, roll prices and the rolls
+CACHE_VERSION = "market-dataset-3"  # 2: raw close, roll prices and the rolls; 3: the walk-forward layout, the lockbox
 RETURN_FEATURE = "log_return"
 RECORD_VERSION = 2  # layout of MarketDataset.record() (dataset.json of a run)
 DATASET_RECORD_FILE = "dataset.json"  # observed column whose train std is the target scale
@@ -273,6 +274,7 @@ def _write_cache(path: Path, dataset: MarketDataset) -> None:
         if split.roll_price is not None:
             arrays[f"{name}_roll_price"] = split.roll_price
     arrays["rolls"] = np.array(json.dumps(dataset.rolls))
+    arrays["split_names"] = np.array(list(dataset.splits))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -301,7 +303,7 @@ def _read_cache(path: Path, asset: AssetSpec, key: str) -> MarketDataset | None:
             if names != list(FEATURE_NAMES):
                 raise ValueError("feature names differ")
             splits = {}
-            for name in SPLIT_NAMES:
+            for name in (str(n) for n in data["split_names"]):
                 stamps = data[f"{name}_timestamps"].view("datetime64[ns]")
                 features = data[f"{name}_features"]
                 close = data[f"{name}_close"]

@@ -78,6 +78,7 @@ class FleetMember:
     metric: str
     value: float | None
     precision: str  # what it was trained in
+    holdout: float | None = None  # the lockbox its training run kept (evaluation.holdout)
 
     def fork(self) -> "FleetMember":
         """The same member with a stream of its own (shared weights)."""
@@ -125,7 +126,7 @@ def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime:
     member = make_member(family, name, model, weights, info.get("value"), runtime, probe_calls, inputs.groups)
     if member is None:
         raise RegistryError(f"{name}: model family {family!r} has no streaming member")
-    return member, inputs, info
+    return member, inputs, {**info, "holdout": cfg.evaluation.get("holdout")}
 
 
 def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
@@ -147,7 +148,8 @@ def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
             folder, name, asset_key, weights, str(ens.runtime), str(ens.device), int(ens.runtime_probe_calls)
         )
         fleet.append(
-            FleetMember(member, inputs, name, str(found.version), info["run_id"], info["metric"], info.get("value"), info["precision"])
+            FleetMember(member, inputs, name, str(found.version), info["run_id"], info["metric"], info.get("value"),
+                        info["precision"], info["holdout"])  # fmt: skip
         )
     return fleet
 

@@ -51,6 +51,9 @@ METRIC_DIRECTIONS = {
     "direction_accuracy": "max", "loss": "min", "max_drawdown": "min",
 }  # fmt: skip
 SELECTION_PREFIXES = ("val/",)
+VAL_SHARPE, VAL_BASELINE = "val/sharpe", "val/baseline/"
+GATES = ("baseline", "interval", "none")
+GATE_TAG, GATE_FORCED = "gate", "forced"  # version tag: the gate it passed, or forced
 WEIGHTS_CHOICE, WEIGHTS_REASON = "weights_choice", "weights_reason"  # version tags: foxhunt ensemble validate's verdict
 MEMBER_FILE = "member.json"
 WEIGHTS_FILE = "weights.pt"
@@ -85,7 +88,8 @@ def registered_name(prefix: str, model: str, asset: str) -> str:
 @dataclass(frozen=True)
 class Choice:
     """The best run of one family: its id, name, metric value and start time, how many runs
-    of the family were considered and how many had no value of the metric."""
+    of the family were considered and how many had no value of the metric, and its ``val/``
+    metrics (what the gate reads)."""
 
     family: str
     run_id: str | None
@@ -94,10 +98,13 @@ class Choice:
     considered: int
     without_metric: int
     start_ms: int | None = None
+    selection: dict[str, float] = field(default_factory=dict)
 
 
-def choose_champions(store, experiment: str, asset: str, families: list[str], metric: str) -> list[Choice]:
-    """The best FINISHED run per family of ``asset`` by ``metric`` (see the module doc)."""
+def choose_champions(store, experiment: str, asset: str, families: list[str], metric: str,
+                     incumbents: dict[str, str] | None = None) -> list[Choice]:  # fmt: skip
+    """The best FINISHED run per family of ``asset`` by ``metric`` (see the module doc); on a
+    tie the family's ``incumbents`` run (its champion now) stays, else the newest run wins."""
     direction = metric_direction(metric)
     if store.experiment_id(experiment) is None:
         raise RegistryError(f"experiment {experiment!r} (task): not in the store; train first (foxhunt-train task={experiment})")
@@ -106,16 +113,45 @@ def choose_champions(store, experiment: str, asset: str, families: list[str], me
         runs = store.search_finished_runs(experiment, f"tags.asset = '{asset}' and tags.model = '{family}'")
         runs = [r for r in runs if r.tags.get(Tag.ROLE) != ROLE_FOLD]  # a fold or seed is part of its cell
         scored = [r for r in runs if r.metric(metric) is not None]
-        best = max(scored, key=lambda r: ((r.metric(metric) if direction == "max" else -r.metric(metric)), r.start_ms),
-                   default=None)  # fmt: skip
+        incumbent = (incumbents or {}).get(family)
+        best = max(scored, key=lambda r: ((r.metric(metric) if direction == "max" else -r.metric(metric)),
+                                          r.run_id == incumbent, r.start_ms), default=None)  # fmt: skip
         choices.append(
             Choice(
                 family=family, run_id=best.run_id if best else None, run_name=best.name if best else None,
                 value=best.metric(metric) if best else None, considered=len(scored),
                 without_metric=len(runs) - len(scored), start_ms=best.start_ms if best else None,
+                selection={k: v for k, v in best.metric_values().items() if k.startswith(SELECTION_PREFIXES)} if best else {},
             )
         )  # fmt: skip
     return choices
+
+
+def gate_refusal(choice: Choice, gate: str) -> str | None:
+    """Why ``choice`` may not be registered under ``ensemble.gate`` (None: it passes), judged on
+    the bars it was selected on (the validation blocks): ``baseline``: its ``val/sharpe`` must
+    beat the best baseline's on the same bars; ``interval``: the lower end of its ``val/sharpe``
+    interval must be above 0; ``none``: every champion passes."""
+    if gate == "none":
+        return None
+    sharpe = choice.selection.get(VAL_SHARPE)
+    if sharpe is None:
+        return f"no {VAL_SHARPE} to judge it by (ensemble.gate={gate})"
+    if gate == "interval":
+        low, high = choice.selection.get(f"{VAL_SHARPE}_ci_low"), choice.selection.get(f"{VAL_SHARPE}_ci_high")
+        if low is None:
+            return f"no interval of its {VAL_SHARPE} (ensemble.gate=interval)"
+        if low <= 0:
+            return f"the interval of its {VAL_SHARPE} {sharpe:.3g}, [{low:.3g}, {high:.3g}], contains 0 (ensemble.gate=interval)"
+        return None
+    baselines = {k.split("/")[-2]: v for k, v in choice.selection.items() if k.startswith(VAL_BASELINE) and k.endswith("/sharpe")}
+    if not baselines:
+        return f"no baseline scored on its validation bars (evaluation.baselines; ensemble.gate={gate})"
+    name, best = max(baselines.items(), key=lambda item: item[1])
+    if sharpe <= best:
+        return (f"{VAL_SHARPE} {sharpe:.3g} does not beat the best baseline on its validation bars ({name} {best:.3g}; "
+                f"ensemble.gate={gate})")  # fmt: skip
+    return None
 
 
 @dataclass
@@ -195,10 +231,11 @@ def deployed_run(store, choice: Choice, metric: str) -> str:
 def _rebuild_record(cfg) -> dict[str, Any]:
     from hydra.utils import instantiate
 
+    from foxhunt.build import run_split
     from foxhunt.data.dataset import load_market_dataset
 
     asset = instantiate(cfg.asset)
-    dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir)
+    dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
     return dataset.record()
 
 
@@ -229,14 +266,16 @@ class Registered:
     version: str | None
     run_id: str
     unchanged: bool
+    gate: str = ""  # the gate it passed, or "forced"
 
 
-def register_prepared(store, prepared: Prepared, alias: str) -> Registered:
+def register_prepared(store, prepared: Prepared, alias: str, gate: str) -> Registered:
     """Log the model folder into the training run, register it as a new version, move ``alias``."""
     run_id = prepared.choice.run_id
     store.log_artifacts(run_id, prepared.folder, MODEL_ARTIFACT_PATH)
-    version = store.register_model_version(prepared.name, run_id, MODEL_ARTIFACT_PATH, tags=prepared.tags, alias=alias)
-    return Registered(prepared.name, version.version, run_id, unchanged=False)
+    tags = {**prepared.tags, GATE_TAG: gate}
+    version = store.register_model_version(prepared.name, run_id, MODEL_ARTIFACT_PATH, tags=tags, alias=alias)
+    return Registered(prepared.name, version.version, run_id, unchanged=False, gate=gate)
 
 
 def download_version(tracking_uri: str, name: str, alias: str | None, version: int | None, dst: Path) -> tuple[Path, Any]:
@@ -256,38 +295,61 @@ def download_version(tracking_uri: str, name: str, alias: str | None, version: i
     return local, found
 
 
+@dataclass
+class Registration:
+    """What ``register`` did: the choice per family, the versions registered (or kept), and the
+    families the gate refused (family, why); with a refusal nothing is registered."""
+
+    choices: list[Choice]
+    registered: list[Registered] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+
+
 def register_champions(tracking_uri: str, experiment: str, asset: str, families: list[str], metric: str,
-                       prefix: str, alias: str, dry_run: bool) -> tuple[list[Choice], list[Registered]]:  # fmt: skip
-    """Choose, prepare every version, then register them (see the module doc)."""
+                       prefix: str, alias: str, dry_run: bool, gate: str = "baseline",
+                       force: bool = False) -> Registration:  # fmt: skip
+    """Choose, gate, prepare every version, then register them (see the module doc)."""
     from foxhunt.runs.store import RunStore
 
+    if gate not in GATES:
+        raise RegistryError(f"ensemble.gate={gate!r}: must be one of {', '.join(GATES)}")
     store = RunStore(tracking_uri)
     if dry_run:
-        return choose_champions(store, experiment, asset, families, metric), []
+        return Registration(choose_champions(store, experiment, asset, families, metric, _incumbents(store, families, prefix, asset, alias)))
     with store.exclusive(REGISTRY_LOCK):  # a concurrent register waits, then finds the champions registered
-        return _register_locked(store, experiment, asset, families, metric, prefix, alias)
+        return _register_locked(store, experiment, asset, families, metric, prefix, alias, gate, force)
+
+
+def _incumbents(store, families: list[str], prefix: str, asset: str, alias: str) -> dict[str, str]:
+    current = {family: store.get_version_by_alias(registered_name(prefix, family, asset), alias) for family in families}
+    return {family: version.run_id for family, version in current.items() if version is not None and version.run_id}
 
 
 def _register_locked(store, experiment: str, asset: str, families: list[str], metric: str, prefix: str,
-                     alias: str) -> tuple[list[Choice], list[Registered]]:  # fmt: skip
-    choices = choose_champions(store, experiment, asset, families, metric)
+                     alias: str, gate: str, force: bool) -> Registration:  # fmt: skip
+    incumbents = _incumbents(store, families, prefix, asset, alias)
+    choices = choose_champions(store, experiment, asset, families, metric, incumbents)
     missing = [c.family for c in choices if c.run_id is None]
     if missing:
         raise RegistryError(
             f"no FINISHED {asset} run with {metric} for {', '.join(missing)} in experiment {experiment!r}: "
             f"train them first, or narrow ensemble.models"
         )
+    refused = [(c.family, why) for c in choices if (why := gate_refusal(c, gate)) is not None]
+    if refused and not force:
+        return Registration(choices, refused=refused)
+    passed = {c.family: GATE_FORCED if any(f == c.family for f, _ in refused) else gate for c in choices}
     results, work = [], Path(tempfile.mkdtemp(prefix="foxhunt-register-"))
     try:
         todo = []
         for choice in choices:
             name = registered_name(prefix, choice.family, asset)
-            current = store.get_version_by_alias(name, alias)
-            if current is not None and current.run_id == choice.run_id:
-                results.append(Registered(name, current.version, choice.run_id, unchanged=True))
+            if incumbents.get(choice.family) == choice.run_id:
+                current = store.get_version_by_alias(name, alias)
+                results.append(Registered(name, current.version, choice.run_id, unchanged=True, gate=current.tags.get(GATE_TAG, "")))
                 continue
             todo.append(prepare(store, choice, name, metric, work))  # every check before any write
-        results += [register_prepared(store, prepared, alias) for prepared in todo]
+        results += [register_prepared(store, prepared, alias, passed[prepared.choice.family]) for prepared in todo]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return choices, results
+    return Registration(choices, results, refused)

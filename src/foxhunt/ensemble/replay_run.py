@@ -38,16 +38,23 @@ class ReplayReport:
 
 
 def _window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
-    """(start_ns, stop_ns, description) of the bars scored."""
-    split = str(cfg.ensemble.split)
-    if split == "all":
-        return None, None, f"all {len(bars)} bars"
+    """(start_ns, stop_ns, description) of the bars scored; never the lockbox
+    (``evaluation.holdout``: ``all`` stops before it)."""
     from hydra.utils import instantiate
 
     from foxhunt.build import run_split
     from foxhunt.data.dataset import load_market_dataset
 
-    dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
+    split = str(cfg.ensemble.split)
+    dataset = None
+    if split != "all" or cfg.evaluation.get("holdout"):
+        dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
+    if split == "all":
+        if dataset is None:
+            return None, None, f"all {len(bars)} bars"
+        last = max(int(arrays.timestamps[-1].astype("datetime64[ns]").astype(np.int64)) for arrays in dataset.splits.values())
+        kept = int(np.searchsorted(bars.index.as_unit("ns").asi8, last, side="right"))
+        return None, last + 1, f"the first {kept} of {len(bars)} bars (the lockbox after them stays closed: evaluation.holdout)"
     stamps = dataset.splits[split].timestamps.astype("datetime64[ns]").astype(np.int64)
     return int(stamps[0]), int(stamps[-1]) + 1, f"the {split} split ({len(stamps)} bars; the {int(np.searchsorted(bars.index.as_unit('ns').asi8, stamps[0]))} bars before it prime the features)"
 
@@ -59,6 +66,10 @@ def run_replay(cfg, workdir: Path) -> ReplayReport:
 
     asset = instantiate(cfg.asset)
     fleet = load_fleet(cfg, workdir)
+    for member in fleet:  # the bars a member's run kept in its lockbox stay closed here too
+        if (member.holdout or None) != (cfg.evaluation.get("holdout") or None):
+            raise ConfigError(f"evaluation.holdout={cfg.evaluation.get('holdout')}: {member.name} was trained keeping "
+                              f"evaluation.holdout={member.holdout}; replay with the same, so its lockbox stays closed")  # fmt: skip
     source = instantiate(cfg.data.source)
     if str(cfg.data.source.get("adjust", "none")) == "ratio":
         raise ConfigError(

@@ -49,7 +49,7 @@ import pandas as pd
 from foxhunt.assets import AssetSpec
 from foxhunt.data.features import BAR_INTERVAL
 from foxhunt.data.roll import held_moves, roll_flags
-from foxhunt.evaluation.stats import sharpe_ratio
+from foxhunt.evaluation.stats import calmar_ratio, sharpe_ratio, sortino_ratio
 
 ALLOWED_POSITIONS = (-1, 0, 1)
 CALENDAR = "calendar"  # evaluation.sessions_per_year: annualize by the asset's exchange calendar
@@ -67,8 +67,9 @@ class BacktestResult:
         gross_pnl: (T - 1,) float64 USD before costs.
         costs: (T - 1,) float64 USD of commission and slippage paid at step t (>= 0).
         bars_per_year: the annualization the Sharpe ratio used.
-        metrics: ``pnl`` (total USD), ``mean_pnl`` (USD per step), ``sharpe`` (annualized),
-            ``max_drawdown`` (USD, >= 0), ``hit_rate``, ``turnover``, ``trades``, ``steps``
+        metrics: ``pnl`` (total USD), ``mean_pnl`` (USD per step), ``sharpe``, ``sortino`` and
+            ``calmar`` (annualized), ``max_drawdown`` (USD, >= 0), ``exposure``, ``hit_rate``,
+            ``turnover``, ``trades``, ``steps``
             (see :func:`backtest`).
     """
 
@@ -203,8 +204,12 @@ def backtest(
         mean_pnl: net PnL per step, USD.
         sharpe: mean / sample standard deviation (ddof=1) of the per-step PnL, times
             sqrt(bars_per_year). 0 when the deviation is 0 or there are fewer than 2 steps.
+        sortino: mean / downside deviation (root mean square of min(pnl, 0) over every step)
+            of the per-step PnL, times sqrt(bars_per_year); 0 when no step lost.
+        calmar: annualized PnL (mean_pnl x bars_per_year) / max_drawdown; 0 without a drawdown.
         max_drawdown: largest fall of the equity from a previous peak, USD (>= 0); the
             equity starts at 0.
+        exposure: share of the steps held in the market (position != 0).
         hit_rate: among the steps held in the market over a bar whose price moved, the
             fraction whose gross PnL is > 0 (0 if none). A bar that did not move is neither
             a hit nor a miss (counted as misses, random positions scored 0.458).
@@ -267,11 +272,15 @@ def _result(pos: np.ndarray, gross: np.ndarray, costs: np.ndarray, bars_per_year
     pnl = gross - costs
     equity = np.cumsum(pnl)
     num_steps = len(pnl)
+    drawdown = _max_drawdown(equity)
     metrics = {
         "pnl": float(pnl.sum()),
         "mean_pnl": float(pnl.mean()),
         "sharpe": sharpe_ratio(pnl, bars_per_year),
-        "max_drawdown": _max_drawdown(equity),
+        "sortino": sortino_ratio(pnl, bars_per_year),
+        "calmar": calmar_ratio(pnl, drawdown, bars_per_year),
+        "max_drawdown": drawdown,
+        "exposure": float(np.count_nonzero(pos[:-1]) / num_steps),
         "hit_rate": _hit_rate(gross),
         "turnover": float(traded.sum() / num_steps),
         "trades": int(np.count_nonzero(traded)),

@@ -42,7 +42,8 @@ BASELINE_PREFIX = "baseline/"
 BASELINE_METRICS = ("sharpe", "pnl")
 #: Every metric a SplitScore yields itself (the rest of a split's metrics are the model's own).
 BACKTEST_NAMES = frozenset({
-    "pnl", "mean_pnl", "sharpe", "max_drawdown", "hit_rate", "turnover", "trades", "steps", "sharpe_ci_low",
+    "pnl", "mean_pnl", "sharpe", "sortino", "calmar", "max_drawdown", "exposure", "hit_rate", "turnover", "trades",
+    "steps", "sharpe_ci_low",
     "sharpe_ci_high", "mean_pnl_ci_low", "mean_pnl_ci_high", "pnl_skew", "pnl_kurtosis", "sharpe_per_step",
 })  # fmt: skip
 MODEL = "model"
@@ -198,7 +199,7 @@ def summary_lines(metrics: dict[str, float], prefix: str) -> list[str]:
     if sharpe is not None:
         interval = f"  [{low:.3f}, {high:.3f}] block bootstrap" if low is not None and high is not None else ""
         lines.append(f"  {prefix}sharpe        {sharpe:.4g}{interval}")
-    for name in ("pnl", "mean_pnl", "max_drawdown", "hit_rate", "trades", "steps"):
+    for name in ("sortino", "calmar", "pnl", "mean_pnl", "max_drawdown", "exposure", "hit_rate", "trades", "steps"):
         if get(name) is not None:
             lines.append(f"  {prefix}{name:<13} {get(name):.6g}")
     baselines = sorted({k[len(prefix) + len(BASELINE_PREFIX):].split("/")[0] for k in metrics

@@ -107,6 +107,32 @@ def sharpe_ratio(pnl, periods_per_year: float = 1.0) -> float:
     return float(np.mean(values) / std * math.sqrt(periods_per_year))
 
 
+def sortino_ratio(pnl, periods_per_year: float = 1.0) -> float:
+    """Annualized Sortino ratio of per-step PnL: mean / downside deviation * sqrt(periods_per_year),
+    the downside deviation being the root mean square of the losses (min(pnl, 0), over every
+    step, the target 0).
+
+    Returns 0.0 when there are fewer than 2 values or no step lost; raises as :func:`sharpe_ratio`."""
+    values = _check_pnl(pnl, "sortino_ratio", min_values=0)
+    _check_positive("sortino_ratio", "periods_per_year", periods_per_year)
+    if len(values) < 2:
+        return 0.0
+    downside = float(np.sqrt(np.mean(np.minimum(values, 0.0) ** 2)))
+    if downside == 0.0:
+        return 0.0
+    return float(np.mean(values) / downside * math.sqrt(periods_per_year))
+
+
+def calmar_ratio(pnl, max_drawdown: float, periods_per_year: float = 1.0) -> float:
+    """Annualized PnL (mean per step * periods_per_year) over the largest drawdown, both in the
+    PnL's unit. 0.0 when there is no drawdown (no loss to scale by)."""
+    values = _check_pnl(pnl, "calmar_ratio", min_values=0)
+    _check_positive("calmar_ratio", "periods_per_year", periods_per_year)
+    if not len(values) or not max_drawdown > 0:
+        return 0.0
+    return float(np.mean(values) * periods_per_year / max_drawdown)
+
+
 def block_bootstrap(
     pnl,
     *,

@@ -3,7 +3,8 @@
 Columns: status, ``test/sharpe`` (shared backtest of the test split; a walk-forward cell's is its
 pooled test blocks', mean across seeds) with its block bootstrap interval, the best baseline's
 Sharpe on the same bars (``test/baseline/<name>/sharpe``), the deflated Sharpe ratio, flags,
-``val/loss`` (forecasters only; agents have none), peak memory (``memory/device_peak_mb``: the measured
+the test split's Sortino and Calmar ratios, maximum drawdown (USD) and exposure (share of the
+bars in the market), ``val/loss`` (forecasters only; agents have none), peak memory (``memory/device_peak_mb``: the measured
 figure the budget is checked against; how it was measured depends on the budget, see
 :mod:`foxhunt.memory.callback`), wall time of the job (``time.perf_counter`` around the cell;
 for a SKIPPED cell, the duration of its earlier FINISHED run) and the error of a failed cell.
@@ -35,10 +36,11 @@ from foxhunt.runs.cell import CellResult
 from foxhunt.runs.status import OK_RESULTS, Status
 
 SHARPE, VAL_LOSS, PEAK = "test/sharpe", "val/loss", "memory/device_peak_mb"
+SORTINO, CALMAR, MAX_DRAWDOWN, EXPOSURE = "test/sortino", "test/calmar", "test/max_drawdown", "test/exposure"
 CI_LOW, CI_HIGH = "test/sharpe_ci_low", "test/sharpe_ci_high"
 BASELINE_SHARPE = re.compile(r"^test/baseline/(?P<name>[^/]+)/sharpe$")
-HEADER = ("cell", "status", SHARPE, "interval", "best baseline", "DSR", "flags", VAL_LOSS, "peak MB", "wall s",
-          "error / note")  # fmt: skip
+HEADER = ("cell", "status", SHARPE, "interval", "best baseline", "DSR", "flags", "sortino", "calmar", "max DD $",
+          "exposure", VAL_LOSS, "peak MB", "wall s", "error / note")  # fmt: skip
 OBJECTIVE_COLUMN = "objective"  # a trial's value, what its job returned to the sweeper
 TRIAL_HEADER = ("trial", "status", OBJECTIVE_COLUMN, *HEADER[2:])
 TRIAL_INCHES = (7.0, 4.0)
@@ -123,6 +125,10 @@ def _row(record: CellResult, dsr: dict[str, float] | None = None, search: bool =
         f"{base[0]} {base[1]:.3f}" if base else "-",
         _number((dsr or {}).get(record.cell), 3),
         _flags(m) if ok else "",
+        _number(m.get(SORTINO), 3),
+        _number(m.get(CALMAR), 2),
+        _number(m.get(MAX_DRAWDOWN), 0),
+        _number(m.get(EXPOSURE), 2),
         _number(m.get(VAL_LOSS), 4),
         _number(record.metrics.get(PEAK), 0),
         _number(record.wall_s, 1),
