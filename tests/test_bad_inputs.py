@@ -164,7 +164,7 @@ TRAIN_CASES = [
     ("no-path", ["data=csv"], "config error: data.source.path: missing (required; set it on the command line"),
     ("bar-label", ["data=csv", "data.source.path={empty.csv}", "data.source.bar_label=middle"], "config error: data.source.bar_label='middle': must be one of start, close"),
     ("resume-no-store", ["resume=true", "logger=none"], "config error: resume=True: needs logger.enabled=true"),
-    ("folds-too-many", ["evaluation.protocol=walk_forward", "evaluation.walk_forward.folds=6"], "config error: evaluation.walk_forward.folds=6: train + val + folds x test = 1.1 of the bars: must be <= 1"),
+    ("folds-too-many", ["evaluation.protocol=walk_forward", "evaluation.walk_forward.folds=6"], "config error: evaluation.walk_forward.folds=6: train + folds x (val + test) = 1.25 of the bars: must be <= 1"),
     ("folds-too-few-bars", ["data=csv", "asset=6e", f"data.source.path={REAL_6E}", "evaluation.protocol=walk_forward", "evaluation.walk_forward.purge_bars=100000"], "data error: evaluation.walk_forward: 4 folds need"),
     # csv
     ("csv-empty", ["data=csv", "data.source.path={empty.csv}"], "data error: {empty.csv}: no bars (the file has a header but no rows)"),
@@ -197,6 +197,11 @@ TRAIN_CASES = [
     # stores
     ("store-not-sqlite", ["logger.tracking_uri=sqlite:///{text_store.db}"], "store error: sqlite:///{text_store.db}: not an MLflow SQLite store"),
     ("store-scheme", ["logger.tracking_uri=nosuch://store"], "store error: nosuch://store: cannot open the MLflow store"),
+    # folders and sweeps (issue 27): refused before any folder, run or worker is made
+    ("root-is-a-file", ["paths.root_dir={empty.csv}"], "config error: cannot make the folder {empty.csv}/outputs/runs/"),
+    ("sweep-root-is-a-file", ["-m", "paths.root_dir={empty.csv}"], "cannot prepare the sweep: config error: cannot make the folder {empty.csv}/outputs/sweeps/"),
+    ("n-jobs-zero", ["-m", "strategy=parallel", "strategy.n_jobs=0"], "cannot prepare the sweep: config error: strategy.n_jobs=0: must be an integer >= 1 or auto"),
+    ("n-jobs-negative", ["-m", "strategy=parallel", "strategy.n_jobs=-3"], "cannot prepare the sweep: config error: strategy.n_jobs=-3: must be an integer >= 1 or auto"),
 ]
 NO_DATA = "data=csv data.source.path=/nonexistent/bars.csv".split()
 
@@ -293,7 +298,7 @@ def test_bad_cli_argument_is_one_line_and_nothing_changed(battery, args, expecte
     result = CliRunner().invoke(app, [_fill(a, battery) for a in args], env={"FOXHUNT_ROOT": str(battery.root)})
     err = result.stderr if result.stderr_bytes is not None else result.output
     lines = [line for line in err.splitlines() if line.strip()]
-    assert result.exit_code != 0 and (result.exception is None or isinstance(result.exception, SystemExit)), result.output
+    assert result.exit_code == 2 and (result.exception is None or isinstance(result.exception, SystemExit)), result.output
     assert "Traceback" not in result.output and len(lines) == 1, result.output
     assert _fill(expected, battery) in lines[0]
     assert _snapshot(battery) == before

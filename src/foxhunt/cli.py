@@ -9,7 +9,6 @@ neither torch nor lightning.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,8 @@ from foxhunt.commands.data import data_app
 from foxhunt.commands.ensemble import ensemble_app
 from foxhunt.commands.memory import memory_app
 from foxhunt.commands.train_jobs import train_app
+
+UI_STOP_GRACE_S = 10.0  # foxhunt ui stopped: seconds mlflow ui and its workers get to exit before they are killed
 
 app = typer.Typer(help="foxhunt: train trading models on CME futures under a memory budget.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -64,7 +65,9 @@ def ui(
         "--backend-store-uri", uri,
         "--host", host, "--port", str(port),
     ]  # fmt: skip
-    raise typer.Exit(subprocess.call(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri}))
+    from foxhunt.commands.child import run_foreground
+
+    raise typer.Exit(run_foreground(command, {**os.environ, "MLFLOW_TRACKING_URI": uri}, UI_STOP_GRACE_S))
 
 
 def main() -> None:

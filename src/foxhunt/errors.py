@@ -91,6 +91,17 @@ class UserError(Exception):
     kind = "input"
 
 
+class FolderError(UserError):
+    """A run's or a sweep's output folder that cannot be made where the config puts it."""
+
+    kind = "config"
+
+    @classmethod
+    def of(cls, exc: OSError, keys: str) -> FolderError:
+        where = exc.filename if exc.filename else "the output folder"
+        return cls(f"cannot make the folder {where}: {exc.strerror or exc} (set {keys} to a folder that can be written)")
+
+
 def is_user_error(exc: BaseException) -> bool:
     """True for an error the user's input caused: a :class:`UserError`, or Hydra's error for
     a bad override or a config group option that does not exist."""

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.checkpoint import check_checkpoint
 from foxhunt.config.schema import resolved_config, validate
-from foxhunt.errors import EXIT_USER_ERROR, debug_requested, reported, strip_debug_flag
+from foxhunt.errors import EXIT_USER_ERROR, FolderError, debug_requested, is_user_error, reported, strip_debug_flag
 from foxhunt.runs.cell import CellKey, CellResult, cell_name
 from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, check_folder_owner
 from foxhunt.runs.config_hash import config_hash
@@ -52,6 +52,7 @@ SOURCE = "foxhunt-train"  # the runs table's Source column (foxhunt.runs.provena
 EXIT_CONFIG_ERROR = EXIT_USER_ERROR  # any error in the input: config, data, checkpoint, store
 PROG = "foxhunt-train"
 _DEBUG = False  # --debug / FOXHUNT_DEBUG=1 / HYDRA_FULL_ERROR=1: input errors keep their traceback
+_ENTERED = False  # the Hydra job started (its folder exists)
 EXIT_ON_SIGTERM = 128 + 15  # the shell's status for a process ended by SIGTERM
 SPLITS = ("train", "val", "test")
 SCORED = ("val", "test")  # the splits the shared backtest scores
@@ -427,6 +428,8 @@ def _print_summary(cfg: DictConfig, metrics: dict[str, float], asset) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def _hydra_entry(cfg: DictConfig) -> float | None:
+    global _ENTERED
+    _ENTERED = True  # from here on an OSError is this job's, not Hydra's making of its folder
     import lightning.pytorch  # noqa: F401  (imported now so that its handlers exist to remove)
 
     from foxhunt.sweeps.job import in_multirun, run_sweep_job
@@ -462,7 +465,8 @@ def main() -> None:
     exist, a bad value, data file, checkpoint or store) is one line on stderr and exit status 2,
     without a traceback unless asked for (``--debug``, ``FOXHUNT_DEBUG=1`` or ``HYDRA_FULL_ERROR=1``:
     :mod:`foxhunt.errors`); a bug keeps its traceback."""
-    global _DEBUG
+    global _DEBUG, _ENTERED
+    _ENTERED = False
     sys.argv, flag = strip_debug_flag(sys.argv)
     _DEBUG = flag or debug_requested()
     # Hydra prints its own report of an error raised while composing the config (and exits 1);
@@ -470,7 +474,12 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its table-creation notes on stderr
     with reported(PROG, debug=_DEBUG):
-        _hydra_entry()
+        try:
+            _hydra_entry()
+        except OSError as exc:  # raised before the job ran: Hydra could not make the run folder
+            if _ENTERED or is_user_error(exc) or not exc.filename:  # (Hydra's missing-config error is an OSError too)
+                raise
+            raise FolderError.of(exc, "paths.root_dir or hydra.run.dir") from None
 
 
 if __name__ == "__main__":

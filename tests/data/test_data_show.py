@@ -46,12 +46,32 @@ def test_real_lean_es_roll_schedule(tmp_path, real_data_dir):
     assert Path(summary["png"]).stat().st_size > 10_000
 
 
-def test_a_file_too_short_for_the_splits_is_one_line(tmp_path):
+def test_a_file_too_short_for_the_splits_is_shown_with_what_it_holds(tmp_path):
     path = two_contract_file(tmp_path)
     result = show(tmp_path, "data=databento", f"data.source.path={path}", "asset=es", "data.source.adjust=ratio",
-                  "--json", "--png", str(tmp_path / "chart.png"))  # fmt: skip
-    assert result.exit_code == 2  # 12 bars cannot fill the default splits: one line, no traceback
-    assert result.output.count("\n") == 1 and "foxhunt data show:" in result.output
+                  "--json", "--png", str(tmp_path))  # fmt: skip
+    assert result.exit_code == 0, result.output  # 12 bars cannot fill the default splits: said, not refused
+    summary = json.loads(result.output)
+    assert summary["bars"] == 12 and "gives 0 bars" in summary["splits"]["error"]
+    assert summary["png"] == str(tmp_path / "es-continuous.png") and Path(summary["png"]).is_file()  # --png <folder>
+    text = show(tmp_path, "data=databento", f"data.source.path={path}", "asset=es")
+    assert "  not formed: split." in text.output and text.exit_code == 0
+
+
+@pytest.mark.realdata
+def test_the_real_databento_one_minute_sample_is_shown(tmp_path, real_data_dir):
+    result = show(tmp_path, "data=databento", f"data.source.path={real_data_dir / 'databento' / 'GLBX.MDP3.test_data.ohlcv-1m.dbn.zst'}",
+                  "asset=es", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["bars"] > 0 and "error" in summary["splits"]
+
+
+def test_the_lockbox_is_shown_after_the_splits(tmp_path):
+    result = show(tmp_path, "data=synthetic", "data.source.days=14", "asset=es", "evaluation.holdout=0.1", "--json")
+    splits = json.loads(result.output)["splits"]
+    assert splits["protocol"] == "single" and splits["holdout"]["rows"] > 0
+    assert splits["test"]["last_bar"] < splits["holdout"]["first_bar"]
 
 
 def test_synthetic_walk_forward_folds_and_the_calendar(tmp_path):

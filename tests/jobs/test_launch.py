@@ -76,3 +76,37 @@ def test_job_tags():
         "job_id": "ab12cd34", "pid": "4242", "host": socket.gethostname(),
         "command": "foxhunt-train -m model=dqn,tft 'x=a b'", "job.overrides": json.dumps(["model=dqn,tft", "x=a b"]),
     }  # fmt: skip
+
+
+def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):
+    """A launch record whose pid is another program's (hand-edited, or the pid reused): one line,
+    exit 2, and that program keeps running."""
+    import subprocess
+    import time
+
+    import psutil
+    from typer.testing import CliRunner
+
+    from foxhunt.cli import app
+    from foxhunt.jobs.launch_record import LaunchRecord, jobs_dir
+    from foxhunt.runs.environment import store_uri
+    from foxhunt.runs.store import RunStore
+
+    RunStore(store_uri(tmp_path)).ensure_experiment("foxhunt")
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        started = int(psutil.Process(other.pid).create_time() * 1000) + 2000  # launched 2 s after it
+        record = LaunchRecord(job_id="ffff7777", pid=other.pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
+                              overrides=[], log=str(tmp_path / "job.log"), tracking_uri=store_uri(tmp_path),
+                              root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"), started_ms=started, plan=[])  # fmt: skip
+        record.write(jobs_dir(tmp_path) / "ffff7777.json")
+        result = CliRunner().invoke(app, ["train", "stop", "ffff7777", "--root", str(tmp_path), "--timeout", "1"])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().splitlines()[-1] == (
+            f"foxhunt train: job ffff7777: pid {other.pid} is not the job's process (it runs 'sleep 300'): not signalled"
+        )
+        time.sleep(0.2)
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait()

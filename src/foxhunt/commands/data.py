@@ -7,8 +7,10 @@ source files, the first and last bar, bars per contract and per session, the rol
 with the reason of each roll, the tick-grid check, the session calendar with its holidays and
 early closes in range, the gaps that are not closed-market time and the split boundaries;
 ``--json`` prints the same as one JSON object for scripts; the PNG (default
-``outputs/data/<asset>-continuous.png`` under the project root) draws the raw and adjusted
-close with the rolls marked. Exit 0, or 2 with one line on a bad override or data file.
+``outputs/data/<asset>-continuous.png`` under the project root; ``--png <folder>`` puts it in
+that folder) draws the raw and adjusted close with the rolls marked. Bars too few for the
+splits are reported as such, with everything else: an inspection shows what is there, however
+few bars. Exit 0, or 2 with one line on a bad override or data file.
 """
 
 from __future__ import annotations
@@ -58,8 +60,11 @@ def show(
         )
         bars, rolls = load_bars(source, asset)
         summary = describe(source, asset, bars, rolls, cfg.data.features, cfg.data.split, walk_forward,
-                           min_gap_minutes=min_gap)  # fmt: skip
-        target = png or Path(cfg.paths.root_dir) / "outputs" / "data" / f"{asset.key}-continuous.png"
+                           min_gap_minutes=min_gap, holdout=cfg.evaluation.get("holdout") or 0.0)  # fmt: skip
+        chart = f"{asset.key}-continuous.png"
+        target = png or Path(cfg.paths.root_dir) / "outputs" / "data" / chart
+        if target.is_dir():  # --png <folder>: the chart goes inside it
+            target = target / chart
         summary["png"] = str(plot_continuous(bars, rolls, asset, summary["adjust"], target))
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
@@ -111,8 +116,11 @@ def render(s: dict) -> list[str]:
         lines.append(f"  ... {len(s['gaps']) - MAX_ROWS} more (--json lists all)")
     splits = s["splits"]
     lines.append(f"splits ({splits['protocol']}, after the {splits['warmup_bars']}-bar feature warm-up):")
-    blocks = [("", {k: v for k, v in splits.items() if k in ("train", "val", "test")})] if splits["protocol"] == "holdout" else [
-        (f"fold {f['fold']} ", {k: f[k] for k in ("train", "val", "test")}) for f in splits["folds"]]  # fmt: skip
+    if "error" in splits:
+        lines.append(f"  not formed: {splits['error']}")
+    names = ("train", "val", "test", "holdout")
+    blocks = [] if "error" in splits else [("", {k: v for k, v in splits.items() if k in names})] if splits["protocol"] == "single" else [
+        (f"fold {f['fold']} ", {k: f[k] for k in names if k in f}) for f in splits["folds"]]  # fmt: skip
     for prefix, parts in blocks:
         for name, extent in parts.items():
             span = f"{extent['first_bar']} .. {extent['last_bar']}" if extent.get("rows") else "empty"

@@ -148,15 +148,15 @@ def serve(
     timeout: float = typer.Option(30.0, help="Seconds a request may take before it is answered 504."),
 ) -> None:
     """Serve the registered fleet over HTTP: POST /predict bars for a symbol, GET /health."""
-    from foxhunt.ensemble.registry import download_version, registered_name
+    from foxhunt.ensemble.fleet import load_fleet
 
     cfg = _compose("serve", overrides)
-    uri = _check_store("serve", cfg)
+    _check_store("serve", cfg)
     ens = cfg.ensemble
-    for family in ens.models:  # a missing version is one line here, not a worker crash after start
-        name = registered_name(str(ens.registry_prefix), str(family), str(cfg.asset.key))
-        with _reported("serve"), tempfile.TemporaryDirectory() as scratch:
-            download_version(uri, name, str(ens.alias), ens.versions.get(str(family)), Path(scratch))
+    # the fleet loads here first: a missing version or a damaged file is one line now, not a
+    # worker that fails to start after the URL was printed
+    with _reported("serve"), tempfile.TemporaryDirectory(prefix="foxhunt-serve-check-") as scratch:
+        load_fleet(cfg, Path(scratch))
     from foxhunt.ensemble.serve import serve as run_server
 
     typer.echo(f"foxhunt ensemble serve: {', '.join(map(str, ens.models))} for {cfg.asset.key} on http://{host}:{port} "

@@ -82,7 +82,8 @@ def _find(key: str, root: Path, uri: str):
 
 
 def _store_error(uri: str, exc: Exception) -> typer.Exit:
-    return _fail(f"cannot read the MLflow store {uri}: {one_line_error(exc, limit=STORE_ERROR_WIDTH)}", code=1)
+    """A store that cannot be read is an input error (exit 2), as everywhere."""
+    return _fail(f"cannot read the MLflow store {uri}: {one_line_error(exc, limit=STORE_ERROR_WIDTH)}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,6 +279,8 @@ def stop(
         launch.check_stoppable(found)
         typer.echo(f"job {found.job_id}: SIGTERM to process group {found.pid}, waiting up to {timeout:g}s")
         result = launch.stop(found, uri, timeout_s=timeout, force=force, poll_s=STOP_POLL_S)
+    except launch.NotTheJobsProcess as exc:  # a hand-edited or stale record: an input error
+        raise _fail(str(exc)) from None
     except launch.LaunchError as exc:
         raise _fail(str(exc), code=1) from None
     final = _find(found.job_id, root_dir, uri)

@@ -293,6 +293,13 @@ class StrategySection(_Strict):
     setup: list[str] | None = None
     orphan_grace_s: PositiveFloat | None = None
 
+    @field_validator("n_jobs", "torch_threads", mode="before")
+    @classmethod
+    def _count_or_auto(cls, value: Any) -> Any:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError("must be an integer >= 1 or auto")
+
     @model_validator(mode="after")
     def _cache_for_predictions(self) -> "StrategySection":
         if self.predict_memory and not self.prediction_cache:

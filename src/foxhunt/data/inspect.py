@@ -11,6 +11,7 @@ draws the raw and the back-adjusted close with the rolls marked.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ from foxhunt.data.calendar import calendar_for
 from foxhunt.data.dataset import build_market_dataset
 from foxhunt.data.features import FeatureConfig
 from foxhunt.data.roll import CONTRACT, RAW_CLOSE, ROLL_PRICE, schedule_records
-from foxhunt.data.splits import SPLIT_NAMES, FoldSplit, WalkForwardConfig, as_split
+from foxhunt.data.splits import FoldSplit, WalkForwardConfig, as_split
+from foxhunt.errors import UserError
 
 
 def load_bars(source: Any, asset: AssetSpec) -> tuple[pd.DataFrame, pd.DataFrame | None]:
@@ -37,10 +39,10 @@ def load_bars(source: Any, asset: AssetSpec) -> tuple[pd.DataFrame, pd.DataFrame
 
 def describe(source: Any, asset: AssetSpec, bars: pd.DataFrame, rolls: pd.DataFrame | None, features_cfg: Any,
              split_cfg: Any, walk_forward: WalkForwardConfig | None = None,
-             min_gap_minutes: int = 1) -> dict[str, Any]:  # fmt: skip
+             min_gap_minutes: int = 1, holdout: float = 0.0) -> dict[str, Any]:  # fmt: skip
     """The summary of what ``source`` yields for ``asset``, from its ``bars`` and ``rolls``
     (:func:`load_bars`; see the module docstring); a gap is a run of at least
-    ``min_gap_minutes`` open-market minutes without a bar."""
+    ``min_gap_minutes`` open-market minutes without a bar; ``holdout`` the lockbox's fraction."""
     index = bars.index
     raw = bars[RAW_CLOSE].to_numpy(np.float64) if RAW_CLOSE in bars else bars["close"].to_numpy(np.float64)
     contracts = bars[CONTRACT].astype(str).to_numpy() if CONTRACT in bars else np.full(len(bars), asset.root)
@@ -83,7 +85,7 @@ def describe(source: Any, asset: AssetSpec, bars: pd.DataFrame, rolls: pd.DataFr
              "closed_minutes_inside": int(g.closed_minutes)}
             for g in gaps.itertuples(index=False)
         ],  # fmt: skip
-        "splits": _splits(bars, asset, features_cfg, split_cfg, walk_forward),
+        "splits": _splits(bars, asset, features_cfg, split_cfg, walk_forward, holdout),
     }
     return summary
 
@@ -126,15 +128,21 @@ def _files(source: Any) -> list[Path]:
 
 
 def _splits(bars: pd.DataFrame, asset: AssetSpec, features_cfg: Any, split_cfg: Any,
-            walk_forward: WalkForwardConfig | None) -> dict[str, Any]:  # fmt: skip
-    """Each split's rows and first and last bar (after the feature warm-up), per fold for
-    a walk-forward."""
+            walk_forward: WalkForwardConfig | None, holdout: float) -> dict[str, Any]:  # fmt: skip
+    """Each split's rows and first and last bar (after the feature warm-up), per fold for a
+    walk-forward, and the lockbox's (``evaluation.holdout``). Bars too few for the splits are
+    said (``error``), never refused: an inspection shows what is there."""
     warmup = FeatureConfig.from_config(features_cfg).warmup_bars
-    if walk_forward is None:
-        dataset = build_market_dataset(bars, asset, features_cfg, as_split(split_cfg))
-        return {"protocol": "holdout", "warmup_bars": warmup, **dataset.record()["splits"]}
-    folds = []
-    for k in range(walk_forward.folds):
-        dataset = build_market_dataset(bars, asset, features_cfg, FoldSplit(walk_forward, k))
-        folds.append({"fold": k, **{name: dataset.record()["splits"][name] for name in SPLIT_NAMES}})
-    return {"protocol": "walk_forward", "warmup_bars": warmup, "folds": folds}
+    lockbox = {"holdout": float(holdout or 0.0), "open_holdout": bool(holdout)}
+    protocol = "walk_forward" if walk_forward is not None else "single"
+    try:
+        if walk_forward is None:
+            dataset = build_market_dataset(bars, asset, features_cfg, dataclasses.replace(as_split(split_cfg), **lockbox))
+            return {"protocol": protocol, "warmup_bars": warmup, **dataset.record()["splits"]}
+        folds = []
+        for k in range(walk_forward.folds):
+            dataset = build_market_dataset(bars, asset, features_cfg, FoldSplit(walk_forward, k, **lockbox))
+            folds.append({"fold": k, **dataset.record()["splits"]})
+        return {"protocol": protocol, "warmup_bars": warmup, "folds": folds}
+    except (UserError, ValueError) as exc:  # too few bars for the splits (or the warm-up): what is there still shows
+        return {"protocol": protocol, "warmup_bars": warmup, "error": str(exc)}

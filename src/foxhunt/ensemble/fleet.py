@@ -13,13 +13,13 @@ default) each member loads the weights ``foxhunt ensemble validate`` measured to
 ``int8_min_cut_pct`` % smaller), fp32 when none was measured; the log says which and why, one
 line per member. A member trained on
 another asset than the one asked for, a missing version and a stored config that no longer
-validates are each one line (:class:`~foxhunt.ensemble.registry.RegistryError`).
+validates are each one line (:class:`~foxhunt.ensemble.member_files.RegistryError`), as is a
+missing or damaged file of a version (:mod:`foxhunt.ensemble.member_files`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from importlib import resources
@@ -29,15 +29,9 @@ from typing import Any
 import numpy as np
 
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
+from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles, RegistryError
 from foxhunt.ensemble.members import Member, make_member
-from foxhunt.ensemble.registry import (
-    MEMBER_FILE,
-    WEIGHTS_FILE,
-    RegistryError,
-    download_version,
-    registered_name,
-    weights_to_load,
-)
+from foxhunt.ensemble.registry import download_version, registered_name, weights_to_load
 
 log = logging.getLogger(__name__)
 
@@ -98,24 +92,18 @@ def int8_policy():
 def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime: str, device: str,
                  probe_calls: int) -> tuple[Member, MemberInputs, dict[str, Any]]:  # fmt: skip
     """A member from a version's model folder (``<folder>/artifacts/...``)."""
-    import torch
-    from omegaconf import OmegaConf
-
     from foxhunt.data.features import FeatureConfig
 
-    artifacts = folder / "artifacts"
-    info = json.loads((artifacts / MEMBER_FILE).read_text())
+    files = MemberFiles.read(folder / ARTIFACTS_DIR, name)
+    info, cfg, record = files.info, files.cfg, files.record
     if info["asset"] != asset_key:
         raise RegistryError(f"{name}: trained on {info['asset']}, the bars are {asset_key} (asset={asset_key})")
-    cfg = OmegaConf.load(artifacts / "config.yaml")
-    state = torch.load(artifacts / WEIGHTS_FILE, map_location="cpu", weights_only=True)
-    model = rebuild_model(cfg, state, origin=name)
+    model = rebuild_model(cfg, files.state, origin=name)
     if weights == "int8":
         from foxhunt.precision.inference import int8_inference_model
 
         model = int8_inference_model(model, int8_policy())
     model = model.to(device).eval()
-    record = json.loads((artifacts / "dataset.json").read_text())
     inputs = MemberInputs(
         feature_config=FeatureConfig(**record["feature_config"]),
         observed_mean=np.asarray(record["observed_mean"], dtype=np.float64),

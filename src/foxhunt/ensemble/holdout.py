@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from foxhunt.ensemble.registry import CONFIG_FILE, WEIGHTS_FILE, Registered, download_version
+from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
+from foxhunt.ensemble.registry import Registered, download_version
 
 PREFIX = "holdout/"
 OPENED_TAG, VERSION_TAG = "holdout.opened", "holdout.version"
@@ -63,7 +64,7 @@ def open_lockbox(tracking_uri: str, registered: list[Registered], workdir: Path)
                                          run.tags[OPENED_TAG]))  # fmt: skip
             continue
         folder, _ = download_version(tracking_uri, entry.name, None, int(entry.version), workdir / entry.name)
-        report = _score(folder / "artifacts", entry)
+        report = _score(MemberFiles.read(folder / ARTIFACTS_DIR, entry.name), entry)
         if report.metrics:
             store.log_metrics(entry.run_id, report.metrics)
             store.tag(entry.run_id, {OPENED_TAG: report.opened, VERSION_TAG: entry.version})
@@ -71,10 +72,9 @@ def open_lockbox(tracking_uri: str, registered: list[Registered], workdir: Path)
     return reports
 
 
-def _score(artifacts: Path, entry: Registered) -> HoldoutReport:
+def _score(files: MemberFiles, entry: Registered) -> HoldoutReport:
     import torch
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
     from foxhunt.build import build_datamodule, run_split
     from foxhunt.data.dataset import load_market_dataset
@@ -82,15 +82,14 @@ def _score(artifacts: Path, entry: Registered) -> HoldoutReport:
     from foxhunt.ensemble.fleet import rebuild_model
     from foxhunt.evaluation.scoring import ScoringSettings, score_positions
 
-    cfg = OmegaConf.load(artifacts / CONFIG_FILE)
+    cfg = files.cfg
     if not cfg.evaluation.get("holdout"):
         return HoldoutReport(entry.name, entry.version, entry.run_id,
                              note="trained without a lockbox (evaluation.holdout=null): nothing to open")  # fmt: skip
     asset = instantiate(cfg.asset)
     dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, run_split(cfg, open_holdout=True),
                                   None)  # fmt: skip
-    state = torch.load(artifacts / WEIGHTS_FILE, map_location="cpu", weights_only=True)
-    model = rebuild_model(cfg, state, origin=f"{entry.name} version {entry.version}")
+    model = rebuild_model(cfg, files.state, origin=f"{entry.name} version {entry.version}")
     arrays = dataset.splits[HOLDOUT]
     settings = ScoringSettings.from_config(cfg, asset)
     with torch.inference_mode():

@@ -22,6 +22,8 @@ from typing import Any
 
 import mlflow.pyfunc
 
+from foxhunt.ensemble.member_files import DATASET_FILE, MEMBER_FILE
+
 BAR_FIELDS = ("ts", "open", "high", "low", "close", "volume")
 
 
@@ -89,14 +91,14 @@ def save_member_model(folder: Path, weights: Path, config: Path, record: dict, m
 
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        (scratch / "dataset.json").write_text(json.dumps(record, indent=1))
-        (scratch / "member.json").write_text(json.dumps(member, indent=1))
+        (scratch / DATASET_FILE).write_text(json.dumps(record, indent=1))
+        (scratch / MEMBER_FILE).write_text(json.dumps(member, indent=1))
         mlflow.pyfunc.save_model(
             path=str(folder),
             python_model=FoxhuntMember(),
             artifacts={
                 "weights": str(weights), "config": str(config),
-                "dataset": str(scratch / "dataset.json"), "member": str(scratch / "member.json"),
+                "dataset": str(scratch / DATASET_FILE), "member": str(scratch / MEMBER_FILE),
             },
             signature=_signature(),
             pip_requirements=[f"foxhunt=={getattr(foxhunt, '__version__', '0.1.0')}", f"torch>={torch.__version__.split('+')[0]}"],

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from foxhunt.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
-from foxhunt.errors import UserError
+from foxhunt.ensemble.member_files import ARTIFACTS_DIR, CONFIG_FILE, WEIGHTS_FILE, RegistryError
+from foxhunt.errors import one_line_error
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
 
@@ -55,18 +56,9 @@ VAL_SHARPE, VAL_BASELINE = "val/sharpe", "val/baseline/"
 GATES = ("baseline", "interval", "none")
 GATE_TAG, GATE_FORCED = "gate", "forced"  # version tag: the gate it passed, or forced
 WEIGHTS_CHOICE, WEIGHTS_REASON = "weights_choice", "weights_reason"  # version tags: foxhunt ensemble validate's verdict
-MEMBER_FILE = "member.json"
-WEIGHTS_FILE = "weights.pt"
-CONFIG_FILE = "config.yaml"
 MODEL_ARTIFACT_PATH = "champion"
 CHECKPOINTS = ("checkpoints/best.ckpt", "checkpoints/last.ckpt")
 REGISTRY_LOCK = "registry"  # the store's lock held while champions are chosen and registered
-
-
-class RegistryError(UserError, ValueError):
-    """A registry or store problem the user can act on (one line)."""
-
-    kind = "registry"
 
 
 def metric_direction(metric: str) -> str:
@@ -289,9 +281,16 @@ def download_version(tracking_uri: str, name: str, alias: str | None, version: i
     if found is None:
         raise RegistryError(f"{uri}: not in the registry of {tracking_uri}; run foxhunt ensemble register first")
     dst.mkdir(parents=True, exist_ok=True)
-    local = store.download(found.run_id, MODEL_ARTIFACT_PATH, dst) if found.run_id else store.download_uri(found.source, dst)
-    if not (local / "MLmodel").is_file():
-        raise RegistryError(f"{uri}: its files ({found.source}) hold no MLflow model")
+    try:
+        local = store.download(found.run_id, MODEL_ARTIFACT_PATH, dst) if found.run_id else store.download_uri(found.source, dst)
+    except Exception as exc:  # MLflow's error for artifacts that are gone, an OSError for a folder that is not one
+        if not (type(exc).__module__.startswith("mlflow") or isinstance(exc, OSError)):
+            raise
+        raise RegistryError(f"{uri}: its files ({found.source}) cannot be read from the artifact store "
+                            f"({one_line_error(exc, with_type=False, first_line=True, limit=160)}); register it again "
+                            "(foxhunt ensemble register)") from None  # fmt: skip
+    if not (local / "MLmodel").is_file() or not (local / ARTIFACTS_DIR).is_dir():
+        raise RegistryError(f"{uri}: its files ({found.source}) hold no foxhunt MLflow model; register it again (foxhunt ensemble register)")
     return local, found
 
 

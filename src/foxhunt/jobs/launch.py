@@ -39,7 +39,7 @@ from foxhunt.jobs.launch_record import LaunchRecord, PlannedCell, jobs_dir
 from foxhunt.jobs.views import RESUME_FLAG, Job, find_job
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.environment import JOB_ID_ENV, ROOT_ENV
-from foxhunt.runs.liveness import process_alive, run_state
+from foxhunt.runs.liveness import FOXHUNT_COMMAND, process_alive, run_state
 from foxhunt.runs.status import OK_RESULTS, Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Tag
@@ -47,10 +47,15 @@ from foxhunt.runs.tags import Tag
 COST_FILE = Path(__file__).with_name("cost.yaml")
 SWEEP_DIR_KEY = "hydra.sweep.dir"
 MULTIRUN_FLAGS = ("-m", "--multirun")
+LAUNCH_SLACK_S = 60.0  # a job's process is created within this of its launch record's time
 
 
 class LaunchError(RuntimeError):
     """A job that cannot be started, resumed or stopped; the message is one line saying why."""
+
+
+class NotTheJobsProcess(LaunchError):
+    """The pid a job names (its launch record's, its run's tag) is another program's: not signalled."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,6 +251,30 @@ def check_stoppable(job: Job) -> None:
     pid = job.pid
     if pid is None or not process_alive(pid, job.record.started_ms if job.record else None):
         raise LaunchError(f"job {job.job_id}: its process (pid {pid}) is gone: it is stale, resume it")
+    problem = _not_the_jobs_process(pid, job.record.started_ms if job.record is not None and job.record.pid else None)
+    if problem:
+        raise NotTheJobsProcess(f"job {job.job_id}: pid {pid} is not the job's process ({problem}): not signalled")
+
+
+def _not_the_jobs_process(pid: int, started_ms: int | None) -> str:
+    """Why process ``pid`` is not a job's (empty when it is): it must be a foxhunt command and,
+    for a pid from a launch record, created within :data:`LAUNCH_SLACK_S` of the launch."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        command = " ".join(process.cmdline())
+        created_ms = process.create_time() * 1000
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return "it is gone"
+    except psutil.AccessDenied:
+        return "its command line cannot be read"
+    if FOXHUNT_COMMAND not in command:
+        return f"it runs {command[:80]!r}"
+    if started_ms is not None and abs(created_ms - started_ms) > LAUNCH_SLACK_S * 1000:
+        when = datetime.fromtimestamp(created_ms / 1000).isoformat(timespec="seconds")
+        return f"it started at {when}, not when the job was launched"
+    return ""
 
 
 def stop(job: Job, tracking_uri: str, timeout_s: float, force: bool, poll_s: float) -> StopResult:

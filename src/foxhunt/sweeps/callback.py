@@ -55,7 +55,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.errors import TAG_TEXT_LIMIT, one_line, one_line_error
+from foxhunt.errors import TAG_TEXT_LIMIT, FolderError, error_line, is_user_error, one_line, one_line_error
 from foxhunt.runs.cell import CELL_RESULT_FILE
 from foxhunt.runs.environment import JOB_ID_ENV, PARENT_RUN_ENV, SWEEP_PID_ENV
 from foxhunt.runs.status import Status
@@ -104,6 +104,20 @@ def find_parent_run(store, experiment: str, sweep_dir: str, digest: str, job_id:
     return None
 
 
+def _validate_shared(config: DictConfig, sweep_dir: Path) -> None:
+    """The settings every cell shares (``strategy.n_jobs``, ...), checked before any run or worker
+    exists; the cells' own values are checked in each job. The sweep's config has no job folder
+    yet: the sweep folder stands in for it."""
+    from omegaconf import open_dict
+
+    from foxhunt.config.schema import validate
+
+    shared = config.copy()
+    with open_dict(shared):
+        shared.paths.output_dir = str(sweep_dir)
+    validate(shared)
+
+
 class SweepCallback(Callback):
     def __init__(self) -> None:
         self.parent_run_id: str | None = None
@@ -122,7 +136,11 @@ class SweepCallback(Callback):
         os.environ[SWEEP_PID_ENV] = str(self.pid)  # its workers end when this process dies (foxhunt.sweeps.orphans)
         try:
             self.sweep_dir = Path(str(config.hydra.sweep.dir))
-            self.sweep_dir.mkdir(parents=True, exist_ok=True)
+            _validate_shared(config, self.sweep_dir)
+            try:
+                self.sweep_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise FolderError.of(exc, "paths.root_dir or hydra.sweep.dir") from None
             if is_search(config):
                 from foxhunt.sweeps.search import check_search_config
 
@@ -138,7 +156,7 @@ class SweepCallback(Callback):
                 atexit.register(self._end_unfinished, config)
         except Exception as exc:  # Hydra would only warn and start the jobs anyway
             log.debug("sweep preparation failed", exc_info=True)
-            line = one_line_error(exc)
+            line = error_line(exc, limit=None) if is_user_error(exc) else one_line_error(exc)
             if self.parent_run_id is not None:
                 self._fail_parent_run(config, line)
             print(f"foxhunt-train: cannot prepare the sweep: {line}", file=sys.stderr)
