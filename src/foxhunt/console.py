@@ -8,7 +8,12 @@ from these libraries still prints. Written here because the libraries offer no s
 - torch's notice that torchao registers an Enum with ``register_constant`` (torchao's code);
 - Lightning's own use of torch's deprecated ``LeafSpec`` (lightning/pytorch/utilities/_pytree.py);
 - Lightning's "`training_step` returned `None`": DQN skips the gradient step on purpose until its
-  replay buffer holds ``min_replay_size`` transitions (the warning itself says to ignore it then).
+  replay buffer holds ``min_replay_size`` transitions (the warning itself says to ignore it then);
+- torch.onnx's warning that an LSTM exported with a batch other than 1 may fail at another batch
+  "unless the initial states are inputs": the TFT's graphs take them as inputs
+  (:mod:`foxhunt.ensemble.onnx_runtime`), and the tests run them at several batch sizes;
+- ONNX Runtime's advice to pre-process a graph before quantizing it: that is for static
+  quantization; foxhunt quantizes dynamically.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ KNOWN_NOISE: tuple[tuple[str, str], ...] = (
     ("lightning.pytorch.utilities.rank_zero", "litlogger"),
     ("torchao", "Failed to load"),
     ("torch.utils._pytree", "is an Enum subclass and is now natively supported"),
+    ("root", "Please consider to run pre-processing before quantization"),
 )
 # Warning message patterns (regular expressions matched at the start of the message).
 KNOWN_WARNINGS: tuple[str, ...] = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     r"`training_step` returned `None`",
+    r"Exporting a model to ONNX with a batch_size other than 1",
 )
 
 

@@ -93,7 +93,8 @@ def test_quick_report_without_peers(tmp_path, monkeypatch):
 
 def test_fleet_section_measures_every_member_beside_its_floor(tmp_path):
     settings = tiny_settings("fleet", "fleet.bars=80", "fleet.skip_bars=60", "fleet.probe_calls=3", "fleet.floor_calls=20",
-                             "fleet.floor_calls_tft=2", "fleet.capacity_warm_bars=5")  # fmt: skip
+                             "fleet.floor_calls_tft=2", "fleet.capacity_warm_bars=5", "fleet.symbols=[1,4]",
+                             "fleet.rounds=2", "fleet.int8_variants=false")  # fmt: skip
     result = run(settings, tmp_path, command="pytest", quick=True, log=lambda *_: None)
     rows = {r["name"]: r for r in result["rows"]}
     for family in ("dqn", "ppo"):
@@ -105,7 +106,14 @@ def test_fleet_section_measures_every_member_beside_its_floor(tmp_path):
     assert any("runtime" in note for note in result["notes"]["fleet"])
     (capacity,) = [r for name, r in rows.items() if name.startswith("capacity int8 / fp32")]
     assert capacity["figure"] == pytest.approx(capacity["foxhunt"] / capacity["reference"]) and capacity["reference"] >= 1
-    assert capacity["foxhunt"] > capacity["reference"]  # int8 copies hold less: more fleets fit
+    assert capacity["foxhunt"] > capacity["reference"]  # int8 weights hold less: more fleets fit
+    for family in ("dqn", "ppo", "mamba2", "tft"):
+        int8 = rows[f"{family} int8 / fp32 step p50"]
+        assert int8["figure"] == pytest.approx(int8["foxhunt"] / int8["reference"]) and "positions agree on" in int8["note"]
+    for group in ("fleet", "tft"):
+        one, four = rows[f"{group} 1 symbols: predictions/s"], rows[f"{group} 4 symbols: predictions/s"]
+        assert one["figure"] > 0 and four["figure"] > 0
+    assert rows["tft 4 symbols: predictions/s"]["goal"] == 100_000
     assert "## 5. The streaming fleet" in report.markdown(result)
 
 

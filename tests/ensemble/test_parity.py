@@ -31,12 +31,12 @@ def _parts(compose_cfg, model: str, *extra: str):
     return cfg, parts
 
 
-def member_of(family: str, model, dataset, runtime: str = "auto"):
+def member_of(family: str, model, dataset, runtime: str = "auto", workdir=None, weights: str = "fp32"):
     if family in ("dqn", "ppo"):
-        return AgentMember(family, family, model, "fp32", None, runtime, probe_calls=50)
+        return AgentMember(family, family, model, weights, None, runtime, probe_calls=50)
     if family == "mamba2":
-        return Mamba2Member(family, model, "fp32", None, runtime, probe_calls=20)
-    return TFTMember(family, model, "fp32", None, dataset.groups)
+        return Mamba2Member(family, model, weights, None, runtime, probe_calls=20)
+    return TFTMember(family, model, weights, None, dataset.groups, runtime, probe_calls=10, workdir=workdir)
 
 
 def replay_split(cfg, parts, member, split: str):
@@ -49,7 +49,7 @@ def replay_split(cfg, parts, member, split: str):
     return replay_bars(engine, bars, start_ns=start, stop_ns=stop)
 
 
-@pytest.mark.parametrize("family,runtime", [("dqn", "numpy"), ("dqn", "torch"), ("ppo", "numpy"), ("ppo", "torch")])
+@pytest.mark.parametrize("family,runtime", [(f, r) for f in ("dqn", "ppo") for r in ("numba", "numpy", "torch")])
 def test_agents_stream_the_greedy_walk(compose_cfg, family, runtime):
     cfg, parts = _parts(compose_cfg, family)
     record = replay_split(cfg, parts, member_of(family, parts.model, parts.dataset, runtime), "test")
@@ -61,7 +61,7 @@ def test_agents_stream_the_greedy_walk(compose_cfg, family, runtime):
     np.testing.assert_array_equal(streamed[:-1], batch[:-1])  # the batch walk closes flat on the last bar
 
 
-@pytest.mark.parametrize("runtime", ["numpy", "numba", "torch"])
+@pytest.mark.parametrize("runtime", ["numba", "torch"])
 def test_mamba2_streams_its_recurrent_state(compose_cfg, runtime):
     cfg, parts = _parts(compose_cfg, "mamba2")
     model = parts.model
@@ -80,10 +80,13 @@ def test_mamba2_streams_its_recurrent_state(compose_cfg, runtime):
     np.testing.assert_allclose(record.signals["mamba2"][ready], expected[ready], atol=1e-5, rtol=0)
 
 
-def test_tft_reuses_past_encodings_and_matches_the_windows(compose_cfg):
+@pytest.mark.parametrize("runtime", ["onnx", "torch"])
+def test_tft_reuses_past_encodings_and_matches_the_windows(compose_cfg, tmp_path, runtime):
     cfg, parts = _parts(compose_cfg, "tft")
     model = parts.model
-    record = replay_split(cfg, parts, member_of("tft", model, parts.dataset), "test")
+    member = member_of("tft", model, parts.dataset, runtime, workdir=tmp_path)
+    assert member.runtime == runtime
+    record = replay_split(cfg, parts, member, "test")
     batch = model.trading_positions(parts.datamodule, "test")
     np.testing.assert_array_equal(record.positions["tft"], batch)
     assert (batch != 0).sum() > len(batch) // 10

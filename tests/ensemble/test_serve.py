@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -37,13 +38,32 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
+SERVE = ["ensemble.serve.max_symbols=12", "ensemble.serve.max_bars_per_request=300", "ensemble.serve.max_body_bytes=200000"]
+
+
+def _raw(url: str, body: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+    request = urllib.request.Request(f"{url}/predict", data=body, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _get(url: str, path: str) -> dict:
+    with urllib.request.urlopen(f"{url}{path}", timeout=30) as response:
+        return json.loads(response.read())
+
+
 @pytest.fixture(scope="module")
 def server(store_root):
     cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     port = _free_port()
-    env = {**os.environ, "FOXHUNT_ROOT": str(store_root)}
-    process = subprocess.Popen([sys.executable, "-m", "foxhunt.cli", "ensemble", "serve", "--port", str(port), "asset=es", *DATA],
-                               cwd=store_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    env = {**os.environ, "FOXHUNT_ROOT": str(store_root), "TMPDIR": str(store_root / "tmp")}
+    (store_root / "tmp").mkdir(exist_ok=True)
+    process = subprocess.Popen([sys.executable, "-m", "foxhunt.cli", "ensemble", "serve", "--port", str(port), "asset=es",
+                                *DATA, *SERVE], cwd=store_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, 240, process)
@@ -91,11 +111,68 @@ def test_bad_bars_are_400_with_their_line_and_the_stream_goes_on(server):
     assert status == 200  # the stream took none of the bad bars
 
 
-def test_sigterm_stops_every_process_of_the_server(server):
+BAR = {"ts": "2024-01-02T15:00:00Z", "open": 4800.0, "high": 4800.5, "low": 4799.75, "close": 4800.25, "volume": 5}
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "line"),
+    [
+        (b"{not json", "application/json", 400, "body: not JSON"),
+        (b"", "application/json", 400, "body: empty"),
+        (b"\xff\xfe{}", "application/json", 400, "body: not UTF-8"),
+        (b"symbol=ES&close=1", "application/x-www-form-urlencoded", 400, "Content-Type application/x-www-form-urlencoded"),
+        (b"[1, 2]", "application/json", 400, "body: expected a JSON object"),
+        (b'{"symbol": "H1", "bar": {"ts": 1, "open": NaN, "high": 1, "low": 1, "close": 1, "volume": 1}}', "application/json", 400,
+         "NaN is not a JSON number"),
+        (json.dumps({"symbol": "H2", "bar": {**BAR, "close": 1e308}}).encode(), "application/json", 400, "close=1e+308: must be a finite price"),
+        (json.dumps({"symbol": "H3", "bar": {**BAR, "open": 10**400}}).encode(), "application/json", 400, "a number too large for a float"),
+        (json.dumps({"symbol": "H4", "bar": {**BAR, "ts": "9999-01-01T00:00:00Z"}}).encode(), "application/json", 400, "not an ISO-8601 time"),
+        (json.dumps({"symbol": "H5", "bar": {**BAR, "ts": 10**30}}).encode(), "application/json", 400, "outside the bar times"),
+        (json.dumps({"symbol": "H6", "bars": [BAR] * 301}).encode(), "application/json", 400, "301 bars in one request, at most 300"),
+        (b"{" + b'"pad": "' + b"x" * 250_000 + b'"}', "application/json", 413, "at most 200000 (ensemble.serve.max_body_bytes)"),
+    ],
+)  # fmt: skip
+def test_every_hostile_body_is_a_4xx_with_its_line_and_holds_nothing(server, body, content_type, status, line):
+    url, _ = server
+    before = _get(url, "/info")["symbols"]
+    got, answer = _raw(url, body, content_type)
+    assert got == status and line in answer["detail"], answer
+    assert "\n" not in answer["detail"]
+    assert _get(url, "/info")["symbols"] == before  # a refused request creates no stream
+
+
+def test_a_huge_timestamp_does_not_break_the_symbols_later_bars(server):
+    url, _ = server
+    assert _post(url, {"symbol": "LATER", "bar": BAR})[0] == 200
+    assert _post(url, {"symbol": "LATER", "bar": {**BAR, "ts": 10**30}})[0] == 400
+    assert _post(url, {"symbol": "LATER", "bar": {**BAR, "ts": "2024-01-02T15:01:00Z"}})[0] == 200
+
+
+def test_symbols_are_bounded_and_info_lists_the_fleet(server):
+    url, _ = server
+    info = _get(url, "/info")
+    assert set(info["members"]) == {"foxhunt-dqn-es", "foxhunt-ppo-es", "foxhunt-mamba2-es", "foxhunt-tft-es"}
+    assert all({"version", "run_id", "runtime", "weights"} <= set(m) for m in info["members"].values())
+    assert info["stream_bytes"] > 0 and "nbytes" in info["stream_bytes_method"] and info["uptime_s"] > 0
+    statuses = [_post(url, {"symbol": f"MANY{i}", "bar": BAR})[0] for i in range(14)]
+    assert statuses.count(429) >= 1 and _get(url, "/info")["symbols"] <= 12
+    status, body = _post(url, {"symbol": "MANY99", "bar": BAR})
+    assert status == 429 and "ensemble.serve.max_symbols" in body["detail"]
+
+
+def test_sigterm_answers_what_is_in_flight_and_exits_0_without_a_traceback(server, store_root):
     url, process = server
-    children = psutil.Process(process.pid).children(recursive=True)
-    assert children  # LitServe's API server and inference worker
+    import threading
+
+    bars = [{**BAR, "ts": 1704207660_000_000_000 + i * 60_000_000_000} for i in range(200)]  # after MANY0's 15:00 bar
+    answer = {}
+    thread = threading.Thread(target=lambda: answer.update(result=_post(url, {"symbol": "MANY0", "bars": bars})))
+    thread.start()
+    time.sleep(0.3)  # the request is in flight
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) is not None
-    for child in children:
-        wait_until(lambda child=child: process_gone(child.pid), f"server process {child.pid} exited")
+    thread.join(timeout=60)
+    assert answer["result"][0] == 200 and len(answer["result"][1]["results"]) == 200
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out[-2000:]
+    assert b"Traceback" not in out
+    assert not list((store_root / "tmp").glob("foxhunt-serve-*"))  # the fleet's copy removed

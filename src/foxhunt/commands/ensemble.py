@@ -12,7 +12,7 @@ logs an MLflow run (experiment ``ensemble.experiment``) with the table, the late
 equity PNG of the ensemble beside its members.
 
 ``foxhunt ensemble serve [OVERRIDES...] [--host 127.0.0.1] [--port 8080]`` answers bars over
-HTTP with the same fleet (:mod:`foxhunt.ensemble.serve`, LitServe): ``POST /predict`` a bar or a
+HTTP with the same fleet (:mod:`foxhunt.ensemble.serve`, uvicorn): ``POST /predict`` a bar or a
 batch of bars for a symbol, ``GET /health``; SIGTERM or Ctrl-C stops it.
 
 Overrides are Hydra overrides of ``conf/fleet.yaml`` (the training config plus ``conf/ensemble``):
@@ -145,23 +145,21 @@ def serve(
     overrides: list[str] | None = OVERRIDES,
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (127.0.0.1: this machine only)."),
     port: int = typer.Option(8080, help="Port to listen on."),
-    timeout: float = typer.Option(30.0, help="Seconds a request may take before it is answered 504."),
+    timeout: float = typer.Option(None, help="Seconds from a request's arrival to its answer (queue and fleet), else a 504 (default ensemble.serve.timeout_s)."),
 ) -> None:
-    """Serve the registered fleet over HTTP: POST /predict bars for a symbol, GET /health."""
-    from foxhunt.ensemble.fleet import load_fleet
+    """Serve the registered fleet over HTTP: POST /predict bars for a symbol, GET /health, GET /info."""
+    from foxhunt.ensemble.serve import FleetService, Limits, check_address, run
 
     cfg = _compose("serve", overrides)
     _check_store("serve", cfg)
     ens = cfg.ensemble
-    # the fleet loads here first: a missing version or a damaged file is one line now, not a
-    # worker that fails to start after the URL was printed
-    with _reported("serve"), tempfile.TemporaryDirectory(prefix="foxhunt-serve-check-") as scratch:
-        load_fleet(cfg, Path(scratch))
-    from foxhunt.ensemble.serve import serve as run_server
-
-    typer.echo(f"foxhunt ensemble serve: {', '.join(map(str, ens.models))} for {cfg.asset.key} on http://{host}:{port} "
-               "(POST /predict, GET /health)")  # fmt: skip
-    run_server(cfg, host, port, timeout)
+    with tempfile.TemporaryDirectory(prefix="foxhunt-serve-") as workdir:  # removed on exit, whatever ends the server
+        with _reported("serve"):  # the fleet loads before the URL is printed: a bad version is one line here
+            check_address(host, port)
+            service = FleetService(cfg, Path(workdir), Limits.from_config(ens.serve, timeout))
+        typer.echo(f"foxhunt ensemble serve: {', '.join(map(str, ens.models))} for {cfg.asset.key} on http://{host}:{port} "
+                   f"(POST /predict, GET /health, GET /info); one symbol's stream holds {service.stream_bytes:,} bytes")  # fmt: skip
+        run(service, host, port)
 
 
 @ensemble_app.command()

@@ -403,7 +403,19 @@ class EnsembleValidate(_Strict):
     probe_calls: PositiveInt
     int8_max_slowdown: PositiveFloat
     int8_min_cut_pct: Annotated[float, Field(ge=0, lt=100)]
+    int8_min_agreement: Annotated[float, Field(ge=0, le=1)]
     record_choice: bool
+
+
+class ServeSection(_Strict):
+    max_symbols: PositiveInt
+    symbols: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,32}$")]] | None
+    idle_evict_s: PositiveFloat | None
+    max_bars_per_request: PositiveInt
+    max_body_bytes: PositiveInt
+    max_batch: PositiveInt
+    timeout_s: PositiveFloat
+    shutdown_grace_s: NonNegativeFloat
 
 
 class EnsembleSection(_Strict):
@@ -426,6 +438,7 @@ class EnsembleSection(_Strict):
     experiment: str = Field(min_length=1)
     plot_equity: bool
     validate_: EnsembleValidate = Field(alias="validate")
+    serve: ServeSection
 
     @model_validator(mode="after")
     def _consistent(self) -> "EnsembleSection":

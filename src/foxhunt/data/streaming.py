@@ -56,6 +56,11 @@ from foxhunt.data.features import (
 NS_PER_S = 1_000_000_000
 BAR_INTERVAL_NS = int(BAR_INTERVAL / np.timedelta64(1, "ns"))
 KNOWN_CACHE_MINUTES = 4096  # memoised calendar rows (the decoder's future minutes reuse them)
+#: The bar times a stream reads: 1970-01-01 .. 2200-01-01 UTC (within int64 nanoseconds, and the
+#: exchange calendars' range).
+MIN_TS_NS, MAX_TS_NS = 0, 7_258_118_400 * NS_PER_S
+MAX_PRICE_TICKS = 2**53  # a price is an exact count of ticks in float64 below this
+MAX_VOLUME = 1e15  # contracts in one bar
 
 
 class _RunningMean:
@@ -147,11 +152,11 @@ class KnownCalendar:
 class StreamingFeatures:
     """Raw features of each new bar (see the module doc). ``origin`` names the stream in errors."""
 
-    def __init__(self, asset: AssetSpec, cfg: Any, origin: str = "bar stream") -> None:
+    def __init__(self, asset: AssetSpec, cfg: Any, origin: str = "bar stream", calendar: KnownCalendar | None = None) -> None:
         self.asset = asset
         self.cfg = FeatureConfig.from_config(cfg)
         self.origin = origin
-        self.calendar = KnownCalendar(asset, self.cfg)
+        self.calendar = calendar or KnownCalendar(asset, self.cfg)  # shareable: it depends on the asset and config only
         self.static = static_features(asset)
         self.groups = feature_groups()
         self._static, self._known, self._observed = (_index(self.groups[g]) for g in ("static", "known", "observed"))
@@ -161,19 +166,29 @@ class StreamingFeatures:
         self.last_ts: int | None = None
         self.bars = 0  # bars accepted so far
 
+    def state_bytes(self) -> int:
+        """Bytes this stream's trailing windows hold (``sys.getsizeof`` of each deque and of
+        its float entries); the calendar, which streams of one asset share, is not counted."""
+        import sys
+
+        deques = (self._log_closes, self._square_returns.values, self._volumes.values)
+        return int(sum(sys.getsizeof(d) + sum(sys.getsizeof(v) for v in d) for d in deques))
+
     def check(self, ts_ns: int, open_: float, high: float, low: float, close: float, volume: float) -> None:
         """Raise BarDataError for a bar the stream cannot accept (nothing is changed)."""
+        if not MIN_TS_NS <= ts_ns <= MAX_TS_NS:
+            self._reject(ts_ns, f"ts={ts_ns}: outside the bar times this stream reads ({_utc(MIN_TS_NS)} .. {_utc(MAX_TS_NS)})")
         if self.last_ts is not None and ts_ns <= self.last_ts:
             self._reject(ts_ns, f"out of order, not after the previous bar at {_utc(self.last_ts)}")
         tick = self.asset.tick_size
         for name, value in (("open", open_), ("high", high), ("low", low), ("close", close)):
-            if not (math.isfinite(value) and value > 0):
-                self._reject(ts_ns, f"{name}={value!r}: must be a finite price > 0")
+            if not (math.isfinite(value) and 0 < value < tick * MAX_PRICE_TICKS):
+                self._reject(ts_ns, f"{name}={value!r}: must be a finite price > 0 and below {tick * MAX_PRICE_TICKS:g}")
             ticks = value / tick
             if abs(ticks - round(ticks)) > TICK_TOLERANCE:
                 self._reject(ts_ns, f"{name}={value!r} is off the tick grid of {self.asset.key} (tick {tick})")
-        if not (math.isfinite(volume) and volume >= 0):
-            self._reject(ts_ns, f"volume={volume!r}: must be finite and >= 0")
+        if not (math.isfinite(volume) and 0 <= volume < MAX_VOLUME):
+            self._reject(ts_ns, f"volume={volume!r}: must be finite, >= 0 and below {MAX_VOLUME:g}")
         if high < low or high < max(open_, close) or low > min(open_, close):
             self._reject(ts_ns, f"high={high}, low={low} do not bound open={open_}, close={close}")
 
@@ -219,6 +234,8 @@ def _index(columns: list[int]) -> slice | np.ndarray:
 
 
 def _utc(ts_ns: int) -> str:
+    if not MIN_TS_NS <= ts_ns <= MAX_TS_NS:
+        return f"ts {ts_ns}"
     return f"{np.datetime64(ts_ns, 'ns').astype('datetime64[s]')}Z"
 
 

@@ -5,8 +5,8 @@ or the version ``ensemble.versions`` names), rebuilds its model from the version
 (:func:`rebuild_model`: the stored config, validated by today's schema; the weights, loaded with
 ``torch.load(weights_only=True)``; int8-trained weights through their quantized layers, then
 back to plain fp32), moves it to ``ensemble.device`` in eval mode and wraps it in a
-:class:`~foxhunt.ensemble.members.Member`. With ``ensemble.weights=int8`` a member is an int8
-inference copy (:func:`foxhunt.precision.inference.int8_inference_model`); with ``auto`` (the
+:class:`~foxhunt.ensemble.members.Member`, whose runtime holds its weights (fp32, or with
+``ensemble.weights=int8`` int8: :mod:`foxhunt.ensemble.members` says how per family); with ``auto`` (the
 default) each member loads the weights ``foxhunt ensemble validate`` measured to pay for it
 (its version's ``weights_choice`` tag: int8 only when its step is at most
 ``ensemble.validate.int8_max_slowdown`` x fp32's and its footprint at least
@@ -19,7 +19,6 @@ missing or damaged file of a version (:mod:`foxhunt.ensemble.member_files`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from importlib import resources
@@ -74,10 +73,6 @@ class FleetMember:
     precision: str  # what it was trained in
     holdout: float | None = None  # the lockbox its training run kept (evaluation.holdout)
 
-    def fork(self) -> "FleetMember":
-        """The same member with a stream of its own (shared weights)."""
-        return dataclasses.replace(self, member=self.member.fork())
-
 
 def int8_policy():
     """The int8 policy of ``conf/precision/int8.yaml``: its layer rule picks the layers an int8
@@ -90,20 +85,17 @@ def int8_policy():
 
 
 def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime: str, device: str,
-                 probe_calls: int) -> tuple[Member, MemberInputs, dict[str, Any]]:  # fmt: skip
-    """A member from a version's model folder (``<folder>/artifacts/...``)."""
+                 probe_calls: int, threads: int = 1) -> tuple[Member, MemberInputs, dict[str, Any]]:  # fmt: skip
+    """A member from a version's model folder (``<folder>/artifacts/...``): its fp32 model, and
+    its runtime's ``weights`` (fp32 or int8; :mod:`foxhunt.ensemble.members`); a TFT's ONNX
+    graphs go beside the folder."""
     from foxhunt.data.features import FeatureConfig
 
     files = MemberFiles.read(folder / ARTIFACTS_DIR, name)
     info, cfg, record = files.info, files.cfg, files.record
     if info["asset"] != asset_key:
         raise RegistryError(f"{name}: trained on {info['asset']}, the bars are {asset_key} (asset={asset_key})")
-    model = rebuild_model(cfg, files.state, origin=name)
-    if weights == "int8":
-        from foxhunt.precision.inference import int8_inference_model
-
-        model = int8_inference_model(model, int8_policy())
-    model = model.to(device).eval()
+    model = rebuild_model(cfg, files.state, origin=name).to(device).eval()
     inputs = MemberInputs(
         feature_config=FeatureConfig(**record["feature_config"]),
         observed_mean=np.asarray(record["observed_mean"], dtype=np.float64),
@@ -111,7 +103,8 @@ def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime:
         groups={g: list(v) for g, v in record["groups"].items()},
     )
     family = str(cfg.model.name)
-    member = make_member(family, name, model, weights, info.get("value"), runtime, probe_calls, inputs.groups)
+    member = make_member(family, name, model, weights, info.get("value"), runtime, probe_calls, inputs.groups,
+                         workdir=folder.parent, threads=threads)  # fmt: skip
     if member is None:
         raise RegistryError(f"{name}: model family {family!r} has no streaming member")
     return member, inputs, {**info, "holdout": cfg.evaluation.get("holdout")}
@@ -132,9 +125,8 @@ def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
         folder, found = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias), version, workdir / name)
         weights, why = weights_to_load(str(ens.weights), found)
         log.info("%s v%s: %s weights (%s)", name, found.version, weights, why)
-        member, inputs, info = build_member(
-            folder, name, asset_key, weights, str(ens.runtime), str(ens.device), int(ens.runtime_probe_calls)
-        )
+        member, inputs, info = build_member(folder, name, asset_key, weights, str(ens.runtime), str(ens.device),
+                                            int(ens.runtime_probe_calls), int(ens.torch_threads or 1))  # fmt: skip
         fleet.append(
             FleetMember(member, inputs, name, str(found.version), info["run_id"], info["metric"], info.get("value"),
                         info["precision"], info["holdout"])  # fmt: skip

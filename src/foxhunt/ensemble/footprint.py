@@ -5,9 +5,11 @@ The method is the seed's: take a baseline, load the registered members one by on
 what each adds. Per member, after it has streamed ``ensemble.validate.warm_bars`` bars (so its
 streaming state is full: the TFT's 50 encodings, Mamba-2's state):
 
-- ``tensors``: bytes of the module's parameters and buffers (unique storages; an int8 copy's
-  quantized weights through their inner tensors: :mod:`foxhunt.memory.accounting`);
-- ``runtime``: bytes of the weight copies its numpy / numba runtime holds (numpy ``nbytes``);
+- ``tensors``: bytes of the torch module's parameters and buffers when its runtime is torch
+  (unique storages; an int8 copy's quantized weights through their inner tensors:
+  :mod:`foxhunt.memory.accounting`); a member whose runtime holds the weights drops its module;
+- ``runtime``: bytes of the weights its numba / numpy runtime holds (numpy ``nbytes``: int8
+  codes and their scales for int8) or its ONNX Runtime graphs hold (their initializers' bytes);
 - ``state``: bytes of what it keeps between bars;
 - ``step peak``: the most memory one more step holds at once beyond that, temporaries included:
   :class:`foxhunt.memory.allocations.AllocationPeak` (a dispatch mode that sees every allocation
@@ -55,6 +57,7 @@ class MemberFootprint:
     runtime: str
     cuda_allocated_delta: int | None = None
     nvml_delta: int | None = None
+    positions: np.ndarray | None = None  # its positions on the warm bars (int8 is compared with fp32 on them)
 
     @property
     def footprint_bytes(self) -> int:
@@ -90,23 +93,23 @@ def _rss() -> int | None:
         return None
 
 
-def _step_peak(member, bar) -> tuple[int, str]:
-    """Bytes one more step holds at its peak beyond what was live before it, and how measured."""
+def _step_peak(member, step) -> tuple[int, str]:
+    """Bytes one more ``step()`` holds at its peak beyond what was live before it, and how measured."""
     if member.runtime == "torch":
         from foxhunt.memory.allocations import AllocationPeak
 
         with AllocationPeak() as meter:
-            member.step(bar)
+            step()
         return meter.peak_bytes, "AllocationPeak (a TorchDispatchMode): peak of the tensors the step allocated, equal to torch's MemTracker"
     tracemalloc.start()
     try:
-        member.step(bar)
+        step()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     how = "tracemalloc peak of the step's numpy arrays"
-    if member.runtime == "numba":
-        how += " (numba's own work arrays untraced: a floor)"
+    if member.runtime in ("numba", "onnx"):
+        how += f" ({member.runtime}'s own work buffers untraced: a floor)"
     return int(peak), how
 
 
@@ -139,40 +142,57 @@ class LoadProbe:
         )
 
 
-def member_bars(raw_bars, asset, inputs, count: int) -> list:
-    """The member's inputs (BarInputs) for the first ``count`` bars of ``raw_bars`` that have
-    features (after the warm-up), normalized with its statistics."""
+@dataclass
+class MemberBars:
+    """A member's inputs for some bars: normalized rows (N, F) float32, their starts (N,) and
+    the calendar their future minutes are read from."""
+
+    rows: np.ndarray
+    ts: np.ndarray
+    calendar: object
+
+    def step(self, member, slot: int, i: int):
+        """Bar ``i`` into ``member``'s stream in ``slot``."""
+        ts = self.ts[i : i + 1]
+        return member.step(self.rows[i : i + 1], np.array([slot]), ts, lambda k, h: self.calendar.future(int(ts[k]), h))
+
+
+def member_bars(raw_bars, asset, inputs, count: int) -> MemberBars:
+    """The member's inputs for the first ``count`` bars of ``raw_bars`` that have features
+    (after the warm-up), normalized with its statistics."""
     from foxhunt.data.streaming import StreamingFeatures, normalize
-    from foxhunt.ensemble.members import BarInputs
 
     stream = StreamingFeatures(asset, inputs.feature_config, origin="validate bars")
     offset, scale = inputs.normalizer()
-    bars = []
-    stamps = raw_bars.index.as_unit("ns").asi8.tolist()
-    for ts, row in zip(stamps, raw_bars[["open", "high", "low", "close", "volume"]].to_numpy().tolist()):
+    rows, stamps = [], []
+    for ts, row in zip(raw_bars.index.as_unit("ns").asi8.tolist(), raw_bars[["open", "high", "low", "close", "volume"]].to_numpy().tolist()):
         raw = stream.update(ts, *row)
         if raw is not None:
-            bars.append(BarInputs(normalize(raw, offset, scale), ts, lambda h, c=stream.calendar, t=ts: c.future(t, h)))
-        if len(bars) >= count:
+            rows.append(normalize(raw, offset, scale))
+            stamps.append(ts)
+        if len(rows) >= count:
             break
-    return bars
+    return MemberBars(np.stack(rows), np.asarray(stamps, np.int64), stream.calendar)
 
 
-def measure_member(member, weights: str, bars: list, probe_calls: int, loaded: LoadDelta) -> MemberFootprint:
-    """Stream ``bars`` through ``member`` (its state fills), then measure it (the module doc)."""
-    for bar in bars:
-        member.step(bar)
-    peak, how = _step_peak(member, bars[-1])
+def measure_member(member, weights: str, bars: MemberBars, probe_calls: int, loaded: LoadDelta) -> MemberFootprint:
+    """Stream ``bars`` through a stream of ``member`` (its state fills), then measure it (the module doc)."""
+    slot = member.new_slot()
+    positions = np.array([bars.step(member, slot, i)[0].position for i in range(len(bars.ts))], np.int8)
+    last = len(bars.ts) - 1
+    peak, how = _step_peak(member, lambda: bars.step(member, slot, last))
     times = []
     for _ in range(probe_calls):
         started = time.perf_counter_ns()
-        member.step(bars[-1])
+        bars.step(member, slot, last)
         times.append(time.perf_counter_ns() - started)
+    member.free_slot(slot)
+    tensors = module_bytes(member.module) if member.module is not None else 0
     return MemberFootprint(
-        name=member.name, family=member.family, weights=weights, tensor_bytes=module_bytes(member.module),
+        name=member.name, family=member.family, weights=weights, tensor_bytes=tensors,
         runtime_bytes=member.runtime_bytes(), state_bytes=member.state_bytes(), step_peak_bytes=peak,
         step_peak_method=how, rss_delta_bytes=loaded.rss, step_p50_us=float(np.median(times)) / 1e3,
-        runtime=member.runtime, cuda_allocated_delta=loaded.cuda_allocated, nvml_delta=loaded.nvml,
+        runtime=member.runtime, cuda_allocated_delta=loaded.cuda_allocated, nvml_delta=loaded.nvml, positions=positions,
     )  # fmt: skip
 
 
@@ -248,8 +268,9 @@ def report_text(footprint: FleetFootprint, budget, targets: dict[str, float | No
         lines.append(f"capacity int8 / fp32 (whole fleet): {ratio:.2f}x")
         metrics["capacity/fleet_int8_over_fp32"] = ratio
     methods = sorted({m.step_peak_method for ms in footprint.members.values() for m in ms})
-    lines.append("how: MB = tensors (parameter and buffer bytes) + runtime (numpy/numba weight copies) + state (kept between "
-                 "bars) + peak (one step's temporaries: " + "; ".join(methods) + "); RSS +MB = psutil RSS delta of loading it")  # fmt: skip
+    lines.append("how: MB = tensors (torch parameter and buffer bytes, a torch runtime's) + runtime (numba/numpy weight "
+                 "arrays, ONNX Runtime graph initializers) + state (one stream's, kept between bars) + peak (one step's "
+                 "temporaries: " + "; ".join(methods) + "); RSS +MB = psutil RSS delta of loading it")  # fmt: skip
     lines += footprint.notes
     return "\n".join(lines), metrics, fits["fp32"] or fits.get("int8", False)
 
@@ -271,7 +292,7 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
     device = str(ens.device)
     if ens.torch_threads is not None:
         torch.set_num_threads(int(ens.torch_threads))
-    raw_bars = instantiate(cfg.data.source).load(asset).iloc[: int(cfg.data.features.volume_bars) + int(settings.warm_bars) + 200]
+    raw_bars = instantiate(cfg.data.source).load(asset).iloc[: int(cfg.data.features.volume_bars) + int(settings.warm_bars) + 200]  # the warm-up and the warm bars
     result = FleetFootprint(baseline_rss_bytes=_rss())
     if device.startswith("cuda") and torch.cuda.is_available():
         before = _nvml_used(device)
@@ -289,7 +310,7 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
         for name, folder in folders.items():
             probe = LoadProbe(device)
             member, inputs, _ = build_member(folder, name, str(asset.key), weights, str(ens.runtime), device,
-                                             int(ens.runtime_probe_calls))  # fmt: skip
+                                             int(ens.runtime_probe_calls), int(ens.torch_threads or 1))  # fmt: skip
             loaded = probe.delta()
             bars = member_bars(raw_bars, asset, inputs, int(settings.warm_bars))
             result.members[weights].append(measure_member(member, weights, bars, int(settings.probe_calls), loaded))
@@ -297,7 +318,7 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
         del loaded_members
     targets = {str(f): model_memory_target(str(f)) for f in ens.models}
     text, metrics, _ = report_text(result, budget, targets)
-    limits = float(settings.int8_max_slowdown), float(settings.int8_min_cut_pct)
+    limits = float(settings.int8_max_slowdown), float(settings.int8_min_cut_pct), float(settings.int8_min_agreement)
     choices = int8_choices(result, *limits)
     text += "\n" + "\n".join(int8_verdicts(choices, *limits))
     if str(ens.weights) == "auto":  # the fleet as it will load: each member's choice
@@ -314,27 +335,34 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
     return text, metrics, fits
 
 
-def int8_choices(footprint: FleetFootprint, max_slowdown: float, min_cut_pct: float) -> dict[str, tuple[str, str]]:
+def int8_choices(footprint: FleetFootprint, max_slowdown: float, min_cut_pct: float,
+                 min_agreement: float = 0.0) -> dict[str, tuple[str, str]]:  # fmt: skip
     """Per member, the weights that pay (``int8`` when its measured step p50 is at most
-    ``max_slowdown`` x fp32's and its footprint at least ``min_cut_pct`` % smaller, else
-    ``fp32``) and the measured reason, in one line."""
+    ``max_slowdown`` x fp32's, its footprint at least ``min_cut_pct`` % smaller and its positions
+    equal fp32's on at least ``min_agreement`` of the warm bars, else ``fp32``) and the measured
+    reason, in one line."""
     choices = {}
     for fp32 in footprint.members["fp32"]:
         int8 = next(m for m in footprint.members["int8"] if m.name == fp32.name)
         slowdown = int8.step_p50_us / fp32.step_p50_us
         cut = 100 * (1 - int8.footprint_bytes / fp32.footprint_bytes)
-        pays = slowdown <= max_slowdown and cut >= min_cut_pct
+        agree = float(np.mean(int8.positions == fp32.positions)) if fp32.positions is not None and int8.positions is not None else 1.0
+        pays = slowdown <= max_slowdown and cut >= min_cut_pct and agree >= min_agreement
+        bars = 0 if fp32.positions is None else len(fp32.positions)
         choices[fp32.name] = ("int8" if pays else "fp32", (
             f"int8 step {int8.step_p50_us:.1f} us vs {fp32.step_p50_us:.1f} us = {slowdown:.2f}x (at most {max_slowdown:.2f}x), "
-            f"footprint {int8.footprint_mb:.2f} vs {fp32.footprint_mb:.2f} MB = {cut:.1f}% less (at least {min_cut_pct:.0f}%); "
+            f"footprint {int8.footprint_mb:.2f} vs {fp32.footprint_mb:.2f} MB = {cut:.1f}% less (at least {min_cut_pct:.0f}%), "
+            f"positions equal on {100 * agree:.1f}% of {bars} bars (at least {100 * min_agreement:.0f}%); "
             f"runtimes {int8.runtime} / {fp32.runtime}"
         ))  # fmt: skip
     return choices
 
 
-def int8_verdicts(choices: dict[str, tuple[str, str]], max_slowdown: float, min_cut_pct: float) -> list[str]:
+def int8_verdicts(choices: dict[str, tuple[str, str]], max_slowdown: float, min_cut_pct: float,
+                  min_agreement: float = 0.0) -> list[str]:  # fmt: skip
     """The choices as report lines."""
-    lines = [f"int8 where it pays (step p50 at most {max_slowdown:.2f}x fp32's and footprint at least {min_cut_pct:.0f}% smaller):"]
+    lines = [f"int8 where it pays (step p50 at most {max_slowdown:.2f}x fp32's, footprint at least {min_cut_pct:.0f}% smaller, "
+             f"positions equal on at least {100 * min_agreement:.0f}% of the bars):"]  # fmt: skip
     lines += [f"  {name}: {choice} ({reason})" for name, (choice, reason) in choices.items()]
     return lines
 

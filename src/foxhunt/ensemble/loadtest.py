@@ -23,6 +23,9 @@ from urllib.parse import urlparse
 import numpy as np
 
 
+SERVER_PARTS = ("read_parse", "queue", "fleet_batch", "handler")
+
+
 @dataclass
 class LoadResult:
     clients: int
@@ -33,6 +36,7 @@ class LoadResult:
     wall_s: float
     latencies_ms: np.ndarray
     first_errors: list[str] = field(default_factory=list)
+    server_ms: dict[str, np.ndarray] = field(default_factory=dict)  # the server's own timing of each answer, by part
 
     @property
     def throughput(self) -> float:
@@ -46,6 +50,12 @@ class LoadResult:
             f"round trip p50 {p50:.2f} ms, p99 {p99:.2f} ms (time.perf_counter_ns per request, client side); "
             f"throughput {self.throughput:.1f} requests/s over {self.wall_s:.1f} s",
         ]
+        parts = {k: v for k, v in self.server_ms.items() if v.size}
+        if parts:
+            lines.append("where the time went, p50 per request (the server's time.perf_counter_ns, in each answer's timing_us): "
+                         + ", ".join(f"{k} {np.percentile(v, 50):.2f} ms" for k, v in parts.items())
+                         + f"; the rest of the round trip (HTTP, loopback, client): {p50 - np.percentile(parts['handler'], 50):.2f} ms"
+                         if "handler" in parts else "")  # fmt: skip
         return "\n".join(lines + [f"  {e}" for e in self.first_errors])
 
 
@@ -63,7 +73,7 @@ def expected_answers(record, names: list[str]) -> list[dict]:
 def _client(url: str, symbol: str, bars: list[dict], expected: list[dict], out: dict, lock) -> None:
     parsed = urlparse(url)
     conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
-    latencies, answered, errors, wrong, notes = [], 0, 0, 0, []
+    latencies, answered, errors, wrong, notes, timings = [], 0, 0, 0, [], []
     for bar, want in zip(bars, expected):
         body = json.dumps({"symbol": symbol, "bar": bar})
         started = time.perf_counter_ns()
@@ -83,7 +93,9 @@ def _client(url: str, symbol: str, bars: list[dict], expected: list[dict], out: 
             notes.append(f"{symbol} ts {bar['ts']}: HTTP {response.status} {payload[:200]!r}")
             continue
         answered += 1
-        (result,) = json.loads(payload)["results"]
+        answer = json.loads(payload)
+        timings.append(answer.get("timing_us", {}))
+        (result,) = answer["results"]
         got = {"warm": result["warm"], "position": result["position"],
                "members": {n: m["position"] for n, m in result["members"].items()}}  # fmt: skip
         if got != want:
@@ -91,6 +103,7 @@ def _client(url: str, symbol: str, bars: list[dict], expected: list[dict], out: 
             notes.append(f"{symbol} ts {bar['ts']}: got {got}, the replay {want}")
     conn.close()
     with lock:
+        out["timings"].extend(timings)
         out["latencies"].extend(latencies)
         out["answered"] += answered
         out["errors"] += errors
@@ -106,7 +119,7 @@ def run_load(url: str, bars_frame, record, member_names: list[str], clients: int
     bars = [{"ts": int(ts), "open": v[0], "high": v[1], "low": v[2], "close": v[3], "volume": v[4]}
             for ts, v in zip(stamps.tolist(), values.tolist())]  # fmt: skip
     expected = expected_answers(record, member_names)
-    out = {"latencies": [], "answered": 0, "errors": 0, "wrong": 0, "notes": []}
+    out = {"latencies": [], "answered": 0, "errors": 0, "wrong": 0, "notes": [], "timings": []}
     lock = threading.Lock()
     threads = [threading.Thread(target=_client, args=(url, f"LOAD{i}", bars, expected, out, lock)) for i in range(clients)]
     started = time.perf_counter()
@@ -116,8 +129,9 @@ def run_load(url: str, bars_frame, record, member_names: list[str], clients: int
         thread.join()
     wall = time.perf_counter() - started
     latencies = np.asarray(out["latencies"])
+    server = {key: np.asarray([t[key] for t in out["timings"] if key in t]) / 1e3 for key in SERVER_PARTS}
     return LoadResult(clients, clients * len(bars), out["answered"], out["errors"], out["wrong"], wall, latencies,
-                      out["notes"][:5])  # fmt: skip
+                      out["notes"][:5], server)  # fmt: skip
 
 
 def wait_healthy(url: str, timeout_s: float, process=None) -> float:
@@ -171,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as workdir:
         fleet = load_fleet(cfg, Path(workdir))
         record = replay_bars(fleet_engine(fleet, asset, cfg, origin="load test replay"), bars)
+        batched = batched_minutes(fleet_engine(fleet, asset, cfg, origin="load test"), bars, args.clients)
     names = [f.member.name for f in fleet]
     server, url = None, args.url
     if url is None:
@@ -189,4 +204,40 @@ def main(argv: list[str] | None = None) -> int:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
     print(result.text())
+    print(side_by_side(record, batched, result))
     return 0 if result.errors == 0 and result.wrong == 0 and result.answered == result.requests else 1
+
+
+def batched_minutes(engine, bars_frame, streams: int) -> np.ndarray:
+    """In process, ``streams`` symbols reading the same bars, each minute stepped together
+    (:meth:`~foxhunt.ensemble.engine.StreamingEngine.step_many`): ms per minute, the warm ones."""
+    stamps = bars_frame.index.as_unit("ns").asi8.tolist()
+    values = bars_frame[["open", "high", "low", "close", "volume"]].to_numpy(dtype=np.float64).tolist()
+    opened = [engine.open_stream(f"LOAD{i}") for i in range(streams)]
+    times = []
+    for ts, row in zip(stamps, values):
+        started = time.perf_counter_ns()
+        results = engine.step_many([(s, (ts, *row)) for s in opened])
+        if results[0].warm:
+            times.append((time.perf_counter_ns() - started) / 1e6)
+    return np.asarray(times)
+
+
+def side_by_side(record, batched: np.ndarray, result: LoadResult) -> str:
+    """The HTTP round trip beside the in-process fleet on the same bars: one stream (the replay's
+    ``time.perf_counter_ns`` per bar, warm bars) and as many streams as clients, each minute
+    stepped together (what the server's batches do); the goals: p50 within 2 ms, p99 within 2x."""
+    from foxhunt.ensemble.replay import latency_us
+
+    fleet = latency_us(record.total_ns, record.warm_bars)
+    p50, p99 = (float(np.percentile(result.latencies_ms, q)) for q in (50, 99))
+    inner50, inner99 = fleet["p50"] / 1e3, fleet["p99"] / 1e3
+    many50, many99 = (float(np.percentile(batched, q)) for q in (50, 99))
+    return "\n".join([
+        f"in process, one stream (replay): per bar p50 {inner50:.2f} ms, p99 {inner99:.2f} ms",
+        f"in process, {result.clients} streams stepped together: per minute p50 {many50:.2f} ms, p99 {many99:.2f} ms",
+        f"HTTP round trip, {result.clients} clients: p50 {p50:.2f} ms, p99 {p99:.2f} ms; over the {result.clients}-stream "
+        f"in-process figures: p50 +{p50 - many50:.2f} ms ({'met' if p50 <= many50 + 2 else 'missed'}: +2 ms), "
+        f"p99 {p99 / many99:.2f}x ({'met' if p99 <= 2 * many99 else 'missed'}: 2x); over one stream's: "
+        f"p50 +{p50 - inner50:.2f} ms, p99 {p99 / inner99:.2f}x",
+    ])  # fmt: skip

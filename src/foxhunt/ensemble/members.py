@@ -1,48 +1,57 @@
-"""One fleet member: a trained model that decides on one new bar at a time.
+"""One fleet member: a trained model that decides on one new bar at a time, for many streams.
 
-A member keeps what its model needs between bars and turns each bar into a :class:`Decision`
-(the position it holds from this bar to the next; forecasters also their quantile forecast),
-the same decisions the model's batch path (``trading_positions``) makes over a split:
+A member holds its model's weights once and the streaming state of every stream (a symbol of a
+feed, a replay) in a **state pool**: arrays with one slot per stream (:meth:`Member.new_slot`,
+:meth:`Member.free_slot`). :meth:`Member.step` takes one bar of each of B streams (their input
+rows, their slots) and answers each with a :class:`Decision` (the position held from this bar
+to the next; forecasters also their quantile forecast), in one batched call: the weights are
+read once per batch, the per-call overhead paid once. The decisions are those of the model's
+batch path (``trading_positions``) over a split:
 
 - :class:`AgentMember` (DQN, PPO): the greedy action of the acting network on the bar's
   features and the position held, as the greedy walk;
-- :class:`Mamba2Member`: advances the recurrent state by one ``step`` per bar (the model
-  trades as it streams, :mod:`foxhunt.models.mamba2`);
-- :class:`TFTMember`: keeps the per-bar encoder selections of the last ``seq_len`` bars and
-  the decoder selections of the future minutes it has already seen (both position-wise, so
-  equal in every window that holds them): a new bar computes one encoder selection and one
-  new future minute, then the LSTM encoder-decoder, attention and heads of the window.
+- :class:`Mamba2Member`: advances the recurrent state by one step per bar;
+- :class:`TFTMember`: keeps the per-bar encoder selections of the last ``seq_len`` bars (a ring
+  per slot) and the decoder selections of the future minutes already seen (shared: the known
+  calendar is the asset's, the same for every stream); a new bar computes one encoder
+  selection, the selections of the minutes not seen, then the LSTM encoder-decoder, attention
+  and heads of the window.
 
-Forecasters decide once ``seq_len`` bars have arrived since the last :meth:`Member.reset`
-(flat before), as the batch path, whose first ``seq_len - 1`` bars of a split are flat.
+Forecasters decide once ``seq_len`` bars have arrived since the slot was reset (flat before),
+as the batch path, whose first ``seq_len - 1`` bars of a split are flat.
 
-Agents run in numpy or torch, Mamba-2 in numpy, numba or torch (:mod:`foxhunt.ensemble.runtimes`);
-with ``runtime=auto`` the member times each on its own inputs when it is built and keeps the
-fastest, saying so in :attr:`Member.runtime_note`. The TFT runs in torch.
+**Runtimes** (:data:`RUNTIMES`): the agents and Mamba-2 run in numba (:mod:`foxhunt.ensemble.kernels`),
+numpy or torch; the TFT in ONNX Runtime (:mod:`foxhunt.ensemble.onnx_runtime`) or torch. With
+``runtime=auto`` the member times each candidate on its own inputs when it is built and keeps
+the fastest, saying so in :attr:`Member.runtime_note`. **int8** (``weights="int8"``): the agents'
+and Mamba-2's weight matrices as int8 with one scale per row in the numba kernels (weight-only:
+activations stay float32), the TFT's graphs quantized by ONNX Runtime; the member whose model
+arrived as a torchao int8 copy (:mod:`foxhunt.precision.inference`) runs it in torch. A member
+whose runtime holds the weights itself drops its torch module (:attr:`Member.module` is None):
+the bytes that stay resident are the runtime's.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from foxhunt.ensemble.runtimes import (
-    NumbaMamba2,
-    NumpyMamba2,
-    NumpyMLP,
-    UnsupportedModule,
-)
+from foxhunt.ensemble.kernels import linear, mamba2_step, quantize_rows
+from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, UnsupportedModule, mamba2_arrays, mlp_layers
 
-RUNTIMES = ("auto", "numpy", "numba", "torch")
+RUNTIMES = ("auto", "numba", "numpy", "onnx", "torch")
 NS_PER_MINUTE = 60_000_000_000
+POOL_GROWTH = 2  # a full pool grows to this many times its slots
+FUTURE_CACHE_MINUTES = 4096  # the TFT's shared decoder selections kept (minute -> selection)
+FUTURE_BLOCK = 64  # future minutes whose decoder selections the TFT computes ahead, in one call
 
 
 @dataclass(frozen=True)
@@ -56,18 +65,20 @@ class Decision:
     signal: float | None = None
 
 
-@dataclass(frozen=True)
-class BarInputs:
-    """What the engine hands every member for one bar: the model's input row (float32, the
-    16 features normalized with the member's statistics), the bar's start (UTC ns) and the
-    calendar of future minutes (``future(horizon) -> (horizon, 8)`` float32)."""
-
-    row: np.ndarray
-    ts_ns: int
-    future: Callable[[int], np.ndarray]
+#: future(i, horizon) -> (horizon, 8) float32: the known calendar of the ``horizon`` minutes after
+#: the bar of stream i of the batch.
+Future = Callable[[int, int], np.ndarray]
 
 
-def _median_p50_us(call: Callable[[], Any], calls: int) -> float:
+def int8_torch_copy(module):
+    """The torchao int8 inference copy of a model (the torch runtime's int8 weights)."""
+    from foxhunt.ensemble.fleet import int8_policy
+    from foxhunt.precision.inference import int8_inference_model
+
+    return int8_inference_model(module, int8_policy())
+
+
+def _median_us(call: Callable[[], Any], calls: int) -> float:
     times = []
     for _ in range(calls):
         started = time.perf_counter_ns()
@@ -76,46 +87,76 @@ def _median_p50_us(call: Callable[[], Any], calls: int) -> float:
     return float(np.median(times)) / 1e3
 
 
+def forecaster_position(signal: float, threshold: float) -> int:
+    """The forecasters' rule (``ForecasterModule.positions_from_forecasts``) for one forecast."""
+    if abs(signal) > threshold:
+        return 1 if signal > 0 else -1
+    return 0
+
+
 class Member(ABC):
     """A trained model in the fleet (see the module doc).
 
-    ``name``: its registered name; ``family``: dqn | ppo | mamba2 | tft; ``module``: the model
-    in eval mode; ``weights``: fp32 or int8 (an int8 inference copy); ``metric``: its value of
-    the selection metric (the weighted rule reads it).
+    ``name``: its registered name; ``family``: dqn | ppo | mamba2 | tft; ``weights``: fp32 or
+    int8; ``metric``: its value of the selection metric (the weighted rule reads it).
     """
 
     family: str = ""
 
     def __init__(self, name: str, module: torch.nn.Module, weights: str, metric: float | None) -> None:
         self.name = name
-        self.module = module.eval()
+        self.module: torch.nn.Module | None = module.eval()
         self.weights = weights
         self.metric = metric
         self.runtime = "torch"
         self.runtime_note = "torch (the only runtime of this member)"
+        self._free: list[int] = []
+        self._slots = 0  # slots allocated so far (the pool's used length)
+
+    # -- slots ---------------------------------------------------------------------------
+    def new_slot(self) -> int:
+        """A fresh stream's slot (zero state)."""
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = self._slots
+            self._slots += 1
+            if slot >= self._capacity():
+                self._grow(max(1, POOL_GROWTH * self._capacity()))
+        self.reset(slot)
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        """Give a stream's slot back (its state is dropped; the slot is reused)."""
+        self._free.append(slot)
 
     @abstractmethod
-    def reset(self) -> None:
-        """Forget every bar: the next bar starts a new stream (flat, empty history, zero state)."""
+    def _capacity(self) -> int:
+        """Slots the pool holds now."""
+
+    @abstractmethod
+    def _grow(self, slots: int) -> None:
+        """Make the pool hold ``slots`` slots, keeping the used ones."""
+
+    @abstractmethod
+    def reset(self, slot: int) -> None:
+        """Forget every bar of the stream in ``slot``: flat, empty history, zero state."""
+
+    @abstractmethod
+    def step(self, rows: np.ndarray, slots: np.ndarray, ts_ns: np.ndarray, future: Future) -> list[Decision]:
+        """The decisions on one new bar of each stream: ``rows`` (B, F) float32 input rows,
+        ``slots`` (B,) their slots (distinct), ``ts_ns`` (B,) the bars' starts (UTC ns),
+        ``future`` their known calendars."""
 
     def state_bytes(self) -> int:
-        """Bytes of what the member keeps between bars (its streaming state), now."""
+        """Bytes of one stream's state (what a slot of the pool holds)."""
         return 0
 
     def runtime_bytes(self) -> int:
-        """Bytes of the weights its numpy / numba runtime holds beside the module (0 in torch)."""
+        """Bytes of the weights its runtime holds besides the torch module (0 in torch)."""
         return 0
 
-    def fork(self) -> "Member":
-        """Another stream of the same member: the weights shared, a state of its own (fresh)."""
-        twin = copy.copy(self)
-        twin.reset()
-        return twin
-
-    @abstractmethod
-    def step(self, bar: BarInputs) -> Decision:
-        """The decision on one new bar."""
-
+    # -- runtimes ------------------------------------------------------------------------
     def _choose_runtime(self, requested: str, candidates: dict[str, Callable[[], Any] | None], probe_calls: int) -> str:
         """Pick a runtime among ``candidates`` (name -> a call of it, ``None`` where it cannot
         run these weights): as asked, or with ``auto`` the fastest median of ``probe_calls``
@@ -127,43 +168,33 @@ class Member(ABC):
             if requested in usable:
                 self.runtime_note = f"{requested} (ensemble.runtime)"
                 return requested
-            self.runtime_note = f"torch (no {requested} runtime for this member)"
-            return "torch"
+            fallback = "torch" if "torch" in usable else next(iter(usable))
+            self.runtime_note = f"{fallback} (no {requested} runtime for this member)"
+            return fallback
         if len(usable) == 1:
             (only,) = usable
             self.runtime_note = f"{only} (the only runtime for these weights)"
             return only
-        times = {name: _median_p50_us(call, probe_calls) for name, call in usable.items()}
+        for call in usable.values():  # compiled kernels and graphs warm up before they are timed
+            call()
+        times = {name: _median_us(call, probe_calls) for name, call in usable.items()}
         choice = min(times, key=times.get)
         measured = ", ".join(f"{name} {us:.1f} us" for name, us in times.items())
         self.runtime_note = f"{choice} (auto: median of {probe_calls} timed calls at load: {measured})"
         return choice
 
 
-def _array_bytes(obj: Any, _seen: set[int] | None = None) -> int:
-    """Bytes of the numpy arrays a runtime object holds (its attributes, lists, tuples, dicts), each once."""
-    seen = set() if _seen is None else _seen
-    if id(obj) in seen:
-        return 0
-    seen.add(id(obj))
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, dict):
-        return sum(_array_bytes(v, seen) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_array_bytes(v, seen) for v in obj)
-    if type(obj).__module__.startswith("foxhunt.ensemble.runtimes"):  # a runtime's own attributes
-        return sum(_array_bytes(v, seen) for v in vars(obj).values())
-    return 0
+def _array_bytes(*arrays: Any) -> int:
+    return int(sum(a.nbytes for a in arrays if isinstance(a, np.ndarray)))
 
 
-def forecaster_position(signal: float, threshold: float) -> int:
-    """The forecasters' rule (``ForecasterModule.positions_from_forecasts``) for one forecast."""
-    if abs(signal) > threshold:
-        return 1 if signal > 0 else -1
-    return 0
+def _grow_rows(array: np.ndarray, slots: int) -> np.ndarray:
+    grown = np.zeros((slots, *array.shape[1:]), array.dtype)
+    grown[: len(array)] = array
+    return grown
 
 
+# ---------------------------------------------------------------------------------- agents
 class AgentMember(Member):
     """A DQN or PPO agent acting greedily on the features and the position it holds."""
 
@@ -171,179 +202,361 @@ class AgentMember(Member):
                  probe_calls: int) -> None:  # fmt: skip
         super().__init__(name, module, weights, metric)
         self.family = family
-        self.position = 0
-        network = module.acting_network
-        obs = np.zeros(module.obs_dim, np.float32)
+        self.obs_dim = int(module.obs_dim)
+        self.positions = np.zeros(1, np.int8)
         try:
-            numpy_net = NumpyMLP(network)
+            layers = mlp_layers(module.acting_network)
         except UnsupportedModule:
-            numpy_net = None
-        tensor = torch.zeros(1, module.obs_dim)
+            layers = None
+        int8 = weights == "int8"
+        # numba: fp32 rows (scales 1) or int8 rows with their scales; numpy: fp32 only
+        self._numba = None if layers is None else [
+            (*(quantize_rows(w) if int8 else (w, np.ones(len(w), np.float32))), b, act) for w, b, act in layers
+        ]  # fmt: skip
+        self._numpy = None if layers is None or int8 else layers
+        self._network = (int8_torch_copy(module) if int8 else module).acting_network
+        probe = np.zeros((1, self.obs_dim), np.float32)
+        candidates = {
+            "numba": (lambda: self._numba_scores(probe)) if self._numba is not None else None,
+            "numpy": (lambda: self._numpy_scores(probe)) if self._numpy is not None else None,
+            "torch": lambda: self._torch_scores(probe),
+        }
+        self.runtime = self._choose_runtime(runtime, candidates, probe_calls)
+        self._scores = {"numba": self._numba_scores, "numpy": self._numpy_scores, "torch": self._torch_scores}[self.runtime]
+        if self.runtime != "torch":
+            self.module = self._network = None  # the runtime holds the weights
+        self._obs = np.zeros((1, self.obs_dim), np.float32)
 
-        def torch_scores(x: np.ndarray) -> np.ndarray:
-            tensor[0] = torch.from_numpy(x)
-            with torch.inference_mode():
-                return network(tensor.to(module.device))[0].float().cpu().numpy()
+    def _numba_scores(self, obs: np.ndarray) -> np.ndarray:
+        x = obs
+        for w, scale, b, act in self._numba:
+            x = linear(x, w, scale, b, act, np.empty((len(x), len(w)), np.float32))
+        return x
 
-        self._torch = torch_scores
-        numpy_call = (lambda: numpy_net(obs)) if numpy_net is not None else None
-        self.runtime = self._choose_runtime(runtime, {"numpy": numpy_call, "torch": lambda: torch_scores(obs)}, probe_calls)
-        self._scores = numpy_net if self.runtime == "numpy" else torch_scores
-        self.reset()
+    def _numpy_scores(self, obs: np.ndarray) -> np.ndarray:
+        x = obs
+        for w, b, act in self._numpy:
+            x = x @ w.T + b
+            if act:
+                x = NUMPY_ACTIVATIONS[act](x)
+        return x
 
-    def reset(self) -> None:
-        self.position = 0
-        self._obs = np.zeros(self.module.obs_dim, np.float32)
+    def _torch_scores(self, obs: np.ndarray) -> np.ndarray:
+        device = _device(self._network)
+        with torch.inference_mode():
+            return self._network(torch.from_numpy(obs).to(device)).float().cpu().numpy()
+
+    def _capacity(self) -> int:
+        return len(self.positions)
+
+    def _grow(self, slots: int) -> None:
+        self.positions = _grow_rows(self.positions, slots)
+
+    def reset(self, slot: int) -> None:
+        self.positions[slot] = 0
 
     def state_bytes(self) -> int:
-        return int(self._obs.nbytes)
+        return int(self.positions.itemsize)
 
     def runtime_bytes(self) -> int:
-        return _array_bytes(self._scores) if self.runtime == "numpy" else 0
+        layers = {"numba": self._numba, "numpy": self._numpy}.get(self.runtime) or []
+        return sum(_array_bytes(*layer) for layer in layers)
 
-    def step(self, bar: BarInputs) -> Decision:
-        self._obs[:-1] = bar.row
-        self._obs[-1] = self.position
-        self.position = int(np.argmax(self._scores(self._obs))) - 1
-        return Decision(self.position)
+    def step(self, rows: np.ndarray, slots: np.ndarray, ts_ns: np.ndarray, future: Future) -> list[Decision]:
+        batch = len(slots)
+        if len(self._obs) < batch:
+            self._obs = np.zeros((batch, self.obs_dim), np.float32)
+        obs = self._obs[:batch]
+        obs[:, :-1] = rows
+        obs[:, -1] = self.positions[slots]
+        chosen = np.argmax(self._scores(obs), axis=1) - 1
+        self.positions[slots] = chosen
+        return [Decision(p) for p in chosen.tolist()]
 
 
+# --------------------------------------------------------------------------------- mamba-2
 class Mamba2Member(Member):
-    """The Mamba-2 forecaster streaming its recurrent state."""
+    """The Mamba-2 forecaster streaming its recurrent state (one slot of the pool per stream)."""
 
     family = "mamba2"
 
     def __init__(self, name: str, module, weights: str, metric: float | None, runtime: str, probe_calls: int) -> None:
         super().__init__(name, module, weights, metric)
-        self.seq_len = int(module.seq_len)
+        self.seq_len, self.horizon = int(module.seq_len), int(module.horizon)
+        self.n_quantiles, self.median = int(module.n_quantiles), int(module.median_index)
         self.threshold = float(module.position_threshold)
-        self.bars = 0
-        runtimes = {"numpy": NumpyMamba2, "numba": NumbaMamba2}
-        self._steppers: dict[str, Any] = {}
-        candidates: dict[str, Callable[[], Any] | None] = {}
-        x = np.zeros(module.input_dim, np.float32)
-        for name, kind in runtimes.items():
-            try:
-                stepper, probe = kind(module), kind(module)
-            except (UnsupportedModule, ImportError):
-                candidates[name] = None
-                continue
-            self._steppers[name] = stepper
-            candidates[name] = lambda probe=probe: probe.step(x)
-        self._state = module.allocate_inference_state(1)
-        candidates["torch"] = lambda: self._torch_step(x, keep=False)
+        self.bars = np.zeros(1, np.int64)
+        try:
+            self._arrays = mamba2_arrays(module, int8=weights == "int8")
+        except UnsupportedModule:
+            self._arrays = None
+        self._model = int8_torch_copy(module) if weights == "int8" else module
+        probe = np.zeros((1, int(module.input_dim)), np.float32)
+        candidates = {
+            "numba": (lambda: self._numba_probe(probe)) if self._arrays is not None else None,
+            "torch": lambda: self._torch_probe(probe),
+        }
         self.runtime = self._choose_runtime(runtime, candidates, probe_calls)
-        self._steppers = {name: s for name, s in self._steppers.items() if name == self.runtime}
-        self.reset()
+        if self.runtime == "numba":
+            self.module = self._model = None  # the kernel's arrays hold the weights
+            self.conv, self.ssm = self._arrays.zero_state(1)
+        else:
+            self._arrays = None
+            self._state = self._model.allocate_inference_state(1)
 
-    def _torch_step(self, row: np.ndarray, keep: bool = True) -> np.ndarray:
+    def _numba_forecasts(self, rows: np.ndarray, slots: np.ndarray, conv: np.ndarray, ssm: np.ndarray) -> np.ndarray:
+        out = np.empty((len(slots), self.horizon, self.n_quantiles), np.float32)
+        return mamba2_step(np.ascontiguousarray(rows, np.float32), slots, *self._arrays.weights, conv, ssm,
+                           *self._arrays.dims, self.horizon, self.n_quantiles, self.median, out)  # fmt: skip
+
+    def _numba_probe(self, rows: np.ndarray) -> np.ndarray:
+        conv, ssm = self._arrays.zero_state(1)
+        return self._numba_forecasts(rows, np.zeros(1, np.int64), conv, ssm)
+
+    def _torch_forecasts(self, rows: np.ndarray, state):
+        model = self._model
+        device = _device(model)
         with torch.inference_mode():
-            forecast, state = self.module.step(torch.from_numpy(row)[None].to(self.module.device), self._state)
-        if keep:
-            self._state = state
-        return forecast[0].float().cpu().numpy()
+            forecast, new = model.step(torch.from_numpy(np.ascontiguousarray(rows)).to(device), state)
+        return forecast.float().cpu().numpy(), new
+
+    def _torch_probe(self, rows: np.ndarray) -> np.ndarray:
+        return self._torch_forecasts(rows, self._model.allocate_inference_state(1))[0]
+
+    def _capacity(self) -> int:
+        return len(self.bars)
+
+    def _grow(self, slots: int) -> None:
+        self.bars = _grow_rows(self.bars, slots)
+        if self.runtime == "numba":
+            self.conv, self.ssm = _grow_rows(self.conv, slots), _grow_rows(self.ssm, slots)
+        else:
+            self._state = [type(s)(conv=_grow_tensor(s.conv, slots), ssm=_grow_tensor(s.ssm, slots)) for s in self._state]
+
+    def reset(self, slot: int) -> None:
+        self.bars[slot] = 0
+        if self.runtime == "numba":
+            self.conv[slot] = 0
+            self.ssm[slot] = 0
+        else:
+            for layer in self._state:
+                layer.conv[slot] = 0
+                layer.ssm[slot] = 0
 
     def state_bytes(self) -> int:
-        if self._stepper is not None:
-            return _array_bytes(self._stepper.state)
-        from foxhunt.memory.accounting import tensor_bytes
-
-        return tensor_bytes(list(self._state))
+        if self.runtime == "numba":
+            return int(self.conv[0].nbytes + self.ssm[0].nbytes + self.bars.itemsize)
+        return int(sum(s.conv[0].nbytes + s.ssm[0].nbytes for s in self._state) + self.bars.itemsize)
 
     def runtime_bytes(self) -> int:
-        if self._stepper is None:
-            return 0
-        return _array_bytes(self._stepper) - _array_bytes(self._stepper.state)
+        return _array_bytes(*self._arrays.weights) if self.runtime == "numba" else 0
 
-    def fork(self) -> "Mamba2Member":
-        twin = copy.copy(self)
-        twin._steppers = {name: copy.copy(stepper) for name, stepper in self._steppers.items()}
-        twin.reset()
-        return twin
-
-    def reset(self) -> None:
-        self.bars = 0
-        self._state = self.module.allocate_inference_state(1)
-        for stepper in self._steppers.values():
-            stepper.reset()
-        self._stepper = self._steppers.get(self.runtime)
-
-    def step(self, bar: BarInputs) -> Decision:
-        forecast = self._stepper.step(bar.row) if self._stepper is not None else self._torch_step(bar.row)
-        self.bars += 1
-        if self.bars < self.seq_len:  # the batch path's first seq_len - 1 bars are flat
-            return Decision(0, forecast, None)
-        signal = float(forecast[:, self.module.median_index].sum())
-        return Decision(forecaster_position(signal, self.threshold), forecast, signal)
+    def step(self, rows: np.ndarray, slots: np.ndarray, ts_ns: np.ndarray, future: Future) -> list[Decision]:
+        if self.runtime == "numba":
+            forecasts = self._numba_forecasts(rows, slots, self.conv, self.ssm)
+        else:
+            index = torch.from_numpy(slots)
+            state = [type(s)(conv=s.conv[index], ssm=s.ssm[index]) for s in self._state]
+            forecasts, new = self._torch_forecasts(rows, state)
+            for pool, layer in zip(self._state, new):
+                pool.conv[index], pool.ssm[index] = layer.conv, layer.ssm
+        self.bars[slots] += 1
+        ready = (self.bars[slots] >= self.seq_len).tolist()  # the batch path's first seq_len - 1 bars are flat
+        signals = forecasts[:, :, self.median].sum(axis=1).tolist()
+        return [
+            Decision(forecaster_position(s, self.threshold), f, s) if ok else Decision(0, f, None)
+            for f, s, ok in zip(forecasts, signals, ready)
+        ]
 
 
+def _grow_tensor(tensor: torch.Tensor, slots: int) -> torch.Tensor:
+    grown = tensor.new_zeros((slots, *tensor.shape[1:]))
+    grown[: len(tensor)] = tensor
+    return grown
+
+
+# ------------------------------------------------------------------------------------- TFT
 class TFTMember(Member):
-    """The Temporal Fusion Transformer, reusing the per-bar selections of the past bars and of
-    the future minutes already seen."""
+    """The Temporal Fusion Transformer, reusing the per-bar selections of the past bars of each
+    stream and the shared selections of the future minutes already seen."""
 
     family = "tft"
 
-    def __init__(self, name: str, module, weights: str, metric: float | None, groups: dict[str, list[int]]) -> None:
+    def __init__(self, name: str, module, weights: str, metric: float | None, groups: dict[str, list[int]],
+                 runtime: str = "auto", probe_calls: int = 20, workdir: Path | None = None,
+                 threads: int = 1) -> None:  # fmt: skip
         super().__init__(name, module, weights, metric)
         self.seq_len, self.horizon = int(module.seq_len), int(module.horizon)
-        self.threshold = float(module.position_threshold)
-        self.groups = groups
-        self.device = next(module.parameters()).device
-        self.reset()
+        self.median, self.threshold = int(module.median_index), float(module.position_threshold)
+        self.groups = {k: np.asarray(v) for k, v in groups.items()}
+        self.width = int(module.encoder_lstm.hidden_size)
+        self.past = np.zeros((1, 2 * self.seq_len, self.width), np.float32)  # a ring written twice: windows are slices
+        self.head = np.zeros(1, np.int64)  # per slot: where its next bar goes
+        self.count = np.zeros(1, np.int64)  # per slot: bars since the reset
+        self._future: OrderedDict[int, np.ndarray] = OrderedDict()  # minute (UTC ns) -> its decoder selection
+        self._contexts: dict[str, np.ndarray] | None = None  # the static contexts (one per asset)
+        self._source = module  # what the static contexts are computed from (once, at the first bar)
+        self._graphs = self._onnx_graphs(module, weights, workdir, threads)
+        self._model = int8_torch_copy(module) if weights == "int8" else module
+        empty = (np.zeros((1, self.seq_len, self.width), np.float32), np.zeros((1, self.horizon, self.width), np.float32))
+        probe = _static_contexts(module, np.zeros(len(self.groups["static"]), np.float32))
+        candidates = {
+            "onnx": (lambda: self._fuse_onnx(probe, *empty)) if self._graphs is not None else None,
+            "torch": lambda: self._fuse_torch(probe, *empty),
+        }
+        self.runtime = self._choose_runtime(runtime, candidates, probe_calls)
+        if self.runtime == "onnx":
+            self.module = self._model = None  # the graphs hold the weights
+        else:
+            self._graphs = None
 
-    def reset(self) -> None:
-        self._contexts = None
-        self._past: deque[torch.Tensor] = deque(maxlen=self.seq_len)
-        self._future: dict[int, torch.Tensor] = {}  # minute start (UTC ns) -> its decoder selection
+    def _onnx_graphs(self, module, weights: str, workdir: Path | None, threads: int):
+        if workdir is None:
+            return None
+        from foxhunt.ensemble.onnx_runtime import Graph, export_tft
+
+        try:
+            paths = export_tft(module, Path(workdir) / f"{self.name}-onnx", int8=weights == "int8")
+            return {key: Graph.load(path, threads) for key, path in paths.items()}
+        except Exception as exc:  # noqa: BLE001 (an exporter or session that cannot take this model: torch runs it)
+            self.runtime_note = f"torch (no ONNX Runtime graph: {type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+            return None
+
+    # -- the three computations, in either runtime ---------------------------------------
+    def _fuse_onnx(self, contexts: dict[str, np.ndarray], past: np.ndarray, future: np.ndarray) -> np.ndarray:
+        batch = len(past)
+        return self._graphs["fuse"](past=past, future=future, enrichment=np.repeat(contexts["enrichment"], batch, axis=0),
+                                    state_h=np.repeat(contexts["state_h"], batch, axis=1),
+                                    state_c=np.repeat(contexts["state_c"], batch, axis=1))  # fmt: skip
+
+    def _fuse_torch(self, contexts: dict[str, np.ndarray], past: np.ndarray, future: np.ndarray) -> np.ndarray:
+        from foxhunt.models.tft import StaticContexts
+
+        batch, t = len(past), _tensors(self._model)
+        expanded = StaticContexts(None, None, t(np.repeat(contexts["enrichment"], batch, axis=0)),
+                                  (t(np.repeat(contexts["state_h"], batch, axis=1)), t(np.repeat(contexts["state_c"], batch, axis=1))))  # fmt: skip
+        with torch.inference_mode():
+            return self._model.fuse(expanded, t(past), t(future))[0].float().cpu().numpy()
+
+    def _select_past(self, rows: np.ndarray) -> np.ndarray:
+        known = np.ascontiguousarray(rows[:, self.groups["known"]][:, None])
+        observed = np.ascontiguousarray(rows[:, self.groups["observed"]][:, None])
+        selection = np.repeat(self._contexts["selection"], len(rows), axis=0)
+        if self.runtime == "onnx":
+            return self._graphs["select_past"](known=known, observed=observed, selection=selection)[:, 0]
+        from foxhunt.models.tft import StaticContexts
+
+        t = _tensors(self._model)
+        with torch.inference_mode():
+            selected = self._model.select_past(t(known), t(observed), StaticContexts(None, t(selection), None, None))[0]
+        return selected[:, 0].float().cpu().numpy()
+
+    def _select_future(self, calendar: np.ndarray) -> np.ndarray:
+        """(M, 8) known rows of M minutes -> their decoder selections (M, d)."""
+        known = np.ascontiguousarray(calendar[:, None], np.float32)
+        selection = np.repeat(self._contexts["selection"], len(calendar), axis=0)
+        if self.runtime == "onnx":
+            return self._graphs["select_future"](known=known, selection=selection)[:, 0]
+        from foxhunt.models.tft import StaticContexts
+
+        t = _tensors(self._model)
+        with torch.inference_mode():
+            selected = self._model.select_future(t(known), StaticContexts(None, t(selection), None, None))[0]
+        return selected[:, 0].float().cpu().numpy()
+
+    def _capacity(self) -> int:
+        return len(self.head)
+
+    def _grow(self, slots: int) -> None:
+        self.past, self.head, self.count = (_grow_rows(a, slots) for a in (self.past, self.head, self.count))
+
+    def reset(self, slot: int) -> None:
+        self.past[slot] = 0
+        self.head[slot] = 0
+        self.count[slot] = 0
 
     def state_bytes(self) -> int:
-        from foxhunt.memory.accounting import tensor_bytes
+        return int(self.past[0].nbytes + self.head.itemsize + self.count.itemsize)
 
-        kept = [*self._past, *self._future.values()]
-        if self._contexts is not None:
-            kept += [self._contexts.selection, self._contexts.enrichment, *self._contexts.state]
-        return tensor_bytes(kept)
+    def runtime_bytes(self) -> int:
+        graphs = sum(g.weight_bytes for g in (self._graphs or {}).values())
+        shared = sum(v.nbytes for v in self._future.values())  # the decoder selections every stream shares
+        return int(graphs + shared)
 
-    @torch.inference_mode()
-    def step(self, bar: BarInputs) -> Decision:
-        model = self.module
-        row = torch.from_numpy(bar.row).to(self.device)
-        if self._contexts is None:  # static features: one per asset, the same on every bar
-            self._contexts = model.static_contexts(row[self.groups["static"]][None])
-        known = row[self.groups["known"]][None, None]
-        observed = row[self.groups["observed"]][None, None]
-        self._past.append(model.select_past(known, observed, self._contexts)[0])
-        minutes = [bar.ts_ns + k * NS_PER_MINUTE for k in range(1, self.horizon + 1)]
-        for stale in [m for m in self._future if m <= bar.ts_ns]:
-            del self._future[stale]
-        missing = [m for m in minutes if m not in self._future]
-        if missing:
-            calendar = torch.from_numpy(bar.future(self.horizon)).to(self.device)  # rows of `minutes`
-            rows = calendar[[minutes.index(m) for m in missing]][None]
-            selected = model.select_future(rows, self._contexts)[0]
-            for k, minute in enumerate(missing):
-                self._future[minute] = selected[:, k : k + 1]
-        if len(self._past) < self.seq_len:
-            return Decision(0)
-        past = torch.cat(list(self._past), dim=1)
-        future = torch.cat([self._future[m] for m in minutes], dim=1)
-        forecast = model.fuse(self._contexts, past, future)[0][0].float().cpu().numpy()
-        signal = float(forecast[:, model.median_index].sum())
-        return Decision(forecaster_position(signal, self.threshold), forecast, signal)
+    def step(self, rows: np.ndarray, slots: np.ndarray, ts_ns: np.ndarray, future: Future) -> list[Decision]:
+        if self._contexts is None:  # static features: the asset's, the same in every row
+            self._contexts = _static_contexts(self._source, rows[0][self.groups["static"]])
+            self._source = None
+        head = self.head[slots]
+        selected = self._select_past(rows)
+        self.past[slots, head] = selected  # the ring, written twice: [head] and [head + seq_len]
+        self.past[slots, head + self.seq_len] = selected
+        self.head[slots] = (head + 1) % self.seq_len
+        self.count[slots] += 1
+        ready = np.flatnonzero(self.count[slots] >= self.seq_len)
+        decisions = [Decision(0)] * len(slots)
+        if not len(ready):
+            return decisions
+        future_rows = np.stack([self._future_selections(future, i, int(ts_ns[i])) for i in ready.tolist()])
+        start = (head[ready] + 1)[:, None] + np.arange(self.seq_len)  # the window, oldest bar first
+        past = self.past[slots[ready][:, None], start]
+        forecasts = (self._fuse_onnx if self.runtime == "onnx" else self._fuse_torch)(self._contexts, past, future_rows)
+        signals = forecasts[:, :, self.median].sum(axis=1).tolist()
+        for i, forecast, signal in zip(ready.tolist(), forecasts, signals):
+            decisions[i] = Decision(forecaster_position(signal, self.threshold), forecast, signal)
+        return decisions
+
+    def _future_selections(self, future: Future, i: int, ts_ns: int) -> np.ndarray:
+        """(horizon, d): the decoder selections of the minutes after stream i's bar, each computed
+        once and shared (the known calendar is the asset's)."""
+        minutes = [ts_ns + k * NS_PER_MINUTE for k in range(1, self.horizon + 1)]
+        if any(m not in self._future for m in minutes):
+            # the calendar is known ahead: the next FUTURE_BLOCK minutes too, in one call (the
+            # decoder selection reads megabytes of weights: once per block, not once per bar)
+            ahead = [ts_ns + k * NS_PER_MINUTE for k in range(1, self.horizon + FUTURE_BLOCK + 1)]
+            calendar = future(i, len(ahead))  # rows of `ahead`
+            missing = [k for k, m in enumerate(ahead) if m not in self._future]
+            for k, row in zip(missing, self._select_future(calendar[missing])):
+                self._future[ahead[k]] = row
+            while len(self._future) > FUTURE_CACHE_MINUTES:
+                self._future.popitem(last=False)
+        return np.stack([self._future[m] for m in minutes])
+
+
+def _device(module) -> torch.device:
+    """Where a module's weights are (a dynamically quantized copy has no parameters: the CPU)."""
+    first = next(iter(module.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _tensors(model):
+    device = _device(model)
+    return lambda array: torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def _static_contexts(model, static: np.ndarray) -> dict[str, np.ndarray]:
+    """The TFT's static contexts of one asset's static features, as arrays."""
+    device = _device(model)
+    with torch.inference_mode():
+        c = model.static_contexts(torch.from_numpy(np.ascontiguousarray(static, np.float32))[None].to(device))
+    return {"selection": c.selection.float().cpu().numpy(), "enrichment": c.enrichment.float().cpu().numpy(),
+            "state_h": c.state[0].float().cpu().numpy(), "state_c": c.state[1].float().cpu().numpy()}  # fmt: skip
 
 
 AGENTS = ("dqn", "ppo")
 
 
 def make_member(family: str, name: str, module, weights: str, metric_value: float | None, runtime: str,
-                probe_calls: int, groups: dict[str, list[int]]) -> Member | None:  # fmt: skip
-    """The streaming member of a model family around ``module`` (``None`` for a family that has
-    none): agents and Mamba-2 with their batch-1 runtime (``runtime``, probed ``probe_calls``
-    times when ``auto``), the TFT with its feature ``groups``."""
+                probe_calls: int, groups: dict[str, list[int]], workdir: Path | None = None,
+                threads: int = 1) -> Member | None:  # fmt: skip
+    """The streaming member of a model family around its fp32 ``module`` (``None`` for a family
+    that has none): agents and Mamba-2 with their runtime (``runtime``, probed ``probe_calls``
+    times when ``auto``), the TFT with its feature ``groups`` (its ONNX graphs exported under
+    ``workdir``; ``threads``: ONNX Runtime's threads); ``weights``: fp32 or int8."""
     if family in AGENTS:
         return AgentMember(name, family, module, weights, metric_value, runtime, probe_calls)
     if family == "mamba2":
         return Mamba2Member(name, module, weights, metric_value, runtime, probe_calls)
     if family == "tft":
-        return TFTMember(name, module, weights, metric_value, groups)
+        return TFTMember(name, module, weights, metric_value, groups, runtime, probe_calls, workdir, threads)
     return None

@@ -40,7 +40,13 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
     """pyfunc wrapper of one fleet member (see the module doc)."""
 
     def load_context(self, context) -> None:
+        import torch
+
         from foxhunt.ensemble.fleet import build_member
+
+        threads = _packaged("ensemble", "default").get("torch_threads")
+        if threads:  # pinned as the fleet is (ensemble.torch_threads): batch-1 steps lose to more threads
+            torch.set_num_threads(int(threads))
 
         folder = Path(context.artifacts["member"]).parent.parent
         info = json.loads(Path(context.artifacts["member"]).read_text())
@@ -61,26 +67,38 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
 
         from foxhunt.ensemble.engine import StreamingEngine
 
-        self.member.reset()
-        engine = StreamingEngine([self.member], {self.member.name: self.inputs}, self.asset, rule="majority",
-                                 origin="pyfunc input")  # fmt: skip
+        if getattr(self, "engine", None) is None:
+            self.engine = StreamingEngine([self.member], {self.member.name: self.inputs}, self.asset, rule="majority",
+                                          origin="pyfunc input")  # fmt: skip
+        stream = self.engine.open_stream("request")  # a fresh stream per request: its bars carry their history
         frame = pd.DataFrame(model_input)
         positions, signals = [], []
-        for row in frame[list(BAR_FIELDS)].itertuples(index=False):
-            result = engine.step(int(row.ts), float(row.open), float(row.high), float(row.low), float(row.close), float(row.volume))
-            decision = result.decisions.get(self.member.name)
-            positions.append(0 if decision is None else decision.position)
-            signals.append(np.nan if decision is None or decision.signal is None else decision.signal)
+        try:
+            for row in frame[list(BAR_FIELDS)].itertuples(index=False):
+                bar = (int(row.ts), float(row.open), float(row.high), float(row.low), float(row.close), float(row.volume))
+                result = self.engine.step_many([(stream, bar)])[0]
+                if isinstance(result, Exception):
+                    raise result
+                decision = result.decisions.get(self.member.name)
+                positions.append(0 if decision is None else decision.position)
+                signals.append(np.nan if decision is None or decision.signal is None else decision.signal)
+        finally:
+            self.engine.close_stream(stream)
         return pd.DataFrame({"position": np.asarray(positions, dtype=np.int64), "signal": np.asarray(signals, dtype=np.float64)})
 
 
-def _packaged_asset(key: str) -> dict:
-    """The asset config shipped with foxhunt (``conf/asset/<key>.yaml``)."""
+def _packaged(group: str, name: str) -> dict:
+    """A config shipped with foxhunt (``conf/<group>/<name>.yaml``)."""
     from importlib.resources import files
 
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.load(files("foxhunt.conf").joinpath("asset", f"{key}.yaml")))
+    return OmegaConf.to_container(OmegaConf.load(files("foxhunt.conf").joinpath(group, f"{name}.yaml")))
+
+
+def _packaged_asset(key: str) -> dict:
+    """The asset config shipped with foxhunt (``conf/asset/<key>.yaml``)."""
+    return _packaged("asset", key)
 
 
 def save_member_model(folder: Path, weights: Path, config: Path, record: dict, member: dict) -> Path:

@@ -13,6 +13,7 @@ the one every training run reports) on the positions of each member and of the e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from foxhunt.ensemble.engine import StreamingEngine
 from foxhunt.evaluation.backtest import BacktestResult, backtest
 
 ENSEMBLE = "ensemble"
+PROGRESS_EVERY = 100  # bars between progress reports
 
 
 @dataclass
@@ -44,9 +46,10 @@ class ReplayRecord:
 
 
 def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | None = None,
-                stop_ns: int | None = None) -> ReplayRecord:  # fmt: skip
+                stop_ns: int | None = None, progress: Callable[[int, int], None] | None = None) -> ReplayRecord:  # fmt: skip
     """Stream ``bars`` (a bars frame, UTC index) through ``engine``; see the module doc.
-    ``stop_ns``: the last bar stepped is the last one before it."""
+    ``stop_ns``: the last bar stepped is the last one before it; ``progress(done, total)`` is
+    called every :data:`PROGRESS_EVERY` bars and at the end."""
     stamps = bars.index.as_unit("ns").asi8
     values = bars[["open", "high", "low", "close", "volume"]].to_numpy(dtype=np.float64)
     first = 0 if start_ns is None else int(np.searchsorted(stamps, start_ns, side="left"))
@@ -63,6 +66,8 @@ def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | Non
     warm_bars = 0
     rows = values[first:last].tolist()  # plain floats: the engine's per-bar work, not numpy scalars
     for j, (ts, row) in enumerate(zip(stamps[first:last].tolist(), rows)):
+        if progress is not None and j % PROGRESS_EVERY == 0:
+            progress(j, count)
         result = engine.step(ts, *row)
         total_ns[j] = result.total_ns
         if not result.warm:
@@ -74,6 +79,8 @@ def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | Non
             member_ns[name][j] = result.member_ns[name]
             if name in signals and decision.signal is not None:
                 signals[name][j] = decision.signal
+    if progress is not None:
+        progress(count, count)
     raw = bars[RAW_CLOSE].to_numpy(np.float64) if RAW_CLOSE in bars else values[:, 3]
     return ReplayRecord(
         timestamps=stamps[first:last].astype("datetime64[ns]"),

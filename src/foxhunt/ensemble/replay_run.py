@@ -14,7 +14,9 @@ every bar of the replay (input normalization included), and around the whole bar
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +81,8 @@ def run_replay(cfg, workdir: Path) -> ReplayReport:
     bars = source.load(asset)
     engine = fleet_engine(fleet, asset, cfg, origin=f"{cfg.data.source._target_.rsplit('.', 1)[-1]} bars of {asset.key}")
     start, stop, window = _window(cfg, asset, bars)
-    record = replay_bars(engine, bars, start_ns=start, stop_ns=stop)
+    with _progress(f"replay {asset.key}") as progress:
+        record = replay_bars(engine, bars, start_ns=start, stop_ns=stop, progress=progress)
     from foxhunt.evaluation.backtest import evaluation_annualization
 
     results = score_replay(record, asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks),
@@ -90,7 +93,10 @@ def run_replay(cfg, workdir: Path) -> ReplayReport:
 
     lines = [f"replay of {window} through {len(fleet)} member(s), rule {cfg.ensemble.rule}, weights {cfg.ensemble.weights}, "
              f"costs {cfg.execution.commission_usd} USD + {cfg.execution.slippage_ticks} ticks per contract per side"]  # fmt: skip
-    header = f"{'member':<22} {'version':>7} {'pnl USD':>11} {'sharpe':>8} {'max dd USD':>11} {'hit rate':>8} {'trades':>7} {'p50 us':>9} {'p99 us':>9}"
+    split = str(cfg.ensemble.split)
+    trained = _trained_figures(cfg, fleet, split)
+    header = (f"{'member':<22} {'version':>7} {'pnl USD':>11} {'sharpe':>8} {'run ' + split + ' sharpe [steps]':>25} {'max dd USD':>11} "
+              f"{'hit rate':>8} {'trades':>7} {'p50 us':>9} {'p99 us':>9}")  # fmt: skip
     lines.append(header)
     metrics: dict[str, float] = {}
     for name in [*(f.member.name for f in fleet), ENSEMBLE]:
@@ -98,9 +104,11 @@ def run_replay(cfg, workdir: Path) -> ReplayReport:
         version = next((f.version for f in fleet if f.member.name == name), "")
         lat = latency.get(name, latency[FLEET]) if name != ENSEMBLE else latency[FLEET]
         label = name if name != ENSEMBLE else f"{ENSEMBLE} (whole bar)"
+        run = trained.get(name)
+        run_text = "-" if run is None else f"{run[0]:.3f} [{run[1]:,.0f}]"
         lines.append(
-            f"{label:<22} {version:>7} {m['pnl']:>11,.0f} {m['sharpe']:>8.3f} {m['max_drawdown']:>11,.0f} "
-            f"{m['hit_rate']:>8.3f} {m['trades']:>7d} {lat['p50']:>9.1f} {lat['p99']:>9.1f}"
+            f"{label:<22} {version:>7} {m['pnl']:>11,.0f} {m['sharpe']:>8.3f} {run_text:>25} "
+            f"{m['max_drawdown']:>11,.0f} {m['hit_rate']:>8.3f} {m['trades']:>7d} {lat['p50']:>9.1f} {lat['p99']:>9.1f}"
         )
         key = ENSEMBLE if name == ENSEMBLE else name
         metrics.update({f"{key}/{k}": float(v) for k, v in m.items()})
@@ -108,6 +116,9 @@ def run_replay(cfg, workdir: Path) -> ReplayReport:
         metrics.update({f"latency/{name}_p50_us": lat["p50"], f"latency/{name}_p99_us": lat["p99"]})
     lines.append("latency: time.perf_counter_ns per bar; a member's step includes its input normalization, the fleet's "
                  "(whole bar) the feature update, every member and the rule")  # fmt: skip
+    lines.append(f"run {split} sharpe [steps]: what the member's training run logged for this split, over that many steps "
+                 f"(the replay's: {len(record.close) - 1:,}); on the same bars and costs the replay reproduces it (a run "
+                 "scored with evaluation.max_bars saw only the split's first bars; '-': a split its run did not score)")  # fmt: skip
     for f in fleet:
         lines.append(f"  {f.member.name}: run {f.run_id}, {f.metric}={f.value:.6g}, trained {f.precision}, runtime {f.member.runtime_note}")
     text = "\n".join(lines)
@@ -126,6 +137,48 @@ def run_replay(cfg, workdir: Path) -> ReplayReport:
         run_id = _log(cfg, fleet, metrics, [out_dir / REPORT_FILE, *([png] if png else [])], window)
         text += f"\nMLflow run {run_id} in experiment {cfg.ensemble.experiment}"
     return ReplayReport(text=text, metrics=metrics, run_id=run_id)
+
+
+def _trained_figures(cfg, fleet, split: str) -> dict[str, tuple[float, float]]:
+    """Each member's training run's ``<split>/sharpe`` and ``<split>/steps`` (the run its weights are from)."""
+    if split not in ("val", "test") or not cfg.logger.enabled:
+        return {}
+    from foxhunt.runs.store import RunStore
+
+    store = RunStore(str(cfg.logger.tracking_uri))
+    found = {}
+    for f in fleet:
+        try:
+            metrics = store.get(f.run_id).metric_values()
+        except Exception:  # noqa: BLE001 (a run gone from the store: the column shows '-')
+            continue
+        if f"{split}/sharpe" in metrics:
+            found[f.member.name] = (float(metrics[f"{split}/sharpe"]), float(metrics.get(f"{split}/steps", float("nan"))))
+    return found
+
+
+@contextlib.contextmanager
+def _progress(what: str):
+    """A rich progress bar with the rate (bars/s) on stderr; a no-op when stderr is no terminal."""
+    import sys
+
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("[progress.data.speed]{task.fields[rate]}"),
+                  TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True) as bar:  # fmt: skip
+        task = bar.add_task(what, total=None, rate="")
+        started = time.perf_counter()
+
+        def update(done: int, total: int) -> None:
+            elapsed = time.perf_counter() - started
+            bar.update(task, completed=done, total=total, rate=f"{done / elapsed:,.0f} bars/s" if elapsed > 0 else "")
+
+        yield update
 
 
 def _log(cfg, fleet, metrics: dict[str, float], artifacts: list[Path], window: str) -> str:
