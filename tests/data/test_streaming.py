@@ -95,7 +95,7 @@ def _bar(stream, ts, **over):
         ({"ts": "2024-03-07 19:59"}, "out of order"),
         ({"ts": "2024-03-07 20:01", "close": 5000.1}, "close=5000.1 is off the tick grid of es (tick 0.25)"),
         ({"ts": "2024-03-07 20:01", "close": float("nan")}, "close=nan: must be a finite price > 0"),
-        ({"ts": "2024-03-07 20:01", "volume": -1.0}, "volume=-1.0: must be finite and >= 0"),
+        ({"ts": "2024-03-07 20:01", "volume": -1.0}, "volume=-1.0: must be finite, >= 0 and below 1e+15"),
         ({"ts": "2024-03-07 20:01", "high": 4999.0}, "do not bound"),
     ],
 )

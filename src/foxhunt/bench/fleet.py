@@ -131,6 +131,8 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
                 tft_full = _loop_us(lambda: modules["tft"](batch), int(settings.floor_calls_tft))
             floors = {f: _loop_us(_numpy_floor(modules[f]), int(settings.floor_calls)) for f in ("dqn", "ppo")}
             rows += _per_bar_rows(records["fp32"], floors, tft_full, fleets["fp32"], int(threads), skip, goals)
+            rows += _cold_floor_rows(fleets["fp32"], modules, inputs, asset, bars, stamps, stop, records["fp32"],
+                                     int(threads), skip)  # fmt: skip
             rows += _int8_rows(records, int(threads), skip)
             rows += _symbols_rows(ctx, fleets["fp32"], inputs, asset, bars, settings, goals, int(threads))
     with torch_threads(1):
@@ -171,6 +173,37 @@ def _per_bar_rows(record, floors, tft_full, members, threads, skip, goals) -> li
         rows.append(Row("fleet", f"whole fleet per bar p{pct}", threads, "us", value, None, value, "value",
                         "<=" if pct == 99 else None, float(goals.fleet.fleet_p99_us) if pct == 99 else None,
                         note="features + 4 members + rule"))  # fmt: skip
+    return rows
+
+
+def _cold_floor_rows(members, modules, inputs, asset, bars, stamps, stop, record, threads: int, skip: int) -> list[Row]:
+    """The agents' numpy floor timed where the member runs, once per bar right after the whole
+    fleet's step (the other members' weights, the TFT's megabytes, have just passed through the
+    caches): what the network alone costs in the fleet, against the member's step there."""
+    from foxhunt.ensemble.engine import StreamingEngine
+
+    engine = StreamingEngine(members, inputs, asset, rule="majority")
+    values = bars[["open", "high", "low", "close", "volume"]].to_numpy(np.float64)
+    all_stamps = bars.index.as_unit("ns").asi8
+    floors = {f: _numpy_floor(modules[f]) for f in ("dqn", "ppo")}
+    cold = {f: [] for f in floors}
+    for ts, row in zip(all_stamps.tolist(), values.tolist()):
+        if ts >= stop:
+            break
+        result = engine.step(ts, *row)
+        if ts < int(stamps[0]) or not result.warm:
+            continue
+        for family, call in floors.items():
+            started = time.perf_counter_ns()
+            call()
+            cold[family].append((time.perf_counter_ns() - started) / 1e3)
+    rows = []
+    for family, times in cold.items():
+        floor = float(np.median(times[skip:] or times))
+        member = float(np.median(_step_us(record, family, skip)))
+        rows.append(Row("fleet", f"{family} member p50 / numpy floor in the fleet", threads, "us", member, floor, member / floor,
+                        "ratio", None, None,
+                        note=f"floor timed once per bar right after the fleet's step ({floor:.1f} us): the caches as the member finds them"))  # fmt: skip
     return rows
 
 

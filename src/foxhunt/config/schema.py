@@ -534,6 +534,30 @@ def validate(cfg: DictConfig) -> TrainConfig:
     return parsed
 
 
+class _SweepShared(_Open):
+    """The sections every cell of a sweep shares (its launcher and its store)."""
+
+    strategy: StrategySection
+    logger: LoggerSection
+
+
+#: Top-level sections a sweep's cells share: checked once before any cell (:func:`validate_shared`).
+SHARED_SECTIONS = ("strategy", "logger")
+
+
+def validate_shared(cfg: DictConfig) -> None:
+    """Validate only what a sweep's cells share (:data:`SHARED_SECTIONS`), before any run or worker;
+    every other value may be a swept or searched one and is checked in its own cell."""
+    try:
+        resolved = {key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True) for key in SHARED_SECTIONS}
+    except Exception as exc:  # omegaconf's own errors carry the full key
+        raise ConfigError(_omegaconf_message(exc)) from None
+    try:
+        _SweepShared.model_validate(resolved)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc)) from None
+
+
 def check_source_settings(cls: type, node: dict[str, Any]) -> None:
     """Construct the bar source: its constructor checks its settings (and reads no file), raising
     ValueError ``"<key>=<value>: <rule>"``, which becomes a ConfigError naming ``data.source.<key>``."""

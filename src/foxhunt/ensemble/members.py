@@ -394,6 +394,7 @@ class TFTMember(Member):
         self.head = np.zeros(1, np.int64)  # per slot: where its next bar goes
         self.count = np.zeros(1, np.int64)  # per slot: bars since the reset
         self._future: OrderedDict[int, np.ndarray] = OrderedDict()  # minute (UTC ns) -> its decoder selection
+        self._encoded: OrderedDict[int, np.ndarray] = OrderedDict()  # minute (UTC ns) -> its known variables' encoder outputs
         self._contexts: dict[str, np.ndarray] | None = None  # the static contexts (one per asset)
         self._source = module  # what the static contexts are computed from (once, at the first bar)
         self._graphs = self._onnx_graphs(module, weights, workdir, threads)
@@ -438,18 +439,34 @@ class TFTMember(Member):
         with torch.inference_mode():
             return self._model.fuse(expanded, t(past), t(future))[0].float().cpu().numpy()
 
-    def _select_past(self, rows: np.ndarray) -> np.ndarray:
+    def _select_past(self, rows: np.ndarray, ts_ns: np.ndarray, future: Future) -> np.ndarray:
         known = np.ascontiguousarray(rows[:, self.groups["known"]][:, None])
         observed = np.ascontiguousarray(rows[:, self.groups["observed"]][:, None])
         selection = np.repeat(self._contexts["selection"], len(rows), axis=0)
         if self.runtime == "onnx":
-            return self._graphs["select_past"](known=known, observed=observed, selection=selection)[:, 0]
+            outputs = np.stack([self._known_outputs(known[i, 0], future, i, int(ts)) for i, ts in enumerate(ts_ns.tolist())])
+            return self._graphs["select_past"](known=known, observed=observed, known_outputs=outputs[:, None],
+                                               selection=selection)[:, 0]  # fmt: skip
         from foxhunt.models.tft import StaticContexts
 
         t = _tensors(self._model)
         with torch.inference_mode():
             selected = self._model.select_past(t(known), t(observed), StaticContexts(None, t(selection), None, None))[0]
         return selected[:, 0].float().cpu().numpy()
+
+    def _known_outputs(self, known: np.ndarray, future: Future, i: int, ts_ns: int) -> np.ndarray:
+        """(K, d): the encoder's outputs of the known variables of stream i's bar at ``ts_ns``,
+        shared (the calendar is the asset's) and computed for the next FUTURE_BLOCK minutes at once."""
+        cached = self._encoded.get(ts_ns)
+        if cached is not None:
+            return cached
+        ahead = np.concatenate([known[None], future(i, FUTURE_BLOCK)])  # this minute, then the next ones
+        minutes = [ts_ns + k * NS_PER_MINUTE for k in range(len(ahead))]
+        for minute, row in zip(minutes, self._graphs["encode_known"](known=np.ascontiguousarray(ahead[:, None], np.float32))[:, 0]):
+            self._encoded[minute] = row
+        while len(self._encoded) > FUTURE_CACHE_MINUTES:
+            self._encoded.popitem(last=False)
+        return self._encoded[ts_ns]
 
     def _select_future(self, calendar: np.ndarray) -> np.ndarray:
         """(M, 8) known rows of M minutes -> their decoder selections (M, d)."""
@@ -480,7 +497,7 @@ class TFTMember(Member):
 
     def runtime_bytes(self) -> int:
         graphs = sum(g.weight_bytes for g in (self._graphs or {}).values())
-        shared = sum(v.nbytes for v in self._future.values())  # the decoder selections every stream shares
+        shared = sum(v.nbytes for cache in (self._future, self._encoded) for v in cache.values())  # what every stream shares
         return int(graphs + shared)
 
     def step(self, rows: np.ndarray, slots: np.ndarray, ts_ns: np.ndarray, future: Future) -> list[Decision]:
@@ -488,7 +505,7 @@ class TFTMember(Member):
             self._contexts = _static_contexts(self._source, rows[0][self.groups["static"]])
             self._source = None
         head = self.head[slots]
-        selected = self._select_past(rows)
+        selected = self._select_past(rows, ts_ns, future)
         self.past[slots, head] = selected  # the ring, written twice: [head] and [head + seq_len]
         self.past[slots, head + self.seq_len] = selected
         self.head[slots] = (head + 1) % self.seq_len

@@ -1,7 +1,9 @@
 """The TFT member's per-bar graphs in ONNX Runtime, fp32 or int8, and their export.
 
 A new bar of the TFT needs three computations (:mod:`foxhunt.ensemble.members`): the encoder
-variable selection of that bar, the decoder selection of each future minute not seen before,
+variable selection of that bar (its known variables' part, a function of the calendar alone, is
+computed once per minute and ahead: ``encode_known``; the rest per stream: ``select_past``), the
+decoder selection of each future minute not seen before,
 and the LSTM encoder-decoder, enrichment, attention and heads of the 50-bar window (``fuse``:
 the LSTM's initial state is the static context at the window's first bar, so the encoder runs
 over the whole window again on every bar; the math allows no shortcut there). In torch eager
@@ -10,7 +12,7 @@ same graph, fused, at fixed dimensions: measured on the seed-size TFT at 1 threa
 against 7.5 ms in torch, the encoder selection of one bar 0.2 against 1.3 ms
 (``scripts/benchmark.py --sections fleet`` measures both every run).
 
-:func:`export_tft` writes the three graphs (``torch.onnx.export``, a batch axis of any size);
+:func:`export_tft` writes the four graphs (``torch.onnx.export``, a batch axis of any size);
 ``int8`` quantizes them with ONNX Runtime's dynamic quantization (int8 weights of every MatMul,
 Gemm and LSTM, activations quantized per call): a quarter of the weight bytes, and faster
 (fuse 1.2 ms measured). :class:`Graph` is one inference session on one thread pool of
@@ -29,9 +31,18 @@ import numpy as np
 import torch
 from torch import nn
 
-GRAPHS = ("select_past", "select_future", "fuse")
+GRAPHS = ("encode_known", "select_past", "select_future", "fuse")
 OPSET = 17
 INT8_OPS = ["MatMul", "Gemm", "LSTM"]
+
+
+class _EncodeKnown(nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, known):  # (M, 1, K) -> (M, 1, K, d): the known variables' encoder outputs
+        return self.model.encode_known(known)
 
 
 class _SelectPast(nn.Module):
@@ -39,11 +50,11 @@ class _SelectPast(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, known, observed, selection):  # (B, 1, K), (B, 1, O), (B, d) -> (B, 1, d)
+    def forward(self, known, observed, known_outputs, selection):  # (B, 1, K), (B, 1, O), (B, 1, K, d), (B, d) -> (B, 1, d)
         from foxhunt.models.tft import StaticContexts
 
         contexts = StaticContexts(selection, selection, selection, (selection, selection))
-        return self.model.select_past(known, observed, contexts)[0]
+        return self.model.select_past_given(known, observed, contexts, known_outputs)[0]
 
 
 class _SelectFuture(nn.Module):
@@ -71,14 +82,17 @@ class _Fuse(nn.Module):
 
 
 def export_tft(model, folder: Path, int8: bool = False) -> dict[str, Path]:
-    """The TFT's three per-bar graphs as ONNX files under ``folder`` (name -> path); ``int8``:
+    """The TFT's four per-bar graphs as ONNX files under ``folder`` (name -> path); ``int8``:
     dynamically quantized copies. The model is not changed."""
     folder.mkdir(parents=True, exist_ok=True)
     d, layers = model.encoder_lstm.hidden_size, model.lstm_layers
     known, observed = model.known_dim, model.observed_dim
     examples = {
-        "select_past": (_SelectPast(model), (torch.zeros(2, 1, known), torch.zeros(2, 1, observed), torch.zeros(2, d)),
-                        ["known", "observed", "selection"], {"known": {0: "b"}, "observed": {0: "b"}, "selection": {0: "b"}}),
+        "encode_known": (_EncodeKnown(model), (torch.zeros(2, 1, known),), ["known"], {"known": {0: "m"}}),
+        "select_past": (_SelectPast(model), (torch.zeros(2, 1, known), torch.zeros(2, 1, observed), torch.zeros(2, 1, known, d),
+                                             torch.zeros(2, d)),
+                        ["known", "observed", "known_outputs", "selection"],
+                        {"known": {0: "b"}, "observed": {0: "b"}, "known_outputs": {0: "b"}, "selection": {0: "b"}}),
         "select_future": (_SelectFuture(model), (torch.zeros(2, 1, known), torch.zeros(2, d)), ["known", "selection"],
                           {"known": {0: "m"}, "selection": {0: "m"}}),
         "fuse": (_Fuse(model), (torch.zeros(2, model.seq_len, d), torch.zeros(2, model.horizon, d), torch.zeros(2, d),

@@ -113,6 +113,13 @@ class GatedResidualNetwork(nn.Module):
         return self.gate_norm(hidden, skip)
 
 
+def _embedding_weights(embeddings: Sequence[VariableEmbedding]) -> tuple[Tensor, Tensor]:
+    """The weight and bias of embeddings side by side (their variables in order)."""
+    if len(embeddings) == 1:
+        return embeddings[0].weight, embeddings[0].bias
+    return torch.cat([e.weight for e in embeddings]), torch.cat([e.bias for e in embeddings])
+
+
 def _plain_weight(layer: nn.Module) -> bool:
     """Whether ``layer`` has no weight or a plain float one (not a quantized tensor subclass,
     whose matrix cannot be folded into another)."""
@@ -205,6 +212,32 @@ class VariableSelectionNetwork(nn.Module):
         weights = torch.softmax(grn.finish(weight_hidden, weight_skip, context), dim=-1)
         selected = self._run_variable_grns(self._select_variables, x, weights, weight, bias, scale, offset)
         return selected, weights
+
+    def variable_outputs(self, x_part: Tensor, embeddings: Sequence[VariableEmbedding], first: int) -> Tensor:
+        """``GRN_i(xi_i)`` of the variables ``first .. first + n - 1`` from their raw values
+        ``x_part`` (..., n): each depends on its own value only (the variable GRNs take no
+        context), so a caller can compute them once for values that recur (the calendar's
+        minutes) and hand them to :meth:`select_given`. Plain weights only (the folded path)."""
+        weight, bias = _embedding_weights(embeddings)
+        *_, scale, offset = self._folds(weight, bias, embeddings)
+        part = slice(first, first + x_part.shape[-1])
+        embedded = x_part.unsqueeze(-1) * weight[part] + bias[part]
+        hidden = x_part.unsqueeze(-1) * scale[part] + offset[part]
+        grns = list(self.variable_grns)[part]
+        return torch.stack([g.finish(h, g.skip(e)) for g, h, e in zip(grns, hidden.unbind(-2), embedded.unbind(-2))], dim=-2)
+
+    def select_given(self, x: Tensor, embeddings: Sequence[VariableEmbedding], context: Tensor | None,
+                     given: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """:meth:`select` with the outputs of the first ``given.shape[-2]`` variables given
+        (:meth:`variable_outputs`): the same sums in the same order, so the same result."""
+        weight, bias = _embedding_weights(embeddings)
+        hidden_w, hidden_b, skip_w, skip_b, _, _ = self._folds(weight, bias, embeddings)
+        weight_skip = (x.unsqueeze(-1) * weight + bias).flatten(-2) if skip_w is None else F.linear(x, skip_w, skip_b)
+        weights = torch.softmax(self.weight_grn.finish(F.linear(x, hidden_w, hidden_b), weight_skip, context), dim=-1)
+        known = given.shape[-2]
+        rest = self.variable_outputs(x[..., known:], embeddings, known)
+        processed = torch.cat([given, rest], dim=-2)
+        return (weights.unsqueeze(-1) * processed).sum(dim=-2), weights
 
     def _select_variables(
         self, x: Tensor, weights: Tensor, weight: Tensor, bias: Tensor, scale: Tensor, offset: Tensor
@@ -495,6 +528,20 @@ class TemporalFusionTransformer(ForecasterModule):
         return self.encoder_selection.select(
             torch.cat([past_known, observed], dim=-1), [self.known_embedding, self.observed_embedding],
             contexts.selection,
+        )  # fmt: skip
+
+    def encode_known(self, past_known: Tensor) -> Tensor:
+        """The encoder selection's per-variable outputs of known inputs (..., known_dim) ->
+        (..., known_dim, d): a function of the calendar alone (see
+        :meth:`VariableSelectionNetwork.variable_outputs`)."""
+        return self.encoder_selection.variable_outputs(past_known, [self.known_embedding, self.observed_embedding], 0)
+
+    def select_past_given(self, past_known: Tensor, observed: Tensor, contexts: StaticContexts,
+                          known_outputs: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """:meth:`select_past` with the known variables' outputs given (:meth:`encode_known`)."""
+        return self.encoder_selection.select_given(
+            torch.cat([past_known, observed], dim=-1), [self.known_embedding, self.observed_embedding],
+            contexts.selection, known_outputs,
         )  # fmt: skip
 
     def select_future(self, future_known: Tensor, contexts: StaticContexts) -> tuple[Tensor, Tensor]:

@@ -104,18 +104,12 @@ def find_parent_run(store, experiment: str, sweep_dir: str, digest: str, job_id:
     return None
 
 
-def _validate_shared(config: DictConfig, sweep_dir: Path) -> None:
-    """The settings every cell shares (``strategy.n_jobs``, ...), checked before any run or worker
-    exists; the cells' own values are checked in each job. The sweep's config has no job folder
-    yet: the sweep folder stands in for it."""
-    from omegaconf import open_dict
+def _validate_shared(config: DictConfig) -> None:
+    """The settings every cell shares (``strategy.n_jobs``, ``logger``, ...), checked before any
+    run or worker exists; the cells' own values (swept, searched) are checked in each job."""
+    from foxhunt.config.schema import validate_shared
 
-    from foxhunt.config.schema import validate
-
-    shared = config.copy()
-    with open_dict(shared):
-        shared.paths.output_dir = str(sweep_dir)
-    validate(shared)
+    validate_shared(config)
 
 
 class SweepCallback(Callback):
@@ -136,7 +130,7 @@ class SweepCallback(Callback):
         os.environ[SWEEP_PID_ENV] = str(self.pid)  # its workers end when this process dies (foxhunt.sweeps.orphans)
         try:
             self.sweep_dir = Path(str(config.hydra.sweep.dir))
-            _validate_shared(config, self.sweep_dir)
+            _validate_shared(config)
             try:
                 self.sweep_dir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
