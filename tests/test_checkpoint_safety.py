@@ -207,5 +207,5 @@ def test_register_refuses_a_logged_checkpoint_stamped_for_another_run(compose_cf
         state[STAMP_KEY]["run_id"] = "0" * 32
         torch.save(state, path)
     with pytest.raises(CheckpointError, match=f"stamped for run {'0' * 32}, not for run {outcome.run_id}"):
-        register_champions(cfg.logger.tracking_uri, "foxhunt", "es", ["dqn"], "val/sharpe", "foxhunt", "champion", False, gate="none")
+        register_champions(cfg.logger.tracking_uri, "foxhunt", "es", ["dqn"], "val/sharpe", "foxhunt", "champion", False, gate="none", example_decided=4)
     assert store.get_version("foxhunt-dqn-es", 1) is None

@@ -17,6 +17,7 @@ import typer
 from foxhunt.commands.data import data_app
 from foxhunt.commands.ensemble import ensemble_app
 from foxhunt.commands.memory import memory_app
+from foxhunt.commands.runs import runs_app
 from foxhunt.commands.train_jobs import train_app
 
 UI_STOP_GRACE_S = 10.0  # foxhunt ui stopped: seconds mlflow ui and its workers get to exit before they are killed
@@ -25,6 +26,7 @@ app = typer.Typer(help="foxhunt: train trading models on CME futures under a mem
 app.add_typer(data_app, name="data")
 app.add_typer(ensemble_app, name="ensemble")
 app.add_typer(memory_app, name="memory")
+app.add_typer(runs_app, name="runs")
 app.add_typer(train_app, name="train")
 
 

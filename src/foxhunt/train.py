@@ -292,10 +292,36 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
         split_metrics, scores[split] = score_split(model, scoring, split, cfg, asset, out_dir, run)
         backtest.update(split_metrics)
     metrics.update(backtest)
-    if run is not None:  # only the backtest's: what Lightning and the callbacks logged is in the run already
-        run.log_metrics(backtest, step=logging_step(trainer))
-    _print_summary(cfg, metrics, asset)
+    interpretation, interpreted = _interpret(cfg, model, scoring, out_dir, run)
+    metrics.update(interpreted)
+    if run is not None:  # only these: what Lightning and the callbacks logged is in the run already
+        run.log_metrics({**backtest, **interpreted}, step=logging_step(trainer))
+    _print_summary(cfg, {k: v for k, v in metrics.items() if k not in interpreted}, asset)
+    if interpretation is not None:
+        print(f"  {interpretation.summary_line()}")
     return metrics, scores
+
+
+def _interpret(cfg: DictConfig, model, datamodule, out_dir: Path, run):
+    """A TFT run's interpretability on the test split (:mod:`foxhunt.evaluation.interpret`):
+    after the backtest, from the same windows (at most ``evaluation.interpret.max_windows``,
+    spread over the split), without gradients; the table and PNGs under ``interpretability/``
+    beside the run and in MLflow. Returns the result and its ``test/vsn_*``, ``test/attention/*``
+    metrics; a model family that has nothing to say (``interpret_split`` absent or ``None``),
+    or ``evaluation.interpret.enabled=false``: ``(None, {})``."""
+    settings = cfg.evaluation.get("interpret")
+    method = getattr(model, "interpret_split", None)
+    if settings is None or not settings.enabled or method is None:
+        return None, {}
+    from foxhunt.evaluation.interpret import INTERPRET_DIR, write_interpretation
+
+    result = method(datamodule, "test", settings.max_windows)
+    if result is None:
+        return None, {}
+    for path in write_interpretation(result, out_dir / INTERPRET_DIR, title=f"{CellKey.from_config(cfg).name} test split"):
+        if run is not None:
+            run.log_artifact(path, INTERPRET_DIR)
+    return result, result.metrics("test/")
 
 
 def _log_dataset_record(dataset, out_dir: Path, run) -> None:

@@ -49,7 +49,7 @@ def test_a_refused_champion_registers_nothing(store):
     uri, artifacts = store
     _run(uri, artifacts, WORSE_THAN_FLAT)
     _run(uri, artifacts, {**WORSE_THAN_FLAT, "val/sharpe": 4.0}, model="ppo")
-    outcome = register_champions(uri, "foxhunt", "es", ["dqn", "ppo"], "val/sharpe", "foxhunt", "champion", False)
+    outcome = register_champions(uri, "foxhunt", "es", ["dqn", "ppo"], "val/sharpe", "foxhunt", "champion", False, example_decided=4)
     assert [family for family, _ in outcome.refused] == ["dqn"] and outcome.registered == []
     assert RunStore(uri).get_version("foxhunt-ppo-es", 1) is None  # the passing family waits too: nothing half way
 

@@ -4,6 +4,8 @@ so in one line naming the version and the file (exit 2), serve before it prints 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 from fleet_helpers import FAST, SMALL, cli, client
@@ -21,7 +23,9 @@ def registered(tmp_path_factory):
     assert cli(root, "ensemble", "register", "ensemble.models=[dqn]", "ensemble.gate=none").exit_code == 0
     c = client(root)
     version = c.get_model_version("foxhunt-dqn-es", "1")
-    folder = root / "mlruns" / "artifacts" / version.run_id / "artifacts" / "champion"
+    location = c.get_logged_model(version.source.removeprefix("models:/")).artifact_location  # a logged model's files
+    folder = Path(urlparse(location).path)
+    assert (folder / "MLmodel").is_file()
     backup = root / "backup"
     shutil.copytree(folder, backup)
     return root, folder, backup
@@ -38,6 +42,8 @@ def _damage(folder, how: str) -> None:
         (artifacts / "config.yaml").write_text("model: [unclosed\n")
     elif how == "dataset-missing":
         (artifacts / "dataset.json").unlink()
+    elif how == "code-file":
+        (folder / "pyfunc_entry.py").write_text("import os\nos.system('echo planted')\n")
     elif how == "folder-gone":
         shutil.rmtree(folder)
 
@@ -49,7 +55,8 @@ def _damage(folder, how: str) -> None:
         ("member-json", "registry error: foxhunt-dqn-es: member.json is damaged (JSONDecodeError"),
         ("config-yaml", "registry error: foxhunt-dqn-es: config.yaml is damaged"),
         ("dataset-missing", "registry error: foxhunt-dqn-es: dataset.json is missing from its files"),
-        ("folder-gone", "registry error: models:/foxhunt-dqn-es@champion: its files (runs:/"),
+        ("code-file", "registry error: models:/foxhunt-dqn-es@champion: pyfunc_entry.py is not foxhunt's"),
+        ("folder-gone", "registry error: models:/foxhunt-dqn-es@champion: its files (models:/m-"),
     ],
 )
 @pytest.mark.parametrize("command", ["replay", "serve"])

@@ -13,16 +13,24 @@ import torch
 from fleet_helpers import DATA, SMALL, cli, client
 
 
+def _versions(root) -> dict[str, list[str]]:
+    c = client(root)
+    return {m.name: sorted(v.version for v in c.search_model_versions(f"name='{m.name}'")) for m in c.search_registered_models()}
+
+
 def test_dry_run_prints_the_choice_and_registers_nothing(store_root):
+    before = _versions(store_root)
     result = cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "dry run: nothing registered" in result.output
     rows = {line.split()[0]: line.split() for line in result.output.splitlines() if line.split()[:1] in (["dqn"], ["ppo"])}
     assert rows["dqn"][-2] == "2" and rows["ppo"][-2] == "1"  # runs considered: two DQN runs
-    assert client(store_root).search_registered_models() == []
+    assert _versions(store_root) == before
 
 
-def test_register_picks_the_best_by_the_validation_metric_and_moves_the_alias(store_root):
+def test_register_picks_the_best_by_the_validation_metric_and_moves_the_alias(store_root, tmp_path):
+    from foxhunt.runs.store import RunStore
+
     result = cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     assert result.exit_code == 0, result.output
     c = client(store_root)
@@ -32,15 +40,34 @@ def test_register_picks_the_best_by_the_validation_metric_and_moves_the_alias(st
         runs = c.search_runs([experiment], f"tags.model = '{family}' and attributes.status = 'FINISHED'")
         best = max(runs, key=lambda r: (r.data.metrics["val/sharpe"], r.info.start_time))
         assert version.run_id == best.info.run_id and version.tags["metric"] == "val/sharpe"
-        assert version.source == f"runs:/{best.info.run_id}/champion"
-        files = {a.path for a in c.list_artifacts(best.info.run_id, "champion/artifacts")}
-        assert {"champion/artifacts/weights.pt", "champion/artifacts/config.yaml", "champion/artifacts/dataset.json",
-                "champion/artifacts/member.json"} <= files  # fmt: skip
+        # an MLflow 3 logged model of the training run: the runs table's Models column, the Models tab
+        assert version.source.startswith("models:/m-")
+        model_id = version.source.removeprefix("models:/")
+        logged = c.get_logged_model(model_id)
+        assert logged.source_run_id == best.info.run_id and logged.experiment_id == experiment
+        assert str(logged.status).endswith("READY") and logged.model_type == "foxhunt-member"
+        run = c.get_run(best.info.run_id)
+        assert run.info.status == "FINISHED"  # the training run itself is not reopened
+        assert [o.model_id for o in run.outputs.model_outputs] == [model_id]
+        linked = {m.key: m.value for m in logged.metrics}
+        assert linked["val/sharpe"] == best.data.metrics["val/sharpe"] and "test/sharpe" in linked
+        assert len(c.get_metric_history(best.info.run_id, "val/sharpe")) == 1  # each metric once in the run
+        store = RunStore(f"sqlite:///{store_root / 'mlruns' / 'mlflow.db'}")
+        folder = store.download_uri(f"models:/{model_id}", tmp_path / family)  # MLflow reads models:/ on the global store
+        files = {str(p.relative_to(folder)) for p in __import__("pathlib").Path(folder).rglob("*") if p.is_file()}
+        assert {"artifacts/weights.pt", "artifacts/config.yaml", "artifacts/dataset.json", "artifacts/member.json",
+                "pyfunc_entry.py", "MLmodel", "input_example.json", "requirements.txt"} <= files  # fmt: skip
+        assert not any(name.endswith(".pkl") for name in files)  # models from code: no pickle
+        requirements = (__import__("pathlib").Path(folder) / "requirements.txt").read_text().split()
+        wheel = next(r for r in requirements if r.endswith(".whl"))
+        assert wheel.startswith("artifacts/foxhunt-") and wheel in files  # foxhunt itself travels with the model
+        assert any(r.startswith("torch==") for r in requirements)
     again = cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     assert again.exit_code == 0 and again.output.count("unchanged") == 4  # the same choice: no new version
 
 
 def test_a_registered_version_rebuilds_weights_only_without_its_run_folder(store_root, tmp_path):
+    import mlflow
     import mlflow.pyfunc
 
     from foxhunt.ensemble.registry import download_version
@@ -59,11 +86,16 @@ def test_a_registered_version_rebuilds_weights_only_without_its_run_folder(store
 
     store = RunStore(uri)
     choice = Choice("dqn", int8_run.info.run_id, int8_run.info.run_name, int8_run.data.metrics["val/sharpe"], 1, 0)
-    prepared = prepare(store, choice, "foxhunt-dqn-es", "val/sharpe", tmp_path / "int8")
+    from foxhunt.ensemble.model_env import model_environment
+
+    (tmp_path / "int8").mkdir()
+    environment = model_environment(tmp_path / "int8", "artifacts")
+    prepared = prepare(store, choice, "foxhunt-dqn-es", "val/sharpe", tmp_path / "int8", environment, example_decided=4)
     registered = register_prepared(store, prepared, "int8-trained", gate="none")
     folder, _ = download_version(uri, "foxhunt-dqn-es", "int8-trained", None, tmp_path / "int8-download")
     state = torch.load(folder / "artifacts" / "weights.pt", weights_only=True)
     assert any(t.dtype == torch.int8 for t in state.values())
+    mlflow.set_tracking_uri(uri)  # what an MLflow user does before loading models:/
     model = mlflow.pyfunc.load_model(f"models:/foxhunt-dqn-es/{registered.version}")
     assert model.metadata.get_input_schema().input_names() == ["ts", "open", "high", "low", "close", "volume"]
 

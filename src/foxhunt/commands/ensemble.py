@@ -11,6 +11,9 @@ the ensemble with the shared backtest, prints the table and the measured per-bar
 logs an MLflow run (experiment ``ensemble.experiment``) with the table, the latencies and an
 equity PNG of the ensemble beside its members.
 
+``--interpret FOLDER`` also writes the TFT member's mean variable-selection weights and attention
+over the replayed bars there (:mod:`foxhunt.evaluation.interpret`), computed after the replay.
+
 ``foxhunt ensemble serve [OVERRIDES...] [--host 127.0.0.1] [--port 8080]`` answers bars over
 HTTP with the same fleet (:mod:`foxhunt.ensemble.serve`, uvicorn): ``POST /predict`` a bar or a
 batch of bars for a symbol, ``GET /health``; SIGTERM or Ctrl-C stops it.
@@ -98,7 +101,7 @@ def register(
     with _reported("register"):
         outcome = register_champions(
             uri, str(cfg.task), asset, [str(m) for m in ens.models], str(ens.metric), str(ens.registry_prefix),
-            str(ens.alias), dry_run, gate=str(ens.gate), force=force,
+            str(ens.alias), dry_run, gate=str(ens.gate), force=force, example_decided=int(ens.input_example_decided),
         )  # fmt: skip
     typer.echo(f"experiment {cfg.task}, asset {asset}, best by {ens.metric} (FINISHED runs; ties: the champion, then the newest)")
     typer.echo(f"{'family':<8} {'run':<34} {'name':<22} {ens.metric:>12} {'considered':>10} {'no metric':>9}")
@@ -129,14 +132,25 @@ def register(
 
 
 @ensemble_app.command()
-def replay(overrides: list[str] | None = OVERRIDES) -> None:
+def replay(
+    overrides: list[str] | None = OVERRIDES,
+    interpret: Path | None = typer.Option(
+        None, "--interpret", help="Write the TFT member's mean variable-selection weights and attention over the replayed "
+        "bars to this folder (table + PNGs; computed after the replay, at most evaluation.interpret.max_windows windows).",
+    ),  # fmt: skip
+) -> None:
     """Stream bars through the registered fleet; table of members and ensemble, latencies, MLflow run."""
     from foxhunt.ensemble.replay_run import run_replay
 
     cfg = _compose("replay", overrides)
     _check_store("replay", cfg)
+    if interpret is not None:
+        try:
+            interpret.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _fail("replay", f"--interpret {interpret}: cannot make the folder ({exc.strerror})") from None
     with _reported("replay"), tempfile.TemporaryDirectory(prefix="foxhunt-fleet-") as workdir:
-        report = run_replay(cfg, Path(workdir))
+        report = run_replay(cfg, Path(workdir), interpret=interpret)
     typer.echo(report.text)
 
 
@@ -199,3 +213,28 @@ def _log_validate(cfg, text: str, metrics: dict, fits: bool) -> str:
         run.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
         run.log_artifact(report)
     return run.run_id
+
+
+@ensemble_app.command()
+def export(
+    overrides: list[str] | None = OVERRIDES,
+    fmt: str = typer.Option("onnx", "--format", help="onnx (ONNX Runtime: C++, Rust, Java, C#, JS) or torchscript (libtorch)."),
+    out: Path = typer.Option(Path("exports"), "--out", help="Folder the members' folders are written under."),
+) -> None:
+    """Write each registered member's batch-1 streaming step as ONNX or TorchScript, with member.json
+    (features, normalization, asset, inputs, outputs, decision rule) beside it."""
+    from foxhunt.ensemble.export import FORMATS, export_fleet
+
+    if fmt not in FORMATS:
+        raise _fail("export", f"--format {fmt}: must be one of {', '.join(FORMATS)}")
+    cfg = _compose("export", overrides)
+    _check_store("export", cfg)
+    with _reported("export"), tempfile.TemporaryDirectory(prefix="foxhunt-export-") as workdir:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _fail("export", f"--out {out}: cannot make the folder ({exc.strerror})") from None
+        done = export_fleet(cfg, out, fmt, Path(workdir))
+    for item in done:
+        typer.echo(f"{item.name} v{item.version}: {item.folder} ({item.fmt}); checked against the model on random "
+                   f"inputs by {'ONNX Runtime' if item.fmt == 'onnx' else 'torch.jit.load'}: max |diff| {item.max_diff:.2e}")  # fmt: skip

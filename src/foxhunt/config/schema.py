@@ -77,6 +77,11 @@ class WalkForward(_Strict):
         return self
 
 
+class Interpret(_Strict):
+    enabled: bool
+    max_windows: PositiveInt | None
+
+
 class Evaluation(_Strict):
     plot_equity: bool
     max_bars: PositiveInt | None = None
@@ -89,6 +94,7 @@ class Evaluation(_Strict):
     walk_forward: WalkForward
     fold: Annotated[int, Field(ge=0)] | None
     holdout: Fraction | None = None  # the lockbox: the last fraction of the bars (foxhunt.data.splits)
+    interpret: Interpret | None = None  # TFT interpretability (foxhunt.evaluation.interpret); absent in older stored configs
 
     @field_validator("sessions_per_year", mode="before")
     @classmethod
@@ -437,6 +443,7 @@ class EnsembleSection(_Strict):
     split: Literal["train", "val", "test", "all"]
     experiment: str = Field(min_length=1)
     plot_equity: bool
+    input_example_decided: PositiveInt
     validate_: EnsembleValidate = Field(alias="validate")
     serve: ServeSection
 

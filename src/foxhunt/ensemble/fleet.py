@@ -85,10 +85,10 @@ def int8_policy():
 
 
 def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime: str, device: str,
-                 probe_calls: int, threads: int = 1) -> tuple[Member, MemberInputs, dict[str, Any]]:  # fmt: skip
+                 probe_calls: int, threads: int = 1, workdir: Path | None = None) -> tuple[Member, MemberInputs, dict[str, Any]]:  # fmt: skip
     """A member from a version's model folder (``<folder>/artifacts/...``): its fp32 model, and
     its runtime's ``weights`` (fp32 or int8; :mod:`foxhunt.ensemble.members`); a TFT's ONNX
-    graphs go beside the folder."""
+    graphs go to ``workdir`` (default: beside the folder)."""
     from foxhunt.data.features import FeatureConfig
 
     files = MemberFiles.read(folder / ARTIFACTS_DIR, name)
@@ -104,7 +104,7 @@ def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime:
     )
     family = str(cfg.model.name)
     member = make_member(family, name, model, weights, info.get("value"), runtime, probe_calls, inputs.groups,
-                         workdir=folder.parent, threads=threads)  # fmt: skip
+                         workdir=workdir or folder.parent, threads=threads)  # fmt: skip
     if member is None:
         raise RegistryError(f"{name}: model family {family!r} has no streaming member")
     return member, inputs, {**info, "holdout": cfg.evaluation.get("holdout")}

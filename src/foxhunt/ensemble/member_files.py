@@ -10,7 +10,9 @@ writes them, everything else reads them through :meth:`MemberFiles.read`):
 - ``member.json``: family, asset, run ids, the metric it won on.
 
 A file that is missing or damaged (cut, edited, replaced) is one line naming the version and
-the file (:class:`RegistryError`), never a traceback from the JSON, YAML or torch loader.
+the file (:class:`RegistryError`), never a traceback from the JSON, YAML or torch loader. The
+folder's code file (``pyfunc_entry.py``, what ``mlflow.pyfunc.load_model`` runs) must be
+foxhunt's own, byte for byte (:func:`check_code_file`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ WEIGHTS_FILE = "weights.pt"
 CONFIG_FILE = "config.yaml"
 DATASET_FILE = DATASET_RECORD_FILE
 ARTIFACTS_DIR = "artifacts"  # the files' folder inside a version's model folder
+CODE_FILE = Path(__file__).with_name("pyfunc_entry.py")  # the models-from-code file MLflow copies into the folder
 MEMBER_KEYS = ("family", "asset", "run_id", "metric", "precision")
 _REREGISTER = "register it again (foxhunt ensemble register)"
 
@@ -38,6 +41,15 @@ class RegistryError(UserError, ValueError):
     """A registry or store problem the user can act on (one line)."""
 
     kind = "registry"
+
+
+def check_code_file(folder: Path, name: str) -> None:
+    """A version's copy of the models-from-code file is foxhunt's (module doc); a version saved
+    before models from code has none (the fleet never runs a version's code: only its files)."""
+    copy = folder / CODE_FILE.name
+    if copy.exists() and (not copy.is_file() or copy.read_bytes() != CODE_FILE.read_bytes()):
+        raise RegistryError(f"{name}: {CODE_FILE.name} is not foxhunt's (changed since it was registered); "
+                            f"do not load it with mlflow.pyfunc; {_REREGISTER}")  # fmt: skip
 
 
 @dataclass

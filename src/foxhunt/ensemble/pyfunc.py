@@ -1,30 +1,45 @@
 """A registered member as an MLflow ``pyfunc`` model, so MLflow's tools can use it directly.
 
-:func:`save_member_model` writes the model folder a registered version is made of (the
-``MLmodel`` file, this wrapper and the member's artifacts, see :mod:`foxhunt.ensemble.registry`),
-with a signature: a frame of 1-minute bars in (``ts`` as UTC nanoseconds, ``open``, ``high``,
-``low``, ``close``, ``volume``), one row per bar out (``position``; ``signal``, the summed
-median forecast of a forecaster, NaN for an agent or a bar before the member is warm).
+:func:`save_member_model` writes the model folder a registered version is made of, as MLflow
+"models from code": the ``MLmodel`` file, the code file :mod:`foxhunt.ensemble.pyfunc_entry`
+(copied as ``pyfunc_entry.py``; MLflow runs it to build :class:`FoxhuntMember`, so loading a
+version runs foxhunt's code and ``torch.load(weights_only=True)``, and no pickle is written or
+run), the member's files under ``artifacts/`` (:mod:`foxhunt.ensemble.member_files`), the
+foxhunt wheel and pinned requirements that rebuild its environment
+(:mod:`foxhunt.ensemble.model_env`), a signature and an input example.
+
+The signature: a frame of 1-minute bars in (``ts`` as UTC nanoseconds, ``open``, ``high``,
+``low``, ``close``, ``volume``), one row per bar out (``position``, -1/0/1; ``signal``, the
+summed median forecast of a forecaster, null for an agent or a bar before the member is warm:
+``None`` in the frame, so ``mlflow models serve`` answers JSON ``null``, never ``NaN``). A bad
+bar (out of order, non-finite, off the tick grid, ...) is an ``MlflowException`` with
+``INVALID_PARAMETER_VALUE`` naming the bar, which ``mlflow models serve`` answers with HTTP 400.
 
 ``mlflow.pyfunc.load_model("models:/foxhunt-tft-es@champion").predict(bars)`` (and so
 ``mlflow models serve``) streams the given bars through a fresh engine holding only this
 member: the first rows prime the features (``warmup_bars``, flat) and forecasters decide once
-``seq_len`` bars have arrived, so a request carries the history it is decided on. The fleet and
+``seq_len`` bars have arrived, so a request carries the history it is decided on (the input
+example does: bars of the run's validation split, enough to warm up and decide). The fleet and
 its HTTP server keep one stream per symbol instead (``foxhunt ensemble serve``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
+import pandas as pd
 
-from foxhunt.ensemble.member_files import DATASET_FILE, MEMBER_FILE
+from foxhunt.ensemble.member_files import CODE_FILE, DATASET_FILE, MEMBER_FILE
 
 BAR_FIELDS = ("ts", "open", "high", "low", "close", "volume")
+WHEEL_ARTIFACT = "foxhunt_wheel"
 
 
 def _signature():
@@ -32,7 +47,7 @@ def _signature():
     from mlflow.types.schema import ColSpec, Schema
 
     inputs = Schema([ColSpec("long", "ts"), *(ColSpec("double", c) for c in BAR_FIELDS[1:])])
-    outputs = Schema([ColSpec("long", "position"), ColSpec("double", "signal")])
+    outputs = Schema([ColSpec("long", "position"), ColSpec("double", "signal", required=False)])
     return ModelSignature(inputs=inputs, outputs=outputs)
 
 
@@ -42,49 +57,55 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         import torch
 
+        from foxhunt.assets import AssetSpec
         from foxhunt.ensemble.fleet import build_member
 
         threads = _packaged("ensemble", "default").get("torch_threads")
         if threads:  # pinned as the fleet is (ensemble.torch_threads): batch-1 steps lose to more threads
             torch.set_num_threads(int(threads))
-
-        folder = Path(context.artifacts["member"]).parent.parent
-        info = json.loads(Path(context.artifacts["member"]).read_text())
+        member_file = Path(context.artifacts["member"])
+        info = json.loads(member_file.read_text())
+        # A TFT's ONNX graphs are written to a scratch folder: the model folder may be read-only.
+        scratch = Path(tempfile.mkdtemp(prefix="foxhunt-pyfunc-"))
+        weakref.finalize(self, shutil.rmtree, scratch, True)
         self.member, self.inputs, self.info = build_member(
-            folder, f"foxhunt-{info['family']}-{info['asset']}", info["asset"], "fp32", "auto", "cpu", probe_calls=50,
+            member_file.parent.parent, f"foxhunt-{info['family']}-{info['asset']}", info["asset"], "fp32", "auto", "cpu",
+            probe_calls=50, workdir=scratch,
         )  # fmt: skip
-        record = json.loads(Path(context.artifacts["dataset"]).read_text())
-        from foxhunt.assets import AssetSpec
-
-        fields = dict(record["asset"])
+        fields = dict(json.loads(Path(context.artifacts["dataset"]).read_text())["asset"])
         if "calendar" not in fields:  # registered before assets named their exchange calendar
-            fields["calendar"] = _packaged_asset(fields["key"])["calendar"]
+            fields["calendar"] = _packaged("asset", fields["key"])["calendar"]
         self.asset = AssetSpec(**fields)
+        self.engine = None
 
-    def predict(self, context, model_input, params: dict[str, Any] | None = None):
+    def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         import numpy as np
-        import pandas as pd
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
         from foxhunt.ensemble.engine import StreamingEngine
 
-        if getattr(self, "engine", None) is None:
+        if self.engine is None:
             self.engine = StreamingEngine([self.member], {self.member.name: self.inputs}, self.asset, rule="majority",
                                           origin="pyfunc input")  # fmt: skip
-        stream = self.engine.open_stream("request")  # a fresh stream per request: its bars carry their history
         frame = pd.DataFrame(model_input)
+        missing = [c for c in BAR_FIELDS if c not in frame.columns]
+        if missing:
+            raise MlflowException(f"bars lack the column(s) {', '.join(missing)} (need {', '.join(BAR_FIELDS)})", INVALID_PARAMETER_VALUE)
+        stream = self.engine.open_stream("request")  # a fresh stream per request: its bars carry their history
         positions, signals = [], []
         try:
             for row in frame[list(BAR_FIELDS)].itertuples(index=False):
                 bar = (int(row.ts), float(row.open), float(row.high), float(row.low), float(row.close), float(row.volume))
                 result = self.engine.step_many([(stream, bar)])[0]
-                if isinstance(result, Exception):
-                    raise result
+                if isinstance(result, Exception):  # a bad bar (foxhunt.data.errors.BarDataError): one line naming it
+                    raise MlflowException(str(result), INVALID_PARAMETER_VALUE) from None
                 decision = result.decisions.get(self.member.name)
                 positions.append(0 if decision is None else decision.position)
-                signals.append(np.nan if decision is None or decision.signal is None else decision.signal)
+                signals.append(None if decision is None or decision.signal is None else float(decision.signal))
         finally:
             self.engine.close_stream(stream)
-        return pd.DataFrame({"position": np.asarray(positions, dtype=np.int64), "signal": np.asarray(signals, dtype=np.float64)})
+        return pd.DataFrame({"position": np.asarray(positions, dtype=np.int64), "signal": pd.Series(signals, dtype=object)})
 
 
 def _packaged(group: str, name: str) -> dict:
@@ -96,29 +117,48 @@ def _packaged(group: str, name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(files("foxhunt.conf").joinpath(group, f"{name}.yaml")))
 
 
-def _packaged_asset(key: str) -> dict:
-    """The asset config shipped with foxhunt (``conf/asset/<key>.yaml``)."""
-    return _packaged("asset", key)
-
-
-def save_member_model(folder: Path, weights: Path, config: Path, record: dict, member: dict) -> Path:
-    """Write the pyfunc model folder of one member (nothing is logged anywhere)."""
-    import torch
-
-    import foxhunt
-
+def save_member_model(folder: Path, weights: Path, config: Path, record: dict, member: dict, environment,
+                      input_example) -> Path:  # fmt: skip
+    """Write the pyfunc model folder of one member (nothing is logged anywhere): the code file,
+    the member's files, ``environment`` (:class:`foxhunt.ensemble.model_env.ModelEnvironment`)
+    and ``input_example`` (a frame of bars)."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         (scratch / DATASET_FILE).write_text(json.dumps(record, indent=1))
         (scratch / MEMBER_FILE).write_text(json.dumps(member, indent=1))
-        mlflow.pyfunc.save_model(
-            path=str(folder),
-            python_model=FoxhuntMember(),
-            artifacts={
-                "weights": str(weights), "config": str(config),
-                "dataset": str(scratch / DATASET_FILE), "member": str(scratch / MEMBER_FILE),
-            },
-            signature=_signature(),
-            pip_requirements=[f"foxhunt=={getattr(foxhunt, '__version__', '0.1.0')}", f"torch>={torch.__version__.split('+')[0]}"],
-        )  # fmt: skip
+        artifacts = {"weights": str(weights), "config": str(config), "dataset": str(scratch / DATASET_FILE),
+                     "member": str(scratch / MEMBER_FILE)}  # fmt: skip
+        if environment.wheel is not None:
+            artifacts[WHEEL_ARTIFACT] = str(environment.wheel)
+        quiet = logging.getLogger("mlflow.pyfunc")
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)  # its "Validating input example" line, one per version
+        try:
+            mlflow.pyfunc.save_model(
+                path=str(folder), python_model=str(CODE_FILE), artifacts=artifacts, signature=_signature(),
+                input_example=input_example, pip_requirements=environment.requirements,
+            )  # fmt: skip
+        finally:
+            quiet.setLevel(level)
     return folder
+
+
+def check_model_folder(folder: Path, example) -> None:
+    """Load the saved folder as MLflow would (``mlflow.pyfunc.load_model``) and predict its input
+    example: a folder that cannot answer is never registered."""
+    model = mlflow.pyfunc.load_model(str(folder))
+    answer = model.predict(example)
+    if len(answer) != len(example):
+        raise AssertionError(f"pyfunc answered {len(answer)} rows for {len(example)} bars")
+
+
+def stamp_logged_model(folder: Path, model_id: str, run_id: str, artifact_location: str) -> None:
+    """Write the logged model's id, run and location into the folder's ``MLmodel``, as
+    ``Model.log`` does before it uploads a folder."""
+    from mlflow.models import Model
+
+    mlmodel = folder / "MLmodel"
+    model = Model.load(str(mlmodel))
+    model.model_id = model.model_uuid = model_id
+    model.run_id, model.artifact_path = run_id, artifact_location
+    model.save(str(mlmodel))

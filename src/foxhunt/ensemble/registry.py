@@ -9,11 +9,14 @@ over seeds (:mod:`foxhunt.protocol`) competes with its aggregate (``val/sharpe``
 validation blocks, mean across seeds), never with its folds one by one; its weights are those
 of its last fold (trained on the most recent bars), the seed best on the metric there.
 
-**A registered version** (``<prefix>-<model>-<asset>``, e.g. ``foxhunt-tft-es``) is an MLflow
-``pyfunc`` model (:class:`foxhunt.ensemble.pyfunc.FoxhuntMember`, with a signature: bars in,
-positions and forecast signals out), logged into its training run's artifacts (``champion/``)
-and registered from there, so the MLflow UI's Models page lists it and links its run. Its
-artifacts hold everything needed to rebuild the model without the training folder:
+**A registered version** (``<prefix>-<model>-<asset>``, e.g. ``foxhunt-tft-es``) is an MLflow 3
+*logged model* of its training run (the runs table's Models column, the run's "Logged models",
+the experiment's Models tab), linked to the run's ``val/`` and ``test/`` metrics, and registered
+from it (``models:/<model_id>``). Its folder is a ``pyfunc`` model from code
+(:mod:`foxhunt.ensemble.pyfunc`: no pickle; a signature, an input example of real bars, the
+foxhunt wheel and pinned requirements, :mod:`foxhunt.ensemble.model_env`), whose ``artifacts/``
+hold everything needed to rebuild the member without the training folder
+(:mod:`foxhunt.ensemble.member_files`):
 
 - ``weights.pt``: the state dict of the run's best checkpoint (plain tensors; int8-trained
   weights as their int8 values and scales), loadable with ``torch.load(weights_only=True)``;
@@ -25,10 +28,12 @@ artifacts hold everything needed to rebuild the model without the training folde
 The version's tags name the run (``run_id``), the metric and its value; the alias
 (``ensemble.alias``, default ``champion``) moves to the new version. When a family's best run
 already is the aliased version, nothing new is registered. Every choice is prepared and checked
-(checkpoint present, loadable and stamped for the run that logged it, config valid) before
-anything is written to the registry. The whole step holds the store's registry lock
+(checkpoint present, loadable and stamped for the run that logged it, config valid, the saved
+folder loaded by ``mlflow.pyfunc.load_model`` and answering its input example) before anything
+is written to the store. The whole step holds the store's registry lock
 (:meth:`foxhunt.runs.store.RunStore.exclusive`): a second ``register`` started meanwhile waits,
-then finds the champions registered and registers nothing again.
+then finds the champions registered and registers nothing again. Versions registered before
+logged models (``runs:/<run>/champion``) are still read.
 """
 
 from __future__ import annotations
@@ -41,22 +46,20 @@ from pathlib import Path
 from typing import Any
 
 from foxhunt.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
-from foxhunt.ensemble.member_files import ARTIFACTS_DIR, CONFIG_FILE, WEIGHTS_FILE, RegistryError
+from foxhunt.ensemble.member_files import ARTIFACTS_DIR, CONFIG_FILE, WEIGHTS_FILE, RegistryError, check_code_file
 from foxhunt.errors import one_line_error
+from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metric directions
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
 
-#: Direction of each known metric name (the part after the split, ``val/<name>``).
-METRIC_DIRECTIONS = {
-    "sharpe": "max", "pnl": "max", "env_pnl_usd": "max", "mean_pnl": "max", "mean_reward": "max", "hit_rate": "max",
-    "direction_accuracy": "max", "loss": "min", "max_drawdown": "min",
-}  # fmt: skip
 SELECTION_PREFIXES = ("val/",)
 VAL_SHARPE, VAL_BASELINE = "val/sharpe", "val/baseline/"
 GATES = ("baseline", "interval", "none")
 GATE_TAG, GATE_FORCED = "gate", "forced"  # version tag: the gate it passed, or forced
 WEIGHTS_CHOICE, WEIGHTS_REASON = "weights_choice", "weights_reason"  # version tags: foxhunt ensemble validate's verdict
-MODEL_ARTIFACT_PATH = "champion"
+MODEL_ARTIFACT_PATH = "champion"  # the run artifact folder of versions registered before logged models
+LINKED_METRICS = ("val/", "test/")  # the run's metrics a version's logged model is linked to
+MODEL_TYPE = "foxhunt-member"  # the logged models' model_type
 CHECKPOINTS = ("checkpoints/best.ckpt", "checkpoints/last.ckpt")
 REGISTRY_LOCK = "registry"  # the store's lock held while champions are chosen and registered
 
@@ -156,13 +159,14 @@ class Prepared:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-def prepare(store, choice: Choice, name: str, metric: str, workdir: Path) -> Prepared:
+def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, environment, example_decided: int) -> Prepared:
     """Download the run's checkpoint, config and dataset record, check that the model rebuilds
-    from them, and save the pyfunc model folder (nothing is written to the store)."""
+    from them, save the pyfunc model folder and check that MLflow loads it and answers its
+    input example (nothing is written to the store)."""
     import torch
     from omegaconf import OmegaConf
 
-    from foxhunt.ensemble.pyfunc import save_member_model
+    from foxhunt.ensemble.pyfunc import check_model_folder, save_member_model
 
     run_id = deployed_run(store, choice, metric)
     downloads = workdir / f"{choice.family}-download"
@@ -197,7 +201,14 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path) -> Pre
         "cell_run_id": choice.run_id,
     }  # fmt: skip
     folder = workdir / f"{choice.family}-model"
-    save_member_model(folder, weights=weights, config=config_path, record=record, member=member)
+    example = input_example(cfg, record, example_decided, origin=f"run {run_id} ({choice.run_name})")
+    save_member_model(folder, weights=weights, config=config_path, record=record, member=member,
+                      environment=environment, input_example=example)  # fmt: skip
+    try:
+        check_model_folder(folder, example)
+    except Exception as exc:  # noqa: BLE001 (whatever stops MLflow loading or answering: never registered)
+        raise RegistryError(f"run {run_id} ({choice.run_name}): its saved MLflow model does not answer its input example "
+                            f"({one_line_error(exc, first_line=True, limit=200)})") from None  # fmt: skip
     tags = {"run_id": choice.run_id, "weights_run_id": run_id, "metric": metric, "metric_value": f"{choice.value:.6g}", "family": choice.family,
             "asset": member["asset"], "precision": member["precision"], "checkpoint": checkpoint}  # fmt: skip
     return Prepared(choice=choice, name=name, folder=folder, tags=tags)
@@ -218,6 +229,37 @@ def deployed_run(store, choice: Choice, metric: str) -> str:
     candidates = [r for r in kids if int(r.tags.get(Tag.FOLD) or 0) == last and r.metric(metric) is not None] or kids
     sign = 1.0 if direction == "max" else -1.0
     return max(candidates, key=lambda r: (sign * (r.metric(metric) or 0.0), r.start_ms)).run_id
+
+
+def input_example(cfg, record: dict, decided: int, origin: str):
+    """The bars ending the run's validation split, as the pyfunc takes them (``ts`` in UTC ns):
+    enough to warm the features (``warmup_bars``) and fill a forecaster's window (``seq_len``),
+    then ``decided`` bars it decides on. Never test or lockbox bars."""
+    import numpy as np
+    import pandas as pd
+    from hydra.utils import instantiate
+
+    from foxhunt.build import run_split
+    from foxhunt.data.dataset import load_market_dataset
+    from foxhunt.data.features import FeatureConfig
+
+    try:
+        asset, source = instantiate(cfg.asset), instantiate(cfg.data.source)
+        bars = source.load(asset)
+        dataset = load_market_dataset(source, asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
+    except Exception as exc:  # noqa: BLE001 (a data file moved or unreadable since training: one line)
+        raise RegistryError(f"{origin}: cannot read its bars ({cfg.data.source._target_.rsplit('.', 1)[-1]}) for the model's "
+                            f"input example: {one_line_error(exc, first_line=True, limit=200)}") from None  # fmt: skip
+    window = cfg.model.get("window") or {}
+    need = FeatureConfig(**record["feature_config"]).warmup_bars + int(window.get("seq_len") or 0) + decided
+    last = int(dataset.splits["val"].timestamps[-1].astype("datetime64[ns]").astype(np.int64))
+    stamps = bars.index.as_unit("ns").asi8
+    stop = int(np.searchsorted(stamps, last, side="right"))
+    chosen = bars.iloc[max(0, stop - need) : stop]
+    frame = pd.DataFrame({"ts": chosen.index.as_unit("ns").asi8.astype(np.int64)})
+    for column in ("open", "high", "low", "close", "volume"):
+        frame[column] = chosen[column].to_numpy(dtype=np.float64)
+    return frame
 
 
 def _rebuild_record(cfg) -> dict[str, Any]:
@@ -262,11 +304,20 @@ class Registered:
 
 
 def register_prepared(store, prepared: Prepared, alias: str, gate: str) -> Registered:
-    """Log the model folder into the training run, register it as a new version, move ``alias``."""
+    """Log the model folder as a logged model of its training run, register it as a new version
+    from there, move ``alias`` (module doc)."""
+    from foxhunt.ensemble.pyfunc import stamp_logged_model
+
     run_id = prepared.choice.run_id
-    store.log_artifacts(run_id, prepared.folder, MODEL_ARTIFACT_PATH)
     tags = {**prepared.tags, GATE_TAG: gate}
-    version = store.register_model_version(prepared.name, run_id, MODEL_ARTIFACT_PATH, tags=tags, alias=alias)
+    model_id, location = store.create_logged_model(run_id, prepared.name, MODEL_TYPE, tags)
+    try:
+        stamp_logged_model(prepared.folder, model_id, run_id, location)
+        store.complete_logged_model(model_id, run_id, prepared.folder, LINKED_METRICS)
+    except BaseException:
+        store.fail_logged_model(model_id)
+        raise
+    version = store.register_model_version(prepared.name, run_id, f"models:/{model_id}", tags=tags, alias=alias, model_id=model_id)
     return Registered(prepared.name, version.version, run_id, unchanged=False, gate=gate)
 
 
@@ -282,7 +333,10 @@ def download_version(tracking_uri: str, name: str, alias: str | None, version: i
         raise RegistryError(f"{uri}: not in the registry of {tracking_uri}; run foxhunt ensemble register first")
     dst.mkdir(parents=True, exist_ok=True)
     try:
-        local = store.download(found.run_id, MODEL_ARTIFACT_PATH, dst) if found.run_id else store.download_uri(found.source, dst)
+        if found.source.startswith("models:/") or not found.run_id:
+            local = store.download_uri(found.source, dst)
+        else:  # registered before logged models: the run's champion/ folder
+            local = store.download(found.run_id, MODEL_ARTIFACT_PATH, dst)
     except Exception as exc:  # MLflow's error for artifacts that are gone, an OSError for a folder that is not one
         if not (type(exc).__module__.startswith("mlflow") or isinstance(exc, OSError)):
             raise
@@ -291,6 +345,7 @@ def download_version(tracking_uri: str, name: str, alias: str | None, version: i
                             "(foxhunt ensemble register)") from None  # fmt: skip
     if not (local / "MLmodel").is_file() or not (local / ARTIFACTS_DIR).is_dir():
         raise RegistryError(f"{uri}: its files ({found.source}) hold no foxhunt MLflow model; register it again (foxhunt ensemble register)")
+    check_code_file(local, uri)
     return local, found
 
 
@@ -306,7 +361,7 @@ class Registration:
 
 def register_champions(tracking_uri: str, experiment: str, asset: str, families: list[str], metric: str,
                        prefix: str, alias: str, dry_run: bool, gate: str = "baseline",
-                       force: bool = False) -> Registration:  # fmt: skip
+                       force: bool = False, *, example_decided: int) -> Registration:  # fmt: skip
     """Choose, gate, prepare every version, then register them (see the module doc)."""
     from foxhunt.runs.store import RunStore
 
@@ -316,7 +371,7 @@ def register_champions(tracking_uri: str, experiment: str, asset: str, families:
     if dry_run:
         return Registration(choose_champions(store, experiment, asset, families, metric, _incumbents(store, families, prefix, asset, alias)))
     with store.exclusive(REGISTRY_LOCK):  # a concurrent register waits, then finds the champions registered
-        return _register_locked(store, experiment, asset, families, metric, prefix, alias, gate, force)
+        return _register_locked(store, experiment, asset, families, metric, prefix, alias, gate, force, example_decided)
 
 
 def _incumbents(store, families: list[str], prefix: str, asset: str, alias: str) -> dict[str, str]:
@@ -325,7 +380,7 @@ def _incumbents(store, families: list[str], prefix: str, asset: str, alias: str)
 
 
 def _register_locked(store, experiment: str, asset: str, families: list[str], metric: str, prefix: str,
-                     alias: str, gate: str, force: bool) -> Registration:  # fmt: skip
+                     alias: str, gate: str, force: bool, example_decided: int) -> Registration:  # fmt: skip
     incumbents = _incumbents(store, families, prefix, asset, alias)
     choices = choose_champions(store, experiment, asset, families, metric, incumbents)
     missing = [c.family for c in choices if c.run_id is None]
@@ -340,14 +395,18 @@ def _register_locked(store, experiment: str, asset: str, families: list[str], me
     passed = {c.family: GATE_FORCED if any(f == c.family for f, _ in refused) else gate for c in choices}
     results, work = [], Path(tempfile.mkdtemp(prefix="foxhunt-register-"))
     try:
-        todo = []
+        todo, environment = [], None
         for choice in choices:
             name = registered_name(prefix, choice.family, asset)
             if incumbents.get(choice.family) == choice.run_id:
                 current = store.get_version_by_alias(name, alias)
                 results.append(Registered(name, current.version, choice.run_id, unchanged=True, gate=current.tags.get(GATE_TAG, "")))
                 continue
-            todo.append(prepare(store, choice, name, metric, work))  # every check before any write
+            if environment is None:  # one wheel for every version of this register
+                from foxhunt.ensemble.model_env import model_environment
+
+                environment = model_environment(work, ARTIFACTS_DIR)
+            todo.append(prepare(store, choice, name, metric, work, environment, example_decided))  # every check before any write
         results += [register_prepared(store, prepared, alias, passed[prepared.choice.family]) for prepared in todo]
     finally:
         shutil.rmtree(work, ignore_errors=True)

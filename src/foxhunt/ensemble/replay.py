@@ -9,6 +9,10 @@ it: replaying a split this way gives the decisions of the batch path on that spl
 
 :func:`score_replay` runs the shared backtest (:func:`foxhunt.evaluation.backtest.backtest`,
 the one every training run reports) on the positions of each member and of the ensemble.
+
+:func:`replayed_windows` gives, after a replay, the input windows a forecaster member read on
+its bars (``foxhunt ensemble replay --interpret``: the TFT's selection weights and attention
+over them are computed from these, batched, so the per-bar step stays as it is).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.data.roll import RAW_CLOSE, ROLL_PRICE
-from foxhunt.ensemble.engine import StreamingEngine
+from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
 from foxhunt.evaluation.backtest import BacktestResult, backtest
 
 ENSEMBLE = "ensemble"
@@ -50,10 +54,7 @@ def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | Non
     """Stream ``bars`` (a bars frame, UTC index) through ``engine``; see the module doc.
     ``stop_ns``: the last bar stepped is the last one before it; ``progress(done, total)`` is
     called every :data:`PROGRESS_EVERY` bars and at the end."""
-    stamps = bars.index.as_unit("ns").asi8
-    values = bars[["open", "high", "low", "close", "volume"]].to_numpy(dtype=np.float64)
-    first = 0 if start_ns is None else int(np.searchsorted(stamps, start_ns, side="left"))
-    last = len(stamps) if stop_ns is None else int(np.searchsorted(stamps, stop_ns, side="left"))
+    stamps, values, first, last = _bounds(bars, start_ns, stop_ns)
     for i in range(first):
         engine.warm(int(stamps[i]), *values[i])
     engine.reset_members()
@@ -92,6 +93,64 @@ def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | Non
         total_ns=total_ns,
         warm_bars=warm_bars,
     )
+
+
+def _bounds(bars: pd.DataFrame, start_ns: int | None, stop_ns: int | None) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The bars' starts (ns) and OHLCV values, and the first and past-the-last bar stepped."""
+    stamps = bars.index.as_unit("ns").asi8
+    values = bars[["open", "high", "low", "close", "volume"]].to_numpy(dtype=np.float64)
+    first = 0 if start_ns is None else int(np.searchsorted(stamps, start_ns, side="left"))
+    last = len(stamps) if stop_ns is None else int(np.searchsorted(stamps, stop_ns, side="left"))
+    return stamps, values, first, last
+
+
+def replayed_windows(inputs: MemberInputs, asset, bars: pd.DataFrame, seq_len: int, horizon: int,
+                     start_ns: int | None = None, stop_ns: int | None = None, limit: int | None = None,
+                     origin: str = "replay") -> tuple[dict[str, np.ndarray], int]:  # fmt: skip
+    """The input windows a forecaster member with ``inputs`` read in :func:`replay_bars` of the
+    same ``bars``, ``start_ns`` and ``stop_ns``, recomputed afterwards, so the replay itself
+    (its per-bar step, its timings) is untouched: the bars go once more through a feature
+    pipeline of the member's own settings (:class:`~foxhunt.data.streaming.StreamingFeatures`,
+    O(1) per bar, no model), normalized with its train statistics as the engine does, and a
+    window ends at every bar the member decided on (``seq_len`` bars stepped since its reset at
+    the first bar), its future the calendar of the ``horizon`` minutes after that bar.
+
+    Returns the windows (``static`` (N, S), ``known`` (N, seq_len + horizon, K), ``observed``
+    (N, seq_len, O) float32, as a datamodule's ``input_windows``; ``bar_index`` (N,): each
+    window's last bar as an index into the replay's :class:`ReplayRecord`), at most ``limit``
+    of them spread evenly over the replay, and how many there were in all."""
+    from foxhunt.data.features import FeatureConfig
+    from foxhunt.data.streaming import KnownCalendar, StreamingFeatures
+    from foxhunt.evaluation.interpret import spaced_indices
+
+    calendar = KnownCalendar(asset, FeatureConfig.from_config(inputs.feature_config))
+    pipeline = StreamingFeatures(asset, inputs.feature_config, origin, calendar)
+    stamps, values, first, last = _bounds(bars, start_ns, stop_ns)
+    for i in range(first):
+        pipeline.update(int(stamps[i]), *values[i].tolist())
+    raw, steps = [], []  # the rows the member was stepped on, and their index in the record
+    for j, (ts, row) in enumerate(zip(stamps[first:last].tolist(), values[first:last].tolist())):
+        features = pipeline.update(ts, *row)
+        if features is not None:
+            raw.append(features)
+            steps.append(j)
+    total = max(len(raw) - seq_len + 1, 0)
+    groups = {g: np.asarray(v) for g, v in inputs.groups.items()}
+    width = sum(len(v) for v in groups.values())
+    offset, scale = inputs.normalizer()
+    rows = ((np.stack(raw) - offset) / scale).astype(np.float32) if raw else np.zeros((0, width), np.float32)
+    ends = spaced_indices(total, limit) + seq_len - 1  # each window's last row
+    past = ends[:, None] + np.arange(-seq_len + 1, 1)
+    ts_of = stamps[first:last]
+    future = [calendar.future(int(ts_of[steps[k]]), horizon) for k in ends.tolist()]
+    known = rows[:, groups["known"]]
+    windows = {
+        "static": rows[ends][:, groups["static"]],
+        "known": np.concatenate([known[past], np.stack(future) if future else np.zeros((0, horizon, len(groups["known"])), np.float32)], axis=1),
+        "observed": rows[:, groups["observed"]][past],
+        "bar_index": np.asarray(steps, np.int64)[ends] if len(ends) else np.zeros(0, np.int64),
+    }
+    return windows, total
 
 
 def score_replay(record: ReplayRecord, asset, commission_usd: float, slippage_ticks: float,

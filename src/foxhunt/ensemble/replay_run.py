@@ -10,6 +10,16 @@ and the whole fleet's per bar), and the artifacts ``replay.md`` (the table) and
 ``equity_replay.png``. Every latency is ``time.perf_counter_ns`` around each member's step on
 every bar of the replay (input normalization included), and around the whole bar for the fleet
 (feature update, every member, the rule), the first ``warmup_bars`` bars left out.
+
+With ``interpret`` (``foxhunt ensemble replay --interpret FOLDER``) the TFT member's mean
+variable-selection weights and attention over the bars it decided on are written to ``FOLDER``
+(:func:`foxhunt.evaluation.interpret.write_interpretation`: table and PNGs) and logged under the
+replay run's ``interpretability/`` artifacts. They are computed after the replay, not during it
+(the per-bar step and its timings stay as they are): the windows the member read are recomputed
+(:func:`foxhunt.ensemble.replay.replayed_windows`), at most ``evaluation.interpret.max_windows``
+spread over the replay, and run in batches through the version's own torch module (its
+registered weights, fp32: the member's runtime, ONNX Runtime graphs or an int8 copy, exposes no
+weights); the member's forecasts on those windows are checked against the replay's own.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from foxhunt.data.features import FEATURE_NAMES
 from foxhunt.ensemble.fleet import fleet_engine, load_fleet
 from foxhunt.ensemble.replay import ENSEMBLE, latency_us, replay_bars, score_replay
 
@@ -30,6 +41,7 @@ FLEET = "fleet"
 SOURCE = "foxhunt ensemble replay"  # the runs table's Source column
 REPORT_FILE = "replay.md"
 EQUITY_FILE = "equity_replay.png"
+INTERPRETED = "tft"  # the family whose selection weights and attention --interpret writes
 
 
 @dataclass
@@ -61,11 +73,14 @@ def _window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
     return int(stamps[0]), int(stamps[-1]) + 1, f"the {split} split ({len(stamps)} bars; the {int(np.searchsorted(bars.index.as_unit('ns').asi8, stamps[0]))} bars before it prime the features)"
 
 
-def run_replay(cfg, workdir: Path) -> ReplayReport:
+def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayReport:
     from hydra.utils import instantiate
 
     from foxhunt.config.schema import ConfigError
 
+    if interpret is not None and INTERPRETED not in [str(m) for m in cfg.ensemble.models]:
+        raise ConfigError(f"--interpret {interpret}: the fleet has no {INTERPRETED} member (ensemble.models="
+                          f"[{','.join(str(m) for m in cfg.ensemble.models)}]); only the TFT's selection and attention are written")  # fmt: skip
     asset = instantiate(cfg.asset)
     fleet = load_fleet(cfg, workdir)
     for member in fleet:  # the bars a member's run kept in its lockbox stay closed here too
@@ -121,6 +136,13 @@ def run_replay(cfg, workdir: Path) -> ReplayReport:
                  "scored with evaluation.max_bars saw only the split's first bars; '-': a split its run did not score)")  # fmt: skip
     for f in fleet:
         lines.append(f"  {f.member.name}: run {f.run_id}, {f.metric}={f.value:.6g}, trained {f.precision}, runtime {f.member.runtime_note}")
+    interpreted: list[Path] = []
+    if interpret is not None:
+        for f in fleet:
+            if f.member.family == INTERPRETED:
+                line, paths = _interpret_member(cfg, f, asset, bars, start, stop, record, window, Path(interpret), workdir)
+                lines.append(line)
+                interpreted += paths
     text = "\n".join(lines)
 
     run_id = None
@@ -134,9 +156,43 @@ def run_replay(cfg, workdir: Path) -> ReplayReport:
         png = plot_equities(results, record.timestamps, out_dir / EQUITY_FILE, title=f"fleet replay, {asset.key}, {window}",
                             highlight=ENSEMBLE)  # fmt: skip
     if cfg.logger.enabled:
-        run_id = _log(cfg, fleet, metrics, [out_dir / REPORT_FILE, *([png] if png else [])], window)
+        run_id = _log(cfg, fleet, metrics, [out_dir / REPORT_FILE, *([png] if png else [])], window, interpreted)
         text += f"\nMLflow run {run_id} in experiment {cfg.ensemble.experiment}"
     return ReplayReport(text=text, metrics=metrics, run_id=run_id)
+
+
+def _interpret_member(cfg, f, asset, bars, start: int | None, stop: int | None, record, window: str, folder: Path,
+                      workdir: Path) -> tuple[str, list[Path]]:  # fmt: skip
+    """The TFT member's selection weights and attention over the replayed bars, written to
+    ``folder`` (module doc): the report's line and the files."""
+    from foxhunt.ensemble.fleet import rebuild_model
+    from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
+    from foxhunt.ensemble.registry import download_version
+    from foxhunt.ensemble.replay import replayed_windows
+    from foxhunt.evaluation.interpret import SelectionNames, write_interpretation
+
+    started = time.perf_counter()
+    local, _ = download_version(str(cfg.logger.tracking_uri), f.name, None, int(f.version), workdir / f"{f.name}-interpret")
+    files = MemberFiles.read(local / ARTIFACTS_DIR, f.name)
+    model = rebuild_model(files.cfg, files.state, origin=f.name).to(str(cfg.ensemble.device)).eval()
+    settings = cfg.evaluation.get("interpret")
+    limit = None if settings is None else settings.max_windows
+    windows, total = replayed_windows(f.inputs, asset, bars, model.seq_len, model.horizon, start, stop, limit,
+                                      origin=f"{f.name} interpretability")  # fmt: skip
+    decided = int(np.isfinite(record.signals[f.member.name]).sum())
+    if decided != total:  # the recomputed windows are not those the member read: a bug, never a result
+        raise RuntimeError(f"{f.name}: {total} windows recomputed, the replay decided on {decided} bars")
+    names = SelectionNames.of(files.record.get("feature_names", FEATURE_NAMES), f.inputs.groups)
+    forecasts: list = []  # the same passes' forecasts: the member's signals, to check the windows by
+    result = model.interpret_windows(windows, int(files.cfg.model.window.eval_batch_size), names, source=f"replay, {window}",
+                                     total_windows=total, forecasts=forecasts)  # fmt: skip
+    signals = np.concatenate([fc[..., model.median_index].sum(-1).numpy() for fc in forecasts]) if forecasts else np.zeros(0)
+    mismatch = float(np.max(np.abs(signals - record.signals[f.member.name][windows["bar_index"]]), initial=0.0))
+    paths = write_interpretation(result, folder, title=f"{f.name} v{f.version} replay")
+    seconds = time.perf_counter() - started
+    line = (f"  {f.name}: {result.summary_line()}; written to {folder} (its registered weights in torch, fp32, "
+            f"after the replay: {seconds:.1f} s; forecasts on these windows within {mismatch:.1e} of the replay's)")  # fmt: skip
+    return line, paths
 
 
 def _trained_figures(cfg, fleet, split: str) -> dict[str, tuple[float, float]]:
@@ -181,7 +237,7 @@ def _progress(what: str):
         yield update
 
 
-def _log(cfg, fleet, metrics: dict[str, float], artifacts: list[Path], window: str) -> str:
+def _log(cfg, fleet, metrics: dict[str, float], artifacts: list[Path], window: str, interpreted: list[Path] = ()) -> str:
     from omegaconf import OmegaConf
 
     from foxhunt.config.schema import resolved_config
@@ -203,4 +259,9 @@ def _log(cfg, fleet, metrics: dict[str, float], artifacts: list[Path], window: s
         run.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)})
         for path in [*artifacts, fleet_file]:
             run.log_artifact(path)
+        if interpreted:
+            from foxhunt.evaluation.interpret import INTERPRET_DIR
+
+            for path in interpreted:
+                run.log_artifact(path, INTERPRET_DIR)
     return run.run_id

@@ -44,7 +44,8 @@ resamples single observations only (no block bootstrap), and the block bootstrap
 ``arch`` (not installed here) call the statistic once per replicate in Python, which is slow
 for the 1000 replicates over 10k+ bars a grid run needs; here the replicates are one
 ``(samples, n)`` index matrix, reduced along its rows. The PSR and DSR are a few lines of
-the papers' formulas on top of ``scipy.stats.norm``.
+the papers' formulas (:mod:`foxhunt.evaluation.deflated`, on the standard library's normal
+distribution).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as sps
+
+from foxhunt.evaluation.deflated import deflated_sharpe_ratio, expected_max_sharpe, probabilistic_sharpe_ratio  # noqa: F401 (their home for callers)
 
 BOOTSTRAP_METHOD = "circular_block_percentile"
 MAX_CHUNK_ENTRIES = 20_000_000  # replicate rows x steps resampled at once (~160 MB float64)
@@ -223,105 +226,6 @@ def pnl_moments(pnl) -> tuple[float, float]:
     skew = float(sps.skew(values, bias=True))
     kurtosis = float(sps.kurtosis(values, fisher=False, bias=True))
     return skew, kurtosis
-
-
-def probabilistic_sharpe_ratio(
-    sr: float, sr_benchmark: float, n_obs: int, skew: float, kurtosis: float
-) -> float:
-    """Probability that the true Sharpe exceeds ``sr_benchmark`` (Bailey & López de Prado 2012).
-
-    Args:
-        sr: observed per-observation (not annualized) Sharpe ratio.
-        sr_benchmark: benchmark Sharpe ``SR*``, per observation.
-        n_obs: number of observations behind ``sr`` (>= 2).
-        skew: skewness of the observations.
-        kurtosis: non-excess kurtosis of the observations (normal = 3, always >= 1).
-
-    Returns:
-        ``Phi((sr - sr*) * sqrt(n_obs - 1) / sqrt(1 - skew * sr + (kurtosis - 1) / 4 * sr^2))``
-        in [0, 1]; 0.5 when ``sr == sr_benchmark``.
-
-    Raises:
-        ValueError: naming the argument, for non-finite numbers, ``n_obs < 2``,
-            ``kurtosis < 1``, or moments that make the variance term not positive.
-    """
-    for name, value in (("sr", sr), ("sr_benchmark", sr_benchmark), ("skew", skew)):
-        if not (_is_real(value) and math.isfinite(value)):
-            raise ValueError(
-                f"probabilistic_sharpe_ratio {name}={value!r}: must be a finite number"
-            )
-    n_obs = _check_int("probabilistic_sharpe_ratio", "n_obs", n_obs, low=2)
-    if not (_is_real(kurtosis) and math.isfinite(kurtosis) and kurtosis >= 1.0):
-        raise ValueError(
-            f"probabilistic_sharpe_ratio kurtosis={kurtosis!r}: must be a finite number >= 1 "
-            "(non-excess kurtosis: normal = 3)"
-        )
-    variance_term = 1.0 - skew * sr + (kurtosis - 1.0) / 4.0 * sr * sr
-    if not variance_term > 0.0:
-        raise ValueError(
-            f"probabilistic_sharpe_ratio skew={skew!r}, kurtosis={kurtosis!r}: "
-            f"1 - skew*sr + (kurtosis-1)/4*sr^2 = {variance_term:g} at sr={sr!r} must be > 0 "
-            "(are the moments those of the same series?)"
-        )
-    z = (sr - sr_benchmark) * math.sqrt(n_obs - 1) / math.sqrt(variance_term)
-    return float(sps.norm.cdf(z))
-
-
-def expected_max_sharpe(sr_variance: float, n_trials: int) -> float:
-    """Expected best Sharpe of ``n_trials`` unskilled trials (Bailey & López de Prado 2014).
-
-    Args:
-        sr_variance: variance ``V`` of the trials' Sharpe ratios (>= 0), in the units the
-            result is wanted in (per observation for the DSR).
-        n_trials: number of trials ``N`` (>= 1).
-
-    Returns:
-        ``sqrt(V) * ((1 - gamma) * Z^-1(1 - 1/N) + gamma * Z^-1(1 - 1/(N e)))``; 0.0 for
-        ``N = 1`` (no selection).
-
-    Raises:
-        ValueError: naming the argument, for a negative or non-finite ``sr_variance`` or
-            ``n_trials < 1``.
-    """
-    if not (_is_real(sr_variance) and math.isfinite(sr_variance) and sr_variance >= 0):
-        raise ValueError(
-            f"expected_max_sharpe sr_variance={sr_variance!r}: must be a finite number >= 0"
-        )
-    n_trials = _check_int("expected_max_sharpe", "n_trials", n_trials, low=1)
-    if n_trials == 1:
-        return 0.0
-    gamma = float(np.euler_gamma)
-    quantiles = (1.0 - gamma) * sps.norm.ppf(1.0 - 1.0 / n_trials) + gamma * sps.norm.ppf(
-        1.0 - 1.0 / (n_trials * math.e)
-    )
-    return float(math.sqrt(sr_variance) * quantiles)
-
-
-def deflated_sharpe_ratio(
-    sr: float, trial_srs, n_obs: int, skew: float, kurtosis: float
-) -> float:
-    """PSR of ``sr`` against the expected best of the trials (Bailey & López de Prado 2014).
-
-    Args:
-        sr: per-observation Sharpe ratio of the selected trial.
-        trial_srs: (N,) per-observation Sharpe ratios of every trial tried, the selected one
-            included; ``N = len(trial_srs)`` and ``V = var(trial_srs, ddof=1)``. A single
-            trial means no selection: the benchmark is 0 and the DSR is the PSR against 0.
-        n_obs: observations behind ``sr`` (>= 2).
-        skew: skewness of the selected trial's observations.
-        kurtosis: non-excess kurtosis of the selected trial's observations (normal = 3).
-
-    Returns:
-        ``probabilistic_sharpe_ratio(sr, expected_max_sharpe(V, N), n_obs, skew, kurtosis)``.
-
-    Raises:
-        ValueError: naming the argument, for an empty, non-1-D or non-finite ``trial_srs``,
-            or as :func:`probabilistic_sharpe_ratio`.
-    """
-    trials = _check_pnl(trial_srs, "deflated_sharpe_ratio", min_values=1, name="trial_srs")
-    variance = float(np.var(trials, ddof=1)) if len(trials) > 1 else 0.0
-    benchmark = expected_max_sharpe(variance, len(trials))
-    return probabilistic_sharpe_ratio(sr, benchmark, n_obs, skew, kurtosis)
 
 
 def _is_real(value) -> bool:

@@ -215,6 +215,11 @@ class ForecasterModule(LightningModule):
             return torch.zeros(0, self.horizon, self.n_quantiles)
         return torch.cat(outputs)
 
+    def interpret_split(self, datamodule: Any, split: str, max_windows: int | None) -> Any:
+        """What the model's inputs weighed on ``split`` (:class:`foxhunt.evaluation.interpret.Interpretation`),
+        for a forecaster that can say (the TFT overrides this); ``None`` here: nothing to log."""
+        return None
+
     def positions_from_forecasts(self, forecasts: Tensor) -> np.ndarray:
         """Positions in {-1, 0, 1} from forecasts (N, horizon, Q): sign of the summed median when
         its magnitude exceeds `position_threshold`, else 0."""

@@ -39,14 +39,17 @@ Causality: every layer is position-wise except the LSTMs (left to right) and the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from foxhunt.models.forecaster import ForecasterModule
+from foxhunt.models.forecaster import INPUT_KEYS, ForecasterModule
+
+if TYPE_CHECKING:
+    from foxhunt.evaluation.interpret import Interpretation
 
 
 class GatedLinearUnit(nn.Module):
@@ -507,6 +510,58 @@ class TemporalFusionTransformer(ForecasterModule):
             "attention": attention,
         }
         return forecast, weights
+
+    # ------------------------------------------------------------------- interpretation
+    def interpret_split(self, datamodule: Any, split: str, max_windows: int | None) -> Interpretation:
+        """The mean selection weights and attention over the input windows of ``split``
+        (``datamodule.input_windows``: what :meth:`trading_positions` decides from), at most
+        ``max_windows`` of them, spread evenly over the split; names from the dataset's feature
+        list. See :meth:`interpret_windows`."""
+        from foxhunt.evaluation.interpret import SelectionNames, spaced_indices
+
+        windows = datamodule.input_windows(split)
+        total = len(windows["bar_index"])
+        picked = torch.from_numpy(spaced_indices(total, max_windows))
+        chosen = {key: windows[key][picked] for key in INPUT_KEYS}
+        dataset = datamodule.dataset
+        batch = int(getattr(datamodule, "eval_batch_size", datamodule.batch_size))
+        return self.interpret_windows(chosen, batch, SelectionNames.of(dataset.feature_names, dataset.groups),
+                                      source=f"{split} split", total_windows=total)  # fmt: skip
+
+    @torch.no_grad()
+    def interpret_windows(self, windows: Mapping[str, Any], batch_size: int, names, source: str,
+                          total_windows: int | None = None, forecasts: list[Tensor] | None = None) -> Interpretation:  # fmt: skip
+        """Mean variable-selection weights (static, encoder, decoder) and the decoder positions'
+        head-averaged attention over ``windows`` (``static``, ``known``, ``observed`` stacked, as
+        :meth:`predict_windows` reads them), ``batch_size`` windows per forward pass, in eval
+        mode without gradients, in the weights' own precision like :meth:`predict_windows` (the
+        forecasts the backtest trades: fp32, or the int8 weights of an int8 run); the model is
+        left as it was (its mode, its weights, its forecasts). ``names``: a
+        :class:`~foxhunt.evaluation.interpret.SelectionNames`; ``forecasts``: a list that gets
+        each batch's forecasts (float32, CPU) from the same passes."""
+        from foxhunt.evaluation.interpret import InterpretationSums
+
+        sums = InterpretationSums(names, self.seq_len, self.horizon)
+        was_training = self.training
+        self.eval()
+        try:
+            count = len(windows["static"])
+            for start in range(0, count, batch_size):
+                chunk = {key: torch.as_tensor(windows[key][start : start + batch_size]).to(self.device) for key in INPUT_KEYS}
+                forecast, weights = self(chunk, return_weights=True)
+                if forecasts is not None:
+                    forecasts.append(forecast.float().cpu())
+                summed = {key: value.double() for key, value in weights.items()}
+                sums.add(
+                    len(chunk["static"]),
+                    static=summed["static"].sum(0).cpu().numpy(),
+                    encoder=summed["encoder"].sum((0, 1)).cpu().numpy(),
+                    decoder=summed["decoder"].sum((0, 1)).cpu().numpy(),
+                    attention=summed["attention"][:, self.seq_len :].sum(0).cpu().numpy(),
+                )
+        finally:
+            self.train(was_training)
+        return sums.result(source, total_windows)
 
     def static_contexts(self, static: Tensor) -> StaticContexts:
         """Static covariate encoders [4.3]: the four contexts of the asset attributes (B, static_dim)."""

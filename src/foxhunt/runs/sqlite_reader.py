@@ -9,6 +9,8 @@ whole ``foxhunt train list`` or ``status`` takes 0.7-0.8 s (interpreter and type
 included). It answers the same questions as the client reader
 (:class:`foxhunt.runs.store.ClientReader`), and the tests check that both give the same runs;
 a SQLite schema it does not recognise goes through the client (:func:`foxhunt.runs.store.open_reader`).
+``foxhunt runs top`` reads its leaderboard here too (:meth:`SqliteReader.finished_runs`: only the
+tags and metrics it names, one row per run; :mod:`foxhunt.runs.leaderboard`).
 This module imports neither torch, lightning nor mlflow.
 """
 
@@ -137,6 +139,88 @@ class SqliteReader:
                 (key, value),
             ).fetchall()
         return [row[0] for row in rows]
+
+    # -- the leaderboard's reads (foxhunt.runs.leaderboard): only the keys it asks for --------
+    def experiment_ids(self, name: str) -> list[str]:
+        """The ids of the active experiments named ``name`` (one per MLflow workspace)."""
+        if self.schema() != KNOWN:
+            return []
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT experiment_id FROM experiments WHERE name = ? AND lifecycle_stage = 'active'", (name,)
+            ).fetchall()
+        return [str(row[0]) for row in rows]
+
+    def experiment_names(self) -> list[str]:
+        """The names of the active experiments, sorted."""
+        if self.schema() != KNOWN:
+            return []
+        with self._connect() as db:
+            rows = db.execute("SELECT DISTINCT name FROM experiments WHERE lifecycle_stage = 'active'").fetchall()
+        return sorted(row[0] for row in rows)
+
+    def finished_runs(self, experiment_ids: list[str], tag_keys, metric_keys) -> list[RunRecord]:
+        """The active FINISHED runs of these experiments with only the tags ``tag_keys`` and the
+        latest values of the metrics ``metric_keys`` (NaN where MLflow stored NaN; step and time
+        not read, as the client's search gives none), newest first.
+
+        One query, one row per run, each key a correlated lookup through the ``(key, run_uuid)``
+        primary key of ``tags`` or ``latest_metrics``: the cost grows with the runs and the keys
+        asked for, not with the metrics the runs logged (10,000 runs, 60 metrics each, 5 keys:
+        about 0.1 s; joining the tables instead took twice that)."""
+        if not experiment_ids or self.schema() != KNOWN:
+            return []
+        tag_keys, metric_keys = list(dict.fromkeys(tag_keys)), list(dict.fromkeys(metric_keys))
+        columns = [*(f"(SELECT value FROM tags WHERE key = ? AND run_uuid = r.run_uuid)" for _ in tag_keys), *(
+            "(SELECT CASE WHEN is_nan THEN 'NaN' ELSE value END FROM latest_metrics "
+            "WHERE key = ? AND run_uuid = r.run_uuid)" for _ in metric_keys)]  # fmt: skip
+        query = (
+            "SELECT r.run_uuid, r.name, e.name, r.status, r.start_time, r.end_time, r.artifact_uri"
+            + "".join(f", {column}" for column in columns)
+            + " FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
+            f"WHERE r.experiment_id IN ({','.join('?' * len(experiment_ids))}) "
+            "AND r.status = 'FINISHED' AND r.lifecycle_stage = 'active' ORDER BY r.start_time DESC, r.run_uuid"
+        )
+        with self._connect() as db:
+            found = db.execute(query, [*tag_keys, *metric_keys, *experiment_ids]).fetchall()
+        records = []
+        n_tags = len(tag_keys)
+        for run_id, name, experiment, status, start, end, artifact_uri, *values in found:
+            tags = {key: value for key, value in zip(tag_keys, values[:n_tags]) if value is not None}
+            metrics = {key: Metric(float(value), None, None)
+                       for key, value in zip(metric_keys, values[n_tags:]) if value is not None}  # fmt: skip
+            records.append(
+                RunRecord(
+                    run_id=run_id, name=name or tags.get(Tag.RUN_NAME, run_id[:8]), experiment=experiment,
+                    status=status, start_ms=int(start or 0), end_ms=int(end) if end else None, tags=tags,
+                    metrics=metrics, artifact_uri=artifact_uri or "",
+                )  # fmt: skip
+            )
+        return records
+
+    def latest_metrics(self, run_ids, keys=(), prefix: str = "") -> dict[str, dict[str, Metric]]:
+        """Per run of ``run_ids``, its latest metrics named in ``keys`` or starting with ``prefix``."""
+        run_ids, keys = list(run_ids), list(keys)
+        if not run_ids or not (keys or prefix) or self.schema() != KNOWN:
+            return {}
+        conditions, extra = [], []
+        if keys:
+            conditions.append(f"key IN ({','.join('?' * len(keys))})")
+            extra += keys
+        if prefix:
+            conditions.append("substr(key, 1, ?) = ?")  # LIKE would ignore case
+            extra += [len(prefix), prefix]
+        found: dict[str, dict[str, Metric]] = {}
+        with self._connect() as db:
+            for start in range(0, len(run_ids), SQLITE_MAX_PARAMS):
+                part = run_ids[start : start + SQLITE_MAX_PARAMS]
+                query = (
+                    "SELECT run_uuid, key, value, step, timestamp, is_nan FROM latest_metrics "
+                    f"WHERE run_uuid IN ({','.join('?' * len(part))}) AND ({' OR '.join(conditions)})"
+                )
+                for run_id, key, value, step, ts, is_nan in db.execute(query, [*part, *extra]):
+                    found.setdefault(run_id, {})[key] = Metric(float("nan") if is_nan else float(value), step, ts)
+        return found
 
     @staticmethod
     def _by_run(db: sqlite3.Connection, select: str, ids: list[str], extra: tuple | None = None) -> dict:

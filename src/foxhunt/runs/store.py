@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 # (and 1000 metrics) per batch call.
 PARAM_VALUE_LIMIT = 6000
 PARAMS_PER_BATCH = 100
+METRIC_BATCH = 1000  # MLflow's limit on metrics per log_batch
 SEARCH_PAGE = 1000
 #: How long an SQLite connection waits for another process's write lock (milliseconds).
 SQLITE_BUSY_TIMEOUT_MS = 120_000
@@ -396,6 +397,57 @@ class RunStore:
             tags=dict(run.data.tags), metrics=metrics, params=dict(kept), artifact_uri=run.info.artifact_uri or "",
         )  # fmt: skip
 
+    # -- logged models (MLflow 3) ---------------------------------------------------------
+    def create_logged_model(self, run_id: str, name: str, model_type: str, tags: Mapping[str, Any]) -> tuple[str, str]:
+        """A PENDING MLflow 3 logged model of run ``run_id``'s experiment, with the run's params
+        (as ``Model.log`` copies them) and ``tags``: its (model id, artifact location).
+
+        Why not ``mlflow.pyfunc.log_model``: it logs into the *active* run and experiment, and
+        making a FINISHED training run active again would flip it to RUNNING and rewrite its end
+        time; these are the client calls ``Model.log`` makes, on the training run as it is."""
+        run = self.client.get_run(run_id)
+        model = self.client.create_logged_model(
+            experiment_id=run.info.experiment_id, name=name, source_run_id=run_id, model_type=model_type,
+            params={k: str(v) for k, v in run.data.params.items()}, tags={k: str(v) for k, v in tags.items()},
+        )  # fmt: skip
+        return model.model_id, model.artifact_location
+
+    def complete_logged_model(self, model_id: str, run_id: str, folder: Path, metric_prefixes: tuple[str, ...]) -> None:
+        """Upload a logged model's folder, mark it READY, list it among the run's outputs (the
+        runs table's Models column) at the step of its newest metric, and link the run's latest
+        values of the metrics under ``metric_prefixes`` to it (its Metrics in the Models tab).
+        Linking re-sends each metric as it was logged (key, value, step, time): the run's own
+        history keeps one row per metric (the store drops the same row sent twice)."""
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+        from mlflow.entities import Metric as MlflowMetric
+
+        self.client.log_model_artifacts(model_id, str(folder))
+        self.client.finalize_logged_model(model_id, LoggedModelStatus.READY)
+        latest = []
+        for key in self.client.get_run(run_id).data.metrics:
+            if key.startswith(metric_prefixes):
+                history = self.client.get_metric_history(run_id, key)
+                if history:
+                    latest.append(max(history, key=lambda m: (m.step, m.timestamp)))
+        step = max((m.step for m in latest), default=0)
+        self.client.log_outputs(run_id, [LoggedModelOutput(model_id, step)])
+        linked = [MlflowMetric(m.key, m.value, m.timestamp, m.step, model_id=model_id, run_id=run_id) for m in latest]
+        for start in range(0, len(linked), METRIC_BATCH):
+            self.client.log_batch(run_id, metrics=linked[start : start + METRIC_BATCH])
+
+    def fail_logged_model(self, model_id: str) -> None:
+        """Mark a logged model that could not be completed FAILED (it is never registered)."""
+        from mlflow.entities import LoggedModelStatus
+
+        self.client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
+
+    def logged_models(self, run_id: str) -> list:
+        """The READY logged models whose source is run ``run_id`` (MLflow's LoggedModel entities)."""
+        run = self.client.get_run(run_id)
+        found = self.client.search_logged_models(experiment_ids=[run.info.experiment_id],
+                                                 filter_string=f"source_run_id = '{run_id}'")  # fmt: skip
+        return [m for m in found if str(m.status).endswith("READY")]
+
     # -- the model registry --------------------------------------------------------------
     def register_model_version(
         self,
@@ -404,9 +456,11 @@ class RunStore:
         source: str,
         tags: Mapping[str, Any] | None = None,
         alias: str | None = None,
+        model_id: str | None = None,
     ) -> ModelVersion:
         """A new version of registered model ``name`` (created when missing) from ``source``, an
-        artifact path of run ``run_id`` or a URI; ``alias`` then points at it."""
+        artifact path of run ``run_id`` or a URI (``models:/<model_id>``: a logged model, given
+        as ``model_id`` too); ``alias`` then points at it."""
         from mlflow.exceptions import MlflowException
 
         try:
@@ -415,12 +469,23 @@ class RunStore:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         uri = source if ":/" in source else f"runs:/{run_id}/{source.strip('/')}"
-        created = self.client.create_model_version(
-            name, uri, run_id=run_id, tags={k: str(v) for k, v in (tags or {}).items()}
-        )
+        with self._as_global_store():  # MLflow's SQL registry resolves models:/<model_id> on the global store
+            created = self.client.create_model_version(
+                name, uri, run_id=run_id, tags={k: str(v) for k, v in (tags or {}).items()}, model_id=model_id
+            )
         if alias:
             self.set_alias(name, alias, created.version)
         return self._version(self.client.get_model_version(name, created.version))
+
+    @contextmanager
+    def _as_global_store(self):
+        """This store as MLflow's global tracking URI for the block, then the previous one (unset
+        stays unset): MLflow resolves ``models:/`` URIs on the global store whatever client asks
+        (MLflow's own ``_use_tracking_uri``, private: no public API does this)."""
+        from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+        with _use_tracking_uri(self.tracking_uri):
+            yield
 
     def get_version(self, name: str, version: str | int) -> ModelVersion | None:
         from mlflow.exceptions import MlflowException
@@ -437,7 +502,8 @@ class RunStore:
         import mlflow.artifacts
 
         destination.mkdir(parents=True, exist_ok=True)
-        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination), tracking_uri=self.tracking_uri))
+        with self._as_global_store():  # a models:/ URI is resolved on the global store, whatever tracking_uri says
+            return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination), tracking_uri=self.tracking_uri))
 
     def set_version_tags(self, name: str, version: str | int, tags: Mapping[str, Any]) -> None:
         for key, value in tags.items():

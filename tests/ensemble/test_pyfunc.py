@@ -1,0 +1,187 @@
+"""A registered version as MLflow users take it: models from code (no pickle written or run), an
+input example of real bars it answers, and MLflow's own scoring server answering valid JSON
+(null, never NaN) and 400 for a bad request."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fleet_helpers import cli
+
+URI = "sqlite:///{root}/mlruns/mlflow.db"
+
+
+@pytest.fixture(scope="module")
+def versions(store_root, tmp_path_factory):
+    """The registered DQN and TFT champions, downloaded: {family: folder}."""
+    from foxhunt.ensemble.registry import download_version
+
+    result = cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
+    assert result.exit_code == 0, result.output
+    work = tmp_path_factory.mktemp("versions")
+    uri = URI.format(root=store_root)
+    return {f: download_version(uri, f"foxhunt-{f}-es", "champion", None, work / f)[0] for f in ("dqn", "tft")}
+
+
+def _packaged_ensemble():
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(files("foxhunt.conf").joinpath("ensemble", "default.yaml"))
+
+
+def _example(folder: Path):
+    from mlflow.models import Model
+
+    return Model.load(str(folder / "MLmodel")).load_input_example(str(folder))
+
+
+def test_a_version_is_a_model_from_code_and_loads_without_unpickling_anything(versions, tmp_path, monkeypatch):
+    import cloudpickle
+    import mlflow.pyfunc
+
+    from foxhunt.ensemble.member_files import CODE_FILE
+
+    folder = shutil.copytree(versions["dqn"], tmp_path / "dqn")
+    assert (folder / CODE_FILE.name).read_bytes() == CODE_FILE.read_bytes()
+    assert not list(folder.rglob("*.pkl"))
+
+    marker = tmp_path / "pwned"
+
+    class Planted:  # what a planted pickle would run when unpickled
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    (folder / "python_model.pkl").write_bytes(pickle.dumps(Planted()))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pickle was loaded")
+
+    for module in (pickle, cloudpickle):
+        monkeypatch.setattr(module, "load", refuse)
+        monkeypatch.setattr(module, "loads", refuse)
+    model = mlflow.pyfunc.load_model(str(folder))
+    out = model.predict(_example(folder))
+    assert not marker.exists() and len(out) == len(_example(folder))
+
+
+def test_the_input_example_is_real_bars_it_decides_on(versions):
+    import mlflow.pyfunc
+
+    for family, folder in versions.items():
+        example = _example(folder)
+        assert list(example.columns) == ["ts", "open", "high", "low", "close", "volume"]
+        assert example["ts"].is_monotonic_increasing and (example["high"] >= example["low"]).all()
+        out = mlflow.pyfunc.load_model(str(folder)).predict(example)
+        assert list(out.columns) == ["position", "signal"] and len(out) == len(example)
+        decided = int(_packaged_ensemble().input_example_decided)  # what the CLI's register used
+        if family == "tft":  # a forecaster's signal: null until it is warm, then a number on the bars it decides
+            assert out["signal"].iloc[0] is None and all(isinstance(v, float) for v in out["signal"].iloc[-decided:])
+        else:
+            assert out["signal"].isna().all()
+
+
+@pytest.fixture(scope="module")
+def scoring(versions, tmp_path_factory):
+    """``mlflow models serve`` (MLflow's scoring server, env-manager local) on the TFT version: a
+    function POSTing a body to /invocations and answering (status, text)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from waiting import wait_until
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", str(versions["tft"]), "--env-manager", "local",
+               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    with open(log, "w") as out:
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # its uvicorn
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert process.poll() is None, log.read_text()
+        try:
+            with urllib.request.urlopen(f"{url}/ping", timeout=5) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError):
+            return False
+
+    def post(body: bytes) -> tuple[int, str]:
+        request = urllib.request.Request(f"{url}/invocations", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    try:
+        wait_until(up, "mlflow models serve answering /ping", timeout=180)
+        yield post
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _frame_body(frame) -> bytes:
+    return json.dumps({"dataframe_split": {"columns": list(frame.columns), "data": frame.values.tolist()}}).encode()
+
+
+def _strict_json(text: str):
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_mlflow_models_serve_answers_json_with_null_not_nan(scoring, versions):
+    example = _example(versions["tft"])
+    status, text = scoring(_frame_body(example))
+    assert status == 200, text
+    rows = _strict_json(text)["predictions"]
+    assert len(rows) == len(example) and rows[0]["signal"] is None and isinstance(rows[-1]["signal"], float)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("malformed", "Invalid input"),
+        ("columns", "ts"),
+        ("bad-bar", "volume=-1.0: must be finite, >= 0"),
+        ("out-of-order", "not after"),
+    ],
+)  # fmt: skip
+def test_mlflow_models_serve_answers_400_naming_what_is_wrong(scoring, versions, case, message):
+    example = _example(versions["tft"]).iloc[:3].copy()
+    if case == "bad-bar":
+        example.loc[example.index[1], "volume"] = -1.0
+    body = {
+        "malformed": b"{not json",
+        "columns": json.dumps({"dataframe_split": {"columns": ["ts", "open"], "data": [[1, 2.0]]}}).encode(),
+        "bad-bar": _frame_body(example),
+        "out-of-order": _frame_body(example.iloc[::-1]),
+    }[case]
+    status, text = scoring(body)
+    assert status == 400, text
+    assert message in _strict_json(text)["message"]
+
+
+def test_a_changed_code_file_is_refused_by_foxhunt_in_one_line(store_root, versions, tmp_path):
+    from foxhunt.ensemble.member_files import CODE_FILE, RegistryError, check_code_file
+
+    folder = shutil.copytree(versions["dqn"], tmp_path / "dqn")
+    (folder / CODE_FILE.name).write_text("import os\nos.system('echo pwned')\n")
+    with pytest.raises(RegistryError, match=r"^models:/foxhunt-dqn-es@champion: pyfunc_entry.py is not foxhunt's"):
+        check_code_file(folder, "models:/foxhunt-dqn-es@champion")
