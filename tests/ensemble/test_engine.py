@@ -117,3 +117,19 @@ def test_int8_members_forecast_close_to_fp32(compose_cfg, tmp_path, family):
     assert signals.shape[1] > 50
     scale = np.median(np.abs(signals[0]))
     assert np.max(np.abs(signals[0] - signals[1])) <= 0.1 * scale
+
+
+@pytest.mark.parametrize("family", ["dqn", "mamba2"])
+def test_a_dynamically_quantized_copy_streams_in_torch(compose_cfg, family):
+    """``torch.ao.quantization.quantize_dynamic`` copies (the benchmark's int8 side-by-side): their
+    projections' ``weight`` is a method, not a tensor, so the numba kernels refuse them and the
+    torch runtime streams them (Mamba-2's state from its plain conv weights)."""
+    import copy
+
+    parts, rows = _setup(compose_cfg, family)
+    quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(parts.model), {torch.nn.Linear}, dtype=torch.qint8)
+    member = make_member(family, family, quantized, "fp32", None, "auto", 3, parts.dataset.groups)
+    assert member.runtime == "torch"
+    engine = _engine(parts, member)
+    results = [engine.step(*bar) for bar in rows[0][:120]]
+    assert any(r.warm for r in results)

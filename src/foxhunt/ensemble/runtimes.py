@@ -65,6 +65,8 @@ def mlp_layers(sequential: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray, 
 
 def _matrix(tensor: torch.Tensor, int8: bool) -> tuple[np.ndarray, np.ndarray]:
     """(weights, per-row scales): float32 and ones, or int8 codes and their scales."""
+    if not isinstance(tensor, torch.Tensor):  # a quantized layer's weight() is a method: torch runs it
+        raise UnsupportedModule(f"runtime: a {type(tensor).__name__} weight, not a tensor (a quantized layer)")
     values = _array(tensor)
     return quantize_rows(values) if int8 else (values, np.ones(values.shape[:-1], np.float32))
 

@@ -335,8 +335,9 @@ class Mamba2Mixer(nn.Module):
         self, batch_size: int, dtype: torch.dtype | None = None, device: torch.device | None = None
     ) -> Mamba2LayerState:
         """Zero state (the state before the first bar); size independent of sequence length."""
-        dtype = dtype or self.in_proj.weight.dtype
-        device = device or self.in_proj.weight.device
+        reference = self.conv1d.weight  # a plain tensor even when the projections are quantized copies
+        dtype = dtype or reference.dtype
+        device = device or reference.device
         return Mamba2LayerState(
             conv=torch.zeros(batch_size, self.conv_dim, self.d_conv, dtype=dtype, device=device),
             ssm=torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, dtype=dtype, device=device),
