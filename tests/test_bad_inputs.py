@@ -88,7 +88,7 @@ def _bad_files(folder: Path) -> dict[str, Path]:
     # checkpoints: the config's own model, stamped or not, of another family, shape or precision
     from configs import compose_train_config
 
-    from foxhunt.build import build_model
+    from foxhunt.training.parts import build_model
 
     def checkpoint(name: str, overrides: list[str], stamp: dict | None, extra: dict | None = None) -> None:
         model = build_model(compose_train_config(overrides, folder / "compose"))
@@ -272,7 +272,7 @@ def test_the_traceback_is_shown_when_asked_for_and_for_a_bug(battery, monkeypatc
     def bug(*args, **kwargs):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(train, "train_run", bug)
+    monkeypatch.setattr(train, "run_cell", bug)
     monkeypatch.setattr(sys, "argv", ["foxhunt-train", *bad])
     with pytest.raises(KeyError, match="a bug"):  # a bug keeps its traceback, without --debug
         train.main()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from foxhunt.checkpoint import STAMP_KEY, CheckpointError, check_checkpoint
+from foxhunt.training.checkpoint import STAMP_KEY, CheckpointError, check_checkpoint
 
 MODELS = ["dqn", "ppo", "mamba2", "tft"]
 
@@ -22,7 +22,7 @@ def test_a_stamped_checkpoint_of_the_configs_model_passes_the_check(compose_cfg,
     """The meta-device model the check compares with has the real model's weights, for every family."""
     import torch
 
-    from foxhunt.build import build_model
+    from foxhunt.training.parts import build_model
 
     cfg = compose_cfg([f"model={model}"])
     built = build_model(cfg)
@@ -38,10 +38,10 @@ def test_a_stamped_checkpoint_of_the_configs_model_passes_the_check(compose_cfg,
 def test_a_run_stamps_its_checkpoints_and_starts_again_from_one(compose_cfg, tmp_path):
     import torch
 
-    from foxhunt.train import train_run
+    from foxhunt.training.cell import run_cell
 
     overrides = ["model=dqn", "trainer=smoke", "logger=none", "data.source.days=7", "evaluation.plot_equity=false"]
-    train_run(compose_cfg(overrides))
+    run_cell(compose_cfg(overrides))
     folder = tmp_path / "outputs" / "run" / "checkpoints"
     for name in ("best.ckpt", "last.ckpt"):
         state = torch.load(folder / name, weights_only=True)
@@ -49,16 +49,16 @@ def test_a_run_stamps_its_checkpoints_and_starts_again_from_one(compose_cfg, tmp
         assert stamp.pop("saved_at_ms") <= time.time() * 1000
         assert stamp == {"format": 1, "model": "dqn", "module": "foxhunt.models.dqn.DQNAgent", "precision": "fp32"}
     assert not list(folder.glob(".*.tmp"))  # no temporary file left behind
-    again = train_run(compose_cfg([*overrides, f"ckpt={folder / 'last.ckpt'}", "trainer.max_epochs=2"]))
+    again = run_cell(compose_cfg([*overrides, f"ckpt={folder / 'last.ckpt'}", "trainer.max_epochs=2"]))
     assert again.status == "FINISHED"
     with pytest.raises(CheckpointError, match="a dqn checkpoint, but the config trains model=ppo"):
-        train_run(compose_cfg([*overrides, "model=ppo", f"ckpt={folder / 'last.ckpt'}"]))
+        run_cell(compose_cfg([*overrides, "model=ppo", f"ckpt={folder / 'last.ckpt'}"]))
 
 
 KILLED_WRITER = """
 import sys, time
 import torch
-from foxhunt.checkpoint import atomic_save
+from foxhunt.training.checkpoint import atomic_save
 
 path, marker = sys.argv[1], sys.argv[2]
 atomic_save({"state_dict": {"w": torch.zeros(4)}, "global_step": 1}, path)  # the previous checkpoint
@@ -170,22 +170,22 @@ def test_a_checkpoint_names_its_run_and_is_refused_where_it_belongs_to_another(c
     import torch
 
     from foxhunt.runs.store import RunStore
-    from foxhunt.train import train_run
+    from foxhunt.training.cell import run_cell
 
     quick = ["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false", "evaluation.max_bars=200"]
-    first = train_run(compose_cfg([*quick, f"paths.output_dir={tmp_path / 'a'}"]))
-    second = train_run(compose_cfg([*quick, "seed=7", f"paths.output_dir={tmp_path / 'b'}"]))
+    first = run_cell(compose_cfg([*quick, f"paths.output_dir={tmp_path / 'a'}"]))
+    second = run_cell(compose_cfg([*quick, "seed=7", f"paths.output_dir={tmp_path / 'b'}"]))
     own = tmp_path / "a" / "checkpoints" / "best.ckpt"
     assert torch.load(own, weights_only=True)[STAMP_KEY]["run_id"] == first.run_id
     planted = tmp_path / "b" / "checkpoints" / "best.ckpt"
     shutil.copy(own, planted)  # run a's weights in run b's folder
     with pytest.raises(CheckpointError) as refused:
-        train_run(compose_cfg([*quick, f"ckpt={planted}", f"paths.output_dir={tmp_path / 'c'}"]))
+        run_cell(compose_cfg([*quick, f"ckpt={planted}", f"paths.output_dir={tmp_path / 'c'}"]))
     assert str(refused.value) == (f"ckpt={planted} (in the folder of run {second.run_id}): stamped for run {first.run_id}, "
                                   f"not for run {second.run_id} (a checkpoint belongs to the run that wrote it)")  # fmt: skip
     with pytest.raises(CheckpointError, match=f"stamped for run {first.run_id}, not for run {second.run_id}"):
         check_checkpoint(compose_cfg(quick), planted, key="resume", run_id=second.run_id)
-    started = train_run(compose_cfg([*quick, f"ckpt={own}", "trainer.max_epochs=2", f"paths.output_dir={tmp_path / 'd'}"]))
+    started = run_cell(compose_cfg([*quick, f"ckpt={own}", "trainer.max_epochs=2", f"paths.output_dir={tmp_path / 'd'}"]))
     store = RunStore(compose_cfg(quick).logger.tracking_uri)
     assert store.get(started.run_id).tags["ckpt.run_id"] == first.run_id
 
@@ -193,13 +193,13 @@ def test_a_checkpoint_names_its_run_and_is_refused_where_it_belongs_to_another(c
 def test_register_refuses_a_logged_checkpoint_stamped_for_another_run(compose_cfg, tmp_path):
     import torch
 
-    from foxhunt.checkpoint import CheckpointError
+    from foxhunt.training.checkpoint import CheckpointError
     from foxhunt.ensemble.registry import register_champions
     from foxhunt.runs.store import RunStore
-    from foxhunt.train import train_run
+    from foxhunt.training.cell import run_cell
 
     cfg = compose_cfg(["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false"])
-    outcome = train_run(cfg)
+    outcome = run_cell(cfg)
     store = RunStore(cfg.logger.tracking_uri)
     logged = Path(store.get(outcome.run_id).artifact_uri.removeprefix("file://")) / "checkpoints"
     for path in logged.glob("*.ckpt"):  # as a run sharing its folder with another would have logged them

@@ -12,7 +12,8 @@ from configs import compose_train_config
 from foxhunt.evaluation.scoring import ScoringSettings, SplitScore, pool_scores
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
-from foxhunt.train import SCORES_DIR, scores_file, train_run
+from foxhunt.training.cell import run_cell
+from foxhunt.training.scoring import SCORES_DIR, scores_file
 
 OVERRIDES = [
     "model=dqn", "asset=es", "trainer=smoke", "data.source.days=14", "evaluation.protocol=walk_forward",
@@ -24,7 +25,7 @@ OVERRIDES = [
 def cell(tmp_path_factory):
     root = tmp_path_factory.mktemp("walk_forward")
     cfg = compose_train_config(OVERRIDES, root)
-    outcome = train_run(cfg)
+    outcome = run_cell(cfg)
     store = RunStore(cfg.logger.tracking_uri)
     return root, cfg, outcome, store, store.search("foxhunt")
 
@@ -76,7 +77,7 @@ def test_aggregate_is_the_pooled_children_mean_across_seeds(cell, tmp_path):
 
 def test_resume_skips_the_finished_cell(cell):
     root, _, outcome, _, _ = cell
-    again = train_run(compose_train_config([*OVERRIDES, "resume=true"], root))
+    again = run_cell(compose_train_config([*OVERRIDES, "resume=true"], root))
     assert again.status == "SKIPPED" and again.run_id == outcome.run_id
     assert again.metrics["val/sharpe"] == pytest.approx(outcome.metrics["val/sharpe"])
 

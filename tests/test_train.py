@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from foxhunt.train import OBJECTIVE, train
+from foxhunt.training.cell import OBJECTIVE, train
 
 MODELS = ["dqn", "ppo", "mamba2", "tft"]
 ASSETS = ["es", "nq", "6e", "zn"]
@@ -58,7 +58,7 @@ def test_smoke_run_lands_in_mlflow_with_params_metrics_and_artifacts(compose_cfg
 def test_a_run_says_where_it_came_from_source_commit_and_bars(compose_cfg, tmp_path):
     """The runs table's Source and Dataset columns: the entry point, the git commit of this
     checkout, and one dataset input per split with the feature cache key as its digest."""
-    from foxhunt.build import build_parts
+    from foxhunt.training.parts import build_parts
 
     cfg = compose_cfg(["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false"])
     train(cfg)
@@ -79,16 +79,16 @@ def test_a_run_says_where_it_came_from_source_commit_and_bars(compose_cfg, tmp_p
 
 def test_resume_says_in_one_line_that_it_found_nothing_then_skips_the_finished_run(compose_cfg, tmp_path, caplog):
     from foxhunt.runs.config_hash import config_hash
-    from foxhunt.train import train_run
+    from foxhunt.training.cell import run_cell
 
     cfg = compose_cfg(["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false", "resume=true"])
     with caplog.at_level(logging.INFO, logger="foxhunt.train"):
-        first = train_run(cfg)
+        first = run_cell(cfg)
     said = [r for r in caplog.records if "resume=true" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING and "\n" not in said[0].getMessage()
     assert f"from scratch: no earlier run with config_hash {config_hash(cfg)}" in said[0].getMessage()
     assert first.status == "FINISHED"
-    again = train_run(cfg)
+    again = run_cell(cfg)
     assert (again.status, again.run_id, again.note) == ("SKIPPED", first.run_id, f"skipped: FINISHED earlier in run {first.run_id}")
     assert again.metrics["test/sharpe"] == pytest.approx(first.metrics["test/sharpe"])
     assert len(_runs(tmp_path)) == 1
@@ -118,8 +118,8 @@ def test_every_model_trains_on_two_assets_and_every_asset_for_two_models(compose
 
 @pytest.mark.parametrize("model", ["tft", "dqn"])
 def test_max_bars_scores_the_first_bars_of_each_split_and_leaves_training_data(compose_cfg, model):
-    from foxhunt.build import build_parts
-    from foxhunt.train import scoring_datamodule
+    from foxhunt.training.parts import build_parts
+    from foxhunt.training.scoring import scoring_datamodule
 
     cfg = compose_cfg([f"model={model}", "trainer=smoke", "data.source.days=30", "evaluation.max_bars=700"])
     assert compose_cfg(["trainer=smoke"]).evaluation.max_bars == 2000  # smoke's own limit

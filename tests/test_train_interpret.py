@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from foxhunt.data.features import FEATURE_GROUPS
 from foxhunt.evaluation.interpret import ATTENTION_PNG, INTERPRET_DIR, SELECTION_FILE, TABLE_FILE, selection_png
-from foxhunt.train import train
+from foxhunt.training.cell import train
 
 TINY_TFT = ["model=tft", "trainer=smoke", "data.source.days=4", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1",
             "trainer.limit_test_batches=1", "evaluation.plot_equity=false", "model.module.hidden_size=16",
@@ -55,14 +55,14 @@ def test_a_tft_run_logs_its_test_split_selection_and_attention_once(compose_cfg,
 
 
 def test_disabled_or_without_an_interpret_split_nothing_is_computed(compose_cfg, tmp_path):
-    from foxhunt.train import _interpret
+    from foxhunt.training.scoring import interpret_test_split
 
     class Model:  # would fail if asked
         def interpret_split(self, *args):
             raise AssertionError("called")
 
-    assert _interpret(compose_cfg(["model=tft", "evaluation.interpret.enabled=false"]), Model(), None, tmp_path, None) == (None, {})
-    assert _interpret(compose_cfg(["model=dqn"]), object(), None, tmp_path, None) == (None, {})
+    assert interpret_test_split(compose_cfg(["model=tft", "evaluation.interpret.enabled=false"]), Model(), None, tmp_path, None) == (None, {})
+    assert interpret_test_split(compose_cfg(["model=dqn"]), object(), None, tmp_path, None) == (None, {})
     assert not (tmp_path / INTERPRET_DIR).exists()
 
 

@@ -74,6 +74,7 @@ def one_line_error(
 # ----------------------------------------------------------------------------- user errors
 #: Exit status of a command stopped by an error in its input (config, data, checkpoint, store).
 EXIT_USER_ERROR = 2
+EXIT_ON_SIGTERM = 128 + 15  # the shell's status for a process ended by SIGTERM
 #: Asking for the traceback of an input error: ``FOXHUNT_DEBUG=1`` (or Hydra's own
 #: ``HYDRA_FULL_ERROR=1``) in the environment, or ``--debug`` on the command line.
 DEBUG_ENV = "FOXHUNT_DEBUG"
@@ -89,6 +90,13 @@ class UserError(Exception):
     ``kind`` names the input in that line (``data error: ...``). A bug is any other exception."""
 
     kind = "input"
+
+
+class ConfigError(UserError, ValueError):
+    """A composed config that cannot run; the message is one line naming the key
+    (:mod:`foxhunt.config.schema` and :mod:`foxhunt.config.model_schemas` raise it)."""
+
+    kind = "config"
 
 
 class FolderError(UserError):

@@ -159,7 +159,7 @@ def test_no_bar_a_default_walk_forward_cell_reports_as_test_is_a_validation_bar(
     blocks share no bar, and every purge covers the TFT's horizon."""
     from hydra.utils import instantiate
 
-    from foxhunt.build import run_split
+    from foxhunt.training.parts import run_split
     from foxhunt.data.dataset import load_market_dataset
 
     cfg = compose_cfg(["model=tft", "evaluation.protocol=walk_forward", "data.source.days=30"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fleet_helpers import FAST, SMALL
 
-from foxhunt.train import train
+from foxhunt.training.cell import train
 
 
 @pytest.fixture(scope="session")

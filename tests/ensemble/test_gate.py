@@ -69,7 +69,7 @@ def lockbox_root(tmp_path_factory):
     """A store with one FINISHED DQN run that kept the last 10% of its bars as a lockbox."""
     from configs import compose_train_config
 
-    from foxhunt.train import train
+    from foxhunt.training.cell import train
 
     root = tmp_path_factory.mktemp("lockbox")
     train(compose_train_config(["model=dqn", *FAST, *SMALL["dqn"], "data.source.days=10", "evaluation.holdout=0.1",

@@ -46,7 +46,7 @@ def tft_store(tmp_path_factory):
     """A store holding one FINISHED smoke run of a small TFT on ES, registered as the champion."""
     from configs import compose_train_config
 
-    from foxhunt.train import train
+    from foxhunt.training.cell import train
 
     root = tmp_path_factory.mktemp("tft-fleet")
     train(compose_train_config(["model=tft", *FAST, *SMALL["tft"], f"paths.output_dir={root / 'outputs' / 'tft'}"], root))

@@ -16,7 +16,7 @@ def registered(tmp_path_factory):
     """A store with one registered DQN version, and a copy of its model folder to restore."""
     from configs import compose_train_config
 
-    from foxhunt.train import train
+    from foxhunt.training.cell import train
 
     root = tmp_path_factory.mktemp("damaged")
     train(compose_train_config(["model=dqn", *FAST, *SMALL["dqn"], f"paths.output_dir={root / 'outputs' / 'dqn'}"], root))

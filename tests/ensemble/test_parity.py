@@ -9,7 +9,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from foxhunt.build import build_parts
+from foxhunt.training.parts import build_parts
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
 from foxhunt.ensemble.members import AgentMember, Mamba2Member, TFTMember
 from foxhunt.ensemble.replay import replay_bars

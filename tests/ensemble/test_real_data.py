@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from foxhunt.cli import app
-from foxhunt.train import train
+from foxhunt.training.cell import train
 
 
 @pytest.mark.realdata

@@ -170,7 +170,7 @@ def test_bad_input_gets_one_line_and_registers_nothing_half_way(store_root, args
 
 
 def test_a_member_of_another_asset_is_refused(store_root, tmp_path):
-    from foxhunt.ensemble.fleet import build_member
+    from foxhunt.ensemble.rebuild import build_member
     from foxhunt.ensemble.registry import RegistryError, download_version
 
     cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")

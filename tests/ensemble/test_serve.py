@@ -76,7 +76,7 @@ def server(store_root):
 def test_eight_clients_get_the_replays_decisions(server, store_root):
     from hydra.utils import instantiate
 
-    from foxhunt.build import compose_config
+    from foxhunt.training.parts import compose_config
     from foxhunt.ensemble.fleet import fleet_engine, load_fleet
     from foxhunt.ensemble.replay import replay_bars
 

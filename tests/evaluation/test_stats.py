@@ -12,15 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy.stats import norm
 
-from foxhunt.evaluation.stats import (
-    BootstrapIntervals,
-    block_bootstrap,
-    deflated_sharpe_ratio,
-    expected_max_sharpe,
-    pnl_moments,
-    probabilistic_sharpe_ratio,
-    sharpe_ratio,
-)
+from foxhunt.evaluation.deflated import deflated_sharpe_ratio, expected_max_sharpe, probabilistic_sharpe_ratio
+from foxhunt.evaluation.stats import BootstrapIntervals, block_bootstrap, pnl_moments, sharpe_ratio
 
 
 def bootstrap(pnl, **overrides) -> BootstrapIntervals:

@@ -35,7 +35,7 @@ def test_nvml_sees_an_allocation_and_the_allocator_peaks_agree():
 
 
 def test_the_memory_callback_logs_device_figures_on_cuda(compose_cfg, tmp_path):
-    from foxhunt.train import train
+    from foxhunt.training.cell import train
 
     metrics = train(compose_cfg(["model=tft", *FAST, *SMALL_TFT]))
     assert metrics["memory/device_peak_mb"] > 0
@@ -45,7 +45,7 @@ def test_the_memory_callback_logs_device_figures_on_cuda(compose_cfg, tmp_path):
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_bf16_and_int8_train_on_cuda(compose_cfg, precision):
-    from foxhunt.train import train
+    from foxhunt.training.cell import train
 
     extra = ["precision.min_quantized_numel=256"] if precision == "int8" else []
     metrics = train(compose_cfg(["model=tft", *FAST, *SMALL_TFT, f"precision={precision}", *extra]))

@@ -21,7 +21,7 @@ from foxhunt.runs.environment import sqlite_path
 from foxhunt.runs.sqlite_reader import SqliteReader
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import ClientReader, RunStore
-from foxhunt.train import train_run
+from foxhunt.training.cell import run_cell
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def setting(compose_cfg):
 
 def test_a_cell_skipped_for_another_jobs_run_shows_skipped_with_that_run(setting):
     cfg, digest, uri, _, earlier, second = setting
-    outcome = train_run(cfg, parent_run_id=second)
+    outcome = run_cell(cfg, parent_run_id=second)
     assert outcome.status == Status.SKIPPED and outcome.run_id == earlier and outcome.metrics["val/sharpe"] == 1.25
 
     job = find_job(uri, "bbbb")
@@ -83,7 +83,7 @@ def test_a_cell_skipped_for_another_jobs_run_shows_skipped_with_that_run(setting
 
 def test_a_cell_skipped_for_its_own_sweeps_run_is_shown_as_that_run(setting):
     cfg, digest, uri, first, earlier, _ = setting
-    outcome = train_run(cfg, parent_run_id=first)  # a resume of job aaaa1111
+    outcome = run_cell(cfg, parent_run_id=first)  # a resume of job aaaa1111
     assert outcome.status == Status.SKIPPED
     assert not any(k.startswith("foxhunt.skipped.") for k in MlflowClient(uri).get_run(first).data.tags)
     (cell,) = find_job(uri, "aaaa").cells()

@@ -11,7 +11,7 @@ from torch import nn
 
 from foxhunt.memory.accounting import optimizer_state_bytes
 from foxhunt.memory.training_run import measure_run
-from foxhunt.build import MEASURING_RUNS, measuring_config
+from foxhunt.training.parts import MEASURING_RUNS, measuring_config
 from foxhunt.memory.predict import (
     LinearFit,
     OPTIMIZER_STATE_RULES,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 from small_fleet import CPU, SMALL
 
-from foxhunt.train import train
+from foxhunt.training.cell import train
 
 # PPO's rollout as collect_rollout allocates it: num_envs x rollout_steps x (obs 17 float32,
 # action int64, logprob, value, advantage, return float32)
@@ -34,7 +34,7 @@ def test_the_footprint_is_the_allocator_peak_torchs_memtracker_sees(tmp_path):
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from foxhunt.build import MEASURING_RUNS, build_parts, measuring_config
+    from foxhunt.training.parts import MEASURING_RUNS, build_parts, measuring_config
     from foxhunt.memory.training_run import measure_run
     from foxhunt.models.forecaster import quantile_loss
 

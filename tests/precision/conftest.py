@@ -17,7 +17,7 @@ def int8_policy():
 @pytest.fixture
 def build(compose_cfg):
     """``build(model, *overrides)`` -> (LightningModule, cfg) built as foxhunt-train builds it."""
-    from foxhunt.build import build_model
+    from foxhunt.training.parts import build_model
 
     def _build(model: str, *overrides: str):
         cfg = compose_cfg([f"model={model}", "logger=none", *overrides])

@@ -88,7 +88,7 @@ def test_the_tft_defaults_to_auto_and_its_run_says_what_auto_chose(compose_cfg, 
     from foxhunt.runs.cell import CellKey
     from foxhunt.runs.config_hash import config_hash
     from foxhunt.runs.tags import Tag
-    from foxhunt.train import run_tags
+    from foxhunt.training.cell import run_tags
 
     _force(monkeypatch, support)
     cfg = compose_cfg(["model=tft"])
@@ -106,7 +106,7 @@ def test_the_tft_defaults_to_auto_and_its_run_says_what_auto_chose(compose_cfg, 
 def test_a_precision_on_the_command_line_wins_over_the_tfts_default(compose_cfg, monkeypatch):
     from foxhunt.runs.cell import CellKey
     from foxhunt.runs.tags import Tag
-    from foxhunt.train import run_tags
+    from foxhunt.training.cell import run_tags
 
     _force(monkeypatch, NATIVE)
     cfg = compose_cfg(["model=tft", "precision=fp32"])

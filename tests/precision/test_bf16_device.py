@@ -120,7 +120,7 @@ sys.path.insert(0, sys.argv[2])
 from configs import compose_train_config
 from test_smoke import FAST, SMALL
 from pathlib import Path
-from foxhunt.train import train
+from foxhunt.training.cell import train
 from foxhunt.precision.bf16 import bf16_support
 root = Path(sys.argv[1])
 out = {"failed": bf16_support("cpu").failed, "models": {}}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from foxhunt.build import build_parts
+from foxhunt.training.parts import build_parts
 from foxhunt.precision.callback import PrecisionCallback
 from foxhunt.precision.quantize import SCALE_SUFFIX
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hydra.utils import instantiate
 
-from foxhunt.build import compose_config
+from foxhunt.training.parts import compose_config
 from foxhunt.precision.optim import make_optimizer
 
 

@@ -163,7 +163,7 @@ def test_ties_go_to_the_newest_run_then_the_smallest_run_id():
 
 
 def test_json_carries_interval_baseline_dsr_and_no_nan(store):
-    from foxhunt.evaluation.stats import deflated_sharpe_ratio
+    from foxhunt.evaluation.deflated import deflated_sharpe_ratio
 
     result = top(store, "--json")
     assert "NaN" not in result.output and "Infinity" not in result.output
@@ -183,7 +183,7 @@ def test_json_carries_interval_baseline_dsr_and_no_nan(store):
 
 
 def test_the_stdlib_dsr_is_the_evaluation_one():
-    from foxhunt.evaluation.stats import deflated_sharpe_ratio
+    from foxhunt.evaluation.deflated import deflated_sharpe_ratio
 
     cases = [(0.05, [0.05], 1000, 0.0, 3.0), (0.05, [0.01, 0.05, -0.02, 0.03], 250, -0.3, 5.0),
              (0.1, [0.1] * 5, 100, 0.2, 2.0), (0.02, [0.0, 0.02, 0.01] * 30, 5000, 1.0, 9.0)]  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from foxhunt.runs.cell import read_results
-from foxhunt.train import OBJECTIVE
+from foxhunt.training.cell import OBJECTIVE
 
 from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, six_e_csv, store, sweep_dirs
 

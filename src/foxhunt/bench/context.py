@@ -40,7 +40,7 @@ class BenchContext:
     ) -> DictConfig:
         """``conf/train.yaml`` for ``model`` with the settings' overrides, the ``logger`` group
         option and every path under the work folder."""
-        from foxhunt.build import compose_config
+        from foxhunt.training.parts import compose_config
 
         return compose_config(
             [f"model={model}", f"logger={logger}", *self.settings.train_overrides, *overrides],
@@ -50,15 +50,11 @@ class BenchContext:
 
     def dataset(self, cfg: DictConfig):
         """The cached market dataset of ``cfg`` (loaded once per data config)."""
-        from hydra.utils import instantiate
         from omegaconf import OmegaConf
 
-        from foxhunt.data.dataset import load_market_dataset
+        from foxhunt.training.parts import build_dataset
 
-        key = OmegaConf.to_yaml(cfg.data) + OmegaConf.to_yaml(cfg.asset)
+        key = OmegaConf.to_yaml(cfg.data) + OmegaConf.to_yaml(cfg.asset) + OmegaConf.to_yaml(cfg.evaluation)
         if key not in self._datasets:
-            self._datasets[key] = load_market_dataset(
-                instantiate(cfg.data.source), instantiate(cfg.asset), cfg.data.features, cfg.data.split,
-                cfg.data.cache_dir,
-            )
+            self._datasets[key] = build_dataset(cfg)
         return self._datasets[key]

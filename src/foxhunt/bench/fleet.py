@@ -47,7 +47,7 @@ LINEAR_FAMILIES = FAMILIES  # every family has Linear (and the TFT LSTM) layers:
 
 
 def _modules(ctx: BenchContext):
-    from foxhunt.build import build_model
+    from foxhunt.training.parts import build_model
     from foxhunt.ensemble.engine import MemberInputs
 
     modules, inputs, cfg, dataset = {}, {}, None, None
@@ -103,7 +103,7 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
 
     from hydra.utils import instantiate
 
-    from foxhunt.build import build_datamodule
+    from foxhunt.training.parts import build_datamodule
     from foxhunt.ensemble.engine import StreamingEngine
     from foxhunt.ensemble.replay import replay_bars
 

@@ -59,7 +59,7 @@ def int8_copy(module: torch.nn.Module, kind: str) -> torch.nn.Module:
 
 def window_batch(cfg, dataset) -> dict[str, torch.Tensor]:
     """The first validation window as a batch of one (static, known, observed)."""
-    from foxhunt.build import build_datamodule
+    from foxhunt.training.parts import build_datamodule
 
     windows = build_datamodule(cfg, dataset).windows("val")
     return {key: windows[key][:1].clone() for key in ("static", "known", "observed")}
@@ -128,7 +128,7 @@ def compiled(call: Callable[[], object]) -> Callable[[], object]:
 
 
 def build_target(ctx: BenchContext, target: str):
-    from foxhunt.build import build_model
+    from foxhunt.training.parts import build_model
 
     name = "mamba2" if target == "mamba2_step" else target
     cfg = ctx.compose(name)

@@ -1,6 +1,6 @@
 """Section 4: framework overhead, an epoch through ``foxhunt-train`` against a plain PyTorch loop.
 
-foxhunt side: :func:`foxhunt.train.train` on the composed config of ``overhead.model`` with
+foxhunt side: :func:`foxhunt.training.cell.train` on the composed config of ``overhead.model`` with
 everything ``foxhunt-train`` runs (Lightning, the default callbacks, the MLflow logger into
 the benchmark's own store), one epoch of ``overhead.train_batches`` training and
 ``overhead.val_batches`` validation batches. An extra callback, :class:`EpochTimer` (added to
@@ -85,7 +85,7 @@ def overhead_config(ctx: BenchContext, drop: str | None = None):
 
 def foxhunt_epoch(ctx: BenchContext, drop: str | None = None) -> Timing:
     """One ``train(cfg)`` run; the timing of its epoch (``extra``: batches only, whole run)."""
-    from foxhunt.train import train
+    from foxhunt.training.cell import train
 
     cfg = overhead_config(ctx, drop)
     log_path = Path(cfg.paths.output_dir) / "train.log"
@@ -110,7 +110,7 @@ def foxhunt_epoch(ctx: BenchContext, drop: str | None = None) -> Timing:
 
 def plain_epoch(ctx: BenchContext) -> Timing:
     """The same epoch as a plain PyTorch loop (see the module docstring)."""
-    from foxhunt.build import build_datamodule, build_model
+    from foxhunt.training.parts import build_datamodule, build_model
     from foxhunt.models.forecaster import quantile_loss
 
     s = ctx.settings.overhead
@@ -166,7 +166,7 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     notes = [
         f"model {s.model}: {int(s.train_batches)} training + {int(s.val_batches)} validation batches per epoch; "
-        "foxhunt = foxhunt.train.train(cfg) with the default callbacks and the MLflow logger; the run's "
+        "foxhunt = foxhunt.training.cell.train(cfg) with the default callbacks and the MLflow logger; the run's "
         "setup, test and backtest are outside the epoch (their total is in benchmark.json, run_wall_s)",
         "share rows: foxhunt = the epoch with everything, reference = the epoch without that callback (or "
         "logger), one run each against the median of the full runs: indicative only",

@@ -82,7 +82,7 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
     import lightning.pytorch as pl
     from omegaconf import OmegaConf
 
-    from foxhunt.build import build_datamodule, build_model
+    from foxhunt.training.parts import build_datamodule, build_model
 
     per_call = steps_per_call(cfg)
     warmup, steps = -(-warmup // per_call), -(-steps // per_call)  # training_step calls
@@ -122,7 +122,7 @@ def sb3_model(cfg, dataset) -> Any:
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from foxhunt.build import build_datamodule
+    from foxhunt.training.parts import build_datamodule
     from foxhunt.data.env import TradingEnv, TradingGymEnv
     from foxhunt.models.agent import ACTIVATIONS
 
@@ -185,7 +185,7 @@ def bare_run(cfg, warmup: int, steps: int) -> Timing:
     """Only the gradient steps of ``warmup + steps`` training steps; the last ``steps`` timed."""
     import lightning.pytorch as pl
 
-    from foxhunt.build import build_model
+    from foxhunt.training.parts import build_model
 
     pl.seed_everything(cfg.seed, verbose=False)
     agent = build_model(cfg)
@@ -206,7 +206,7 @@ def env_run(cfg, dataset, warmup: int, steps: int) -> Timing:
     timed: the agent's own methods on the training env of ``build_datamodule``, no Lightning."""
     import lightning.pytorch as pl
 
-    from foxhunt.build import build_datamodule, build_model
+    from foxhunt.training.parts import build_datamodule, build_model
 
     pl.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(cfg, dataset)

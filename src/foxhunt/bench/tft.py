@@ -53,7 +53,7 @@ def peer_available() -> bool:
 
 # ----------------------------------------------------------------------------------- the two sides
 def foxhunt_parts(cfg, dataset):
-    from foxhunt.build import build_datamodule, build_model
+    from foxhunt.training.parts import build_datamodule, build_model
 
     datamodule = build_datamodule(cfg, dataset)
     return build_model(cfg), datamodule.train_dataloader()

@@ -19,10 +19,10 @@ import json
 from pathlib import Path
 
 import typer
+from foxhunt.errors import EXIT_USER_ERROR
 
 data_app = typer.Typer(help="The data a config yields: bars, rolls, calendar, gaps and splits.", no_args_is_help=True)
 
-EXIT_USAGE = 2
 OVERRIDES = typer.Argument(None, help="Hydra overrides as for foxhunt-train: data=lean data.source.path=... asset=es")
 MAX_ROWS = 40  # sessions and gaps listed in the text report (all of them in --json)
 MAX_DATES = 12  # holidays and early closes listed in the text report
@@ -43,10 +43,10 @@ def show(
     """Load the bars of a data config and report what they hold (no training)."""
     from foxhunt.errors import debug_requested, reported
 
-    with reported("foxhunt data show", debug=debug_requested(), exit_code=EXIT_USAGE):
+    with reported("foxhunt data show", debug=debug_requested(), exit_code=EXIT_USER_ERROR):
         from hydra.utils import instantiate
 
-        from foxhunt.build import compose_config
+        from foxhunt.training.parts import compose_config
         from foxhunt.config.schema import validate
         from foxhunt.data.inspect import describe, load_bars, plot_continuous
         from foxhunt.data.splits import WalkForwardConfig

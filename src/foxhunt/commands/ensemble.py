@@ -32,19 +32,19 @@ import tempfile
 from pathlib import Path
 
 import typer
+from foxhunt.errors import EXIT_USER_ERROR
 
 # MLflow draws a progress bar per artifact download; a fleet downloads a few small files
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 ensemble_app = typer.Typer(help="The fleet: register the best run of each family, replay bars through it.", no_args_is_help=True)
 
-EXIT_USAGE = 2
 OVERRIDES = typer.Argument(None, help="Hydra overrides of conf/fleet.yaml: asset=es ensemble.metric=val/sharpe ensemble.models=[dqn,tft] ...")
 
 
 def _fail(command: str, message: str) -> typer.Exit:
     typer.echo(f"foxhunt ensemble {command}: {message}", err=True)
-    return typer.Exit(EXIT_USAGE)
+    return typer.Exit(EXIT_USER_ERROR)
 
 
 @contextlib.contextmanager
@@ -54,7 +54,7 @@ def _reported(command: str):
     ``--debug``: the traceback)."""
     from foxhunt.errors import debug_requested, reported
 
-    with reported(f"foxhunt ensemble {command}", debug=debug_requested(), exit_code=EXIT_USAGE):
+    with reported(f"foxhunt ensemble {command}", debug=debug_requested(), exit_code=EXIT_USER_ERROR):
         yield
 
 
@@ -62,7 +62,7 @@ def _compose(command: str, overrides: list[str] | None):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxhunt.build import compose_config
+    from foxhunt.training.parts import compose_config
     from foxhunt.config.schema import ConfigError, validate
 
     try:
@@ -115,7 +115,7 @@ def register(
         for family, why in outcome.refused:
             typer.echo(f"foxhunt ensemble register: {family}: not registered: {why} (--force registers it, tagged gate=forced)", err=True)
         typer.echo("foxhunt ensemble register: nothing registered", err=True)
-        raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(EXIT_USER_ERROR)
     for family, why in outcome.refused:
         typer.echo(f"{family}: registered although {why} (--force: tagged gate=forced)")
     for r in outcome.registered:

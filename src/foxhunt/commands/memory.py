@@ -30,7 +30,7 @@ from pathlib import Path
 
 import typer
 
-from foxhunt.errors import one_line_error
+from foxhunt.errors import EXIT_USER_ERROR, one_line_error
 
 memory_app = typer.Typer(help="Measured training memory of the models against a device budget.", no_args_is_help=True)
 
@@ -38,7 +38,6 @@ EXPERIMENT = "memory"
 SOURCE = "foxhunt memory validate"  # the runs table's Source column
 DEFAULT_MODELS = "dqn,ppo,mamba2,tft"
 EXIT_FAIL = 1
-EXIT_USAGE = 2
 
 
 class UsageError(ValueError):
@@ -109,7 +108,7 @@ def validate(
         names = parse_models(models)
         shared, own = split_overrides(list(overrides or []), names)
     except UsageError as exc:
-        raise _fail("", str(exc), EXIT_USAGE) from None
+        raise _fail("", str(exc), EXIT_USER_ERROR) from None
     from foxhunt.runs.environment import root_dir as default_root
 
     root_dir = Path(root).resolve() if root else default_root()
@@ -124,7 +123,7 @@ def _compose(names, shared, own, root_dir: Path, out_dir: Path) -> dict:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxhunt.build import measuring_config
+    from foxhunt.training.parts import measuring_config
     from foxhunt.config.schema import ConfigError
 
     configs = {}
@@ -132,7 +131,7 @@ def _compose(names, shared, own, root_dir: Path, out_dir: Path) -> dict:
         try:
             configs[name] = measuring_config(name, [*shared, *own[name]], root_dir=root_dir, output_dir=out_dir)
         except (HydraException, OmegaConfBaseException, ConfigError) as exc:
-            raise _fail(f"config error ({name}): ", one_line_error(exc, with_type=False), EXIT_USAGE) from None
+            raise _fail(f"config error ({name}): ", one_line_error(exc, with_type=False), EXIT_USER_ERROR) from None
     return configs
 
 
@@ -144,15 +143,15 @@ def _budget(configs: dict):
     first_name, first = next(iter(budgets.items()))
     for name, budget in budgets.items():
         if budget != first:
-            raise _fail("", f"the budget differs between {first_name} and {name}: budget overrides apply to every model (no 'model:' prefix)", EXIT_USAGE)
+            raise _fail("", f"the budget differs between {first_name} and {name}: budget overrides apply to every model (no 'model:' prefix)", EXIT_USER_ERROR)
     try:
         return instantiate(configs[first_name].budget)
     except Exception as exc:
-        raise _fail("config error: ", one_line_error(exc, with_type=False), EXIT_USAGE) from None
+        raise _fail("config error: ", one_line_error(exc, with_type=False), EXIT_USER_ERROR) from None
 
 
 def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, overrides: list[str]) -> int:
-    from foxhunt.build import MEASURING_RUNS
+    from foxhunt.training.parts import MEASURING_RUNS
     from foxhunt.memory import fleet_report
     from foxhunt.memory.fleet import judge
     from foxhunt.memory.predict import predict_footprint
@@ -185,7 +184,7 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
             typer.echo(f"foxhunt memory validate: config error ({name}): {one_line_error(exc, with_type=False)}", err=True)
             if run is not None:
                 run.set_tags({Tag.VERDICT: "ERROR", Tag.ERROR: one_line_error(exc, with_type=False)})
-            return EXIT_USAGE
+            return EXIT_USER_ERROR
         verdict = judge(measurements, budget, data=data_description(first), predictions=predictions)
         extra = {"overrides": overrides, "models_measured": list(configs)}
         paths = fleet_report.write_all(verdict, out_dir, extra)

@@ -167,7 +167,7 @@ def run_compare(
     output_dir: Path | None = None,
 ) -> CompareReport:
     """Measure and return the comparison (see the module doc); logs it to MLflow when enabled."""
-    from foxhunt.build import compose_config
+    from foxhunt.training.parts import compose_config
     from foxhunt.config.schema import ConfigError, validate
 
     for item in overrides:
@@ -211,17 +211,14 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
         fit_side_by_side,
         percentile,
     )
-    from foxhunt.build import build_datamodule, build_model
-    from foxhunt.data.dataset import load_market_dataset
+    from foxhunt.training.parts import build_datamodule, build_dataset, build_model
     from foxhunt.memory.callback import MemoryBudgetCallback
     from foxhunt.precision.callback import PrecisionCallback
     from foxhunt.precision.quantize import QUANTIZED_LAYERS_FILE, int8_share
 
     cfg = configs["fp32"]
     asset = instantiate(cfg.asset)
-    dataset = load_market_dataset(
-        instantiate(cfg.data.source), asset, cfg.data.features, cfg.data.split, cfg.data.cache_dir
-    )
+    dataset = build_dataset(cfg, asset)
     turns = Turns(PRECISIONS)
     runs: dict[str, dict[str, Any]] = {}
     for precision, run_cfg in configs.items():

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import typer
 
-from foxhunt.commands.train_jobs import EXIT_USAGE, ROOT_HELP, URI_HELP, _console, _root, _uri
-from foxhunt.errors import one_line_error
+from foxhunt.commands.train_jobs import ROOT_HELP, URI_HELP, _console, _root, _uri
+from foxhunt.errors import EXIT_USER_ERROR, one_line_error
 from foxhunt.runs import leaderboard as lb
 
 runs_app = typer.Typer(help="Read the runs in the MLflow store: leaderboards.", no_args_is_help=True)
@@ -46,7 +46,7 @@ DSR_DIGITS = 3  # decimals of the deflated Sharpe ratio (as the sweep summary)
 MISSING = "-"
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+def _fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
     typer.echo(f"{PROG}: {message}", err=True)
     return typer.Exit(code)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import typer
 
-from foxhunt.errors import one_line_error
+from foxhunt.errors import EXIT_USER_ERROR, one_line_error
 from foxhunt.runs.status import JOB_STATES, TERMINAL, Status
 
 train_app = typer.Typer(
@@ -29,7 +29,6 @@ train_app = typer.Typer(
 )
 
 EXIT_CODES = {Status.FINISHED: 0, Status.FAILED: 1, Status.KILLED: 3, Status.STALE: 4}
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 PIPE_WIDTH = 180  # columns of tables written to a pipe or file
 STOP_POLL_S = 0.5  # how often stop checks whether the job's processes are gone
@@ -53,7 +52,7 @@ def _uri(root: Path, tracking_uri: str | None) -> str:
     return tracking_uri or store_uri(root)
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+def _fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
     typer.echo(f"foxhunt train: {message}", err=True)
     return typer.Exit(code)
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from foxhunt.config.schema import ConfigError
+from foxhunt.errors import ConfigError
 
 
 def _number(value: Any) -> bool:

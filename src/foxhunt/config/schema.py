@@ -23,18 +23,12 @@ from typing import Annotated, Any, Literal
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from foxhunt.errors import UserError
+from foxhunt.errors import ConfigError
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(ge=1)]
 Fraction = Annotated[float, Field(gt=0, lt=1)]
-
-
-class ConfigError(UserError, ValueError):
-    """A composed config that cannot run; the message is one line naming the key."""
-
-    kind = "config"
 
 
 class _Strict(BaseModel):

@@ -79,12 +79,6 @@ def off_tick_mask(prices: np.ndarray, tick_size: float, tolerance: float = TICK_
 
 
 # ----------------------------------------------------------------------------- validation
-def empty_bars() -> pd.DataFrame:
-    """A bars frame with no rows (right columns, dtypes and index)."""
-    index = pd.DatetimeIndex([], tz="UTC", name=INDEX_NAME).as_unit("ns")
-    return pd.DataFrame({c: np.empty(0, np.float64) for c in BAR_COLUMNS}, index=index)
-
-
 def _is_utc(tz: Any) -> bool:
     if tz is None:
         return False

@@ -51,7 +51,6 @@ DAYS_PER_YEAR = 365.25  # mean calendar year (Julian), the unit of "per year"
 _MARGIN_DAYS = 10
 _STREAM_AHEAD_DAYS = 370  # a stream loads the sessions of the year ahead at once
 _FIRST_GOOD_FRIDAY_RULE_YEAR = 2023  # the library's "every Good Friday an early close" rule starts here
-SESSION_COLUMNS = ("open", "close", "break_start", "break_end")
 
 
 class CalendarError(ValueError):

@@ -220,7 +220,7 @@ class Exported:
 def export_fleet(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
     """Every family of ``cfg.ensemble.models`` for ``cfg.asset`` (the alias, or
     ``ensemble.versions``), exported under ``out`` (module doc)."""
-    from foxhunt.ensemble.fleet import rebuild_model
+    from foxhunt.ensemble.rebuild import rebuild_model
     from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
     from foxhunt.ensemble.registry import download_version, registered_name
 

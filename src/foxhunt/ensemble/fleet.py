@@ -2,7 +2,7 @@
 
 :func:`load_fleet` reads each family's version (``models:/<prefix>-<model>-<asset>@<alias>``,
 or the version ``ensemble.versions`` names), rebuilds its model from the version's own files
-(:func:`rebuild_model`: the stored config, validated by today's schema; the weights, loaded with
+(:func:`foxhunt.ensemble.rebuild.rebuild_model`: the stored config, validated by today's schema; the weights, loaded with
 ``torch.load(weights_only=True)``; int8-trained weights through their quantized layers, then
 back to plain fp32), moves it to ``ensemble.device`` in eval mode and wraps it in a
 :class:`~foxhunt.ensemble.members.Member`, whose runtime holds its weights (fp32, or with
@@ -21,44 +21,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
-from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles, RegistryError
-from foxhunt.ensemble.members import Member, make_member
+from foxhunt.ensemble.members import Member
+from foxhunt.ensemble.rebuild import build_member
 from foxhunt.ensemble.registry import download_version, registered_name, weights_to_load
 
 log = logging.getLogger(__name__)
-
-
-def rebuild_model(cfg, state: dict, origin: str):
-    """The LightningModule of a stored resolved config with ``state`` loaded, in plain fp32
-    (int8-trained weights loaded through their quantized layers, then dequantized)."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    from foxhunt.build import build_model
-    from foxhunt.config.schema import ConfigError, validate
-    from foxhunt.precision.quantize import dequantize_model, quantize_model
-
-    try:
-        validate(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg))
-    except ConfigError as exc:
-        raise RegistryError(f"{origin}: the stored config no longer validates: {exc}") from None
-    model = build_model(cfg)
-    policy = instantiate(cfg.precision)
-    if policy.quantizes_weights:
-        quantize_model(model, policy)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise RegistryError(f"{origin}: the weights do not fit the stored config's model ({first})") from None
-    return dequantize_model(model).eval()
 
 
 @dataclass
@@ -72,42 +42,6 @@ class FleetMember:
     value: float | None
     precision: str  # what it was trained in
     holdout: float | None = None  # the lockbox its training run kept (evaluation.holdout)
-
-
-def int8_policy():
-    """The int8 policy of ``conf/precision/int8.yaml``: its layer rule picks the layers an int8
-    inference copy quantizes."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    text = resources.files("foxhunt.conf").joinpath("precision", "int8.yaml").read_text()
-    return instantiate(OmegaConf.create(text))
-
-
-def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime: str, device: str,
-                 probe_calls: int, threads: int = 1, workdir: Path | None = None) -> tuple[Member, MemberInputs, dict[str, Any]]:  # fmt: skip
-    """A member from a version's model folder (``<folder>/artifacts/...``): its fp32 model, and
-    its runtime's ``weights`` (fp32 or int8; :mod:`foxhunt.ensemble.members`); a TFT's ONNX
-    graphs go to ``workdir`` (default: beside the folder)."""
-    from foxhunt.data.features import FeatureConfig
-
-    files = MemberFiles.read(folder / ARTIFACTS_DIR, name)
-    info, cfg, record = files.info, files.cfg, files.record
-    if info["asset"] != asset_key:
-        raise RegistryError(f"{name}: trained on {info['asset']}, the bars are {asset_key} (asset={asset_key})")
-    model = rebuild_model(cfg, files.state, origin=name).to(device).eval()
-    inputs = MemberInputs(
-        feature_config=FeatureConfig(**record["feature_config"]),
-        observed_mean=np.asarray(record["observed_mean"], dtype=np.float64),
-        observed_std=np.asarray(record["observed_std"], dtype=np.float64),
-        groups={g: list(v) for g, v in record["groups"].items()},
-    )
-    family = str(cfg.model.name)
-    member = make_member(family, name, model, weights, info.get("value"), runtime, probe_calls, inputs.groups,
-                         workdir=workdir or folder.parent, threads=threads)  # fmt: skip
-    if member is None:
-        raise RegistryError(f"{name}: model family {family!r} has no streaming member")
-    return member, inputs, {**info, "holdout": cfg.evaluation.get("holdout")}
 
 
 def load_fleet(cfg, workdir: Path) -> list[FleetMember]:

@@ -282,7 +282,7 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
 
     from hydra.utils import instantiate
 
-    from foxhunt.ensemble.fleet import build_member
+    from foxhunt.ensemble.rebuild import build_member
     from foxhunt.ensemble.registry import download_version, registered_name
 
     ens = cfg.ensemble

@@ -76,10 +76,9 @@ def _score(files: MemberFiles, entry: Registered) -> HoldoutReport:
     import torch
     from hydra.utils import instantiate
 
-    from foxhunt.build import build_datamodule, run_split
-    from foxhunt.data.dataset import load_market_dataset
+    from foxhunt.training.parts import build_datamodule, build_dataset
     from foxhunt.data.splits import HOLDOUT
-    from foxhunt.ensemble.fleet import rebuild_model
+    from foxhunt.ensemble.rebuild import rebuild_model
     from foxhunt.evaluation.scoring import ScoringSettings, score_positions
 
     cfg = files.cfg
@@ -87,8 +86,7 @@ def _score(files: MemberFiles, entry: Registered) -> HoldoutReport:
         return HoldoutReport(entry.name, entry.version, entry.run_id,
                              note="trained without a lockbox (evaluation.holdout=null): nothing to open")  # fmt: skip
     asset = instantiate(cfg.asset)
-    dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, run_split(cfg, open_holdout=True),
-                                  None)  # fmt: skip
+    dataset = build_dataset(cfg, asset, open_holdout=True, cached=False)
     model = rebuild_model(cfg, files.state, origin=f"{entry.name} version {entry.version}")
     arrays = dataset.splits[HOLDOUT]
     settings = ScoringSettings.from_config(cfg, asset)

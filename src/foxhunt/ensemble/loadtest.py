@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hydra.utils import instantiate
 
-    from foxhunt.build import compose_config
+    from foxhunt.training.parts import compose_config
     from foxhunt.config.schema import validate
     from foxhunt.ensemble.fleet import fleet_engine, load_fleet
     from foxhunt.ensemble.replay import replay_bars

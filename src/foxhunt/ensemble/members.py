@@ -72,10 +72,9 @@ Future = Callable[[int, int], np.ndarray]
 
 def int8_torch_copy(module):
     """The torchao int8 inference copy of a model (the torch runtime's int8 weights)."""
-    from foxhunt.ensemble.fleet import int8_policy
-    from foxhunt.precision.inference import int8_inference_model
+    from foxhunt.precision.inference import default_int8_policy, int8_inference_model
 
-    return int8_inference_model(module, int8_policy())
+    return int8_inference_model(module, default_int8_policy())
 
 
 def _median_us(call: Callable[[], Any], calls: int) -> float:

@@ -58,7 +58,7 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
         import torch
 
         from foxhunt.assets import AssetSpec
-        from foxhunt.ensemble.fleet import build_member
+        from foxhunt.ensemble.rebuild import build_member
 
         threads = _packaged("ensemble", "default").get("torch_threads")
         if threads:  # pinned as the fleet is (ensemble.torch_threads): batch-1 steps lose to more threads

@@ -5,7 +5,7 @@ with that asset and a model family; per family the best by ``ensemble.metric``, 
 metric (``val/...``; a ``test/`` metric is refused: the test split stays unseen until the final
 report), in the metric's known direction (:data:`METRIC_DIRECTIONS`); a tie goes to the newest
 run. Runs without the metric are counted, not considered. A cell evaluated by walk-forward or
-over seeds (:mod:`foxhunt.protocol`) competes with its aggregate (``val/sharpe``: the pooled
+over seeds (:mod:`foxhunt.training.folds`) competes with its aggregate (``val/sharpe``: the pooled
 validation blocks, mean across seeds), never with its folds one by one; its weights are those
 of its last fold (trained on the most recent bars), the seed best on the metric there.
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from foxhunt.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
+from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
 from foxhunt.ensemble.member_files import ARTIFACTS_DIR, CONFIG_FILE, WEIGHTS_FILE, RegistryError, check_code_file
 from foxhunt.errors import one_line_error
 from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metric directions
@@ -189,7 +189,7 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
     stamp = loaded.get(STAMP_KEY) if isinstance(loaded.get(STAMP_KEY), dict) else {}
     check_stamped_run(f"run {run_id} ({choice.run_name}): {checkpoint}", stamp.get(RUN_ID), run_id)
     cfg = OmegaConf.load(config_path)
-    from foxhunt.ensemble.fleet import rebuild_model
+    from foxhunt.ensemble.rebuild import rebuild_model
 
     rebuild_model(cfg, state, origin=f"run {run_id} ({checkpoint})")  # raises a one-line error
     weights = workdir / f"{choice.family}-weights" / WEIGHTS_FILE  # the pyfunc folder keeps file names
@@ -239,14 +239,13 @@ def input_example(cfg, record: dict, decided: int, origin: str):
     import pandas as pd
     from hydra.utils import instantiate
 
-    from foxhunt.build import run_split
-    from foxhunt.data.dataset import load_market_dataset
     from foxhunt.data.features import FeatureConfig
+    from foxhunt.training.parts import build_dataset
 
     try:
         asset, source = instantiate(cfg.asset), instantiate(cfg.data.source)
         bars = source.load(asset)
-        dataset = load_market_dataset(source, asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
+        dataset = build_dataset(cfg, asset, source)
     except Exception as exc:  # noqa: BLE001 (a data file moved or unreadable since training: one line)
         raise RegistryError(f"{origin}: cannot read its bars ({cfg.data.source._target_.rsplit('.', 1)[-1]}) for the model's "
                             f"input example: {one_line_error(exc, first_line=True, limit=200)}") from None  # fmt: skip
@@ -263,14 +262,9 @@ def input_example(cfg, record: dict, decided: int, origin: str):
 
 
 def _rebuild_record(cfg) -> dict[str, Any]:
-    from hydra.utils import instantiate
+    from foxhunt.training.parts import build_dataset
 
-    from foxhunt.build import run_split
-    from foxhunt.data.dataset import load_market_dataset
-
-    asset = instantiate(cfg.asset)
-    dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
-    return dataset.record()
+    return build_dataset(cfg).record()
 
 
 def record_weights_choice(tracking_uri: str, versions: dict, choices: dict[str, tuple[str, str]]) -> None:

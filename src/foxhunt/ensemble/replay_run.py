@@ -36,7 +36,6 @@ from foxhunt.data.features import FEATURE_NAMES
 from foxhunt.ensemble.fleet import fleet_engine, load_fleet
 from foxhunt.ensemble.replay import ENSEMBLE, latency_us, replay_bars, score_replay
 
-TABLE_METRICS = ("pnl", "sharpe", "max_drawdown", "hit_rate", "trades")
 FLEET = "fleet"
 SOURCE = "foxhunt ensemble replay"  # the runs table's Source column
 REPORT_FILE = "replay.md"
@@ -54,15 +53,12 @@ class ReplayReport:
 def _window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
     """(start_ns, stop_ns, description) of the bars scored; never the lockbox
     (``evaluation.holdout``: ``all`` stops before it)."""
-    from hydra.utils import instantiate
-
-    from foxhunt.build import run_split
-    from foxhunt.data.dataset import load_market_dataset
+    from foxhunt.training.parts import build_dataset
 
     split = str(cfg.ensemble.split)
     dataset = None
     if split != "all" or cfg.evaluation.get("holdout"):
-        dataset = load_market_dataset(instantiate(cfg.data.source), asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
+        dataset = build_dataset(cfg, asset)
     if split == "all":
         if dataset is None:
             return None, None, f"all {len(bars)} bars"
@@ -165,7 +161,7 @@ def _interpret_member(cfg, f, asset, bars, start: int | None, stop: int | None, 
                       workdir: Path) -> tuple[str, list[Path]]:  # fmt: skip
     """The TFT member's selection weights and attention over the replayed bars, written to
     ``folder`` (module doc): the report's line and the files."""
-    from foxhunt.ensemble.fleet import rebuild_model
+    from foxhunt.ensemble.rebuild import rebuild_model
     from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
     from foxhunt.ensemble.registry import download_version
     from foxhunt.ensemble.replay import replayed_windows

@@ -57,8 +57,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from foxhunt.evaluation.deflated import deflated_sharpe_ratio, expected_max_sharpe, probabilistic_sharpe_ratio  # noqa: F401 (their home for callers)
-
 BOOTSTRAP_METHOD = "circular_block_percentile"
 MAX_CHUNK_ENTRIES = 20_000_000  # replicate rows x steps resampled at once (~160 MB float64)
 

@@ -5,8 +5,8 @@
   :mod:`~foxhunt.jobs.launch_record`: the plan and the launch record;
 - :mod:`~foxhunt.jobs.views`: runs grouped into jobs and their states; :mod:`~foxhunt.jobs.listing`
   and :mod:`~foxhunt.jobs.display`: filters, JSON and tables of ``foxhunt train list|status|watch``;
-- the callbacks a training run carries for its job: :mod:`~foxhunt.jobs.graceful_stop`
-  (``interrupted.ckpt`` on a stop request) and :mod:`~foxhunt.jobs.progress` (the ``progress`` metric).
+- the callbacks a training run carries for its job live with the run (:mod:`foxhunt.training.graceful_stop`:
+  ``interrupted.ckpt`` on a stop request; :mod:`foxhunt.training.progress`: the ``progress`` metric).
 
 The store itself (runs, cells, statuses, tags, liveness, checkpoints) is :mod:`foxhunt.runs`.
 """

@@ -106,7 +106,7 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dic
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxhunt.build import compose_config
+    from foxhunt.training.parts import compose_config
     from foxhunt.config.schema import ConfigError, validate
     from foxhunt.runs.config_hash import config_hash
     from foxhunt.sweeps.grid import expand_grid

@@ -263,7 +263,7 @@ def group_jobs(runs: list[RunRecord], host: str | None = None) -> list[Job]:
     """Runs -> jobs. A run's job is its parent's job id, else its own ``job_id`` tag, else (a
     sweep started by hand with ``foxhunt-train -m``) its parent run's id. The job's parent is
     its newest run that nests others or carries the launcher's tags. A cell's walk-forward folds
-    and seeds (``foxhunt.role=fold``, :mod:`foxhunt.protocol`) are part of it: the cell's run
+    and seeds (``foxhunt.role=fold``, :mod:`foxhunt.training.folds`) are part of it: the cell's run
     stands for them."""
     host = host or socket.gethostname()
     runs = [r for r in runs if r.tags.get(Tag.ROLE) != ROLE_FOLD]

@@ -315,7 +315,7 @@ def predict_footprint(
     probe_cache: dict[str, tuple[int, int]] | None = None,
 ) -> Prediction:
     """Predict the training footprint of the run ``cfg`` (composed and validated, e.g. by
-    :func:`foxhunt.build.measuring_config`; built by ``factory``) without running its
+    :func:`foxhunt.training.parts.measuring_config`; built by ``factory``) without running its
     configured batch.
 
     ``probe_cache``: a dict shared by several predictions of configs that differ only in the

@@ -1,7 +1,7 @@
 """One model's training memory, measured with a real short fit: :func:`measure_run`.
 
 The run is built by the caller, from its composed config, exactly as ``foxhunt-train`` builds
-it (a :class:`RunFactory`, :class:`foxhunt.build.MeasuringRuns`: this package knows no model,
+it (a :class:`RunFactory`, :class:`foxhunt.training.parts.MeasuringRuns`: this package knows no model,
 job or command line). A real Lightning fit then runs: the real module, its own
 ``configure_optimizers``, the configured precision plugin and accelerator, the callbacks the
 factory keeps (the run's own, except those that only write files or print), and
@@ -66,7 +66,7 @@ class RunFactory(Protocol):
     """What a measuring fit is built from, handed in by the entry points."""
 
     def parts(self, cfg: DictConfig) -> Any:
-        """The run's model, datamodule and precision policy (``foxhunt.build.RunParts``)."""
+        """The run's model, datamodule and precision policy (``foxhunt.training.parts.RunParts``)."""
 
     def model(self, cfg: DictConfig) -> Any:
         """The run's LightningModule alone (built on the meta device by a prediction)."""
@@ -141,7 +141,7 @@ def measure_run(
 ) -> RunMeasurement:
     """Measure the training footprint of the run ``cfg`` describes with a real short fit (see
     the module doc). ``cfg`` is a composed, validated config
-    (:func:`foxhunt.build.measuring_config`); ``factory`` builds its parts.
+    (:func:`foxhunt.training.parts.measuring_config`); ``factory`` builds its parts.
     Raises :class:`MeasurementError` when no training step produced gradients."""
     import lightning.pytorch as pl
     from hydra.utils import instantiate

@@ -16,7 +16,7 @@ Because the fields resolve to the chosen option's values, everything that reads 
 (the run name ``{model}-{asset}-{precision}``, the ``precision`` tag, the config hash, the
 memory commands' prediction and measurement) sees the precision actually used, never ``auto``.
 ``choice`` is the one line that says what was chosen and why; it is logged once per process
-and recorded in the run's tag ``precision.choice`` (:func:`foxhunt.train.run_tags`).
+and recorded in the run's tag ``precision.choice`` (:func:`foxhunt.training.cell.run_tags`).
 
 Works on any device and knows no model.
 """

@@ -94,3 +94,15 @@ def int8_inference_model(model: nn.Module, policy: PrecisionPolicy, config: str 
         param.requires_grad_(False)
     copied.int8_config = config
     return copied
+
+
+def default_int8_policy() -> PrecisionPolicy:
+    """The int8 policy of ``conf/precision/int8.yaml``: its layer rule picks the layers an int8
+    inference copy quantizes (for a model whose run was not trained in int8)."""
+    from importlib import resources
+
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    text = resources.files("foxhunt.conf").joinpath("precision", "int8.yaml").read_text()
+    return instantiate(OmegaConf.create(text))

@@ -13,7 +13,7 @@ breach's checkpoint are not where training stopped. Looked up, in order:
 2. the copies logged to the run (artifacts ``checkpoints/<name>``), ``interrupted.ckpt`` first:
    read on disk when the artifact store is a local folder, listed through the store otherwise.
 
-A checkpoint belongs to the run that wrote it (its stamp names it: :mod:`foxhunt.checkpoint`);
+A checkpoint belongs to the run that wrote it (its stamp names it: :mod:`foxhunt.training.checkpoint`);
 :func:`check_folder_owner` refuses a checkpoint found in one run's folder but stamped for another.
 """
 
@@ -94,11 +94,11 @@ def resumable_checkpoint(
 
 
 def check_folder_owner(tracking_uri: str, path: str | Path, stamped_run: str | None) -> None:
-    """Refuse (:class:`~foxhunt.checkpoint.CheckpointError`, naming both runs) a checkpoint that
+    """Refuse (:class:`~foxhunt.training.checkpoint.CheckpointError`, naming both runs) a checkpoint that
     lies in a run's ``<output_dir>/checkpoints`` folder but is stamped for another run: it was
     copied there, or written by a run that shared the folder. A checkpoint outside any run's
     folder, or without a run in its stamp, is left to the other checks."""
-    from foxhunt.checkpoint import check_stamped_run
+    from foxhunt.training.checkpoint import check_stamped_run
     from foxhunt.runs.store import open_reader
 
     file = Path(str(path)).expanduser().resolve()

@@ -140,7 +140,7 @@ def open_client(tracking_uri: str):
         if type(exc).__module__.split(".")[0] not in ("sqlalchemy", "alembic", "sqlite3"):
             raise
         raise StoreError(f"{tracking_uri}: not an MLflow SQLite store ({one_line_error(exc, with_type=False, first_line=True, limit=300)}); expected {_ACCEPTED_URIS}") from None
-METRIC_PROGRESS = "progress"  # its step is where a cell is (foxhunt.jobs.progress)
+METRIC_PROGRESS = "progress"  # its step is where a cell is (foxhunt.training.progress)
 
 
 def param_value(value: Any) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 class Tag:
     """Run tags, grouped by who writes them."""
 
-    # Every training run (foxhunt.train): which cell it is, and where it came from.
+    # Every training run (foxhunt.training.cell): which cell it is, and where it came from.
     MODEL = "model"
     ASSET = "asset"
     PRECISION = "precision"
@@ -44,7 +44,7 @@ class Tag:
     PACKING = "packing"
     FAILED_CELLS = "failed_cells"
     # A search sweep's parent run (hparams_search=...: foxhunt.sweeps.search): the study and
-    # the best trial by the value foxhunt-train returned (foxhunt.train.OBJECTIVE).
+    # the best trial by the value foxhunt-train returned (foxhunt.training.cell.OBJECTIVE).
     STUDY = "study"
     BEST_TRIAL = "best_trial"  # the trial's name, <model>-<asset>-<precision>-trial<N>
     BEST_TRIAL_RUN = "best_trial.run_id"

@@ -200,7 +200,7 @@ def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
 
     from omegaconf import OmegaConf
 
-    from foxhunt.build import MEASURE_DATA_DAYS, MEASURING_RUNS
+    from foxhunt.training.parts import MEASURE_DATA_DAYS, MEASURING_RUNS
     from foxhunt.config.schema import validate
     from foxhunt.memory.predict import predict_footprint
 

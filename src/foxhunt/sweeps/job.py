@@ -25,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from foxhunt.errors import error_line
+from foxhunt.errors import EXIT_ON_SIGTERM, error_line
 from foxhunt.runs.cell import CellKey, CellResult
 from foxhunt.runs.environment import PARENT_RUN_ENV
 from foxhunt.runs.status import Status, ending_status
@@ -33,7 +33,6 @@ from foxhunt.runs.tags import Tag
 
 log = logging.getLogger(__name__)
 
-EXIT_ON_SIGTERM = 128 + 15  # the shell's status for a process ended by SIGTERM
 
 
 def in_multirun() -> bool:
@@ -51,8 +50,8 @@ def current_sweep_dir() -> Path:
     return Path(HydraConfig.get().sweep.dir)
 
 
-def run_sweep_job(cfg: DictConfig, train_run: Callable) -> dict[str, float] | None:
-    """Run one cell with ``train_run`` (:func:`foxhunt.train.train_run`); a failure returns
+def run_sweep_job(cfg: DictConfig, run_cell: Callable) -> dict[str, float] | None:
+    """Run one cell with ``run_cell`` (:func:`foxhunt.training.cell.run_cell`); a failure returns
     ``None`` instead of raising, a stop request ends the sweep."""
     from foxhunt.sweeps.search import job_overrides, trial_number
 
@@ -81,7 +80,7 @@ def run_sweep_job(cfg: DictConfig, train_run: Callable) -> dict[str, float] | No
             check_fits(cfg, sweep_dir)
 
     try:
-        outcome = train_run(cfg, parent_run_id=parent_run_id, before_fit=before_fit, **trial_arg)
+        outcome = run_cell(cfg, parent_run_id=parent_run_id, before_fit=before_fit, **trial_arg)
         result = CellResult(outcome.key, outcome.status, outcome.run_id, None, outcome.wall_s, outcome.note,
                             dict(outcome.metrics), trial, overrides)  # fmt: skip
         return outcome.metrics

@@ -10,7 +10,7 @@ and loky forks from a manager thread.
 So each such worker runs :func:`watch_sweep_process`: a daemon thread that polls the worker's
 parent; once it is no longer the sweep's process (the worker was re-parented), the thread
 sends the worker SIGTERM, which a training cell turns into a graceful stop (``interrupted.ckpt``,
-run KILLED: :mod:`foxhunt.jobs.graceful_stop`), and after ``strategy.orphan_grace_s`` seconds
+run KILLED: :mod:`foxhunt.training.graceful_stop`), and after ``strategy.orphan_grace_s`` seconds
 ends the process whatever it is doing. :func:`orphaned` tells a finished job to exit at once.
 The sweep's process names itself in ``$FOXHUNT_SWEEP_PID`` (:mod:`foxhunt.runs.environment`)
 before any job starts; a job running inside that process (Hydra's basic launcher) or on

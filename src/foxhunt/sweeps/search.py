@@ -30,7 +30,7 @@ start and several share a cell's model, asset and precision. What that changes, 
   the callbacks' end; the sweep callback then ends the parent run FAILED at exit
   (:class:`foxhunt.sweeps.callback.SweepCallback`).
 - **Result.** Each trial's ``cell.json`` holds its overrides and the value its job returned
-  to the sweeper (``objective``: what ``foxhunt-train`` returns, :data:`foxhunt.train.OBJECTIVE`);
+  to the sweeper (``objective``: what ``foxhunt-train`` returns, :data:`foxhunt.training.cell.OBJECTIVE`);
   :func:`best_trial` picks the best by ``hydra.sweeper.direction`` as Optuna does (finite
   values of the trials that finished; the first of equal values), and the callback prints it
   and tags the parent run (``best_trial``, ``best_trial.value``, ``best_trial.overrides``,

@@ -72,7 +72,7 @@ def best_baseline(metrics: dict[str, float]) -> tuple[str, float] | None:
 
 def deflated_sharpes(records: list[CellResult]) -> dict[str, float]:
     """Each cell's deflated Sharpe ratio against the sweep's cells with results (module doc)."""
-    from foxhunt.evaluation.stats import deflated_sharpe_ratio
+    from foxhunt.evaluation.deflated import deflated_sharpe_ratio
 
     needed = ("test/sharpe_per_step", "test/steps", "test/pnl_skew", "test/pnl_kurtosis")
     scored = [r for r in records if r.status in OK_RESULTS and all(k in r.metrics for k in needed)]

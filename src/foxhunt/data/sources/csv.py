@@ -29,14 +29,12 @@ from foxhunt.data.bars import (
     validate_bars,
 )
 from foxhunt.data.errors import BarDataError
+from foxhunt.errors import one_line
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".txt", ".txt.gz")
 BAR_LABELS = ("start", "close")
 EPOCH_UNITS = ("s", "ms", "us", "ns")
 
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 class CsvBarSource:
@@ -84,7 +82,7 @@ class CsvBarSource:
         try:
             pd.Timestamp("2024-01-01").tz_localize(timezone)
         except Exception as exc:  # noqa: BLE001 - any failure means an unusable zone
-            raise ValueError(f"timezone={timezone!r}: not a known time zone ({_one_line(exc)})") from None
+            raise ValueError(f"timezone={timezone!r}: not a known time zone ({one_line(str(exc))})") from None
         self.path = str(path)
         self.columns = {
             "ts": timestamp_column,
@@ -171,7 +169,7 @@ class CsvBarSource:
                 parsed = pd.to_datetime(text, format=self.timestamp_format or "ISO8601", errors="coerce")
             except (ValueError, TypeError) as exc:  # e.g. naive and offset timestamps mixed
                 raise BarDataError(
-                    f"{origin}: field '{name}': cannot parse timestamps ({_one_line(exc)})"
+                    f"{origin}: field '{name}': cannot parse timestamps ({one_line(str(exc))})"
                 ) from None
             bad = np.flatnonzero(parsed.isna().to_numpy())
             if bad.size:
@@ -188,7 +186,7 @@ class CsvBarSource:
                 except Exception as exc:  # noqa: BLE001 - pandas raises several types here
                     raise BarDataError(
                         f"{origin}: field '{name}': timestamps do not exist or are ambiguous in "
-                        f"{self.timezone} ({_one_line(exc)})"
+                        f"{self.timezone} ({one_line(str(exc))})"
                     ) from None
         index = index.tz_convert("UTC")
         if self.bar_label == "close":

@@ -71,7 +71,7 @@ from foxhunt.data.roll import (
 )
 from foxhunt.data.sources.databento_records import (
     CSV_PRICE_FORMATS,
-    CSV_SUFFIXES,
+    DATABENTO_CSV_SUFFIXES,
     DBN_SUFFIXES,
     FIXED_PRICE_SCALE,
     MONTH_CODES,
@@ -159,7 +159,7 @@ class DatabentoBarSource:
         return self._continuous(asset).front_months()
 
     def fingerprint(self, asset: AssetSpec) -> str:
-        files = resolve_files(self.path, DBN_SUFFIXES + CSV_SUFFIXES, "Databento DBN or CSV files")
+        files = resolve_files(self.path, DBN_SUFFIXES + DATABENTO_CSV_SUFFIXES, "Databento DBN or CSV files")
         if self.definitions:
             files += resolve_files(self.definitions, DBN_SUFFIXES, "Databento definition files")
         params = {
@@ -314,8 +314,8 @@ def write_ohlcv_1m(
     """
     target = Path(path)
     name = target.name.lower()
-    if not name.endswith(DBN_SUFFIXES + CSV_SUFFIXES):
-        raise ValueError(f"{target}: unsupported suffix; use one of {', '.join(DBN_SUFFIXES + CSV_SUFFIXES)}")
+    if not name.endswith(DBN_SUFFIXES + DATABENTO_CSV_SUFFIXES):
+        raise ValueError(f"{target}: unsupported suffix; use one of {', '.join(DBN_SUFFIXES + DATABENTO_CSV_SUFFIXES)}")
     missing = [c for c in BAR_COLUMNS if c not in bars.columns]
     if missing or not isinstance(bars.index, pd.DatetimeIndex) or bars.index.tz is None:
         raise ValueError(

@@ -33,13 +33,14 @@ from foxhunt.data.bars import (
     unreadable,
 )
 from foxhunt.data.errors import BarDataError
+from foxhunt.errors import one_line
 
 FIXED_PRICE_SCALE = dbn.FIXED_PRICE_SCALE  # 1e9 raw units per 1.0 of price
 UNDEF_PRICE = dbn.UNDEF_PRICE  # 2**63 - 1, Databento's null price
 OHLCV_SCHEMAS = {32: "ohlcv-1s", 33: "ohlcv-1m", 34: "ohlcv-1h", 35: "ohlcv-1d", 36: "ohlcv-eod"}
 TRAINING_SCHEMA = "ohlcv-1m"
 DBN_SUFFIXES = (".dbn", ".dbn.zst")
-CSV_SUFFIXES = (".csv", ".csv.gz")
+DATABENTO_CSV_SUFFIXES = (".csv", ".csv.gz")
 MONTH_CODES = "FGHJKMNQUVXZ"  # CME futures month codes, January..December
 RAW_COLUMNS = (
     "ts_event", "rtype", "schema", "publisher_id", "instrument_id", "symbol",
@@ -66,9 +67,6 @@ _OHLCV_DTYPE = np.dtype(
     ]
 )  # DBN OhlcvMsg: a 16-byte record header, then the bar; the same in DBN v1-v3
 
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 # ============================================================================ definitions
@@ -162,11 +160,11 @@ def _decode_dbn(file: Path) -> tuple[object, list]:
             out.extend(decoder.decode())
             leftover = len(decoder.buffer())
     except OSError as exc:
-        raise BarDataError(f"{file}: cannot read ({_one_line(exc)})") from None
+        raise BarDataError(f"{file}: cannot read ({one_line(str(exc))})") from None
     except (dbn.DBNError, ValueError, RuntimeError) as exc:  # zstd: "Restored data doesn't match checksum"
         if isinstance(exc, BarDataError):
             raise
-        raise BarDataError(f"{file}: corrupt DBN data, cannot decode it ({_one_line(exc)})") from None
+        raise BarDataError(f"{file}: corrupt DBN data, cannot decode it ({one_line(str(exc))})") from None
     if not out or not isinstance(out[0], dbn.Metadata):
         if leftover:
             raise BarDataError(f"{file}: truncated: the file ends inside its DBN metadata header ({leftover} bytes)")
@@ -189,7 +187,7 @@ def _dbn_metadata(file: Path, head_bytes: int = 1 << 16):
         decoder.write(head)
         decoded = decoder.decode()
     except (dbn.DBNError, ValueError, RuntimeError) as exc:
-        raise BarDataError(f"{file}: corrupt DBN data, cannot decode its metadata ({_one_line(exc)})") from None
+        raise BarDataError(f"{file}: corrupt DBN data, cannot decode its metadata ({one_line(str(exc))})") from None
     if not decoded or not isinstance(decoded[0], dbn.Metadata):
         raise BarDataError(f"{file}: DBN data without metadata header")
     return decoded[0]
@@ -570,7 +568,7 @@ def _read_all(
     if csv_prices not in CSV_PRICE_FORMATS:
         raise ValueError(f"csv_prices={csv_prices!r}: must be one of {', '.join(CSV_PRICE_FORMATS)}")
     definitions = _Definitions()
-    files = resolve_files(path, DBN_SUFFIXES + CSV_SUFFIXES, "Databento DBN or CSV files")
+    files = resolve_files(path, DBN_SUFFIXES + DATABENTO_CSV_SUFFIXES, "Databento DBN or CSV files")
     extra = (
         resolve_files(definitions_path, DBN_SUFFIXES, "Databento definition files")
         if definitions_path
@@ -591,11 +589,11 @@ def _read_all(
         name = file.name.lower()
         if name.endswith(DBN_SUFFIXES):
             frame = _read_dbn(file, definitions)
-        elif name.endswith(CSV_SUFFIXES):
+        elif name.endswith(DATABENTO_CSV_SUFFIXES):
             frame = _read_csv(file, csv_prices)
         else:
             raise BarDataError(
-                f"{file}: not a Databento file (expected {', '.join(DBN_SUFFIXES + CSV_SUFFIXES)})"
+                f"{file}: not a Databento file (expected {', '.join(DBN_SUFFIXES + DATABENTO_CSV_SUFFIXES)})"
             )
         if frame is not None:
             frames.append(frame)

@@ -107,7 +107,7 @@ def run_cell_protocol(cfg: DictConfig, name: str, run_single: Callable, run_tags
     run, reopened) and aggregate (module doc).
 
     ``run_single(child_cfg, parent_run_id=..., extra_tags=..., run_name=...)`` trains one child and returns
-    its :class:`foxhunt.train.RunOutcome` (with ``scores``); returns the cell's metrics and its
+    its :class:`foxhunt.training.cell.RunOutcome` (with ``scores``); returns the cell's metrics and its
     run id."""
     from foxhunt.config.schema import resolved_config
     from foxhunt.runs.tracked_run import TrackedRun
@@ -198,7 +198,7 @@ class ChildResult:
 def _downloaded_scores(cfg: DictConfig, run_id: str | None, folder: Path) -> dict:
     from foxhunt.evaluation.scoring import SplitScore
     from foxhunt.runs.store import RunStore
-    from foxhunt.train import SCORES_DIR, scores_file
+    from foxhunt.training.scoring import SCORES_DIR, scores_file
 
     if run_id is None or not cfg.logger.enabled:
         raise RuntimeError(f"{folder}: a skipped child without a run to read its scores from")

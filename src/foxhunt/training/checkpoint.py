@@ -277,7 +277,7 @@ def _first_line(exc: BaseException) -> str:
 def _check_shapes(cfg, state: dict[str, Any], where: str) -> None:
     import torch
 
-    from foxhunt.build import build_model
+    from foxhunt.training.parts import build_model
 
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}

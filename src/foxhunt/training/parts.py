@@ -34,8 +34,8 @@ SKIPPED_CALLBACKS = frozenset(
         "lightning.pytorch.callbacks.ModelCheckpoint",
         "lightning.pytorch.callbacks.TQDMProgressBar",
         "lightning.pytorch.callbacks.RichProgressBar",
-        "foxhunt.jobs.graceful_stop.GracefulStop",
-        "foxhunt.jobs.progress.ProgressReporter",
+        "foxhunt.training.graceful_stop.GracefulStop",
+        "foxhunt.training.progress.ProgressReporter",
         "foxhunt.memory.callback.MemoryBudgetCallback",
     }
 )
@@ -120,7 +120,7 @@ def build_model(cfg: DictConfig):
 
 def run_split(cfg: DictConfig, open_holdout: bool = False):
     """The split a run trains and scores on: ``data.split``, or its walk-forward fold
-    (``evaluation.fold``, set on each fold's run by :mod:`foxhunt.protocol`), with the lockbox
+    (``evaluation.fold``, set on each fold's run by :mod:`foxhunt.training.folds`), with the lockbox
     ``evaluation.holdout`` cut off the end (``open_holdout``: held as the split ``holdout``,
     for the one recorded report of ``foxhunt ensemble register --holdout`` only)."""
     import dataclasses
@@ -134,16 +134,30 @@ def run_split(cfg: DictConfig, open_holdout: bool = False):
     return FoldSplit(WalkForwardConfig.from_config(cfg.evaluation.walk_forward), int(fold), **lockbox)
 
 
-def build_parts(cfg: DictConfig) -> RunParts:
-    """Asset, cached market dataset, datamodule, model and precision policy of a validated config."""
+def build_dataset(cfg: DictConfig, asset=None, source=None, open_holdout: bool = False, cached: bool = True):
+    """The market dataset of a validated config, the one every command and run reads: its bars
+    (``source``, default ``cfg.data.source``) for ``asset`` (default ``cfg.asset``), its features,
+    and the split it trains and scores on (:func:`run_split`: ``data.split`` or the run's
+    walk-forward fold, the lockbox cut off unless ``open_holdout``); cached in
+    ``data.cache_dir`` unless ``cached`` is false (the lockbox, opened once, leaves no cache)."""
     from hydra.utils import instantiate
 
     from foxhunt.data.dataset import load_market_dataset
 
+    asset = instantiate(cfg.asset) if asset is None else asset
+    source = instantiate(cfg.data.source) if source is None else source
+    cache = cfg.data.cache_dir if cached else None
+    return load_market_dataset(source, asset, cfg.data.features, run_split(cfg, open_holdout=open_holdout), cache)
+
+
+def build_parts(cfg: DictConfig) -> RunParts:
+    """Asset, cached market dataset, datamodule, model and precision policy of a validated config."""
+    from hydra.utils import instantiate
+
     asset = instantiate(cfg.asset)
     source = instantiate(cfg.data.source)
     precision = instantiate(cfg.precision)
-    dataset = load_market_dataset(source, asset, cfg.data.features, run_split(cfg), cfg.data.cache_dir)
+    dataset = build_dataset(cfg, asset, source)
     datamodule = build_datamodule(cfg, dataset)
     model = build_model(cfg)
     return RunParts(asset=asset, source=source, dataset=dataset, datamodule=datamodule, model=model, precision=precision)

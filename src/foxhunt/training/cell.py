@@ -1,0 +1,195 @@
+"""One cell of the model x asset grid, through one door: :func:`run_cell`.
+
+Data flow (docs, "Data flow of a run"): validate -> resume plan -> MLflow run -> data -> model ->
+fit -> test -> shared backtest -> MLflow. :func:`run_cell` returns the run's outcome
+(:func:`train`: its metrics). The value a sweeper optimizes is ``val/sharpe`` (:data:`OBJECTIVE`):
+the shared backtest of the validation split, comparable across all four model families (their
+own validation losses are not), and never the test split.
+
+``resume=true``: a cell that finished earlier (same config hash) is skipped, an interrupted one
+resumed from its checkpoint in its own MLflow run (:mod:`foxhunt.runs.resume`), and the log says
+which, in one line. With ``evaluation.protocol=walk_forward`` or ``evaluation.seeds=[...]`` the
+cell's run holds one nested run per fold and seed (:mod:`foxhunt.training.folds`), and what the
+cell returns is their aggregate. The Hydra entry (``foxhunt-train``) is :mod:`foxhunt.train`; a
+sweep's job goes through :func:`foxhunt.sweeps.job.run_sweep_job`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.config.schema import resolved_config, validate
+from foxhunt.runs.cell import CellKey, CellResult, cell_name
+from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, check_folder_owner
+from foxhunt.runs.config_hash import config_hash
+from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, rewind_run
+from foxhunt.runs.status import Status
+from foxhunt.runs.tags import Tag
+from foxhunt.training.checkpoint import check_checkpoint
+from foxhunt.training.fit import checkpoint_files, fit_and_score
+
+log = logging.getLogger("foxhunt.train")
+
+OBJECTIVE = "val/sharpe"
+
+
+SOURCE = "foxhunt-train"  # the runs table's Source column (foxhunt.runs.provenance)
+
+
+@dataclass
+class RunOutcome:
+    """What became of a run: FINISHED (trained here) or SKIPPED (``resume=true`` found it
+    FINISHED earlier: ``run_id`` and ``metrics`` are that run's)."""
+
+    key: CellKey
+    status: str
+    run_id: str | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    note: str | None = None  # what resume did
+    wall_s: float | None = None  # a skipped cell: its earlier run's duration
+    scores: dict = field(default_factory=dict)  # split -> SplitScore (a run trained here)
+
+
+def run_tags(cfg: DictConfig, key: CellKey) -> dict[str, str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    sweep_id = ""
+    if HydraConfig.initialized() and str(HydraConfig.get().mode) == "RunMode.MULTIRUN":
+        sweep_id = Path(HydraConfig.get().sweep.dir).name
+    return {
+        **key.tags(),
+        Tag.STRATEGY: cfg.strategy.name,
+        Tag.SWEEP_ID: sweep_id,
+        Tag.DATA_SOURCE: cfg.data.source._target_.rsplit(".", 1)[-1],
+        Tag.OUTPUT_DIR: str(Path(cfg.paths.output_dir).resolve()),
+        **({Tag.PRECISION_CHOICE: str(cfg.precision.choice)} if cfg.precision.get("choice") else {}),
+    }
+
+
+def train(cfg: DictConfig, parent_run_id: str | None = None, before_fit: Callable[[], None] | None = None) -> dict[str, float]:
+    """Train and score one run; return every metric (``OBJECTIVE`` among them). See :func:`run_cell`."""
+    return run_cell(cfg, parent_run_id=parent_run_id, before_fit=before_fit).metrics
+
+
+def run_cell(
+    cfg: DictConfig,
+    parent_run_id: str | None = None,
+    before_fit: Callable[[], None] | None = None,
+    trial: int | None = None,
+    extra_tags: dict[str, str] | None = None,
+    run_name: str | None = None,
+) -> RunOutcome:
+    """Validate, apply ``resume=true``, train and score one run in its MLflow run (a cell with
+    folds or seeds: its children under the cell's run, :mod:`foxhunt.training.folds`).
+
+    ``parent_run_id`` nests the run under a sweep's parent run; ``before_fit`` runs once the
+    config is valid and the run exists, before the data and the model are built (a sweep job
+    sets its threads and device there, and raises when the cell cannot fit); ``trial``, a
+    search sweep's trial number, names the run ``<cell>-trial<N>`` and tags it; ``extra_tags``
+    and ``run_name`` are a protocol child's."""
+    validate(cfg)  # before anything heavy: one clear line on a bad value
+    lineage = {}
+    if cfg.ckpt:  # and a checkpoint that cannot start this run, before the data and the model
+        started_from = check_checkpoint(cfg, cfg.ckpt)
+        if cfg.logger.enabled:
+            check_folder_owner(cfg.logger.tracking_uri, cfg.ckpt, started_from.run_id)
+        if started_from.run_id:
+            lineage[Tag.CKPT_RUN] = started_from.run_id
+    key = CellKey.from_config(cfg, config_hash(cfg))
+    from foxhunt.training.folds import needs_protocol, run_cell_protocol
+
+    protocol = needs_protocol(cfg)
+    plan = _resume_plan(cfg, key, needs_checkpoint=not protocol) if cfg.resume else None
+    if plan is not None and plan.action == SKIP:
+        return _skipped(cfg, key, plan, parent_run_id, trial)
+    if plan is not None and plan.action == BUSY:  # never a second process on one cell
+        return RunOutcome(key, Status.SKIPPED, plan.run_id, {}, plan.describe())
+    resumed = plan is not None and plan.action == RESUME
+    if resumed and plan.checkpoint is not None:  # the steps logged after its checkpoint died with it
+        checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint", run_id=plan.run_id)
+        rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.logging_step, checked.saved_at_ms)
+    elif resumed:  # a cell run of folds and seeds logs only its aggregate, recomputed now
+        rewind_run(cfg.logger.tracking_uri, plan.run_id, 0, 0)
+    name = run_name or cell_name(key, trial)
+    tags = {**run_tags(cfg, key), **({Tag.TRIAL: str(trial)} if trial is not None else {}), **lineage, **(extra_tags or {})}
+
+    if protocol:
+        metrics, run_id = run_cell_protocol(cfg, name, run_cell, tags, parent_run_id, before_fit, SOURCE,
+                                            resume_run_id=plan.run_id if resumed else None)  # fmt: skip
+        note = plan.describe() if plan is not None else None
+        return RunOutcome(key, Status.FINISHED, run_id, metrics, note)
+
+    import lightning.pytorch as pl
+    from hydra.utils import instantiate
+
+    from foxhunt.runs.tracked_run import TrackedRun
+
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resolved = resolved_config(cfg)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+
+    run = None
+    if cfg.logger.enabled:
+        run = TrackedRun(
+            tracking_uri=cfg.logger.tracking_uri,
+            experiment=cfg.logger.experiment,
+            artifact_location=cfg.logger.artifact_location,
+            run_name=name,
+            tags=tags,
+            parent_run_id=parent_run_id,
+            resume_run_id=plan.run_id if resumed else None,
+            source=SOURCE,
+        )
+    with run if run is not None else contextlib.nullcontext():
+        if run is not None:
+            run.log_config(resolved, OmegaConf.to_yaml(resolved))
+        if before_fit is not None:
+            before_fit()
+        ckpt_path = str(plan.checkpoint) if resumed else cfg.ckpt
+        callbacks = [instantiate(node) for node in cfg.callbacks.values()]
+        try:
+            metrics, scores = fit_and_score(cfg, callbacks, run, out_dir, ckpt_path)
+        finally:  # checkpoints reach the run whatever happened (an interrupted run's too)
+            if run is not None and cfg.logger.log_checkpoints:
+                for path in checkpoint_files(callbacks, run.run_id):
+                    run.log_artifact(path, CHECKPOINT_ARTIFACTS)
+    note = plan.describe() if plan is not None else None
+    return RunOutcome(key, Status.FINISHED, run.run_id if run is not None else None, metrics, note, scores=scores)
+
+
+def _resume_plan(cfg: DictConfig, key: CellKey, needs_checkpoint: bool) -> ResumePlan:
+    """What ``resume=true`` does with this run, said in one line in the log."""
+    from foxhunt.runs.resume import plan_resume
+
+    if not cfg.logger.enabled:
+        plan = ResumePlan(why_fresh="the MLflow store is off (logger.enabled=false)")
+    else:
+        download = Path(cfg.paths.output_dir) / "resume"
+        plan = plan_resume(cfg.logger.tracking_uri, cfg.logger.experiment, key.config_hash, download, needs_checkpoint)
+    (log.warning if plan.action in (FRESH, BUSY) else log.info)("%s: resume=true: %s", key.name, plan.describe())
+    return plan
+
+
+def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str | None, trial: int | None = None) -> RunOutcome:
+    """A cell FINISHED earlier: its result is that run's. Inside a sweep whose parent run is not
+    that run's, the skip is recorded on the parent (the cell has no run of its own there, and
+    ``foxhunt train status`` shows it SKIPPED from that tag)."""
+    outcome = RunOutcome(key, Status.SKIPPED, plan.run_id, dict(plan.metrics), plan.describe(), plan.wall_s)
+    if parent_run_id and plan.parent_run_id != parent_run_id:
+        from foxhunt.runs.store import RunStore
+
+        result = CellResult(key, Status.SKIPPED, plan.run_id, wall_s=plan.wall_s, metrics=dict(plan.metrics), trial=trial)
+        try:
+            RunStore(cfg.logger.tracking_uri).tag(parent_run_id, dict([result.skip_tag()]))
+        except Exception:  # the cell's result stands; only the job display would miss it
+            log.warning("could not record the skip of %s on the parent run %s", key.name, parent_run_id, exc_info=True)
+    return outcome
+

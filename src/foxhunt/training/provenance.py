@@ -1,0 +1,79 @@
+"""What a cell's run read: ``dataset.json`` (the normalization and feature settings a
+registered member reads bars with), the roll schedule, and the bars as MLflow dataset inputs
+(:mod:`foxhunt.runs.provenance` owns their format)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+SPLITS = ("train", "val", "test")
+
+
+def log_dataset_record(dataset, out_dir: Path, run) -> None:
+    """``dataset.json``: the normalization statistics and feature settings the model reads bars
+    with (what ``foxhunt ensemble register`` stores with the model), beside the run and in MLflow;
+    for a source that rolls contracts, ``roll_schedule.csv`` (one row per roll, and why)."""
+    import json
+
+    from foxhunt.data.dataset import DATASET_RECORD_FILE
+
+    path = out_dir / DATASET_RECORD_FILE
+    path.write_text(json.dumps(dataset.record(), indent=1))
+    paths = [path]
+    if any(arrays.roll_price is not None for arrays in dataset.splits.values()):  # a source that rolls
+        from foxhunt.data.roll import ROLL_SCHEDULE_FILE, write_schedule
+
+        paths.append(write_schedule(dataset.rolls, out_dir / ROLL_SCHEDULE_FILE))
+    if run is not None:
+        for saved in paths:
+            run.log_artifact(saved)
+
+
+def bars_datasets(cfg: DictConfig, parts) -> list:
+    """The run's bars as MLflow dataset inputs, one per split (:mod:`foxhunt.runs.provenance`):
+    the source and its files, the feature cache key as the digest, each split's extent."""
+    import hashlib
+
+    import numpy as np
+
+    from foxhunt.runs.provenance import DIGEST_LENGTH, DatasetRecord
+
+    source_cfg = OmegaConf.to_container(cfg.data.source, resolve=True)
+    target = str(source_cfg.pop("_target_"))
+    kind = target.rsplit(".", 1)[-1]
+    path = source_cfg.get("path")
+    source = {"class": target, "asset": parts.asset.key}
+    if path:
+        source.update(path=str(path), files=[str(p) for p in _source_files(parts.source, path)])
+    else:  # generated: its settings are the data
+        source["settings"] = source_cfg
+    dataset = parts.dataset
+    digest = (dataset.cache_key or hashlib.sha256(repr(sorted(source.items())).encode()).hexdigest())[:DIGEST_LENGTH]
+    records = []
+    for split in SPLITS:
+        arrays = dataset.splits.get(split)
+        if arrays is None:
+            continue
+        profile = {"rows": len(arrays), "features": int(arrays.features.shape[1]) if len(arrays) else 0}
+        if len(arrays):
+            first, last = np.datetime_as_string(arrays.timestamps[[0, -1]], unit="s")
+            profile.update(first_bar=f"{first}Z", last_bar=f"{last}Z")
+        records.append(
+            DatasetRecord(f"{parts.asset.key}-{kind}-{split}", digest, "local" if path else "code", source, split, profile)
+        )
+    return records
+
+
+def _source_files(source, path) -> list[Path]:
+    """The files a file source reads (its own listing when it has one)."""
+    from foxhunt.data.bars import resolve_files
+    from foxhunt.data.errors import BarDataError
+
+    try:
+        listing = getattr(source, "files", None)
+        return list(listing()) if callable(listing) else resolve_files(path, ("",), "bar files")
+    except (BarDataError, OSError):
+        return []
+
