@@ -2,7 +2,7 @@
 
 ``main`` turns an input error (a bad override, a config group option that does not exist, a bad
 value, data file, checkpoint or store) into one line and exit status 2; in a sweep each Hydra
-job goes through :func:`foxhunt.sweeps.job.run_sweep_job`. What it returns to a sweeper is
+cell goes through :func:`foxhunt.sweeps.sweep_cell.run_sweep_cell`. What it returns to a sweeper is
 :data:`foxhunt.training.cell.OBJECTIVE`.
 """
 
@@ -35,7 +35,7 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
     _ENTERED = True  # from here on an OSError is this job's, not Hydra's making of its folder
     import lightning.pytorch  # noqa: F401  (imported now so that its handlers exist to remove)
 
-    from foxhunt.sweeps.job import in_multirun, run_sweep_job
+    from foxhunt.sweeps.sweep_cell import in_multirun, run_sweep_cell
 
     # Lightning adds console handlers of its own (to `lightning` and `lightning.pytorch`); under
     # Hydra the root logger prints already, so each message would appear twice.
@@ -43,7 +43,7 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
         logging.getLogger(name).handlers.clear()
 
     if in_multirun():
-        metrics = run_sweep_job(cfg, run_cell)  # a failing cell returns None
+        metrics = run_sweep_cell(cfg, run_cell)  # a failing cell returns None
         return None if metrics is None else metrics.get(OBJECTIVE)
     try:  # an input error: one line and exit 2 from here (Hydra would print its job line first)
         with reported(PROG, debug=_DEBUG):

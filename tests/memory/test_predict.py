@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from small_fleet import BATCHES, CPU, SMALL
+from small_models import BATCHES, CPU, SMALL
 from torch import nn
 
 from foxhunt.memory.accounting import optimizer_state_bytes

@@ -5,7 +5,7 @@ model-owned state, at reduced sizes."""
 from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
-from small_fleet import CPU, SMALL
+from small_models import CPU, SMALL
 
 from foxhunt.training.cell import train
 

@@ -1,7 +1,7 @@
 """``foxhunt memory validate``: the report, its verdict and exit code, and its MLflow run.
 
 The command runs in-process through typer's CliRunner with the four models at reduced sizes
-(tests/memory/small_fleet.py); the verdict logic and the bars are also checked on hand-made
+(tests/memory/small_models.py); the verdict logic and the bars are also checked on hand-made
 measurements."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import json
 
 import pytest
 from mlflow.tracking import MlflowClient
-from small_fleet import CPU, SMALL, prefixed
+from small_models import CPU, SMALL, prefixed
 from typer.testing import CliRunner
 
 from foxhunt.cli import app
 from foxhunt.memory.accounting import BYTES_PER_MB, MemoryBreakdown
 from foxhunt.memory.budget import MemoryBudget
-from foxhunt.memory.fleet import judge
-from foxhunt.memory.fleet_report import bar, render_text, stacked_bar
+from foxhunt.memory.card import judge
+from foxhunt.memory.card_report import bar, render_text, stacked_bar
 from foxhunt.memory.training_run import RunMeasurement
 from foxhunt.memory.report import MeasuredFigure
 
@@ -29,15 +29,15 @@ def validate(*args: str):
 
 
 @pytest.fixture(scope="module")
-def fleet_run(tmp_path_factory):
+def card_run(tmp_path_factory):
     """One validate run of the four small models against the default budget (rtx3050ti)."""
     root = tmp_path_factory.mktemp("validate")
     result = validate("--root", str(root), *CPU, "precision=fp32", *prefixed())  # fp32: the TFT defaults to auto
     return root, result
 
 
-def test_the_fleet_passes_against_rtx3050ti_with_the_full_report(fleet_run):
-    root, result = fleet_run
+def test_the_card_passes_against_rtx3050ti_with_the_full_report(card_run):
+    root, result = card_run
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "budget     rtx3050ti (gpu): 4096 MB total, 500 MB required headroom -> 3596 MB available" in out
@@ -58,8 +58,8 @@ def test_the_fleet_passes_against_rtx3050ti_with_the_full_report(fleet_run):
     assert out.rstrip().splitlines()[-1].startswith("PASS: every model within its target")
 
 
-def test_the_report_figures_add_up(fleet_run):
-    root, result = fleet_run
+def test_the_report_figures_add_up(card_run):
+    root, result = card_run
     (report,) = root.glob("outputs/memory/validate-*/memory_validate.json")
     data = json.loads(report.read_text())
     assert data["verdict"] == "PASS" and [m["name"] for m in data["models"]] == MODELS
@@ -76,8 +76,8 @@ def test_the_report_figures_add_up(fleet_run):
     assert ensemble["required_headroom_mb"] == 500
 
 
-def test_the_run_lands_in_mlflow_with_metrics_and_artifacts(fleet_run):
-    root, result = fleet_run
+def test_the_run_lands_in_mlflow_with_metrics_and_artifacts(card_run):
+    root, result = card_run
     client = MlflowClient(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("memory")
     (run,) = client.search_runs([experiment.experiment_id])

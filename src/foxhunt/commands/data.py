@@ -1,5 +1,5 @@
 """``foxhunt data show [OVERRIDES...] [--json] [--png PATH]``: what a data config yields, without
-training (:mod:`foxhunt.data.inspect`).
+training (:mod:`foxhunt.data.overview`).
 
 Overrides are those of ``foxhunt-train``: ``data=lean data.source.path=... asset=es
 data.source.adjust=ratio``, ``evaluation.protocol=walk_forward``. The text report lists the
@@ -48,7 +48,7 @@ def show(
 
         from foxhunt.training.parts import compose_config
         from foxhunt.config.schema import validate
-        from foxhunt.data.inspect import describe, load_bars, plot_continuous
+        from foxhunt.data.overview import describe, load_bars, plot_continuous
         from foxhunt.data.splits import WalkForwardConfig
 
         cfg = compose_config(list(overrides or []))
@@ -80,7 +80,7 @@ def _dates(items: list[str]) -> str:
 
 
 def render(s: dict) -> list[str]:
-    """The text report of a :func:`foxhunt.data.inspect.describe` summary."""
+    """The text report of a :func:`foxhunt.data.overview.describe` summary."""
     lines = [f"{s['asset']} bars from {s['source']}: {s['bars']:,} bars, {s['first_bar']} .. {s['last_bar']}"]
     if s["files"]:
         lines.append(f"files ({len(s['files'])}): " + ", ".join(Path(f).name for f in s["files"][:8])

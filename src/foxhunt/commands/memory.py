@@ -1,9 +1,9 @@
-"""``foxhunt memory``: the fleet's training memory against a device budget.
+"""``foxhunt memory``: the training memory of the models sharing one card (the card) against a device budget.
 
 ``foxhunt memory validate [OVERRIDES...] [--predict] [--models dqn,ppo,mamba2,tft] [--json]``
 builds every model as ``foxhunt-train`` would, measures its training footprint with a real
-short fit (:mod:`foxhunt.memory.training_run`), judges the fleet against the budget
-(:mod:`foxhunt.memory.fleet`), prints the report (:mod:`foxhunt.memory.fleet_report`), logs an MLflow run (experiment ``memory``, run
+short fit (:mod:`foxhunt.memory.training_run`), judges the card against the budget
+(:mod:`foxhunt.memory.card`), prints the report (:mod:`foxhunt.memory.card_report`), logs an MLflow run (experiment ``memory``, run
 ``memory-validate-{precision}-{budget}``) with the report as artifacts, and exits
 
 - 0 when every model is within its target and the ensemble (all resident at once) leaves the
@@ -99,7 +99,7 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
     root: Path = typer.Option(None, "--root", help="Folder holding mlruns/ and the feature cache (default $FOXHUNT_ROOT or the current folder)."),
 ) -> None:
-    """Measure every model's training footprint and check the fleet against the memory budget.
+    """Measure every model's training footprint and check the card against the memory budget.
 
     Exit 0 when every model is within its target and all of them at once leave the budget's
     required headroom; 1 when not; 2 on a bad override or option.
@@ -152,8 +152,8 @@ def _budget(configs: dict):
 
 def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, overrides: list[str]) -> int:
     from foxhunt.training.parts import MEASURING_RUNS
-    from foxhunt.memory import fleet_report
-    from foxhunt.memory.fleet import judge
+    from foxhunt.memory import card_report
+    from foxhunt.memory.card import judge
     from foxhunt.memory.predict import predict_footprint
     from foxhunt.memory.training_run import (
         MeasurementError,
@@ -187,11 +187,11 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
             return EXIT_USER_ERROR
         verdict = judge(measurements, budget, data=data_description(first), predictions=predictions)
         extra = {"overrides": overrides, "models_measured": list(configs)}
-        paths = fleet_report.write_all(verdict, out_dir, extra)
+        paths = card_report.write_all(verdict, out_dir, extra)
         if as_json:
             typer.echo(paths[1].read_text(), nl=False)
         else:
-            typer.echo(fleet_report.render_text(verdict), nl=False)
+            typer.echo(card_report.render_text(verdict), nl=False)
         paths += _write_configs(configs, out_dir / "configs")
         if run is not None:
             _log(run, verdict, paths)

@@ -13,8 +13,8 @@ figures are those of the callback (:mod:`foxhunt.memory.accounting`): parameters
 optimizer state, buffers and model-owned state (a replay buffer, a rollout) as live tensors,
 activations as the peak bytes saved for backward during the first step with gradients.
 
-A model's **footprint**, the figure checked against its target and summed for the fleet
-(:mod:`foxhunt.memory.fleet`):
+A model's **footprint**, the figure checked against its target and summed for the card
+(:mod:`foxhunt.memory.card`):
 
 - on CPU, the allocator's peak during the first step with gradients (what was live when it
   began plus the peak of what it allocated, :class:`foxhunt.memory.allocations.AllocationPeak`),

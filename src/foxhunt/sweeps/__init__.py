@@ -7,7 +7,7 @@ Hydra runs the sweep; this package adds what Hydra's launchers lack:
 - :mod:`foxhunt.sweeps.packing`: the joblib launcher's ``n_jobs=auto``, from the cells' memory
   estimates (:mod:`~foxhunt.sweeps.estimates`), the budget and the cores and devices
   (:mod:`~foxhunt.sweeps.resources`);
-- :mod:`foxhunt.sweeps.job`: one Hydra job of a sweep (threads, device, failure isolation,
+- :mod:`foxhunt.sweeps.sweep_cell`: one cell of a sweep (a Hydra job) (threads, device, failure isolation,
   ``cell.json``); :mod:`foxhunt.sweeps.grid`: the expansion of a sweep into its cells;
 - :mod:`foxhunt.sweeps.search`: search sweeps (``hparams_search=...``, Hydra's Optuna sweeper):
   trial names and folders, the largest trial the packing plans from, the best trial.

@@ -22,7 +22,7 @@ start and several share a cell's model, asset and precision. What that changes, 
   (:func:`foxhunt.sweeps.estimates.check_fits`): if the largest trial fits the budget every
   trial does; if not, the trial's own peak is estimated (same sources as a cell) and a trial
   over the budget fails before training, recorded FAILED while the study goes on.
-- **Failures.** A job that fails returns ``None`` (:mod:`foxhunt.sweeps.job`); the Optuna
+- **Failures.** A job that fails returns ``None`` (:mod:`foxhunt.sweeps.sweep_cell`); the Optuna
   sweeper cannot cast it to a float and tells the study the trial FAILED (a NaN value too:
   Optuna refuses it and the sweeper records FAIL), then goes on with the next trial. With
   ``max_failure_rate: 1.0`` (the configs) it never gives up on the study for failed trials.

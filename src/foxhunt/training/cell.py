@@ -11,7 +11,7 @@ resumed from its checkpoint in its own MLflow run (:mod:`foxhunt.runs.resume`), 
 which, in one line. With ``evaluation.protocol=walk_forward`` or ``evaluation.seeds=[...]`` the
 cell's run holds one nested run per fold and seed (:mod:`foxhunt.training.folds`), and what the
 cell returns is their aggregate. The Hydra entry (``foxhunt-train``) is :mod:`foxhunt.train`; a
-sweep's job goes through :func:`foxhunt.sweeps.job.run_sweep_job`.
+sweep's cell goes through :func:`foxhunt.sweeps.sweep_cell.run_sweep_cell`.
 """
 
 from __future__ import annotations

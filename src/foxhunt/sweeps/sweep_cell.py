@@ -1,8 +1,8 @@
-"""One Hydra job of a sweep: threads, device, fail-fast check, failure isolation, ``cell.json``.
+"""One cell of a sweep (a Hydra job; a background launch is a job of foxhunt.jobs): threads, device, fail-fast check, failure isolation, ``cell.json``.
 
 Hydra's basic launcher lets a job's exception end the whole sweep, and the joblib launcher
 re-raises it in the parent. A sweep must go on when one cell fails (bad data, NaN loss, budget
-breach), so :func:`run_sweep_job` catches the error inside the job: the cell's MLflow run is
+breach), so :func:`run_sweep_cell` catches the error inside the job: the cell's MLflow run is
 already FAILED with its error (:class:`~foxhunt.runs.tracked_run.TrackedRun`), the job records
 FAILED in ``cell.json`` and returns normally, and the sweep callback turns any failure into a
 non-zero exit once every cell has run. A stop request (Ctrl-C, SIGTERM) is not a failure of
@@ -50,7 +50,7 @@ def current_sweep_dir() -> Path:
     return Path(HydraConfig.get().sweep.dir)
 
 
-def run_sweep_job(cfg: DictConfig, run_cell: Callable) -> dict[str, float] | None:
+def run_sweep_cell(cfg: DictConfig, run_cell: Callable) -> dict[str, float] | None:
     """Run one cell with ``run_cell`` (:func:`foxhunt.training.cell.run_cell`); a failure returns
     ``None`` instead of raising, a stop request ends the sweep."""
     from foxhunt.sweeps.search import job_overrides, trial_number

@@ -1,8 +1,9 @@
-"""The fleet against a budget: every model within its own target, and all of them resident at
-once (trained concurrently on one device) leaving the budget's required headroom free.
+"""The card: the models trained on one device, against its budget. Every model within its own
+target, and all of them resident at once (trained concurrently on one device) leaving the
+budget's required headroom free.
 
 ``foxhunt memory validate`` measures each model (:func:`foxhunt.memory.training_run.measure_run`)
-and hands the measurements to :func:`judge`; the report is :mod:`foxhunt.memory.fleet_report`.
+and hands the measurements to :func:`judge`; the report is :mod:`foxhunt.memory.card_report`.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ class ModelVerdict:
 
 
 @dataclass(frozen=True)
-class EnsembleVerdict:
-    """The fleet against the budget: every model within its target, and the sum of their
+class CardVerdict:
+    """The card against the budget: every model within its target, and the sum of their
     footprints (:data:`ASSUMPTION`) leaving at least the budget's required headroom."""
 
     budget: MemoryBudget
@@ -128,7 +129,7 @@ def judge(
     data: str = "",
     predictions: Mapping[str, Any] | None = None,
     notes: Sequence[str] = (),
-) -> EnsembleVerdict:
+) -> CardVerdict:
     """The verdict on measured models (in the order given) against ``budget``."""
     measurements = list(measurements)
     if not measurements:
@@ -138,7 +139,7 @@ def judge(
     precisions = sorted({m.precision for m in measurements})
     devices = sorted({m.device for m in measurements})
     notes = [*notes, *device_notes(budget, devices)]
-    return EnsembleVerdict(
+    return CardVerdict(
         budget=budget,
         models=models,
         precision="+".join(precisions),

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from foxhunt.memory.accounting import COMPONENT_METHODS, MemoryBreakdown, to_mb
-from foxhunt.memory.fleet import ASSUMPTION, EnsembleVerdict
+from foxhunt.memory.card import ASSUMPTION, CardVerdict
 from foxhunt.memory.training_run import MEASURE_EXTRA_STEPS
 
 MARKDOWN_NAME = "memory_validate.md"
@@ -54,7 +54,7 @@ def _signed_pct(value: float | None, width: int = 0) -> str:
 
 
 # -- text --------------------------------------------------------------------------------
-def render_text(verdict: EnsembleVerdict) -> str:
+def render_text(verdict: CardVerdict) -> str:
     """The report as printed: header, tables, headroom, bars, verdict line."""
     budget = verdict.budget
     predicted = any(m.prediction is not None for m in verdict.models)
@@ -83,7 +83,7 @@ def render_text(verdict: EnsembleVerdict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _model_table(verdict: EnsembleVerdict, predicted: bool) -> list[str]:
+def _model_table(verdict: CardVerdict, predicted: bool) -> list[str]:
     budget = verdict.budget
     methods = sorted({m.measurement.footprint.method for m in verdict.models})
     head = (
@@ -127,7 +127,7 @@ def _model_table(verdict: EnsembleVerdict, predicted: bool) -> list[str]:
     return lines
 
 
-def _component_table(verdict: EnsembleVerdict, predicted: bool) -> list[str]:
+def _component_table(verdict: CardVerdict, predicted: bool) -> list[str]:
     head = f"{'component MB':<22}" + "".join(f"{name:>13}" for name in COMPONENTS) + f"{'sum':>11}"
     lines = ["Components of each footprint (MB)", head, "-" * len(head)]
 
@@ -150,7 +150,7 @@ def _component_table(verdict: EnsembleVerdict, predicted: bool) -> list[str]:
     return lines
 
 
-def _headroom(verdict: EnsembleVerdict) -> list[str]:
+def _headroom(verdict: CardVerdict) -> list[str]:
     budget = verdict.budget
     margin = verdict.headroom_left_mb - verdict.required_headroom_mb
     width = 66
@@ -205,7 +205,7 @@ def stacked_bar(parts: list[tuple[str, float]], total_mb: float, available_mb: f
     return "[" + "".join(cells) + "]"
 
 
-def model_letters(verdict: EnsembleVerdict) -> dict[str, str]:
+def model_letters(verdict: CardVerdict) -> dict[str, str]:
     """A distinct letter per model for the stacked ensemble bar (its first free letter)."""
     letters: dict[str, str] = {}
     for model in verdict.models:
@@ -216,7 +216,7 @@ def model_letters(verdict: EnsembleVerdict) -> dict[str, str]:
     return letters
 
 
-def render_bars(verdict: EnsembleVerdict) -> list[str]:
+def render_bars(verdict: CardVerdict) -> list[str]:
     budget = verdict.budget
     total, available = float(budget.total_mb), float(budget.available_mb)
     letters = model_letters(verdict)
@@ -232,7 +232,7 @@ def render_bars(verdict: EnsembleVerdict) -> list[str]:
     return lines
 
 
-def _notes(verdict: EnsembleVerdict) -> list[str]:
+def _notes(verdict: CardVerdict) -> list[str]:
     notes = list(verdict.notes)
     for model in verdict.models:
         notes += [f"{model.name}: {note}" for note in model.measurement.notes]
@@ -242,7 +242,7 @@ def _notes(verdict: EnsembleVerdict) -> list[str]:
 
 
 # -- markdown / JSON ---------------------------------------------------------------------
-def render_markdown(verdict: EnsembleVerdict) -> str:
+def render_markdown(verdict: CardVerdict) -> str:
     """The printed report in a text block, plus each model's device figures and timings."""
     lines = [
         "# foxhunt memory validate",
@@ -286,7 +286,7 @@ def render_markdown(verdict: EnsembleVerdict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_json(verdict: EnsembleVerdict, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def to_json(verdict: CardVerdict, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every figure of the report, machine-readable (MB = MiB; bytes exact)."""
     budget = verdict.budget
     models = []
@@ -361,7 +361,7 @@ def to_json(verdict: EnsembleVerdict, extra: dict[str, Any] | None = None) -> di
 
 
 # -- PNG ---------------------------------------------------------------------------------
-def plot(verdict: EnsembleVerdict, path: str | Path) -> Path:
+def plot(verdict: CardVerdict, path: str | Path) -> Path:
     """Left: each model's footprint stacked by component, its target (and prediction);
     right: the ensemble stacked by model against the budget's available and total memory."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -423,7 +423,7 @@ def plot(verdict: EnsembleVerdict, path: str | Path) -> Path:
     return path
 
 
-def write_all(verdict: EnsembleVerdict, directory: str | Path, extra: dict[str, Any] | None = None) -> list[Path]:
+def write_all(verdict: CardVerdict, directory: str | Path, extra: dict[str, Any] | None = None) -> list[Path]:
     """Write ``memory_validate.md``, ``.json`` and ``.png`` into ``directory``; return them."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
