@@ -9,7 +9,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from precision_helpers import load_policy
 
-from foxhunt.commands.memory_compare import REPORT_JSON, REPORT_TEXT, run_compare
+from foxhunt.bench.memory_compare import REPORT_JSON, REPORT_TEXT, run_compare
 from foxhunt.config.schema import ConfigError
 from foxhunt.precision.inference import int8_inference_model
 

@@ -246,6 +246,26 @@ def _log(run, verdict, paths: list[Path]) -> None:
         run.log_artifact(path, "configs" if path.parent.name == "configs" else None)
 
 
-from foxhunt.commands.memory_compare import compare  # noqa: E402 (registered after the group)
+@memory_app.command()
+def compare(
+    overrides: list[str] = typer.Argument(
+        None, help="Hydra overrides of conf/train.yaml, e.g. model=tft asset=nq; precision.<key>=... go to the int8 run."
+    ),
+    steps: int = typer.Option(30, min=1, help="Timed training steps per precision (medians over these)."),
+    warmup: int = typer.Option(3, min=1, help="Optimizer steps per precision before timing (compiles, caches)."),
+    latency_calls: int = typer.Option(200, min=1, help="Timed batch-1 inference calls per precision."),
+    latency_warmup: int = typer.Option(20, min=0, help="Untimed inference calls per precision first."),
+    root: Path = typer.Option(None, help="Project folder: mlruns/, data cache, outputs/ (default: $FOXHUNT_ROOT or the current folder)."),
+) -> None:
+    """Train the same model in fp32 and int8 side by side; print memory, speed, latency, accuracy."""
+    from foxhunt.bench.memory_compare import run_compare
+    from foxhunt.config.schema import ConfigError
+    from foxhunt.runs.environment import root_dir
 
-memory_app.command("compare")(compare)
+    try:
+        report = run_compare(list(overrides or []), steps, warmup, latency_calls, latency_warmup, root or root_dir())
+    except ConfigError as exc:
+        typer.echo(f"foxhunt memory compare: config error: {exc}", err=True)
+        raise typer.Exit(EXIT_USER_ERROR) from None
+    typer.echo(report.text())
+

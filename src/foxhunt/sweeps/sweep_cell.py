@@ -17,6 +17,7 @@ sweeper records as a FAILED trial before it goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -81,8 +82,7 @@ def run_sweep_cell(cfg: DictConfig, run_cell: Callable) -> dict[str, float] | No
 
     try:
         outcome = run_cell(cfg, parent_run_id=parent_run_id, before_fit=before_fit, **trial_arg)
-        result = CellResult(outcome.key, outcome.status, outcome.run_id, None, outcome.wall_s, outcome.note,
-                            dict(outcome.metrics), trial, overrides)  # fmt: skip
+        result = dataclasses.replace(outcome, metrics=dict(outcome.metrics), trial=trial, overrides=overrides, scores={})
         return outcome.metrics
     except BaseException as exc:
         result.status = ending_status(exc)

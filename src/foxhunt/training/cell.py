@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -41,19 +40,6 @@ OBJECTIVE = "val/sharpe"
 
 SOURCE = "foxhunt-train"  # the runs table's Source column (foxhunt.runs.provenance)
 
-
-@dataclass
-class RunOutcome:
-    """What became of a run: FINISHED (trained here) or SKIPPED (``resume=true`` found it
-    FINISHED earlier: ``run_id`` and ``metrics`` are that run's)."""
-
-    key: CellKey
-    status: str
-    run_id: str | None
-    metrics: dict[str, float] = field(default_factory=dict)
-    note: str | None = None  # what resume did
-    wall_s: float | None = None  # a skipped cell: its earlier run's duration
-    scores: dict = field(default_factory=dict)  # split -> SplitScore (a run trained here)
 
 
 def run_tags(cfg: DictConfig, key: CellKey) -> dict[str, str]:
@@ -84,7 +70,7 @@ def run_cell(
     trial: int | None = None,
     extra_tags: dict[str, str] | None = None,
     run_name: str | None = None,
-) -> RunOutcome:
+) -> CellResult:
     """Validate, apply ``resume=true``, train and score one run in its MLflow run (a cell with
     folds or seeds: its children under the cell's run, :mod:`foxhunt.training.folds`).
 
@@ -109,7 +95,7 @@ def run_cell(
     if plan is not None and plan.action == SKIP:
         return _skipped(cfg, key, plan, parent_run_id, trial)
     if plan is not None and plan.action == BUSY:  # never a second process on one cell
-        return RunOutcome(key, Status.SKIPPED, plan.run_id, {}, plan.describe())
+        return CellResult(key, Status.SKIPPED, plan.run_id, note=plan.describe())
     resumed = plan is not None and plan.action == RESUME
     if resumed and plan.checkpoint is not None:  # the steps logged after its checkpoint died with it
         checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint", run_id=plan.run_id)
@@ -123,7 +109,7 @@ def run_cell(
         metrics, run_id = run_cell_protocol(cfg, name, run_cell, tags, parent_run_id, before_fit, SOURCE,
                                             resume_run_id=plan.run_id if resumed else None)  # fmt: skip
         note = plan.describe() if plan is not None else None
-        return RunOutcome(key, Status.FINISHED, run_id, metrics, note)
+        return CellResult(key, Status.FINISHED, run_id, note=note, metrics=metrics)
 
     import lightning.pytorch as pl
     from hydra.utils import instantiate
@@ -162,7 +148,7 @@ def run_cell(
                 for path in checkpoint_files(callbacks, run.run_id):
                     run.log_artifact(path, CHECKPOINT_ARTIFACTS)
     note = plan.describe() if plan is not None else None
-    return RunOutcome(key, Status.FINISHED, run.run_id if run is not None else None, metrics, note, scores=scores)
+    return CellResult(key, Status.FINISHED, run.run_id if run is not None else None, note=note, metrics=metrics, scores=scores)
 
 
 def _resume_plan(cfg: DictConfig, key: CellKey, needs_checkpoint: bool) -> ResumePlan:
@@ -178,17 +164,16 @@ def _resume_plan(cfg: DictConfig, key: CellKey, needs_checkpoint: bool) -> Resum
     return plan
 
 
-def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str | None, trial: int | None = None) -> RunOutcome:
+def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str | None, trial: int | None = None) -> CellResult:
     """A cell FINISHED earlier: its result is that run's. Inside a sweep whose parent run is not
     that run's, the skip is recorded on the parent (the cell has no run of its own there, and
     ``foxhunt train status`` shows it SKIPPED from that tag)."""
-    outcome = RunOutcome(key, Status.SKIPPED, plan.run_id, dict(plan.metrics), plan.describe(), plan.wall_s)
+    outcome = CellResult(key, Status.SKIPPED, plan.run_id, wall_s=plan.wall_s, note=plan.describe(), metrics=dict(plan.metrics), trial=trial)
     if parent_run_id and plan.parent_run_id != parent_run_id:
         from foxhunt.runs.store import RunStore
 
-        result = CellResult(key, Status.SKIPPED, plan.run_id, wall_s=plan.wall_s, metrics=dict(plan.metrics), trial=trial)
         try:
-            RunStore(cfg.logger.tracking_uri).tag(parent_run_id, dict([result.skip_tag()]))
+            RunStore(cfg.logger.tracking_uri).tag(parent_run_id, dict([outcome.skip_tag()]))
         except Exception:  # the cell's result stands; only the job display would miss it
             log.warning("could not record the skip of %s on the parent run %s", key.name, parent_run_id, exc_info=True)
     return outcome

@@ -107,7 +107,7 @@ def run_cell_protocol(cfg: DictConfig, name: str, run_single: Callable, run_tags
     run, reopened) and aggregate (module doc).
 
     ``run_single(child_cfg, parent_run_id=..., extra_tags=..., run_name=...)`` trains one child and returns
-    its :class:`foxhunt.training.cell.RunOutcome` (with ``scores``); returns the cell's metrics and its
+    its :class:`foxhunt.runs.cell.CellResult` (with ``scores``); returns the cell's metrics and its
     run id."""
     from foxhunt.config.schema import resolved_config
     from foxhunt.runs.tracked_run import TrackedRun

@@ -1,4 +1,4 @@
-"""``foxhunt memory compare``: one model in fp32 and in int8, side by side, in one process.
+"""The harness of ``foxhunt memory compare``: one model in fp32 and in int8, side by side, in one process.
 
 Both runs are built from the same composed config as ``foxhunt-train`` would build them
 (``conf/train.yaml`` + the overrides + ``precision=fp32`` / ``precision=int8``), with the same
@@ -42,8 +42,6 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import typer
 
 PRECISIONS = ("fp32", "int8")
 COMPONENTS = (
@@ -132,29 +130,6 @@ class CompareReport:
 
     def text(self) -> str:
         return format_report(self)
-
-
-# -- the command --------------------------------------------------------------------------------
-def compare(
-    overrides: list[str] = typer.Argument(
-        None, help="Hydra overrides of conf/train.yaml, e.g. model=tft asset=nq; precision.<key>=... go to the int8 run."
-    ),
-    steps: int = typer.Option(30, min=1, help="Timed training steps per precision (medians over these)."),
-    warmup: int = typer.Option(3, min=1, help="Optimizer steps per precision before timing (compiles, caches)."),
-    latency_calls: int = typer.Option(200, min=1, help="Timed batch-1 inference calls per precision."),
-    latency_warmup: int = typer.Option(20, min=0, help="Untimed inference calls per precision first."),
-    root: Path = typer.Option(None, help="Project folder: mlruns/, data cache, outputs/ (default: $FOXHUNT_ROOT or the current folder)."),
-) -> None:
-    """Train the same model in fp32 and int8 side by side; print memory, speed, latency, accuracy."""
-    from foxhunt.config.schema import ConfigError
-    from foxhunt.runs.environment import root_dir
-
-    try:
-        report = run_compare(list(overrides or []), steps, warmup, latency_calls, latency_warmup, root or root_dir())
-    except ConfigError as exc:
-        typer.echo(f"foxhunt memory compare: config error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    typer.echo(report.text())
 
 
 def run_compare(
