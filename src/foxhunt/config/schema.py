@@ -254,20 +254,18 @@ class PrecisionSection(Targeted):
     choice: str | None = None  # precision=auto: what it chose and why (foxhunt.precision.auto)
 
     @model_validator(mode="after")
-    def _int8_needs_its_rule(self) -> "PrecisionSection":
-        if self.weights == "int8":
-            if self.trainer_precision != "32-true":
-                raise _KeyedError("trainer_precision", self.trainer_precision, "int8 weights train under 32-true")
-            if self.optimizer_states == "32bit":
-                raise _KeyedError(
-                    "optimizer_states", self.optimizer_states, "int8 weights need 8-bit optimizer states (8bit or fp8)"
-                )
-            if self.min_quantized_numel is None:
-                raise _KeyedError("min_quantized_numel", None, "required when precision.weights=int8")
-            if not self.quantize_types:
-                raise _KeyedError("quantize_types", None, "int8 weights need at least one of Linear, LSTM")
-        if self.optimizer_states != "32bit" and self.optimizer_block_size is None:
-            raise _KeyedError("optimizer_block_size", None, f"required when precision.optimizer_states={self.optimizer_states}")
+    def _policy_rules(self) -> "PrecisionSection":
+        """The rules between the fields (int8 weights train under 32-true with 8-bit states, a size
+        threshold and layer types; 8-bit states need a block size) have one owner,
+        :class:`foxhunt.precision.policy.PrecisionPolicy`: checked here by building it."""
+        import dataclasses
+
+        from foxhunt.precision.policy import PrecisionPolicy
+
+        try:
+            PrecisionPolicy(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PrecisionPolicy)})
+        except ValueError as exc:
+            raise _KeyedError.of_line(str(exc).removeprefix("precision.")) from None
         return self
 
 
@@ -465,6 +463,14 @@ class _KeyedError(ValueError):
     def __init__(self, field: str, value: Any, rule: str) -> None:
         super().__init__(f"{field}={value!r}: {rule}" if value is not None else f"{field}: {rule}")
         self.field = field
+
+    @classmethod
+    def of_line(cls, line: str) -> "_KeyedError":
+        """From a rule's own line, ``<field>[=<value>]: <rule>``."""
+        error = cls.__new__(cls)
+        ValueError.__init__(error, line)
+        error.field = line.split(":", 1)[0].split("=", 1)[0]
+        return error
 
 
 def _format(error: ValidationError) -> str:
