@@ -173,7 +173,7 @@ def test_trains_on_a_databento_dbn_file(compose_cfg, tmp_path):
     from foxhunt.data.sources.databento import write_ohlcv_1m
     from foxhunt.data.sources.synthetic import SyntheticBarSource
 
-    asset = instantiate(OmegaConf.load(Path(__file__).parents[1] / "conf" / "asset" / "es.yaml"))
+    asset = instantiate(OmegaConf.load(Path(__file__).parents[2] / "conf" / "asset" / "es.yaml"))
     bars = SyntheticBarSource(days=30, seed=3).load(asset)
     dbn = tmp_path / "glbx-es-ohlcv-1m.dbn.zst"
     write_ohlcv_1m(bars, dbn, symbol="ESH4", instrument_id=4242)
