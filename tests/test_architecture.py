@@ -17,9 +17,12 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 ENTRY_POINTS = ("foxhunt.train", "foxhunt.cli", "foxhunt.commands")
-ABOVE_TRAINING = (*ENTRY_POINTS, "foxhunt.jobs", "foxhunt.sweeps", "foxhunt.ensemble", "foxhunt.bench")
+ABOVE_TRAINING = (*ENTRY_POINTS, "foxhunt.jobs", "foxhunt.sweeps", "foxhunt.ensemble", "foxhunt.bench", "foxhunt.paper")
 ABOVE_MODELS = (*ABOVE_TRAINING, "foxhunt.training")
 RULES = {
+    "foxhunt.ensemble": (*ENTRY_POINTS, "foxhunt.paper"),
+    "foxhunt.evaluation": ("foxhunt.paper",),
+    "foxhunt.runs": ("foxhunt.paper",),
     "foxhunt.training": ABOVE_TRAINING,
     "foxhunt.models": ABOVE_MODELS,
     "foxhunt.data": (*ABOVE_MODELS, "foxhunt.models"),

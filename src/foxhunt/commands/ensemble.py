@@ -238,3 +238,16 @@ def export(
     for item in done:
         typer.echo(f"{item.name} v{item.version}: {item.folder} ({item.fmt}); checked against the model on random "
                    f"inputs by {'ONNX Runtime' if item.fmt == 'onnx' else 'torch.jit.load'}: max |diff| {item.max_diff:.2e}")  # fmt: skip
+
+
+@ensemble_app.command()
+def paper(overrides: list[str] | None = OVERRIDES) -> None:
+    """Paper-trade the registered fleet on a bar feed (paper.feed: file at paper.speed, or Databento live):
+    orders, fills, a SQLite ledger that resumes after a crash, risk limits; an MLflow run in experiment paper."""
+    from foxhunt.paper.run import run_paper
+
+    cfg = _compose("paper", overrides)
+    _check_store("paper", cfg)
+    with _reported("paper"), tempfile.TemporaryDirectory(prefix="foxhunt-paper-") as workdir:
+        report = run_paper(cfg, Path(workdir))
+    typer.echo(report.text)

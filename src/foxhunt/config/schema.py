@@ -451,10 +451,45 @@ class EnsembleSection(_Strict):
         return self
 
 
+class PaperRisk(_Strict):
+    max_position: Annotated[int, Field(ge=0)]
+    max_daily_loss_usd: PositiveFloat | None
+    max_drawdown_usd: PositiveFloat | None
+    stale_minutes: PositiveInt | None
+    on_breach: Literal["stop", "pause"]
+
+
+class PaperLive(_Strict):
+    dataset: str = Field(min_length=1)
+    schema_: Literal["ohlcv-1m"] = Field(alias="schema")
+    key_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    poll_s: PositiveFloat
+
+
+class PaperSection(_Strict):
+    """``conf/paper``: the paper-trading session (``foxhunt ensemble paper``)."""
+
+    feed: Literal["file", "live"]
+    speed: NonNegativeFloat
+    split: Literal["train", "val", "test", "all"]
+    symbol: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,32}$")] | None
+    ledger: str = Field(min_length=1)
+    ledger_sync: Literal["normal", "full"]
+    capital_usd: PositiveFloat
+    fill_price: Literal["next_open", "decision_close"]
+    risk: PaperRisk
+    live: PaperLive
+    view: Literal["auto", "always", "never"]
+    view_refresh_hz: PositiveFloat
+    experiment: str = Field(min_length=1)
+    plot_equity: bool
+
+
 class FleetConfig(TrainConfig):
     """``conf/fleet.yaml``: the training config plus the ensemble section."""
 
     ensemble: EnsembleSection
+    paper: PaperSection | None = None
 
 
 class _KeyedError(ValueError):

@@ -1,0 +1,245 @@
+"""One paper session as ``foxhunt ensemble paper`` runs it: everything built from the config,
+checked before the ledger is touched, run until the feed ends, a signal or a stopping limit,
+then reported and logged.
+
+Order of work: the symbol (:func:`foxhunt.paper.feeds.check_symbol`), the feed (a file feed
+loads and checks every bar here: a missing, truncated or out-of-order file, a bar off the tick
+grid is one line and nothing is written), the fleet (as ``replay`` loads it), the ledger's
+identity (another fleet's ledger is refused), and only then the ledger is opened and resumed.
+SIGINT and SIGTERM end the loop between bars (the ledger is consistent after every bar anyway).
+
+The MLflow run (experiment ``paper.experiment``): params (the resolved config), tags (asset,
+members, feed, ledger, why it ended), metrics (``paper/pnl``, ``paper/max_drawdown``,
+``paper/sharpe`` of the per-bar equity steps, ``paper/fills``, ``paper/bars``,
+``paper/bars_per_s`` of this process, ``latency/fleet_p50_us`` / p99, ``latency/loop_added_p50_us``
+/ p99 / mean) and the artifacts ``fills.csv``, ``equity_paper.png`` and ``paper.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = "foxhunt ensemble paper"
+FILLS_FILE = "fills.csv"
+EQUITY_FILE = "equity_paper.png"
+REPORT_FILE = "paper.md"
+
+
+@dataclass
+class PaperReport:
+    text: str
+    metrics: dict[str, float]
+    run_id: str | None
+    ledger: Path
+
+
+def build_feed(cfg, asset, symbol: str):
+    """The configured feed (module doc of :mod:`foxhunt.paper.feeds`)."""
+    from hydra.utils import instantiate
+
+    from foxhunt.errors import ConfigError
+    from foxhunt.paper.feeds import DatabentoLiveFeed, FileFeed
+
+    paper = cfg.paper
+    if str(paper.feed) == "live":
+        live = paper.live
+        import os
+
+        if not os.environ.get(str(live.key_env)):
+            raise ConfigError(f"paper.feed=live: no API key in ${live.key_env} (paper.live.key_env)")
+        return DatabentoLiveFeed(asset, symbol, str(live.dataset), str(live.schema), str(live.key_env), float(live.poll_s))
+    if str(cfg.data.source.get("adjust", "none")) == "ratio":
+        raise ConfigError("data.source.adjust=ratio: paper orders fill at raw prices on the tick grid; "
+                          "use adjust=difference or none")  # fmt: skip
+    bars = instantiate(cfg.data.source).load(asset)
+    from omegaconf import OmegaConf
+
+    from foxhunt.ensemble.replay_run import _window
+
+    scoped = OmegaConf.merge(cfg, {"ensemble": {"split": str(paper.split)}})
+    start_ns, stop_ns, window = _window(scoped, asset, bars)
+    stamps = bars.index.as_unit("ns").asi8
+    start = 0 if start_ns is None else int(np.searchsorted(stamps, start_ns, side="left"))
+    stop = len(stamps) if stop_ns is None else int(np.searchsorted(stamps, stop_ns, side="left"))
+    name = cfg.data.source._target_.rsplit(".", 1)[-1]
+    feed = FileFeed(bars, symbol, start, stop, float(paper.speed), f"{name} {window} at speed {float(paper.speed):g}")
+    feed.tick = float(asset.tick_size)
+    feed.identity = f"{name}:{paper.split}"
+    return feed
+
+
+def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
+    from hydra.utils import instantiate
+
+    from foxhunt.errors import ConfigError
+    from foxhunt.ensemble.fleet import fleet_engine, load_fleet
+    from foxhunt.paper.feeds import check_symbol
+    from foxhunt.paper.fills import FillModel
+    from foxhunt.paper.ledger import Ledger
+    from foxhunt.paper.risk import RiskLimits
+    from foxhunt.paper.session import PaperSession
+
+    paper = cfg.paper
+    asset = instantiate(cfg.asset)
+    symbol = check_symbol(str(paper.symbol or asset.symbol), asset)
+    feed = build_feed(cfg, asset, symbol)
+    risk = RiskLimits(paper.risk, asset)
+    fills = FillModel(asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks), str(paper.fill_price))
+    fleet = load_fleet(cfg, workdir)
+    for member in fleet:
+        if (member.holdout or None) != (cfg.evaluation.get("holdout") or None):
+            raise ConfigError(f"evaluation.holdout={cfg.evaluation.get('holdout')}: {member.name} was trained keeping "
+                              f"evaluation.holdout={member.holdout}; paper-trade with the same, so its lockbox stays closed")  # fmt: skip
+    engine = fleet_engine(fleet, asset, cfg, origin=f"paper feed {symbol}")
+    members = ",".join(f"{f.name}:{f.version}" for f in fleet)
+    identity = {"asset": str(asset.key), "members": members, "feed": getattr(feed, "identity", feed.description),
+                "symbol": symbol, "fill_price": str(paper.fill_price), "commission_usd": float(cfg.execution.commission_usd),
+                "slippage_ticks": float(cfg.execution.slippage_ticks), "capital_usd": float(paper.capital_usd),
+                "rule": str(cfg.ensemble.rule)}  # fmt: skip
+    ledger = Ledger(Path(str(paper.ledger)), identity, str(paper.ledger_sync))
+    resumed = ledger.check_existing()
+    ledger.open()
+    try:
+        session = PaperSession(engine, ledger, fills, risk, float(paper.capital_usd), float(asset.multiplier))
+        last = session.resume()
+        feed.after_ns = last
+        stop = _Signals()
+        view = _view(paper, f"paper {symbol}: {members}", risk)
+        started = time.perf_counter()
+        if hasattr(feed, "start"):
+            feed.start()
+        try:
+            if view is not None:
+                with view:
+                    ended = session.run(feed, stop.requested, view, clock)
+                    view.update(session, force=True)
+            else:
+                ended = session.run(feed, stop.requested, None, clock)
+        finally:
+            stop.restore()
+            if hasattr(feed, "stop"):
+                feed.stop()
+        seconds = time.perf_counter() - started
+        return _report(cfg, asset, fleet, session, ledger, feed, ended, seconds, resumed)
+    finally:
+        ledger.close()
+
+
+class _Signals:
+    """SIGINT / SIGTERM end the loop between bars."""
+
+    def __init__(self) -> None:
+        self.seen: int | None = None
+        self.old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.old[sig] = signal.signal(sig, self._on)
+            except ValueError:  # not the main thread (a test's runner): no handler
+                pass
+
+    def _on(self, signum, frame) -> None:
+        self.seen = signum
+
+    def requested(self) -> bool:
+        return self.seen is not None
+
+    def restore(self) -> None:
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+
+
+def _view(paper, title: str, risk):
+    import sys
+
+    mode = str(paper.view)
+    if mode == "never" or (mode == "auto" and not sys.stdout.isatty()):
+        return None
+    from foxhunt.paper.view import PaperView
+
+    return PaperView(float(paper.view_refresh_hz), title, risk)
+
+
+def _stats(ns: list[int]) -> dict[str, float]:
+    if not ns:
+        return {"p50": float("nan"), "p99": float("nan"), "mean": float("nan")}
+    values = np.asarray(ns, np.float64) / 1e3
+    return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99)), "mean": float(values.mean())}
+
+
+def _report(cfg, asset, fleet, session, ledger, feed, ended: str, seconds: float, resumed: bool) -> PaperReport:
+    from foxhunt.evaluation.backtest import evaluation_annualization, from_steps
+
+    rows = ledger.equity_rows()
+    fills = ledger.fills_rows()
+    capital = float(cfg.paper.capital_usd)
+    equity = np.array([r[2] for r in rows], np.float64)
+    positions = np.array([r[1] for r in rows], np.int8)
+    metrics = {"paper/pnl": float(session.equity - capital), "paper/fills": float(len(fills)), "paper/bars": float(len(rows)),
+               "paper/bars_per_s": float(session.bars / seconds) if seconds > 0 and session.bars else 0.0,
+               "paper/gap_usd": float(sum(f[9] for f in fills))}  # fmt: skip
+    result = None
+    if len(rows) >= 2:
+        result = from_steps(positions, np.diff(equity), np.zeros(len(rows) - 1), evaluation_annualization(asset, cfg.evaluation).bars_per_year)
+        metrics.update({"paper/max_drawdown": result.metrics["max_drawdown"], "paper/sharpe": result.metrics["sharpe"]})
+    fleet_lat, added = _stats(session.fleet_ns), _stats(session.added_ns)
+    metrics.update({"latency/fleet_p50_us": fleet_lat["p50"], "latency/fleet_p99_us": fleet_lat["p99"],
+                    "latency/loop_added_p50_us": added["p50"], "latency/loop_added_p99_us": added["p99"],
+                    "latency/loop_added_mean_us": added["mean"]})  # fmt: skip
+    state = session.state
+    lines = [
+        f"paper session of {', '.join(f'{f.name} v{f.version}' for f in fleet)} (rule {cfg.ensemble.rule}) on {feed.description}: {ended}",
+        f"ledger {ledger.path}" + (f" (resumed: {session.resumed_bars:,} bars replayed into the fleet)" if resumed else " (new)"),
+        f"bars traded {len(rows):,} ({session.bars:,} this run, {metrics['paper/bars_per_s']:,.0f} bars/s), fills {len(fills):,}, "
+        f"PnL {metrics['paper/pnl']:,.2f} USD, equity {session.equity:,.2f} USD, status {state.status}"
+        + (f" ({state.reason})" if state.reason else ""),
+        f"positions: {', '.join(f'{s} {a.position:+d}' for s, a in session.accounts.items()) or 'none'}; costs "
+        f"{cfg.execution.commission_usd} USD + {cfg.execution.slippage_ticks} ticks per contract per side, fills at {cfg.paper.fill_price}",
+        f"latency per bar (this run): fleet p50 {fleet_lat['p50']:.1f} us p99 {fleet_lat['p99']:.1f} us; loop added (fills, limits, "
+        f"ledger commit) p50 {added['p50']:.1f} us p99 {added['p99']:.1f} us",
+    ]  # fmt: skip
+    for ts, symbol, kind, message in ledger.load(float(asset.multiplier)).events[-5:]:
+        lines.append(f"  {kind} {symbol} {np.datetime64(ts, 'ns').astype('datetime64[s]')}: {message}")
+    text = "\n".join(lines)
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_FILE).write_text(text + "\n")
+    with open(out / FILLS_FILE, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["id", "order_id", "symbol", "ts", "quantity", "price", "commission_usd", "kind", "reference", "gap_usd"])
+        for f in fills:
+            writer.writerow([f[0], f[1], f[2], str(np.datetime64(f[3], "ns")), *f[4:]])
+    artifacts = [out / REPORT_FILE, out / FILLS_FILE]
+    if cfg.paper.plot_equity and result is not None:
+        from foxhunt.evaluation.plots import plot_equity
+
+        stamps = np.array([r[0] for r in rows], "datetime64[ns]")
+        artifacts.append(plot_equity(result, stamps, out / EQUITY_FILE, title=f"paper {asset.key}, {feed.description}"))
+    run_id = None
+    if cfg.logger.enabled:
+        run_id = _log(cfg, fleet, metrics, artifacts, feed, ledger, ended)
+        text += f"\nMLflow run {run_id} in experiment {cfg.paper.experiment}"
+    return PaperReport(text, metrics, run_id, ledger.path)
+
+
+def _log(cfg, fleet, metrics, artifacts, feed, ledger, ended: str) -> str:
+    from omegaconf import OmegaConf
+
+    from foxhunt.config.schema import resolved_config
+    from foxhunt.runs.tracked_run import TrackedRun
+
+    tags = {"asset": str(cfg.asset.key), "rule": str(cfg.ensemble.rule), "members": ",".join(f"{f.name}:{f.version}" for f in fleet),
+            "feed": feed.description, "ledger": str(ledger.path), "ended": ended}  # fmt: skip
+    resolved = resolved_config(cfg)
+    with TrackedRun(str(cfg.logger.tracking_uri), str(cfg.paper.experiment), cfg.logger.artifact_location,
+                    f"paper-{cfg.asset.key}-{cfg.ensemble.rule}", tags, source=SOURCE) as run:  # fmt: skip
+        run.log_config(resolved, OmegaConf.to_yaml(resolved))
+        run.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)})
+        for path in artifacts:
+            run.log_artifact(path)
+    return run.run_id

@@ -1,0 +1,197 @@
+"""The paper loop: bars from a feed through the fleet, one streaming state per symbol; each
+bar's pending order filled, its decision made an order, everything booked in one transaction.
+
+Per bar (:meth:`PaperSession.on_bar`): a new trading date resets the day's loss (and ends a
+pause); a stale gap before the bar flattens at its open; the pending order fills
+(:class:`~foxhunt.paper.fills.FillModel`); the fleet steps the bar
+(:meth:`foxhunt.ensemble.engine.StreamingEngine.step_many`); the limits are checked on the
+marked equity (:mod:`foxhunt.paper.risk`); the target (flat when a limit has tripped) becomes
+the next order; the ledger commits it all (:meth:`foxhunt.paper.ledger.Ledger.record_bar`).
+Bars before the traded window only prime the features (as ``replay`` does: the members start
+fresh at the first traded bar), so on a replayed split the positions are ``replay``'s.
+
+On a restart (:meth:`PaperSession.resume`) the stored bars are streamed through the fleet again
+(no order, no write) to rebuild every member's state, each stored decision checked against the
+one recomputed, and the feed goes on after the last bar stored.
+
+The loop's own cost per bar is measured as ``time.perf_counter_ns`` around :meth:`on_bar`
+less the engine's own time for the bar (``BarResult.total_ns``: features, members, rule).
+Written by hand: it is foxhunt's own composition of its engine, fill model, limits and ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from foxhunt.data.calendar import MINUTE_NS
+from foxhunt.paper.fills import Account, FillModel, Order
+from foxhunt.paper.risk import ACTIVE, STOPPED, RiskLimits, RiskState
+
+
+@dataclass
+class Latest:
+    """What the view shows of the last bar."""
+
+    bar: object = None
+    decisions: dict = field(default_factory=dict)
+    position: int = 0
+    fleet_ns: int = 0
+    loop_ns: int = 0
+    events: list[str] = field(default_factory=list)
+
+
+class PaperSession:
+    def __init__(self, engine, ledger, fills: FillModel, risk: RiskLimits, capital: float, multiplier: float) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self.fills = fills
+        self.risk = risk
+        self.capital = float(capital)
+        self.multiplier = float(multiplier)
+        self.accounts: dict[str, Account] = {}
+        self.state = RiskState(peak=self.capital, day_start=self.capital)
+        self.streams: dict = {}
+        self.last_ts: dict[str, int] = {}
+        self.trading: set[str] = set()  # symbols whose members have started (first traded bar seen)
+        self.latest = Latest()
+        self.added_ns: list[int] = []
+        self.fleet_ns: list[int] = []
+        self.bars = 0
+        self.resumed_bars = 0
+        self.stale_flagged: set[str] = set()
+        self.done = False
+        self.priming: list = []
+
+    # -- state -----------------------------------------------------------------------------
+    def account(self, symbol: str) -> Account:
+        if symbol not in self.accounts:
+            self.accounts[symbol] = Account(symbol, cash=self.capital if not self.accounts else 0.0, multiplier=self.multiplier)
+        return self.accounts[symbol]
+
+    def stream(self, symbol: str):
+        if symbol not in self.streams:
+            self.streams[symbol] = self.engine.open_stream(symbol)
+        return self.streams[symbol]
+
+    @property
+    def equity(self) -> float:
+        return sum(a.equity for a in self.accounts.values()) if self.accounts else self.capital
+
+    def resume(self) -> int | None:
+        """Rebuild from the ledger (module doc); the last bar time stored (None: a new ledger)."""
+        loaded = self.ledger.load(self.multiplier)
+        self.accounts, self.state = loaded.accounts, loaded.risk if loaded.risk.day else self.state
+        if not loaded.bars:
+            return None
+        for symbol, ts, o, h, lo, c, v, trade, target in loaded.bars:
+            stream = self.stream(symbol)
+            bar = (int(ts), o, h, lo, c, v)
+            if not trade:
+                self.engine.warm(*bar, stream=stream)
+                self.last_ts[symbol] = int(ts)
+                continue
+            if symbol not in self.trading:
+                self.engine.reset_members(stream)
+                self.trading.add(symbol)
+            result = self.engine.step_many([(stream, bar)])[0]
+            if isinstance(result, Exception):
+                raise result
+            self.last_ts[symbol] = int(ts)
+            decided = result.position if result.warm else 0
+            if target is not None and decided != target:
+                raise RuntimeError(f"resume: the fleet decided {decided} on the stored bar at {ts}, the ledger holds {target}")
+        self.resumed_bars = len(loaded.bars)
+        return max(self.last_ts.values())
+
+    # -- bars ------------------------------------------------------------------------------
+    def on_bar(self, bar) -> None:
+        started = time.perf_counter_ns()
+        symbol = bar.symbol
+        stream = self.stream(symbol)
+        account = self.account(symbol)
+        self.engine.check(stream, bar.values)  # a bad bar: its BarDataError, nothing changed or written
+        if not bar.trade:
+            self.engine.warm(*bar.values, stream=stream)
+            self.last_ts[symbol] = bar.ts_ns
+            self.priming.append(bar)  # stored in one transaction at the first traded bar
+            return
+        if self.priming:
+            self.ledger.record_priming(self.priming)
+            self.priming = []
+        if symbol not in self.trading:
+            self.engine.reset_members(stream)
+            self.trading.add(symbol)
+        events: list[tuple[str, str]] = []
+        line = self.risk.new_bar(self.state, bar.ts_ns, self.equity)
+        if line:
+            events.append(("resume", line))
+        stale = self.risk.stale(self.last_ts.get(symbol), bar.ts_ns) if symbol in self.last_ts else None
+        if stale and symbol not in self.stale_flagged:
+            events.append(("stale", f"{stale}: flattened at this bar's open"))
+            if account.position:
+                account.pending = Order(symbol, bar.ts_ns, 0, -account.position, "stale feed", bar.raw_open)
+            elif account.pending is not None:
+                account.pending = None
+        self.stale_flagged.discard(symbol)
+        fills = self.fills.on_bar(account, bar)
+        result = self.engine.step_many([(stream, bar.values)])[0]
+        if isinstance(result, Exception):
+            raise result
+        self.last_ts[symbol] = bar.ts_ns
+        target = result.position if result.warm else 0
+        reason = "signal"
+        if self.state.status == ACTIVE:
+            breach = self.risk.breach(self.state, self.equity, {symbol: target})
+            if breach:
+                self.risk.trip(self.state, breach)
+                events.append(("breach", f"{breach}: flatten, then {self.risk.on_breach}"))
+        else:
+            self.state.peak = max(self.state.peak, self.equity)
+        if self.state.status != ACTIVE:
+            target, reason = 0, f"risk: {self.state.reason}"
+        order = self.fills.order(account, bar, target, reason)
+        account.pending = order
+        fleet = result.total_ns
+        loop = time.perf_counter_ns() - started - fleet  # before the commit is timed too: added below
+        self.ledger.record_bar(bar, account, fills, order, self.state, events, result.position if result.warm else 0, fleet, loop)
+        added = time.perf_counter_ns() - started - fleet
+        self.added_ns.append(added)
+        self.fleet_ns.append(fleet)
+        self.bars += 1
+        self.latest = Latest(bar, result.decisions, target, fleet, added, [m for _, m in events] or self.latest.events)
+        if self.state.status == STOPPED and account.pending is None and all(a.position == 0 for a in self.accounts.values()):
+            self.done = True
+
+    def heartbeat(self, now_ns: int) -> None:
+        """No bar within the feed's poll interval (a live feed): a stale symbol is flattened
+        (its order fills at the next bar's open) and the event recorded, once per gap."""
+        for symbol, last in self.last_ts.items():
+            if symbol in self.stale_flagged:
+                continue
+            stale = self.risk.stale(last, now_ns)
+            if not stale:
+                continue
+            self.stale_flagged.add(symbol)
+            account = self.account(symbol)
+            order = None
+            if account.position:
+                order = Order(symbol, last + MINUTE_NS, 0, -account.position, "stale feed", account.mark)
+            account.pending = order
+            self.ledger.record_event(now_ns, symbol, "stale", f"{stale}: flatten at the next bar's open", account, self.state, order)
+            self.latest.events = [stale]
+
+    def run(self, feed, should_stop, view=None, clock=time.time_ns) -> str:
+        """Drive the feed until it ends, ``should_stop()`` or a stopping limit; why it ended."""
+        for item in feed:
+            if should_stop():
+                return "stopped by signal"
+            if item is None:
+                self.heartbeat(clock())
+            else:
+                self.on_bar(item)
+            if view is not None:
+                view.update(self)
+            if self.done:
+                return f"stopped by a risk limit: {self.state.reason}"
+        return "the feed ended"

@@ -1,0 +1,119 @@
+"""foxhunt ensemble paper: PnL equal to replay's backtest, the ledger, the limits, bad input."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from conftest import FLEET
+from fleet_helpers import cli, client
+
+
+def _ledger(path):
+    conn = sqlite3.connect(path)
+    try:
+        fills = conn.execute("SELECT id, order_id, ts_ns, quantity, price, commission, kind, gap_usd FROM fills ORDER BY id").fetchall()
+        account = conn.execute("SELECT position, cash, mark, pending_order FROM accounts").fetchall()
+        bars = conn.execute("SELECT COUNT(*), SUM(trade) FROM bars").fetchone()
+        events = conn.execute("SELECT kind, message FROM events").fetchall()
+        return {"fills": fills, "account": account, "bars": bars, "events": events}
+    finally:
+        conn.close()
+
+
+def _equity(path) -> float:
+    conn = sqlite3.connect(path)
+    try:
+        position, cash, mark, _ = conn.execute("SELECT position, cash, mark, pending_order FROM accounts").fetchone()
+        return cash + position * mark * 50.0
+    finally:
+        conn.close()
+
+
+def _replay_pnl(root) -> float:
+    result = cli(root, "ensemble", "replay", *FLEET, "ensemble.experiment=paper-replay")
+    assert result.exit_code == 0, result.output
+    runs = client(root).search_runs([client(root).get_experiment_by_name("paper-replay").experiment_id])
+    return runs[0].data.metrics["ensemble/pnl"]
+
+
+def test_paper_pnl_equals_the_replay_backtest_to_the_cent(paper_store, tmp_path):
+    replay = _replay_pnl(paper_store)
+    close = tmp_path / "close.sqlite"
+    result = cli(paper_store, "ensemble", "paper", *FLEET, f"paper.ledger={close}", "paper.fill_price=decision_close",
+                 "paper.risk.max_daily_loss_usd=null", "paper.risk.max_drawdown_usd=null")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert round(_equity(close) - 100000.0, 2) == round(replay, 2)
+    opened = tmp_path / "open.sqlite"
+    result = cli(paper_store, "ensemble", "paper", *FLEET, f"paper.ledger={opened}",
+                 "paper.risk.max_daily_loss_usd=null", "paper.risk.max_drawdown_usd=null")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    book = _ledger(opened)
+    gap = sum(f[7] for f in book["fills"])
+    assert len(book["fills"]) == len(_ledger(close)["fills"]) > 0
+    # next_open: the backtest's PnL less each fill's opening gap, to the cent
+    assert round(_equity(opened) - 100000.0 + gap, 2) == round(replay, 2)
+    assert "MLflow run" in result.output
+    run = client(paper_store).search_runs([client(paper_store).get_experiment_by_name("paper").experiment_id])[0]
+    artifacts = {a.path for a in client(paper_store).list_artifacts(run.info.run_id)}
+    assert {"fills.csv", "equity_paper.png", "paper.md"} <= artifacts
+    assert run.data.metrics["paper/fills"] == len(book["fills"])
+
+
+def test_a_breach_flattens_records_why_and_stops(paper_store, tmp_path):
+    ledger = tmp_path / "risk.sqlite"
+    result = cli(paper_store, "ensemble", "paper", *FLEET, f"paper.ledger={ledger}", "paper.risk.max_position=0", "logger.enabled=false")
+    assert result.exit_code == 0, result.output
+    book = _ledger(ledger)
+    assert book["account"][0][0] == 0 and book["account"][0][3] is None
+    assert book["events"] and book["events"][0][0] == "breach" and "max position" in book["events"][0][1]
+    assert book["fills"] == [] and book["bars"][1] < 595  # stopped before the split's end
+    assert "stopped by a risk limit: max position" in result.output
+
+
+def test_a_daily_loss_breach_pauses_until_the_next_trading_date(paper_store, tmp_path):
+    ledger = tmp_path / "pause.sqlite"
+    result = cli(paper_store, "ensemble", "paper", *FLEET, f"paper.ledger={ledger}", "paper.risk.max_daily_loss_usd=1",
+                 "paper.risk.on_breach=pause", "logger.enabled=false")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    book = _ledger(ledger)
+    kinds = [k for k, _ in book["events"]]
+    assert "breach" in kinds and "max daily loss" in dict(book["events"])["breach"]
+    assert book["bars"][1] == 595  # paused, not stopped: every bar of the split read
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data=databento", "data.source.path=/no/such/file.dbn"], "file.dbn: file not found"),
+        (["paper.symbol=NQ.FUT"], "paper.symbol=NQ.FUT: the fleet was trained on es"),
+        (["paper.speed=-1"], "paper.speed=-1"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_no_ledger(paper_store, tmp_path, overrides, message):
+    ledger = tmp_path / "bad.sqlite"
+    base = [a for a in FLEET if not (a.startswith("data.source.days") and any(o.startswith("data=") for o in overrides))]
+    result = cli(paper_store, "ensemble", "paper", *base, f"paper.ledger={ledger}", *overrides)
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and message.lower() in lines[0].lower(), result.output
+    assert not ledger.exists()
+
+
+def test_an_off_grid_or_out_of_order_file_writes_no_ledger(paper_store, tmp_path):
+    import pandas as pd
+
+    from foxhunt.assets import AssetSpec  # noqa: F401
+
+    rows = pd.DataFrame({"timestamp_utc": pd.date_range("2024-01-02 15:00", periods=5, freq="1min", tz="UTC").astype(str),
+                         "open": 4800.0, "high": 4801.0, "low": 4799.0, "close": 4800.0, "volume": 10.0})  # fmt: skip
+    for name, edit in (("offgrid", lambda f: f.assign(close=[4800.0, 4800.1, 4800.0, 4800.0, 4800.0])),
+                       ("order", lambda f: f.iloc[[0, 2, 1, 3, 4]])):  # fmt: skip
+        path = tmp_path / f"{name}.csv"
+        edit(rows).to_csv(path, index=False)
+        ledger = tmp_path / f"{name}.sqlite"
+        result = cli(paper_store, "ensemble", "paper", *FLEET[:-1], "data=csv", f"data.source.path={path}", "paper.split=all",
+                     f"paper.ledger={ledger}")  # fmt: skip
+        assert result.exit_code == 2, result.output
+        assert len([x for x in result.output.splitlines() if x.strip()]) == 1, result.output
+        assert not ledger.exists()
