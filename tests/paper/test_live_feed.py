@@ -5,7 +5,6 @@ from __future__ import annotations
 import databento_dbn as dbn
 import numpy as np
 
-from foxhunt.assets import AssetSpec
 from foxhunt.paper.feeds import DatabentoLiveFeed
 
 

@@ -103,7 +103,6 @@ def test_bad_input_is_one_line_and_writes_no_ledger(paper_store, tmp_path, overr
 def test_an_off_grid_or_out_of_order_file_writes_no_ledger(paper_store, tmp_path):
     import pandas as pd
 
-    from foxhunt.assets import AssetSpec  # noqa: F401
 
     rows = pd.DataFrame({"timestamp_utc": pd.date_range("2024-01-02 15:00", periods=5, freq="1min", tz="UTC").astype(str),
                          "open": 4800.0, "high": 4801.0, "low": 4799.0, "close": 4800.0, "volume": 10.0})  # fmt: skip

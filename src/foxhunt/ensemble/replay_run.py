@@ -50,7 +50,7 @@ class ReplayReport:
     run_id: str | None
 
 
-def _window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
+def scored_window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
     """(start_ns, stop_ns, description) of the bars scored; never the lockbox
     (``evaluation.holdout``: ``all`` stops before it)."""
     from foxhunt.training.parts import build_dataset
@@ -91,7 +91,7 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
         )
     bars = source.load(asset)
     engine = fleet_engine(fleet, asset, cfg, origin=f"{cfg.data.source._target_.rsplit('.', 1)[-1]} bars of {asset.key}")
-    start, stop, window = _window(cfg, asset, bars)
+    start, stop, window = scored_window(cfg, asset, bars)
     with _progress(f"replay {asset.key}") as progress:
         record = replay_bars(engine, bars, start_ns=start, stop_ns=stop, progress=progress)
     from foxhunt.evaluation.backtest import evaluation_annualization

@@ -60,10 +60,10 @@ def build_feed(cfg, asset, symbol: str):
     bars = instantiate(cfg.data.source).load(asset)
     from omegaconf import OmegaConf
 
-    from foxhunt.ensemble.replay_run import _window
+    from foxhunt.ensemble.replay_run import scored_window
 
     scoped = OmegaConf.merge(cfg, {"ensemble": {"split": str(paper.split)}})
-    start_ns, stop_ns, window = _window(scoped, asset, bars)
+    start_ns, stop_ns, window = scored_window(scoped, asset, bars)
     stamps = bars.index.as_unit("ns").asi8
     start = 0 if start_ns is None else int(np.searchsorted(stamps, start_ns, side="left"))
     stop = len(stamps) if stop_ns is None else int(np.searchsorted(stamps, stop_ns, side="left"))
