@@ -11,6 +11,7 @@ functions included): no import loop anywhere, and dependencies point down (READM
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,7 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+@functools.cache  # read once: every rule below reads the same imports
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
