@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fleet_helpers import STREAMING_SMALL as SMALL
 import torch
 from hydra.utils import instantiate
 
@@ -13,12 +14,6 @@ from foxhunt.training.parts import build_parts
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
 from foxhunt.ensemble.members import make_member
 
-SMALL = {
-    "dqn": ["model.module.hidden_sizes=[64,64]"],
-    "ppo": ["model.module.policy_hidden_sizes=[64]", "model.module.value_hidden_sizes=[64]"],
-    "mamba2": ["model.module.d_model=32", "model.module.n_layers=2", "model.module.position_threshold=0.0"],
-    "tft": ["model.module.hidden_size=32", "model.module.lstm_layers=2", "model.module.position_threshold=0.0"],
-}  # fmt: skip
 RUNTIMES = {"dqn": ["numba", "numpy", "torch"], "ppo": ["numba"], "mamba2": ["numba", "torch"], "tft": ["onnx", "torch"]}
 STREAMS, OFFSET, BARS = 5, 37, 160  # stream k reads the bars from k * OFFSET on: five different histories
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fleet_helpers import STREAMING_SMALL as SMALL
 import torch
 from hydra.utils import instantiate
 
@@ -14,12 +15,6 @@ from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
 from foxhunt.ensemble.members import AgentMember, Mamba2Member, TFTMember
 from foxhunt.ensemble.replay import replay_bars
 
-SMALL = {
-    "dqn": ["model.module.hidden_sizes=[64,64]"],
-    "ppo": ["model.module.policy_hidden_sizes=[64]", "model.module.value_hidden_sizes=[64]"],
-    "mamba2": ["model.module.d_model=32", "model.module.n_layers=2", "model.module.position_threshold=0.0"],
-    "tft": ["model.module.hidden_size=32", "model.module.lstm_layers=2", "model.module.position_threshold=0.0"],
-}  # fmt: skip
 DATA = ["data.source.days=4", "logger=none"]
 
 

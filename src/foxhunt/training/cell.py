@@ -16,14 +16,13 @@ sweep's cell goes through :func:`foxhunt.sweeps.sweep_cell.run_sweep_cell`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from foxhunt.config.schema import resolved_config, validate
+from foxhunt.config.schema import validate
 from foxhunt.runs.cell import CellKey, CellResult, cell_name
 from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, check_folder_owner
 from foxhunt.runs.config_hash import config_hash
@@ -32,6 +31,7 @@ from foxhunt.runs.status import Status
 from foxhunt.runs.tags import Tag
 from foxhunt.training.checkpoint import check_checkpoint
 from foxhunt.training.fit import checkpoint_files, fit_and_score
+from foxhunt.training.provenance import opened_run
 
 log = logging.getLogger("foxhunt.train")
 
@@ -114,31 +114,8 @@ def run_cell(
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
-    from foxhunt.runs.tracked_run import TrackedRun
-
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    out_dir = Path(cfg.paths.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    resolved = resolved_config(cfg)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-
-    run = None
-    if cfg.logger.enabled:
-        run = TrackedRun(
-            tracking_uri=cfg.logger.tracking_uri,
-            experiment=cfg.logger.experiment,
-            artifact_location=cfg.logger.artifact_location,
-            run_name=name,
-            tags=tags,
-            parent_run_id=parent_run_id,
-            resume_run_id=plan.run_id if resumed else None,
-            source=SOURCE,
-        )
-    with run if run is not None else contextlib.nullcontext():
-        if run is not None:
-            run.log_config(resolved, OmegaConf.to_yaml(resolved))
-        if before_fit is not None:
-            before_fit()
+    with opened_run(cfg, name, tags, parent_run_id, plan.run_id if resumed else None, SOURCE, before_fit) as (out_dir, run):
         ckpt_path = str(plan.checkpoint) if resumed else cfg.ckpt
         callbacks = [instantiate(node) for node in cfg.callbacks.values()]
         try:

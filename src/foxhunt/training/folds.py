@@ -31,7 +31,6 @@ folds and the resumed ones stay nested under the one cell run, and no cell run s
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -109,24 +108,10 @@ def run_cell_protocol(cfg: DictConfig, name: str, run_single: Callable, run_tags
     ``run_single(child_cfg, parent_run_id=..., extra_tags=..., run_name=...)`` trains one child and returns
     its :class:`foxhunt.runs.cell.CellResult` (with ``scores``); returns the cell's metrics and its
     run id."""
-    from foxhunt.config.schema import resolved_config
-    from foxhunt.runs.tracked_run import TrackedRun
+    from foxhunt.training.provenance import opened_run
 
-    out_dir = Path(cfg.paths.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    resolved = resolved_config(cfg)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-    run = None
-    if cfg.logger.enabled:
-        tags = {**run_tags, Tag.ROLE: ROLE_CELL, Tag.PROTOCOL: describe_protocol(cfg)}
-        run = TrackedRun(tracking_uri=cfg.logger.tracking_uri, experiment=cfg.logger.experiment,
-                         artifact_location=cfg.logger.artifact_location, run_name=name, tags=tags,
-                         parent_run_id=parent_run_id, resume_run_id=resume_run_id, source=source)  # fmt: skip
-    with run if run is not None else contextlib.nullcontext():
-        if run is not None:
-            run.log_config(resolved, OmegaConf.to_yaml(resolved))
-        if before_fit is not None:
-            before_fit()
+    tags = {**run_tags, Tag.ROLE: ROLE_CELL, Tag.PROTOCOL: describe_protocol(cfg)}
+    with opened_run(cfg, name, tags, parent_run_id, resume_run_id, source, before_fit) as (out_dir, run):
         results = []
         for child in children(cfg, out_dir):
             log.info("%s: %s (%s)", name, child.label, describe_protocol(cfg))

@@ -1,14 +1,44 @@
-"""What a cell's run read: ``dataset.json`` (the normalization and feature settings a
+"""What a cell's run read and was: its folder with the resolved ``config.yaml`` and its MLflow run
+(:func:`opened_run`, for a single run and for a cell of folds and seeds alike), ``dataset.json`` (the normalization and feature settings a
 registered member reads bars with), the roll schedule, and the bars as MLflow dataset inputs
 (:mod:`foxhunt.runs.provenance` owns their format)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 SPLITS = ("train", "val", "test")
+
+
+@contextlib.contextmanager
+def opened_run(cfg: DictConfig, name: str, tags: Mapping[str, str], parent_run_id: str | None,
+               resume_run_id: str | None, source: str, before_fit: Callable[[], None] | None) -> Iterator[tuple[Path, object]]:  # fmt: skip
+    """The run's folder (``paths.output_dir``, made, with the resolved ``config.yaml``) and its
+    MLflow run (:class:`~foxhunt.runs.tracked_run.TrackedRun`; ``None`` with
+    ``logger.enabled=false``), entered with the config logged, then ``before_fit`` run; an
+    exception in the body ends the run as TrackedRun says (FAILED, KILLED)."""
+    from foxhunt.config.schema import resolved_config
+    from foxhunt.runs.tracked_run import TrackedRun
+
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resolved = resolved_config(cfg)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+    run = None
+    if cfg.logger.enabled:
+        run = TrackedRun(tracking_uri=cfg.logger.tracking_uri, experiment=cfg.logger.experiment,
+                         artifact_location=cfg.logger.artifact_location, run_name=name, tags=dict(tags),
+                         parent_run_id=parent_run_id, resume_run_id=resume_run_id, source=source)  # fmt: skip
+    with run if run is not None else contextlib.nullcontext():
+        if run is not None:
+            run.log_config(resolved, OmegaConf.to_yaml(resolved))
+        if before_fit is not None:
+            before_fit()
+        yield out_dir, run
 
 
 def log_dataset_record(dataset, out_dir: Path, run) -> None:
