@@ -281,13 +281,15 @@ def test_fit_under_bf16_mixed_precision(tmp_path):
     # foxhunt's bf16 policy, as foxhunt-train runs it: its callback keeps the LSTMs in fp32 on a
     # CPU without a bf16 LSTM kernel (AVX2 only), so this passes on every CPU
     from foxhunt.precision.callback import PrecisionCallback
+    from foxhunt.precision.plugin import precision_plugin
     from foxhunt.precision.policy import PrecisionPolicy
 
     torch.manual_seed(0)
     model = small_tft()
     recorder = LossRecorder()
     policy = PrecisionPolicy(name="bf16", trainer_precision="bf16-mixed")
-    trainer = quiet_trainer(max_steps=3, precision="bf16-mixed", callbacks=[recorder, PrecisionCallback(policy, report_dir=tmp_path)])
+    trainer = quiet_trainer(max_steps=3, plugins=[precision_plugin(policy, "cpu")],
+                            callbacks=[recorder, PrecisionCallback(report_dir=tmp_path)])
     trainer.fit(model, DataLoader([random_batch(4, 12, 4, seed=s) for s in range(3)], batch_size=None))
     assert len(recorder.losses) == 3 and np.isfinite(recorder.losses).all()
 
@@ -415,8 +417,9 @@ def planted_ar1_dataset(seed: int) -> MarketDataset:
     )
 
 
-def fit_planted_ar1(seed: int, precision: str = "32-true", callbacks=()):
-    """The learning test's fit: a small TFT, two epochs on the planted AR(1) dataset."""
+def fit_planted_ar1(seed: int, precision: str = "32-true", callbacks=(), plugins=None):
+    """The learning test's fit: a small TFT, two epochs on the planted AR(1) dataset (under
+    ``plugins``' precision plugin when given, else Lightning's ``precision``)."""
     seed_everything(seed, verbose=False)
     datamodule = ForecastDataModule(
         planted_ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64
@@ -431,8 +434,9 @@ def fit_planted_ar1(seed: int, precision: str = "32-true", callbacks=()):
         learning_rate=3e-3,
         weight_decay=1e-3,
     )
-    trainer = quiet_trainer(max_epochs=2, num_sanity_val_steps=0, limit_val_batches=0, precision=precision,
-                            callbacks=list(callbacks))  # fmt: skip
+    precision_arg = {"plugins": plugins} if plugins else {"precision": precision}
+    trainer = quiet_trainer(max_epochs=2, num_sanity_val_steps=0, limit_val_batches=0, callbacks=list(callbacks),
+                            **precision_arg)  # fmt: skip
     trainer.fit(model, datamodule=datamodule)
     return trainer, model, datamodule
 
@@ -478,12 +482,13 @@ BF16_VAL_LOSS_TOLERANCE = 0.01
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bf16_mixed_validation_loss_within_one_percent_of_fp32(seed, tmp_path, capsys):
     from foxhunt.precision.callback import PrecisionCallback
+    from foxhunt.precision.plugin import precision_plugin
     from foxhunt.precision.policy import PrecisionPolicy
 
     losses = {}
     for precision, name in (("32-true", "fp32"), ("bf16-mixed", "bf16")):
-        callbacks = [PrecisionCallback(PrecisionPolicy(name=name, trainer_precision=precision), report_dir=tmp_path)]
-        trainer, model, datamodule = fit_planted_ar1(seed, precision, callbacks)
+        plugin = precision_plugin(PrecisionPolicy(name=name, trainer_precision=precision), "cpu")
+        trainer, model, datamodule = fit_planted_ar1(seed, precision, [PrecisionCallback(report_dir=tmp_path)], [plugin])
         assert trainer.precision == precision  # bf16 really ran (it falls back to fp32 where it cannot)
         # the whole validation split, under the precision it trained in (its fp32 islands kept)
         [metrics] = quiet_trainer(precision=precision).validate(model, datamodule=datamodule, verbose=False)

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from foxhunt.memory.accounting import ActivationMeter
 from foxhunt.precision.bf16 import PRECISION_DTYPES_FILE, Bf16Support, Fp32LSTM, bf16_support, keep_fp32
 from foxhunt.precision.callback import PrecisionCallback
+from foxhunt.precision.plugin import precision_plugin
 from foxhunt.precision.policy import PrecisionPolicy
 
 BF16 = PrecisionPolicy(name="bf16", trainer_precision="bf16-mixed")
@@ -40,11 +41,11 @@ def _small_tft():
 
 
 def _fit(model, batches, tmp_path, support, monkeypatch):
-    monkeypatch.setattr("foxhunt.precision.callback.bf16_support", lambda device: support)
-    callback = PrecisionCallback(BF16, report_dir=tmp_path)
+    monkeypatch.setattr("foxhunt.precision.plugin.bf16_support", lambda device: support)
+    callback = PrecisionCallback(report_dir=tmp_path)
     trainer = Trainer(
         accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, max_steps=2, precision="bf16-mixed", callbacks=[callback],
+        enable_model_summary=False, max_steps=2, plugins=[precision_plugin(BF16, "cpu")], callbacks=[callback],
     )  # fmt: skip
     trainer.fit(model, DataLoader(batches, batch_size=None))
     return trainer, callback
@@ -58,7 +59,7 @@ def _dtypes(path: Path) -> dict[str, str]:
 def test_a_missing_lstm_kernel_runs_the_lstms_in_fp32_and_the_rest_in_bf16(tmp_path, monkeypatch, caplog):
     model, batches = _small_tft()
     keys = list(model.state_dict())
-    with caplog.at_level(logging.INFO, logger="foxhunt.precision.callback"):
+    with caplog.at_level(logging.INFO, logger="foxhunt.precision.plugin"):
         trainer, callback = _fit(model, batches, tmp_path, NO_LSTM, monkeypatch)
     assert trainer.global_step == 2 and trainer.precision == "bf16-mixed"
     assert type(model.encoder_lstm) is Fp32LSTM and type(model.decoder_lstm) is Fp32LSTM
@@ -69,12 +70,12 @@ def test_a_missing_lstm_kernel_runs_the_lstms_in_fp32_and_the_rest_in_bf16(tmp_p
     dtypes = _dtypes(tmp_path / PRECISION_DTYPES_FILE)
     assert dtypes["encoder_lstm"] == "float32" and dtypes["decoder_lstm"] == "float32"
     assert dtypes["attention.query"] == "bfloat16"  # the matmuls stay in bf16
-    assert callback.islands == {"encoder_lstm": "LSTM", "decoder_lstm": "LSTM"}
+    assert trainer.precision_plugin.islands == {"encoder_lstm": "LSTM", "decoder_lstm": "LSTM"}
 
 
 def test_where_bf16_cannot_run_the_run_trains_in_fp32_and_says_so(tmp_path, monkeypatch, caplog):
     model, batches = _small_tft()
-    with caplog.at_level(logging.INFO, logger="foxhunt.precision.callback"):
+    with caplog.at_level(logging.INFO, logger="foxhunt.precision.plugin"):
         trainer, _ = _fit(model, batches, tmp_path, NO_BF16, monkeypatch)
     assert trainer.global_step == 2 and trainer.precision == "32-true"
     (line,) = [r.getMessage() for r in caplog.records if "precision bf16" in r.getMessage()]
@@ -135,7 +136,7 @@ print(json.dumps(out))
 
 def test_every_model_trains_in_bf16_on_a_cpu_capped_at_avx2(tmp_path):
     tests = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "PYTHONPATH": os.pathsep.join([str(tests), str(tests / "precision")])}
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "PYTHONPATH": os.pathsep.join([str(tests), str(tests / "precision"), *sys.path])}
     done = subprocess.run([sys.executable, "-c", AVX2_RUN, str(tmp_path), str(tests)], capture_output=True, text=True,
                           env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

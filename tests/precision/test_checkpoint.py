@@ -28,8 +28,6 @@ class LossRecorder(pl.Callback):
 
 
 def _fit(cfg, epochs: int, tmp_path, ckpt_path=None) -> tuple[pl.Trainer, LossRecorder, object]:
-    from hydra.utils import instantiate
-
     torch.manual_seed(0)
     parts = build_parts(cfg)
     # the same batches in every process: train windows in order (the run's loader shuffles)
@@ -39,7 +37,7 @@ def _fit(cfg, epochs: int, tmp_path, ckpt_path=None) -> tuple[pl.Trainer, LossRe
     trainer = pl.Trainer(
         accelerator="cpu", max_epochs=epochs, limit_train_batches=STEPS_PER_EPOCH, limit_val_batches=0,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[PrecisionCallback(instantiate(cfg.precision), report_dir=tmp_path), recorder],
+        callbacks=[PrecisionCallback(report_dir=tmp_path), recorder], plugins=[parts.precision],
         default_root_dir=tmp_path,
     )  # fmt: skip
     trainer.fit(parts.model, datamodule=parts.datamodule, ckpt_path=ckpt_path, weights_only=True)

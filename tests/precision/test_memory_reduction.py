@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from foxhunt.memory import measure_static
-from foxhunt.precision.optim import make_optimizer
+from foxhunt.precision.optim import convert_optimizer, make_optimizer
 from foxhunt.precision.quantize import quantize_model
 
 ADAM_STATES = 2  # exp_avg, exp_avg_sq
@@ -38,7 +38,7 @@ def test_int8_reduces_parameters_and_optimizer_state_by_the_bytes_of_the_plan(bu
     int8_model, _ = build("dqn")
     plan = quantize_model(int8_model, int8_policy)
     fp32_opt = make_optimizer(fp32_model.q_net.parameters(), "adam", lr=1e-3)
-    int8_opt = make_optimizer(int8_model.q_net.parameters(), "adam", lr=1e-3, policy=int8_policy)
+    int8_opt = convert_optimizer(make_optimizer(int8_model.q_net.parameters(), "adam", lr=1e-3), int8_policy)
     _one_update(fp32_model, fp32_opt)
     _one_update(int8_model, int8_opt)
     fp32, int8 = measure_static(fp32_model, fp32_opt), measure_static(int8_model, int8_opt)

@@ -1,4 +1,5 @@
-"""make_optimizer picks torch's fused Adam/AdamW kernel where it applies, and only there."""
+"""make_optimizer picks torch's fused Adam/AdamW kernel where it applies, and only there;
+convert_optimizer gives the optimizer a policy trains with."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import torch
 from hydra.utils import instantiate
 
 from foxhunt.training.parts import compose_config
-from foxhunt.precision.optim import make_optimizer
+from foxhunt.precision.optim import convert_optimizer, make_optimizer
 
 
 def _policy(name: str, **overrides):
@@ -43,9 +44,50 @@ def test_not_fused_on_meta_device_nor_under_a_grad_scaler():
     meta = torch.nn.Linear(3, 4, device="meta")
     assert make_optimizer(meta.parameters(), "adam", lr=1e-3).defaults.get("fused") is not True
     net = torch.nn.Linear(3, 4)
-    scaled = make_optimizer(net.parameters(), "adam", lr=1e-3, policy=_policy("fp32", trainer_precision="16-mixed"))
-    assert scaled.defaults.get("fused") is not True
-    assert make_optimizer(net.parameters(), "adam", lr=1e-3, policy=_policy("bf16")).defaults["fused"] is True
+    fused = make_optimizer(net.parameters(), "adam", lr=1e-3, eps=1e-6)
+    scaled = convert_optimizer(fused, _policy("fp32", trainer_precision="16-mixed"))
+    assert scaled is not fused and scaled.defaults["fused"] is False and scaled.defaults["eps"] == 1e-6
+    assert [g["params"] for g in scaled.param_groups] == [g["params"] for g in fused.param_groups]
+    assert convert_optimizer(fused, _policy("bf16")) is fused  # bf16 autocast: no grad scaler
+
+
+def test_eight_bit_states_keep_the_groups_and_hyperparameters_of_the_models_optimizer():
+    from torchao.optim import AdamW8bit
+
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 3))
+    groups = [{"params": net[0].parameters(), "weight_decay": 0.1, "lr": 2e-3}, {"params": net[1].parameters(), "weight_decay": 0.0}]
+    built = make_optimizer(groups, "adamw", lr=1e-3, eps=1e-7)
+    from foxhunt.precision.policy import PrecisionPolicy
+
+    policy = PrecisionPolicy(name="8bit-states", trainer_precision="32-true", optimizer_states="8bit", optimizer_block_size=128)
+    converted = convert_optimizer(built, policy)
+    assert isinstance(converted, AdamW8bit) and converted.block_size == 128
+    for old, new in zip(built.param_groups, converted.param_groups):
+        assert new["params"] == old["params"]
+        assert (new["lr"], new["weight_decay"], new["eps"], new["betas"]) == (old["lr"], old["weight_decay"], 1e-7, old["betas"])
+        assert "fused" not in new and "foreach" not in new
+    adam = convert_optimizer(make_optimizer(net.parameters(), "adam", lr=1e-3), policy)
+    assert not adam.is_adamw
+
+
+def test_convert_refuses_an_optimizer_it_cannot_replace():
+    net = torch.nn.Linear(3, 4)
+    policy = _policy("int8")
+    try:
+        convert_optimizer(torch.optim.SGD(net.parameters(), lr=0.1), policy)
+    except ValueError as exc:
+        assert str(exc) == "precision int8: 8-bit optimizer states replace torch's Adam or AdamW, not SGD"
+    else:
+        raise AssertionError("SGD was converted")
+    stepped = make_optimizer(net.parameters(), "adam", lr=1e-3)
+    net(torch.randn(2, 3)).sum().backward()
+    stepped.step()
+    try:
+        convert_optimizer(stepped, policy)
+    except RuntimeError as exc:
+        assert "has stepped already" in str(exc)
+    else:
+        raise AssertionError("a stepped optimizer was converted")
 
 
 def _int8_model_and_grads(seed: int = 0):
@@ -66,7 +108,7 @@ def test_fused_fp32_states_leave_the_8bit_updates_unchanged_and_update_small_ten
     for fused in (False, True):
         model, grads = _int8_model_and_grads()
         policy = load_policy("int8", compile_optimizer=False, fuse_fp32_states=fused)
-        optimizer = make_optimizer(model.parameters(), "adamw", lr=1e-2, weight_decay=1e-2, policy=policy)
+        optimizer = convert_optimizer(make_optimizer(model.parameters(), "adamw", lr=1e-2, weight_decay=1e-2), policy)
         for step in grads:
             for p, g in zip(model.parameters(), step):
                 p.grad = g.clone()

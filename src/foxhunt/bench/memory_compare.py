@@ -3,7 +3,7 @@
 Both runs are built from the same composed config as ``foxhunt-train`` would build them
 (``conf/train.yaml`` + the overrides + ``precision=fp32`` / ``precision=int8``), with the same
 initial weights (the config's seed before each model is built), and trained by two real
-Lightning Trainers that carry the run's precision callback and the memory-budget callback.
+Lightning Trainers that carry the run's precision plugin, its precision callback and the memory-budget callback.
 What is printed, and how each figure is measured:
 
 - **memory per component** (parameters, gradients, optimizer state, activations, other =
@@ -189,6 +189,7 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
     from foxhunt.training.parts import build_datamodule, build_dataset, build_model
     from foxhunt.memory.callback import MemoryBudgetCallback
     from foxhunt.precision.callback import PrecisionCallback
+    from foxhunt.precision.plugin import precision_plugin
     from foxhunt.precision.quantize import QUANTIZED_LAYERS_FILE, int8_share
 
     cfg = configs["fp32"]
@@ -198,12 +199,13 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
     runs: dict[str, dict[str, Any]] = {}
     for precision, run_cfg in configs.items():
         policy = instantiate(run_cfg.precision)
+        plugin = precision_plugin(policy, run_cfg.trainer.get("accelerator", "auto"))
         pl.seed_everything(run_cfg.seed, verbose=False)
         model = build_model(run_cfg)
         run_dir = out / precision
         run_dir.mkdir(parents=True, exist_ok=True)
         callbacks = {
-            "precision": PrecisionCallback(policy, report_dir=run_dir),
+            "precision": PrecisionCallback(report_dir=run_dir),
             "memory": MemoryBudgetCallback(
                 budget=None, target_mb=None, sample_every_n_steps=_NEVER, report_dir=run_dir
             ),
@@ -213,7 +215,7 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
             run_cfg.trainer,
             callbacks=list(callbacks.values()),
             logger=False,
-            precision=policy.trainer_precision,
+            plugins=[plugin],
             default_root_dir=str(run_dir),
             max_epochs=-1,
             max_steps=_NEVER,
@@ -224,7 +226,7 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
             num_sanity_val_steps=0,
         )
         runs[precision] = {
-            "cfg": run_cfg, "policy": policy, "model": model, "callbacks": callbacks, "trainer": trainer,
+            "cfg": run_cfg, "policy": policy, "plugin": plugin, "model": model, "callbacks": callbacks, "trainer": trainer,
             "datamodule": build_datamodule(run_cfg, dataset),
         }  # fmt: skip
 
@@ -255,7 +257,7 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
     step_ms = {p: 1e3 * statistics.median(runs[p]["callbacks"]["timer"].durations) for p in PRECISIONS}
     step_p90 = {p: 1e3 * percentile(runs[p]["callbacks"]["timer"].durations, P90) for p in PRECISIONS}
     samples, unit = _samples_per_step(cfg)
-    count, share = int8_share(runs["int8"]["callbacks"]["precision"].plan)
+    count, share = int8_share(runs["int8"]["plugin"].plan)
     policy8 = runs["int8"]["policy"]
     device = str(runs["fp32"]["model"].device)
     report = CompareReport(
@@ -311,14 +313,14 @@ def _component_mb(breakdown, key: str | None, label: str) -> float:
 
 def _validate(run: dict[str, Any], cfg) -> float:
     """The run's validation metric after its training steps (a fresh Trainer, the config's
-    ``limit_val_batches``, the same precision callback)."""
+    ``limit_val_batches``, the same precision plugin and callback)."""
     from hydra.utils import instantiate
 
     trainer = instantiate(
         cfg.trainer,
         callbacks=[run["callbacks"]["precision"]],
         logger=False,
-        precision=run["policy"].trainer_precision,
+        plugins=[run["plugin"]],
         default_root_dir=str(run["trainer"].default_root_dir),
         enable_checkpointing=False,
         enable_progress_bar=False,

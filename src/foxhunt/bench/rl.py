@@ -82,7 +82,7 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
     import lightning.pytorch as pl
     from omegaconf import OmegaConf
 
-    from foxhunt.training.parts import build_datamodule, build_model
+    from foxhunt.training.parts import build_datamodule, build_model, build_precision
 
     per_call = steps_per_call(cfg)
     warmup, steps = -(-warmup // per_call), -(-steps // per_call)  # training_step calls
@@ -105,7 +105,7 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
         enable_progress_bar=False,
         enable_model_summary=False,
         log_every_n_steps=int(cfg.trainer.log_every_n_steps),
-        precision=cfg.precision.trainer_precision,
+        plugins=[build_precision(cfg, accelerator="cpu")],
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

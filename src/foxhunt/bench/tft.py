@@ -142,7 +142,9 @@ def worker(
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=warmup + steps, limit_val_batches=0,
         num_sanity_val_steps=0, logger=False, callbacks=[timer], enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, precision=cfg.precision.trainer_precision,
+        enable_progress_bar=False, enable_model_summary=False,
+        # Lightning's own plugin for both sides: the same autocast for foxhunt's TFT and the peer's
+        precision=cfg.precision.trainer_precision,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -24,6 +24,13 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from foxhunt.errors import ConfigError
+from foxhunt.precision.policy import (
+    INFERENCE_CONFIGS,
+    LIGHTNING_PRECISIONS,
+    OPTIMIZER_STATE_FORMATS,
+    QUANTIZABLE_TYPES,
+    WEIGHT_FORMATS,
+)
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -241,16 +248,17 @@ class BudgetSection(Targeted):
 
 class PrecisionSection(Targeted):
     name: str = Field(min_length=1)
-    trainer_precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
-    weights: Literal["fp32", "int8"] = "fp32"
-    optimizer_states: Literal["32bit", "8bit", "fp8"] = "32bit"
+    # the allowed values are the policy's own (foxhunt.precision.policy): one list each
+    trainer_precision: Literal[LIGHTNING_PRECISIONS]
+    weights: Literal[WEIGHT_FORMATS] = "fp32"
+    optimizer_states: Literal[OPTIMIZER_STATE_FORMATS] = "32bit"
     optimizer_block_size: PositiveInt | None = None
     compile_optimizer: bool = True
     fuse_fp32_states: bool = False
-    quantize_types: list[Literal["Linear", "LSTM"]] = Field(default_factory=list)
+    quantize_types: list[Literal[QUANTIZABLE_TYPES]] = Field(default_factory=list)
     min_quantized_numel: PositiveInt | None = None
     keep_fp32: list[str] = Field(default_factory=list)
-    inference_weights: Literal["weight_only", "dynamic_activation"] | None = None
+    inference_weights: Literal[INFERENCE_CONFIGS] | None = None
     choice: str | None = None  # precision=auto: what it chose and why (foxhunt.precision.auto)
 
     @model_validator(mode="after")

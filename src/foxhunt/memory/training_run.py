@@ -66,7 +66,7 @@ class RunFactory(Protocol):
     """What a measuring fit is built from, handed in by the entry points."""
 
     def parts(self, cfg: DictConfig) -> Any:
-        """The run's model, datamodule and precision policy (``foxhunt.training.parts.RunParts``)."""
+        """The run's model, datamodule and precision plugin (``foxhunt.training.parts.RunParts``)."""
 
     def model(self, cfg: DictConfig) -> Any:
         """The run's LightningModule alone (built on the meta device by a prediction)."""
@@ -161,7 +161,7 @@ def measure_run(
             cfg.trainer,
             callbacks=[*factory.callbacks(cfg), memory, _stopper(memory, extra_steps)],
             logger=False,
-            precision=parts.precision.trainer_precision,
+            plugins=[parts.precision],
             default_root_dir=str(root),
             max_epochs=1,
             max_steps=-1,

@@ -67,7 +67,7 @@ from torch import Tensor, nn
 
 from foxhunt.data.env import NUM_ACTIONS
 from foxhunt.models.agent import TradingAgent, build_mlp
-from foxhunt.precision.optim import attached_policy, make_optimizer
+from foxhunt.precision.optim import make_optimizer
 
 
 @dataclass
@@ -369,4 +369,4 @@ class DQNAgent(TradingAgent):
         self.clip_grad_norm(params, self.hparams.max_grad_norm)
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
-        return make_optimizer(self.q_net.parameters(), "adam", lr=self.hparams.lr, policy=attached_policy(self))
+        return make_optimizer(self.q_net.parameters(), "adam", lr=self.hparams.lr)

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from foxhunt.precision.optim import attached_policy, make_optimizer
+from foxhunt.precision.optim import make_optimizer
 
 #: Keys of a window batch that the forecasters read as inputs (``target`` is the label).
 INPUT_KEYS = ("static", "known", "observed")
@@ -189,10 +189,7 @@ class ForecasterModule(LightningModule):
             checkpoint["hyper_parameters"] = {key: _plain(value) for key, value in hparams.items()}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return make_optimizer(
-            self.parameters(), "adamw", lr=self.learning_rate, weight_decay=self.weight_decay,
-            policy=attached_policy(self),
-        )
+        return make_optimizer(self.parameters(), "adamw", lr=self.learning_rate, weight_decay=self.weight_decay)
 
     # ------------------------------------------------------------------------- positions
     @torch.no_grad()

@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from foxhunt.models.forecaster import ForecasterModule
-from foxhunt.precision.optim import attached_policy, make_optimizer
+from foxhunt.precision.optim import make_optimizer
 
 #: Attribute set on parameters that must not be weight-decayed (the SSM's dt_bias, A_log, D),
 #: the convention of the reference implementation.
@@ -620,5 +620,4 @@ class Mamba2Forecaster(ForecasterModule):
             ],
             "adamw",
             lr=self.learning_rate,
-            policy=attached_policy(self),
         )

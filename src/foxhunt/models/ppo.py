@@ -56,7 +56,7 @@ from torch import Tensor
 
 from foxhunt.data.env import NUM_ACTIONS
 from foxhunt.models.agent import TradingAgent, build_mlp, orthogonal_init_
-from foxhunt.precision.optim import attached_policy, make_optimizer
+from foxhunt.precision.optim import make_optimizer
 
 #: Orthogonal-init gains of the PPO reference implementations (not tunables: part of the method).
 HIDDEN_GAIN = math.sqrt(2.0)
@@ -415,4 +415,4 @@ class PPOAgent(TradingAgent):
             {"params": list(self.policy_net.parameters()), "lr": hp.policy_lr},
             {"params": list(self.value_net.parameters()), "lr": hp.value_lr},
         ]
-        return make_optimizer(groups, "adam", lr=hp.policy_lr, eps=hp.adam_eps, policy=attached_policy(self))
+        return make_optimizer(groups, "adam", lr=hp.policy_lr, eps=hp.adam_eps)

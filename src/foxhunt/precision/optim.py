@@ -1,17 +1,20 @@
-"""The optimizer a model builds, under its precision policy.
+"""The optimizer a run trains with: the model's, converted under its precision policy.
 
-The models build their optimizers in ``configure_optimizers`` through :func:`make_optimizer`,
-which returns torch's ``Adam`` / ``AdamW`` under 32-bit optimizer states and torchao's
-block-wise 8-bit ``Adam8bit`` / ``AdamW8bit`` under ``optimizer_states: 8bit`` (each moment
-one byte per element plus one fp32 scale per ``optimizer_block_size`` elements; torchao keeps
-tensors under 4,096 elements, and those not a multiple of the block size, in fp32).
+The models build plain torch optimizers in ``configure_optimizers`` (:func:`make_optimizer`:
+torch's ``Adam`` / ``AdamW``, on its fused kernel where that applies). The Trainer's precision
+plugin (:mod:`foxhunt.precision.plugin`) then hands each one to :func:`convert_optimizer`, which
+under ``optimizer_states: 8bit`` / ``fp8`` rebuilds it, same parameter groups and
+hyperparameters, as torchao's block-wise 8-bit ``Adam8bit`` / ``AdamW8bit`` (or
+``AdamFp8`` / ``AdamWFp8``): each moment one byte per element plus one fp32 scale per
+``optimizer_block_size`` elements; torchao keeps tensors under 4,096 elements, and those not a
+multiple of the block size, in fp32. The rebuild happens before the first step and before a
+checkpoint's optimizer state is restored, and torch's optimizers allocate their state at the
+first step, so the fp32 optimizer never holds memory.
 
 torchao's optimizers also update int8 weights (they re-quantize the updated fp32 row with
 stochastic rounding); torch's ``AdamW`` cannot (its decoupled weight decay multiplies the int8
-tensor in place), so int8 weights need the 8-bit optimizers.
-
-The policy reaches the module from :class:`foxhunt.precision.callback.PrecisionCallback`
-(:func:`attach_policy`); a module without one trains in fp32 with torch's optimizers.
+tensor in place), so int8 weights need the 8-bit optimizers (the policy refuses int8 weights
+without 8-bit states).
 
 Checkpoints: an 8-bit optimizer's ``state_dict`` holds each 8-bit state as a plain dict
 (``format``, ``codes``, ``scale``, ...) and ``load_state_dict`` rebuilds torchao's state
@@ -30,63 +33,90 @@ import torch
 from foxhunt.precision.policy import PrecisionPolicy
 
 OPTIMIZER_KINDS = ("adam", "adamw")
-_POLICY_ATTR = "_foxhunt_precision_policy"
-
-
-def attach_policy(module: torch.nn.Module, policy: PrecisionPolicy) -> None:
-    """Make ``policy`` the one ``module``'s ``configure_optimizers`` builds under."""
-    object.__setattr__(module, _POLICY_ATTR, policy)
-
-
-def attached_policy(module: torch.nn.Module) -> PrecisionPolicy | None:
-    return getattr(module, _POLICY_ATTR, None)
-
-
 def make_optimizer(
     params: Iterable[Any],
     kind: str,
     lr: float,
     weight_decay: float = 0.0,
     eps: float | None = None,
-    policy: PrecisionPolicy | None = None,
 ) -> torch.optim.Optimizer:
-    """``kind`` (``adam`` | ``adamw``) over ``params`` (tensors or param-group dicts), with
-    8-bit states when ``policy.optimizer_states`` is ``8bit``. ``eps=None``: the library's."""
+    """torch's ``kind`` (``adam`` | ``adamw``) over ``params`` (tensors or param-group dicts), on
+    torch's fused kernel where it takes every tensor. ``eps=None``: the library's."""
     if kind not in OPTIMIZER_KINDS:
         raise ValueError(f"optimizer kind {kind!r}: must be one of {', '.join(OPTIMIZER_KINDS)}")
     options: dict[str, Any] = {"lr": lr, "weight_decay": weight_decay}
     if eps is not None:
         options["eps"] = eps
-    if policy is not None and policy.eight_bit_optimizer:
-        from torchao.optim import Adam8bit, AdamFp8, AdamW8bit, AdamWFp8
-
-        if policy.optimizer_states == "fp8":
-            cls = AdamWFp8 if kind == "adamw" else AdamFp8
-        else:
-            cls = AdamW8bit if kind == "adamw" else Adam8bit
-        if policy.fuse_fp32_states:
-            cls = type(f"FusedFp32{cls.__name__}", (_FusedFp32States, cls), {})
-        if policy.compile_optimizer:
-            cls = type(cls.__name__, (_EagerUnderDispatchMode, cls), {})
-        else:
-            cls = type(f"Eager{cls.__name__}", (_EagerStep, cls), {})
-        optimizer = cls(params, block_size=int(policy.optimizer_block_size), **options)
-        optimizer.register_state_dict_post_hook(_plain_states)
-        optimizer.register_load_state_dict_pre_hook(_subclass_states)
-        return optimizer
-    if policy is not None and policy.quantizes_weights:
-        raise ValueError(
-            f"precision {policy.name}: int8 weights need optimizer_states: 8bit (torch's optimizers "
-            "cannot update int8 weights)"
-        )
     cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
     params = [dict(p, params=list(p["params"])) if isinstance(p, dict) else p for p in params]
-    # Not under a grad scaler (16-mixed): Lightning refuses to clip the gradients of an
-    # optimizer that unscales them itself, as torch's fused ones do.
-    scaled = policy is not None and policy.trainer_precision == "16-mixed"
-    if not scaled and _fused_supported(params):
+    if _fused_supported(params):
         options["fused"] = True
     return cls(params, **options)
+
+
+#: The hyperparameters of torch's Adam(W) that torchao's 8-bit Adam(W) takes too; torch's other
+#: group keys (``foreach``, ``fused``, ``capturable``...) choose torch kernels and are dropped.
+_SHARED_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad")
+
+
+def convert_optimizer(optimizer: torch.optim.Optimizer, policy: PrecisionPolicy) -> torch.optim.Optimizer:
+    """The optimizer ``policy`` trains with in place of ``optimizer`` (built, never stepped):
+    under 8-bit states torchao's 8-bit Adam(W) over the same parameter groups with the same
+    hyperparameters; under ``16-mixed`` the unfused kernel (Lightning refuses to clip the
+    gradients of an optimizer that unscales them itself, as torch's fused ones do); else
+    ``optimizer`` itself (also when it is in the policy's form already: idempotent)."""
+    from torchao.optim import Adam8bit, AdamFp8, AdamW8bit, AdamWFp8
+
+    if policy.eight_bit_optimizer and not isinstance(optimizer, (Adam8bit, AdamW8bit, AdamFp8, AdamWFp8)):
+        _never_stepped(optimizer)
+        return _eight_bit(optimizer, policy)
+    if policy.trainer_precision == "16-mixed" and optimizer.defaults.get("fused"):
+        _never_stepped(optimizer)
+        return type(optimizer)(_groups(optimizer, drop=("fused",)), **{**optimizer.defaults, "fused": False})
+    return optimizer
+
+
+def _never_stepped(optimizer: torch.optim.Optimizer) -> None:
+    if optimizer.state:  # its states would be lost: a bug of the caller
+        raise RuntimeError(f"convert_optimizer: {type(optimizer).__name__} has stepped already")
+
+
+def _groups(optimizer: torch.optim.Optimizer, drop: Iterable[str]) -> list[dict[str, Any]]:
+    dropped = set(drop)
+    return [{k: v for k, v in group.items() if k not in dropped} for group in optimizer.param_groups]
+
+
+def _eight_bit(optimizer: torch.optim.Optimizer, policy: PrecisionPolicy) -> torch.optim.Optimizer:
+    from torchao.optim import Adam8bit, AdamFp8, AdamW8bit, AdamWFp8
+
+    defaults = optimizer.defaults
+    if isinstance(optimizer, torch.optim.AdamW) or defaults.get("decoupled_weight_decay"):
+        kind = "adamw"
+    elif isinstance(optimizer, torch.optim.Adam):
+        kind = "adam"
+    else:
+        raise ValueError(
+            f"precision {policy.name}: 8-bit optimizer states replace torch's Adam or AdamW, not "
+            f"{type(optimizer).__name__}"
+        )
+    if defaults.get("maximize"):
+        raise ValueError(f"precision {policy.name}: torchao's 8-bit Adam(W) cannot maximize")
+    if policy.optimizer_states == "fp8":
+        cls = AdamWFp8 if kind == "adamw" else AdamFp8
+    else:
+        cls = AdamW8bit if kind == "adamw" else Adam8bit
+    if policy.fuse_fp32_states:
+        cls = type(f"FusedFp32{cls.__name__}", (_FusedFp32States, cls), {})
+    if policy.compile_optimizer:
+        cls = type(cls.__name__, (_EagerUnderDispatchMode, cls), {})
+    else:
+        cls = type(f"Eager{cls.__name__}", (_EagerStep, cls), {})
+    torch_only = [key for key in defaults if key not in _SHARED_KEYS]
+    options = {key: defaults[key] for key in _SHARED_KEYS if key in defaults}
+    converted = cls(_groups(optimizer, drop=torch_only), block_size=int(policy.optimizer_block_size), **options)
+    converted.register_state_dict_post_hook(_plain_states)
+    converted.register_load_state_dict_pre_hook(_subclass_states)
+    return converted
 
 
 def _fused_supported(params: list[Any]) -> bool:

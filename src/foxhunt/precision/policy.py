@@ -31,7 +31,7 @@ of bf16 and fp32 it picked on the device and why; ``None`` for a precision chose
 
 A policy applies to any ``nn.Module`` (:func:`foxhunt.precision.quantize.quantize_model`) and
 knows nothing of models, jobs or the command line; the Lightning side is
-:class:`foxhunt.precision.callback.PrecisionCallback`.
+:mod:`foxhunt.precision.plugin` (the Trainer's precision plugin, built once per Trainer).
 """
 
 from __future__ import annotations

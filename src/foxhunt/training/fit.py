@@ -30,7 +30,7 @@ def fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str
         cfg.trainer,
         callbacks=callbacks,
         logger=run.logger() if run is not None else False,
-        precision=parts.precision.trainer_precision,
+        plugins=[parts.precision],
         default_root_dir=str(out_dir),
     )
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)

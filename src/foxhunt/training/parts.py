@@ -85,7 +85,7 @@ class RunParts:
     dataset: Any  # foxhunt.data.dataset.MarketDataset
     datamodule: Any  # ForecastDataModule | EnvDataModule
     model: Any  # the LightningModule
-    precision: Any  # foxhunt.precision.PrecisionPolicy
+    precision: Any  # the Trainer's precision plugin, holding the run's policy (foxhunt.precision.plugin)
 
 
 def build_datamodule(cfg: DictConfig, dataset):
@@ -134,6 +134,16 @@ def run_split(cfg: DictConfig, open_holdout: bool = False):
     return FoldSplit(WalkForwardConfig.from_config(cfg.evaluation.walk_forward), int(fold), **lockbox)
 
 
+def build_precision(cfg: DictConfig, accelerator: str | None = None):
+    """The Trainer's precision plugin of ``cfg`` (:func:`foxhunt.precision.plugin.precision_plugin`):
+    the run's policy, built once, on ``accelerator`` (default: the Trainer's). One per Trainer."""
+    from hydra.utils import instantiate
+
+    from foxhunt.precision.plugin import precision_plugin
+
+    return precision_plugin(instantiate(cfg.precision), accelerator or cfg.trainer.get("accelerator", "auto"))
+
+
 def build_dataset(cfg: DictConfig, asset=None, source=None, open_holdout: bool = False, cached: bool = True):
     """The market dataset of a validated config, the one every command and run reads: its bars
     (``source``, default ``cfg.data.source``) for ``asset`` (default ``cfg.asset``), its features,
@@ -151,12 +161,12 @@ def build_dataset(cfg: DictConfig, asset=None, source=None, open_holdout: bool =
 
 
 def build_parts(cfg: DictConfig) -> RunParts:
-    """Asset, cached market dataset, datamodule, model and precision policy of a validated config."""
+    """Asset, cached market dataset, datamodule, model and precision plugin of a validated config."""
     from hydra.utils import instantiate
 
     asset = instantiate(cfg.asset)
     source = instantiate(cfg.data.source)
-    precision = instantiate(cfg.precision)
+    precision = build_precision(cfg)
     dataset = build_dataset(cfg, asset, source)
     datamodule = build_datamodule(cfg, dataset)
     model = build_model(cfg)
