@@ -82,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.overrides)
     if args.sections:
         overrides.append(f"sections=[{args.sections}]")
-    import os
-
     from foxhunt.runs.environment import root_dir
 
     root = Path(args.root).resolve() if args.root else root_dir()

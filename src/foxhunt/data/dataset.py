@@ -48,7 +48,7 @@ from foxhunt.data.features import (
     FeatureConfig,
     compute_features,
 )
-from foxhunt.data.roll import RAW_CLOSE, ROLL_PRICE, held_moves
+from foxhunt.data.roll import RAW_CLOSE, ROLL_PRICE
 from foxhunt.data.splits import as_split, split_slices
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,6 @@ class SplitArrays:
         """The first ``bars`` bars."""
         roll = None if self.roll_price is None else self.roll_price[:bars]
         return SplitArrays(self.timestamps[:bars], self.features[:bars], self.close[:bars], roll)
-
-    def moves(self) -> np.ndarray:
-        """(T - 1,) each bar's price move in the contract held over it (roll-aware)."""
-        return held_moves(self.close, self.roll_price)
 
 
 @dataclass
