@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import io
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foxhunt.precision.policy import PrecisionPolicy
 from foxhunt.precision.quantize import (
     SCALE_SUFFIX,
     Int8Linear,
@@ -19,7 +17,6 @@ from foxhunt.precision.quantize import (
     int8_share,
     is_int8_weight,
     plan_text,
-    quantization_plan,
     quantize_model,
 )
 from precision_helpers import load_policy
@@ -114,6 +111,7 @@ def test_int8_lstm_matches_lstm_on_dequantized_weights():
     h0 = (torch.randn(2, 3, 32), torch.randn(2, 3, 32))
     (out, (h, c)), (ref_out, (ref_h, ref_c)) = int8(x, h0), reference(x, h0)
     torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(h, ref_h)
     torch.testing.assert_close(c, ref_c)
     out.sum().backward()
     ref_out.sum().backward()
@@ -150,33 +148,6 @@ def test_int8_state_dict_is_plain_tensors_that_load_weights_only_and_round_trip(
     dequantize_model(model)
     assert not any(is_int8_weight(p) for p in model.parameters())
     assert type(model.encoder_lstm) is nn.LSTM
-
-
-@pytest.mark.parametrize(
-    "changes, message",
-    [
-        ({"optimizer_states": "32bit"}, "int8 weights need 8-bit optimizer states"),
-        ({"trainer_precision": "bf16-mixed"}, "int8 weights train under 32-true"),
-        ({"quantize_types": ["Conv1d"]}, "precision.quantize_types='Conv1d'"),
-        ({"min_quantized_numel": None}, "precision.min_quantized_numel=None"),
-    ],
-)
-def test_policy_rejects_an_incoherent_int8_config(changes, message):
-    base = dict(
-        name="int8", trainer_precision="32-true", weights="int8", optimizer_states="fp8",
-        min_quantized_numel=4096, keep_fp32=["*head*"], quantize_types=["Linear", "LSTM"], optimizer_block_size=256,
-    )  # fmt: skip
-    with pytest.raises(ValueError, match=message):
-        PrecisionPolicy(**{**base, **changes})
-
-
-def test_schema_names_the_precision_key(compose_cfg):
-    from foxhunt.config.schema import ConfigError, validate
-
-    with pytest.raises(ConfigError, match=r"^precision.optimizer_states='32bit': int8 weights need 8-bit"):
-        validate(compose_cfg(["precision=int8", "precision.optimizer_states=32bit"]))
-    with pytest.raises(ConfigError, match=r"^precision.weights='int4'"):
-        validate(compose_cfg(["precision=int8", "precision.weights=int4"]))
 
 
 def test_linear_gradient_of_int8_layer_equals_fp32_layer_gradient_through_f_linear():
