@@ -86,8 +86,8 @@ def test_eight_clients_get_the_replays_decisions(server, store_root):
     bars = instantiate(cfg.data.source).load(asset).iloc[:120]
     with tempfile.TemporaryDirectory() as workdir:
         fleet = load_fleet(cfg, Path(workdir))
-        record = replay_bars(fleet_engine(fleet, asset, cfg, origin="test"), bars)
-    result = run_load(url, bars, record, [f.member.name for f in fleet], clients=8)
+        replayed = replay_bars(fleet_engine(fleet, asset, cfg, origin="test"), bars)
+    result = run_load(url, bars, replayed, [f.member.name for f in fleet], clients=8)
     assert (result.answered, result.errors, result.wrong) == (960, 0, 0), result.text()
     assert result.latencies_ms.size == 960 and result.throughput > 0
 

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from foxhunt.jobs.launch import LaunchError, load_costs, plan_cells, planned_batches
-from foxhunt.jobs.launch_record import job_tags
+from foxhunt.jobs.launch_file import job_tags
 from foxhunt.sweeps.grid import expand_grid
 
 
@@ -79,7 +79,7 @@ def test_job_tags():
 
 
 def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):
-    """A launch record whose pid is another program's (hand-edited, or the pid reused): one line,
+    """A launch file whose pid is another program's (hand-edited, or the pid reused): one line,
     exit 2, and that program keeps running."""
     import subprocess
     import time
@@ -88,7 +88,7 @@ def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):
     from typer.testing import CliRunner
 
     from foxhunt.cli import app
-    from foxhunt.jobs.launch_record import LaunchRecord, jobs_dir
+    from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
     from foxhunt.runs.environment import store_uri
     from foxhunt.runs.store import RunStore
 
@@ -96,10 +96,10 @@ def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):
     other = subprocess.Popen(["sleep", "300"])
     try:
         started = int(psutil.Process(other.pid).create_time() * 1000) + 2000  # launched 2 s after it
-        record = LaunchRecord(job_id="ffff7777", pid=other.pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
-                              overrides=[], log=str(tmp_path / "job.log"), tracking_uri=store_uri(tmp_path),
-                              root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"), started_ms=started, plan=[])  # fmt: skip
-        record.write(jobs_dir(tmp_path) / "ffff7777.json")
+        launch_file = LaunchFile(job_id="ffff7777", pid=other.pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
+                                 overrides=[], log=str(tmp_path / "job.log"), tracking_uri=store_uri(tmp_path),
+                                 root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"), started_ms=started, plan=[])  # fmt: skip
+        launch_file.write(jobs_dir(tmp_path) / "ffff7777.json")
         result = CliRunner().invoke(app, ["train", "stop", "ffff7777", "--root", str(tmp_path), "--timeout", "1"])
         assert result.exit_code == 2, result.output
         assert result.output.strip().splitlines()[-1] == (

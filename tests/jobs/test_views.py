@@ -9,15 +9,15 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from jobs_store import HOUR_MS, NOW_MS, dead_pid
 
-from foxhunt.jobs.launch_record import LaunchRecord, PlannedCell, jobs_dir
+from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
 from foxhunt.jobs.listing import filter_jobs, job_to_dict, paginate, parse_since, sort_jobs
 from foxhunt.jobs.views import JobNotFound, find_job, group_jobs, load_jobs
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.checkpoints import resumable_checkpoint
 from foxhunt.runs.environment import sqlite_path
-from foxhunt.runs.records import RunRecord
 from foxhunt.runs.sqlite_reader import SqliteReader
 from foxhunt.runs.store import ClientReader, RunStore, open_reader
+from foxhunt.runs.stored import StoredRun
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +80,14 @@ def test_find_job_by_prefix_and_clear_errors(jobs_store, tmp_path):
         find_job(jobs_store.uri, "zzzz", root=tmp_path)
 
 
-def test_a_job_not_in_the_store_yet_is_starting_then_failed_from_its_launch_record(jobs_store, tmp_path):
+def test_a_job_not_in_the_store_yet_is_starting_then_failed_from_its_launch_file(jobs_store, tmp_path):
     import os
     import socket
 
     import psutil
 
-    def record(pid):
-        return LaunchRecord(
+    def launch_file(pid):
+        return LaunchFile(
             job_id="ffff7777", pid=pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
             overrides=["model=dqn"], log=str(tmp_path / "ffff7777.log"), tracking_uri=jobs_store.uri,
             root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"),
@@ -96,10 +96,10 @@ def test_a_job_not_in_the_store_yet_is_starting_then_failed_from_its_launch_reco
         )  # fmt: skip
 
     path = jobs_dir(tmp_path) / "ffff7777.json"
-    record(os.getpid()).write(path)
+    launch_file(os.getpid()).write(path)
     job = find_job(jobs_store.uri, "ffff", root=tmp_path)
     assert job.state == "STARTING" and [c.state for c in job.cells()] == ["PENDING"]
-    record(dead_pid()).write(path)
+    launch_file(dead_pid()).write(path)
     assert find_job(jobs_store.uri, "ffff7777", root=tmp_path).state == "FAILED"
 
 
@@ -149,9 +149,9 @@ def test_checkpoint_of_a_stopped_cell_is_found_in_its_folders(tmp_path):
     folder = tmp_path / "cell" / "checkpoints"
     folder.mkdir(parents=True)
     (folder / "last.ckpt").write_bytes(b"0")
-    run = RunRecord("r", "n", "e", "KILLED", 0, 1, {"output_dir": str(tmp_path / "cell")}, {})
+    run = StoredRun("r", "n", "e", "KILLED", 0, 1, {"output_dir": str(tmp_path / "cell")}, {})
     assert resumable_checkpoint(run).path == folder / "last.ckpt"
-    assert resumable_checkpoint(RunRecord("r", "n", "e", "KILLED", 0, 1, {}, {})) is None
+    assert resumable_checkpoint(StoredRun("r", "n", "e", "KILLED", 0, 1, {}, {})) is None
 
 
 def test_the_sqlite_reader_agrees_with_mlflow_client(jobs_store):
@@ -185,17 +185,17 @@ def test_no_store_means_no_jobs(tmp_path):
 
 
 def test_a_walk_forward_cell_is_one_cell_of_its_job_not_its_folds():
-    def record(run_id, parent=None, **tags):
+    def stored_run(run_id, parent=None, **tags):
         base = {"job_id": "ffff7777", "model": "dqn", "asset": "es", "precision": "fp32", "seed": "42"}
         if parent:
             base["mlflow.parentRunId"] = parent
-        return RunRecord(run_id, run_id, "foxhunt", "FINISHED", NOW_MS - HOUR_MS, NOW_MS, {**base, **tags}, {})
+        return StoredRun(run_id, run_id, "foxhunt", "FINISHED", NOW_MS - HOUR_MS, NOW_MS, {**base, **tags}, {})
 
     runs = [
-        record("sweep", **{"foxhunt.run_kind": "sweep"}),
-        record("cell", "sweep", **{"foxhunt.role": "cell"}),
-        record("fold0", "cell", **{"foxhunt.role": "fold", "fold": "0"}),
-        record("fold1", "cell", **{"foxhunt.role": "fold", "fold": "1"}),
+        stored_run("sweep", **{"foxhunt.run_kind": "sweep"}),
+        stored_run("cell", "sweep", **{"foxhunt.role": "cell"}),
+        stored_run("fold0", "cell", **{"foxhunt.role": "fold", "fold": "0"}),
+        stored_run("fold1", "cell", **{"foxhunt.role": "fold", "fold": "1"}),
     ]
     (job,) = group_jobs(runs)
     assert job.parent.run_id == "sweep" and [r.run_id for r in job.runs] == ["cell"]

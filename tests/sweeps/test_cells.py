@@ -1,4 +1,4 @@
-"""A sweep's cell records (``cell.json``), its expansion into cells, its identity (sweep hash)."""
+"""A sweep's cell results (``cell.json``), its expansion into cells, its identity (sweep hash)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from omegaconf import read_write
 from foxhunt.runs.cell import CellKey, CellResult, read_results
 
 
-def test_records_round_trip_and_a_broken_one_is_skipped(tmp_path):
+def test_results_round_trip_and_a_broken_one_is_skipped(tmp_path):
     key = CellKey("dqn", "es", "fp32", "42", "abc")
-    record = CellResult(key, status="FINISHED", run_id="r1", wall_s=1.5, metrics={"test/sharpe": 0.5})
-    record.write(tmp_path / "dqn_es_fp32")
+    result = CellResult(key, status="FINISHED", run_id="r1", wall_s=1.5, metrics={"test/sharpe": 0.5})
+    result.write(tmp_path / "dqn_es_fp32")
     CellResult(CellKey("tft", "nq", "fp32", "42", "def"), error="ValueError: bad").write(tmp_path / "tft_nq_fp32")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "cell.json").write_text("{not json")
-    records = read_results(tmp_path)
-    assert [r.cell for r in records] == ["dqn-es-fp32", "tft-nq-fp32"]
-    assert records[0] == record
-    assert records[1].status == "FAILED" and records[1].error == "ValueError: bad"
+    results = read_results(tmp_path)
+    assert [r.cell for r in results] == ["dqn-es-fp32", "tft-nq-fp32"]
+    assert results[0] == result
+    assert results[1].status == "FAILED" and results[1].error == "ValueError: bad"
     assert json.loads((tmp_path / "dqn_es_fp32" / "cell.json").read_text())["metrics"] == {"test/sharpe": 0.5}
 
 
