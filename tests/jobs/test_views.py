@@ -1,5 +1,5 @@
 """Jobs read from the store: grouping, states (STALE included), plan matching, filters, sorting,
-pages, JSON, and the direct SQLite reader agreeing with MlflowClient."""
+pages and JSON."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
 from foxhunt.jobs.listing import filter_jobs, job_to_dict, paginate, parse_since, sort_jobs
 from foxhunt.jobs.views import JobNotFound, find_job, group_jobs, load_jobs
 from foxhunt.runs.cell import CellKey
-from foxhunt.runs.checkpoints import resumable_checkpoint
-from foxhunt.runs.environment import sqlite_path
-from foxhunt.runs.sqlite_reader import SqliteReader
-from foxhunt.runs.store import ClientReader, RunStore, open_reader
 from foxhunt.runs.stored import StoredRun
 
 
@@ -143,41 +139,6 @@ def test_json_carries_cells_errors_and_checkpoints(jobs, tmp_path):
     assert data["state"] == "FAILED" and data["counts"] == {"FINISHED": 1, "FAILED": 1}
     failed = [c for c in data["cells"] if c["state"] == "FAILED"][0]
     assert failed["error"] == "ValueError: loss is NaN at step 30" and failed["step"] == 30
-
-
-def test_checkpoint_of_a_stopped_cell_is_found_in_its_folders(tmp_path):
-    folder = tmp_path / "cell" / "checkpoints"
-    folder.mkdir(parents=True)
-    (folder / "last.ckpt").write_bytes(b"0")
-    run = StoredRun("r", "n", "e", "KILLED", 0, 1, {"output_dir": str(tmp_path / "cell")}, {})
-    assert resumable_checkpoint(run).path == folder / "last.ckpt"
-    assert resumable_checkpoint(StoredRun("r", "n", "e", "KILLED", 0, 1, {}, {})) is None
-
-
-def test_the_sqlite_reader_agrees_with_mlflow_client(jobs_store):
-    """The direct reader reads what MlflowClient (and so the MLflow UI) reads."""
-
-    def summary(runs):
-        jobs = group_jobs(runs)
-        return {
-            j.job_id: (
-                j.state, j.parent.run_id if j.parent else None, j.overrides,
-                sorted((r.run_id, r.name, r.status, r.start_ms, r.end_ms, r.state,
-                        tuple(sorted((k, m.value) for k, m in r.metrics.items())),
-                        r.metrics["progress"].step if "progress" in r.metrics else None,
-                        tuple(sorted((k, v) for k, v in r.tags.items() if not k.startswith("mlflow."))))
-                       for r in j.runs),
-            )  # fmt: skip
-            for j in jobs
-        }
-
-    path = sqlite_path(jobs_store.uri)
-    assert isinstance(open_reader(jobs_store.uri), SqliteReader)
-    client = ClientReader(RunStore(jobs_store.uri))
-    assert summary(SqliteReader(path).job_runs()) == summary(client.job_runs())
-    one = client.job_runs("cccc")
-    assert {r.run_id for r in one} == {jobs_store.runs["running"], jobs_store.runs["running/tft-zn"]}
-    assert {r.run_id for r in SqliteReader(path).job_runs("cccc")} == {r.run_id for r in one}
 
 
 def test_no_store_means_no_jobs(tmp_path):
