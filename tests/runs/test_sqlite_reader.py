@@ -32,3 +32,15 @@ def test_the_sqlite_reader_agrees_with_mlflow_client(jobs_store):
     one = client.job_runs("cccc")
     assert {r.run_id for r in one} == {jobs_store.runs["running"], jobs_store.runs["running/tft-zn"]}
     assert {r.run_id for r in SqliteReader(path).job_runs("cccc")} == {r.run_id for r in one}
+
+
+def test_a_job_prefix_matches_as_the_client_matches_it_case_and_wildcards_included(jobs_store):
+    """A job id (or parent run id) prefix is a plain, case-sensitive prefix: ``CCCC`` is no
+    prefix of ``cccc4444``, and ``_`` or ``%`` match only themselves."""
+    reader, client = SqliteReader(sqlite_path(jobs_store.uri)), ClientReader(RunStore(jobs_store.uri))
+    byhand = jobs_store.runs["byhand"]
+    for prefix in ("cccc", "CCCC", "AAAA1111", "aaaa_", "a%", byhand[:10], byhand[:10].upper()):
+        expected = sorted(r.run_id for r in client.job_runs(prefix))
+        assert sorted(r.run_id for r in reader.job_runs(prefix)) == expected, prefix
+    assert {r.run_id for r in reader.job_runs("CCCC")} == set()
+    assert {r.run_id for r in reader.job_runs(byhand[:10])} == {byhand, jobs_store.runs["byhand/tft-es"]}

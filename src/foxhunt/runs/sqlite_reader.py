@@ -16,7 +16,6 @@ This module imports neither torch, lightning nor mlflow.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from pathlib import Path
 
@@ -88,17 +87,18 @@ class SqliteReader:
                 )
                 args: tuple = (Tag.JOB_ID, Tag.PARENT, Tag.RUN_KIND, RUN_KIND_SWEEP, Tag.PARENT)
             else:  # runs tagged with a matching job id, parents whose id matches; their kin
+                # a plain, case-sensitive prefix, as the client reader's startswith (LIKE ignores case)
                 member = (
-                    "WITH a AS (SELECT run_uuid AS id FROM tags WHERE key = ? AND value LIKE ? ESCAPE '\\' "
-                    "UNION SELECT value FROM tags WHERE key = ? AND value LIKE ? ESCAPE '\\' "
-                    "UNION SELECT run_uuid FROM tags WHERE key = ? AND value = ? AND run_uuid LIKE ? ESCAPE '\\'), "
+                    "WITH a AS (SELECT run_uuid AS id FROM tags WHERE key = ? AND substr(value, 1, ?) = ? "
+                    "UNION SELECT value FROM tags WHERE key = ? AND substr(value, 1, ?) = ? "
+                    "UNION SELECT run_uuid FROM tags WHERE key = ? AND value = ? AND substr(run_uuid, 1, ?) = ?), "
                     "p AS (SELECT value AS id FROM tags WHERE key = ? AND run_uuid IN (SELECT id FROM a)), "
                     "roots AS (SELECT id FROM a UNION SELECT id FROM p) "
                     "SELECT id FROM roots UNION "
                     "SELECT run_uuid FROM tags WHERE key = ? AND value IN (SELECT id FROM roots)"
                 )
-                like = _like_prefix(job_id)
-                args = (Tag.JOB_ID, like, Tag.PARENT, like, Tag.RUN_KIND, RUN_KIND_SWEEP, like, Tag.PARENT, Tag.PARENT)
+                prefix = (len(job_id), job_id)
+                args = (Tag.JOB_ID, *prefix, Tag.PARENT, *prefix, Tag.RUN_KIND, RUN_KIND_SWEEP, *prefix, Tag.PARENT, Tag.PARENT)
             runs = db.execute(
                 "SELECT r.run_uuid, r.name, e.name, r.status, r.start_time, r.end_time, r.artifact_uri "
                 "FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
@@ -236,7 +236,3 @@ class SqliteReader:
             for row in db.execute(query, args):
                 found.setdefault(row[0], []).append(row[1:])
         return found
-
-
-def _like_prefix(prefix: str) -> str:
-    return re.sub(r"([%_\\])", r"\\\1", prefix) + "%"
