@@ -1,26 +1,14 @@
-"""Planning a job before launch: the grid, each cell's planned batches and weight, one-line
-config errors, and the job tags of the parent run."""
+"""Planning a job before launch: each cell's planned batches and weight, one-line config
+errors; stopping only the job's own process."""
 
 from __future__ import annotations
 
-import json
 import socket
 
 import pytest
 from omegaconf import OmegaConf
 
 from foxhunt.jobs.launch import LaunchError, load_costs, plan_cells, planned_batches
-from foxhunt.jobs.launch_file import job_tags
-from foxhunt.sweeps.grid import expand_grid
-
-
-def test_the_grid_is_hydras_cartesian_product():
-    assert expand_grid(["model=dqn,tft", "asset=es,nq", "trainer=smoke"]) == [
-        ["model=dqn", "asset=es", "trainer=smoke"],
-        ["model=dqn", "asset=nq", "trainer=smoke"],
-        ["model=tft", "asset=es", "trainer=smoke"],
-        ["model=tft", "asset=nq", "trainer=smoke"],
-    ]
 
 
 def _cfg(kind, limit, epochs=2, max_steps=-1, steps_per_epoch=1000):
@@ -68,14 +56,6 @@ def test_a_bad_override_fails_at_once_in_one_line(tmp_path, overrides, message):
     with pytest.raises(LaunchError) as error:
         plan_cells(overrides, tmp_path)
     assert message in str(error.value) and "\n" not in str(error.value)
-
-
-def test_job_tags():
-    tags = job_tags("ab12cd34", 4242, ["foxhunt-train", "-m", "model=dqn,tft", "x=a b"], ["model=dqn,tft", "x=a b"])
-    assert tags == {
-        "job_id": "ab12cd34", "pid": "4242", "host": socket.gethostname(),
-        "command": "foxhunt-train -m model=dqn,tft 'x=a b'", "job.overrides": json.dumps(["model=dqn,tft", "x=a b"]),
-    }  # fmt: skip
 
 
 def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):

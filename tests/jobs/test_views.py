@@ -1,24 +1,15 @@
-"""Jobs read from the store: grouping, states (STALE included), plan matching, filters, sorting,
-pages and JSON."""
+"""Jobs read from the store: grouping, states (STALE included), plan matching, a job found by
+its id or the launch file before the store knows it."""
 
 from __future__ import annotations
-
-import json
-from datetime import datetime, timedelta, timezone
 
 import pytest
 from jobs_store import HOUR_MS, NOW_MS, dead_pid
 
 from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
-from foxhunt.jobs.listing import filter_jobs, job_to_dict, paginate, parse_since, sort_jobs
 from foxhunt.jobs.views import JobNotFound, find_job, group_jobs, load_jobs
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.stored import StoredRun
-
-
-@pytest.fixture(scope="module")
-def jobs(jobs_store):
-    return {job.job_id: job for job in load_jobs(jobs_store.uri)}
 
 
 def test_every_job_is_found_with_the_state_the_store_and_processes_say(jobs, jobs_store):
@@ -97,48 +88,6 @@ def test_a_job_not_in_the_store_yet_is_starting_then_failed_from_its_launch_file
     assert job.state == "STARTING" and [c.state for c in job.cells()] == ["PENDING"]
     launch_file(dead_pid()).write(path)
     assert find_job(jobs_store.uri, "ffff7777", root=tmp_path).state == "FAILED"
-
-
-def test_filters_sorting_and_pages(jobs, jobs_store):
-    all_jobs = list(jobs.values())
-    ids = lambda js: [j.job_id for j in js]  # noqa: E731
-    byhand = jobs_store.runs["byhand"]
-    assert ids(filter_jobs(all_jobs, states=["stale"])) == ["dddd5555"]
-    assert sorted(ids(filter_jobs(all_jobs, models=["tft"], assets=["es"]))) == sorted(["aaaa1111", byhand])
-    assert ids(filter_jobs(all_jobs, models=["ppo"], states=["FAILED", "KILLED"])) == ["aaaa2222"]
-    recent = filter_jobs(all_jobs, since_ms=NOW_MS - 3 * HOUR_MS)
-    assert sorted(ids(recent)) == ["bbbb3333", "cccc4444", "dddd5555", "eeee6666"]
-
-    newest = sort_jobs(all_jobs, "started", NOW_MS)
-    assert ids(newest)[-1] == "aaaa1111" and ids(sort_jobs(all_jobs, "started", NOW_MS, reverse=True))[0] == "aaaa1111"
-    assert ids(sort_jobs(all_jobs, "sharpe", NOW_MS))[:2] == ["aaaa1111", "aaaa2222"]
-    # the hand-started sweep has been RUNNING for 48 h (on another host), the finished job took 2 h
-    assert ids(sort_jobs(all_jobs, "duration", NOW_MS))[:2] == [byhand, "aaaa1111"]
-    with pytest.raises(ValueError, match="--sort 'pnl'"):
-        sort_jobs(all_jobs, "pnl", NOW_MS)
-
-    pages = [paginate(newest, 3, page) for page in (1, 2, 3, 4)]
-    assert [len(p.jobs) for p in pages] == [3, 3, 1, 0]
-    assert pages[0].pages == 3 and pages[0].total == 7
-    assert sum((ids(p.jobs) for p in pages), []) == ids(newest)
-
-
-def test_since_accepts_ages_and_dates():
-    now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
-    assert parse_since("2h", now) == int((now - timedelta(hours=2)).timestamp() * 1000)
-    assert parse_since("1w", now) == int((now - timedelta(days=7)).timestamp() * 1000)
-    midnight = datetime(2026, 11, 28, tzinfo=timezone.utc)
-    assert parse_since("2026-11-28T00:00+00:00", now) == int(midnight.timestamp() * 1000)
-    with pytest.raises(ValueError, match="expected an age"):
-        parse_since("yesterday", now)
-
-
-def test_json_carries_cells_errors_and_checkpoints(jobs, tmp_path):
-    data = job_to_dict(jobs["aaaa2222"], NOW_MS)
-    json.dumps(data)  # serializable
-    assert data["state"] == "FAILED" and data["counts"] == {"FINISHED": 1, "FAILED": 1}
-    failed = [c for c in data["cells"] if c["state"] == "FAILED"][0]
-    assert failed["error"] == "ValueError: loss is NaN at step 30" and failed["step"] == 30
 
 
 def test_no_store_means_no_jobs(tmp_path):
