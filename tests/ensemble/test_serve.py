@@ -15,10 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 from fleet_helpers import DATA, cli
-from waiting import process_gone, wait_until
 
 from foxhunt.ensemble.loadtest import run_load, wait_healthy
 
