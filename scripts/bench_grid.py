@@ -38,15 +38,15 @@ def run_grid(strategy: str, root: Path, extra: list[str]) -> dict:
         code = subprocess.run(command, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT).returncode
     wall = time.perf_counter() - started
     (sweep,) = sorted((root / "outputs" / "sweeps").iterdir())
-    records = [json.loads(p.read_text()) for p in sweep.glob("*/cell.json")]
+    cell_results = [json.loads(p.read_text()) for p in sweep.glob("*/cell.json")]
     plan_file = sweep / "packing.json"
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
     return {
         "strategy": strategy,
         "wall_s": wall,
         "exit": code,
-        "cells": len(records),
-        "ok": sum(r["status"] in ("FINISHED", "SKIPPED") for r in records),
+        "cells": len(cell_results),
+        "ok": sum(r["status"] in ("FINISHED", "SKIPPED") for r in cell_results),
         "load": load,
         "n_jobs": plan["n_jobs"] if plan else 1,
         "planning_s": plan["seconds"] if plan else 0.0,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from configs import compose_train_config  # tests/ is on sys.path: a helper module
+from jobs_store import Store, build_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "real"
@@ -27,3 +28,10 @@ def compose_cfg(tmp_path: Path):
         return compose_train_config(list(overrides or []), tmp_path)
 
     return _compose
+
+
+@pytest.fixture(scope="session")
+def jobs_store(tmp_path_factory) -> Store:
+    """A hand-populated MLflow store of jobs in every state (jobs_store.py), built once: read by
+    the job views (tests/jobs) and by the store's readers (tests/runs)."""
+    return build_store(tmp_path_factory.mktemp("jobs_store"))

@@ -19,14 +19,14 @@ from foxhunt.evaluation.interpret import ATTENTION_PNG, TABLE_FILE, SelectionNam
 def test_the_recomputed_windows_are_those_the_member_read(compose_cfg):
     cfg, parts = _parts(compose_cfg, "tft")
     model, dataset = parts.model, parts.dataset
-    record = replay_split(cfg, parts, member_of("tft", model, dataset, "torch"), "test")
+    replayed = replay_split(cfg, parts, member_of("tft", model, dataset, "torch"), "test")
     inputs = MemberInputs(dataset.feature_config, dataset.observed_mean, dataset.observed_std, dataset.groups)
     bars = instantiate(cfg.data.source).load(parts.asset)
     stamps = dataset.splits["test"].timestamps.astype("datetime64[ns]").astype(np.int64)
     start, stop = int(stamps[0]), int(stamps[-1]) + 1
     windows, total = replayed_windows(inputs, parts.asset, bars, model.seq_len, model.horizon, start, stop)
     batch = parts.datamodule.input_windows("test")  # the batch path's windows of the same bars
-    assert total == len(batch["bar_index"]) == int(np.isfinite(record.signals["tft"]).sum())
+    assert total == len(batch["bar_index"]) == int(np.isfinite(replayed.signals["tft"]).sum())
     np.testing.assert_array_equal(windows["bar_index"], batch["bar_index"].numpy())
     for key in ("static", "known", "observed"):
         assert windows[key].dtype == np.float32
@@ -35,7 +35,7 @@ def test_the_recomputed_windows_are_those_the_member_read(compose_cfg):
     forecasts: list = []
     model.interpret_windows(windows, 64, names, source="replay", forecasts=forecasts)
     signals = np.concatenate([f[..., model.median_index].sum(-1).numpy() for f in forecasts])
-    np.testing.assert_allclose(signals, record.signals["tft"][windows["bar_index"]], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(signals, replayed.signals["tft"][windows["bar_index"]], atol=1e-5, rtol=0)
     capped, again = replayed_windows(inputs, parts.asset, bars, model.seq_len, model.horizon, start, stop, limit=7)
     assert again == total and len(capped["bar_index"]) == 7
     assert capped["bar_index"][0] == batch["bar_index"][0] and capped["bar_index"][-1] == batch["bar_index"][-1]

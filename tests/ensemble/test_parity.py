@@ -47,11 +47,11 @@ def replay_split(cfg, parts, member, split: str):
 @pytest.mark.parametrize("family,runtime", [(f, r) for f in ("dqn", "ppo") for r in ("numba", "numpy", "torch")])
 def test_agents_stream_the_greedy_walk(compose_cfg, family, runtime):
     cfg, parts = _parts(compose_cfg, family)
-    record = replay_split(cfg, parts, member_of(family, parts.model, parts.dataset, runtime), "test")
+    replayed = replay_split(cfg, parts, member_of(family, parts.model, parts.dataset, runtime), "test")
     batch = parts.model.trading_positions(parts.datamodule, "test")
-    assert len(record.close) == len(batch) and record.warm_bars == 0
-    np.testing.assert_array_equal(record.close, parts.dataset.splits["test"].close)
-    streamed = record.positions[family]
+    assert len(replayed.close) == len(batch) and replayed.warm_bars == 0
+    np.testing.assert_array_equal(replayed.close, parts.dataset.splits["test"].close)
+    streamed = replayed.positions[family]
     assert (streamed != 0).sum() > len(batch) // 10  # the walk really trades
     np.testing.assert_array_equal(streamed[:-1], batch[:-1])  # the batch walk closes flat on the last bar
 
@@ -62,17 +62,17 @@ def test_mamba2_streams_its_recurrent_state(compose_cfg, runtime):
     model = parts.model
     member = member_of("mamba2", model, parts.dataset, runtime)
     assert member.runtime == runtime
-    record = replay_split(cfg, parts, member, "val")
+    replayed = replay_split(cfg, parts, member, "val")
     batch = model.trading_positions(parts.datamodule, "val")
-    np.testing.assert_array_equal(record.positions["mamba2"], batch)
+    np.testing.assert_array_equal(replayed.positions["mamba2"], batch)
     assert (batch != 0).sum() > len(batch) // 10
     features = torch.from_numpy(parts.dataset.splits["val"].features)[None]
     with torch.no_grad():
         forecasts = model.forecast_stream(features)[0][0]
     expected = forecasts[..., model.median_index].sum(-1).numpy()
-    ready = ~np.isnan(record.signals["mamba2"])
+    ready = ~np.isnan(replayed.signals["mamba2"])
     assert ready.sum() == len(batch) - model.seq_len + 1
-    np.testing.assert_allclose(record.signals["mamba2"][ready], expected[ready], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(replayed.signals["mamba2"][ready], expected[ready], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("runtime", ["onnx", "torch"])
@@ -81,12 +81,12 @@ def test_tft_reuses_past_encodings_and_matches_the_windows(compose_cfg, tmp_path
     model = parts.model
     member = member_of("tft", model, parts.dataset, runtime, workdir=tmp_path)
     assert member.runtime == runtime
-    record = replay_split(cfg, parts, member, "test")
+    replayed = replay_split(cfg, parts, member, "test")
     batch = model.trading_positions(parts.datamodule, "test")
-    np.testing.assert_array_equal(record.positions["tft"], batch)
+    np.testing.assert_array_equal(replayed.positions["tft"], batch)
     assert (batch != 0).sum() > len(batch) // 10
     windows = parts.datamodule.input_windows("test")
     forecasts = model.predict_windows(windows, 512)
     expected = forecasts[..., model.median_index].sum(-1).numpy()
-    got = record.signals["tft"][windows["bar_index"].numpy()]
+    got = replayed.signals["tft"][windows["bar_index"].numpy()]
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)

@@ -15,10 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 from fleet_helpers import DATA, cli
-from waiting import process_gone, wait_until
 
 from foxhunt.ensemble.loadtest import run_load, wait_healthy
 
@@ -86,8 +84,8 @@ def test_eight_clients_get_the_replays_decisions(server, store_root):
     bars = instantiate(cfg.data.source).load(asset).iloc[:120]
     with tempfile.TemporaryDirectory() as workdir:
         fleet = load_fleet(cfg, Path(workdir))
-        record = replay_bars(fleet_engine(fleet, asset, cfg, origin="test"), bars)
-    result = run_load(url, bars, record, [f.member.name for f in fleet], clients=8)
+        replayed = replay_bars(fleet_engine(fleet, asset, cfg, origin="test"), bars)
+    result = run_load(url, bars, replayed, [f.member.name for f in fleet], clients=8)
     assert (result.answered, result.errors, result.wrong) == (960, 0, 0), result.text()
     assert result.latencies_ms.size == 960 and result.throughput > 0
 

@@ -82,8 +82,8 @@ def test_a_fleet_streams_on_cuda_as_on_cpu(compose_cfg):
     for family in ("mamba2", "tft"):
         cfg, parts = _parts(compose_cfg, family)
         parts.model.to("cuda")
-        record = replay_split(cfg, parts, member_of(family, parts.model, parts.dataset, "torch"), "val")
-        np.testing.assert_array_equal(record.positions[family], parts.model.trading_positions(parts.datamodule, "val"))
+        replayed = replay_split(cfg, parts, member_of(family, parts.model, parts.dataset, "torch"), "val")
+        np.testing.assert_array_equal(replayed.positions[family], parts.model.trading_positions(parts.datamodule, "val"))
 
 
 def test_parallel_jobs_hold_one_device_each(tmp_path):

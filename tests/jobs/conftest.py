@@ -1,11 +1,13 @@
-"""Fixtures of the job tests: a hand-populated MLflow store (jobs_store.py)."""
+"""Fixtures of the job tests: the jobs of the hand-populated store (tests/jobs_store.py)."""
 
 from __future__ import annotations
 
 import pytest
-from jobs_store import Store, build_store
+
+from foxhunt.jobs.views import load_jobs
 
 
-@pytest.fixture(scope="session")
-def jobs_store(tmp_path_factory) -> Store:
-    return build_store(tmp_path_factory.mktemp("jobs_store"))
+@pytest.fixture(scope="module")
+def jobs(jobs_store):
+    """Job id -> job, as ``foxhunt train list`` loads them from the store."""
+    return {job.job_id: job for job in load_jobs(jobs_store.uri)}

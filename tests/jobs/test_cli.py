@@ -1,5 +1,5 @@
-"""``foxhunt train list|status|watch|stop`` on the hand-populated store: tables, colours, JSON,
-filters, sorting, pages, exit codes; read commands stay light (no torch, lightning, mlflow)."""
+"""``foxhunt train list|status|watch|stop`` on the hand-populated store: tables, JSON, filters,
+sorting, pages, exit codes; read commands stay light (no torch, lightning, mlflow)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from jobs_store import NOW_MS
-from rich.console import Console
 from typer.testing import CliRunner
 
 from foxhunt.cli import app
-from foxhunt.jobs.display import STATE_STYLES, list_table, status_view
-from foxhunt.jobs.listing import paginate
-from foxhunt.jobs.views import find_job, load_jobs
 
 runner = CliRunner()
 
@@ -84,20 +79,6 @@ def test_unknown_or_ambiguous_job_is_a_one_line_error(jobs_store):
     assert result.exit_code == 2 and "ambiguous: aaaa1111, aaaa2222" in result.output
     result = train(jobs_store, "watch", "nope")
     assert result.exit_code == 2 and "no job 'nope'" in result.output
-
-
-def test_each_state_has_its_own_colour(jobs_store):
-    styles = [STATE_STYLES[s] for s in ("RUNNING", "FINISHED", "FAILED", "KILLED", "STALE")]
-    assert len(set(styles)) == 5
-    console = Console(record=True, force_terminal=True, color_system="standard", width=200)
-    jobs = load_jobs(jobs_store.uri)
-    console.print(list_table(paginate(jobs, 10, 1), NOW_MS))
-    for job_id in ("aaaa2222", "dddd5555"):
-        console.print(status_view(find_job(jobs_store.uri, job_id), NOW_MS))
-    text = console.export_text(styles=True)
-    codes = {"RUNNING": "1;36", "FINISHED": "1;32", "FAILED": "1;31", "KILLED": "1;33", "STALE": "1;35"}
-    for state, code in codes.items():
-        assert f"\x1b[{code}m{state}" in text, state
 
 
 @pytest.mark.parametrize("job_id, code", [("aaaa1111", 0), ("aaaa2222", 1), ("bbbb3333", 3), ("dddd5555", 4)])

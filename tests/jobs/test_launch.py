@@ -1,26 +1,14 @@
-"""Planning a job before launch: the grid, each cell's planned batches and weight, one-line
-config errors, and the job tags of the parent run."""
+"""Planning a job before launch: each cell's planned batches and weight, one-line config
+errors; stopping only the job's own process."""
 
 from __future__ import annotations
 
-import json
 import socket
 
 import pytest
 from omegaconf import OmegaConf
 
 from foxhunt.jobs.launch import LaunchError, load_costs, plan_cells, planned_batches
-from foxhunt.jobs.launch_record import job_tags
-from foxhunt.sweeps.grid import expand_grid
-
-
-def test_the_grid_is_hydras_cartesian_product():
-    assert expand_grid(["model=dqn,tft", "asset=es,nq", "trainer=smoke"]) == [
-        ["model=dqn", "asset=es", "trainer=smoke"],
-        ["model=dqn", "asset=nq", "trainer=smoke"],
-        ["model=tft", "asset=es", "trainer=smoke"],
-        ["model=tft", "asset=nq", "trainer=smoke"],
-    ]
 
 
 def _cfg(kind, limit, epochs=2, max_steps=-1, steps_per_epoch=1000):
@@ -70,16 +58,8 @@ def test_a_bad_override_fails_at_once_in_one_line(tmp_path, overrides, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_job_tags():
-    tags = job_tags("ab12cd34", 4242, ["foxhunt-train", "-m", "model=dqn,tft", "x=a b"], ["model=dqn,tft", "x=a b"])
-    assert tags == {
-        "job_id": "ab12cd34", "pid": "4242", "host": socket.gethostname(),
-        "command": "foxhunt-train -m model=dqn,tft 'x=a b'", "job.overrides": json.dumps(["model=dqn,tft", "x=a b"]),
-    }  # fmt: skip
-
-
 def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):
-    """A launch record whose pid is another program's (hand-edited, or the pid reused): one line,
+    """A launch file whose pid is another program's (hand-edited, or the pid reused): one line,
     exit 2, and that program keeps running."""
     import subprocess
     import time
@@ -88,7 +68,7 @@ def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):
     from typer.testing import CliRunner
 
     from foxhunt.cli import app
-    from foxhunt.jobs.launch_record import LaunchRecord, jobs_dir
+    from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
     from foxhunt.runs.environment import store_uri
     from foxhunt.runs.store import RunStore
 
@@ -96,10 +76,10 @@ def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):
     other = subprocess.Popen(["sleep", "300"])
     try:
         started = int(psutil.Process(other.pid).create_time() * 1000) + 2000  # launched 2 s after it
-        record = LaunchRecord(job_id="ffff7777", pid=other.pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
-                              overrides=[], log=str(tmp_path / "job.log"), tracking_uri=store_uri(tmp_path),
-                              root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"), started_ms=started, plan=[])  # fmt: skip
-        record.write(jobs_dir(tmp_path) / "ffff7777.json")
+        launch_file = LaunchFile(job_id="ffff7777", pid=other.pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
+                                 overrides=[], log=str(tmp_path / "job.log"), tracking_uri=store_uri(tmp_path),
+                                 root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"), started_ms=started, plan=[])  # fmt: skip
+        launch_file.write(jobs_dir(tmp_path) / "ffff7777.json")
         result = CliRunner().invoke(app, ["train", "stop", "ffff7777", "--root", str(tmp_path), "--timeout", "1"])
         assert result.exit_code == 2, result.output
         assert result.output.strip().splitlines()[-1] == (

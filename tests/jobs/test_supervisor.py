@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from foxhunt.jobs.launch_record import LaunchRecord, jobs_dir
+from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
 from foxhunt.jobs.views import find_job
 
 
@@ -19,20 +19,20 @@ def launch(root: Path, job_id: str, code: str) -> tuple[subprocess.Popen, Path]:
     folder = jobs_dir(root)
     folder.mkdir(parents=True)
     log = folder / f"{job_id}.log"
-    record = LaunchRecord(
+    launch_file = LaunchFile(
         job_id=job_id, pid=0, host=socket.gethostname(), command=[sys.executable, "-c", code], overrides=["model=x"],
         log=str(log), tracking_uri=f"sqlite:///{root / 'mlruns' / 'mlflow.db'}", root=str(root),
         sweep_dir=str(root / "sweep"), started_ms=int(time.time() * 1000), plan=[], experiment="unit",
     )  # fmt: skip
     path = folder / f"{job_id}.json"
-    record.write(path)
+    launch_file.write(path)
     with open(log, "a") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "foxhunt.jobs.supervisor", str(path)], cwd=root, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    record.pid = process.pid
-    record.write(path)
+    launch_file.pid = process.pid
+    launch_file.write(path)
     return process, log
 
 

@@ -1,28 +1,15 @@
-"""Jobs read from the store: grouping, states (STALE included), plan matching, filters, sorting,
-pages, JSON, and the direct SQLite reader agreeing with MlflowClient."""
+"""Jobs read from the store: grouping, states (STALE included), plan matching, a job found by
+its id or the launch file before the store knows it."""
 
 from __future__ import annotations
-
-import json
-from datetime import datetime, timedelta, timezone
 
 import pytest
 from jobs_store import HOUR_MS, NOW_MS, dead_pid
 
-from foxhunt.jobs.launch_record import LaunchRecord, PlannedCell, jobs_dir
-from foxhunt.jobs.listing import filter_jobs, job_to_dict, paginate, parse_since, sort_jobs
+from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
 from foxhunt.jobs.views import JobNotFound, find_job, group_jobs, load_jobs
 from foxhunt.runs.cell import CellKey
-from foxhunt.runs.checkpoints import resumable_checkpoint
-from foxhunt.runs.environment import sqlite_path
-from foxhunt.runs.records import RunRecord
-from foxhunt.runs.sqlite_reader import SqliteReader
-from foxhunt.runs.store import ClientReader, RunStore, open_reader
-
-
-@pytest.fixture(scope="module")
-def jobs(jobs_store):
-    return {job.job_id: job for job in load_jobs(jobs_store.uri)}
+from foxhunt.runs.stored import StoredRun
 
 
 def test_every_job_is_found_with_the_state_the_store_and_processes_say(jobs, jobs_store):
@@ -80,14 +67,14 @@ def test_find_job_by_prefix_and_clear_errors(jobs_store, tmp_path):
         find_job(jobs_store.uri, "zzzz", root=tmp_path)
 
 
-def test_a_job_not_in_the_store_yet_is_starting_then_failed_from_its_launch_record(jobs_store, tmp_path):
+def test_a_job_not_in_the_store_yet_is_starting_then_failed_from_its_launch_file(jobs_store, tmp_path):
     import os
     import socket
 
     import psutil
 
-    def record(pid):
-        return LaunchRecord(
+    def launch_file(pid):
+        return LaunchFile(
             job_id="ffff7777", pid=pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
             overrides=["model=dqn"], log=str(tmp_path / "ffff7777.log"), tracking_uri=jobs_store.uri,
             root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"),
@@ -96,88 +83,11 @@ def test_a_job_not_in_the_store_yet_is_starting_then_failed_from_its_launch_reco
         )  # fmt: skip
 
     path = jobs_dir(tmp_path) / "ffff7777.json"
-    record(os.getpid()).write(path)
+    launch_file(os.getpid()).write(path)
     job = find_job(jobs_store.uri, "ffff", root=tmp_path)
     assert job.state == "STARTING" and [c.state for c in job.cells()] == ["PENDING"]
-    record(dead_pid()).write(path)
+    launch_file(dead_pid()).write(path)
     assert find_job(jobs_store.uri, "ffff7777", root=tmp_path).state == "FAILED"
-
-
-def test_filters_sorting_and_pages(jobs, jobs_store):
-    all_jobs = list(jobs.values())
-    ids = lambda js: [j.job_id for j in js]  # noqa: E731
-    byhand = jobs_store.runs["byhand"]
-    assert ids(filter_jobs(all_jobs, states=["stale"])) == ["dddd5555"]
-    assert sorted(ids(filter_jobs(all_jobs, models=["tft"], assets=["es"]))) == sorted(["aaaa1111", byhand])
-    assert ids(filter_jobs(all_jobs, models=["ppo"], states=["FAILED", "KILLED"])) == ["aaaa2222"]
-    recent = filter_jobs(all_jobs, since_ms=NOW_MS - 3 * HOUR_MS)
-    assert sorted(ids(recent)) == ["bbbb3333", "cccc4444", "dddd5555", "eeee6666"]
-
-    newest = sort_jobs(all_jobs, "started", NOW_MS)
-    assert ids(newest)[-1] == "aaaa1111" and ids(sort_jobs(all_jobs, "started", NOW_MS, reverse=True))[0] == "aaaa1111"
-    assert ids(sort_jobs(all_jobs, "sharpe", NOW_MS))[:2] == ["aaaa1111", "aaaa2222"]
-    # the hand-started sweep has been RUNNING for 48 h (on another host), the finished job took 2 h
-    assert ids(sort_jobs(all_jobs, "duration", NOW_MS))[:2] == [byhand, "aaaa1111"]
-    with pytest.raises(ValueError, match="--sort 'pnl'"):
-        sort_jobs(all_jobs, "pnl", NOW_MS)
-
-    pages = [paginate(newest, 3, page) for page in (1, 2, 3, 4)]
-    assert [len(p.jobs) for p in pages] == [3, 3, 1, 0]
-    assert pages[0].pages == 3 and pages[0].total == 7
-    assert sum((ids(p.jobs) for p in pages), []) == ids(newest)
-
-
-def test_since_accepts_ages_and_dates():
-    now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
-    assert parse_since("2h", now) == int((now - timedelta(hours=2)).timestamp() * 1000)
-    assert parse_since("1w", now) == int((now - timedelta(days=7)).timestamp() * 1000)
-    midnight = datetime(2026, 11, 28, tzinfo=timezone.utc)
-    assert parse_since("2026-11-28T00:00+00:00", now) == int(midnight.timestamp() * 1000)
-    with pytest.raises(ValueError, match="expected an age"):
-        parse_since("yesterday", now)
-
-
-def test_json_carries_cells_errors_and_checkpoints(jobs, tmp_path):
-    data = job_to_dict(jobs["aaaa2222"], NOW_MS)
-    json.dumps(data)  # serializable
-    assert data["state"] == "FAILED" and data["counts"] == {"FINISHED": 1, "FAILED": 1}
-    failed = [c for c in data["cells"] if c["state"] == "FAILED"][0]
-    assert failed["error"] == "ValueError: loss is NaN at step 30" and failed["step"] == 30
-
-
-def test_checkpoint_of_a_stopped_cell_is_found_in_its_folders(tmp_path):
-    folder = tmp_path / "cell" / "checkpoints"
-    folder.mkdir(parents=True)
-    (folder / "last.ckpt").write_bytes(b"0")
-    run = RunRecord("r", "n", "e", "KILLED", 0, 1, {"output_dir": str(tmp_path / "cell")}, {})
-    assert resumable_checkpoint(run).path == folder / "last.ckpt"
-    assert resumable_checkpoint(RunRecord("r", "n", "e", "KILLED", 0, 1, {}, {})) is None
-
-
-def test_the_sqlite_reader_agrees_with_mlflow_client(jobs_store):
-    """The direct reader reads what MlflowClient (and so the MLflow UI) reads."""
-
-    def summary(runs):
-        jobs = group_jobs(runs)
-        return {
-            j.job_id: (
-                j.state, j.parent.run_id if j.parent else None, j.overrides,
-                sorted((r.run_id, r.name, r.status, r.start_ms, r.end_ms, r.state,
-                        tuple(sorted((k, m.value) for k, m in r.metrics.items())),
-                        r.metrics["progress"].step if "progress" in r.metrics else None,
-                        tuple(sorted((k, v) for k, v in r.tags.items() if not k.startswith("mlflow."))))
-                       for r in j.runs),
-            )  # fmt: skip
-            for j in jobs
-        }
-
-    path = sqlite_path(jobs_store.uri)
-    assert isinstance(open_reader(jobs_store.uri), SqliteReader)
-    client = ClientReader(RunStore(jobs_store.uri))
-    assert summary(SqliteReader(path).job_runs()) == summary(client.job_runs())
-    one = client.job_runs("cccc")
-    assert {r.run_id for r in one} == {jobs_store.runs["running"], jobs_store.runs["running/tft-zn"]}
-    assert {r.run_id for r in SqliteReader(path).job_runs("cccc")} == {r.run_id for r in one}
 
 
 def test_no_store_means_no_jobs(tmp_path):
@@ -185,17 +95,17 @@ def test_no_store_means_no_jobs(tmp_path):
 
 
 def test_a_walk_forward_cell_is_one_cell_of_its_job_not_its_folds():
-    def record(run_id, parent=None, **tags):
+    def stored_run(run_id, parent=None, **tags):
         base = {"job_id": "ffff7777", "model": "dqn", "asset": "es", "precision": "fp32", "seed": "42"}
         if parent:
             base["mlflow.parentRunId"] = parent
-        return RunRecord(run_id, run_id, "foxhunt", "FINISHED", NOW_MS - HOUR_MS, NOW_MS, {**base, **tags}, {})
+        return StoredRun(run_id, run_id, "foxhunt", "FINISHED", NOW_MS - HOUR_MS, NOW_MS, {**base, **tags}, {})
 
     runs = [
-        record("sweep", **{"foxhunt.run_kind": "sweep"}),
-        record("cell", "sweep", **{"foxhunt.role": "cell"}),
-        record("fold0", "cell", **{"foxhunt.role": "fold", "fold": "0"}),
-        record("fold1", "cell", **{"foxhunt.role": "fold", "fold": "1"}),
+        stored_run("sweep", **{"foxhunt.run_kind": "sweep"}),
+        stored_run("cell", "sweep", **{"foxhunt.role": "cell"}),
+        stored_run("fold0", "cell", **{"foxhunt.role": "fold", "fold": "0"}),
+        stored_run("fold1", "cell", **{"foxhunt.role": "fold", "fold": "1"}),
     ]
     (job,) = group_jobs(runs)
     assert job.parent.run_id == "sweep" and [r.run_id for r in job.runs] == ["cell"]

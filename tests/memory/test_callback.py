@@ -231,26 +231,3 @@ def test_bad_arguments_fail_early_with_one_line(kwargs, message):
     with pytest.raises(ValueError) as caught:
         MemoryBudgetCallback(**kwargs)
     assert str(caught.value) == message
-
-
-def test_budget_validation_and_available_memory():
-    assert MemoryBudget("rtx3050ti", 4096, 500).available_mb == 3596
-    with pytest.raises(ValueError, match=r"^budget 'x': headroom_mb=5000 must be >= 0 and below total_mb=4096$"):
-        MemoryBudget("x", 4096, 5000)
-    with pytest.raises(ValueError, match=r"^budget 'x': kind='tpu' must be one of gpu, cpu$"):
-        MemoryBudget("x", 4096, 0, kind="tpu")
-
-
-def test_budget_configs_instantiate_and_the_default_card_is_the_seed_budget():
-    from pathlib import Path
-
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    budget_dir = Path(__file__).resolve().parents[2] / "conf" / "budget"
-    budgets = {path.stem: instantiate(OmegaConf.load(path)) for path in sorted(budget_dir.glob("*.yaml"))}
-    assert {"rtx3050ti", "cpu"} <= set(budgets) and len(budgets) >= 4
-    assert all(isinstance(b, MemoryBudget) and b.name == stem for stem, b in budgets.items())
-    assert budgets["rtx3050ti"] == MemoryBudget("rtx3050ti", total_mb=4096, headroom_mb=500, kind="gpu")
-    assert budgets["cpu"].kind == "cpu"
-    assert [stem for stem, b in budgets.items() if b.kind == "cpu"] == ["cpu"]

@@ -9,34 +9,45 @@ import psutil
 import pytest
 import torch
 
-from foxhunt.memory.probes import DeviceProbes, DeviceSample
+from foxhunt.memory.probes import DeviceProbes, DeviceSample, ProbeStatus
 
 MIB = 1024 * 1024
 
 
-def fake_nvml(used_mib: list[int], init_error: Exception | None = None) -> types.ModuleType:
-    """A stand-in for ``pynvml``: ``used_mib`` are the successive used-memory readings."""
+class NVMLError(Exception):
+    pass
+
+
+def fake_nvml(used_mib: dict[int, list[int]], init_error: Exception | None = None) -> types.ModuleType:
+    """A stand-in for ``pynvml`` on a machine without CUDA: ``used_mib[i]`` are device ``i``'s
+    successive used-memory readings. As NVML, it answers only between init and shutdown, and
+    has no device it was not given."""
     module = types.ModuleType("pynvml")
-    module.calls = []
-    readings = iter(used_mib)
+    readings = {index: iter(values) for index, values in used_mib.items()}
+    initialized = []
 
     def nvmlInit():
-        module.calls.append("init")
         if init_error is not None:
             raise init_error
+        initialized.append(True)
 
     def nvmlDeviceGetHandleByUUID(uuid):
-        raise RuntimeError("no such uuid")
+        raise NVMLError("no such uuid")
 
     def nvmlDeviceGetHandleByIndex(index):
-        module.calls.append(("handle", index))
-        return f"gpu{index}"
+        if not initialized:
+            raise NVMLError("Uninitialized")
+        if index not in readings:
+            raise NVMLError("Invalid Argument")
+        return index
 
     def nvmlDeviceGetMemoryInfo(handle):
-        return types.SimpleNamespace(used=next(readings) * MIB, total=4096 * MIB)
+        if not initialized:
+            raise NVMLError("Uninitialized")
+        return types.SimpleNamespace(used=next(readings[handle]) * MIB, total=4096 * MIB)
 
     def nvmlShutdown():
-        module.calls.append("shutdown")
+        initialized.clear()
 
     module.nvmlInit = nvmlInit
     module.nvmlDeviceGetHandleByUUID = nvmlDeviceGetHandleByUUID
@@ -74,7 +85,7 @@ def test_nvml_absent_is_reported_and_nothing_else_breaks(monkeypatch):
 
 
 def test_nvml_init_failure_is_tolerated(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([], init_error=RuntimeError("driver not loaded")))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml({0: []}, init_error=RuntimeError("driver not loaded")))
     probes = DeviceProbes("cuda:0")
     assert not probes.statuses["nvml"].ran
     assert probes.statuses["nvml"].detail == "nvmlInit failed: driver not loaded"
@@ -82,21 +93,28 @@ def test_nvml_init_failure_is_tolerated(monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fake NVML stands in for a machine without CUDA")
-def test_nvml_used_minus_baseline_is_the_run_footprint(monkeypatch):
-    # readings: the handle check at set-up, the baseline, two samples
-    nvml = fake_nvml([900, 1000, 1300, 1250])
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+def test_nvml_used_minus_baseline_is_the_run_footprint_of_the_training_device(monkeypatch):
+    # device 1's readings: the handle check at set-up, the baseline, two samples; device 0 is
+    # another card, busy with someone else's 5 GB: never what cuda:1's run measures
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml({0: [5000] * 8, 1: [900, 1000, 1300, 1250]}))
     probes = DeviceProbes("cuda:1")
-    assert probes.statuses["nvml"].ran
-    assert ("handle", 1) in nvml.calls
+    assert probes.statuses["nvml"] == ProbeStatus("nvml", True, "used memory of cuda:1")
     start = probes.start()
     assert start.nvml_baseline_bytes == 1000 * MIB and start.nvml_run_bytes == 300 * MIB
     second = probes.sample()
-    assert second.nvml_run_bytes == 250 * MIB
+    assert (second.nvml_used_bytes, second.nvml_run_bytes) == (1250 * MIB, 250 * MIB)
     assert start.merge_peak(second).nvml_run_bytes == 300 * MIB
-    probes.close()
-    assert nvml.calls[-1] == "shutdown"
-    assert probes.sample().nvml_used_bytes is None
+    probes.close()  # NVML released: it would refuse a read now, and none is taken
+    after = probes.sample()
+    assert (after.nvml_used_bytes, after.nvml_run_bytes) == (None, None) and after.rss_bytes > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fake NVML stands in for a machine without CUDA")
+def test_a_device_nvml_does_not_know_is_reported_and_not_measured(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml({0: [100] * 4}))
+    probes = DeviceProbes("cuda:3")
+    assert probes.statuses["nvml"] == ProbeStatus("nvml", False, "NVML has no handle for cuda:3: Invalid Argument")
+    assert probes.start().nvml_used_bytes is None and probes.sample().nvml_run_bytes is None
 
 
 def test_merge_peak_is_the_fieldwise_maximum():

@@ -1,11 +1,15 @@
-"""Helpers of the sweep tests: run ``foxhunt-train -m`` in a subprocess rooted in a tmp folder."""
+"""Helpers of the sweep tests: run ``foxhunt-train -m`` in a subprocess rooted in a tmp folder;
+a composed config with another command line."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from omegaconf import read_write
 
 
 # Small and fast: one epoch of 8 steps, one torch thread (two jobs share two cores), on a week
@@ -52,3 +56,11 @@ def six_e_csv(path: Path) -> Path:
     bars.index = bars.index.tz_convert(None)
     bars.rename_axis("timestamp_utc").to_csv(path)
     return path
+
+
+def with_task_overrides(cfg, overrides: list[str]):
+    """A copy of a composed config whose command line (``hydra.overrides.task``) is ``overrides``."""
+    variant = copy.deepcopy(cfg)
+    with read_write(variant.hydra):
+        variant.hydra.overrides.task = overrides
+    return variant

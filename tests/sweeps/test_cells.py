@@ -1,58 +1,27 @@
-"""A sweep's cell records (``cell.json``), its expansion into cells, its identity (sweep hash)."""
+"""A sweep's cell results (``cell.json``), its identity (sweep hash), the SLURM strategy's sizes."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
-import pytest
-from omegaconf import read_write
+from sweep_helpers import with_task_overrides
 
 from foxhunt.runs.cell import CellKey, CellResult, read_results
 
 
-def test_records_round_trip_and_a_broken_one_is_skipped(tmp_path):
+def test_results_round_trip_and_a_broken_one_is_skipped(tmp_path):
     key = CellKey("dqn", "es", "fp32", "42", "abc")
-    record = CellResult(key, status="FINISHED", run_id="r1", wall_s=1.5, metrics={"test/sharpe": 0.5})
-    record.write(tmp_path / "dqn_es_fp32")
+    result = CellResult(key, status="FINISHED", run_id="r1", wall_s=1.5, metrics={"test/sharpe": 0.5})
+    result.write(tmp_path / "dqn_es_fp32")
     CellResult(CellKey("tft", "nq", "fp32", "42", "def"), error="ValueError: bad").write(tmp_path / "tft_nq_fp32")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "cell.json").write_text("{not json")
-    records = read_results(tmp_path)
-    assert [r.cell for r in records] == ["dqn-es-fp32", "tft-nq-fp32"]
-    assert records[0] == record
-    assert records[1].status == "FAILED" and records[1].error == "ValueError: bad"
+    results = read_results(tmp_path)
+    assert [r.cell for r in results] == ["dqn-es-fp32", "tft-nq-fp32"]
+    assert results[0] == result
+    assert results[1].status == "FAILED" and results[1].error == "ValueError: bad"
     assert json.loads((tmp_path / "dqn_es_fp32" / "cell.json").read_text())["metrics"] == {"test/sharpe": 0.5}
-
-
-@pytest.fixture
-def sweep_config(tmp_path):
-    """A composed config as ``foxhunt-train -m experiment=grid model=dqn`` sees it, Hydra kept
-    initialized (the sweep expansion composes each cell)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-
-    conf_dir = Path(__file__).resolve().parents[2] / "conf"
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        cfg = compose("train", overrides=[f"paths.root_dir={tmp_path}", "experiment=grid", "model=dqn"], return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        yield cfg
-
-
-def test_grid_expands_to_16_cells_and_the_command_line_narrows_it(sweep_config):
-    from foxhunt.sweeps.packing import sweep_cells
-
-    cells = sweep_cells(sweep_config)
-    assert [sorted(c) for c in cells] == [sorted(["model=dqn", f"asset={a}", "experiment=grid", f"paths.root_dir={sweep_config.paths.root_dir}"]) for a in ("es", "nq", "6e", "zn")]
-    assert len(sweep_cells(_with_task_overrides(sweep_config, ["experiment=grid"]))) == 16
-
-
-def _with_task_overrides(cfg, overrides):
-    variant = copy.deepcopy(cfg)
-    with read_write(variant.hydra):
-        variant.hydra.overrides.task = overrides
-    return variant
 
 
 def test_sweep_hash_ignores_launch_choices(sweep_config):
@@ -60,9 +29,9 @@ def test_sweep_hash_ignores_launch_choices(sweep_config):
 
     base = sweep_hash(sweep_config)
     task = list(sweep_config.hydra.overrides.task)
-    launch = _with_task_overrides(sweep_config, [*task, "strategy=parallel", "resume=true", "strategy.n_jobs=2"])
+    launch = with_task_overrides(sweep_config, [*task, "strategy=parallel", "resume=true", "strategy.n_jobs=2"])
     assert sweep_hash(launch) == base
-    assert sweep_hash(_with_task_overrides(sweep_config, [*task, "trainer=smoke"])) != base
+    assert sweep_hash(with_task_overrides(sweep_config, [*task, "trainer=smoke"])) != base
 
 
 def test_slurm_strategy_sizes_each_job_from_the_strategy_keys(tmp_path):

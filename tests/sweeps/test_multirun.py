@@ -73,11 +73,11 @@ def test_resume_skips_finished_cells_and_resumes_a_killed_one_into_its_own_run(s
     assert resumed.info.status == "FINISHED" and resumed.data.tags["resume_count"] == "1"
     dqn = store(root).get_run(by_name["dqn-es-fp32"].info.run_id)
     assert dqn.info.end_time == by_name["dqn-es-fp32"].info.end_time and "resume_count" not in dqn.data.tags
-    records = {r.cell: r for r in read_results(sweep_dirs(root)[-1])}
-    assert records["dqn-es-fp32"].status == "SKIPPED"
-    assert records["dqn-es-fp32"].metrics["test/sharpe"] == by_name["dqn-es-fp32"].data.metrics["test/sharpe"]
-    assert records["ppo-es-fp32"].status == "FINISHED"
-    assert records["ppo-es-fp32"].note == f"resumed KILLED run {killed} from last.ckpt"
+    cell_results = {r.cell: r for r in read_results(sweep_dirs(root)[-1])}
+    assert cell_results["dqn-es-fp32"].status == "SKIPPED"
+    assert cell_results["dqn-es-fp32"].metrics["test/sharpe"] == by_name["dqn-es-fp32"].data.metrics["test/sharpe"]
+    assert cell_results["ppo-es-fp32"].status == "FINISHED"
+    assert cell_results["ppo-es-fp32"].note == f"resumed KILLED run {killed} from last.ckpt"
 
 
 def test_parallel_sweep_packs_by_memory_and_fails_a_cell_over_budget_before_training(tmp_path, check):
@@ -165,8 +165,8 @@ def test_a_sweep_stopped_by_sigterm_resumes_from_the_interrupted_checkpoint(tmp_
     (parent_after,), (resumed,) = runs(tmp_path)
     assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
     assert parent_after.info.run_id == parent.info.run_id and parent_after.info.status == "FINISHED"
-    record = read_results(sweep_dirs(tmp_path)[-1])[0]
-    assert record.note == f"resumed KILLED run {killed.info.run_id} from interrupted.ckpt"
+    cell_result = read_results(sweep_dirs(tmp_path)[-1])[0]
+    assert cell_result.note == f"resumed KILLED run {killed.info.run_id} from interrupted.ckpt"
 
 
 @pytest.mark.slow
@@ -203,9 +203,9 @@ def test_full_grid_in_parallel_isolates_a_failing_cell_and_resume_trains_only_th
     store(tmp_path).delete_run(earlier.run_id)  # the cause is gone: the cell may run now
     again = foxhunt_train([*grid, "resume=true"], tmp_path, timeout=1800)
     check(again)
-    records = {r.cell: r for r in read_results(sweep_dirs(tmp_path)[-1])}
-    assert records.pop("tft-zn-fp32").status == "FINISHED"
-    assert {r.status for r in records.values()} == {"SKIPPED"} and len(records) == 15
+    cell_results = {r.cell: r for r in read_results(sweep_dirs(tmp_path)[-1])}
+    assert cell_results.pop("tft-zn-fp32").status == "FINISHED"
+    assert {r.status for r in cell_results.values()} == {"SKIPPED"} and len(cell_results) == 15
     parents_after, cells_after = runs(tmp_path)
     assert [p.info.run_id for p in parents_after] == [parent.info.run_id] and parents_after[0].info.status == "FINISHED"
     assert len(cells_after) == 17  # the 16 cells + the new tft-zn run (the failed one had no checkpoint)

@@ -28,13 +28,13 @@ def test_a_two_trial_search_nests_its_trials_and_names_the_best(tmp_path, check)
     for trial in trials:
         assert trial.info.status == "FINISHED" and trial.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert trial.data.tags["trial"] == trial.info.run_name[-1]
-    # each trial's record holds the value its job returned to the sweeper: the run's objective
-    records = {r.cell: r for r in read_results(sweep)}
+    # each trial's result (cell.json) holds the value its job returned to the sweeper: the run's objective
+    cell_results = {r.cell: r for r in read_results(sweep)}
     by_name = {t.info.run_name: t for t in trials}
-    for name, record in records.items():
-        assert record.objective == by_name[name].data.metrics[OBJECTIVE]
-        assert any(o.startswith("model.module.lr=") for o in record.overrides)
-    assert records["dqn-es-fp32-trial0"].overrides != records["dqn-es-fp32-trial1"].overrides
+    for name, cell_result in cell_results.items():
+        assert cell_result.objective == by_name[name].data.metrics[OBJECTIVE]
+        assert any(o.startswith("model.module.lr=") for o in cell_result.overrides)
+    assert cell_results["dqn-es-fp32-trial0"].overrides != cell_results["dqn-es-fp32-trial1"].overrides
 
     best = max(trials, key=lambda t: t.data.metrics[OBJECTIVE])  # equal values: the first trial, as Optuna
     if trials[0].data.metrics[OBJECTIVE] == trials[1].data.metrics[OBJECTIVE]:
@@ -45,7 +45,7 @@ def test_a_two_trial_search_nests_its_trials_and_names_the_best(tmp_path, check)
     assert float(tags["best_trial.value"]) == best.data.metrics[OBJECTIVE] == parent.data.metrics["sweep/best_value"]
     overrides = tags["best_trial.overrides"].split()
     assert [o.split("=")[0] for o in overrides][:2] == ["model.module.lr", "model.module.hidden_sizes"]
-    assert all(o in records[best.info.run_name].overrides for o in overrides)
+    assert all(o in cell_results[best.info.run_name].overrides for o in overrides)
     assert not any(o.startswith(("trainer=", "hparams_search=")) for o in overrides)  # only the searched keys
 
     tail = result.stdout[result.stdout.index(f"sweep {sweep.name}: 2 trials") :]
@@ -62,14 +62,14 @@ def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path, check):
     # seed=44 seeds the sampler too: its first trial goes to es, the next two to 6e (optuna 2.10.1)
     result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=3", "seed=44", *data], tmp_path)
     check(result, 1)  # a failed trial fails the sweep, after the study
-    records = read_results(sweep_dirs(tmp_path)[0])
-    assert [r.trial for r in records] == [0, 1, 2]  # every trial ran
-    by_asset = {asset: [r for r in records if r.key.asset == asset] for asset in ("6e", "es")}
+    cell_results = read_results(sweep_dirs(tmp_path)[0])
+    assert [r.trial for r in cell_results] == [0, 1, 2]  # every trial ran
+    by_asset = {asset: [r for r in cell_results if r.key.asset == asset] for asset in ("6e", "es")}
     assert [r.trial for r in by_asset["es"]] == [0] and [r.trial for r in by_asset["6e"]] == [1, 2]
     assert all(r.status == "FAILED" and "data error: " in r.error and r.objective is None for r in by_asset["es"])
     assert all(r.status == "FINISHED" and math.isfinite(r.objective) for r in by_asset["6e"])
     (parent,), trials = runs(tmp_path)
-    assert {t.info.run_name: t.info.status for t in trials} == {r.cell: r.status for r in records}
+    assert {t.info.run_name: t.info.status for t in trials} == {r.cell: r.status for r in cell_results}
     assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
     best = max(by_asset["6e"], key=lambda r: r.objective)
     assert parent.info.status == "FAILED" and parent.data.tags["best_trial"] in {r.cell for r in by_asset["6e"]}
@@ -85,9 +85,9 @@ def test_a_study_whose_every_trial_failed_still_ends_its_parent_run(tmp_path, ch
     result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=2", "model.module.batch_size=200000", *WEEK], tmp_path)
     check(result, 1)
     assert "No trials are completed yet" in result.stderr  # the Optuna sweeper's own end
-    records = read_results(sweep_dirs(tmp_path)[0])
-    assert [(r.trial, r.status) for r in records] == [(0, "FAILED"), (1, "FAILED")]
-    assert "model.module.batch_size=200000" in records[0].error
+    cell_results = read_results(sweep_dirs(tmp_path)[0])
+    assert [(r.trial, r.status) for r in cell_results] == [(0, "FAILED"), (1, "FAILED")]
+    assert "model.module.batch_size=200000" in cell_results[0].error
     (parent,), trials = runs(tmp_path)
     assert trials == []  # a config error stops a trial before its run
     assert parent.info.status == "FAILED" and "best_trial" not in parent.data.tags

@@ -1,5 +1,5 @@
 """Search sweeps without a process: the hparams_search configs, the largest trial the packing
-plans from, the fail-fast checks, the best trial, the trials' records and summary."""
+plans from, the fail-fast checks, the best trial, the trials' results and summary."""
 
 from __future__ import annotations
 
@@ -178,24 +178,24 @@ def _trial(number: int, value: float | None, status: str = "FINISHED") -> CellRe
 
 
 def test_the_best_trial_is_optunas_first_best_finite_value():
-    records = [_trial(0, 1.0), _trial(1, float("nan")), _trial(2, 3.0), _trial(3, None, "FAILED"), _trial(4, 3.0), _trial(5, -2.0)]
-    assert search.best_trial(records, "maximize").trial == 2
-    assert search.best_trial(records, "minimize").trial == 5
-    assert search.best_trial(records, None) is None  # several objectives
+    results = [_trial(0, 1.0), _trial(1, float("nan")), _trial(2, 3.0), _trial(3, None, "FAILED"), _trial(4, 3.0), _trial(5, -2.0)]
+    assert search.best_trial(results, "maximize").trial == 2
+    assert search.best_trial(results, "minimize").trial == 5
+    assert search.best_trial(results, None) is None  # several objectives
     assert search.best_trial([_trial(0, None, "FAILED")], "maximize") is None
-    best = search.best_trial(records, "maximize")
+    best = search.best_trial(results, "maximize")
     assert search.searched_overrides(best, ["model.module.lr"]) == ["model.module.lr=2e-4"]
     assert search.describe_best(best, "maximize", ["model.module.lr"], 6) == (
         "best trial: dqn-es-fp32-trial2 (maximize: 3), run r2\n  overrides: model.module.lr=2e-4"
     )
 
 
-def test_trial_records_round_trip_sort_by_number_and_grid_records_keep_their_shape(tmp_path):
+def test_trial_results_round_trip_sort_by_number_and_grid_results_keep_their_shape(tmp_path):
     for number in (10, 2):
         _trial(number, 0.5).write(tmp_path / f"dqn_es_fp32_trial{number}")
-    records = read_results(tmp_path)
-    assert [r.cell for r in records] == ["dqn-es-fp32-trial2", "dqn-es-fp32-trial10"]
-    assert records[0] == _trial(2, 0.5)
+    results = read_results(tmp_path)
+    assert [r.cell for r in results] == ["dqn-es-fp32-trial2", "dqn-es-fp32-trial10"]
+    assert results[0] == _trial(2, 0.5)
     grid = CellResult(CellKey("dqn", "es", "fp32", "42", "h"), "FINISHED")
     assert not {"trial", "objective", "overrides"} & set(grid.to_dict())
     key, value = _trial(3, 0.5).skip_tag()
@@ -203,13 +203,13 @@ def test_trial_records_round_trip_sort_by_number_and_grid_records_keep_their_sha
 
 
 def test_a_search_summary_lists_trials_with_their_value_and_plots_them(tmp_path):
-    records = [_trial(0, 1.25), _trial(1, None, "FAILED"), _trial(2, 3.5)]
-    lines = format_table(records).splitlines()
+    results = [_trial(0, 1.25), _trial(1, None, "FAILED"), _trial(2, 3.5)]
+    lines = format_table(results).splitlines()
     assert lines[0].split()[:3] == ["trial", "status", "objective"]
     assert lines[2].split()[:4] == ["dqn-es-fp32-trial0", "FINISHED", "1.2500", "0.100"]
     assert lines[3].split()[:3] == ["dqn-es-fp32-trial1", "FAILED", "-"]
-    text = format_markdown(records, "sweep x", "best trial: dqn-es-fp32-trial2 (maximize: 3.5), run r2")
+    text = format_markdown(results, "sweep x", "best trial: dqn-es-fp32-trial2 (maximize: 3.5), run r2")
     assert "best trial: dqn-es-fp32-trial2" in text and "| model |" not in text
     assert text.rstrip().endswith("2 of 3 trials ok; failed: dqn-es-fp32-trial1")
-    path = plot_summary(records, tmp_path / "summary.png", "sweep x", "maximize")
+    path = plot_summary(results, tmp_path / "summary.png", "sweep x", "maximize")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

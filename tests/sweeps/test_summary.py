@@ -14,7 +14,7 @@ from foxhunt.sweeps.summary import (
 )
 
 
-def _records() -> list[CellResult]:
+def _results() -> list[CellResult]:
     ok = {"test/sharpe": 1.23456, "val/loss": 0.98765, "memory/device_peak_mb": 612.4}
     return [
         CellResult(CellKey("dqn", "es", "fp32", "42", "h1"), "FINISHED", "r1", None, 12.34, None,
@@ -27,7 +27,7 @@ def _records() -> list[CellResult]:
 
 
 def test_table_has_one_line_per_cell_with_the_figures():
-    lines = format_table(_records()).splitlines()
+    lines = format_table(_results()).splitlines()
     assert lines[0].split() == ["cell", "status", "test/sharpe", "interval", "best", "baseline", "DSR", "flags",
                                 "sortino", "calmar", "max", "DD", "$", "exposure", "val/loss", "peak", "MB", "wall",
                                 "s", "error", "/", "note"]  # fmt: skip
@@ -38,7 +38,7 @@ def test_table_has_one_line_per_cell_with_the_figures():
     assert lines[5].split()[:6] == ["tft-nq-fp32", "FINISHED", "1.235", "-", "-", "-"]
     assert "0.9877" in lines[5] and "612" in lines[5]
     assert lines[-1].startswith("interval: block bootstrap")
-    assert [r.cell for r in failures(_records())] == ["dqn-nq-fp32"]
+    assert [r.cell for r in failures(_results())] == ["dqn-nq-fp32"]
 
 
 def scored(sharpe: float, low: float, high: float, per_step: float, baseline: float) -> dict[str, float]:
@@ -48,30 +48,30 @@ def scored(sharpe: float, low: float, high: float, per_step: float, baseline: fl
 
 
 def test_interval_baseline_dsr_and_flags():
-    records = [
+    results = [
         CellResult(CellKey("dqn", "es", "fp32", "42", "a"), "FINISHED", "r1", None, 1.0, None, scored(40.0, 10.0, 70.0, 0.07, 5.0)),
         CellResult(CellKey("ppo", "es", "fp32", "42", "b"), "FINISHED", "r2", None, 1.0, None, scored(3.0, -20.0, 26.0, 0.005, 9.0)),
         CellResult(CellKey("tft", "es", "fp32", "42", "c"), "FINISHED", "r3", None, 1.0, None, scored(-8.0, -30.0, 14.0, -0.013, -1.0)),
     ]  # fmt: skip
-    dsr = deflated_sharpes(records)
+    dsr = deflated_sharpes(results)
     # PSR of each cell against the best of 3 unskilled cells, by hand (normal moments: skew 0, kurtosis 3)
     from statistics import NormalDist, variance
 
     trials = [0.07, 0.005, -0.013]
     gamma, z = 0.5772156649015329, NormalDist().inv_cdf
     benchmark = variance(trials) ** 0.5 * ((1 - gamma) * z(1 - 1 / 3) + gamma * z(1 - 1 / (3 * 2.718281828459045)))
-    for record, sr in zip(records, trials):
+    for result, sr in zip(results, trials):
         expected = NormalDist().cdf((sr - benchmark) * 4999**0.5 / (1 + 0.5 * sr**2) ** 0.5)
-        assert dsr[record.cell] == pytest.approx(expected, rel=1e-9)
-    lines = format_table(records).splitlines()
+        assert dsr[result.cell] == pytest.approx(expected, rel=1e-9)
+    lines = format_table(results).splitlines()
     assert "[10.00, 70.00]" in lines[2] and "momentum 5.000" in lines[2] and "CI~0" not in lines[2]
     assert "CI~0" in lines[3] and "<=base" in lines[3]  # 3.0 <= momentum's 9.0
     assert "CI~0" in lines[4] and "<=base" in lines[4]  # -8 <= flat's 0
-    assert "DSR: deflated Sharpe ratio against the best of 3 cells" in format_markdown(records, "t")
+    assert "DSR: deflated Sharpe ratio against the best of 3 cells" in format_markdown(results, "t")
 
 
 def test_markdown_has_the_model_by_asset_pivot_and_names_failures():
-    text = format_markdown(_records(), "sweep x")
+    text = format_markdown(_results(), "sweep x")
     assert "| model | es | nq |" in text
     assert "| dqn | -0.500 | FAILED |" in text
     assert "| tft | 1.235 | 1.235 |" in text
@@ -79,5 +79,5 @@ def test_markdown_has_the_model_by_asset_pivot_and_names_failures():
 
 
 def test_heatmap_is_a_png(tmp_path):
-    path = plot_heatmap(_records(), tmp_path / "summary.png", "sweep x")
+    path = plot_heatmap(_results(), tmp_path / "summary.png", "sweep x")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

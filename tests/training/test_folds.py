@@ -43,13 +43,13 @@ def test_one_cell_run_with_a_child_per_seed_and_fold(cell):
 
 def test_seeds_change_the_model_not_the_bars(cell):
     root, _, _, _, _ = cell
-    records = {p.parent.name: json.loads(p.read_text()) for p in (root / "outputs" / "run").glob("seed*/dataset.json")}
-    assert records["seed1_fold0"]["cache_key"] == records["seed2_fold0"]["cache_key"]
-    assert records["seed1_fold0"]["splits"] == records["seed2_fold0"]["splits"]
-    assert records["seed1_fold0"]["splits"]["test"] != records["seed1_fold1"]["splits"]["test"]
+    manifests = {p.parent.name: json.loads(p.read_text()) for p in (root / "outputs" / "run").glob("seed*/dataset.json")}
+    assert manifests["seed1_fold0"]["cache_key"] == manifests["seed2_fold0"]["cache_key"]
+    assert manifests["seed1_fold0"]["splits"] == manifests["seed2_fold0"]["splits"]
+    assert manifests["seed1_fold0"]["splits"]["test"] != manifests["seed1_fold1"]["splits"]["test"]
     # each fold normalizes with its own training window: fold 1's window is longer
-    assert records["seed1_fold1"]["splits"]["train"]["rows"] > records["seed1_fold0"]["splits"]["train"]["rows"]
-    assert records["seed1_fold0"]["observed_mean"] != records["seed1_fold1"]["observed_mean"]
+    assert manifests["seed1_fold1"]["splits"]["train"]["rows"] > manifests["seed1_fold0"]["splits"]["train"]["rows"]
+    assert manifests["seed1_fold0"]["observed_mean"] != manifests["seed1_fold1"]["observed_mean"]
 
 
 def test_aggregate_is_the_pooled_children_mean_across_seeds(cell, tmp_path):

@@ -93,8 +93,8 @@ def _numpy_floor(module) -> callable:
     return call
 
 
-def _step_us(record, name: str, skip: int) -> np.ndarray:
-    values = record.member_ns[name][skip:] / 1e3
+def _step_us(replayed, name: str, skip: int) -> np.ndarray:
+    values = replayed.member_ns[name][skip:] / 1e3
     return values[values > 0]
 
 
@@ -123,17 +123,17 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
             ctx.log(f"fleet: {settings.bars} bars at {threads} thread(s), fp32 and int8")
             fleets = {w: _members(modules, inputs, w, settings, workdir / f"t{threads}") for w in ("fp32", "int8")}
             notes += [f"{w} {m.name} ({threads} thr): runtime {m.runtime_note}" for w, ms in fleets.items() for m in ms]
-            records = {w: replay_bars(StreamingEngine(ms, inputs, asset, rule="majority"), bars, start_ns=int(stamps[0]), stop_ns=stop)
+            replays = {w: replay_bars(StreamingEngine(ms, inputs, asset, rule="majority"), bars, start_ns=int(stamps[0]), stop_ns=stop)
                        for w, ms in fleets.items()}  # fmt: skip
             window = build_datamodule(cfg, dataset).input_windows("val")
             batch = {k: window[k][-1:].clone() for k in ("static", "known", "observed")}
             with torch.inference_mode():
                 tft_full = _loop_us(lambda: modules["tft"](batch), int(settings.floor_calls_tft))
             floors = {f: _loop_us(_numpy_floor(modules[f]), int(settings.floor_calls)) for f in ("dqn", "ppo")}
-            rows += _per_bar_rows(records["fp32"], floors, tft_full, fleets["fp32"], int(threads), skip, goals)
-            rows += _cold_floor_rows(fleets["fp32"], modules, inputs, asset, bars, stamps, stop, records["fp32"],
+            rows += _per_bar_rows(replays["fp32"], floors, tft_full, fleets["fp32"], int(threads), skip, goals)
+            rows += _cold_floor_rows(fleets["fp32"], modules, inputs, asset, bars, stamps, stop, replays["fp32"],
                                      int(threads), skip)  # fmt: skip
-            rows += _int8_rows(records, int(threads), skip)
+            rows += _int8_rows(replays, int(threads), skip)
             rows += _symbols_rows(ctx, fleets["fp32"], inputs, asset, bars, settings, goals, int(threads))
     with torch_threads(1):
         if settings.int8_variants:
@@ -142,10 +142,10 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
     return rows, notes
 
 
-def _per_bar_rows(record, floors, tft_full, members, threads, skip, goals) -> list[Row]:
+def _per_bar_rows(replayed, floors, tft_full, members, threads, skip, goals) -> list[Row]:
     rows = []
     for name in FAMILIES:
-        values = _step_us(record, name, skip)
+        values = _step_us(replayed, name, skip)
         runtime = next(m.runtime for m in members if m.name == name)
         for pct in (50, 99):
             value = float(np.percentile(values, pct))
@@ -166,7 +166,7 @@ def _per_bar_rows(record, floors, tft_full, members, threads, skip, goals) -> li
                 rows.append(Row("fleet", f"{name} step p{pct}", threads, "us", value, None, value, "value",
                                 "<=" if pct == 50 else None, float(goals.latency_us.mamba2_step) if pct == 50 else None,
                                 note=f"runtime {runtime}"))  # fmt: skip
-    whole = record.total_ns[skip:] / 1e3
+    whole = replayed.total_ns[skip:] / 1e3
     whole = whole[whole > 0]
     for pct in (50, 99):
         value = float(np.percentile(whole, pct))
@@ -176,7 +176,7 @@ def _per_bar_rows(record, floors, tft_full, members, threads, skip, goals) -> li
     return rows
 
 
-def _cold_floor_rows(members, modules, inputs, asset, bars, stamps, stop, record, threads: int, skip: int) -> list[Row]:
+def _cold_floor_rows(members, modules, inputs, asset, bars, stamps, stop, replayed, threads: int, skip: int) -> list[Row]:
     """The agents' numpy floor timed where the member runs, once per bar right after the whole
     fleet's step (the other members' weights, the TFT's megabytes, have just passed through the
     caches): what the network alone costs in the fleet, against the member's step there."""
@@ -200,16 +200,16 @@ def _cold_floor_rows(members, modules, inputs, asset, bars, stamps, stop, record
     rows = []
     for family, times in cold.items():
         floor = float(np.median(times[skip:] or times))
-        member = float(np.median(_step_us(record, family, skip)))
+        member = float(np.median(_step_us(replayed, family, skip)))
         rows.append(Row("fleet", f"{family} member p50 / numpy floor in the fleet", threads, "us", member, floor, member / floor,
                         "ratio", None, None,
                         note=f"floor timed once per bar right after the fleet's step ({floor:.1f} us): the caches as the member finds them"))  # fmt: skip
     return rows
 
 
-def _int8_rows(records, threads: int, skip: int) -> list[Row]:
+def _int8_rows(replays, threads: int, skip: int) -> list[Row]:
     rows = []
-    fp32, int8 = records["fp32"], records["int8"]
+    fp32, int8 = replays["fp32"], replays["int8"]
     for name in LINEAR_FAMILIES:
         a, b = float(np.median(_step_us(fp32, name, skip))), float(np.median(_step_us(int8, name, skip)))
         agree = float(np.mean(fp32.positions[name] == int8.positions[name]))
@@ -271,13 +271,13 @@ def _variant_rows(ctx, modules, inputs, asset, bars, stamps, stop, settings, wor
         for family in FAMILIES:
             try:
                 member = build(family)
-                record = replay_bars(StreamingEngine([member], inputs, asset, rule="majority"), bars,
+                replayed = replay_bars(StreamingEngine([member], inputs, asset, rule="majority"), bars,
                                      start_ns=int(stamps[0]), stop_ns=stop)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 (a quantizer that cannot take this model: said, the others go on)
                 rows.append(Row("fleet", f"{family} step p50: {variant}", 1, "us", float("nan"), None, float("nan"), "value",
                                 None, None, note=f"not run: {one_line_error(exc, limit=160)}"))  # fmt: skip
                 continue
-            value = float(np.median(_step_us(record, family, skip)))
+            value = float(np.median(_step_us(replayed, family, skip)))
             base.setdefault(family, value)
             rows.append(Row("fleet", f"{family} step p50: {variant}", 1, "us", value, base[family], value / base[family],
                             "ratio", None, None, note=f"runtime {member.runtime}; / the fp32 member's p50"))  # fmt: skip

@@ -3,7 +3,7 @@
 Through the command line, as a user trains: ``foxhunt-train -m`` walk-forward sweeps of every
 configured family over synthetic bars of two kinds, a planted pattern (1-minute returns with
 AR(1) coefficient ``system.patterns.planted``: the last move predicts the next) and a pure
-random walk (coefficient 0). The cells are the sweeps' own records (``cell.json``: the pooled
+random walk (coefficient 0). The cells are the sweeps' own results (``cell.json``: the pooled
 out-of-sample test blocks of the folds). What is judged, per family:
 
 - planted: the test Sharpe beats the best baseline's on the same bars (one-bar momentum is the
@@ -40,7 +40,7 @@ def run_grid(ctx: BenchContext) -> dict[str, list]:
     root.mkdir(parents=True, exist_ok=True)
     grid: dict[str, list] = {}
     for pattern, coefficient in s.patterns.items():
-        records = []
+        results = []
         for models, extra in _sweeps(s):
             sweep_dir = root / "outputs" / "sweeps" / f"{pattern}-{'-'.join(models)}"
             args = ["-m", f"model={','.join(models)}", f"data.source.autocorrelation={coefficient}",
@@ -50,11 +50,11 @@ def run_grid(ctx: BenchContext) -> dict[str, list]:
             started = time.perf_counter()
             done = subprocess.run([*_train_command(), *args], cwd=root, env={**os.environ, "FOXHUNT_ROOT": str(root)},
                                   capture_output=True, text=True)  # fmt: skip
-            if done.returncode not in (0, 1):  # 1: a cell failed (its record says which); else the sweep did not run
+            if done.returncode not in (0, 1):  # 1: a cell failed (its result says which); else the sweep did not run
                 raise RuntimeError(f"foxhunt-train {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
             ctx.log(f"system: {pattern} {', '.join(models)}: {time.perf_counter() - started:.0f} s")
-            records += read_results(sweep_dir)
-        grid[str(pattern)] = records
+            results += read_results(sweep_dir)
+        grid[str(pattern)] = results
     return grid
 
 
@@ -74,24 +74,24 @@ def judge(grid: dict[str, list], max_dsr_noise: float) -> list[Row]:
     from foxhunt.sweeps.summary import best_baseline, deflated_sharpes
 
     rows = []
-    for pattern, records in grid.items():
-        dsr = deflated_sharpes(records)
-        for record in records:
-            m = record.metrics
+    for pattern, results in grid.items():
+        dsr = deflated_sharpes(results)
+        for result in results:
+            m = result.metrics
             if "test/sharpe" not in m:
-                rows.append(_row(f"{record.cell} on {pattern}: {record.status} ({record.error or 'no test/sharpe'})",
+                rows.append(_row(f"{result.cell} on {pattern}: {result.status} ({result.error or 'no test/sharpe'})",
                                  float("nan"), None, float("nan"), ">=" if pattern != "random_walk" else "<=", 0.0))  # fmt: skip
                 continue
             interval = f"[{m.get('test/sharpe_ci_low', float('nan')):.2f}, {m.get('test/sharpe_ci_high', float('nan')):.2f}]"
             base = best_baseline(m) or ("none", float("nan"))
-            note = f"test Sharpe {m['test/sharpe']:.2f} {interval}, best baseline {base[0]} {base[1]:.2f}, DSR {dsr.get(record.cell, float('nan')):.3f}"
+            note = f"test Sharpe {m['test/sharpe']:.2f} {interval}, best baseline {base[0]} {base[1]:.2f}, DSR {dsr.get(result.cell, float('nan')):.3f}"
             if pattern == "random_walk":
-                rows.append(_row(f"{record.cell} on a random walk: deflated Sharpe", dsr.get(record.cell, float("nan")),
-                                 None, dsr.get(record.cell, float("nan")), "<=", max_dsr_noise, note))  # fmt: skip
+                rows.append(_row(f"{result.cell} on a random walk: deflated Sharpe", dsr.get(result.cell, float("nan")),
+                                 None, dsr.get(result.cell, float("nan")), "<=", max_dsr_noise, note))  # fmt: skip
             else:
-                rows.append(_row(f"{record.cell} on {pattern}: test Sharpe - best baseline's", m["test/sharpe"], base[1],
+                rows.append(_row(f"{result.cell} on {pattern}: test Sharpe - best baseline's", m["test/sharpe"], base[1],
                                  m["test/sharpe"] - base[1], ">=", 0.0, note))  # fmt: skip
-                rows.append(_row(f"{record.cell} on {pattern}: test Sharpe interval, lower end", m["test/sharpe"], None,
+                rows.append(_row(f"{result.cell} on {pattern}: test Sharpe interval, lower end", m["test/sharpe"], None,
                                  m.get("test/sharpe_ci_low", float("nan")), ">=", 0.0, note))  # fmt: skip
     return rows
 

@@ -1,7 +1,7 @@
 """``foxhunt train start|watch|status|list|stop``: training jobs over the MLflow store.
 
 A job is one ``foxhunt-train -m`` launched in the background (see foxhunt.jobs.launch); its
-parent MLflow run and nested cell runs are the job's only record, so what these commands show
+parent MLflow run and nested cell runs are the only place the job is kept, so what these commands show
 is what the MLflow UI shows, plus STALE for runs whose process is gone. ``list``, ``status``
 and ``watch`` only read, and import neither torch, lightning nor mlflow (the store is read with
 sqlite3: foxhunt.runs.sqlite_reader says why and what it costs); ``start`` composes and validates the
@@ -278,7 +278,7 @@ def stop(
         launch.check_stoppable(found)
         typer.echo(f"job {found.job_id}: SIGTERM to process group {found.pid}, waiting up to {timeout:g}s")
         result = launch.stop(found, uri, timeout_s=timeout, force=force, poll_s=STOP_POLL_S)
-    except launch.NotTheJobsProcess as exc:  # a hand-edited or stale record: an input error
+    except launch.NotTheJobsProcess as exc:  # a hand-edited or stale launch file: an input error
         raise _fail(str(exc)) from None
     except launch.LaunchError as exc:
         raise _fail(str(exc), code=1) from None

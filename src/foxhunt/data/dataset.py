@@ -55,9 +55,9 @@ log = logging.getLogger(__name__)
 
 # Bump when the features, the normalization or the cache layout change: old files then miss.
 CACHE_VERSION = "market-dataset-3"  # 2: raw close, roll prices and the rolls; 3: the walk-forward layout, the lockbox
-RETURN_FEATURE = "log_return"
-RECORD_VERSION = 2  # layout of MarketDataset.record() (dataset.json of a run)
-DATASET_RECORD_FILE = "dataset.json"  # observed column whose train std is the target scale
+RETURN_FEATURE = "log_return"  # observed column whose train std is the target scale
+MANIFEST_VERSION = 2  # layout of MarketDataset.manifest() (dataset.json of a run)
+DATASET_FILE = "dataset.json"  # the manifest, in a run's folder, its artifacts and a member's files
 _CACHE_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 
 
@@ -104,12 +104,13 @@ class MarketDataset:
     feature_config: FeatureConfig | None = None
     rolls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
-    def record(self) -> dict[str, Any]:
-        """What a trained model needs of this dataset to read new bars (JSON-ready): the feature
-        names, groups and settings, the observed group's train statistics, the target scale,
-        the asset spec and the cache key (a digest of the inputs)."""
+    def manifest(self) -> dict[str, Any]:
+        """The dataset's manifest (``dataset.json``): what a trained model needs of this dataset to
+        read new bars (JSON-ready): the feature names, groups and settings, the observed group's
+        train statistics, the target scale, the asset spec, the cache key (a digest of the
+        inputs), the splits' extents and the rolls."""
         return {
-            "version": RECORD_VERSION,
+            "version": MANIFEST_VERSION,
             "feature_names": list(self.feature_names),
             "groups": {g: list(map(int, idx)) for g, idx in self.groups.items()},
             "feature_config": None if self.feature_config is None else dataclasses.asdict(self.feature_config),

@@ -23,7 +23,7 @@ from foxhunt.data.bars import off_tick_mask
 from foxhunt.data.calendar import calendar_for
 from foxhunt.data.dataset import build_market_dataset
 from foxhunt.data.features import FeatureConfig
-from foxhunt.data.roll import CONTRACT, RAW_CLOSE, ROLL_PRICE, schedule_records
+from foxhunt.data.roll import CONTRACT, RAW_CLOSE, ROLL_PRICE, schedule_rows
 from foxhunt.data.splits import FoldSplit, WalkForwardConfig, as_split
 from foxhunt.errors import UserError
 
@@ -70,7 +70,7 @@ def describe(source: Any, asset: AssetSpec, bars: pd.DataFrame, rolls: pd.DataFr
              "first_bar": r.min.isoformat(), "last_bar": r.max.isoformat()}
             for r in per_session.itertuples(index=False)
         ],  # fmt: skip
-        "rolls": schedule_records(rolls) if rolls is not None else [],
+        "rolls": schedule_rows(rolls) if rolls is not None else [],
         "tick_grid": {"tick": asset.tick_size, "raw_closes": int(len(raw)), "off_grid": int(off.sum()),
                       "first_off_grid": index[int(np.argmax(off))].isoformat() if off.any() else None},  # fmt: skip
         "calendar": {
@@ -138,11 +138,11 @@ def _splits(bars: pd.DataFrame, asset: AssetSpec, features_cfg: Any, split_cfg: 
     try:
         if walk_forward is None:
             dataset = build_market_dataset(bars, asset, features_cfg, dataclasses.replace(as_split(split_cfg), **lockbox))
-            return {"protocol": protocol, "warmup_bars": warmup, **dataset.record()["splits"]}
+            return {"protocol": protocol, "warmup_bars": warmup, **dataset.manifest()["splits"]}
         folds = []
         for k in range(walk_forward.folds):
             dataset = build_market_dataset(bars, asset, features_cfg, FoldSplit(walk_forward, k, **lockbox))
-            folds.append({"fold": k, **dataset.record()["splits"]})
+            folds.append({"fold": k, **dataset.manifest()["splits"]})
         return {"protocol": protocol, "warmup_bars": warmup, "folds": folds}
     except (UserError, ValueError) as exc:  # too few bars for the splits (or the warm-up): what is there still shows
         return {"protocol": protocol, "warmup_bars": warmup, "error": str(exc)}

@@ -264,7 +264,7 @@ def roll_flags(roll_price: np.ndarray | None, num_bars: int) -> np.ndarray:
     return ~np.isnan(np.asarray(roll_price, np.float64)[1:])
 
 
-def schedule_records(rolls: pd.DataFrame) -> list[dict[str, Any]]:
+def schedule_rows(rolls: pd.DataFrame) -> list[dict[str, Any]]:
     """The rolls as JSON-ready rows (ISO dates, plain floats)."""
     out = []
     for row in rolls.itertuples(index=False):
@@ -291,7 +291,7 @@ class ContinuousSeries:
         """The bars frame a source's ``load`` returns: ``open/high/low/close/volume`` (adjusted),
         ``raw_close``, ``roll_price``, ``contract``; ``attrs["rolls"]`` the rolls as JSON rows."""
         frame = self.frame.rename_axis(INDEX_NAME)
-        frame.attrs["rolls"] = schedule_records(self.rolls)
+        frame.attrs["rolls"] = schedule_rows(self.rolls)
         return frame
 
     def front_months(self) -> pd.Series:
@@ -300,10 +300,10 @@ class ContinuousSeries:
         return held.rename_axis("trade_date").rename("contract")
 
 
-def single_contract(records: pd.DataFrame, asset: AssetSpec, origin: str) -> ContinuousSeries:
+def single_contract(contract_bars: pd.DataFrame, asset: AssetSpec, origin: str) -> ContinuousSeries:
     """One contract's bars as a series that never rolls (``symbol=`` given, or a file of one
     instrument id)."""
-    bars = records.sort_values("ts", kind="stable")
+    bars = contract_bars.sort_values("ts", kind="stable")
     index = pd.DatetimeIndex(bars["ts"]).rename(INDEX_NAME)
     frame = validate_bars(pd.DataFrame({c: bars[c].to_numpy() for c in BAR_COLUMNS}, index=index), asset.tick_size, origin=origin)
     frame[RAW_CLOSE] = frame["close"].to_numpy(np.float64)
@@ -316,20 +316,20 @@ def single_contract(records: pd.DataFrame, asset: AssetSpec, origin: str) -> Con
     return ContinuousSeries(frame=frame, schedule=schedule, rolls=pd.DataFrame(columns=list(SCHEDULE_COLUMNS)))
 
 
-def build_continuous(records: pd.DataFrame, asset: AssetSpec, rule: RollRule,
+def build_continuous(contract_bars: pd.DataFrame, asset: AssetSpec, rule: RollRule,
                      expiration: Mapping[Any, pd.Timestamp] | None = None,
                      open_interest: pd.DataFrame | None = None) -> ContinuousSeries:  # fmt: skip
-    """Roll ``records`` (columns ``ts``, ``contract``, ``rank`` (expiry order), ``month``
+    """Roll ``contract_bars`` (columns ``ts``, ``contract``, ``rank`` (expiry order), ``month``
     (contract month as year * 12 + month - 1), ``open/high/low/close/volume``) by ``rule``.
 
     Sessions are the trading dates of the asset's exchange calendar
     (:meth:`foxhunt.data.calendar.SessionCalendar.trading_dates`), and so are the sessions
     counted to an expiration;
-    ``expiration``: contract -> UTC expiration (definition records); ``open_interest``:
+    ``expiration``: contract -> UTC expiration (definition contract_bars); ``open_interest``:
     columns ``contract``, ``published``, ``value``.
     """
     calendar = calendar_for(asset)
-    bars = records.copy()
+    bars = contract_bars.copy()
     bars["session"] = calendar.trading_dates(pd.DatetimeIndex(bars["ts"]))
     ranks = bars.groupby("contract", sort=False)["rank"].first()
     months = bars.groupby("contract", sort=False)["month"].first()
@@ -350,7 +350,7 @@ def build_continuous(records: pd.DataFrame, asset: AssetSpec, rule: RollRule,
 
 
 def write_schedule(rolls: list[dict[str, Any]], path: Path) -> Path:
-    """``rolls`` (:func:`schedule_records` rows) as a CSV with the columns
+    """``rolls`` (:func:`schedule_rows` rows) as a CSV with the columns
     :data:`SCHEDULE_COLUMNS` (a header only when the data never rolled)."""
     pd.DataFrame(rolls, columns=list(SCHEDULE_COLUMNS)).to_csv(path, index=False)
     return path

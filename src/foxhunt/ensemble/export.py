@@ -98,9 +98,9 @@ class Step:
     decision: dict[str, Any]
 
 
-def streaming_step(family: str, model, record: dict) -> Step:
+def streaming_step(family: str, model, manifest: dict) -> Step:
     """The batch-1 streaming step of ``model`` (module doc), with inputs of batch CHECK_BATCH."""
-    width, b = len(record["feature_names"]), CHECK_BATCH
+    width, b = len(manifest["feature_names"]), CHECK_BATCH
     if family in ("dqn", "ppo"):
         return Step(_AgentStep(model.acting_network).eval(), {"obs": torch.randn(b, width + 1)}, ["scores"], {"obs": 0, "scores": 0},
                     {"rule": "argmax", "position": "argmax(scores) - 1", "actions": [-1, 0, 1],
@@ -116,7 +116,7 @@ def streaming_step(family: str, model, record: dict) -> Step:
                     ["forecast", "conv_out", "ssm_out"], {"x": 0, "conv": 1, "ssm": 1, "forecast": 0, "conv_out": 1, "ssm_out": 1},
                     {**forecaster, "state": "conv and ssm start at zeros for a new stream; each step returns the next"})  # fmt: skip
     if family == "tft":
-        groups = record["groups"]
+        groups = manifest["groups"]
         length = int(model.seq_len) + int(model.horizon)
         inputs = {"static": torch.randn(b, len(groups["static"])), "known": torch.randn(b, length, len(groups["known"])),
                   "observed": torch.randn(b, int(model.seq_len), len(groups["observed"]))}  # fmt: skip
@@ -191,20 +191,20 @@ def run_onnx(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return session.run(None, {k: np.ascontiguousarray(v, np.float32) for k, v in feeds.items()})
 
 
-def spec(step: Step, fmt: str, family: str, record: dict, source: dict[str, Any]) -> dict[str, Any]:
+def spec(step: Step, fmt: str, family: str, manifest: dict, source: dict[str, Any]) -> dict[str, Any]:
     """``member.json`` of an exported step (module doc)."""
-    width = len(record["feature_names"])
-    offset, scale = normalizer(width, record["groups"]["observed"], np.asarray(record["observed_mean"]), np.asarray(record["observed_std"]))
+    width = len(manifest["feature_names"])
+    offset, scale = normalizer(width, manifest["groups"]["observed"], np.asarray(manifest["observed_mean"]), np.asarray(manifest["observed_std"]))
     return {
         "version": SPEC_VERSION, "family": family, "format": fmt, "file": FILES[fmt], **source,
         "inputs": [{"name": n, "shape": ["batch" if step.batch_axes.get(n) == i else d for i, d in enumerate(t.shape)],
                     "dtype": "float32"} for n, t in step.inputs.items()],
         "outputs": step.outputs,
-        "features": {"names": list(record["feature_names"]), "settings": record["feature_config"],
-                     "groups": record["groups"], "offset": offset.tolist(), "scale": scale.tolist(),
+        "features": {"names": list(manifest["feature_names"]), "settings": manifest["feature_config"],
+                     "groups": manifest["groups"], "offset": offset.tolist(), "scale": scale.tolist(),
                      "normalize": "x = (features - offset) / scale, per column, as float32"},
         "decision": step.decision,
-        "asset": record["asset"],
+        "asset": manifest["asset"],
     }  # fmt: skip
 
 
@@ -234,12 +234,12 @@ def export_fleet(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
         folder, found = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias), version, workdir / name)
         files = MemberFiles.read(folder / ARTIFACTS_DIR, name)
         model = rebuild_model(files.cfg, files.state, origin=name).cpu().eval()
-        step = streaming_step(str(family), model, files.record)
+        step = streaming_step(str(family), model, files.manifest)
         target = out / f"{name}-v{found.version}"
         target.mkdir(parents=True, exist_ok=True)
         diff = write_step(step, target / FILES[fmt], fmt)
         source = {"registered_name": name, "registered_version": str(found.version), "run_id": files.info["run_id"],
                   "metric": files.info["metric"], "metric_value": files.info.get("value")}  # fmt: skip
-        (target / SPEC_FILE).write_text(json.dumps(spec(step, fmt, str(family), files.record, source), indent=1))
+        (target / SPEC_FILE).write_text(json.dumps(spec(step, fmt, str(family), files.manifest, source), indent=1))
         done.append(Exported(name, str(found.version), target, diff, fmt))
     return done

@@ -59,14 +59,14 @@ class LoadResult:
         return "\n".join(lines + [f"  {e}" for e in self.first_errors])
 
 
-def expected_answers(record, names: list[str]) -> list[dict]:
+def expected_answers(replayed, names: list[str]) -> list[dict]:
     """Per bar: whether the features were warm, the ensemble's and every member's position in a
-    replay record (members answer only once warm)."""
+    replay's result (members answer only once warm)."""
     answers = []
-    for j in range(len(record.close)):
-        warm = j >= record.warm_bars
-        members = {n: int(record.positions[n][j]) for n in names} if warm else {}
-        answers.append({"warm": warm, "position": int(record.positions["ensemble"][j]), "members": members})
+    for j in range(len(replayed.close)):
+        warm = j >= replayed.warm_bars
+        members = {n: int(replayed.positions[n][j]) for n in names} if warm else {}
+        answers.append({"warm": warm, "position": int(replayed.positions["ensemble"][j]), "members": members})
     return answers
 
 
@@ -111,14 +111,14 @@ def _client(url: str, symbol: str, bars: list[dict], expected: list[dict], out: 
         out["notes"].extend(notes[:3])
 
 
-def run_load(url: str, bars_frame, record, member_names: list[str], clients: int) -> LoadResult:
-    """Drive ``clients`` concurrent symbols through the server; ``record`` is the in-process
+def run_load(url: str, bars_frame, replayed, member_names: list[str], clients: int) -> LoadResult:
+    """Drive ``clients`` concurrent symbols through the server; ``replayed`` is the in-process
     replay of ``bars_frame`` (every bar stepped, none only warmed)."""
     stamps = bars_frame.index.as_unit("ns").asi8
     values = bars_frame[["open", "high", "low", "close", "volume"]].to_numpy(dtype=np.float64)
     bars = [{"ts": int(ts), "open": v[0], "high": v[1], "low": v[2], "close": v[3], "volume": v[4]}
             for ts, v in zip(stamps.tolist(), values.tolist())]  # fmt: skip
-    expected = expected_answers(record, member_names)
+    expected = expected_answers(replayed, member_names)
     out = {"latencies": [], "answered": 0, "errors": 0, "wrong": 0, "notes": [], "timings": []}
     lock = threading.Lock()
     threads = [threading.Thread(target=_client, args=(url, f"LOAD{i}", bars, expected, out, lock)) for i in range(clients)]
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     bars = instantiate(cfg.data.source).load(asset).iloc[: args.bars]
     with tempfile.TemporaryDirectory() as workdir:
         fleet = load_fleet(cfg, Path(workdir))
-        record = replay_bars(fleet_engine(fleet, asset, cfg, origin="load test replay"), bars)
+        replayed = replay_bars(fleet_engine(fleet, asset, cfg, origin="load test replay"), bars)
         batched = batched_minutes(fleet_engine(fleet, asset, cfg, origin="load test"), bars, args.clients)
     names = [f.member.name for f in fleet]
     server, url = None, args.url
@@ -198,13 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ready = wait_healthy(url, args.health_timeout, server)
         print(f"server {url} healthy after {ready:.1f} s")
-        result = run_load(url, bars, record, names, args.clients)
+        result = run_load(url, bars, replayed, names, args.clients)
     finally:
         if server is not None:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
     print(result.text())
-    print(side_by_side(record, batched, result))
+    print(side_by_side(replayed, batched, result))
     return 0 if result.errors == 0 and result.wrong == 0 and result.answered == result.requests else 1
 
 
@@ -223,13 +223,13 @@ def batched_minutes(engine, bars_frame, streams: int) -> np.ndarray:
     return np.asarray(times)
 
 
-def side_by_side(record, batched: np.ndarray, result: LoadResult) -> str:
+def side_by_side(replayed, batched: np.ndarray, result: LoadResult) -> str:
     """The HTTP round trip beside the in-process fleet on the same bars: one stream (the replay's
     ``time.perf_counter_ns`` per bar, warm bars) and as many streams as clients, each minute
     stepped together (what the server's batches do); the goals: p50 within 2 ms, p99 within 2x."""
     from foxhunt.ensemble.replay import latency_us
 
-    fleet = latency_us(record.total_ns, record.warm_bars)
+    fleet = latency_us(replayed.total_ns, replayed.warm_bars)
     p50, p99 = (float(np.percentile(result.latencies_ms, q)) for q in (50, 99))
     inner50, inner99 = fleet["p50"] / 1e3, fleet["p99"] / 1e3
     many50, many99 = (float(np.percentile(batched, q)) for q in (50, 99))

@@ -6,7 +6,7 @@ writes them, everything else reads them through :meth:`MemberFiles.read`):
 - ``weights.pt``: the state dict (plain tensors; ``torch.load(weights_only=True)``);
 - ``config.yaml``: the resolved config of the run the weights are from;
 - ``dataset.json``: the feature settings, train normalization statistics and asset spec
-  (:meth:`foxhunt.data.dataset.MarketDataset.record`);
+  (:meth:`foxhunt.data.dataset.MarketDataset.manifest`);
 - ``member.json``: family, asset, run ids, the metric it won on.
 
 A file that is missing or damaged (cut, edited, replaced) is one line naming the version and
@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from foxhunt.data.dataset import DATASET_RECORD_FILE
+from foxhunt.data.dataset import DATASET_FILE
 from foxhunt.errors import UserError, one_line_error
 
 MEMBER_FILE = "member.json"
 WEIGHTS_FILE = "weights.pt"
 CONFIG_FILE = "config.yaml"
-DATASET_FILE = DATASET_RECORD_FILE
 ARTIFACTS_DIR = "artifacts"  # the files' folder inside a version's model folder
 CODE_FILE = Path(__file__).with_name("pyfunc_entry.py")  # the models-from-code file MLflow copies into the folder
 MEMBER_KEYS = ("family", "asset", "run_id", "metric", "precision")
@@ -55,12 +54,12 @@ def check_code_file(folder: Path, name: str) -> None:
 @dataclass
 class MemberFiles:
     """A member's files, read: ``info`` (member.json), ``cfg`` (config.yaml, a DictConfig),
-    ``state`` (weights.pt) and ``record`` (dataset.json)."""
+    ``state`` (weights.pt) and ``manifest`` (dataset.json)."""
 
     info: dict[str, Any]
     cfg: Any
     state: dict[str, Any]
-    record: dict[str, Any]
+    manifest: dict[str, Any]
 
     @classmethod
     def read(cls, artifacts: Path, name: str) -> MemberFiles:

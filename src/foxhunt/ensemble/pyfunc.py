@@ -117,14 +117,14 @@ def _packaged(group: str, name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(files("foxhunt.conf").joinpath(group, f"{name}.yaml")))
 
 
-def save_member_model(folder: Path, weights: Path, config: Path, record: dict, member: dict, environment,
+def save_member_model(folder: Path, weights: Path, config: Path, manifest: dict, member: dict, environment,
                       input_example) -> Path:  # fmt: skip
     """Write the pyfunc model folder of one member (nothing is logged anywhere): the code file,
     the member's files, ``environment`` (:class:`foxhunt.ensemble.model_env.ModelEnvironment`)
     and ``input_example`` (a frame of bars)."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        (scratch / DATASET_FILE).write_text(json.dumps(record, indent=1))
+        (scratch / DATASET_FILE).write_text(json.dumps(manifest, indent=1))
         (scratch / MEMBER_FILE).write_text(json.dumps(member, indent=1))
         artifacts = {"weights": str(weights), "config": str(config), "dataset": str(scratch / DATASET_FILE),
                      "member": str(scratch / MEMBER_FILE)}  # fmt: skip

@@ -52,15 +52,15 @@ def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime:
     from foxhunt.data.features import FeatureConfig
 
     files = MemberFiles.read(folder / ARTIFACTS_DIR, name)
-    info, cfg, record = files.info, files.cfg, files.record
+    info, cfg, manifest = files.info, files.cfg, files.manifest
     if info["asset"] != asset_key:
         raise RegistryError(f"{name}: trained on {info['asset']}, the bars are {asset_key} (asset={asset_key})")
     model = rebuild_model(cfg, files.state, origin=name).to(device).eval()
     inputs = MemberInputs(
-        feature_config=FeatureConfig(**record["feature_config"]),
-        observed_mean=np.asarray(record["observed_mean"], dtype=np.float64),
-        observed_std=np.asarray(record["observed_std"], dtype=np.float64),
-        groups={g: list(v) for g, v in record["groups"].items()},
+        feature_config=FeatureConfig(**manifest["feature_config"]),
+        observed_mean=np.asarray(manifest["observed_mean"], dtype=np.float64),
+        observed_std=np.asarray(manifest["observed_std"], dtype=np.float64),
+        groups={g: list(v) for g, v in manifest["groups"].items()},
     )
     family = str(cfg.model.name)
     member = make_member(family, name, model, weights, info.get("value"), runtime, probe_calls, inputs.groups,

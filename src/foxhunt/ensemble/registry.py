@@ -22,7 +22,7 @@ hold everything needed to rebuild the member without the training folder
   weights as their int8 values and scales), loadable with ``torch.load(weights_only=True)``;
 - ``config.yaml``: the run's resolved config (model, asset, data, precision, ...);
 - ``dataset.json``: the feature settings and train normalization statistics
-  (:meth:`foxhunt.data.dataset.MarketDataset.record`), and the asset spec;
+  (:meth:`foxhunt.data.dataset.MarketDataset.manifest`), and the asset spec;
 - ``member.json``: the family, the asset, the training run's id and the metric it won on.
 
 The version's tags name the run (``run_id``), the metric and its value; the alias
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
-from foxhunt.ensemble.member_files import ARTIFACTS_DIR, CONFIG_FILE, WEIGHTS_FILE, RegistryError, check_code_file
+from foxhunt.ensemble.member_files import ARTIFACTS_DIR, CONFIG_FILE, DATASET_FILE, WEIGHTS_FILE, RegistryError, check_code_file
 from foxhunt.errors import one_line_error
 from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metric directions
 from foxhunt.runs.status import Status
@@ -160,7 +160,7 @@ class Prepared:
 
 
 def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, environment, example_decided: int) -> Prepared:
-    """Download the run's checkpoint, config and dataset record, check that the model rebuilds
+    """Download the run's checkpoint, config and dataset manifest, check that the model rebuilds
     from them, save the pyfunc model folder and check that MLflow loads it and answers its
     input example (nothing is written to the store)."""
     import torch
@@ -178,9 +178,9 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
     ckpt_path = store.download(run_id, checkpoint, downloads)
     config_path = store.download(run_id, CONFIG_FILE, downloads)
     try:
-        record = json.loads(store.download(run_id, "dataset.json", downloads).read_text())
+        manifest = json.loads(store.download(run_id, DATASET_FILE, downloads).read_text())
     except Exception:  # a run trained before dataset.json was logged: rebuild the statistics
-        record = _rebuild_record(OmegaConf.load(config_path))
+        manifest = _rebuild_manifest(OmegaConf.load(config_path))
     try:
         loaded = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         state = loaded["state_dict"]
@@ -201,8 +201,8 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
         "cell_run_id": choice.run_id,
     }  # fmt: skip
     folder = workdir / f"{choice.family}-model"
-    example = input_example(cfg, record, example_decided, origin=f"run {run_id} ({choice.run_name})")
-    save_member_model(folder, weights=weights, config=config_path, record=record, member=member,
+    example = input_example(cfg, manifest, example_decided, origin=f"run {run_id} ({choice.run_name})")
+    save_member_model(folder, weights=weights, config=config_path, manifest=manifest, member=member,
                       environment=environment, input_example=example)  # fmt: skip
     try:
         check_model_folder(folder, example)
@@ -217,10 +217,10 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
 def deployed_run(store, choice: Choice, metric: str) -> str:
     """The run whose weights a choice registers: itself, or for a cell made of folds and seeds
     its last fold's child best on ``metric`` (module doc)."""
-    record = store.get(choice.run_id)
-    if record.tags.get(Tag.ROLE) != ROLE_CELL:
+    run = store.get(choice.run_id)
+    if run.tags.get(Tag.ROLE) != ROLE_CELL:
         return choice.run_id
-    found = store.search(record.experiment, tags={Tag.PARENT: choice.run_id, Tag.ROLE: ROLE_FOLD}, status=Status.FINISHED)
+    found = store.search(run.experiment, tags={Tag.PARENT: choice.run_id, Tag.ROLE: ROLE_FOLD}, status=Status.FINISHED)
     kids = list(found)
     if not kids:
         raise RegistryError(f"run {choice.run_id} ({choice.run_name}): a cell run without FINISHED folds to take weights from")
@@ -231,7 +231,7 @@ def deployed_run(store, choice: Choice, metric: str) -> str:
     return max(candidates, key=lambda r: (sign * (r.metric(metric) or 0.0), r.start_ms)).run_id
 
 
-def input_example(cfg, record: dict, decided: int, origin: str):
+def input_example(cfg, manifest: dict, decided: int, origin: str):
     """The bars ending the run's validation split, as the pyfunc takes them (``ts`` in UTC ns):
     enough to warm the features (``warmup_bars``) and fill a forecaster's window (``seq_len``),
     then ``decided`` bars it decides on. Never test or lockbox bars."""
@@ -250,7 +250,7 @@ def input_example(cfg, record: dict, decided: int, origin: str):
         raise RegistryError(f"{origin}: cannot read its bars ({cfg.data.source._target_.rsplit('.', 1)[-1]}) for the model's "
                             f"input example: {one_line_error(exc, first_line=True, limit=200)}") from None  # fmt: skip
     window = cfg.model.get("window") or {}
-    need = FeatureConfig(**record["feature_config"]).warmup_bars + int(window.get("seq_len") or 0) + decided
+    need = FeatureConfig(**manifest["feature_config"]).warmup_bars + int(window.get("seq_len") or 0) + decided
     last = int(dataset.splits["val"].timestamps[-1].astype("datetime64[ns]").astype(np.int64))
     stamps = bars.index.as_unit("ns").asi8
     stop = int(np.searchsorted(stamps, last, side="right"))
@@ -261,10 +261,10 @@ def input_example(cfg, record: dict, decided: int, origin: str):
     return frame
 
 
-def _rebuild_record(cfg) -> dict[str, Any]:
+def _rebuild_manifest(cfg) -> dict[str, Any]:
     from foxhunt.training.parts import build_dataset
 
-    return build_dataset(cfg).record()
+    return build_dataset(cfg).manifest()
 
 
 def record_weights_choice(tracking_uri: str, versions: dict, choices: dict[str, tuple[str, str]]) -> None:

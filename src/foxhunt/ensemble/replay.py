@@ -32,7 +32,7 @@ PROGRESS_EVERY = 100  # bars between progress reports
 
 
 @dataclass
-class ReplayRecord:
+class ReplayResult:
     """What a replay decided: over the ``T`` bars the members were stepped on, ``timestamps``
     (datetime64[ns]), ``close`` (the raw close of the contract held), ``roll_price`` (NaN
     except on roll bars, :mod:`foxhunt.data.roll`; None without rolls), ``positions`` (name -> (T,) int8, ``ensemble`` included),
@@ -50,7 +50,7 @@ class ReplayRecord:
 
 
 def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | None = None,
-                stop_ns: int | None = None, progress: Callable[[int, int], None] | None = None) -> ReplayRecord:  # fmt: skip
+                stop_ns: int | None = None, progress: Callable[[int, int], None] | None = None) -> ReplayResult:  # fmt: skip
     """Stream ``bars`` (a bars frame, UTC index) through ``engine``; see the module doc.
     ``stop_ns``: the last bar stepped is the last one before it; ``progress(done, total)`` is
     called every :data:`PROGRESS_EVERY` bars and at the end."""
@@ -83,7 +83,7 @@ def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | Non
     if progress is not None:
         progress(count, count)
     raw = bars[RAW_CLOSE].to_numpy(np.float64) if RAW_CLOSE in bars else values[:, 3]
-    return ReplayRecord(
+    return ReplayResult(
         timestamps=stamps[first:last].astype("datetime64[ns]"),
         close=raw[first:last].copy(),
         roll_price=bars[ROLL_PRICE].to_numpy(np.float64)[first:last].copy() if ROLL_PRICE in bars else None,
@@ -117,7 +117,7 @@ def replayed_windows(inputs: MemberInputs, asset, bars: pd.DataFrame, seq_len: i
 
     Returns the windows (``static`` (N, S), ``known`` (N, seq_len + horizon, K), ``observed``
     (N, seq_len, O) float32, as a datamodule's ``input_windows``; ``bar_index`` (N,): each
-    window's last bar as an index into the replay's :class:`ReplayRecord`), at most ``limit``
+    window's last bar as an index into the replay's :class:`ReplayResult`), at most ``limit``
     of them spread evenly over the replay, and how many there were in all."""
     from foxhunt.data.features import FeatureConfig
     from foxhunt.data.streaming import KnownCalendar, StreamingFeatures
@@ -128,7 +128,7 @@ def replayed_windows(inputs: MemberInputs, asset, bars: pd.DataFrame, seq_len: i
     stamps, values, first, last = _bounds(bars, start_ns, stop_ns)
     for i in range(first):
         pipeline.update(int(stamps[i]), *values[i].tolist())
-    raw, steps = [], []  # the rows the member was stepped on, and their index in the record
+    raw, steps = [], []  # the rows the member was stepped on, and their index in the replay
     for j, (ts, row) in enumerate(zip(stamps[first:last].tolist(), values[first:last].tolist())):
         features = pipeline.update(ts, *row)
         if features is not None:
@@ -153,13 +153,13 @@ def replayed_windows(inputs: MemberInputs, asset, bars: pd.DataFrame, seq_len: i
     return windows, total
 
 
-def score_replay(record: ReplayRecord, asset, commission_usd: float, slippage_ticks: float,
+def score_replay(replayed: ReplayResult, asset, commission_usd: float, slippage_ticks: float,
                  bars_per_year: float) -> dict[str, BacktestResult]:  # fmt: skip
     """The shared backtest of every member's and the ensemble's positions (name -> result)."""
     return {
-        name: backtest(positions, record.close, record.timestamps, asset, commission_usd=commission_usd,
-                       slippage_ticks=slippage_ticks, bars_per_year=bars_per_year, roll_price=record.roll_price)  # fmt: skip
-        for name, positions in record.positions.items()
+        name: backtest(positions, replayed.close, replayed.timestamps, asset, commission_usd=commission_usd,
+                       slippage_ticks=slippage_ticks, bars_per_year=bars_per_year, roll_price=replayed.roll_price)  # fmt: skip
+        for name, positions in replayed.positions.items()
     }
 
 

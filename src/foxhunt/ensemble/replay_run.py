@@ -93,14 +93,14 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     engine = fleet_engine(fleet, asset, cfg, origin=f"{cfg.data.source._target_.rsplit('.', 1)[-1]} bars of {asset.key}")
     start, stop, window = scored_window(cfg, asset, bars)
     with _progress(f"replay {asset.key}") as progress:
-        record = replay_bars(engine, bars, start_ns=start, stop_ns=stop, progress=progress)
+        replayed = replay_bars(engine, bars, start_ns=start, stop_ns=stop, progress=progress)
     from foxhunt.evaluation.backtest import evaluation_annualization
 
-    results = score_replay(record, asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks),
+    results = score_replay(replayed, asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks),
                            evaluation_annualization(asset, cfg.evaluation).bars_per_year)  # fmt: skip
     skip = int(cfg.data.features.volume_bars) if start is None else 0
-    latency = {f.member.name: latency_us(record.member_ns[f.member.name], skip) for f in fleet}
-    latency[FLEET] = latency_us(record.total_ns, record.warm_bars)
+    latency = {f.member.name: latency_us(replayed.member_ns[f.member.name], skip) for f in fleet}
+    latency[FLEET] = latency_us(replayed.total_ns, replayed.warm_bars)
 
     lines = [f"replay of {window} through {len(fleet)} member(s), rule {cfg.ensemble.rule}, weights {cfg.ensemble.weights}, "
              f"costs {cfg.execution.commission_usd} USD + {cfg.execution.slippage_ticks} ticks per contract per side"]  # fmt: skip
@@ -128,7 +128,7 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     lines.append("latency: time.perf_counter_ns per bar; a member's step includes its input normalization, the fleet's "
                  "(whole bar) the feature update, every member and the rule")  # fmt: skip
     lines.append(f"run {split} sharpe [steps]: what the member's training run logged for this split, over that many steps "
-                 f"(the replay's: {len(record.close) - 1:,}); on the same bars and costs the replay reproduces it (a run "
+                 f"(the replay's: {len(replayed.close) - 1:,}); on the same bars and costs the replay reproduces it (a run "
                  "scored with evaluation.max_bars saw only the split's first bars; '-': a split its run did not score)")  # fmt: skip
     for f in fleet:
         lines.append(f"  {f.member.name}: run {f.run_id}, {f.metric}={f.value:.6g}, trained {f.precision}, runtime {f.member.runtime_note}")
@@ -136,7 +136,7 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     if interpret is not None:
         for f in fleet:
             if f.member.family == INTERPRETED:
-                line, paths = _interpret_member(cfg, f, asset, bars, start, stop, record, window, Path(interpret), workdir)
+                line, paths = _interpret_member(cfg, f, asset, bars, start, stop, replayed, window, Path(interpret), workdir)
                 lines.append(line)
                 interpreted += paths
     text = "\n".join(lines)
@@ -146,10 +146,10 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / REPORT_FILE).write_text(text + "\n")
     png = None
-    if cfg.ensemble.plot_equity and len(record.close) > 1:
+    if cfg.ensemble.plot_equity and len(replayed.close) > 1:
         from foxhunt.evaluation.plots import plot_equities
 
-        png = plot_equities(results, record.timestamps, out_dir / EQUITY_FILE, title=f"fleet replay, {asset.key}, {window}",
+        png = plot_equities(results, replayed.timestamps, out_dir / EQUITY_FILE, title=f"fleet replay, {asset.key}, {window}",
                             highlight=ENSEMBLE)  # fmt: skip
     if cfg.logger.enabled:
         run_id = _log(cfg, fleet, metrics, [out_dir / REPORT_FILE, *([png] if png else [])], window, interpreted)
@@ -157,7 +157,7 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     return ReplayReport(text=text, metrics=metrics, run_id=run_id)
 
 
-def _interpret_member(cfg, f, asset, bars, start: int | None, stop: int | None, record, window: str, folder: Path,
+def _interpret_member(cfg, f, asset, bars, start: int | None, stop: int | None, replayed, window: str, folder: Path,
                       workdir: Path) -> tuple[str, list[Path]]:  # fmt: skip
     """The TFT member's selection weights and attention over the replayed bars, written to
     ``folder`` (module doc): the report's line and the files."""
@@ -175,15 +175,15 @@ def _interpret_member(cfg, f, asset, bars, start: int | None, stop: int | None, 
     limit = None if settings is None else settings.max_windows
     windows, total = replayed_windows(f.inputs, asset, bars, model.seq_len, model.horizon, start, stop, limit,
                                       origin=f"{f.name} interpretability")  # fmt: skip
-    decided = int(np.isfinite(record.signals[f.member.name]).sum())
+    decided = int(np.isfinite(replayed.signals[f.member.name]).sum())
     if decided != total:  # the recomputed windows are not those the member read: a bug, never a result
         raise RuntimeError(f"{f.name}: {total} windows recomputed, the replay decided on {decided} bars")
-    names = SelectionNames.of(files.record.get("feature_names", FEATURE_NAMES), f.inputs.groups)
+    names = SelectionNames.of(files.manifest.get("feature_names", FEATURE_NAMES), f.inputs.groups)
     forecasts: list = []  # the same passes' forecasts: the member's signals, to check the windows by
     result = model.interpret_windows(windows, int(files.cfg.model.window.eval_batch_size), names, source=f"replay, {window}",
                                      total_windows=total, forecasts=forecasts)  # fmt: skip
     signals = np.concatenate([fc[..., model.median_index].sum(-1).numpy() for fc in forecasts]) if forecasts else np.zeros(0)
-    mismatch = float(np.max(np.abs(signals - record.signals[f.member.name][windows["bar_index"]]), initial=0.0))
+    mismatch = float(np.max(np.abs(signals - replayed.signals[f.member.name][windows["bar_index"]]), initial=0.0))
     paths = write_interpretation(result, folder, title=f"{f.name} v{f.version} replay")
     seconds = time.perf_counter() - started
     line = (f"  {f.name}: {result.summary_line()}; written to {folder} (its registered weights in torch, fp32, "

@@ -27,7 +27,7 @@ The Sharpe ratio of ``pnl`` is ``mean / std(ddof=1) * sqrt(bars_per_year)``; the
 :attr:`Annualization.note` with it.
 
 **Pooling.** :func:`pooled` joins the steps of several backtests (the test blocks of a
-walk-forward's folds, each starting flat) into one, the out-of-sample record the walk-forward
+walk-forward's folds, each starting flat) into one, the out-of-sample backtest the walk-forward
 figures are measured on.
 
 The metrics are written here with numpy instead of taken from a library (empyrical,
@@ -241,7 +241,7 @@ def backtest(
 
 def pooled(results: list[BacktestResult]) -> BacktestResult:
     """One backtest of the steps of ``results`` in order (each started flat and paid its own
-    costs), annualized as they were: the out-of-sample record of a walk-forward."""
+    costs), annualized as they were: the out-of-sample backtest of a walk-forward."""
     if not results:
         raise ValueError("pooled: needs at least one backtest")
     rates = {r.bars_per_year for r in results}

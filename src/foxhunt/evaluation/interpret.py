@@ -65,7 +65,7 @@ class SelectionNames:
     @classmethod
     def of(cls, feature_names: Sequence[str], groups: Mapping[str, Sequence[int]]) -> SelectionNames:
         """From a dataset's feature list and column groups (``MarketDataset.feature_names`` /
-        ``groups``, or the ``dataset.json`` record a registered member keeps)."""
+        ``groups``, or the dataset manifest, ``dataset.json``, a registered member keeps)."""
         names = [str(n) for n in feature_names]
 
         def pick(group: str) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """A split's score: the model's positions and the baselines' through the shared backtest, with
 intervals.
 
-Every scored split (a run's ``val`` and ``test``, a walk-forward's pooled out-of-sample record)
+Every scored split (a run's ``val`` and ``test``, a walk-forward's pooled out-of-sample blocks)
 yields the same metrics, unprefixed here (``train`` prefixes them with the split):
 
 - the backtest's (:func:`foxhunt.evaluation.backtest.backtest`): ``pnl``, ``mean_pnl``,
@@ -152,7 +152,7 @@ def _utc_ns(timestamps) -> np.ndarray:
 
 
 def pool_scores(scores: list[SplitScore]) -> SplitScore:
-    """The scores' steps joined in order (each stretch started flat): a walk-forward's record."""
+    """The scores' steps joined in order (each stretch started flat): a walk-forward's pooled blocks."""
     names = set(scores[0].baselines)
     if any(set(s.baselines) != names for s in scores):
         raise ValueError("pool_scores: the scores were made with different baselines")

@@ -2,7 +2,7 @@
 
 - :mod:`~foxhunt.jobs.launch`: plan (compose and validate every cell), start, resume and stop a
   job; :mod:`~foxhunt.jobs.supervisor`: the leader of a job's process group;
-  :mod:`~foxhunt.jobs.launch_record`: the plan and the launch record;
+  :mod:`~foxhunt.jobs.launch_file`: the plan and the launch file;
 - :mod:`~foxhunt.jobs.views`: runs grouped into jobs and their states; :mod:`~foxhunt.jobs.listing`
   and :mod:`~foxhunt.jobs.display`: filters, JSON and tables of ``foxhunt train list|status|watch``;
 - the callbacks a training run carries for its job live with the run (:mod:`foxhunt.training.graceful_stop`:

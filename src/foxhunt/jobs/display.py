@@ -217,7 +217,6 @@ def watch_view(job: Job, now_ms: int) -> RenderableType:
     for name in ("", "step", "loss", "peak MB", "eta"):
         table.add_column(name, justify="right", no_wrap=True)
     for cell in job.cells():
-        run = cell.run
         table.add_row(
             cell.name,
             state_text(cell.state),

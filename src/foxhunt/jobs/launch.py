@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from foxhunt.errors import one_line_error
-from foxhunt.jobs.launch_record import LaunchRecord, PlannedCell, jobs_dir
+from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
 from foxhunt.jobs.views import RESUME_FLAG, Job, find_job
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.environment import JOB_ID_ENV, ROOT_ENV
@@ -47,7 +47,7 @@ from foxhunt.runs.tags import Tag
 COST_FILE = Path(__file__).with_name("cost.yaml")
 SWEEP_DIR_KEY = "hydra.sweep.dir"
 MULTIRUN_FLAGS = ("-m", "--multirun")
-LAUNCH_SLACK_S = 60.0  # a job's process is created within this of its launch record's time
+LAUNCH_SLACK_S = 60.0  # a job's process is created within this of its launch file's time
 
 
 class LaunchError(RuntimeError):
@@ -55,7 +55,7 @@ class LaunchError(RuntimeError):
 
 
 class NotTheJobsProcess(LaunchError):
-    """The pid a job names (its launch record's, its run's tag) is another program's: not signalled."""
+    """The pid a job names (its launch file's, its run's tag) is another program's: not signalled."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,26 +191,26 @@ def start(
         command.append(f"{SWEEP_DIR_KEY}={sweep_dir}")
     if resume:
         command.append(RESUME_FLAG)
-    record = LaunchRecord(
+    launch_file = LaunchFile(
         job_id=job_id, pid=0, host=socket.gethostname(), command=command, overrides=overrides, log=str(log),
         tracking_uri=store["tracking_uri"], root=str(root), sweep_dir=sweep_dir,
         started_ms=int(time.time() * 1000), plan=plan, experiment=store["experiment"],
         artifact_location=store["artifact_location"],
     )  # fmt: skip
-    record_path = folder / f"{job_id}.json"
-    record.write(record_path)
+    launch_path = folder / f"{job_id}.json"
+    launch_file.write(launch_path)
     env = {**os.environ, JOB_ID_ENV: job_id, ROOT_ENV: str(root), "PYTHONUNBUFFERED": "1"}
     with open(log, "a") as out:
         out.write(f"=== {'resume' if resume else 'start'} {datetime.now().isoformat(timespec='seconds')}: "
                   f"{' '.join(command)}\n")  # fmt: skip
         out.flush()
         process = subprocess.Popen(
-            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(record_path)],
+            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(launch_path)],
             cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True,
         )  # fmt: skip
-    record.pid = process.pid
-    record.write(record_path)
+    launch_file.pid = process.pid
+    launch_file.write(launch_path)
     return Launched(job_id, process.pid, log, store["tracking_uri"], len(plan))
 
 
@@ -249,16 +249,16 @@ def check_stoppable(job: Job) -> None:
     if job.host and job.host != socket.gethostname():
         raise LaunchError(f"job {job.job_id} runs on host {job.host}: stop it there")
     pid = job.pid
-    if pid is None or not process_alive(pid, job.record.started_ms if job.record else None):
+    if pid is None or not process_alive(pid, job.launch_file.started_ms if job.launch_file else None):
         raise LaunchError(f"job {job.job_id}: its process (pid {pid}) is gone: it is stale, resume it")
-    problem = _not_the_jobs_process(pid, job.record.started_ms if job.record is not None and job.record.pid else None)
+    problem = _not_the_jobs_process(pid, job.launch_file.started_ms if job.launch_file is not None and job.launch_file.pid else None)
     if problem:
         raise NotTheJobsProcess(f"job {job.job_id}: pid {pid} is not the job's process ({problem}): not signalled")
 
 
 def _not_the_jobs_process(pid: int, started_ms: int | None) -> str:
     """Why process ``pid`` is not a job's (empty when it is): it must be a foxhunt command and,
-    for a pid from a launch record, created within :data:`LAUNCH_SLACK_S` of the launch."""
+    for a pid from a launch file, created within :data:`LAUNCH_SLACK_S` of the launch."""
     import psutil
 
     try:
@@ -326,7 +326,7 @@ def _signal(pid: int, signum: int) -> None:
 
 
 def _refind(job: Job, tracking_uri: str) -> Job:
-    root = Path(job.record.root) if job.record else None
+    root = Path(job.launch_file.root) if job.launch_file else None
     try:
         return find_job(tracking_uri, job.job_id, root=root)
     except LookupError:
@@ -341,7 +341,7 @@ def settle(job: Job, status: str, reason: str, tracking_uri: str | None, only_de
         runs = [r for r in runs if run_state(r) == Status.STALE]
     if not runs:
         return []
-    uri = tracking_uri or (job.record.tracking_uri if job.record else None)
+    uri = tracking_uri or (job.launch_file.tracking_uri if job.launch_file else None)
     if uri is None:
         raise LaunchError(f"job {job.job_id}: no tracking URI to settle its runs")
     store = RunStore(uri)

@@ -1,7 +1,7 @@
 """The leader of a job's process group: runs ``foxhunt-train -m``, tags the parent run, and
 settles what training could not.
 
-``python -m foxhunt.jobs.supervisor <launch record>`` is what ``foxhunt train start`` launches
+``python -m foxhunt.jobs.supervisor <launch file>`` is what ``foxhunt train start`` launches
 in a new session. Why a process of its own rather than ``foxhunt-train`` directly:
 
 - The parent run is created by the sweep inside ``foxhunt-train``; the job's tags (leader
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from foxhunt.errors import TAG_TEXT_LIMIT, one_line
-from foxhunt.jobs.launch_record import LaunchRecord, job_tags
+from foxhunt.jobs.launch_file import LaunchFile, job_tags
 from foxhunt.jobs.views import Job, find_job, log_tail
 from foxhunt.runs.liveness import on_this_host, run_state
 from foxhunt.runs.provenance import source_tags
@@ -47,21 +47,21 @@ log = logging.getLogger("foxhunt.jobs.supervisor")
 # process settings of the supervisor, not training hyperparameters.
 POLL_S = 1.0
 ERROR_LINES = 5
-DEFAULT_EXPERIMENT = "foxhunt"  # conf/train.yaml's task, for a launch record that names none
+DEFAULT_EXPERIMENT = "foxhunt"  # conf/train.yaml's task, for a launch file that names none
 SOURCE = "foxhunt train start"  # the Source of the run it creates for a job that never reached the store
 
 
 class Supervisor:
-    def __init__(self, record: LaunchRecord) -> None:
-        self.record = record
+    def __init__(self, launch_file: LaunchFile) -> None:
+        self.launch_file = launch_file
         self.stop_signal: int | None = None
         self.tagged_parent: str | None = None
-        self.store = RunStore(record.tracking_uri)
+        self.store = RunStore(launch_file.tracking_uri)
 
     def _on_signal(self, signum: int, frame) -> None:
         if self.stop_signal is None:
             self.stop_signal = signum
-            print(f"foxhunt job {self.record.job_id}: {signal.Signals(signum).name} received, "
+            print(f"foxhunt job {self.launch_file.job_id}: {signal.Signals(signum).name} received, "
                   "waiting for training to stop", flush=True)  # fmt: skip
 
     def run(self) -> int:
@@ -69,7 +69,7 @@ class Supervisor:
         # group's SIGTERM still reaches Lightning there.
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        child = subprocess.Popen(self.record.command, cwd=self.record.root)
+        child = subprocess.Popen(self.launch_file.command, cwd=self.launch_file.root)
         # mlflow is imported while training starts, not when the parent appears; the client is
         # not opened yet: opening it creates a missing store, which the sweep is creating
         # (two processes creating one SQLite store crash).
@@ -87,22 +87,22 @@ class Supervisor:
     # -- tags ----------------------------------------------------------------------------
     def _job(self) -> Job | None:
         try:
-            return find_job(self.record.tracking_uri, self.record.job_id)
+            return find_job(self.launch_file.tracking_uri, self.launch_file.job_id)
         except LookupError:
             return None
         except Exception:  # a store busy or not created yet: try again at the next poll
-            log.debug("job %s not readable yet", self.record.job_id, exc_info=True)
+            log.debug("job %s not readable yet", self.launch_file.job_id, exc_info=True)
             return None
 
     def tags(self) -> dict[str, str]:
         import json
 
-        record = self.record
-        tags = job_tags(record.job_id, os.getpid(), display_command(record.command), record.overrides)
-        tags[Tag.JOB_LOG] = record.log
-        tags[Tag.JOB_SWEEP_DIR] = record.sweep_dir
-        plan = json.dumps([cell.to_dict() for cell in record.plan])
-        if len(plan) <= TAG_TEXT_LIMIT:  # a larger grid keeps its plan in the launch record
+        launch_file = self.launch_file
+        tags = job_tags(launch_file.job_id, os.getpid(), display_command(launch_file.command), launch_file.overrides)
+        tags[Tag.JOB_LOG] = launch_file.log
+        tags[Tag.JOB_SWEEP_DIR] = launch_file.sweep_dir
+        plan = json.dumps([cell.to_dict() for cell in launch_file.plan])
+        if len(plan) <= TAG_TEXT_LIMIT:  # a larger grid keeps its plan in the launch file
             tags[Tag.JOB_PLAN] = plan
         return tags
 
@@ -112,11 +112,11 @@ class Supervisor:
         its cells' job id."""
         try:
             reader = self.store.reader()
-            for run_id in reader.run_ids_with_tag(Tag.SWEEP_DIR, str(Path(self.record.sweep_dir).resolve())):
+            for run_id in reader.run_ids_with_tag(Tag.SWEEP_DIR, str(Path(self.launch_file.sweep_dir).resolve())):
                 if self.store.get(run_id).status == Status.RUNNING:
                     return run_id
         except Exception:  # a store not created yet, or busy: try again at the next poll
-            log.debug("parent of job %s not readable yet", self.record.job_id, exc_info=True)
+            log.debug("parent of job %s not readable yet", self.launch_file.job_id, exc_info=True)
             return None
         job = self._job()
         if job is not None and job.parent is not None and job.parent.status == Status.RUNNING:
@@ -135,13 +135,13 @@ class Supervisor:
             self.store.tag(run_id, self.tags())
             self.tagged_parent = run_id
         except Exception:  # the store is shared with training: a locked database, retry later
-            log.warning("could not tag the parent run of job %s yet", self.record.job_id, exc_info=True)
+            log.warning("could not tag the parent run of job %s yet", self.launch_file.job_id, exc_info=True)
 
     # -- the end -------------------------------------------------------------------------
     def _settle(self, rc: int) -> None:
         stopped = self.stop_signal is not None or rc in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL)
         job = self._job()
-        error = one_line(log_tail(self.record.log, ERROR_LINES), TAG_TEXT_LIMIT, separator=" | ", keep_end=True)
+        error = one_line(log_tail(self.launch_file.log, ERROR_LINES), TAG_TEXT_LIMIT, separator=" | ", keep_end=True)
         if job is None or (job.parent is None and not job.runs):
             self._record_failure(Status.KILLED if stopped else Status.FAILED, error)
             return
@@ -162,22 +162,22 @@ class Supervisor:
             try:
                 self.store.end(run.run_id, status, tags)
             except Exception:
-                log.exception("could not end run %s of job %s", run.run_id, self.record.job_id)
+                log.exception("could not end run %s of job %s", run.run_id, self.launch_file.job_id)
 
     def _record_failure(self, status: str, error: str) -> None:
         """Nothing reached the store: create a run for the job so that it is listed."""
-        experiment = self.record.experiment or DEFAULT_EXPERIMENT
+        experiment = self.launch_file.experiment or DEFAULT_EXPERIMENT
         try:
-            experiment_id = self.store.ensure_experiment(experiment, self.record.artifact_location or None)
+            experiment_id = self.store.ensure_experiment(experiment, self.launch_file.artifact_location or None)
             tags = {**source_tags(SOURCE), **self.tags()}
             if status == Status.FAILED:
                 tags[Tag.ERROR] = error or "training exited before creating a run"
             else:
                 tags[Tag.STOP_REASON] = _signal_name(self.stop_signal, 0)
-            run_id = self.store.create(experiment_id, f"job-{self.record.job_id}", tags)
+            run_id = self.store.create(experiment_id, f"job-{self.launch_file.job_id}", tags)
             self.store.end(run_id, status)
         except Exception:
-            log.exception("could not record job %s in %s", self.record.job_id, self.record.tracking_uri)
+            log.exception("could not record job %s in %s", self.launch_file.job_id, self.launch_file.tracking_uri)
 
 
 def display_command(command: list[str]) -> list[str]:
@@ -196,21 +196,21 @@ def _signal_name(signum: int | None, rc: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m foxhunt.jobs.supervisor <launch record .json>", file=sys.stderr)
+        print("usage: python -m foxhunt.jobs.supervisor <launch file .json>", file=sys.stderr)
         return 2
     path = Path(argv[0])
-    record = None
-    for _ in range(50):  # the launcher writes the record's pid right after starting us
+    launch_file = None
+    for _ in range(50):  # the launcher writes the file's pid right after starting us
         try:
-            record = LaunchRecord.read(path)
+            launch_file = LaunchFile.read(path)
             break
         except (OSError, ValueError):
             time.sleep(0.1)
-    if record is None:
-        print(f"foxhunt job: cannot read launch record {path}", file=sys.stderr)
+    if launch_file is None:
+        print(f"foxhunt job: cannot read launch file {path}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return Supervisor(record).run()
+    return Supervisor(launch_file).run()
 
 
 if __name__ == "__main__":

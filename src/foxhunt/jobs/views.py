@@ -8,7 +8,7 @@ nothing here writes to it, and a job's state is its parent run's state (its cell
 no parent): the MLflow status, or STALE (:mod:`foxhunt.runs.liveness`). A cell that
 ``resume=true`` skipped, because an earlier run of the same config had FINISHED, has no run in
 the job: its parent run's ``foxhunt.skipped.*`` tag names that earlier run, and the cell shows
-as SKIPPED with that run's metrics. The launch record (:mod:`foxhunt.jobs.launch_record`)
+as SKIPPED with that run's metrics. The launch file (:mod:`foxhunt.jobs.launch_file`)
 stands in before the store knows a job. Reading goes through :func:`foxhunt.runs.store.open_reader`
 (the SQLite fast path): this module imports neither torch, lightning nor mlflow.
 """
@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from foxhunt.jobs.launch_record import LaunchRecord, PlannedCell, jobs_dir
+from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
 from foxhunt.runs.cell import CellResult, skipped_cells
 from foxhunt.runs.checkpoints import Checkpoint, resumable_checkpoint
 from foxhunt.runs.liveness import process_alive, run_state
-from foxhunt.runs.records import RunRecord
 from foxhunt.runs.status import TERMINAL, Status
 from foxhunt.runs.store import open_reader
+from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import ROLE_FOLD, RUN_KIND_SWEEP, Tag
 
 # Metrics the job commands show.
@@ -52,7 +52,7 @@ class JobCell:
     without a run of its own, the earlier run ``resume=true`` skipped it for."""
 
     plan: PlannedCell | None
-    run: RunRecord | None
+    run: StoredRun | None
     skipped: CellResult | None = None
 
     @property
@@ -104,11 +104,11 @@ class JobCell:
 @dataclass
 class Job:
     job_id: str
-    parent: RunRecord | None
-    runs: list[RunRecord]  # the cells' runs (nested in the parent, or tagged with the job id)
+    parent: StoredRun | None
+    runs: list[StoredRun]  # the cells' runs (nested in the parent, or tagged with the job id)
     plan: list[PlannedCell]
     state: str
-    record: LaunchRecord | None = None
+    launch_file: LaunchFile | None = None
 
     # -- what the tables show ------------------------------------------------------------
     @property
@@ -116,7 +116,7 @@ class Job:
         starts = [r.start_ms for r in ([self.parent] if self.parent else []) + self.runs]
         if starts:
             return min(starts)
-        return self.record.started_ms if self.record else 0
+        return self.launch_file.started_ms if self.launch_file else 0
 
     def end_ms(self) -> int | None:
         if self.state not in TERMINAL and self.state != Status.STALE:
@@ -141,35 +141,35 @@ class Job:
         text = self.tags.get(Tag.JOB_OVERRIDES)
         if text:
             return list(json.loads(text))
-        if self.record is not None:
-            return list(self.record.overrides)
+        if self.launch_file is not None:
+            return list(self.launch_file.overrides)
         text = self.tags.get(Tag.OVERRIDES, "")
         return [o for o in shlex.split(text) if o != RESUME_FLAG] if text else []
 
     @property
     def has_overrides(self) -> bool:
         """Whether the job's overrides are known (an empty list is a valid one)."""
-        return Tag.JOB_OVERRIDES in self.tags or self.record is not None or Tag.OVERRIDES in self.tags
+        return Tag.JOB_OVERRIDES in self.tags or self.launch_file is not None or Tag.OVERRIDES in self.tags
 
     @property
     def command(self) -> str:
         if self.tags.get(Tag.COMMAND):
             return self.tags[Tag.COMMAND]
-        return shlex.join(self.record.command) if self.record else ""
+        return shlex.join(self.launch_file.command) if self.launch_file else ""
 
     @property
     def pid(self) -> int | None:
-        """The process-group leader of the job's latest launch: the launch record's (rewritten
+        """The process-group leader of the job's latest launch: the launch file's (rewritten
         by every start and resume) when this machine has it, else the parent run's tag."""
-        if self.record is not None and self.record.pid:
-            return self.record.pid
+        if self.launch_file is not None and self.launch_file.pid:
+            return self.launch_file.pid
         text = self.tags.get(Tag.PID, "")
         return int(text) if text.isdigit() else None
 
     @property
     def host(self) -> str:
-        if self.record is not None and self.record.pid:
-            return self.record.host
+        if self.launch_file is not None and self.launch_file.pid:
+            return self.launch_file.host
         return self.tags.get(Tag.HOST, "")
 
     @property
@@ -177,13 +177,13 @@ class Job:
         """The sweep folder: the launcher's, else (a sweep started by hand) the sweep's own tag."""
         return (
             self.tags.get(Tag.JOB_SWEEP_DIR)
-            or (self.record.sweep_dir if self.record else "")
+            or (self.launch_file.sweep_dir if self.launch_file else "")
             or self.tags.get(Tag.SWEEP_DIR, "")
         )
 
     @property
     def log(self) -> str:
-        return self.tags.get(Tag.JOB_LOG) or (self.record.log if self.record else "")
+        return self.tags.get(Tag.JOB_LOG) or (self.launch_file.log if self.launch_file else "")
 
     @property
     def error(self) -> str:
@@ -244,7 +244,7 @@ class Job:
         return counts
 
 
-def job_state(parent: RunRecord | None, runs: list[RunRecord]) -> str:
+def job_state(parent: StoredRun | None, runs: list[StoredRun]) -> str:
     """The parent run's state when there is one (what the MLflow UI shows for the job), else the
     cells' together: any alive RUNNING -> RUNNING, else any STALE, FAILED, KILLED, in that order."""
     if parent is not None:
@@ -259,7 +259,7 @@ def job_state(parent: RunRecord | None, runs: list[RunRecord]) -> str:
 # --------------------------------------------------------------------------------------------
 # Grouping runs into jobs
 # --------------------------------------------------------------------------------------------
-def group_jobs(runs: list[RunRecord], host: str | None = None) -> list[Job]:
+def group_jobs(runs: list[StoredRun], host: str | None = None) -> list[Job]:
     """Runs -> jobs. A run's job is its parent's job id, else its own ``job_id`` tag, else (a
     sweep started by hand with ``foxhunt-train -m``) its parent run's id. The job's parent is
     its newest run that nests others or carries the launcher's tags. A cell's walk-forward folds
@@ -272,7 +272,7 @@ def group_jobs(runs: list[RunRecord], host: str | None = None) -> list[Job]:
     for run in runs:
         run.state = run_state(run, host)
 
-    def is_root(run: RunRecord) -> bool:
+    def is_root(run: StoredRun) -> bool:
         return not run.parent_id and (
             run.run_id in has_children or run.tags.get(Tag.RUN_KIND) == RUN_KIND_SWEEP or Tag.COMMAND in run.tags
         )
@@ -284,13 +284,13 @@ def group_jobs(runs: list[RunRecord], host: str | None = None) -> list[Job]:
         if run.parent_id and run.job_id:
             child_ids.setdefault(run.parent_id, run.job_id)
 
-    def job_key(run: RunRecord) -> str:
+    def job_key(run: StoredRun) -> str:
         root = run if is_root(run) else by_id.get(run.parent_id) if run.parent_id else None
         if root is not None and is_root(root):
             return root.job_id or child_ids.get(root.run_id) or root.run_id
         return run.job_id or run.parent_id or run.run_id
 
-    groups: dict[str, list[RunRecord]] = {}
+    groups: dict[str, list[StoredRun]] = {}
     for run in runs:
         groups.setdefault(job_key(run), []).append(run)
 
@@ -306,10 +306,10 @@ def group_jobs(runs: list[RunRecord], host: str | None = None) -> list[Job]:
     return jobs
 
 
-def _latest_per_cell(runs: list[RunRecord]) -> list[RunRecord]:
+def _latest_per_cell(runs: list[StoredRun]) -> list[StoredRun]:
     """A cell run twice (a resume that opened a new run instead of continuing the old one) is
     shown once, as its newest run."""
-    latest: dict[tuple, RunRecord] = {}
+    latest: dict[tuple, StoredRun] = {}
     keyless = []
     for run in sorted(runs, key=lambda r: r.start_ms):
         grid = run.cell_key().grid
@@ -321,12 +321,12 @@ def _latest_per_cell(runs: list[RunRecord]) -> list[RunRecord]:
 
 
 def load_jobs(tracking_uri: str, host: str | None = None, root: Path | None = None) -> list[Job]:
-    """Every job in the store; with ``root``, each with its launch record (see attach_record)."""
+    """Every job in the store; with ``root``, each with its launch file (see attach_launch_file)."""
     jobs = group_jobs(open_reader(tracking_uri).job_runs(), host)
     if root is not None:
-        records = _launch_records(root, "")
+        launch_files = _launch_files(root, "")
         for job in jobs:
-            attach_record(job, records.get(job.job_id), host)
+            attach_launch_file(job, launch_files.get(job.job_id), host)
     return jobs
 
 
@@ -334,7 +334,7 @@ def find_job(tracking_uri: str, key: str, root: Path | None = None, host: str | 
     """The one job whose id (or parent run id) is ``key`` or starts with it.
 
     A job launched moments ago whose runs are not in the store yet is found through its launch
-    record under ``<root>/outputs/jobs/`` (state STARTING, or FAILED if its process is gone).
+    file under ``<root>/outputs/jobs/`` (state STARTING, or FAILED if its process is gone).
     """
     key = key.strip()
     if not key:
@@ -342,50 +342,50 @@ def find_job(tracking_uri: str, key: str, root: Path | None = None, host: str | 
     jobs = group_jobs(open_reader(tracking_uri).job_runs(key), host)
     exact = [j for j in jobs if j.job_id == key]
     matches = exact or [j for j in jobs if j.job_id.startswith(key) or (j.parent and j.parent.run_id.startswith(key))]
-    records = _launch_records(root, key) if root is not None else {}
+    launch_files = _launch_files(root, key) if root is not None else {}
     if not matches:
-        record_matches = [r for job_id, r in records.items() if job_id == key] or list(records.values())
-        if len(record_matches) == 1:
-            return _job_from_record(record_matches[0])
-        if len(record_matches) > 1:
-            raise JobNotFound(f"job id {key!r} is ambiguous: {', '.join(sorted(r.job_id for r in record_matches))}")
+        file_matches = [r for job_id, r in launch_files.items() if job_id == key] or list(launch_files.values())
+        if len(file_matches) == 1:
+            return _job_from_launch_file(file_matches[0])
+        if len(file_matches) > 1:
+            raise JobNotFound(f"job id {key!r} is ambiguous: {', '.join(sorted(r.job_id for r in file_matches))}")
         raise JobNotFound(f"no job {key!r} in {tracking_uri} (foxhunt train list shows the jobs)")
     if len(matches) > 1:
         raise JobNotFound(f"job id {key!r} is ambiguous: {', '.join(sorted(j.job_id for j in matches))}")
     job = matches[0]
-    attach_record(job, records.get(job.job_id), host)
+    attach_launch_file(job, launch_files.get(job.job_id), host)
     return job
 
 
-def attach_record(job: Job, record: LaunchRecord | None, host: str | None = None) -> None:
-    """Give a job its launch record: its plan if the store has none; STARTING while the latest
+def attach_launch_file(job: Job, launch_file: LaunchFile | None, host: str | None = None) -> None:
+    """Give a job its launch file: its plan if the store has none; STARTING while the latest
     launch's supervisor lives and the store still shows the previous launch's ending (a resume
     in its first seconds); STALE for a parent left RUNNING, untagged, by a dead launch."""
-    job.record = record
-    if record is None:
+    job.launch_file = launch_file
+    if launch_file is None:
         return
     if not job.plan:
-        job.plan = list(record.plan)
-    here = record.host == (host or socket.gethostname())
-    leader_alive = here and process_alive(record.pid, record.started_ms)
+        job.plan = list(launch_file.plan)
+    here = launch_file.host == (host or socket.gethostname())
+    leader_alive = here and process_alive(launch_file.pid, launch_file.started_ms)
     untagged = job.parent is not None and Tag.PID not in job.parent.tags
     if job.state == Status.RUNNING and untagged and here and not leader_alive:
         job.state = job.parent.state = Status.STALE  # killed before the supervisor could tag the parent
     end = job.end_ms()
-    if job.state != Status.RUNNING and leader_alive and (end is None or end < record.started_ms):
+    if job.state != Status.RUNNING and leader_alive and (end is None or end < launch_file.started_ms):
         job.state = Status.STARTING  # what the store shows is the previous launch's ending
 
 
-def _launch_records(root: Path, key: str) -> dict[str, LaunchRecord]:
+def _launch_files(root: Path, key: str) -> dict[str, LaunchFile]:
     folder = jobs_dir(root)
     found = {}
     if folder.is_dir():
         for path in folder.glob(f"{_glob_escape(key)}*.json"):
             try:
-                record = LaunchRecord.read(path)
+                launch_file = LaunchFile.read(path)
             except (ValueError, KeyError, TypeError, OSError):
                 continue
-            found[record.job_id] = record
+            found[launch_file.job_id] = launch_file
     return found
 
 
@@ -393,9 +393,9 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 
 
-def _job_from_record(record: LaunchRecord) -> Job:
-    alive = record.host == socket.gethostname() and process_alive(record.pid, record.started_ms)
-    return Job(record.job_id, None, [], list(record.plan), Status.STARTING if alive else Status.FAILED, record)
+def _job_from_launch_file(launch_file: LaunchFile) -> Job:
+    alive = launch_file.host == socket.gethostname() and process_alive(launch_file.pid, launch_file.started_ms)
+    return Job(launch_file.job_id, None, [], list(launch_file.plan), Status.STARTING if alive else Status.FAILED, launch_file)
 
 
 def resumable_checkpoint_of(cell: JobCell) -> Checkpoint | None:

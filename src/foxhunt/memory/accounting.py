@@ -36,9 +36,9 @@ own components).
 Activations (:class:`ActivationMeter`, :func:`measure_activations`): while the meter is
 active, ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor autograd saves for
 backward. The pack hook adds the tensor's storages to a live set (each storage once, however
-many graph nodes save it) and returns a small record holding a detached alias of the tensor;
-autograd keeps that record until the node's backward has run (or the graph is dropped), and
-the record's ``__del__`` then removes its storages from the live set. The peak of the live
+many graph nodes save it) and returns a small handle holding a detached alias of the tensor;
+autograd keeps that handle until the node's backward has run (or the graph is dropped), and
+the handle's ``__del__`` then removes its storages from the live set. The peak of the live
 bytes over the measured window is the activation figure, so memory freed by one backward is
 not summed with the next forward's. Storages of the module's parameters and buffers are
 excluded (autograd saves weights by reference; they are parameters, not activations). Inputs

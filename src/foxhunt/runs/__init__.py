@@ -8,7 +8,7 @@
   model registry), the only ``MlflowClient`` (opened under the store's file lock, SQLite
   connections with a busy timeout: concurrent writers lose nothing; ``StoreError`` for a store
   that cannot be opened; ``forget_metrics_after`` for a resumed run); :mod:`~foxhunt.runs.sqlite_reader`: the read-only
-  SQLite fast path of the job commands; :mod:`~foxhunt.runs.records`: a run as read;
+  SQLite fast path of the job commands; :mod:`~foxhunt.runs.stored`: a run as read;
 - :mod:`~foxhunt.runs.tracked_run`: one training run from creation to its final status;
 - :mod:`~foxhunt.runs.liveness`: is a RUNNING run still running (STALE otherwise);
   :mod:`~foxhunt.runs.checkpoints`: which checkpoint a run continues from;

@@ -2,7 +2,7 @@
 
 :class:`CellKey` is what names a cell everywhere: model, asset, precision and seed (the
 ``CELL_TAGS`` of its runs), and the config hash (:mod:`foxhunt.runs.config_hash`) that says
-"the same training". A job's plan, its views and the sweep's records all hold one.
+"the same training". A job's plan, its views and the sweep's results all hold one.
 
 :class:`CellResult` is what became of a cell in one sweep: FINISHED, FAILED, KILLED, or
 SKIPPED (``resume=true`` found it FINISHED in an earlier run, whose metrics it reports). A
@@ -162,5 +162,5 @@ def read_results(sweep_dir: Path) -> list[CellResult]:
         try:
             results.append(CellResult.read(path))
         except (OSError, ValueError, TypeError, KeyError) as exc:
-            log.error("unreadable cell record %s: %s", path, exc)
+            log.error("unreadable cell result %s: %s", path, exc)
     return sorted(results, key=lambda r: (r.trial is not None, r.trial or 0, r.key.model, r.key.asset, r.key.precision))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from foxhunt.runs.records import RunRecord
+from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import Param, Tag
 
 CHECKPOINTS_FOLDER = "checkpoints"  # a run's checkpoints, in its output folder (conf/callbacks/default.yaml)
@@ -48,14 +48,14 @@ class Checkpoint:
         return str(self.path) if self.path is not None else f"artifact {self.artifact}"
 
 
-def local_folders(run: RunRecord) -> list[Path]:
+def local_folders(run: StoredRun) -> list[Path]:
     folders = {run.params.get(key) for key in Param.CHECKPOINT_DIRS}
     if run.tags.get(Tag.OUTPUT_DIR):  # a resumed run's folder may differ from its first params
         folders.add(str(Path(run.tags[Tag.OUTPUT_DIR]) / "checkpoints"))
     return sorted(Path(folder) for folder in folders if folder)
 
 
-def artifact_folder(run: RunRecord) -> Path | None:
+def artifact_folder(run: StoredRun) -> Path | None:
     """The run's artifact folder when the artifact store is on this machine, else None."""
     uri = run.artifact_uri
     if not uri:
@@ -67,7 +67,7 @@ def artifact_folder(run: RunRecord) -> Path | None:
 
 
 def resumable_checkpoint(
-    run: RunRecord, list_logged: Callable[[RunRecord], Iterable[str]] | None = None
+    run: StoredRun, list_logged: Callable[[StoredRun], Iterable[str]] | None = None
 ) -> Checkpoint | None:
     """The checkpoint ``run`` continues from (see the module doc), or None.
 

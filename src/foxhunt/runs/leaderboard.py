@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from foxhunt.errors import UserError
-from foxhunt.runs.records import RunRecord
+from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import ROLE_FOLD, Tag
 
 #: Direction of each known metric name (the part after the split, ``val/<name>``).
@@ -211,7 +211,7 @@ class Source(Protocol):
 
     def experiment_names(self) -> list[str]: ...
 
-    def finished_runs(self, experiment: str, tag_keys: Sequence[str], metric_keys: Sequence[str]) -> list[RunRecord]: ...
+    def finished_runs(self, experiment: str, tag_keys: Sequence[str], metric_keys: Sequence[str]) -> list[StoredRun]: ...
 
     def run_metrics(self, run_ids: Sequence[str], keys: Sequence[str], prefix: str) -> dict[str, dict[str, float]]: ...
 
@@ -228,7 +228,7 @@ class SqliteSource:
     def experiment_names(self) -> list[str]:
         return self.reader.experiment_names()
 
-    def finished_runs(self, experiment: str, tag_keys: Sequence[str], metric_keys: Sequence[str]) -> list[RunRecord]:
+    def finished_runs(self, experiment: str, tag_keys: Sequence[str], metric_keys: Sequence[str]) -> list[StoredRun]:
         return self.reader.finished_runs(self.reader.experiment_ids(experiment), tag_keys, metric_keys)
 
     def run_metrics(self, run_ids: Sequence[str], keys: Sequence[str], prefix: str) -> dict[str, dict[str, float]]:
@@ -241,7 +241,7 @@ class ClientSource:
 
     def __init__(self, store) -> None:
         self.store = store
-        self._runs: dict[str, RunRecord] = {}
+        self._runs: dict[str, StoredRun] = {}
 
     def experiment_exists(self, name: str) -> bool:
         return self.store.experiment_id(name) is not None
@@ -251,7 +251,7 @@ class ClientSource:
 
         return sorted(e.name for e in self.store.client.search_experiments(view_type=ViewType.ACTIVE_ONLY))
 
-    def finished_runs(self, experiment: str, tag_keys: Sequence[str], metric_keys: Sequence[str]) -> list[RunRecord]:
+    def finished_runs(self, experiment: str, tag_keys: Sequence[str], metric_keys: Sequence[str]) -> list[StoredRun]:
         runs = self.store.search_finished_runs(experiment)
         self._runs = {r.run_id: r for r in runs}
         return runs
@@ -279,7 +279,7 @@ def top(source: Source, query: Query) -> Leaderboard:
         and all(r.tags.get(key) for key in query.by)
         and all(r.tags.get(key) in values for key, values in query.filters.items())
     ]  # fmt: skip
-    groups: dict[tuple[str, ...], list[RunRecord]] = {}
+    groups: dict[tuple[str, ...], list[StoredRun]] = {}
     for run in cells:
         groups.setdefault(tuple(run.tags[key] for key in query.by), []).append(run)
     sign = 1.0 if direction == MAX else -1.0

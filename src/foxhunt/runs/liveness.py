@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import socket
 
-from foxhunt.runs.records import RunRecord
 from foxhunt.runs.status import Status
+from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import Tag
 
 #: Seconds of slack between a run's last sign of life and its process's creation time.
@@ -46,11 +46,11 @@ def process_alive(pid: int | None, since_ms: int | None = None) -> bool:
         return True
 
 
-def on_this_host(run: RunRecord, host: str | None = None) -> bool:
+def on_this_host(run: StoredRun, host: str | None = None) -> bool:
     return run.tags.get(Tag.HOST, "") == (host or socket.gethostname())
 
 
-def run_state(run: RunRecord, host: str | None = None) -> str:
+def run_state(run: StoredRun, host: str | None = None) -> str:
     """The run's status, or STALE when it is RUNNING on this host with its process gone."""
     if run.status != Status.RUNNING:
         return run.status

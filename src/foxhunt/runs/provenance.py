@@ -8,7 +8,7 @@ Dataset columns show.
   ``LOCAL``; ``mlflow.source.git.commit`` when foxhunt runs from a git checkout (read from its
   ``.git``: ``HEAD``, the ref it names, or ``packed-refs``; a worktree's ``.git`` file points at
   its own folder; no ``git`` process);
-- a dataset input per split (:class:`DatasetRecord`): name ``<asset>-<source>-<split>``, digest
+- a dataset input per split (:class:`DatasetProvenance`): name ``<asset>-<source>-<split>``, digest
   (the first :data:`DIGEST_LENGTH` hex digits of the feature cache key, itself a SHA-256 of the
   source's fingerprint, the asset, the features and the split: equal digests, equal bars),
   source (the source class, its path and files), a profile (rows, first and last bar) and the
@@ -89,7 +89,7 @@ def _head_commit(dot_git: Path) -> str | None:
 
 
 @dataclass(frozen=True)
-class DatasetRecord:
+class DatasetProvenance:
     """One dataset input of a run (what MLflow's ``Dataset`` and its context tag hold)."""
 
     name: str

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from foxhunt.runs.checkpoints import resumable_checkpoint
 from foxhunt.runs.liveness import run_state
-from foxhunt.runs.records import RunRecord
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
+from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import Tag
 
 log = logging.getLogger(__name__)
@@ -119,5 +119,5 @@ def rewind_run(tracking_uri: str, run_id: str, step: int, saved_at_ms: int) -> N
         log.info("run %s: %d metric values logged after step %d (lost with the stop) removed", run_id, removed, step)
 
 
-def _where(run: RunRecord) -> str:
+def _where(run: StoredRun) -> str:
     return f"run {run.run_id} on {run.tags.get(Tag.HOST) or 'an unknown host'}, pid {run.tags.get(Tag.PID, '?')}"

@@ -16,11 +16,10 @@ This module imports neither torch, lightning nor mlflow.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from pathlib import Path
 
-from foxhunt.runs.records import Metric, RunRecord
+from foxhunt.runs.stored import Metric, StoredRun
 from foxhunt.runs.tags import RUN_KIND_SWEEP, Param, Tag
 
 SQLITE_TIMEOUT_S = 10
@@ -66,7 +65,7 @@ class SqliteReader:
             return INCOMPLETE
         return KNOWN
 
-    def job_runs(self, job_id: str | None = None) -> list[RunRecord]:
+    def job_runs(self, job_id: str | None = None) -> list[StoredRun]:
         """Every run that belongs to a job (tagged ``job_id``, nested, or a parent: a sweep's
         parent run counts before its first cell starts), or, with ``job_id``, the runs of the
         jobs whose id starts with it."""
@@ -77,7 +76,7 @@ class SqliteReader:
                 return []
             raise
 
-    def _job_runs(self, job_id: str | None) -> list[RunRecord]:
+    def _job_runs(self, job_id: str | None) -> list[StoredRun]:
         if not self.path.is_file():
             return []
         with self._connect() as db:
@@ -88,17 +87,18 @@ class SqliteReader:
                 )
                 args: tuple = (Tag.JOB_ID, Tag.PARENT, Tag.RUN_KIND, RUN_KIND_SWEEP, Tag.PARENT)
             else:  # runs tagged with a matching job id, parents whose id matches; their kin
+                # a plain, case-sensitive prefix, as the client reader's startswith (LIKE ignores case)
                 member = (
-                    "WITH a AS (SELECT run_uuid AS id FROM tags WHERE key = ? AND value LIKE ? ESCAPE '\\' "
-                    "UNION SELECT value FROM tags WHERE key = ? AND value LIKE ? ESCAPE '\\' "
-                    "UNION SELECT run_uuid FROM tags WHERE key = ? AND value = ? AND run_uuid LIKE ? ESCAPE '\\'), "
+                    "WITH a AS (SELECT run_uuid AS id FROM tags WHERE key = ? AND substr(value, 1, ?) = ? "
+                    "UNION SELECT value FROM tags WHERE key = ? AND substr(value, 1, ?) = ? "
+                    "UNION SELECT run_uuid FROM tags WHERE key = ? AND value = ? AND substr(run_uuid, 1, ?) = ?), "
                     "p AS (SELECT value AS id FROM tags WHERE key = ? AND run_uuid IN (SELECT id FROM a)), "
                     "roots AS (SELECT id FROM a UNION SELECT id FROM p) "
                     "SELECT id FROM roots UNION "
                     "SELECT run_uuid FROM tags WHERE key = ? AND value IN (SELECT id FROM roots)"
                 )
-                like = _like_prefix(job_id)
-                args = (Tag.JOB_ID, like, Tag.PARENT, like, Tag.RUN_KIND, RUN_KIND_SWEEP, like, Tag.PARENT, Tag.PARENT)
+                prefix = (len(job_id), job_id)
+                args = (Tag.JOB_ID, *prefix, Tag.PARENT, *prefix, Tag.RUN_KIND, RUN_KIND_SWEEP, *prefix, Tag.PARENT, Tag.PARENT)
             runs = db.execute(
                 "SELECT r.run_uuid, r.name, e.name, r.status, r.start_time, r.end_time, r.artifact_uri "
                 "FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
@@ -111,22 +111,22 @@ class SqliteReader:
             params = self._by_run(
                 db, "SELECT run_uuid, key, value FROM params", ids, extra=("key", Param.CHECKPOINT_DIRS)
             )
-        records = []
+        stored = []
         for run_id, name, experiment, status, start, end, artifact_uri in runs:
             run_tags = {k: v for k, v in tags.get(run_id, [])}
             run_metrics = {
                 k: Metric(float("nan") if is_nan else float(v), step, ts)
                 for k, v, step, ts, is_nan in metrics.get(run_id, [])
             }
-            records.append(
-                RunRecord(
+            stored.append(
+                StoredRun(
                     run_id=run_id, name=name or run_tags.get(Tag.RUN_NAME, run_id[:8]), experiment=experiment,
                     status=status, start_ms=int(start or 0), end_ms=int(end) if end else None, tags=run_tags,
                     metrics=run_metrics, params={k: v for k, v in params.get(run_id, [])},
                     artifact_uri=artifact_uri or "",
                 )  # fmt: skip
             )
-        return records
+        return stored
 
     def run_ids_with_tag(self, key: str, value: str) -> list[str]:
         """Active runs whose tag ``key`` is ``value``, newest first."""
@@ -159,7 +159,7 @@ class SqliteReader:
             rows = db.execute("SELECT DISTINCT name FROM experiments WHERE lifecycle_stage = 'active'").fetchall()
         return sorted(row[0] for row in rows)
 
-    def finished_runs(self, experiment_ids: list[str], tag_keys, metric_keys) -> list[RunRecord]:
+    def finished_runs(self, experiment_ids: list[str], tag_keys, metric_keys) -> list[StoredRun]:
         """The active FINISHED runs of these experiments with only the tags ``tag_keys`` and the
         latest values of the metrics ``metric_keys`` (NaN where MLflow stored NaN; step and time
         not read, as the client's search gives none), newest first.
@@ -183,20 +183,20 @@ class SqliteReader:
         )
         with self._connect() as db:
             found = db.execute(query, [*tag_keys, *metric_keys, *experiment_ids]).fetchall()
-        records = []
+        stored = []
         n_tags = len(tag_keys)
         for run_id, name, experiment, status, start, end, artifact_uri, *values in found:
             tags = {key: value for key, value in zip(tag_keys, values[:n_tags]) if value is not None}
             metrics = {key: Metric(float(value), None, None)
                        for key, value in zip(metric_keys, values[n_tags:]) if value is not None}  # fmt: skip
-            records.append(
-                RunRecord(
+            stored.append(
+                StoredRun(
                     run_id=run_id, name=name or tags.get(Tag.RUN_NAME, run_id[:8]), experiment=experiment,
                     status=status, start_ms=int(start or 0), end_ms=int(end) if end else None, tags=tags,
                     metrics=metrics, artifact_uri=artifact_uri or "",
                 )  # fmt: skip
             )
-        return records
+        return stored
 
     def latest_metrics(self, run_ids, keys=(), prefix: str = "") -> dict[str, dict[str, Metric]]:
         """Per run of ``run_ids``, its latest metrics named in ``keys`` or starting with ``prefix``."""
@@ -236,7 +236,3 @@ class SqliteReader:
             for row in db.execute(query, args):
                 found.setdefault(row[0], []).append(row[1:])
         return found
-
-
-def _like_prefix(prefix: str) -> str:
-    return re.sub(r"([%_\\])", r"\\\1", prefix) + "%"

@@ -23,10 +23,14 @@ def logging_step(trainer: Any) -> int:
 
 
 def checkpoint_logging_step(checkpoint: dict[str, Any]) -> int | None:
-    """The logging step a Lightning checkpoint was saved at; None when it does not say."""
+    """The logging step a Lightning checkpoint was saved at; None when it does not say (no
+    count there, or one that is no number: a damaged or hand-edited checkpoint)."""
     value: Any = checkpoint
     for key in _LOOP_KEYS:
         if not isinstance(value, dict) or key not in value:
             return None
         value = value[key]
-    return int(value)
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None

@@ -27,7 +27,7 @@ Model registry (for whatever consumes trained runs; the sweep and the jobs do no
     store.get_version_by_alias(name, alias) -> ModelVersion | None
     store.get_version(name, version) -> ModelVersion | None
     store.log_artifacts(run_id, folder, artifact_path) / store.download_uri(uri, destination)
-    store.search_finished_runs(experiment, filter_string="") -> list[RunRecord]
+    store.search_finished_runs(experiment, filter_string="") -> list[StoredRun]
         # FINISHED runs of an experiment (by name), newest first, with metrics, params and
         # tags; filter_string in MLflow's search syntax, e.g. "tags.model = 'dqn'"
 """
@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 from foxhunt.errors import UserError, one_line_error
 from foxhunt.runs.environment import sqlite_path
-from foxhunt.runs.records import Metric, RunRecord
 from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
 from foxhunt.runs.status import Status
+from foxhunt.runs.stored import Metric, StoredRun
 from foxhunt.runs.tags import EXPERIMENT_KIND, RUN_KIND_SWEEP, Param, Tag
 
 if TYPE_CHECKING:
-    from foxhunt.runs.provenance import DatasetRecord
+    from foxhunt.runs.provenance import DatasetProvenance
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class RunStore:
         run = self.client.create_run(experiment_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()})
         return run.info.run_id
 
-    def reopen(self, run_id: str, tags: Mapping[str, Any]) -> RunRecord:
+    def reopen(self, run_id: str, tags: Mapping[str, Any]) -> StoredRun:
         """Make an ended run RUNNING again: ``tags`` set (and ``resume_count`` one up), an
         earlier ``error`` removed, then the status, last (a job's supervisor tags a parent
         once it is RUNNING, and these tags must not overwrite its). Returns the run as it was."""
@@ -294,7 +294,7 @@ class RunStore:
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.client.log_text(run_id, text, name)
 
-    def log_datasets(self, run_id: str, datasets: Iterable[DatasetRecord]) -> None:
+    def log_datasets(self, run_id: str, datasets: Iterable[DatasetProvenance]) -> None:
         """Record ``datasets`` as the run's inputs (the runs table's Dataset column)."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
 
@@ -309,10 +309,10 @@ class RunStore:
             self.client.log_inputs(run_id, datasets=inputs)
 
     # -- reading runs --------------------------------------------------------------------
-    def get(self, run_id: str) -> RunRecord:
+    def get(self, run_id: str) -> StoredRun:
         run = self.client.get_run(run_id)
         experiment = self.client.get_experiment(run.info.experiment_id)
-        return self._record(run, {experiment.experiment_id: experiment.name})
+        return self._stored_run(run, {experiment.experiment_id: experiment.name})
 
     def search(
         self,
@@ -323,7 +323,7 @@ class RunStore:
         status: str | None = None,
         filter_string: str = "",
         max_results: int | None = None,
-    ) -> list[RunRecord]:
+    ) -> list[StoredRun]:
         """Active runs of experiment ``experiment`` (a name) with these tags, params and status,
         newest first; an experiment that does not exist has none."""
         experiment_id = self.experiment_id(experiment)
@@ -338,13 +338,13 @@ class RunStore:
             clauses.append(f"({filter_string})" if " or " in filter_string.lower() else filter_string)
         runs = self._search_all([experiment_id], " and ".join(clauses), max_results)
         names = {experiment_id: experiment}
-        records = [self._record(run, names) for run in runs]
+        stored = [self._stored_run(run, names) for run in runs]
         return [
-            r for r in records
+            r for r in stored
             if all((r.tags if kind == "tags" else r.params).get(key) == str(value) for kind, key, value in wanted)
         ]  # fmt: skip
 
-    def search_finished_runs(self, experiment: str, filter_string: str = "") -> list[RunRecord]:
+    def search_finished_runs(self, experiment: str, filter_string: str = "") -> list[StoredRun]:
         """FINISHED runs of ``experiment``, newest first, with their metrics, params and tags."""
         return self.search(experiment, status=Status.FINISHED, filter_string=filter_string)
 
@@ -373,10 +373,10 @@ class RunStore:
             if not token or (max_results is not None and len(runs) >= max_results):
                 return runs
 
-    def _record(
+    def _stored_run(
         self, run, experiments: Mapping[str, str], params: Iterable[str] | None = None, progress: bool = False
-    ) -> RunRecord:
-        """An MLflow ``Run`` as a :class:`RunRecord`. Metrics come with their latest value; the
+    ) -> StoredRun:
+        """An MLflow ``Run`` as a :class:`StoredRun`. Metrics come with their latest value; the
         ``progress`` metric also with its step and time (where the run is, and the last time it
         was seen working: foxhunt.runs.liveness) with ``progress`` or for a RUNNING run."""
         metrics = {}
@@ -390,7 +390,7 @@ class RunStore:
                     step, timestamp = latest.step, latest.timestamp
             metrics[key] = Metric(float(value), step, timestamp)
         kept = run.data.params if params is None else {k: v for k, v in run.data.params.items() if k in set(params)}
-        return RunRecord(
+        return StoredRun(
             run_id=run.info.run_id, name=run.info.run_name or run.info.run_id[:8],
             experiment=experiments.get(run.info.experiment_id, ""), status=run.info.status,
             start_ms=int(run.info.start_time or 0), end_ms=int(run.info.end_time) if run.info.end_time else None,
@@ -546,7 +546,7 @@ class ClientReader:
         runs = self.store._search_all(list(experiments), f"tags.`{key}` = '{quoted}'", None)
         return [run.info.run_id for run in runs]
 
-    def job_runs(self, job_id: str | None = None) -> list[RunRecord]:
+    def job_runs(self, job_id: str | None = None) -> list[StoredRun]:
         """As :meth:`SqliteReader.job_runs`."""
         experiments = self._experiments()
         if not experiments:
@@ -565,7 +565,7 @@ class ClientReader:
                 r.data.tags[Tag.PARENT] for r in members if r.info.run_id in wanted and r.data.tags.get(Tag.PARENT)
             }
             members = [r for r in members if r.info.run_id in wanted or r.data.tags.get(Tag.PARENT) in wanted]
-        return [self.store._record(run, experiments, params=Param.CHECKPOINT_DIRS, progress=True) for run in members]
+        return [self.store._stored_run(run, experiments, params=Param.CHECKPOINT_DIRS, progress=True) for run in members]
 
     def _experiments(self) -> dict[str, str]:
         from mlflow.entities import ViewType

@@ -27,7 +27,7 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 
 from foxhunt.errors import error_line
-from foxhunt.runs.provenance import DatasetRecord, process_tags, source_tags
+from foxhunt.runs.provenance import DatasetProvenance, process_tags, source_tags
 from foxhunt.runs.status import Status, ending_status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Tag
@@ -159,7 +159,7 @@ class TrackedRun:
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         self.store.log_artifact(self.run_id, Path(path), artifact_path)
 
-    def log_datasets(self, datasets: Iterable[DatasetRecord]) -> None:
+    def log_datasets(self, datasets: Iterable[DatasetProvenance]) -> None:
         self.store.log_datasets(self.run_id, datasets)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:

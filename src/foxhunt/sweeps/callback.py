@@ -217,8 +217,9 @@ class SweepCallback(Callback):
 
     # -- each job ---------------------------------------------------------------------------
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        """A search trial's record gets the value its job returned to the sweeper (this runs in
-        the process that ran the job: the sweep's, a joblib worker, a submitit process)."""
+        """A search trial's result (``cell.json``) gets the value its job returned to the sweeper
+        (this runs in the process that ran the job: the sweep's, a joblib worker, a submitit
+        process)."""
         from hydra.core.utils import JobStatus
         from hydra.types import RunMode
 
@@ -228,21 +229,21 @@ class SweepCallback(Callback):
 
         path = Path(str(config.hydra.runtime.output_dir)) / CELL_RESULT_FILE
         try:
-            record = CellResult.read(path)
-            if record.trial is None:
+            result = CellResult.read(path)
+            if result.trial is None:
                 return
             value = job_return.return_value
-            record.objective = None if value is None else float(value)
-            record.write(path.parent)
-        except (OSError, ValueError, TypeError, KeyError):  # no record (the job died early) or no number
+            result.objective = None if value is None else float(value)
+            result.write(path.parent)
+        except (OSError, ValueError, TypeError, KeyError):  # no result (the job died early) or no number
             log.debug("no objective recorded in %s", path, exc_info=True)
 
     # -- after the jobs -------------------------------------------------------------------
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        records, failed, noun = self._finish(config)
+        results, failed, noun = self._finish(config)
         if failed:
             names = ", ".join(f"{r.cell} ({r.status}: {r.error})" for r in failed)
-            print(f"foxhunt-train: {len(failed)} of {len(records)} {noun} failed: {names}", file=sys.stderr, flush=True)
+            print(f"foxhunt-train: {len(failed)} of {len(results)} {noun} failed: {names}", file=sys.stderr, flush=True)
             sys.exit(1)
 
     def _end_unfinished(self, config: DictConfig) -> None:
@@ -253,14 +254,14 @@ class SweepCallback(Callback):
         try:
             if self.parent_run_id is not None and self._store(config).get(self.parent_run_id).status != Status.RUNNING:
                 return  # ended already (a stop request ends it KILLED)
-            records, failed, noun = self._finish(config, error=UNFINISHED)
+            results, failed, noun = self._finish(config, error=UNFINISHED)
             names = ", ".join(f"{r.cell} ({r.status}: {r.error})" for r in failed) or "none recorded"
-            print(f"foxhunt-train: {len(failed)} of {len(records)} {noun} failed: {names}", file=sys.stderr, flush=True)
+            print(f"foxhunt-train: {len(failed)} of {len(results)} {noun} failed: {names}", file=sys.stderr, flush=True)
         except Exception:
             log.exception("could not end the sweep's parent run at exit")
 
     def _finish(self, config: DictConfig, error: str | None = None):
-        """Print, write and log the summary; end the parent run. Returns (records, failed, noun)."""
+        """Print, write and log the summary; end the parent run. Returns (results, failed, noun)."""
         from foxhunt.runs.cell import read_results
         from foxhunt.sweeps import search
         from foxhunt.sweeps.summary import (
@@ -273,33 +274,33 @@ class SweepCallback(Callback):
         assert self.sweep_dir is not None and self.started is not None
         self.finished = True
         wall = time.perf_counter() - self.started
-        records = read_results(self.sweep_dir)
-        failed = failures(records)
+        results = read_results(self.sweep_dir)
+        failed = failures(results)
         searching = is_search(config)
         noun = "trials" if searching else "cells"
-        title = f"sweep {self.sweep_dir.name}: {len(records)} {noun}, {wall:.0f} s"
+        title = f"sweep {self.sweep_dir.name}: {len(results)} {noun}, {wall:.0f} s"
         best, best_text, goal = None, None, None
         if searching:
             goal = search.direction(config)
-            best = search.best_trial(records, goal)
-            best_text = search.describe_best(best, goal, search.search_keys(config), len(records))
-        print(f"\n{title}\n{format_table(records)}" + (f"\n{best_text}" if best_text else ""), flush=True)
+            best = search.best_trial(results, goal)
+            best_text = search.describe_best(best, goal, search.search_keys(config), len(results))
+        print(f"\n{title}\n{format_table(results)}" + (f"\n{best_text}" if best_text else ""), flush=True)
         try:  # a failure to write or log the summary must not hide failed cells
             markdown = self.sweep_dir / "summary.md"
-            markdown.write_text(format_markdown(records, title, best_text))
-            image = plot_summary(records, self.sweep_dir / "summary.png", title, goal) if records else None
+            markdown.write_text(format_markdown(results, title, best_text))
+            image = plot_summary(results, self.sweep_dir / "summary.png", title, goal) if results else None
             if self.parent_run_id is not None:
-                results = self.sweep_dir / OPTUNA_RESULTS
-                artifacts = [markdown, image, results if searching and results.is_file() else None]
+                optuna_results = self.sweep_dir / OPTUNA_RESULTS
+                artifacts = [markdown, image, optuna_results if searching and optuna_results.is_file() else None]
                 tags = self._best_tags(config, best) if searching else {}
                 if error is not None:
                     tags[Tag.ERROR] = one_line(error, TAG_TEXT_LIMIT)
-                self._end_parent_run(config, records, failed, wall, artifacts, tags, failed_run=error is not None)
+                self._end_parent_run(config, results, failed, wall, artifacts, tags, failed_run=error is not None)
         except Exception:
             log.exception("could not write or log the sweep summary")
         finally:
             os.environ.pop(PARENT_RUN_ENV, None)
-        return records, failed, noun
+        return results, failed, noun
 
     @staticmethod
     def _best_tags(config: DictConfig, best) -> dict[str, str]:
@@ -315,9 +316,9 @@ class SweepCallback(Callback):
             Tag.BEST_TRIAL_RUN: best.run_id or "",
         }
 
-    def _end_parent_run(self, config: DictConfig, records, failed, wall: float, artifacts, tags=None, failed_run=False) -> None:
+    def _end_parent_run(self, config: DictConfig, results, failed, wall: float, artifacts, tags=None, failed_run=False) -> None:
         store = self._store(config)
-        values = {"sweep/cells": len(records), "sweep/cells_failed": len(failed), "sweep/wall_s": wall}
+        values = {"sweep/cells": len(results), "sweep/cells_failed": len(failed), "sweep/wall_s": wall}
         tags = dict(tags or {})
         if Tag.BEST_VALUE in tags:
             values["sweep/best_value"] = float(tags[Tag.BEST_VALUE])

@@ -24,7 +24,7 @@ start and several share a cell's model, asset and precision. What that changes, 
   over the budget fails before training, recorded FAILED while the study goes on.
 - **Failures.** A job that fails returns ``None`` (:mod:`foxhunt.sweeps.sweep_cell`); the Optuna
   sweeper cannot cast it to a float and tells the study the trial FAILED (a NaN value too:
-  Optuna refuses it and the sweeper records FAIL), then goes on with the next trial. With
+  Optuna refuses it and the sweeper results FAIL), then goes on with the next trial. With
   ``max_failure_rate: 1.0`` (the configs) it never gives up on the study for failed trials.
   When every trial failed the sweeper raises ("No trials are completed yet") and Hydra skips
   the callbacks' end; the sweep callback then ends the parent run FAILED at exit
@@ -220,29 +220,29 @@ def _check_optuna_storage(storage: str) -> None:
         )
 
 
-def trials(records: Iterable[CellResult]) -> list[CellResult]:
-    return sorted((r for r in records if r.trial is not None), key=lambda r: r.trial)
+def trials(results: Iterable[CellResult]) -> list[CellResult]:
+    return sorted((r for r in results if r.trial is not None), key=lambda r: r.trial)
 
 
-def has_value(record: CellResult) -> bool:
-    return record.status in OK_RESULTS and record.objective is not None and math.isfinite(record.objective)
+def has_value(result: CellResult) -> bool:
+    return result.status in OK_RESULTS and result.objective is not None and math.isfinite(result.objective)
 
 
-def best_trial(records: Iterable[CellResult], goal: str | None) -> CellResult | None:
+def best_trial(results: Iterable[CellResult], goal: str | None) -> CellResult | None:
     """The best trial by ``goal`` (``maximize`` / ``minimize``), as Optuna's ``best_trial``:
     among trials with a finite value, the first of the best values; None when there is none
     or the study has several objectives (``goal`` None)."""
-    scored = [r for r in trials(records) if has_value(r)]
+    scored = [r for r in trials(results) if has_value(r)]
     if not scored or goal not in (MAXIMIZE, MINIMIZE):
         return None
     sign = 1.0 if goal == MAXIMIZE else -1.0
     return max(scored, key=lambda r: sign * r.objective)  # max keeps the first of equal values
 
 
-def searched_overrides(record: CellResult, keys: Sequence[str]) -> list[str]:
-    """The overrides of ``record`` that set a searched key: what the sampler chose."""
+def searched_overrides(result: CellResult, keys: Sequence[str]) -> list[str]:
+    """The overrides of ``result`` that set a searched key: what the sampler chose."""
     wanted = set(keys)
-    return [o for o in record.overrides or [] if override_key(o) in wanted]
+    return [o for o in result.overrides or [] if override_key(o) in wanted]
 
 
 def describe_best(best: CellResult | None, goal: str | None, keys: Sequence[str], count: int) -> str:

@@ -18,7 +18,7 @@ of their Sharpe ratios; the DSR is the probability that the cell's true Sharpe e
 (the figure cannot be told from no skill); ``<=base``: the Sharpe does not beat the best
 baseline's.
 
-A search sweep's records are trials (:mod:`foxhunt.sweeps.search`): one row per trial, in
+A search sweep's results are trials (:mod:`foxhunt.sweeps.search`): one row per trial, in
 trial order, with an ``objective`` column (the value its job returned to the sweeper); the
 markdown ends with the best trial instead of the model x asset pivot, and the figure plots
 each trial's value and the best so far (:func:`plot_trials`) instead of the heatmap.
@@ -54,8 +54,8 @@ LEGEND = ("interval: block bootstrap of the test Sharpe; DSR: deflated Sharpe ra
           " sweep's cells by chance; flags: CI~0 = the interval contains 0, <=base = does not beat the best baseline")
 
 
-def failures(records: list[CellResult]) -> list[CellResult]:
-    return [r for r in records if r.status not in OK_RESULTS]
+def failures(results: list[CellResult]) -> list[CellResult]:
+    return [r for r in results if r.status not in OK_RESULTS]
 
 
 def _number(value: float | None, digits: int) -> str:
@@ -70,12 +70,12 @@ def best_baseline(metrics: dict[str, float]) -> tuple[str, float] | None:
     return max(found, key=lambda item: item[1], default=None)
 
 
-def deflated_sharpes(records: list[CellResult]) -> dict[str, float]:
+def deflated_sharpes(results: list[CellResult]) -> dict[str, float]:
     """Each cell's deflated Sharpe ratio against the sweep's cells with results (module doc)."""
     from foxhunt.evaluation.deflated import deflated_sharpe_ratio
 
     needed = ("test/sharpe_per_step", "test/steps", "test/pnl_skew", "test/pnl_kurtosis")
-    scored = [r for r in records if r.status in OK_RESULTS and all(k in r.metrics for k in needed)]
+    scored = [r for r in results if r.status in OK_RESULTS and all(k in r.metrics for k in needed)]
     trials = [r.metrics["test/sharpe_per_step"] for r in scored]
     values = {}
     for r in scored:
@@ -83,7 +83,7 @@ def deflated_sharpes(records: list[CellResult]) -> dict[str, float]:
         try:
             values[r.cell] = deflated_sharpe_ratio(m["test/sharpe_per_step"], trials, int(m["test/steps"]),
                                                    m["test/pnl_skew"], m["test/pnl_kurtosis"])  # fmt: skip
-        except ValueError:  # moments the PSR formula cannot take (a degenerate record): no figure
+        except ValueError:  # moments the PSR formula cannot take (a degenerate result): no figure
             continue
     return values
 
@@ -99,48 +99,48 @@ def _flags(metrics: dict[str, float]) -> str:
     return " ".join(flags)
 
 
-def is_search(records: list[CellResult]) -> bool:
-    """True for the records of a search sweep (trials)."""
-    return any(r.trial is not None for r in records)
+def is_search(results: list[CellResult]) -> bool:
+    """True for the results of a search sweep (trials)."""
+    return any(r.trial is not None for r in results)
 
 
-def _header(records: list[CellResult]) -> tuple[str, ...]:
-    return TRIAL_HEADER if is_search(records) else HEADER
+def _header(results: list[CellResult]) -> tuple[str, ...]:
+    return TRIAL_HEADER if is_search(results) else HEADER
 
 
-def _row(record: CellResult, dsr: dict[str, float] | None = None, search: bool = False) -> tuple[str, ...]:
-    text = record.error or record.note or ""
+def _row(result: CellResult, dsr: dict[str, float] | None = None, search: bool = False) -> tuple[str, ...]:
+    text = result.error or result.note or ""
     if len(text) > ERROR_WIDTH:
         text = text[: ERROR_WIDTH - 3] + "..."
-    m = record.metrics
-    ok = record.status in OK_RESULTS
+    m = result.metrics
+    ok = result.status in OK_RESULTS
     interval = f"[{m[CI_LOW]:.2f}, {m[CI_HIGH]:.2f}]" if ok and CI_LOW in m and CI_HIGH in m else "-"
     base = best_baseline(m) if ok else None
     return (
-        record.cell,
-        record.status,
-        *((_number(record.objective, 4),) if search else ()),
+        result.cell,
+        result.status,
+        *((_number(result.objective, 4),) if search else ()),
         _number(m.get(SHARPE), 3),
         interval,
         f"{base[0]} {base[1]:.3f}" if base else "-",
-        _number((dsr or {}).get(record.cell), 3),
+        _number((dsr or {}).get(result.cell), 3),
         _flags(m) if ok else "",
         _number(m.get(SORTINO), 3),
         _number(m.get(CALMAR), 2),
         _number(m.get(MAX_DRAWDOWN), 0),
         _number(m.get(EXPOSURE), 2),
         _number(m.get(VAL_LOSS), 4),
-        _number(record.metrics.get(PEAK), 0),
-        _number(record.wall_s, 1),
+        _number(result.metrics.get(PEAK), 0),
+        _number(result.wall_s, 1),
         text,
     )
 
 
-def format_table(records: list[CellResult]) -> str:
+def format_table(results: list[CellResult]) -> str:
     """Aligned plain-text table, one line per cell (per trial)."""
-    header, search = _header(records), is_search(records)
-    dsr = deflated_sharpes(records)
-    rows = [header, *(_row(r, dsr, search) for r in records)]
+    header, search = _header(results), is_search(results)
+    dsr = deflated_sharpes(results)
+    rows = [header, *(_row(r, dsr, search) for r in results)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
@@ -148,60 +148,60 @@ def format_table(records: list[CellResult]) -> str:
     return "\n".join(lines)
 
 
-def _labels(records: list[CellResult]) -> tuple[list[str], list[str], dict[tuple[str, str], CellResult]]:
-    several_precisions = len({r.key.precision for r in records}) > 1
+def _labels(results: list[CellResult]) -> tuple[list[str], list[str], dict[tuple[str, str], CellResult]]:
+    several_precisions = len({r.key.precision for r in results}) > 1
     grid: dict[tuple[str, str], CellResult] = {}
-    for r in records:
+    for r in results:
         row = f"{r.key.model} {r.key.precision}" if several_precisions else r.key.model
         grid[(row, r.key.asset)] = r
     rows = list(dict.fromkeys(key[0] for key in grid))
-    columns = list(dict.fromkeys(r.key.asset for r in records))
+    columns = list(dict.fromkeys(r.key.asset for r in results))
     return rows, columns, grid
 
 
-def format_markdown(records: list[CellResult], title: str, best: str | None = None) -> str:
+def format_markdown(results: list[CellResult], title: str, best: str | None = None) -> str:
     """The per-cell table and the model x asset pivot of ``test/sharpe`` (status when failed);
     for trials, the per-trial table and ``best`` (the best trial's lines)."""
-    header, search = _header(records), is_search(records)
+    header, search = _header(results), is_search(results)
     lines = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    dsr = deflated_sharpes(records)
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r, dsr, search)) + " |" for r in records]
+    dsr = deflated_sharpes(results)
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r, dsr, search)) + " |" for r in results]
     lines += ["", (f"DSR: deflated Sharpe ratio against the best of {len(dsr)} cells by chance; flags: CI~0 = the"
               " interval contains 0, <=base = does not beat the best baseline (foxhunt.sweeps.summary)")]  # fmt: skip
-    failed = failures(records)
+    failed = failures(results)
     if search or best is not None:
         lines += ["", "```", best or "best trial: -", "```", ""]
-        lines += [f"{len(records) - len(failed)} of {len(records)} trials ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
+        lines += [f"{len(results) - len(failed)} of {len(results)} trials ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
         return "\n".join(lines) + "\n"
-    rows, columns, grid = _labels(records)
+    rows, columns, grid = _labels(results)
     lines += ["", f"## {SHARPE} (model x asset)", "", "| model | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
     for row in rows:
         cells = []
         for column in columns:
-            record = grid.get((row, column))
-            if record is None:
+            result = grid.get((row, column))
+            if result is None:
                 cells.append("")
-            elif record.status in OK_RESULTS:
-                cells.append(_number(record.metrics.get(SHARPE), 3))
+            elif result.status in OK_RESULTS:
+                cells.append(_number(result.metrics.get(SHARPE), 3))
             else:
-                cells.append(record.status)
+                cells.append(result.status)
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    lines += ["", f"{len(records) - len(failed)} of {len(records)} cells ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
+    lines += ["", f"{len(results) - len(failed)} of {len(results)} cells ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
     return "\n".join(lines) + "\n"
 
 
-def plot_heatmap(records: list[CellResult], path: str | Path, title: str) -> Path:
+def plot_heatmap(results: list[CellResult], path: str | Path, title: str) -> Path:
     """Model x asset heatmap of ``test/sharpe``; failed cells grey with their status."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.figure import Figure
 
-    rows, columns, grid = _labels(records)
+    rows, columns, grid = _labels(results)
     values = np.full((len(rows), len(columns)), np.nan)
-    for (row, column), record in grid.items():
-        sharpe = record.metrics.get(SHARPE)
-        if record.status in OK_RESULTS and sharpe is not None:
+    for (row, column), result in grid.items():
+        sharpe = result.metrics.get(SHARPE)
+        if result.status in OK_RESULTS and sharpe is not None:
             values[rows.index(row), columns.index(column)] = sharpe
     finite = values[np.isfinite(values)]
     bound = float(np.max(np.abs(finite))) if finite.size and np.max(np.abs(finite)) > 0 else 1.0
@@ -212,10 +212,10 @@ def plot_heatmap(records: list[CellResult], path: str | Path, title: str) -> Pat
     image = axes.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=TwoSlopeNorm(0.0, -bound, bound), aspect="auto")
     axes.set_xticks(range(len(columns)), columns)
     axes.set_yticks(range(len(rows)), rows)
-    for (row, column), record in grid.items():
+    for (row, column), result in grid.items():
         sharpe = values[rows.index(row), columns.index(column)]
-        text = f"{sharpe:.2f}" if np.isfinite(sharpe) else record.status
-        if record.status == Status.SKIPPED:
+        text = f"{sharpe:.2f}" if np.isfinite(sharpe) else result.status
+        if result.status == Status.SKIPPED:
             text += "\n(earlier run)"
         dark = np.isfinite(sharpe) and abs(sharpe) > DARK_FRACTION * bound  # strong colour: white text
         axes.text(columns.index(column), rows.index(row), text, ha="center", va="center", fontsize=9, color="white" if dark else "black")
@@ -227,19 +227,19 @@ def plot_heatmap(records: list[CellResult], path: str | Path, title: str) -> Pat
     return path
 
 
-def plot_summary(records: list[CellResult], path: str | Path, title: str, goal: str | None = None) -> Path:
+def plot_summary(results: list[CellResult], path: str | Path, title: str, goal: str | None = None) -> Path:
     """The sweep's figure: the heatmap of a grid, or :func:`plot_trials` for a search."""
-    return plot_trials(records, path, title, goal) if is_search(records) else plot_heatmap(records, path, title)
+    return plot_trials(results, path, title, goal) if is_search(results) else plot_heatmap(results, path, title)
 
 
-def plot_trials(records: list[CellResult], path: str | Path, title: str, goal: str | None = None) -> Path:
+def plot_trials(results: list[CellResult], path: str | Path, title: str, goal: str | None = None) -> Path:
     """Each trial's value by trial number, the best so far as a step line (``goal``: maximize
     or minimize) and the trials without a value marked at the bottom."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    trials = sorted((r for r in records if r.trial is not None), key=lambda r: r.trial)
+    trials = sorted((r for r in results if r.trial is not None), key=lambda r: r.trial)
     scored = [(r.trial, r.objective) for r in trials
               if r.status in OK_RESULTS and r.objective is not None and math.isfinite(r.objective)]  # fmt: skip
     missing = [r.trial for r in trials if (r.trial, r.objective) not in scored]

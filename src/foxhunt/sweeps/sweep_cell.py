@@ -10,7 +10,7 @@ the cell: it ends the sweep, whose parent run ends KILLED (the callback's end ho
 then), and the process exits non-zero (Lightning's ``SIGTERMException`` is a ``SystemExit``
 without a code, which would exit 0: it becomes status 143, as for a process ended by SIGTERM).
 
-In a search sweep the job is a trial (:mod:`foxhunt.sweeps.search`): its record and run carry
+In a search sweep the job is a trial (:mod:`foxhunt.sweeps.search`): its result and run carry
 the trial number and its overrides, and the ``None`` a failure returns is what the Optuna
 sweeper records as a FAILED trial before it goes on.
 """
@@ -106,7 +106,7 @@ def run_sweep_cell(cfg: DictConfig, run_cell: Callable) -> dict[str, float] | No
 
 
 def _config_hash_or_none(cfg: DictConfig) -> str | None:
-    """The cell's hash for its record; a config too broken to hash has none (its error says why)."""
+    """The cell's hash for its result; a config too broken to hash has none (its error says why)."""
     from foxhunt.runs.config_hash import config_hash
 
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from foxhunt.runs.steps import logging_step
-from foxhunt.training.provenance import bars_datasets, log_dataset_record
+from foxhunt.training.provenance import bars_datasets, log_dataset_manifest
 from foxhunt.training.scoring import SCORED, interpret_test_split, print_summary, score_split, scoring_datamodule
 
 log = logging.getLogger("foxhunt.train")
@@ -25,7 +25,7 @@ def fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str
     if run is not None:
         run.log_datasets(bars_datasets(cfg, parts))
     model, datamodule, asset = parts.model, parts.datamodule, parts.asset
-    log_dataset_record(parts.dataset, out_dir, run)
+    log_dataset_manifest(parts.dataset, out_dir, run)
     trainer: pl.Trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,

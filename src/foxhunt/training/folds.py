@@ -12,7 +12,7 @@ nested under it (``foxhunt.role`` = ``fold``), each in its own folder ``<cell>/s
   what the model does.
 
 **What the cell's run gets.** Per seed, the folds' validation blocks and test blocks are pooled
-(:func:`foxhunt.evaluation.scoring.pool_scores`: the out-of-sample record of the walk-forward)
+(:func:`foxhunt.evaluation.scoring.pool_scores`: the out-of-sample blocks of the walk-forward as one)
 and scored like one split, intervals and baselines included; the cell's ``val/<m>`` and
 ``test/<m>`` are the mean of those figures across seeds, ``<m>_std`` their standard deviation
 across seeds (ddof=1, with two seeds or more), and ``test/sharpe_fold_mean`` /
@@ -21,7 +21,7 @@ besides the backtest's (``val/loss``, ``test/mean_reward``, ...) are averaged ov
 across seeds the same way; ``memory/*`` peaks are the largest child's. ``val/sharpe`` of the cell (the pooled validation blocks) is what a
 sweep optimizes and ``foxhunt ensemble register`` selects on. Artifacts: ``folds.md`` (one row
 per child: its blocks' dates and figures) and ``equity_walk_forward.png`` (the pooled test
-record of the first seed, with the baselines' figures in the title).
+blocks of the first seed, with the baselines' figures in the title).
 
 **Resume.** Each child has its own config hash, so ``resume=true`` skips the folds that finished
 and resumes an interrupted one from its checkpoint; their scores are read back from their runs.
@@ -132,7 +132,7 @@ def run_cell_protocol(cfg: DictConfig, name: str, run_single: Callable, run_tags
 
 
 def cell_summary(name: str, cfg: DictConfig, metrics: dict[str, float]) -> str:
-    """The cell's figures for the console: its pooled test record (mean across seeds)."""
+    """The cell's figures for the console: its pooled test blocks (mean across seeds)."""
     from hydra.utils import instantiate
 
     from foxhunt.evaluation.backtest import evaluation_annualization
@@ -195,15 +195,15 @@ def _downloaded_scores(cfg: DictConfig, run_id: str | None, folder: Path) -> dic
 
 
 def _extents(cfg: DictConfig, run_id: str | None, folder: Path) -> dict:
-    from foxhunt.data.dataset import DATASET_RECORD_FILE
+    from foxhunt.data.dataset import DATASET_FILE
 
-    path = folder / DATASET_RECORD_FILE
+    path = folder / DATASET_FILE
     if not path.is_file() and run_id is not None and cfg.logger.enabled:
         from foxhunt.runs.store import RunStore
 
         try:
-            path = RunStore(cfg.logger.tracking_uri).download(run_id, DATASET_RECORD_FILE, folder / "downloaded")
-        except Exception:  # noqa: BLE001 (an older run without the record: the table shows no dates)
+            path = RunStore(cfg.logger.tracking_uri).download(run_id, DATASET_FILE, folder / "downloaded")
+        except Exception:  # noqa: BLE001 (an older run without dataset.json: the table shows no dates)
             return {}
     if not path.is_file():
         return {}
@@ -271,7 +271,7 @@ def _extent(extent: dict | None) -> str:
 
 
 def plot_walk_forward(results: list[ChildResult], cfg: DictConfig, path: Path, title: str) -> Path | None:
-    """The first seed's pooled test record as an equity curve (PNG); ``None`` when not plotted."""
+    """The first seed's pooled test blocks as an equity curve (PNG); ``None`` when not plotted."""
     if not cfg.evaluation.plot_equity:
         return None
     from foxhunt.evaluation.plots import plot_equity

@@ -1,6 +1,7 @@
 """What a cell's run read and was: its folder with the resolved ``config.yaml`` and its MLflow run
-(:func:`opened_run`, for a single run and for a cell of folds and seeds alike), ``dataset.json`` (the normalization and feature settings a
-registered member reads bars with), the roll schedule, and the bars as MLflow dataset inputs
+(:func:`opened_run`, for a single run and for a cell of folds and seeds alike), ``dataset.json``
+(the dataset's manifest: the normalization and feature settings a registered member reads bars
+with), the roll schedule, and the bars as MLflow dataset inputs
 (:mod:`foxhunt.runs.provenance` owns their format)."""
 
 from __future__ import annotations
@@ -41,16 +42,17 @@ def opened_run(cfg: DictConfig, name: str, tags: Mapping[str, str], parent_run_i
         yield out_dir, run
 
 
-def log_dataset_record(dataset, out_dir: Path, run) -> None:
-    """``dataset.json``: the normalization statistics and feature settings the model reads bars
-    with (what ``foxhunt ensemble register`` stores with the model), beside the run and in MLflow;
-    for a source that rolls contracts, ``roll_schedule.csv`` (one row per roll, and why)."""
+def log_dataset_manifest(dataset, out_dir: Path, run) -> None:
+    """``dataset.json`` (the dataset's manifest): the normalization statistics and feature
+    settings the model reads bars with (what ``foxhunt ensemble register`` stores with the
+    model), beside the run and in MLflow; for a source that rolls contracts,
+    ``roll_schedule.csv`` (one row per roll, and why)."""
     import json
 
-    from foxhunt.data.dataset import DATASET_RECORD_FILE
+    from foxhunt.data.dataset import DATASET_FILE
 
-    path = out_dir / DATASET_RECORD_FILE
-    path.write_text(json.dumps(dataset.record(), indent=1))
+    path = out_dir / DATASET_FILE
+    path.write_text(json.dumps(dataset.manifest(), indent=1))
     paths = [path]
     if any(arrays.roll_price is not None for arrays in dataset.splits.values()):  # a source that rolls
         from foxhunt.data.roll import ROLL_SCHEDULE_FILE, write_schedule
@@ -68,7 +70,7 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
 
     import numpy as np
 
-    from foxhunt.runs.provenance import DIGEST_LENGTH, DatasetRecord
+    from foxhunt.runs.provenance import DIGEST_LENGTH, DatasetProvenance
 
     source_cfg = OmegaConf.to_container(cfg.data.source, resolve=True)
     target = str(source_cfg.pop("_target_"))
@@ -81,7 +83,7 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
         source["settings"] = source_cfg
     dataset = parts.dataset
     digest = (dataset.cache_key or hashlib.sha256(repr(sorted(source.items())).encode()).hexdigest())[:DIGEST_LENGTH]
-    records = []
+    inputs = []
     for split in SPLITS:
         arrays = dataset.splits.get(split)
         if arrays is None:
@@ -90,10 +92,10 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
         if len(arrays):
             first, last = np.datetime_as_string(arrays.timestamps[[0, -1]], unit="s")
             profile.update(first_bar=f"{first}Z", last_bar=f"{last}Z")
-        records.append(
-            DatasetRecord(f"{parts.asset.key}-{kind}-{split}", digest, "local" if path else "code", source, split, profile)
+        inputs.append(
+            DatasetProvenance(f"{parts.asset.key}-{kind}-{split}", digest, "local" if path else "code", source, split, profile)
         )
-    return records
+    return inputs
 
 
 def _source_files(source, path) -> list[Path]:

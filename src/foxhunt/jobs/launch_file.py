@@ -2,7 +2,7 @@
 
 A job's plan is one :class:`PlannedCell` per cell of its grid, composed and validated before
 anything starts (:func:`foxhunt.jobs.launch.plan_cells`), kept on the job's parent run (tag
-``job.plan``) and in its :class:`LaunchRecord`. The launch record
+``job.plan``) and in its :class:`LaunchFile`. The launch file
 (``<root>/outputs/jobs/<job_id>.json``: the latest launch's leader pid, command, plan) is read
 for the moments before the store knows a job, or to tell a resume in progress (STARTING).
 """
@@ -24,7 +24,7 @@ JOBS_SUBDIR = Path("outputs") / "jobs"
 
 
 def jobs_dir(root: Path) -> Path:
-    """Where launch records (``<job_id>.json``) and job logs (``<job_id>.log``) live."""
+    """Where launch files (``<job_id>.json``) and job logs (``<job_id>.log``) live."""
     return Path(root) / JOBS_SUBDIR
 
 
@@ -53,11 +53,11 @@ class PlannedCell:
 
 
 @dataclass
-class LaunchRecord:
+class LaunchFile:
     """What ``foxhunt train start`` wrote next to the job's log before the store knew the job.
 
     Read only while the job's parent run is not in the store yet (the moments after start), or
-    when nothing ever reached it (a crash at import time): the store is the record otherwise.
+    when nothing ever reached it (a crash at import time): the store knows the job otherwise.
     """
 
     job_id: str
@@ -80,13 +80,13 @@ class LaunchRecord:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LaunchRecord:
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchFile:
         values = dict(data)
         values["plan"] = [PlannedCell.from_dict(cell) for cell in data.get("plan", [])]
         return cls(**values)
 
     @classmethod
-    def read(cls, path: Path) -> LaunchRecord:
+    def read(cls, path: Path) -> LaunchFile:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def write(self, path: Path) -> None:

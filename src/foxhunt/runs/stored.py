@@ -17,7 +17,7 @@ class Metric:
 
 
 @dataclass
-class RunRecord:
+class StoredRun:
     run_id: str
     name: str
     experiment: str

@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 from foxhunt.cli import app
 from foxhunt.runs import leaderboard as lb
 from foxhunt.runs.environment import store_uri
-from foxhunt.runs.records import Metric, RunRecord
 from foxhunt.runs.sqlite_reader import SqliteReader
 from foxhunt.runs.store import RunStore
+from foxhunt.runs.stored import Metric, StoredRun
 
 runner = CliRunner()
 T0 = 1_760_000_000_000
@@ -138,8 +138,8 @@ def test_fold_children_and_unfinished_runs_are_left_out(store):
 
 
 def test_ties_go_to_the_newest_run_then_the_smallest_run_id():
-    def record(run_id, start, value):
-        return RunRecord(run_id=run_id, name=run_id, experiment="x", status="FINISHED", start_ms=start, end_ms=None,
+    def stored_run(run_id, start, value):
+        return StoredRun(run_id=run_id, name=run_id, experiment="x", status="FINISHED", start_ms=start, end_ms=None,
                          tags={"model": "m", "asset": "a"}, metrics={"val/sharpe": Metric(value, 0, start)})  # fmt: skip
 
     class Fake:
@@ -155,10 +155,10 @@ def test_ties_go_to_the_newest_run_then_the_smallest_run_id():
         def run_metrics(self, run_ids, keys, prefix):
             return {}
 
-    same_time = [record("c", T0, 1.0), record("b", T0, 1.0), record("d", T0 - 1, 1.0), record("e", T0, 0.5)]
+    same_time = [stored_run("c", T0, 1.0), stored_run("b", T0, 1.0), stored_run("d", T0 - 1, 1.0), stored_run("e", T0, 0.5)]
     for order in (same_time, same_time[::-1]):
         assert lb.top(Fake(order), lb.Query("x")).rows[0].run_id == "b"
-    newer = [record("a", T0, 1.0), record("z", T0 + 1, 1.0)]
+    newer = [stored_run("a", T0, 1.0), stored_run("z", T0 + 1, 1.0)]
     assert lb.top(Fake(newer), lb.Query("x")).rows[0].run_id == "z"
 
 
