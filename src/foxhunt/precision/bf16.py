@@ -235,7 +235,7 @@ def describe(support: Bf16Support, islands: dict[str, str]) -> str:
     )
 
 
-# -- the record of dtypes a step used --------------------------------------------------------
+# -- the dtypes a step computed in -----------------------------------------------------------
 class DtypeRecorder:
     """Forward hooks on every module that owns parameters: the dtype of what each one returned
     during the step the recorder was active (a context manager), i.e. the dtype it computed in."""

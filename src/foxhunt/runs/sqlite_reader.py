@@ -171,7 +171,7 @@ class SqliteReader:
         if not experiment_ids or self.schema() != KNOWN:
             return []
         tag_keys, metric_keys = list(dict.fromkeys(tag_keys)), list(dict.fromkeys(metric_keys))
-        columns = [*(f"(SELECT value FROM tags WHERE key = ? AND run_uuid = r.run_uuid)" for _ in tag_keys), *(
+        columns = [*("(SELECT value FROM tags WHERE key = ? AND run_uuid = r.run_uuid)" for _ in tag_keys), *(
             "(SELECT CASE WHEN is_nan THEN 'NaN' ELSE value END FROM latest_metrics "
             "WHERE key = ? AND run_uuid = r.run_uuid)" for _ in metric_keys)]  # fmt: skip
         query = (
