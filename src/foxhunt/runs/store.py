@@ -441,13 +441,6 @@ class RunStore:
 
         self.client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
 
-    def logged_models(self, run_id: str) -> list:
-        """The READY logged models whose source is run ``run_id`` (MLflow's LoggedModel entities)."""
-        run = self.client.get_run(run_id)
-        found = self.client.search_logged_models(experiment_ids=[run.info.experiment_id],
-                                                 filter_string=f"source_run_id = '{run_id}'")  # fmt: skip
-        return [m for m in found if str(m.status).endswith("READY")]
-
     # -- the model registry --------------------------------------------------------------
     def register_model_version(
         self,
