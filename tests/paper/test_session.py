@@ -158,6 +158,24 @@ def test_a_stale_gap_flattens_at_the_next_bars_open(tmp_path):
     assert s.equity == pytest.approx(CAPITAL + 9 * 50 - 2 * 2.25 + 1 * 50 - 2.25)
 
 
+@pytest.mark.parametrize("fill_price", ["next_open", "decision_close"])
+def test_a_stale_flat_on_a_roll_bar_closes_the_old_contract_not_at_the_new_ones_price(tmp_path, fill_price):
+    """The first bar after a stale gap is also a roll bar: the new contract trades 50 points above
+    the old. The position held is in the old contract, which has no bar here: as any order pending
+    on a roll bar it closes at the old contract's last close, not at the new contract's open; the
+    account gains nothing from the spread between the two contracts."""
+    s = session(tmp_path / "paper.sqlite", lambda ts: 1, limits(stale_minutes=5), fill_price=fill_price, slippage=0.0)
+    bars = [bar(0, 4800.0, 4800.0), bar(1, 4800.0, 4800.0), bar(2, 4800.0, 4800.0),
+            bar(12, 4850.0, 4850.0, roll=4850.0), bar(13, 4850.0, 4850.0)]  # fmt: skip
+    s.run(iter(bars), lambda: False)
+    book = booked(s)
+    assert book["positions"] == [0, 1, 1, 0, 1] and book["events"][0][0] == "stale"
+    (flat,) = [f for f in book["fills"] if f[3] == bars[3].ts_ns]
+    assert (flat[4], flat[5]) == (-1, 4800.0)
+    # the prices never moved within a contract: the account lost only its three commissions
+    assert s.equity == pytest.approx(CAPITAL - 3 * 2.25)
+
+
 def test_a_live_heartbeat_flattens_a_stale_symbol_once_per_gap_at_the_next_bar(tmp_path):
     s = session(tmp_path / "paper.sqlite", lambda ts: 1, limits(stale_minutes=5), slippage=0.0)
     now = iter([START_NS + minute * MINUTE_NS for minute in (8, 9, 17)])
