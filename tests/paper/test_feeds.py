@@ -140,5 +140,5 @@ def test_a_file_feed_is_paced_from_its_first_traded_bar():
         stamps.append((b.trade, time.monotonic() - started))
     primed = [t for trade, t in stamps if not trade]
     traded = [t for trade, t in stamps if trade]
-    assert max(primed) < 0.05  # priming bars are not paced
+    assert max(primed) < 0.15  # priming bars are not paced (paced, their 3 minutes would take 0.3 s)
     assert traded[-1] - traded[0] >= 0.3 - 0.01 and traded[-1] < 2.0  # 3 minutes at 600 x

@@ -64,6 +64,7 @@ def test_sigterm_ends_the_loop_and_the_handlers_come_back():
     before = signal.getsignal(signal.SIGTERM)
     signals = _Signals()
     assert not signals.requested()
+    assert signal.getsignal(signal.SIGTERM) == signals._on  # installed (else the kill below would end pytest)
     os.kill(os.getpid(), signal.SIGTERM)
     assert signals.requested() and signals.seen == signal.SIGTERM
     signals.restore()
