@@ -1,8 +1,24 @@
-"""One line per error: Hydra's multi-line messages folded, option lists joined, causes kept."""
+"""One line per error: Hydra's multi-line messages folded, option lists joined, causes kept; an input
+error is its kind and message, exit status 2 without a traceback; a bug keeps its type and traceback."""
 
 from __future__ import annotations
 
-from foxhunt.errors import one_line, one_line_error
+import pytest
+from hydra.errors import MissingConfigException, OverrideParseException
+
+from foxhunt.errors import (
+    DEBUG_ENV,
+    ConfigError,
+    FolderError,
+    UserError,
+    debug_requested,
+    error_line,
+    is_user_error,
+    one_line,
+    one_line_error,
+    reported,
+    strip_debug_flag,
+)
 
 HYDRA = (
     "In 'train': Could not find 'asset/xx'\n\nAvailable options in 'asset':\n\t6e\n\tes\n\tnq\n\tzn\n"
@@ -34,3 +50,46 @@ def test_a_logs_last_lines_keep_their_end():
     text = "epoch 1\n\n  step   9\nTraceback\nValueError: NaN"
     assert one_line(text, separator=" | ") == "epoch 1 | step 9 | Traceback | ValueError: NaN"
     assert one_line(text, 18, separator=" | ", keep_end=True) == "...ValueError: NaN"
+
+
+def test_an_input_error_is_its_kind_and_message_and_a_bug_keeps_its_type():
+    class DataError(UserError):
+        kind = "data"
+
+    assert error_line(ConfigError("model.lr=0: must be > 0")) == "config error: model.lr=0: must be > 0"
+    assert error_line(DataError("bars.csv: row 3\nout of order")) == "data error: bars.csv: row 3 out of order"
+    assert error_line(KeyError("x")) == "KeyError: 'x'" and not is_user_error(KeyError("x"))
+    assert error_line(ConfigError("y" * 100), limit=20) == "config error: yyy..."
+
+
+def test_hydras_input_errors_are_config_errors_naming_the_override():
+    parse = OverrideParseException("model.lr=[1,", "no viable alternative at input '[1,'")
+    assert is_user_error(parse)
+    assert error_line(parse) == "config error: override 'model.lr=[1,': no viable alternative at input '[1,'"
+    assert error_line(MissingConfigException(HYDRA)).startswith("config error: In 'train': Could not find 'asset/xx'")
+
+
+def test_reported_exits_2_with_one_line_and_lets_a_bug_through(capsys):
+    with pytest.raises(SystemExit) as done:
+        with reported("foxhunt-train"):
+            raise ConfigError("model.window.horizon=60: must be < model.window.seq_len (50)")
+    assert done.value.code == 2 and done.value.__cause__ is None
+    assert capsys.readouterr().err == "foxhunt-train: config error: model.window.horizon=60: must be < model.window.seq_len (50)\n"
+    with pytest.raises(ZeroDivisionError):
+        with reported("foxhunt-train"):
+            1 / 0
+    with pytest.raises(ConfigError):  # --debug: the input error keeps its traceback
+        with reported("foxhunt-train", debug=True):
+            raise ConfigError("x")
+    assert capsys.readouterr().err == ""
+
+
+def test_the_debug_switches(monkeypatch):
+    for name in (DEBUG_ENV, "HYDRA_FULL_ERROR"):
+        monkeypatch.delenv(name, raising=False)
+    assert not debug_requested(["model=dqn"]) and debug_requested(["--debug"])
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    assert debug_requested([])
+    assert strip_debug_flag(["a", "--debug", "b"]) == (["a", "b"], True) and strip_debug_flag(["a"]) == (["a"], False)
+    denied = FolderError.of(PermissionError(13, "Permission denied", "/ro/outputs"), "paths.output_dir")
+    assert str(denied) == "cannot make the folder /ro/outputs: Permission denied (set paths.output_dir to a folder that can be written)"

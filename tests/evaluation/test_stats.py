@@ -1,8 +1,8 @@
-"""Bootstrap intervals that cover, PSR/DSR against the papers, and clear errors on bad inputs."""
+"""Bootstrap intervals that cover, moments of known distributions, and clear errors on bad inputs
+(the PSR and DSR: test_deflated.py)."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy.stats import norm
 
-from foxhunt.evaluation.deflated import deflated_sharpe_ratio, expected_max_sharpe, probabilistic_sharpe_ratio
 from foxhunt.evaluation.stats import BootstrapIntervals, block_bootstrap, pnl_moments, sharpe_ratio
 
 
@@ -197,78 +196,6 @@ def test_bootstrap_interval_properties(pnl, block_bars, scale, seed):
     assert negated.mean_pnl == pytest.approx((-high, -low), rel=1e-9, abs=slack)
 
 
-# ------------------------------------------------------------------------------ PSR / DSR
-
-
-def test_psr_is_one_half_at_the_benchmark():
-    assert probabilistic_sharpe_ratio(0.1, 0.1, 1000, skew=-2.0, kurtosis=9.0) == 0.5
-    assert probabilistic_sharpe_ratio(0.0, 0.0, 10, skew=0.0, kurtosis=3.0) == 0.5
-
-
-def test_psr_of_normal_returns_by_hand():
-    # skew 0, kurtosis 3: denominator sqrt(1 + sr^2 / 2); sr 0.1 vs 0 over 101 observations
-    # z = 0.1 * sqrt(100) / sqrt(1.005) = 0.997509...; Phi(z) = 0.84073...
-    z = 0.1 * 10.0 / math.sqrt(1.005)
-    assert z == pytest.approx(0.9975093, abs=1e-7)
-    psr = probabilistic_sharpe_ratio(0.1, 0.0, 101, skew=0.0, kurtosis=3.0)
-    assert psr == pytest.approx(0.5 * (1.0 + math.erf(z / math.sqrt(2.0))), rel=1e-12)
-    assert psr == pytest.approx(0.8407, abs=1e-4)
-    # with no skew, a Sharpe as far below the benchmark mirrors it
-    assert probabilistic_sharpe_ratio(-0.1, 0.0, 101, 0.0, 3.0) == pytest.approx(1.0 - psr)
-
-
-def test_psr_penalizes_negative_skew_and_fat_tails():
-    normal = probabilistic_sharpe_ratio(0.1, 0.0, 500, skew=0.0, kurtosis=3.0)
-    assert probabilistic_sharpe_ratio(0.1, 0.0, 500, skew=-1.0, kurtosis=3.0) < normal
-    assert probabilistic_sharpe_ratio(0.1, 0.0, 500, skew=0.0, kurtosis=8.0) < normal
-    assert probabilistic_sharpe_ratio(0.1, 0.0, 500, skew=1.0, kurtosis=3.0) > normal
-
-
-def test_expected_max_sharpe_grows_with_trials_and_is_zero_for_one():
-    assert expected_max_sharpe(0.5, 1) == 0.0
-    values = [expected_max_sharpe(1.0, n) for n in (2, 5, 10, 100, 1000, 10_000)]
-    assert all(a < b for a, b in itertools.pairwise(values))
-    # scales with the trials' standard deviation
-    assert expected_max_sharpe(4.0, 100) == pytest.approx(2.0 * expected_max_sharpe(1.0, 100))
-    assert expected_max_sharpe(0.0, 100) == 0.0
-
-
-def test_deflated_sharpe_ratio_paper_example():
-    """Bailey & López de Prado, "The Deflated Sharpe Ratio" (2014), the numerical example.
-
-    N = 100 trials whose annualized Sharpe ratios have variance 1/2; the best has annualized
-    SR 2.5 over T = 1250 daily observations (five years of 250) with skew -3 and kurtosis
-    10. Per observation, as the paper converts: V = 0.5 / 250, SR = 2.5 / sqrt(250) =
-    0.1581, giving E[max SR] = 0.1132 (1.7894 annualized) and DSR = 0.9004.
-    """
-    periods = 250
-    variance = 0.5 / periods
-    sr = 2.5 / math.sqrt(periods)
-    benchmark = expected_max_sharpe(variance, 100)
-    assert benchmark == pytest.approx(0.1132, abs=5e-5)
-    assert benchmark * math.sqrt(periods) == pytest.approx(1.7894, abs=5e-4)
-    # 100 trial Sharpe ratios whose sample variance is exactly V
-    raw = np.random.default_rng(0).normal(size=100)
-    trials = (raw - raw.mean()) / raw.std(ddof=1) * math.sqrt(variance)
-    dsr = deflated_sharpe_ratio(sr, trials, n_obs=1250, skew=-3.0, kurtosis=10.0)
-    assert dsr == pytest.approx(0.9004, abs=5e-5)
-    assert dsr == pytest.approx(
-        probabilistic_sharpe_ratio(sr, benchmark, 1250, skew=-3.0, kurtosis=10.0), rel=1e-12
-    )
-
-
-def test_dsr_of_a_single_trial_is_the_psr_against_zero():
-    dsr = deflated_sharpe_ratio(0.05, [0.05], n_obs=400, skew=0.0, kurtosis=3.0)
-    assert dsr == probabilistic_sharpe_ratio(0.05, 0.0, 400, skew=0.0, kurtosis=3.0)
-
-
-def test_more_trials_deflate_more():
-    rng = np.random.default_rng(3)
-    few = deflated_sharpe_ratio(0.1, rng.normal(0, 0.03, 5), 1000, 0.0, 3.0)
-    many = deflated_sharpe_ratio(0.1, rng.normal(0, 0.03, 500), 1000, 0.0, 3.0)
-    assert many < few
-
-
 def test_pnl_moments_match_known_distributions():
     rng = np.random.default_rng(8)
     skew, kurtosis = pnl_moments(rng.normal(size=200_000))
@@ -310,17 +237,6 @@ GOOD_PNL = np.random.default_rng(9).normal(size=20)
         (lambda: bootstrap(GOOD_PNL, seed=-1), r"seed=-1"),
         (lambda: bootstrap(GOOD_PNL, seed=None), r"seed=None"),
         (lambda: bootstrap(GOOD_PNL, periods_per_year=np.nan), r"periods_per_year=nan"),
-        (lambda: probabilistic_sharpe_ratio(np.nan, 0.0, 100, 0.0, 3.0), r"\bsr=nan"),
-        (lambda: probabilistic_sharpe_ratio(0.1, np.inf, 100, 0.0, 3.0), r"sr_benchmark=inf"),
-        (lambda: probabilistic_sharpe_ratio(0.1, 0.0, 1, 0.0, 3.0), r"n_obs=1"),
-        (lambda: probabilistic_sharpe_ratio(0.1, 0.0, 10.5, 0.0, 3.0), r"n_obs=10.5"),
-        (lambda: probabilistic_sharpe_ratio(0.1, 0.0, 100, np.nan, 3.0), r"skew=nan"),
-        (lambda: probabilistic_sharpe_ratio(0.1, 0.0, 100, 0.0, 0.5), r"kurtosis=0.5"),
-        (lambda: probabilistic_sharpe_ratio(4.0, 0.0, 100, 1.0, 1.0), r"skew=1.0, kurtosis=1.0"),
-        (lambda: expected_max_sharpe(-0.1, 10), r"sr_variance=-0.1"),
-        (lambda: expected_max_sharpe(0.1, 0), r"n_trials=0"),
-        (lambda: deflated_sharpe_ratio(0.1, [], 100, 0.0, 3.0), r"trial_srs: needs at least 1"),
-        (lambda: deflated_sharpe_ratio(0.1, [0.1, np.nan], 100, 0.0, 3.0), r"trial_srs\[1\]"),
         (lambda: pnl_moments([1.0]), r"pnl_moments pnl: needs at least 2 values"),
     ],
 )

@@ -21,6 +21,7 @@ Written by hand: it is foxhunt's own composition of its engine, fill model, limi
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -130,7 +131,9 @@ class PaperSession:
         if stale and symbol not in self.stale_flagged:
             events.append(("stale", f"{stale}: flattened at this bar's open"))
             if account.position:
-                account.pending = Order(symbol, bar.ts_ns, 0, -account.position, "stale feed", bar.raw_open)
+                # on a roll bar the position is in the old contract, closed at its last close (the mark)
+                price = bar.raw_open if math.isnan(bar.roll_price) else account.mark
+                account.pending = Order(symbol, bar.ts_ns, 0, -account.position, "stale feed", price)
             elif account.pending is not None:
                 account.pending = None
         self.stale_flagged.discard(symbol)

@@ -1,0 +1,198 @@
+"""foxhunt.paper.session: the loop of fills, limits and ledger around a fleet, here a scripted one
+(its decision a function of the bar's time): no position beyond the limit is ever held or
+ordered, a breach flattens and stops or pauses to the next trading date, a restart goes on as if
+never stopped, a stale feed flattens at the next bar's open in the contract held."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from paper_bars import CAPITAL, ES, MINUTE_NS, START_NS, bar, bar_paths
+from test_ledger import IDENTITY
+
+from foxhunt.paper.fills import FillModel
+from foxhunt.paper.ledger import Ledger
+from foxhunt.paper.risk import PAUSED, STOPPED, RiskLimits
+from foxhunt.paper.session import PaperSession
+
+
+class ScriptedFleet:
+    """The engine's interface with a scripted decision: ``decide(ts_ns)`` is the ensemble's target."""
+
+    def __init__(self, decide) -> None:
+        self.decide = decide
+
+    def open_stream(self, symbol):
+        return symbol
+
+    def check(self, stream, values) -> None:
+        pass
+
+    def warm(self, *values, stream) -> None:
+        pass
+
+    def reset_members(self, stream) -> None:
+        pass
+
+    def step_many(self, pairs):
+        return [SimpleNamespace(position=self.decide(values[0]), warm=True, total_ns=500, decisions={}) for _, values in pairs]
+
+
+def limits(**overrides) -> RiskLimits:
+    settings = {"max_position": 1, "max_daily_loss_usd": None, "max_drawdown_usd": None, "stale_minutes": None,
+                "on_breach": "stop", **overrides}  # fmt: skip
+    return RiskLimits(SimpleNamespace(**settings), ES)
+
+
+def session(path, decide, risk=None, fill_price="next_open", slippage=1.0) -> PaperSession:
+    ledger = Ledger(path, IDENTITY)
+    ledger.open()
+    return PaperSession(ScriptedFleet(decide), ledger, FillModel(ES, 2.25, slippage, fill_price), risk or limits(),
+                        CAPITAL, ES.multiplier)  # fmt: skip
+
+
+def by_time(bars, targets):
+    table = {b.ts_ns: t for b, t in zip(bars, targets)}
+    return lambda ts: table[ts]
+
+
+def booked(s: PaperSession) -> dict:
+    c = s.ledger.conn
+    return {"positions": [r[0] for r in c.execute("SELECT position FROM bars WHERE trade = 1 ORDER BY seq")],
+            "orders": c.execute("SELECT ts_ns, target, quantity, reason FROM orders ORDER BY id").fetchall(),
+            "fills": s.ledger.fills_rows(), "events": [r[2:] for r in s.ledger.load(ES.multiplier).events],
+            "account": c.execute("SELECT position, cash, mark, pending_order FROM accounts").fetchall(),
+            "risk": c.execute("SELECT day, day_start, peak, status, reason FROM risk").fetchall()}  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(bar_paths(max_bars=30).flatmap(lambda bars: st.tuples(
+    st.just(bars), st.lists(st.integers(-3, 3), min_size=len(bars), max_size=len(bars)))))  # fmt: skip
+def test_no_position_beyond_the_limit_is_ever_held_or_ordered_and_a_stop_trades_no_more(tmp_path_factory, case):
+    bars, targets = case
+    s = session(tmp_path_factory.mktemp("s") / "paper.sqlite", by_time(bars, targets))
+    ended = s.run(iter(bars), lambda: False)
+    book = booked(s)
+    assert all(abs(p) <= 1 for p in book["positions"]) and all(abs(target) <= 1 for _, target, _, _ in book["orders"])
+    beyond = next((i for i, t in enumerate(targets) if abs(t) > 1), None)
+    if beyond is None:
+        assert ended == "the feed ended" and book["positions"] == [0, *targets[:-1]]
+        return
+    # up to the breach the positions follow the fleet one bar late; then the flat, and the end
+    assert book["positions"][: beyond + 1] == [0, *targets[:beyond]]
+    assert s.state.status == STOPPED and book["events"][0][0] == "breach"
+    assert s.state.reason.startswith(f"max position: ES.FUT target {targets[beyond]:+d}")
+    flat_at = beyond + (1 if book["positions"][beyond] != 0 else 0)
+    if flat_at < len(bars):  # flat (at once, or on the next bar): the session ends there
+        assert ended == f"stopped by a risk limit: {s.state.reason}"
+        assert len(book["positions"]) == flat_at + 1 and book["positions"][-1] == 0
+    else:  # the breach on the last bar: the flat is pending when the feed ends
+        assert ended == "the feed ended" and s.accounts["ES.FUT"].pending.target == 0
+    assert all(target == 0 and reason.startswith("risk: max position") for ts, target, _, reason in book["orders"]
+               if ts >= bars[beyond].ts_ns)  # fmt: skip
+
+
+def test_a_daily_loss_pauses_flat_until_the_next_trading_date(tmp_path):
+    """Always long, 10 points (500 USD) lost a bar on the 12th; the limit is 600 USD. The breach
+    flattens, the account stays flat through the 12th, and trades again from the 13th's first bar
+    (22:00 UTC, Globex's evening open)."""
+    day = [bar(i, 4800.0 - 10 * i, 4800.0 - 10 * (i + 1)) for i in range(6)]
+    evening = np.datetime64("2024-03-12T22:00", "ns").astype(np.int64)
+    night = [bar(6 + i, 4740.0, 4740.0 + i, ts_ns=int(evening) + i * MINUTE_NS) for i in range(4)]
+    s = session(tmp_path / "paper.sqlite", lambda ts: 1, limits(max_daily_loss_usd=600.0, on_breach="pause"), slippage=0.0)
+    assert s.run(iter(day + night), lambda: False) == "the feed ended"
+    book = booked(s)
+    # bar 1 fills long at 4790 and marks 4780 (-500 - 2.25), bar 2 marks 4770: -1002.25 > 600: flatten at bar 3's open
+    assert book["positions"] == [0, 1, 1, 0, 0, 0, 0, 1, 1, 1]
+    kinds = [kind for kind, _ in book["events"]]
+    assert kinds == ["breach", "resume"]
+    assert book["events"][0][1].startswith("max daily loss: 1,002.25 USD lost on 2024-03-12")
+    assert book["events"][1][1].startswith("trading date 2024-03-13: the pause ends (max daily loss")
+    assert s.state.status != PAUSED and s.state.day == "2024-03-13"
+    assert s.state.day_start == pytest.approx(CAPITAL - 1_000.0 - 2 * 2.25)  # long from 4790, flat at bar 3's open 4770
+
+
+@pytest.mark.parametrize("fill_price", ["next_open", "decision_close"])
+def test_a_restart_goes_on_as_if_never_stopped(tmp_path, fill_price):
+    rng = np.random.default_rng(5)
+    closes = 4800.0 + 0.25 * np.cumsum(rng.integers(-6, 7, 60))
+    bars = [bar(i, float(closes[i - 1] if i else 4800.0) + 0.25 * int(rng.integers(-2, 3)), float(closes[i]),
+                roll=float(closes[i] - 20.0) if i == 30 else math.nan) for i in range(60)]  # fmt: skip
+    targets = [int(v) for v in rng.integers(-1, 2, 60)]
+    decide = by_time(bars, targets)
+    whole = session(tmp_path / "whole.sqlite", decide, fill_price=fill_price)
+    whole.run(iter(bars), lambda: False)
+    first = session(tmp_path / "cut.sqlite", decide, fill_price=fill_price)
+    first.run(iter(bars[:23]), lambda: False)
+    first.ledger.close()
+    again = session(tmp_path / "cut.sqlite", decide, fill_price=fill_price)
+    last = again.resume()
+    assert last == bars[22].ts_ns and again.resumed_bars == 23
+    again.run((b for b in bars if b.ts_ns > last), lambda: False)
+    assert booked(again) == booked(whole) and len(booked(whole)["fills"]) > 10
+    assert again.equity == whole.equity
+
+    other = session(tmp_path / "cut.sqlite", lambda ts: 1 if decide(ts) != 1 else -1, fill_price=fill_price)
+    with pytest.raises(RuntimeError, match="resume: the fleet decided"):
+        other.resume()
+
+
+def test_a_stale_gap_flattens_at_the_next_bars_open(tmp_path):
+    s = session(tmp_path / "paper.sqlite", lambda ts: 1, limits(stale_minutes=5), slippage=0.0)
+    bars = [bar(0, 4800.0, 4800.0), bar(1, 4801.0, 4802.0), bar(2, 4802.0, 4803.0), bar(12, 4810.0, 4811.0),
+            bar(13, 4811.0, 4812.0)]  # fmt: skip
+    s.run(iter(bars), lambda: False)
+    book = booked(s)
+    assert book["positions"] == [0, 1, 1, 0, 1]  # flat at bar 12's open, long again from the fleet's next order
+    (kind, message), = book["events"]
+    assert kind == "stale" and message.startswith("stale feed: no bar for 9 open-market minutes")
+    flat = [f for f in book["fills"] if f[3] == bars[3].ts_ns]
+    assert [(f[4], f[5]) for f in flat] == [(-1, 4810.0)]
+    # long from 4801 (bar 1's open) to 4810: 9 points, less two commissions; then long again at 4811 marked 4812
+    assert s.equity == pytest.approx(CAPITAL + 9 * 50 - 2 * 2.25 + 1 * 50 - 2.25)
+
+
+@pytest.mark.parametrize("fill_price", ["next_open", "decision_close"])
+def test_a_stale_flat_on_a_roll_bar_closes_the_old_contract_not_at_the_new_ones_price(tmp_path, fill_price):
+    """The first bar after a stale gap is also a roll bar: the new contract trades 50 points above
+    the old. The position held is in the old contract, which has no bar here: as any order pending
+    on a roll bar it closes at the old contract's last close, not at the new contract's open; the
+    account gains nothing from the spread between the two contracts."""
+    s = session(tmp_path / "paper.sqlite", lambda ts: 1, limits(stale_minutes=5), fill_price=fill_price, slippage=0.0)
+    bars = [bar(0, 4800.0, 4800.0), bar(1, 4800.0, 4800.0), bar(2, 4800.0, 4800.0),
+            bar(12, 4850.0, 4850.0, roll=4850.0), bar(13, 4850.0, 4850.0)]  # fmt: skip
+    s.run(iter(bars), lambda: False)
+    book = booked(s)
+    assert book["positions"] == [0, 1, 1, 0, 1] and book["events"][0][0] == "stale"
+    (flat,) = [f for f in book["fills"] if f[3] == bars[3].ts_ns]
+    assert (flat[4], flat[5]) == (-1, 4800.0)
+    # the prices never moved within a contract: the account lost only its three commissions
+    assert s.equity == pytest.approx(CAPITAL - 3 * 2.25)
+
+
+def test_a_live_heartbeat_flattens_a_stale_symbol_once_per_gap_at_the_next_bar(tmp_path):
+    s = session(tmp_path / "paper.sqlite", lambda ts: 1, limits(stale_minutes=5), slippage=0.0)
+    now = iter([START_NS + minute * MINUTE_NS for minute in (8, 9, 17)])
+    feed = [bar(0, 4800.0, 4800.0), bar(1, 4801.0, 4802.0), None, None, bar(9, 4805.0, 4806.0), bar(10, 4806.0, 4806.0),
+            None, bar(17, 4807.0, 4807.0)]  # fmt: skip
+    assert s.run(iter(feed), lambda: False, clock=lambda: next(now)) == "the feed ended"
+    book = booked(s)
+    # the second heartbeat of the first gap says nothing; the gap after bar 10 is a new one
+    assert [kind for kind, _ in book["events"]] == ["stale", "stale"]
+    assert book["positions"] == [0, 1, 0, 1, 0]
+    assert [(f[3], f[4], f[5]) for f in book["fills"] if f[4] < 0] == [(feed[4].ts_ns, -1, 4805.0), (feed[7].ts_ns, -1, 4807.0)]
+    assert [reason for *_, reason in book["orders"]] == ["signal", "stale feed", "signal", "stale feed", "signal"]
+
+
+def test_a_signal_stops_between_bars(tmp_path):
+    bars = [bar(i, 4800.0, 4800.0) for i in range(5)]
+    s = session(tmp_path / "paper.sqlite", lambda ts: 1)
+    calls = itertools.count(1)
+    assert s.run(iter(bars), lambda: next(calls) > 3) == "stopped by signal"
+    assert s.bars == 3 and booked(s)["positions"] == [0, 1, 1]
