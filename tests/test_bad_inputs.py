@@ -9,7 +9,6 @@ one set of bad files are shared by the module.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 import subprocess

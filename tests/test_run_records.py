@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 from waiting import process_gone, wait_until
 
 BIN = Path(sys.executable).parent
