@@ -158,6 +158,28 @@ def test_a_stale_gap_flattens_at_the_next_bars_open(tmp_path):
     assert s.equity == pytest.approx(CAPITAL + 9 * 50 - 2 * 2.25 + 1 * 50 - 2.25)
 
 
+@pytest.mark.parametrize("pending", [False, True], ids=["nothing-pending", "an-order-pending"])
+def test_a_stale_flat_noticed_on_a_bar_is_booked_as_its_own_order_and_its_fill_names_it(tmp_path, pending):
+    """Every fill names the order it filled: the flat a stale gap forces at a bar's open is an
+    order row of its own (reason ``stale feed``, filled at that bar); an order it replaces stays
+    unfilled."""
+    targets = {0: 1, 1: 1, 2: -1 if pending else 1, 12: 1, 13: 1}
+    s = session(tmp_path / "paper.sqlite", lambda ts: targets[(ts - START_NS) // MINUTE_NS], limits(stale_minutes=5),
+                slippage=0.0)  # fmt: skip
+    bars = [bar(0, 4800.0, 4800.0), bar(1, 4801.0, 4802.0), bar(2, 4802.0, 4803.0), bar(12, 4810.0, 4811.0),
+            bar(13, 4811.0, 4812.0)]  # fmt: skip
+    s.run(iter(bars), lambda: False)
+    c = s.ledger.conn
+    orders = {row[0]: row[1:] for row in c.execute("SELECT id, ts_ns, quantity, reason, filled_ts_ns FROM orders")}
+    (flat,) = [f for f in s.ledger.fills_rows() if f[3] == bars[3].ts_ns]
+    assert orders[flat[1]] == (bars[3].ts_ns, -1, "stale feed", bars[3].ts_ns)
+    replaced = [row for row in orders.values() if row[0] == bars[2].ts_ns]
+    assert replaced == ([(bars[2].ts_ns, -2, "signal", None)] if pending else [])
+    for fill in s.ledger.fills_rows():  # every trade fill names an order filled at its bar
+        if fill[7] == "trade":
+            assert orders[fill[1]][3] == fill[3]
+
+
 @pytest.mark.parametrize("fill_price", ["next_open", "decision_close"])
 def test_a_stale_flat_on_a_roll_bar_closes_the_old_contract_not_at_the_new_ones_price(tmp_path, fill_price):
     """The first bar after a stale gap is also a roll bar: the new contract trades 50 points above

@@ -1,10 +1,11 @@
-"""The weights of a trained member, copied out of its torch module once, for the batch-1 runtimes.
+"""The weights of a trained member, read out of its torch module once, for the batch-1 runtimes.
 
 At batch 1 a small network is bound by dispatch and memory traffic, not arithmetic: torch eager
 spends microseconds per operator on argument checks, dispatch keys and autograd bookkeeping
 (about 25 us for the DQN's three layers on an AVX-512 CPU), numpy about one, a numba kernel
 (:mod:`foxhunt.ensemble.kernels`) a fraction. So a member can run the same math outside torch,
-on these copies: :func:`mlp_layers` for the agents' greedy network (numba or numpy), and
+on these arrays (float32 arrays share memory with the module's CPU parameters, which a member
+never changes; int8 codes and scales are new arrays): :func:`mlp_layers` for the agents' greedy network (numba or numpy), and
 :func:`mamba2_arrays` for the Mamba-2 step (numba), in float32 or, for int8, with each weight
 matrix as int8 codes and one float32 scale per row. Which runtime a member uses is chosen by
 measurement (:mod:`foxhunt.ensemble.members`), and the parity tests hold every runtime to the

@@ -137,8 +137,11 @@ class Ledger:
 
     # -- writing ---------------------------------------------------------------------------
     def record_bar(self, bar, account: Account, fills: list[Fill], order: Order | None, risk: RiskState,
-                   events: list[tuple[str, str]], target: int | None, fleet_ns: int, loop_ns: int) -> None:  # fmt: skip
-        """One bar's transaction (module doc)."""
+                   events: list[tuple[str, str]], target: int | None, fleet_ns: int, loop_ns: int,
+                   stale_order: Order | None = None, replaced: bool = False) -> None:  # fmt: skip
+        """One bar's transaction (module doc). ``stale_order``: the flat a stale gap placed at this
+        bar's open, filled by this bar (its own order row, which its fill names); ``replaced``: the
+        pending order was dropped at this bar's open (its row stays unfilled)."""
         c = self.conn
         self._bars += 1
         with self._transaction():
@@ -147,6 +150,10 @@ class Ledger:
                       (bar.symbol, bar.ts_ns, bar.open, bar.high, bar.low, bar.close, bar.volume, bar.raw_open, bar.raw_close,
                        None if math.isnan(bar.roll_price) else bar.roll_price, int(bar.trade), bar.contract, target,
                        account.position, account.cash, account.equity, fleet_ns, loop_ns))  # fmt: skip
+            if replaced or stale_order is not None:
+                self._order_ids.pop(account.symbol, None)
+            if stale_order is not None:
+                self._order_ids[account.symbol] = self._insert_order(stale_order)
             if fills:
                 filled = self._order_ids.pop(account.symbol, None)
                 if filled is not None:
@@ -156,15 +163,18 @@ class Ledger:
                               [(filled if f.kind == "trade" else None, f.symbol, f.ts_ns, f.quantity, f.price, f.commission, f.kind,
                                 f.reference, f.gap_usd) for f in fills])  # fmt: skip
             if order is not None:
-                cur = c.execute("INSERT INTO orders (symbol, ts_ns, target, quantity, reason, reference) VALUES (?,?,?,?,?,?)",
-                                (order.symbol, order.ts_ns, order.target, order.quantity, order.reason, order.reference))
-                self._order_ids[account.symbol] = cur.lastrowid
+                self._order_ids[account.symbol] = self._insert_order(order)
             self._write_state(account, risk)
             if events:
                 c.executemany("INSERT INTO events (ts_ns, symbol, kind, message) VALUES (?,?,?,?)",
                               [(bar.ts_ns, bar.symbol, kind, message) for kind, message in events])
             self._maybe_kill("before_commit")
         self._maybe_kill("after_commit")
+
+    def _insert_order(self, order: Order) -> int:
+        cur = self.conn.execute("INSERT INTO orders (symbol, ts_ns, target, quantity, reason, reference) VALUES (?,?,?,?,?,?)",
+                                (order.symbol, order.ts_ns, order.target, order.quantity, order.reason, order.reference))
+        return cur.lastrowid
 
     def record_priming(self, bars: list) -> None:
         """Bars that only prime the features, in one transaction (killed before it, a file
@@ -184,9 +194,7 @@ class Ledger:
             self.conn.execute("INSERT INTO events (ts_ns, symbol, kind, message) VALUES (?,?,?,?)", (ts_ns, symbol, kind, message))
             if order is not None and account is not None:
                 self._order_ids.pop(account.symbol, None)
-                cur = self.conn.execute("INSERT INTO orders (symbol, ts_ns, target, quantity, reason, reference) VALUES (?,?,?,?,?,?)",
-                                        (order.symbol, order.ts_ns, order.target, order.quantity, order.reason, order.reference))
-                self._order_ids[account.symbol] = cur.lastrowid
+                self._order_ids[account.symbol] = self._insert_order(order)
             if account is not None and risk is not None:
                 self._write_state(account, risk)
 

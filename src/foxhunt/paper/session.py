@@ -128,14 +128,17 @@ class PaperSession:
         if line:
             events.append(("resume", line))
         stale = self.risk.stale(self.last_ts.get(symbol), bar.ts_ns) if symbol in self.last_ts else None
+        stale_order, replaced = None, False  # the flat placed at this bar's open, the pending order it replaced
         if stale and symbol not in self.stale_flagged:
-            events.append(("stale", f"{stale}: flattened at this bar's open"))
+            rolled = not math.isnan(bar.roll_price)
+            where = "the old contract's last close (a roll bar)" if rolled else "this bar's open"
+            events.append(("stale", f"{stale}: flattened at {where}"))
+            replaced = account.pending is not None
+            account.pending = None
             if account.position:
                 # on a roll bar the position is in the old contract, closed at its last close (the mark)
-                price = bar.raw_open if math.isnan(bar.roll_price) else account.mark
-                account.pending = Order(symbol, bar.ts_ns, 0, -account.position, "stale feed", price)
-            elif account.pending is not None:
-                account.pending = None
+                price = account.mark if rolled else bar.raw_open
+                stale_order = account.pending = Order(symbol, bar.ts_ns, 0, -account.position, "stale feed", price)
         self.stale_flagged.discard(symbol)
         fills = self.fills.on_bar(account, bar)
         result = self.engine.step_many([(stream, bar.values)])[0]
@@ -157,7 +160,8 @@ class PaperSession:
         account.pending = order
         fleet = result.total_ns
         loop = time.perf_counter_ns() - started - fleet  # before the commit is timed too: added below
-        self.ledger.record_bar(bar, account, fills, order, self.state, events, result.position if result.warm else 0, fleet, loop)
+        self.ledger.record_bar(bar, account, fills, order, self.state, events, result.position if result.warm else 0, fleet, loop,
+                               stale_order=stale_order, replaced=replaced)  # fmt: skip
         added = time.perf_counter_ns() - started - fleet
         self.added_ns.append(added)
         self.fleet_ns.append(fleet)
