@@ -347,7 +347,9 @@ def int8_choices(footprint: FleetFootprint, max_slowdown: float, min_cut_pct: fl
         slowdown = int8.step_p50_us / fp32.step_p50_us
         cut = 100 * (1 - int8.footprint_bytes / fp32.footprint_bytes)
         agree = float(np.mean(int8.positions == fp32.positions)) if fp32.positions is not None and int8.positions is not None else 1.0
-        pays = slowdown <= max_slowdown and cut >= min_cut_pct and agree >= min_agreement
+        # in bytes, not the rounded percentage: a footprint exactly min_cut_pct % smaller pays
+        cut_enough = 100 * int8.footprint_bytes <= (100 - min_cut_pct) * fp32.footprint_bytes
+        pays = slowdown <= max_slowdown and cut_enough and agree >= min_agreement
         bars = 0 if fp32.positions is None else len(fp32.positions)
         choices[fp32.name] = ("int8" if pays else "fp32", (
             f"int8 step {int8.step_p50_us:.1f} us vs {fp32.step_p50_us:.1f} us = {slowdown:.2f}x (at most {max_slowdown:.2f}x), "
