@@ -63,7 +63,8 @@ def test_a_process_created_after_the_run_was_last_seen_counts_only_if_it_is_foxh
     assert process_alive(sleeper.pid, since_ms=int(created_ms))  # created before the run was last seen
     assert not process_alive(sleeper.pid, since_ms=int(created_ms) - 60_000)  # a reused pid
     foxhunt = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "foxhunt-train"])
-    try:
+    try:  # until the child has exec'd, its command line is the forking parent's
+        wait_until(lambda: "foxhunt-train" in psutil.Process(foxhunt.pid).cmdline(), "the child's own command line")
         assert process_alive(foxhunt.pid, since_ms=int(created_ms) - 60_000)  # a resumed run's new process
     finally:
         foxhunt.kill()
