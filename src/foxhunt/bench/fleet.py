@@ -187,11 +187,19 @@ def _cold_floor_rows(members, modules, inputs, asset, bars, stamps, stop, replay
     all_stamps = bars.index.as_unit("ns").asi8
     floors = {f: _numpy_floor(modules[f]) for f in ("dqn", "ppo")}
     cold = {f: [] for f in floors}
+    start = int(stamps[0])
     for ts, row in zip(all_stamps.tolist(), values.tolist()):
+        if ts >= start:
+            break
+        engine.warm(ts, *row)  # the features only, as replay_bars primes them
+    engine.reset_members()
+    for ts, row in zip(all_stamps.tolist(), values.tolist()):
+        if ts < start:
+            continue
         if ts >= stop:
             break
         result = engine.step(ts, *row)
-        if ts < int(stamps[0]) or not result.warm:
+        if not result.warm:
             continue
         for family, call in floors.items():
             started = time.perf_counter_ns()
