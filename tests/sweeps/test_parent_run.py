@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from foxhunt.jobs.views import find_job, load_jobs
+from foxhunt.runs.cell import CellKey, CellResult
 from foxhunt.sweeps.callback import SweepCallback
 
 
@@ -30,8 +31,24 @@ class Store:
 
     def parent(self, folder: str, resume: bool = False, end: str | None = "KILLED") -> str:
         """Start (or, with ``resume``, reopen) the parent run of the sweep in ``folder``."""
+        callback = self.callback(folder, resume)
+        if end is not None:
+            MlflowClient(self.uri).set_terminated(callback.parent_run_id, end)
+        time.sleep(0.01)  # distinct start times: "newest" is well defined
+        return callback.parent_run_id
+
+    def callback(self, folder: str, resume: bool = False) -> SweepCallback:
+        """The callback of the sweep in ``folder`` with its parent run started (or reopened)."""
         sweep_dir = self.root / "sweeps" / folder
-        config = OmegaConf.create({
+        config = self.config(folder, resume)
+        callback = SweepCallback()
+        callback.sweep_dir = sweep_dir
+        callback.parent_run_id = callback._start_parent_run(config)
+        return callback
+
+    def config(self, folder: str, resume: bool = False):
+        sweep_dir = self.root / "sweeps" / folder
+        return OmegaConf.create({
             "hydra": {
                 "overrides": {"task": ["model=dqn,ppo", "asset=es", "trainer=smoke", *(["resume=true"] * resume)]},
                 "sweeper": {"params": None},
@@ -42,13 +59,6 @@ class Store:
             "resume": resume,
             "strategy": {"name": "sequential"},
         })  # fmt: skip
-        callback = SweepCallback()
-        callback.sweep_dir = sweep_dir
-        run_id = callback._start_parent_run(config)
-        if end is not None:
-            MlflowClient(self.uri).set_terminated(run_id, end)
-        time.sleep(0.01)  # distinct start times: "newest" is well defined
-        return run_id
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +124,30 @@ def test_a_sweep_started_by_hand_is_stale_once_its_process_is_gone(store):
     client.set_tag(parent, "pid", str(_dead_pid()))  # as after kill -9 of the sweep
     assert job().state == "STALE" and find_job(store.uri, parent[:12]).state == "STALE"
     assert client.get_run(parent).info.status == "RUNNING"  # the store is unchanged
+
+
+def _result(asset: str, status: str = "FINISHED") -> CellResult:
+    error = None if status == "FINISHED" else "ValueError: loss is NaN"
+    return CellResult(CellKey("dqn", asset, "fp32", "42"), status=status, error=error)
+
+
+def test_a_resumed_sweep_logs_its_summary_at_the_next_step_not_again_at_an_earlier_one(store):
+    """A failed sweep's summary is at step 0; resumed, the sweep's summary goes to step 1 (each
+    launch's end at its own step, the latest the sweep's state now), never a second value at
+    step 0."""
+    first = store.callback("failed-then-resumed")
+    ok, bad = _result("es"), _result("nq", "FAILED")
+    first._end_parent_run(first_config := store.config("failed-then-resumed"), [ok, bad], [bad], 5.0, [])
+    client = MlflowClient(store.uri)
+    assert client.get_run(first.parent_run_id).info.status == "FAILED"
+
+    resumed = store.callback("failed-then-resumed", resume=True)
+    assert resumed.parent_run_id == first.parent_run_id
+    resumed._end_parent_run(store.config("failed-then-resumed", resume=True), [ok, _result("nq")], [], 3.0, [])
+    run = client.get_run(first.parent_run_id)
+    assert run.info.status == "FINISHED" and first_config.resume is False
+    history = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+               for key in ("sweep/cells", "sweep/cells_failed", "sweep/wall_s")}  # fmt: skip
+    assert history == {"sweep/cells": [(0, 2.0), (1, 2.0)], "sweep/cells_failed": [(0, 1.0), (1, 0.0)],
+                       "sweep/wall_s": [(0, 5.0), (1, 3.0)]}  # fmt: skip
+    assert run.data.metrics["sweep/cells_failed"] == 0.0  # the runs table shows the sweep as it ended last

@@ -284,6 +284,11 @@ class RunStore:
         for start in range(0, len(batch), PARAMS_PER_BATCH):
             self.client.log_batch(run_id, metrics=batch[start : start + PARAMS_PER_BATCH])
 
+    def last_metric_step(self, run_id: str, keys: Iterable[str]) -> int | None:
+        """The greatest step at which the run has a value of any of ``keys`` (None: no value)."""
+        steps = [m.step for key in keys for m in self.client.get_metric_history(run_id, key)]
+        return max(steps, default=None)
+
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
 

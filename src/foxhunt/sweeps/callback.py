@@ -20,9 +20,10 @@
   because two jobs with the same overrides have the same hash.
 
 ``on_multirun_end``: reads every job's ``cell.json``, prints the summary table, writes
-``summary.md`` and ``summary.png`` into the sweep folder and logs them (and the cell counts)
-to the parent run, which ends FINISHED, or FAILED when a cell failed; then, if any cell
-failed, prints one line naming them and exits with status 1.
+``summary.md`` and ``summary.png`` into the sweep folder and logs them (and the cell counts,
+``sweep/*``, at step 0, or for a resumed sweep at the step after the last one logged:
+:func:`summary_step`) to the parent run, which ends FINISHED, or FAILED when a cell failed;
+then, if any cell failed, prints one line naming them and exits with status 1.
 
 A search sweep (``hparams_search=...``, :mod:`foxhunt.sweeps.search`) is refused at the start
 when its trials would share a folder or its Optuna storage cannot open (one line, status 2);
@@ -69,9 +70,29 @@ SOURCE = "foxhunt-train -m"  # the parent run's Source (foxhunt.runs.provenance)
 SWEEP_HASH_LENGTH = 16
 # Overrides that choose how a sweep runs, not what it trains: not part of its identity.
 LAUNCH_KEYS = ("resume", "strategy", "hydra/launcher", "hydra.launcher", "hydra.sweep", "hydra.job", "hydra.verbose")
+# The parent run's end-of-sweep metrics (logged once per launch: summary_step).
+SWEEP_CELLS, SWEEP_CELLS_FAILED, SWEEP_WALL_S = "sweep/cells", "sweep/cells_failed", "sweep/wall_s"
+SWEEP_BEST_VALUE = "sweep/best_value"  # a search's best trial's value
+SUMMARY_METRICS = (SWEEP_CELLS, SWEEP_CELLS_FAILED, SWEEP_WALL_S, SWEEP_BEST_VALUE)
 OPTUNA_RESULTS = "optimization_results.yaml"  # the Optuna sweeper's best trial, in the sweep folder
 # At exit, when the sweeper raised: the Optuna sweeper does after its last trial when none finished.
 UNFINISHED = "the sweeper raised before the end of the sweep (see its error in the log; the Optuna sweeper does when no trial returned a value)"
+
+
+def summary_step(store, run_id: str) -> int:
+    """The step of a sweep's end-of-sweep metrics on its parent run: 0 for the first launch, and
+    one past the last step that has any of them for a resumed sweep (its parent run reopened).
+
+    Each launch's summary has a step of its own: the history keeps what every launch ended with
+    (a failed launch's failed cells, each launch's wall time) and the latest values, which the
+    runs table shows, are the sweep's state now. Logging a resumed summary at step 0 again would
+    put two values at one step (the first launch's and this one's), and which is the run's value
+    would depend on their timestamps; logging only what changed would still need a new step
+    (the wall time always changes, and the counts did: that is why the sweep was resumed). The
+    step is read from the stored history, not from ``resume_count``: a launch that ended before
+    its summary (a stop) logged none, and a tag is no proof of what was logged."""
+    last = store.last_metric_step(run_id, SUMMARY_METRICS)
+    return 0 if last is None else last + 1
 
 
 def sweep_hash(config: DictConfig) -> str:
@@ -317,12 +338,13 @@ class SweepCallback(Callback):
         }
 
     def _end_parent_run(self, config: DictConfig, results, failed, wall: float, artifacts, tags=None, failed_run=False) -> None:
+        """Log the summary metrics (at :func:`summary_step`), the artifacts and the tags; end the run."""
         store = self._store(config)
-        values = {"sweep/cells": len(results), "sweep/cells_failed": len(failed), "sweep/wall_s": wall}
+        values = {SWEEP_CELLS: len(results), SWEEP_CELLS_FAILED: len(failed), SWEEP_WALL_S: wall}
         tags = dict(tags or {})
         if Tag.BEST_VALUE in tags:
-            values["sweep/best_value"] = float(tags[Tag.BEST_VALUE])
-        store.log_metrics(self.parent_run_id, values)
+            values[SWEEP_BEST_VALUE] = float(tags[Tag.BEST_VALUE])
+        store.log_metrics(self.parent_run_id, values, step=summary_step(store, self.parent_run_id))
         for path in artifacts:
             if path is not None:
                 store.log_artifact(self.parent_run_id, path)
