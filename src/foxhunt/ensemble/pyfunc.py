@@ -15,6 +15,13 @@ summed median forecast of a forecaster, null for an agent or a bar before the me
 bar (out of order, non-finite, off the tick grid, ...) is an ``MlflowException`` with
 ``INVALID_PARAMETER_VALUE`` naming the bar, which ``mlflow models serve`` answers with HTTP 400.
 
+**What loading trusts.** MLflow runs the folder's code file to load it (models from code): a
+version whose ``pyfunc_entry.py`` was edited in the artifact store runs the edit, before any
+check of foxhunt's can run. Once foxhunt's code runs, :func:`verify_logged_folder` compares the
+folder's files with the digests recorded in the tracking store when the version was registered,
+so edited weights, config or statistics are refused. foxhunt's own commands (``replay``,
+``serve``, ``paper``, ``export``, ...) never run a version's code and verify every file first.
+
 ``mlflow.pyfunc.load_model("models:/foxhunt-tft-es@champion").predict(bars)`` (and so
 ``mlflow models serve``) streams the given bars through a fresh engine holding only this
 member: the first rows prime the features (``warmup_bars``, flat) and forecasters decide once
@@ -33,6 +40,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import mlflow
 import mlflow.pyfunc
 import pandas as pd
 
@@ -64,18 +72,17 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
         if threads:  # pinned as the fleet is (ensemble.torch_threads): batch-1 steps lose to more threads
             torch.set_num_threads(int(threads))
         member_file = Path(context.artifacts["member"])
+        folder = member_file.parent.parent
+        name = verify_logged_folder(folder)
         info = json.loads(member_file.read_text())
         # A TFT's ONNX graphs are written to a scratch folder: the model folder may be read-only.
         scratch = Path(tempfile.mkdtemp(prefix="foxhunt-pyfunc-"))
         weakref.finalize(self, shutil.rmtree, scratch, True)
         self.member, self.inputs, self.info = build_member(
-            member_file.parent.parent, f"foxhunt-{info['family']}-{info['asset']}", info["asset"], "fp32", "auto", "cpu",
+            folder, name or f"foxhunt-{info['family']}-{info['asset']}", info["asset"], "fp32", "auto", "cpu",
             probe_calls=50, workdir=scratch,
         )  # fmt: skip
-        fields = dict(json.loads(Path(context.artifacts["dataset"]).read_text())["asset"])
-        if "calendar" not in fields:  # registered before assets named their exchange calendar
-            fields["calendar"] = _packaged("asset", fields["key"])["calendar"]
-        self.asset = AssetSpec(**fields)
+        self.asset = AssetSpec(**json.loads(Path(context.artifacts["dataset"]).read_text())["asset"])
         self.engine = None
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -106,6 +113,32 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
         finally:
             self.engine.close_stream(stream)
         return pd.DataFrame({"position": np.asarray(positions, dtype=np.int64), "signal": pd.Series(signals, dtype=object)})
+
+
+def verify_logged_folder(folder: Path) -> str | None:
+    """Check a pyfunc model folder that names its logged model (``model_id`` in its ``MLmodel``)
+    against the file digests the tracking store recorded for that model when it was registered
+    (:func:`foxhunt.ensemble.member_files.check_digests`), before any of its data is read; the
+    store is MLflow's current tracking URI. A folder saved but never logged (``register``'s own
+    check before anything is written) names no model and has nothing to verify against: None.
+    MLflow has already run the folder's code file when this runs (module doc): this guards the
+    data; foxhunt's own commands guard both."""
+    from mlflow.models import Model
+
+    from foxhunt.ensemble.member_files import DIGESTS_TAG, RegistryError, check_digests
+    from foxhunt.runs.store import RunStore
+
+    model_id = Model.load(str(folder / "MLmodel")).model_id
+    if not model_id:
+        return None
+    origin = f"logged model {model_id}"
+    uri = mlflow.get_tracking_uri()
+    tags = RunStore(uri).logged_model_tags(model_id)
+    if tags is None:
+        raise RegistryError(f"{origin}: not in the tracking store {uri}, so its files cannot be verified; set "
+                            "MLFLOW_TRACKING_URI to the store it was registered in")  # fmt: skip
+    check_digests(folder, tags.get(DIGESTS_TAG), origin, extra_files=True)  # MLflow may add files of its own
+    return origin
 
 
 def _packaged(group: str, name: str) -> dict:

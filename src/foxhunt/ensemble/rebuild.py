@@ -20,14 +20,21 @@ from foxhunt.ensemble.members import Member, make_member
 
 def rebuild_model(cfg, state: dict, origin: str):
     """The LightningModule of a stored resolved config with ``state`` loaded, in plain fp32
-    (int8-trained weights loaded through their quantized layers, then dequantized)."""
+    (int8-trained weights loaded through their quantized layers, then dequantized). The config
+    names only foxhunt's own classes (:mod:`foxhunt.config.stored`), checked before anything in
+    it is imported."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     from foxhunt.training.parts import build_model
     from foxhunt.config.schema import ConfigError, validate
+    from foxhunt.config.stored import check_stored_config
     from foxhunt.precision.quantize import dequantize_model, quantize_model
 
+    try:  # before the schema, which imports the model's and the source's classes to check them
+        check_stored_config(OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg, origin)
+    except ConfigError as exc:
+        raise RegistryError(str(exc)) from None
     try:
         validate(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg))
     except ConfigError as exc:

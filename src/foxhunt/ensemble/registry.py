@@ -25,7 +25,10 @@ hold everything needed to rebuild the member without the training folder
   (:meth:`foxhunt.data.dataset.MarketDataset.manifest`), and the asset spec;
 - ``member.json``: the family, the asset, the training run's id and the metric it won on.
 
-The version's tags name the run (``run_id``), the metric and its value; the alias
+The version's tags name the run (``run_id``), the metric and its value, and record the sha256
+of every file of its folder (``foxhunt.files_sha256``; also a tag of its logged model), which
+:func:`download_version` checks before any file of a version is read
+(:mod:`foxhunt.ensemble.member_files`); the alias
 (``ensemble.alias``, default ``champion``) moves to the new version. When a family's best run
 already is the aliased version, nothing new is registered. Every choice is prepared and checked
 (checkpoint present, loadable and stamped for the run that logged it, config valid, the saved
@@ -45,9 +48,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from foxhunt.config.stored import load_stored_config
+from foxhunt.ensemble.member_files import (
+    ARTIFACTS_DIR,
+    CONFIG_FILE,
+    DATASET_FILE,
+    DIGESTS_TAG,
+    WEIGHTS_FILE,
+    RegistryError,
+    check_code_file,
+    check_digests,
+    digests_tag,
+)
+from foxhunt.errors import ConfigError, one_line_error
 from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
-from foxhunt.ensemble.member_files import ARTIFACTS_DIR, CONFIG_FILE, DATASET_FILE, WEIGHTS_FILE, RegistryError, check_code_file
-from foxhunt.errors import one_line_error
 from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metric directions
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
@@ -164,7 +178,6 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
     from them, save the pyfunc model folder and check that MLflow loads it and answers its
     input example (nothing is written to the store)."""
     import torch
-    from omegaconf import OmegaConf
 
     from foxhunt.ensemble.pyfunc import check_model_folder, save_member_model
 
@@ -177,10 +190,14 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
         raise RegistryError(f"run {run_id} ({choice.run_name}): no checkpoints/best.ckpt or last.ckpt artifact to register")
     ckpt_path = store.download(run_id, checkpoint, downloads)
     config_path = store.download(run_id, CONFIG_FILE, downloads)
+    try:  # the run's artifact, read back from the store: it may name only foxhunt's own classes
+        cfg = load_stored_config(config_path, f"run {run_id} ({choice.run_name}): {CONFIG_FILE}")
+    except ConfigError as exc:
+        raise RegistryError(str(exc)) from None
     try:
         manifest = json.loads(store.download(run_id, DATASET_FILE, downloads).read_text())
     except Exception:  # a run trained before dataset.json was logged: rebuild the statistics
-        manifest = _rebuild_manifest(OmegaConf.load(config_path))
+        manifest = _rebuild_manifest(cfg)
     try:
         loaded = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         state = loaded["state_dict"]
@@ -188,7 +205,6 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
         raise RegistryError(f"run {run_id}: {checkpoint}: not a loadable foxhunt checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     stamp = loaded.get(STAMP_KEY) if isinstance(loaded.get(STAMP_KEY), dict) else {}
     check_stamped_run(f"run {run_id} ({choice.run_name}): {checkpoint}", stamp.get(RUN_ID), run_id)
-    cfg = OmegaConf.load(config_path)
     from foxhunt.ensemble.rebuild import rebuild_model
 
     rebuild_model(cfg, state, origin=f"run {run_id} ({checkpoint})")  # raises a one-line error
@@ -307,11 +323,14 @@ def register_prepared(store, prepared: Prepared, alias: str, gate: str) -> Regis
     model_id, location = store.create_logged_model(run_id, prepared.name, MODEL_TYPE, tags)
     try:
         stamp_logged_model(prepared.folder, model_id, run_id, location)
+        digests = {DIGESTS_TAG: digests_tag(prepared.folder)}  # the folder as uploaded, MLmodel stamped
+        store.set_logged_model_tags(model_id, digests)  # what foxhunt's pyfunc loader verifies against
         store.complete_logged_model(model_id, run_id, prepared.folder, LINKED_METRICS)
     except BaseException:
         store.fail_logged_model(model_id)
         raise
-    version = store.register_model_version(prepared.name, run_id, f"models:/{model_id}", tags=tags, alias=alias, model_id=model_id)
+    version = store.register_model_version(prepared.name, run_id, f"models:/{model_id}", tags={**tags, **digests},
+                                           alias=alias, model_id=model_id)  # fmt: skip
     return Registered(prepared.name, version.version, run_id, unchanged=False, gate=gate)
 
 
@@ -337,6 +356,7 @@ def download_version(tracking_uri: str, name: str, alias: str | None, version: i
         raise RegistryError(f"{uri}: its files ({found.source}) cannot be read from the artifact store "
                             f"({one_line_error(exc, with_type=False, first_line=True, limit=160)}); register it again "
                             "(foxhunt ensemble register)") from None  # fmt: skip
+    check_digests(local, found.tags.get(DIGESTS_TAG), uri)  # before any of its files is read
     if not (local / "MLmodel").is_file() or not (local / ARTIFACTS_DIR).is_dir():
         raise RegistryError(f"{uri}: its files ({found.source}) hold no foxhunt MLflow model; register it again (foxhunt ensemble register)")
     check_code_file(local, uri)
@@ -392,8 +412,8 @@ def _register_locked(store, experiment: str, asset: str, families: list[str], me
         todo, environment = [], None
         for choice in choices:
             name = registered_name(prefix, choice.family, asset)
-            if incumbents.get(choice.family) == choice.run_id:
-                current = store.get_version_by_alias(name, alias)
+            current = store.get_version_by_alias(name, alias) if incumbents.get(choice.family) == choice.run_id else None
+            if current is not None and DIGESTS_TAG in current.tags:  # registered before digests: registered again
                 results.append(Registered(name, current.version, choice.run_id, unchanged=True, gate=current.tags.get(GATE_TAG, "")))
                 continue
             if environment is None:  # one wheel for every version of this register

@@ -440,6 +440,20 @@ class RunStore:
         for start in range(0, len(linked), METRIC_BATCH):
             self.client.log_batch(run_id, metrics=linked[start : start + METRIC_BATCH])
 
+    def set_logged_model_tags(self, model_id: str, tags: Mapping[str, Any]) -> None:
+        self.client.set_logged_model_tags(model_id, {k: str(v) for k, v in tags.items()})
+
+    def logged_model_tags(self, model_id: str) -> dict[str, str] | None:
+        """The tags of logged model ``model_id``; None when the store has no such model."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return dict(self.client.get_logged_model(model_id).tags or {})
+        except MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+                return None
+            raise
+
     def fail_logged_model(self, model_id: str) -> None:
         """Mark a logged model that could not be completed FAILED (it is never registered)."""
         from mlflow.entities import LoggedModelStatus
