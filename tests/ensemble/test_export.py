@@ -109,3 +109,72 @@ def test_export_bad_input_is_one_line(store_root, tmp_path, args, message):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines[-1].startswith("foxhunt ensemble export: ") and message in lines[-1]
     assert "Traceback" not in result.output
+
+
+def _export_dqn(store_root, out):
+    assert cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none").exit_code == 0
+    return cli(store_root, "ensemble", "export", "asset=es", "ensemble.models=[dqn]", "--out", out)
+
+
+def test_export_never_writes_through_a_link_planted_in_out(store_root, tmp_path):
+    """A link where a member's folder goes is refused before anything is written; a link where
+    one of its files goes is replaced by the file, the file it pointed to left as it was."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "foxhunt-dqn-es-v1").symlink_to(outside, target_is_directory=True)
+    result = _export_dqn(store_root, str(out))
+    assert result.exit_code == 2, result.output
+    line = [line for line in result.output.splitlines() if line.strip()][-1]
+    assert line.startswith("foxhunt ensemble export: export error: --out ") and "foxhunt-dqn-es-v1 is a symbolic link" in line, line
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"] and victim.read_text() == "keep me"
+
+    (out / "foxhunt-dqn-es-v1").unlink()
+    (out / "foxhunt-dqn-es-v1").mkdir()
+    for name in ("step.onnx", "member.json"):
+        (out / "foxhunt-dqn-es-v1" / name).symlink_to(victim)
+    result = _export_dqn(store_root, str(out))
+    assert result.exit_code == 0, result.output
+    assert victim.read_text() == "keep me" and sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    for name in ("step.onnx", "member.json"):
+        written = out / "foxhunt-dqn-es-v1" / name
+        assert not written.is_symlink() and written.stat().st_size > 0
+    assert sorted(p.name for p in (out / "foxhunt-dqn-es-v1").iterdir()) == ["member.json", "step.onnx"]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("", "--out is empty: name the folder"),
+        ("{file}/sub", "cannot make the folder (Not a directory)"),
+    ],
+)  # fmt: skip
+def test_an_out_that_cannot_be_written_is_one_line(store_root, tmp_path, out, message):
+    (tmp_path / "file").write_text("a file, not a folder")
+    result = cli(store_root, "ensemble", "export", "asset=es", "ensemble.models=[dqn]", "--out", out.format(file=tmp_path / "file"))
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[-1].startswith("foxhunt ensemble export: ") and message in lines[-1] and "Traceback" not in result.output
+    assert not any(tmp_path.glob("foxhunt-*")) and not (store_root / "foxhunt-dqn-es-v1").exists()
+
+
+def test_a_folder_that_fails_while_writing_is_one_line(tmp_path, monkeypatch):
+    """A write refused by the system (a full disk, permissions root ignores) is one line."""
+    import errno
+    import os
+
+    from foxhunt.ensemble.export import ExportError, write_inside
+
+    real = os.open
+
+    def refusing(path, flags, *args, **kwargs):
+        if str(path).endswith(".tmp"):
+            raise OSError(errno.EACCES, "Permission denied", str(path))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+    with pytest.raises(ExportError, match=r"^--out .*: cannot write foxhunt-x-v1/\.step\.onnx\.\d+\.tmp \(Permission denied\)$"):
+        write_inside(tmp_path, "foxhunt-x-v1", {"step.onnx": b"graph"})

@@ -219,7 +219,7 @@ def _log_validate(cfg, text: str, metrics: dict, fits: bool) -> str:
 def export(
     overrides: list[str] | None = OVERRIDES,
     fmt: str = typer.Option("onnx", "--format", help="onnx (ONNX Runtime: C++, Rust, Java, C#, JS) or torchscript (libtorch)."),
-    out: Path = typer.Option(Path("exports"), "--out", help="Folder the members' folders are written under."),
+    out: str = typer.Option("exports", "--out", help="Folder the members' folders are written under (only inside it)."),
 ) -> None:
     """Write each registered member's batch-1 streaming step as ONNX or TorchScript, with member.json
     (features, normalization, asset, inputs, outputs, decision rule) beside it."""
@@ -227,14 +227,19 @@ def export(
 
     if fmt not in FORMATS:
         raise _fail("export", f"--format {fmt}: must be one of {', '.join(FORMATS)}")
+    if not out.strip():
+        raise _fail("export", "--out is empty: name the folder to write the members' folders under")
     cfg = _compose("export", overrides)
     _check_store("export", cfg)
+    folder = Path(out)
+    try:  # before the members are built: a folder that cannot be written is known at once
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _fail("export", f"--out {out}: cannot make the folder ({exc.strerror})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise _fail("export", f"--out {out}: the folder is not writable")
     with _reported("export"), tempfile.TemporaryDirectory(prefix="foxhunt-export-") as workdir:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _fail("export", f"--out {out}: cannot make the folder ({exc.strerror})") from None
-        done = export_fleet(cfg, out, fmt, Path(workdir))
+        done = export_fleet(cfg, folder, fmt, Path(workdir))
     for item in done:
         typer.echo(f"{item.name} v{item.version}: {item.folder} ({item.fmt}); checked against the model on random "
                    f"inputs by {'ONNX Runtime' if item.fmt == 'onnx' else 'torch.jit.load'}: max |diff| {item.max_diff:.2e}")  # fmt: skip

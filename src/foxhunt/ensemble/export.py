@@ -27,6 +27,9 @@ stream (flat before). Each file is checked as it is written: its runtime (ONNX R
 ``torch.jit.load``) against the model on random inputs, the largest difference printed; the
 tests replay a split through both and find the positions identical, forecasts within 1e-4.
 
+Export writes only inside ``--out`` (:func:`write_inside`): never through a symbolic link
+planted there, and an empty or unwritable ``--out`` is one line.
+
 Written here: ``torch.onnx`` and ``torch.jit`` export graphs; which function of each model is the
 streaming step, with which inputs, and what a consumer needs beside it, is foxhunt's.
 """
@@ -34,6 +37,7 @@ streaming step, with which inputs, and what a consumer needs beside it, is foxhu
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +50,7 @@ from torch import nn
 
 from foxhunt.data.streaming import normalizer
 from foxhunt.ensemble.member_files import RegistryError
+from foxhunt.errors import UserError
 
 FORMATS = ("onnx", "torchscript")
 FILES = {"onnx": "step.onnx", "torchscript": "step.pt"}
@@ -53,6 +58,7 @@ SPEC_FILE = "member.json"
 OPSET = 17
 CHECK_BATCH = 4  # random inputs each written file is checked on
 SPEC_VERSION = 1
+_TMP_SUFFIX = ".tmp"
 
 
 class _AgentStep(nn.Module):
@@ -217,9 +223,16 @@ class Exported:
     fmt: str
 
 
+class ExportError(UserError, ValueError):
+    """An ``--out`` folder export cannot write into, or a link planted inside it (one line)."""
+
+    kind = "export"
+
+
 def export_fleet(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
     """Every family of ``cfg.ensemble.models`` for ``cfg.asset`` (the alias, or
-    ``ensemble.versions``), exported under ``out`` (module doc)."""
+    ``ensemble.versions``), exported under ``out`` (module doc): every member is built and
+    checked in ``workdir`` first, then all are written (:func:`write_inside`)."""
     from foxhunt.ensemble.rebuild import rebuild_model
     from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
     from foxhunt.ensemble.registry import download_version, registered_name
@@ -227,7 +240,7 @@ def export_fleet(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
     if fmt not in FORMATS:
         raise RegistryError(f"--format {fmt}: must be one of {', '.join(FORMATS)}")
     ens, asset = cfg.ensemble, str(cfg.asset.key)
-    done = []
+    built = []
     for family in ens.models:
         name = registered_name(str(ens.registry_prefix), str(family), asset)
         version = ens.versions.get(str(family)) if ens.versions else None
@@ -235,11 +248,60 @@ def export_fleet(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
         files = MemberFiles.read(folder / ARTIFACTS_DIR, name)
         model = rebuild_model(files.cfg, files.state, origin=name).cpu().eval()
         step = streaming_step(str(family), model, files.manifest)
-        target = out / f"{name}-v{found.version}"
-        target.mkdir(parents=True, exist_ok=True)
-        diff = write_step(step, target / FILES[fmt], fmt)
+        scratch = workdir / f"{name}-step"
+        scratch.mkdir()
+        diff = write_step(step, scratch / FILES[fmt], fmt)
         source = {"registered_name": name, "registered_version": str(found.version), "run_id": files.info["run_id"],
                   "metric": files.info["metric"], "metric_value": files.info.get("value")}  # fmt: skip
-        (target / SPEC_FILE).write_text(json.dumps(spec(step, fmt, str(family), files.manifest, source), indent=1))
-        done.append(Exported(name, str(found.version), target, diff, fmt))
-    return done
+        written = {FILES[fmt]: (scratch / FILES[fmt]).read_bytes(),
+                   SPEC_FILE: json.dumps(spec(step, fmt, str(family), files.manifest, source), indent=1).encode()}  # fmt: skip
+        built.append((f"{name}-v{found.version}", written, Exported(name, str(found.version), out / f"{name}-v{found.version}", diff, fmt)))
+    for folder, _, _ in built:  # a link or a file where a member's folder goes: refused before anything is written
+        _check_folder(out, folder)
+    for folder, written, _ in built:
+        write_inside(out, folder, written)
+    return [exported for _, _, exported in built]
+
+
+def _check_folder(out: Path, folder: str) -> None:
+    target = out / folder
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise ExportError(f"--out {out}: {folder} is {'a symbolic link' if target.is_symlink() else 'not a folder'}; "
+                          "refused (export writes only inside --out, never through a link)")  # fmt: skip
+
+
+def write_inside(out: Path, folder: str, files: dict[str, bytes]) -> Path:
+    """Write ``files`` (name: bytes) into ``out/folder`` and nowhere else. The folder is opened
+    without following a link (``O_NOFOLLOW``: a link there is refused); each file is written to a
+    new temporary file in it (``O_EXCL | O_NOFOLLOW``) and renamed over its name, and a rename
+    replaces a link at that name instead of writing through it: a link planted in ``--out``,
+    even while export runs, never leads a write outside it. ``out`` itself is the user's."""
+    directory = os.O_RDONLY | os.O_DIRECTORY
+    try:
+        out_fd = os.open(out, directory)
+    except OSError as exc:
+        raise ExportError(f"--out {out}: cannot open the folder ({exc.strerror})") from None
+    try:
+        try:
+            os.mkdir(folder, 0o755, dir_fd=out_fd)
+        except FileExistsError:
+            pass
+        try:
+            folder_fd = os.open(folder, directory | os.O_NOFOLLOW, dir_fd=out_fd)
+        except OSError as exc:  # ELOOP: a link; ENOTDIR: a file
+            raise ExportError(f"--out {out}: {folder} is a symbolic link or not a folder ({exc.strerror}); refused "
+                              "(export writes only inside --out, never through a link)") from None  # fmt: skip
+        try:
+            for name, data in files.items():
+                temporary = f".{name}.{os.getpid()}{_TMP_SUFFIX}"
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder_fd)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                os.replace(temporary, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        finally:
+            os.close(folder_fd)
+    except OSError as exc:
+        raise ExportError(f"--out {out}: cannot write {folder}/{exc.filename or ''} ({exc.strerror})") from None
+    finally:
+        os.close(out_fd)
+    return out / folder
