@@ -27,12 +27,12 @@ def rebuild_model(cfg, state: dict, origin: str):
     from omegaconf import OmegaConf
 
     from foxhunt.training.parts import build_model
-    from foxhunt.config.schema import ConfigError, validate
+    from foxhunt.config.schema import ConfigError, resolved_config, validate
     from foxhunt.config.stored import check_stored_config
     from foxhunt.precision.quantize import dequantize_model, quantize_model
 
     try:  # before the schema, which imports the model's and the source's classes to check them
-        check_stored_config(OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg, origin)
+        check_stored_config(resolved_config(cfg) if OmegaConf.is_config(cfg) else cfg, origin)
     except ConfigError as exc:
         raise RegistryError(str(exc)) from None
     try:
