@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -227,3 +228,59 @@ def test_fingerprint_tracks_params_asset_and_file_state(tmp_path):
     file.write_text("12")
     os.utime(file, ns=(1_000_000_000, 1_000_000_000))
     assert first != source_fingerprint("csv", {"p": 1}, es, [file])
+
+
+# ---------------------------------------------------------------------------------- the price rule
+def test_a_price_below_one_tick_is_refused_not_snapped_to_0():
+    # 1e-9 is 4e-9 ticks of ES: within the float-noise tolerance of tick 0, it used to pass as
+    # "positive and on the grid" and snap to 0.0 (log(0) in the features)
+    frame = broken(1, "low", 1e-9)
+    with pytest.raises(BarDataError) as err:
+        validate_bars(frame, 0.25, origin="/data/es.csv")
+    assert str(err.value) == ("/data/es.csv: row 1 (2024-01-02T14:31:00+00:00): field 'low'=1e-09 is below one tick "
+                              "(0.25): a price is at least one tick")  # fmt: skip
+    one_tick_less_noise = broken(2, "low", 0.25 * (1 - 1e-9))  # float noise around one tick is still one tick
+    one_tick_less_noise.iloc[2, :4] = [0.25, 0.25, 0.25 * (1 - 1e-9), 0.25]
+    assert validate_bars(one_tick_less_noise, 0.25, origin="o")["low"].iloc[2] == 0.25
+
+
+def test_a_training_load_of_a_sub_tick_price_is_one_line_naming_the_file_line_and_field(tmp_path):
+    from foxhunt.data.sources.csv import CsvBarSource
+
+    file = tmp_path / "es.csv"
+    file.write_text("timestamp_utc,open,high,low,close,volume\n2024-01-02T14:31:00Z,4800.25,4800.5,4800,4800.25,3\n"
+                    "2024-01-02T14:32:00Z,1e-9,1e-9,1e-9,1e-9,3\n")  # fmt: skip
+    with pytest.raises(BarDataError) as err:
+        CsvBarSource(str(file)).load(asset("es"))
+    message = str(err.value)
+    assert message.startswith(f"{file}: line 3 (") and "field 'open'=1e-09 is below one tick (0.25)" in message, message
+    assert "\n" not in message
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.floats(min_value=0, max_value=2.0),
+        st.integers(-3, 10**6).map(lambda k: k * 0.25),
+        st.sampled_from([1e-9, 0.25 * (1 - 1e-9), 0.25 * 1e-6, 0.25 * 2e-6, 0.25 * 2**53, 0.25 * (2**53 - 1), 5e-324]),
+    ),
+    tick=st.sampled_from([0.25, 0.00005, 1 / 64, 0.01, 0.1, 1 / 32 / 2]),
+)
+def test_one_price_rule_for_a_training_load_and_a_stream(value, tick):
+    """validate_bars (training loads) and price_problem (a stream's bar, the server) accept the
+    same prices, and an accepted price is an exact count of at least one tick."""
+    from foxhunt.data.bars import MAX_PRICE_TICKS, price_problem
+
+    frame = bars([(value, value, value, value, 1)])
+    try:
+        snapped = validate_bars(frame, tick, origin="p")["close"].iloc[0]
+        batch = None
+    except BarDataError as exc:
+        batch, snapped = str(exc), None
+    problem = price_problem(value, tick)
+    assert (batch is None) == (problem is None), (batch, problem)
+    if problem is None:
+        assert 1 <= round(snapped / tick) < MAX_PRICE_TICKS and snapped >= tick
+    elif math.isfinite(value):
+        assert batch.endswith(f"field 'open'={value!r} {problem}"), (batch, problem)

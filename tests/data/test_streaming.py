@@ -93,10 +93,13 @@ def _bar(stream, ts, **over):
     [
         ({"ts": "2024-03-07 20:00"}, "out of order, not after the previous bar"),
         ({"ts": "2024-03-07 19:59"}, "out of order"),
-        ({"ts": "2024-03-07 20:01", "close": 5000.1}, "close=5000.1 is off the tick grid of es (tick 0.25)"),
-        ({"ts": "2024-03-07 20:01", "close": float("nan")}, "close=nan: must be a finite price > 0"),
+        ({"ts": "2024-03-07 20:01", "close": 5000.1}, "close=5000.1 is off the tick grid of es, tick 0.25 (20000.400000 ticks)"),
+        ({"ts": "2024-03-07 20:01", "close": float("nan")}, "close=nan is not a finite price"),
         ({"ts": "2024-03-07 20:01", "volume": -1.0}, "volume=-1.0: must be finite, >= 0 and below 1e+15"),
         ({"ts": "2024-03-07 20:01", "high": 4999.0}, "do not bound"),
+        # 4e-9 ticks: within the grid's float-noise tolerance of tick 0, so it passed as on the grid
+        ({"ts": "2024-03-07 20:01", "low": 1e-9}, "low=1e-09 is below one tick (0.25): a price is at least one tick"),
+        ({"ts": "2024-03-07 20:01", "open_": 1e-9, "high": 1e-9, "low": 1e-9, "close": 1e-9}, "open=1e-09 is below one tick"),
     ],
 )
 def test_a_bad_bar_gets_one_line_naming_it_and_changes_nothing(second, message):

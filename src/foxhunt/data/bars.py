@@ -41,6 +41,7 @@ INDEX_NAME = "ts"
 # A price counts as on the tick grid when it is within this many ticks of a grid point; the
 # slack only absorbs float noise from decimal parsing and fixed-point conversion.
 TICK_TOLERANCE = 1e-6
+MAX_PRICE_TICKS = 2**53  # a price is an exact count of ticks in float64 below this
 
 _UTC_NAMES = {"UTC", "ETC/UTC", "Z", "UTC+00:00", "ZULU", "UNIVERSAL", "GMT", "ETC/GMT"}
 _GLOB_CHARS = set("*?[")
@@ -78,6 +79,43 @@ def off_tick_mask(prices: np.ndarray, tick_size: float, tolerance: float = TICK_
         return np.abs(ticks - np.rint(ticks)) > tolerance
 
 
+# ----------------------------------------------------------------------------- the price rule
+def price_problem(value: float, tick_size: float, tolerance: float = TICK_TOLERANCE, grid: str | None = None) -> str | None:
+    """Why ``value`` cannot be a price of a bar on the ``tick_size`` grid (the words after
+    ``<field>=<value>``), or None when it can.
+
+    The one price rule, for a training load (:func:`validate_bars`, vectorized there as
+    :func:`bad_price_mask`) and for each bar of a stream (the server, paper trading:
+    :meth:`foxhunt.data.streaming.StreamingFeatures.check`): a price is finite, at least one
+    tick (a positive price within the float-noise ``tolerance`` of tick 0, such as 1e-9 on a
+    0.25 grid, would otherwise pass as "on the grid" and snap to 0.0), on the grid (within
+    ``tolerance`` ticks of a grid point) and below :data:`MAX_PRICE_TICKS` ticks (where float64
+    still counts ticks exactly). ``grid`` names the grid in the words (default ``the <tick> tick grid``).
+    """
+    if not math.isfinite(value):
+        return "is not a finite price"
+    if value <= 0:
+        return "is not a positive price"
+    ticks = value / tick_size
+    if not ticks < MAX_PRICE_TICKS:
+        return f"is above {tick_size * MAX_PRICE_TICKS:g}, the largest price the {tick_size:g} tick grid counts exactly"
+    if ticks < 1 - tolerance:
+        return f"is below one tick ({tick_size:g}): a price is at least one tick"
+    if abs(ticks - round(ticks)) > tolerance:
+        return f"is off {grid or f'the {tick_size:g} tick grid'} ({ticks:.6f} ticks)"
+    return None
+
+
+def bad_price_mask(prices: Any, tick_size: float, tolerance: float = TICK_TOLERANCE) -> np.ndarray:
+    """True where :func:`price_problem` has a problem with the price (the same rule, vectorized)."""
+    values = np.asarray(prices, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ticks = values / tick_size
+        good = np.isfinite(values) & (values > 0) & (ticks < MAX_PRICE_TICKS) & (ticks >= 1 - tolerance)
+        good &= np.abs(ticks - np.rint(ticks)) <= tolerance
+    return ~good
+
+
 # ----------------------------------------------------------------------------- validation
 def _is_utc(tz: Any) -> bool:
     if tz is None:
@@ -102,9 +140,10 @@ def validate_bars(
     check raises BarDataError ``"<origin>: <row_name> <n> (<timestamp>): <problem>"``.
 
     Checks, in order: required columns present and numeric; UTC DatetimeIndex without NaT;
-    timestamps strictly increasing (no duplicates); no NaN or infinite value; prices > 0;
-    volume >= 0; prices on the tick grid (within ``tick_tolerance`` ticks; float noise is
-    snapped onto the exact grid); high >= low; high >= max(open, close); low <= min(open, close).
+    timestamps strictly increasing (no duplicates); no NaN or infinite value; volume >= 0;
+    prices by :func:`price_problem` (positive, at least one tick, on the tick grid within
+    ``tick_tolerance`` ticks, below :data:`MAX_PRICE_TICKS` ticks; float noise is snapped onto the
+    exact grid); high >= low; high >= max(open, close); low <= min(open, close).
     """
     if not isinstance(df, pd.DataFrame):
         raise BarDataError(f"{origin}: expected a pandas DataFrame of bars, got {type(df).__name__}")
@@ -164,13 +203,6 @@ def validate_bars(
             raise BarDataError(
                 f"{where(i)}: field '{column}' is {float(values[column][i])} (missing price or volume)"
             )
-    for column in PRICE_COLUMNS:
-        bad = np.flatnonzero(values[column] <= 0)
-        if bad.size:
-            i = int(bad[0])
-            raise BarDataError(
-                f"{where(i)}: field '{column}'={float(values[column][i])!r} is not a positive price"
-            )
     bad = np.flatnonzero(values["volume"] < 0)
     if bad.size:
         i = int(bad[0])
@@ -178,18 +210,15 @@ def validate_bars(
 
     off = np.zeros(len(df), dtype=bool)
     for column in PRICE_COLUMNS:
-        off |= off_tick_mask(values[column], tick_size, tick_tolerance)
+        off |= bad_price_mask(values[column], tick_size, tick_tolerance)
     bad = np.flatnonzero(off)
     if bad.size:
         i = int(bad[0])
-        column = next(
-            c for c in PRICE_COLUMNS if off_tick_mask(values[c][i : i + 1], tick_size, tick_tolerance)[0]
-        )
-        ticks = values[column][i] / tick_size
-        raise BarDataError(
-            f"{where(i)}: field '{column}'={float(values[column][i])!r} is off the {tick_size:g} tick grid "
-            f"({ticks:.6f} ticks)"
-        )
+        for column in PRICE_COLUMNS:  # the first of the row's prices the rule refuses
+            value = float(values[column][i])
+            problem = price_problem(value, tick_size, tick_tolerance)
+            if problem is not None:
+                raise BarDataError(f"{where(i)}: field '{column}'={value!r} {problem}")
     for column in PRICE_COLUMNS:
         values[column] = snap_to_tick(values[column], tick_size)
 

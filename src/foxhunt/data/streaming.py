@@ -18,8 +18,9 @@ Until the trailing windows are full (``FeatureConfig.warmup_bars`` bars, the row
 pipeline drops) :meth:`update` returns ``None``. :func:`normalize` applies a model's stored
 train statistics (the batch pipeline's z-normalization of the observed group).
 
-Each bar is checked as it arrives: timestamps strictly increasing, prices finite, positive and
-on the asset's tick grid, volume >= 0; a bad bar raises :class:`~foxhunt.data.errors.BarDataError`
+Each bar is checked as it arrives: timestamps strictly increasing, prices by the one price rule
+of a bar (:func:`foxhunt.data.bars.price_problem`: finite, at least one tick, on the asset's tick
+grid, below the grid's exact range), volume >= 0; a bad bar raises :class:`~foxhunt.data.errors.BarDataError`
 naming the stream, the bar and the field, and leaves the state as it was.
 
 Written by hand: no library streams these features, and they must equal foxhunt's own.
@@ -36,7 +37,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import TICK_TOLERANCE
+from foxhunt.data.bars import price_problem
 from foxhunt.data.calendar import calendar_for
 from foxhunt.data.dataset import feature_groups
 from foxhunt.data.errors import BarDataError
@@ -59,7 +60,6 @@ KNOWN_CACHE_MINUTES = 4096  # memoised calendar rows (the decoder's future minut
 #: The bar times a stream reads: 1970-01-01 .. 2200-01-01 UTC (within int64 nanoseconds, and the
 #: exchange calendars' range).
 MIN_TS_NS, MAX_TS_NS = 0, 7_258_118_400 * NS_PER_S
-MAX_PRICE_TICKS = 2**53  # a price is an exact count of ticks in float64 below this
 MAX_VOLUME = 1e15  # contracts in one bar
 
 
@@ -165,6 +165,7 @@ class StreamingFeatures:
         self._volumes = _RunningMean(self.cfg.volume_bars)
         self.last_ts: int | None = None
         self.bars = 0  # bars accepted so far
+        self._grid = f"the tick grid of {asset.key}, tick {asset.tick_size:g}"  # in an off-grid price's line
 
     def state_bytes(self) -> int:
         """Bytes this stream's trailing windows hold (``sys.getsizeof`` of each deque and of
@@ -182,11 +183,9 @@ class StreamingFeatures:
             self._reject(ts_ns, f"out of order, not after the previous bar at {_utc(self.last_ts)}")
         tick = self.asset.tick_size
         for name, value in (("open", open_), ("high", high), ("low", low), ("close", close)):
-            if not (math.isfinite(value) and 0 < value < tick * MAX_PRICE_TICKS):
-                self._reject(ts_ns, f"{name}={value!r}: must be a finite price > 0 and below {tick * MAX_PRICE_TICKS:g}")
-            ticks = value / tick
-            if abs(ticks - round(ticks)) > TICK_TOLERANCE:
-                self._reject(ts_ns, f"{name}={value!r} is off the tick grid of {self.asset.key} (tick {tick})")
+            problem = price_problem(value, tick, grid=self._grid)
+            if problem is not None:
+                self._reject(ts_ns, f"{name}={value!r} {problem}")
         if not (math.isfinite(volume) and 0 <= volume < MAX_VOLUME):
             self._reject(ts_ns, f"volume={volume!r}: must be finite, >= 0 and below {MAX_VOLUME:g}")
         if high < low or high < max(open_, close) or low > min(open_, close):
