@@ -98,6 +98,7 @@ def test_bad_bars_are_400_with_their_line_and_the_stream_goes_on(server):
     for broken, line in (
         ({**bar, "ts": "2024-01-02T14:59:00Z"}, "out of order"),
         ({**bar, "ts": "2024-01-02T15:01:00Z", "close": 4800.1}, "off the tick grid of es"),
+        ({**bar, "ts": "2024-01-02T15:01:00Z", "low": 1e-9}, "low=1e-09 is below one tick (0.25)"),
         ({**bar, "ts": "2024-01-02 15:02"}, "no time zone"),
         ({k: v for k, v in bar.items() if k != "volume"}, "missing volume"),
     ):
@@ -122,12 +123,19 @@ BAR = {"ts": "2024-01-02T15:00:00Z", "open": 4800.0, "high": 4800.5, "low": 4799
         (b"[1, 2]", "application/json", 400, "body: expected a JSON object"),
         (b'{"symbol": "H1", "bar": {"ts": 1, "open": NaN, "high": 1, "low": 1, "close": 1, "volume": 1}}', "application/json", 400,
          "NaN is not a JSON number"),
-        (json.dumps({"symbol": "H2", "bar": {**BAR, "close": 1e308}}).encode(), "application/json", 400, "close=1e+308: must be a finite price"),
+        (json.dumps({"symbol": "H2", "bar": {**BAR, "close": 1e308}}).encode(), "application/json", 400, "close=1e+308 is above"),
         (json.dumps({"symbol": "H3", "bar": {**BAR, "open": 10**400}}).encode(), "application/json", 400, "a number too large for a float"),
         (json.dumps({"symbol": "H4", "bar": {**BAR, "ts": "9999-01-01T00:00:00Z"}}).encode(), "application/json", 400, "not an ISO-8601 time"),
         (json.dumps({"symbol": "H5", "bar": {**BAR, "ts": 10**30}}).encode(), "application/json", 400, "outside the bar times"),
         (json.dumps({"symbol": "H6", "bars": [BAR] * 301}).encode(), "application/json", 400, "301 bars in one request, at most 300"),
         (b"{" + b'"pad": "' + b"x" * 250_000 + b'"}', "application/json", 413, "at most 200000 (ensemble.serve.max_body_bytes)"),
+        # a price within float noise of tick 0 passed as "positive and on the grid" (and snapped to 0.0 in training)
+        (json.dumps({"symbol": "H7", "bar": {**BAR, "open": 1e-9, "high": 1e-9, "low": 1e-9, "close": 1e-9}}).encode(), "application/json", 400,
+         "open=1e-09 is below one tick (0.25): a price is at least one tick"),
+        (json.dumps({"symbol": "H8", "bar": {**BAR, "low": 1e-9}}).encode(), "application/json", 400, "low=1e-09 is below one tick (0.25)"),
+        # re's $ matches before a trailing newline: "H9\n" passed the symbol rule and opened a stream of its own
+        (json.dumps({"symbol": "H9\n", "bar": BAR}).encode(), "application/json", 400, "symbol='H9\\n': expected 1-32 letters"),
+        (json.dumps({"symbol": "H9\r\n", "bar": BAR}).encode(), "application/json", 400, "symbol='H9\\r\\n': expected 1-32 letters"),
     ],
 )  # fmt: skip
 def test_every_hostile_body_is_a_4xx_with_its_line_and_holds_nothing(server, body, content_type, status, line):

@@ -61,7 +61,7 @@ from typing import Any
 from foxhunt.errors import UserError
 
 log = logging.getLogger(__name__)
-SYMBOL = re.compile(r"^[A-Za-z0-9._:-]{1,32}$")
+SYMBOL = re.compile(r"[A-Za-z0-9._:-]{1,32}")  # the whole symbol (fullmatch: re's $ matches before a trailing newline)
 BAR_KEYS = ("ts", "open", "high", "low", "close", "volume")
 JSON_TYPES = ("application/json",)
 
@@ -112,7 +112,7 @@ def parse_request(request: Any, max_bars: int) -> tuple[str, list[tuple]]:
     if not isinstance(request, dict):
         raise BadRequest("body: expected a JSON object with symbol and bars")
     symbol = request.get("symbol")
-    if not isinstance(symbol, str) or not SYMBOL.match(symbol):
+    if not isinstance(symbol, str) or not SYMBOL.fullmatch(symbol):
         raise BadRequest(f"symbol={str(symbol)[:64]!r}: expected 1-32 letters, digits or ._:-")
     bars = request.get("bars", [request["bar"]] if "bar" in request else None)
     if not isinstance(bars, list) or not bars:
