@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,6 +256,40 @@ def test_no_store_and_a_file_that_is_no_store(tmp_path):
     result = runner.invoke(app, ["runs", "top", "--root", str(tmp_path)])
     assert result.exit_code == 2 and "not an SQLite store with MLflow's tables" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@contextmanager
+def locked(database: Path, release_after_s: float | None = None):
+    """Another writer holding the store's SQLite file locked (BEGIN EXCLUSIVE): for the block,
+    or for ``release_after_s`` seconds."""
+    holder = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    timer = threading.Timer(release_after_s, holder.rollback) if release_after_s is not None else None
+    if timer is not None:
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.join()
+        else:
+            holder.rollback()
+        holder.close()
+
+
+def test_a_locked_store_is_waited_for_then_said_locked(store, monkeypatch):
+    from foxhunt.runs import sqlite_reader
+
+    database = store.root / "mlruns" / "mlflow.db"
+    monkeypatch.setattr(sqlite_reader, "SQLITE_TIMEOUT_S", 0.3)
+    with locked(database):
+        result = top(store)
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.strip() == (f"foxhunt runs: the MLflow store {database} is locked by another writer: "
+                                     "waited 0.3 s; try again when it is done")  # fmt: skip
+    monkeypatch.setattr(sqlite_reader, "SQLITE_TIMEOUT_S", 30)
+    with locked(database, release_after_s=0.5):  # a writer that is done in time: waited for, answered
+        assert top(store).exit_code == 0
 
 
 def test_the_sqlite_reader_answers_as_the_client(store):

@@ -12,7 +12,7 @@ import pytest
 
 from foxhunt.jobs.views import group_jobs
 from foxhunt.runs.environment import sqlite_path
-from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, UNKNOWN, SqliteReader
+from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, UNKNOWN, SqliteReader, StoreLocked
 from foxhunt.runs.store import ClientReader, RunStore, open_reader
 
 
@@ -73,6 +73,24 @@ def test_a_store_it_cannot_read_yet_or_does_not_know_is_said_so(tmp_path, reader
         db.execute("ALTER TABLE latest_metrics RENAME COLUMN is_nan TO nan_flag")
     assert SqliteReader(changed).schema() == UNKNOWN
     assert SqliteReader(changed).experiment_ids("foxhunt") == []  # left to the client reader
+
+
+def test_a_store_locked_by_another_writer_is_said_locked_not_incomplete(reader, tmp_path, monkeypatch):
+    from foxhunt.runs import sqlite_reader
+
+    copy = tmp_path / "locked.db"
+    shutil.copy(reader.path, copy)
+    monkeypatch.setattr(sqlite_reader, "SQLITE_TIMEOUT_S", 0.2)
+    holder = sqlite3.connect(copy, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        for read in (SqliteReader(copy).schema, SqliteReader(copy).job_runs, lambda: open_reader(f"sqlite:///{copy}")):
+            with pytest.raises(StoreLocked, match=f"^the MLflow store {copy} is locked by another writer: waited 0.2 s; "):
+                read()
+    finally:
+        holder.rollback()
+        holder.close()
+    assert SqliteReader(copy).schema() == KNOWN
 
 
 def test_the_leaderboards_read_has_only_the_keys_asked_for_of_finished_runs(jobs_store, reader):

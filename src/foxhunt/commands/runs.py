@@ -23,7 +23,8 @@ model,asset,precision``; ``foxhunt --help`` alone takes 0.40 s (2 cores, load av
 other work). The same leaderboard through ``MlflowClient.search_runs`` took 26.6 s.
 
 Exit codes: 0 (also for an empty leaderboard); 2 for a usage error (bad metric, override or
-``--by``, unknown experiment) or a store that is missing or cannot be read, in one line.
+``--by``, unknown experiment) or a store that is missing or cannot be read, in one line (a store
+another writer holds locked is waited for as ``foxhunt train list`` waits, then said locked).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 import typer
 
 from foxhunt.commands.train_jobs import ROOT_HELP, URI_HELP, _console, _root, _uri
-from foxhunt.errors import EXIT_USER_ERROR, one_line_error
+from foxhunt.errors import EXIT_USER_ERROR, UserError, one_line_error
 from foxhunt.runs import leaderboard as lb
 
 runs_app = typer.Typer(help="Read the runs in the MLflow store: leaderboards.", no_args_is_help=True)
@@ -77,12 +78,16 @@ def top(
         raise _fail(str(exc)) from None
     root_dir = _root(root)
     uri = _uri(root_dir, tracking_uri)
-    source = _source(uri)
     query = lb.Query(experiment=task or lb.default_experiment(), metric=metric, by=group_by, filters=filters, limit=limit)
     try:
+        source = _source(uri)
         board = lb.top(source, query)
+    except typer.Exit:  # _source's one line (no store, no MLflow tables)
+        raise
     except lb.LeaderboardError as exc:
         raise _fail(str(exc)) from None
+    except UserError as exc:  # a store locked by another writer (waited for): it says so, naming the file
+        raise _fail(one_line_error(exc, with_type=False, limit=STORE_ERROR_WIDTH)) from None
     except Exception as exc:  # a corrupt database, an unreachable server: one line, not a traceback
         raise _fail(f"cannot read the MLflow store {uri}: {one_line_error(exc, limit=STORE_ERROR_WIDTH)}") from None
     if split != lb.SELECTION_SPLIT:
@@ -99,7 +104,8 @@ def top(
 
 def _source(uri: str):
     """The SQLite reader on the project's store (the client for a server or a schema it does
-    not know); a missing store, or a file without MLflow's tables, is one line, exit 2."""
+    not know); a missing store, or a file without MLflow's tables, is one line, exit 2; a store
+    locked by another writer is waited for, then :class:`~foxhunt.runs.sqlite_reader.StoreLocked`."""
     from foxhunt.runs.environment import sqlite_path
     from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
 

@@ -12,17 +12,25 @@ a SQLite schema it does not recognise goes through the client (:func:`foxhunt.ru
 ``foxhunt runs top`` reads its leaderboard here too (:meth:`SqliteReader.finished_runs`: only the
 tags and metrics it names, one row per run; :mod:`foxhunt.runs.leaderboard`).
 This module imports neither torch, lightning nor mlflow.
+
+A store another writer holds locked (a commit in progress, a long ``BEGIN EXCLUSIVE``) is
+waited for, up to :data:`SQLITE_TIMEOUT_S`, then :class:`StoreLocked`: one line naming the file
+and saying it is locked (not "no MLflow tables", not a traceback), for every command that reads
+here (``foxhunt train list|status|watch``, ``foxhunt runs top``).
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
+from foxhunt.errors import UserError
 from foxhunt.runs.stored import Metric, StoredRun
 from foxhunt.runs.tags import RUN_KIND_SWEEP, Param, Tag
 
-SQLITE_TIMEOUT_S = 10
+SQLITE_TIMEOUT_S = 10  # how long a read waits for another writer's lock on the store
 SQLITE_MAX_PARAMS = 500  # SQLite's default limit on host parameters is 999
 REQUIRED_COLUMNS = {
     "runs": {"run_uuid", "name", "status", "start_time", "end_time", "lifecycle_stage", "experiment_id", "artifact_uri"},
@@ -32,6 +40,18 @@ REQUIRED_COLUMNS = {
     "latest_metrics": {"run_uuid", "key", "value", "step", "timestamp", "is_nan"},
 }
 KNOWN, INCOMPLETE, UNKNOWN = "known", "incomplete", "unknown"
+_BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary result codes of a lock held by another connection
+
+
+class StoreLocked(UserError):
+    """Another writer held the SQLite store locked for longer than a read waits; one line."""
+
+    kind = "store"
+
+
+def _is_locked(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (code is not None and code & 0xFF in _BUSY) or "database is locked" in str(exc)
 
 
 class SqliteReader:
@@ -40,17 +60,27 @@ class SqliteReader:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
-    def _connect(self) -> sqlite3.Connection:
-        """Read-write mode but queries only (``query_only``): a read-only connection cannot
-        roll back the hot journal a writer killed mid-transaction leaves (``kill -9``), and
-        then fails with "attempt to write a readonly database"."""
-        connection = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=rw", uri=True, timeout=SQLITE_TIMEOUT_S)
-        connection.execute("PRAGMA query_only = ON")
-        return connection
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection for the block, closed after it. Read-write mode but queries only
+        (``query_only``): a read-only connection cannot roll back the hot journal a writer
+        killed mid-transaction leaves (``kill -9``), and then fails with "attempt to write a
+        readonly database". A lock held past :data:`SQLITE_TIMEOUT_S` is :class:`StoreLocked`."""
+        timeout = SQLITE_TIMEOUT_S
+        try:
+            with closing(sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=rw", uri=True, timeout=timeout)) as db:
+                db.execute("PRAGMA query_only = ON")
+                yield db
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                raise StoreLocked(f"the MLflow store {self.path} is locked by another writer: waited {timeout:g} s; "
+                                  "try again when it is done") from None  # fmt: skip
+            raise
 
     def schema(self) -> str:
         """``known``; ``incomplete`` (no file, or tables still missing: being created);
-        ``unknown`` (MLflow's tables changed: read through the client)."""
+        ``unknown`` (MLflow's tables changed: read through the client). A store locked by
+        another writer is waited for, then :class:`StoreLocked`."""
         if not self.path.is_file():
             return INCOMPLETE
         try:
