@@ -93,3 +93,42 @@ def test_the_debug_switches(monkeypatch):
     assert strip_debug_flag(["a", "--debug", "b"]) == (["a", "b"], True) and strip_debug_flag(["a"]) == (["a"], False)
     denied = FolderError.of(PermissionError(13, "Permission denied", "/ro/outputs"), "paths.output_dir")
     assert str(denied) == "cannot make the folder /ro/outputs: Permission denied (set paths.output_dir to a folder that can be written)"
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["runs", "top", "--limit", "-1"], "foxhunt runs top: usage error: Invalid value for '--limit'"),
+        (["train", "list", "--page", "0"], "foxhunt train list: usage error: Invalid value for '--page'"),
+        (["train", "list", "--limit", "0"], "foxhunt train list: usage error: Invalid value for '--limit'"),
+        (["train", "watch", "j", "--interval", "0"], "foxhunt train watch: usage error: Invalid value for '--interval'"),
+        (["train", "stop", "j", "--timeout", "-1"], "foxhunt train stop: usage error: Invalid value for '--timeout'"),
+        (["memory", "compare", "--steps", "0"], "foxhunt memory compare: usage error: Invalid value for '--steps'"),
+        (["data", "show", "--min-gap", "0"], "foxhunt data show: usage error: Invalid value for '--min-gap'"),
+        (["train", "list", "--page", "two"], "foxhunt train list: usage error: Invalid value for '--page'"),
+        (["train", "list", "--nope"], "foxhunt train list: usage error: No such option: --nope"),
+        (["train", "watch"], "foxhunt train watch: usage error: Missing argument 'job'"),
+        (["trian"], "foxhunt: usage error: No such command 'trian'"),
+    ],
+)
+def test_every_commands_usage_error_is_one_line_exit_2(args, line):
+    """Click's (and typer's) usage errors, options out of range among them, are one line on
+    stderr and exit 2, for every foxhunt command (cli.py's group): no usage lines, no box."""
+    from typer.testing import CliRunner
+
+    from foxhunt.cli import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(line), result.stderr
+
+
+def test_help_and_no_arguments_still_show_the_help():
+    from typer.testing import CliRunner
+
+    from foxhunt.cli import app
+
+    assert CliRunner().invoke(app, ["train", "list", "--help"]).exit_code == 0
+    shown = CliRunner().invoke(app, ["train"])
+    assert shown.exit_code == 2 and "Commands" in shown.output and "list" in shown.output

@@ -4,6 +4,11 @@
 its URI, and prints the URL of the runs table (MLflow 3.17's UI opens in its GenAI view; the
 classic runs table needs ``workflowType=machine_learning``). Commands that only read import
 neither torch nor lightning.
+
+A usage error of any command (an option out of its range, a value of the wrong type, an unknown
+option or command, a missing argument) is one line on stderr, ``foxhunt <command>: usage error:
+<what> (see ... --help)``, exit status 2: the root group (:class:`OneLineUsageErrors`) reports it,
+instead of typer's usage lines and boxed message.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import sys
 from pathlib import Path
 
 import typer
+from typer.core import TyperGroup
 
 from foxhunt.commands.data import data_app
 from foxhunt.commands.ensemble import ensemble_app
@@ -22,7 +28,61 @@ from foxhunt.commands.train_jobs import train_app
 
 UI_STOP_GRACE_S = 10.0  # foxhunt ui stopped: seconds mlflow ui and its workers get to exit before they are killed
 
-app = typer.Typer(help="foxhunt: train trading models on CME futures under a memory budget.", no_args_is_help=True)
+PROG = "foxhunt"
+EXIT_USAGE = 2  # click's status for a usage error
+
+
+class OneLineUsageErrors(TyperGroup):
+    """foxhunt's root group: a usage error raised while parsing its own arguments or any
+    subcommand's (they are parsed inside :meth:`invoke`) is printed as one line (module doc) and
+    the command exits with its status (2) through typer's own exit. Help asked for by giving a
+    group no arguments is left to typer (it prints the help)."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        with _one_line_usage_errors():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+def _is_usage_error(exc: BaseException | None) -> bool:
+    """Click's ``UsageError`` (``BadParameter``, ``NoSuchOption``, ``MissingParameter``, ...) but
+    not ``NoArgsIsHelpError``; by class name, as typer's own handler tells the latter (typer
+    carries its own copy of click, whose classes are not ``click``'s)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return "UsageError" in names and "NoArgsIsHelpError" not in names
+
+
+class _one_line_usage_errors:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if not _is_usage_error(exc):
+            return False
+        from foxhunt.errors import one_line
+
+        path = _command_path(getattr(exc, "ctx", None))
+        typer.echo(f"{path}: usage error: {one_line(exc.format_message())} (see {path} --help)", err=True)
+        raise typer.Exit(getattr(exc, "exit_code", EXIT_USAGE)) from None
+
+
+def _command_path(ctx) -> str:
+    """``foxhunt train list``: the command's names under the root, whatever the program was
+    called (``python -m foxhunt.cli``, a test runner)."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join([PROG, *reversed(names)])
+
+
+app = typer.Typer(
+    help="foxhunt: train trading models on CME futures under a memory budget.", no_args_is_help=True,
+    cls=OneLineUsageErrors,
+)  # fmt: skip
 app.add_typer(data_app, name="data")
 app.add_typer(ensemble_app, name="ensemble")
 app.add_typer(memory_app, name="memory")
