@@ -4,6 +4,8 @@ sorting, pages, exit codes; read commands stay light (no torch, lightning, mlflo
 from __future__ import annotations
 
 import json
+import shutil
+import sqlite3
 import subprocess
 import sys
 
@@ -100,6 +102,26 @@ def test_resume_refuses_a_running_or_finished_job(jobs_store):
     assert result.exit_code == 2 and "is RUNNING: stop it first" in result.output
     result = train(jobs_store, "start", "--resume", "aaaa1111")
     assert result.exit_code == 2 and "nothing to resume" in result.output
+
+
+def test_a_locked_store_is_said_locked_in_one_line(jobs_store, tmp_path, monkeypatch):
+    from foxhunt.runs import sqlite_reader
+
+    (tmp_path / "mlruns").mkdir()
+    database = tmp_path / "mlruns" / "mlflow.db"
+    shutil.copy(jobs_store.root / "mlruns" / "mlflow.db", database)
+    monkeypatch.setattr(sqlite_reader, "SQLITE_TIMEOUT_S", 0.3)
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another writer
+    try:
+        for args in (["list"], ["status", "bbbb3333"]):
+            result = runner.invoke(app, ["train", *args, "--root", str(tmp_path)])
+            assert result.exit_code == 2, result.output
+            assert result.stderr.strip() == (f"foxhunt train: the MLflow store {database} is locked by another writer: "
+                                             "waited 0.3 s; try again when it is done")  # fmt: skip
+    finally:
+        holder.rollback()
+        holder.close()
 
 
 def test_read_commands_import_neither_torch_lightning_nor_mlflow(jobs_store):

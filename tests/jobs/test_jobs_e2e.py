@@ -114,8 +114,17 @@ def test_stop_saves_a_checkpoint_marks_killed_and_resume_finishes(tmp_path):
     agrees_with_store(tmp_path, data)
     assert cli(tmp_path, "watch", job_id).returncode == 3  # KILLED
 
-    resumed = cli(tmp_path, "start", "--resume", job_id)
-    assert resumed.returncode == 0, resumed.stderr
+    # two resumes at once: one launches, the other is refused in one line (the job's lock, or
+    # the state the winner's launch left); never two launches of one job
+    env = {**os.environ, "FOXHUNT_ROOT": str(tmp_path), "COLUMNS": "200"}
+    racing = [subprocess.Popen([sys.executable, "-m", "foxhunt.cli", "train", "start", "--resume", job_id], cwd=tmp_path,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    outcomes = sorted((p.wait(timeout=240), *p.communicate()) for p in racing)
+    assert [code for code, _, _ in outcomes] == [0, 2], outcomes
+    refusal = outcomes[1][2].strip()
+    assert len(refusal.splitlines()) == 1 and refusal.startswith(f"foxhunt train: job {job_id} is "), refusal
+    assert "being launched or run by another process (pid " in refusal or "stop it first" in refusal, refusal
+    assert (tmp_path / "outputs" / "jobs" / f"{job_id}.log").read_text().count("=== resume ") == 1  # one launch
     assert cli(tmp_path, "watch", job_id, "--interval", "1").returncode == 0
     data = status(tmp_path, job_id)
     assert data["state"] == "FINISHED" and data["cells"][0]["state"] == "FINISHED"

@@ -11,13 +11,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from foxhunt.jobs.job_lock import LOCK_FD_FLAG, JobLock, JobLockHeld
 from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
 from foxhunt.jobs.views import find_job
 
 
-def launch(root: Path, job_id: str, code: str) -> tuple[subprocess.Popen, Path]:
+def launch(root: Path, job_id: str, code: str, lock: JobLock | None = None) -> tuple[subprocess.Popen, Path]:
     folder = jobs_dir(root)
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{job_id}.log"
     launch_file = LaunchFile(
         job_id=job_id, pid=0, host=socket.gethostname(), command=[sys.executable, "-c", code], overrides=["model=x"],
@@ -26,11 +29,14 @@ def launch(root: Path, job_id: str, code: str) -> tuple[subprocess.Popen, Path]:
     )  # fmt: skip
     path = folder / f"{job_id}.json"
     launch_file.write(path)
+    handed = [LOCK_FD_FLAG, str(lock.fd)] if lock is not None else []
     with open(log, "a") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(path)], cwd=root, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(path), *handed], cwd=root, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock.fd,) if lock is not None else (),
         )  # fmt: skip
+    if lock is not None:
+        lock.name_holder(process.pid, "the job's supervisor")
     launch_file.pid = process.pid
     launch_file.write(path)
     return process, log
@@ -57,3 +63,30 @@ def test_sigterm_to_the_group_ends_the_job_killed(tmp_path):
     job = find_job(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}", "stop0001", root=tmp_path)
     assert job.state == "KILLED" and job.parent.tags["stop_reason"] == "SIGTERM"
     assert "SIGTERM received, waiting for training to stop" in log.read_text()
+
+
+def test_the_job_lock_is_held_by_training_too_until_the_last_of_them_exits(tmp_path):
+    """The supervisor hands the job's lock to training: with the supervisor killed alone, the
+    job still cannot be launched again while its training runs."""
+    with JobLock.acquire(tmp_path, "lock0001", "test") as lock:
+        process, log = launch(tmp_path, "lock0001", "import os, time; print('training', os.getpid(), flush=True); time.sleep(120)", lock)
+    deadline = time.monotonic() + 60
+    while "training" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    training = int(log.read_text().split("training", 1)[1].split()[0])
+    os.kill(process.pid, signal.SIGKILL)  # the supervisor alone
+    process.wait(timeout=30)
+    try:
+        with pytest.raises(JobLockHeld, match="gone: a process it started still holds the lock"):
+            JobLock.acquire(tmp_path, "lock0001", "test")
+    finally:
+        os.kill(training, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:  # the orphaned training process is reaped by init: the lock goes with it
+        try:
+            JobLock.acquire(tmp_path, "lock0001", "test").close()
+            break
+        except JobLockHeld:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import typer
 
-from foxhunt.errors import EXIT_USER_ERROR, one_line_error
+from foxhunt.errors import EXIT_USER_ERROR, UserError, error_line, one_line_error
 from foxhunt.runs.status import JOB_STATES, TERMINAL, Status
 
 train_app = typer.Typer(
@@ -81,7 +81,10 @@ def _find(key: str, root: Path, uri: str):
 
 
 def _store_error(uri: str, exc: Exception) -> typer.Exit:
-    """A store that cannot be read is an input error (exit 2), as everywhere."""
+    """A store that cannot be read is an input error (exit 2), as everywhere; one whose error
+    names the store already (locked by another writer: foxhunt.runs.sqlite_reader) says only that."""
+    if isinstance(exc, UserError):
+        return _fail(one_line_error(exc, with_type=False, limit=STORE_ERROR_WIDTH))
     return _fail(f"cannot read the MLflow store {uri}: {one_line_error(exc, limit=STORE_ERROR_WIDTH)}")
 
 
@@ -110,6 +113,8 @@ def start(
             launched = launch.start(list(overrides or []), root_dir)
     except launch.LaunchError as exc:
         raise _fail(str(exc)) from None
+    except UserError as exc:  # a stored override that could name code (foxhunt.config.stored)
+        raise _fail(error_line(exc, limit=None)) from None
     verb = "resumed" if resume else "started"
     # a store the config moved (logger.tracking_uri=...) must be named to the other commands
     store = "" if launched.tracking_uri == _uri(root_dir, None) else f" --tracking-uri {launched.tracking_uri}"

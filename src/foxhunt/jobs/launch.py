@@ -16,12 +16,20 @@ module then marks the job's RUNNING runs KILLED itself (nobody else is left to).
 
 ``resume`` re-launches a stopped, failed or stale job with its stored overrides plus
 ``resume=true``, the same job id and the same sweep folder, so the sweep finds the cells'
-checkpoints and continues them in the same runs.
+checkpoints and continues them in the same runs. One launch of a job at a time: ``start`` and
+``resume`` hold the job's lock (:mod:`foxhunt.jobs.job_lock`) and hand it to the supervisor;
+``resume`` takes it before it reads the job's state for the last time, so a second resume while
+the first is starting or running is refused naming the holder. What ``resume`` reads back (the
+job's overrides, from its parent run's tags or its launch file, its sweep folder and its id)
+comes from a store others may write: the overrides and the folder are checked by
+:func:`foxhunt.config.stored.check_stored_overrides` and the id must be a plain name before
+anything is composed, written or launched.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -34,7 +42,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from foxhunt.config.stored import check_stored_overrides
 from foxhunt.errors import one_line_error
+from foxhunt.jobs.job_lock import LOCK_FD_FLAG, JobLock, JobLockHeld
 from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
 from foxhunt.jobs.views import RESUME_FLAG, Job, find_job
 from foxhunt.runs.cell import CellKey
@@ -48,6 +58,9 @@ COST_FILE = Path(__file__).with_name("cost.yaml")
 SWEEP_DIR_KEY = "hydra.sweep.dir"
 MULTIRUN_FLAGS = ("-m", "--multirun")
 LAUNCH_SLACK_S = 60.0  # a job's process is created within this of its launch file's time
+#: A job id as foxhunt makes them (8 hex digits; a sweep started by hand: its parent run's id);
+#: one read back from a store must be a plain name, as it becomes file names under outputs/jobs/.
+JOB_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")
 
 
 class LaunchError(RuntimeError):
@@ -173,12 +186,29 @@ def start(
     job_id: str | None = None,
     sweep_dir: str | None = None,
     resume: bool = False,
+    lock: JobLock | None = None,
 ) -> Launched:
-    """Validate the grid, then launch it in the background; return at once."""
+    """Validate the grid, then launch it in the background; return at once. The job's ``lock``
+    (taken here when not given) goes to the supervisor: it is held until the launch's last
+    process exits."""
     root = Path(root).resolve()
     overrides = [o for o in overrides if o not in MULTIRUN_FLAGS and o != RESUME_FLAG]
     plan, store = plan_cells(overrides, root)
     job_id = job_id or new_job_id()
+    if lock is None:
+        lock = _lock(root, job_id, "foxhunt train start")
+    with lock:
+        return _launch(overrides, root, job_id, sweep_dir, resume, lock, plan, store)
+
+
+def _lock(root: Path, job_id: str, what: str) -> JobLock:
+    try:
+        return JobLock.acquire(root, job_id, what)
+    except JobLockHeld as exc:
+        raise LaunchError(str(exc)) from None
+
+
+def _launch(overrides, root: Path, job_id: str, sweep_dir, resume: bool, lock: JobLock, plan, store) -> Launched:
     folder = jobs_dir(root)
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{job_id}.log"
@@ -205,10 +235,11 @@ def start(
                   f"{' '.join(command)}\n")  # fmt: skip
         out.flush()
         process = subprocess.Popen(
-            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(launch_path)],
+            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(launch_path), LOCK_FD_FLAG, str(lock.fd)],
             cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, pass_fds=(lock.fd,),
         )  # fmt: skip
+    lock.name_holder(process.pid, "the job's supervisor")
     launch_file.pid = process.pid
     launch_file.write(launch_path)
     return Launched(job_id, process.pid, log, store["tracking_uri"], len(plan))
@@ -217,8 +248,28 @@ def start(
 def resume(job: Job, root: Path, tracking_uri: str) -> Launched:
     """Continue a stopped, failed or stale job from its checkpoints, into the same runs.
 
-    Runs the store still shows RUNNING with their process gone (STALE) are ended KILLED first
-    (tag ``stop_reason=stale``): the sweep then resumes them like any interrupted cell."""
+    Under the job's lock, the job is read again (another launch may have started it since
+    ``job`` was read) and what the store gave back is checked (module doc): a refusal is one
+    line, :class:`LaunchError` or (an override that could name code)
+    :class:`~foxhunt.errors.ConfigError`, and nothing has been composed, ended or launched.
+    Runs the store still shows RUNNING with their process gone (STALE) are then ended KILLED
+    (tag ``stop_reason=stale``): the sweep resumes them like any interrupted cell."""
+    root = Path(root).resolve()
+    _check_resumable(job)
+    with _lock(root, job.job_id, "foxhunt train start --resume") as lock:
+        job = _refind(job, tracking_uri, root)
+        _check_resumable(job)
+        if job.state == Status.STALE or any(r.state == Status.STALE for r in job.runs):
+            settle(job, Status.KILLED, "stale", tracking_uri=tracking_uri, only_dead=True)
+        return start(job.overrides, root, job_id=job.job_id, sweep_dir=job.sweep_dir or None, resume=True, lock=lock)
+
+
+def _check_resumable(job: Job) -> None:
+    """Refuse (one line) a job that runs, has nothing left to do, or whose stored id, overrides
+    or sweep folder are not what foxhunt would have written (module doc)."""
+    if not JOB_ID.fullmatch(job.job_id):
+        raise LaunchError(f"job id {job.job_id[:80]!r} read back from the store is not a job id (letters, digits, "
+                          "'_' and '-'): refused")  # fmt: skip
     if job.state in (Status.RUNNING, Status.STARTING):
         raise LaunchError(f"job {job.job_id} is {job.state}: stop it first (foxhunt train stop {job.job_id})")
     cells = job.cells()
@@ -226,9 +277,8 @@ def resume(job: Job, root: Path, tracking_uri: str) -> Launched:
         raise LaunchError(f"job {job.job_id} is FINISHED with every cell FINISHED: nothing to resume")
     if not job.has_overrides:
         raise LaunchError(f"job {job.job_id} has no stored overrides: start it again with foxhunt train start")
-    if job.state == Status.STALE or any(r.state == Status.STALE for r in job.runs):
-        settle(job, Status.KILLED, "stale", tracking_uri=tracking_uri, only_dead=True)
-    return start(job.overrides, root, job_id=job.job_id, sweep_dir=job.sweep_dir or None, resume=True)
+    folder = [f"{SWEEP_DIR_KEY}={job.sweep_dir}"] if job.sweep_dir else []
+    check_stored_overrides([*job.overrides, *folder], origin=f"job {job.job_id}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,8 +375,11 @@ def _signal(pid: int, signum: int) -> None:
             pass
 
 
-def _refind(job: Job, tracking_uri: str) -> Job:
-    root = Path(job.launch_file.root) if job.launch_file else None
+def _refind(job: Job, tracking_uri: str, root: Path | None = None) -> Job:
+    """The job as the store (and its launch file under ``root``, else the one it was launched
+    from) shows it now; ``job`` itself when it cannot be found again."""
+    if root is None and job.launch_file is not None:
+        root = Path(job.launch_file.root)
     try:
         return find_job(tracking_uri, job.job_id, root=root)
     except LookupError:

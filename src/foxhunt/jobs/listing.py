@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from foxhunt.errors import ConfigError
 from foxhunt.runs.tags import Tag
 
 from foxhunt.jobs.views import METRIC_LOSS, METRIC_PEAK_MB, METRIC_SHARPE, Job, JobCell, iso_time, resumable_checkpoint_of
@@ -110,12 +111,20 @@ def job_to_dict(job: Job, now_ms: int) -> dict[str, Any]:
         "best_val_sharpe": job.best_sharpe(),
         "counts": job.counts(),
         "command": job.command,
-        "overrides": job.overrides,
+        "overrides": _overrides(job),
         "pid": job.pid,
         "host": job.host,
         "error": job.error or None,
         "cells": [cell_to_dict(c, now_ms) for c in job.cells()],
     }
+
+
+def _overrides(job: Job) -> list[str] | None:
+    """The job's overrides; None (JSON null) for stored ones that are not a list of strings."""
+    try:
+        return job.overrides
+    except ConfigError:
+        return None
 
 
 def cell_to_dict(cell: JobCell, now_ms: int) -> dict[str, Any]:

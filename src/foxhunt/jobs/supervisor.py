@@ -20,6 +20,10 @@ in a new session. Why a process of its own rather than ``foxhunt-train`` directl
   show it.
 
 After ``kill -9`` of the group nothing runs this, and the job shows as STALE until resumed.
+
+The job's lock (:mod:`foxhunt.jobs.job_lock`), inherited from the launcher as the descriptor
+``--lock-fd N``, is kept open here and handed to training: the job cannot be launched again
+until both have exited.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import time
 from pathlib import Path
 
 from foxhunt.errors import TAG_TEXT_LIMIT, one_line
+from foxhunt.jobs.job_lock import LOCK_FD_FLAG
 from foxhunt.jobs.launch_file import LaunchFile, job_tags
 from foxhunt.jobs.views import Job, find_job, log_tail
 from foxhunt.runs.liveness import on_this_host, run_state
@@ -52,8 +57,9 @@ SOURCE = "foxhunt train start"  # the Source of the run it creates for a job tha
 
 
 class Supervisor:
-    def __init__(self, launch_file: LaunchFile) -> None:
+    def __init__(self, launch_file: LaunchFile, lock_fd: int | None = None) -> None:
         self.launch_file = launch_file
+        self.lock_fd = lock_fd  # the job's lock, held open for the process's life and handed to training
         self.stop_signal: int | None = None
         self.tagged_parent: str | None = None
         self.store = RunStore(launch_file.tracking_uri)
@@ -69,7 +75,8 @@ class Supervisor:
         # group's SIGTERM still reaches Lightning there.
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        child = subprocess.Popen(self.launch_file.command, cwd=self.launch_file.root)
+        kept = (self.lock_fd,) if self.lock_fd is not None else ()
+        child = subprocess.Popen(self.launch_file.command, cwd=self.launch_file.root, pass_fds=kept)
         # mlflow is imported while training starts, not when the parent appears; the client is
         # not opened yet: opening it creates a missing store, which the sweep is creating
         # (two processes creating one SQLite store crash).
@@ -195,8 +202,11 @@ def _signal_name(signum: int | None, rc: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    lock_fd = None
+    if len(argv) == 3 and argv[1] == LOCK_FD_FLAG and argv[2].isdigit():
+        argv, lock_fd = argv[:1], int(argv[2])
     if len(argv) != 1:
-        print("usage: python -m foxhunt.jobs.supervisor <launch file .json>", file=sys.stderr)
+        print(f"usage: python -m foxhunt.jobs.supervisor <launch file .json> [{LOCK_FD_FLAG} N]", file=sys.stderr)
         return 2
     path = Path(argv[0])
     launch_file = None
@@ -210,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"foxhunt job: cannot read launch file {path}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return Supervisor(launch_file).run()
+    return Supervisor(launch_file, lock_fd).run()
 
 
 if __name__ == "__main__":

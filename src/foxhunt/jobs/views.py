@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from foxhunt.errors import ConfigError
 from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
 from foxhunt.runs.cell import CellResult, skipped_cells
 from foxhunt.runs.checkpoints import Checkpoint, resumable_checkpoint
@@ -137,14 +138,27 @@ class Job:
     @property
     def overrides(self) -> list[str]:
         """The user's overrides: the launcher's list, else (a sweep started by hand) the sweep's
-        own ``overrides`` tag split as a shell would, without ``resume=true``."""
+        own ``overrides`` tag split as a shell would, without ``resume=true``. Read back from a
+        store or a file: anything but a list of strings is :class:`ConfigError` (one line)."""
         text = self.tags.get(Tag.JOB_OVERRIDES)
         if text:
-            return list(json.loads(text))
+            try:
+                found = json.loads(text)
+            except ValueError:
+                found = None
+            return self._strings(found, f"its tag {Tag.JOB_OVERRIDES}")
         if self.launch_file is not None:
-            return list(self.launch_file.overrides)
+            return self._strings(self.launch_file.overrides, "its launch file's overrides")
         text = self.tags.get(Tag.OVERRIDES, "")
-        return [o for o in shlex.split(text) if o != RESUME_FLAG] if text else []
+        try:
+            return [o for o in shlex.split(text) if o != RESUME_FLAG] if text else []
+        except ValueError:  # an unbalanced quote
+            return self._strings(None, f"its tag {Tag.OVERRIDES}")
+
+    def _strings(self, found, where: str) -> list[str]:
+        if not isinstance(found, list) or not all(isinstance(item, str) for item in found):
+            raise ConfigError(f"job {self.job_id}: {where} is not a list of overrides (foxhunt writes a JSON list of strings)")
+        return list(found)
 
     @property
     def has_overrides(self) -> bool:

