@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -47,7 +49,7 @@ class OneLineUsageErrors(TyperGroup):
             return super().invoke(ctx)
 
 
-def _is_usage_error(exc: BaseException | None) -> bool:
+def _is_usage_error(exc: BaseException) -> bool:
     """Click's ``UsageError`` (``BadParameter``, ``NoSuchOption``, ``MissingParameter``, ...) but
     not ``NoArgsIsHelpError``; by class name, as typer's own handler tells the latter (typer
     carries its own copy of click, whose classes are not ``click``'s)."""
@@ -55,13 +57,13 @@ def _is_usage_error(exc: BaseException | None) -> bool:
     return "UsageError" in names and "NoArgsIsHelpError" not in names
 
 
-class _one_line_usage_errors:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, traceback) -> bool:
+@contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
         if not _is_usage_error(exc):
-            return False
+            raise
         from foxhunt.errors import one_line
 
         path = _command_path(getattr(exc, "ctx", None))
