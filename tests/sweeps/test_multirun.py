@@ -68,6 +68,8 @@ def test_resume_skips_finished_cells_and_resumes_a_killed_one_into_its_own_run(s
     parents_after, cells_after = runs(root)
     assert [p.info.run_id for p in parents_after] == [parents[0].info.run_id]  # the sweep's parent reopened
     assert parents_after[0].info.status == "FINISHED"
+    history = store(root).get_metric_history(parents[0].info.run_id, "sweep/cells")
+    assert sorted(m.step for m in history) == [0, 1]  # the resumed sweep's summary at a step of its own
     assert sorted(c.info.run_id for c in cells_after) == sorted(c.info.run_id for c in cells)  # no new run
     resumed = store(root).get_run(killed)
     assert resumed.info.status == "FINISHED" and resumed.data.tags["resume_count"] == "1"
