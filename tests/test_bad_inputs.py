@@ -199,8 +199,11 @@ TRAIN_CASES = [
     # folders and sweeps (issue 27): refused before any folder, run or worker is made
     ("root-is-a-file", ["paths.root_dir={empty.csv}"], "config error: cannot make the folder {empty.csv}/outputs/runs/"),
     ("sweep-root-is-a-file", ["-m", "paths.root_dir={empty.csv}"], "cannot prepare the sweep: config error: cannot make the folder {empty.csv}/outputs/sweeps/"),
-    ("n-jobs-zero", ["-m", "strategy=parallel", "strategy.n_jobs=0"], "cannot prepare the sweep: config error: strategy.n_jobs=0: must be an integer >= 1 or auto"),
-    ("n-jobs-negative", ["-m", "strategy=parallel", "strategy.n_jobs=-3"], "cannot prepare the sweep: config error: strategy.n_jobs=-3: must be an integer >= 1 or auto"),
+    ("n-jobs-zero", ["-m", "strategy=parallel", "strategy.n_jobs=0"], "cannot prepare the sweep: config error: strategy.n_jobs=0: must be an integer in [1, 1024] or auto"),
+    ("n-jobs-negative", ["-m", "strategy=parallel", "strategy.n_jobs=-3"], "cannot prepare the sweep: config error: strategy.n_jobs=-3: must be an integer in [1, 1024] or auto"),
+    # ranges (issue 35): a value that would reach Lightning or the data generator is refused first
+    ("limit-negative", ["trainer.limit_train_batches=-1"], "config error: trainer.limit_train_batches=-1: must be a number of batches, an integer in [0, 1000000000], or a fraction of them"),
+    ("days-absurd", ["data.source.days=10000000000"], "config error: data.source.days=10000000000: must be a whole number in [1, 7305]"),
 ]
 NO_DATA = "data=csv data.source.path=/nonexistent/bars.csv".split()
 
@@ -284,6 +287,11 @@ CLI_CASES = [
     ("watch-job-id", ["train", "watch", "nosuchjob"], "nosuchjob"),
     ("stop-job-id", ["train", "stop", "nosuchjob"], "nosuchjob"),
     ("store-not-sqlite", ["train", "list", "--tracking-uri", "sqlite:///{text_store.db}"], "{text_store.db}"),
+    # money (issue 35): bounded where float arithmetic stays exact to the cent, refused before the store is opened
+    ("capital-absurd", ["ensemble", "paper", "paper.capital_usd=1e308"],
+     "foxhunt ensemble paper: config error: paper.capital_usd=1e+308: Input should be less than or equal to 10000000000 (allowed: a number in (0, 1e10])"),
+    ("slippage-absurd", ["ensemble", "replay", "execution.slippage_ticks=1e300"],
+     "foxhunt ensemble replay: config error: execution.slippage_ticks=1e+300: Input should be less than or equal to 100 (allowed: a number in [0, 100])"),
 ]
 
 

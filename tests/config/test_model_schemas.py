@@ -18,24 +18,35 @@ def check(module: dict, model: dict | None = None) -> None:
 @pytest.mark.parametrize(
     ("key", "good", "bad", "rule"),
     [
-        ("lr", [1e-9, 3], [0, -1e-3, math.nan, math.inf, True, "0.1"], "must be a number > 0"),
-        ("policy_lr", [3e-4], [0.0], "must be a number > 0"),
+        ("lr", [1e-9, 3, 10], [0, -1e-3, 10.5, 1e300, math.nan, math.inf, True, "0.1"], "must be a number > 0 and <= 10"),
+        ("policy_lr", [3e-4], [0.0], "must be a number > 0 and <= 10"),
         ("gamma", [1e-6, 1.0], [0.0, 1.0001], "must be in (0, 1]"),
         ("gae_lambda", [0.95], [0], "must be in (0, 1]"),
         ("dropout", [0.0, 0.999], [1.0, -0.1], "must be in [0, 1)"),
         ("epsilon_decay", [1.0], [0.0], "must be in (0, 1]"),
         ("epsilon_end", [0.0], [1.5], "must be in [0, 1]"),
         ("quantiles", [[0.5], [0.1, 0.5, 0.9]], [[], [0.1, 0.9], [0.0, 0.5], [0.5, 1.0]], None),
-        ("A_init_range", [[1, 1], [1.0, 16.0]], [[2, 1], [0, 1], [1], [1, 2, 3]], "must be [low, high] with 0 < low <= high"),
+        ("A_init_range", [[1, 1], [1.0, 16.0], [1, 1e4]], [[2, 1], [0, 1], [1], [1, 2, 3], [1, 1e5]],
+         "must be [low, high] with 0 < low <= high <= 10000"),
         ("activation_checkpointing", [True, False], [1, "true"], "must be true or false"),
-        ("hidden_sizes", [[1], [256, 256]], [[], [0], [32, 1.5], 32], "must be a non-empty list of integers >= 1"),
-        ("value_hidden_sizes", [[8]], [[-1]], "must be a non-empty list of integers >= 1"),
-        ("seed", [0, 7], [-1, 1.0, True], "must be an integer >= 0"),
-        ("min_replay_size", [0], [-5], "must be an integer >= 0"),
-        ("d_model", [1], [0, 32.0, False], "must be an integer >= 1"),
-        ("target_update_every", [1], [0], "must be an integer >= 1"),
-        ("max_grad_norm", [0.0, 10], [-0.5], "must be a number >= 0"),
-        ("clip_coef", [0.2], [-0.1], "must be a number >= 0"),
+        ("hidden_sizes", [[1], [256, 256], [65_536]], [[], [0], [32, 1.5], 32, [65_537]],
+         "must be a non-empty list of integers >= 1 and <= 65536"),
+        ("value_hidden_sizes", [[8]], [[-1]], "must be a non-empty list of integers >= 1 and <= 65536"),
+        ("seed", [0, 7, 2**32 - 1], [-1, 1.0, True, 2**32], "must be an integer >= 0 and <= 4294967295"),
+        ("min_replay_size", [0, 10**8], [-5, 10**8 + 1], "must be an integer >= 0 and <= 100000000"),
+        ("replay_capacity", [1], [0, 10**9], "must be an integer >= 1 and <= 100000000"),
+        ("batch_size", [1, 2**20], [0, 2**20 + 1], "must be an integer >= 1 and <= 1048576"),
+        ("d_model", [1, 65_536], [0, 32.0, False, 65_537], "must be an integer >= 1 and <= 65536"),
+        ("n_layers", [1024], [1025], "must be an integer >= 1 and <= 1024"),
+        ("seq_len", [100_000], [100_001], "must be an integer >= 1 and <= 100000"),
+        ("target_update_every", [1], [0], "must be an integer >= 1 and <= 10000000"),
+        ("target_update_interval", [100], [0, 10**8], "must be an integer >= 1 and <= 10000000"),
+        ("adam_eps", [1e-8, 1.0], [0.0, 1.5, math.nan], "must be a number > 0 and <= 1"),
+        ("norm_eps", [1e-5], [-1e-5], "must be a number > 0 and <= 1"),
+        ("weight_decay", [0.0, 10], [-0.1, 11], "must be a number >= 0 and <= 10"),
+        ("max_grad_norm", [0.0, 10, 1e6], [-0.5, 2e6, math.inf], "must be a number >= 0 and <= 1e6"),
+        ("clip_coef", [0.2], [-0.1, 101], "must be a number >= 0 and <= 100"),
+        ("position_threshold", [0.0, 1e6], [-1.0, 1e300], "must be a number >= 0 and <= 1e6"),
     ],
 )
 def test_each_rule_refuses_exactly_what_it_says(key, good, bad, rule):
@@ -66,7 +77,15 @@ def test_the_quantiles_say_what_is_wrong(quantiles, why):
 
 
 def test_private_unset_and_unknown_names_are_left_to_the_constructor():
-    check({"_target_": "x.Y", "lr": None, "activation": "relu", "adam_eps": -1.0})
+    check({"_target_": "x.Y", "lr": None, "activation": "relu", "layout": {"kind": "a"}})
+
+
+@pytest.mark.parametrize("value", [3, 0.5, [1, 2], {"a": 1.0}])
+def test_a_number_under_a_name_without_a_rule_is_refused(value):
+    with pytest.raises(ConfigError) as error:
+        check({"momentum_beta": value})
+    assert str(error.value) == (f"model.module.momentum_beta={value!r}: no range is known for a numeric hyperparameter of "
+                                "this name (foxhunt.config.model_schemas.NAME_RULES holds one rule per name)")  # fmt: skip
 
 
 @pytest.mark.parametrize(

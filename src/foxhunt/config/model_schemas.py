@@ -2,9 +2,12 @@
 
 The four model families share a vocabulary (``lr``, ``gamma``, ``dropout``, ``hidden_sizes``,
 ``quantiles``, ...): one rule per parameter name covers them all, so a new model is checked
-as soon as it uses the common names. Rules that relate several parameters of one model
-(heads dividing the hidden size, a batch no larger than the replay buffer) follow per model.
-Each violation raises :class:`~foxhunt.config.schema.ConfigError` with one line.
+as soon as it uses the common names. Every rule has a range with both ends (the upper ones
+generous but finite: past them a size exhausts memory or a rate overflows), and a number
+under a name no rule matches is refused: every numeric hyperparameter has a range. Rules
+that relate several parameters of one model (heads dividing the hidden size, a batch no
+larger than the replay buffer) follow per model. Each violation raises
+:class:`~foxhunt.config.schema.ConfigError` with one line.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from foxhunt.config.schema import shown_bound
 from foxhunt.errors import ConfigError
 
 
@@ -21,12 +25,26 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _positive(v: Any) -> str | None:
-    return None if _number(v) and v > 0 else "must be a number > 0"
+def _integer(low: int, high: int) -> Callable[[Any], str | None]:
+    """An integer in [low, high]."""
+    rule = f"must be an integer >= {low} and <= {high}"
+    return lambda v: None if isinstance(v, int) and not isinstance(v, bool) and low <= v <= high else rule
 
 
-def _non_negative(v: Any) -> str | None:
-    return None if _number(v) and v >= 0 else "must be a number >= 0"
+def _real(low: float, high: float, *, low_open: bool = False) -> Callable[[Any], str | None]:
+    """A finite number in [low, high] (``low_open``: in (low, high])."""
+    rule = f"must be a number {'>' if low_open else '>='} {shown_bound(low)} and <= {shown_bound(high)}"
+
+    def check(v: Any) -> str | None:
+        return None if _number(v) and (v > low if low_open else v >= low) and v <= high else rule
+
+    return check
+
+
+def _integer_list(low: int, high: int) -> Callable[[Any], str | None]:
+    """A non-empty list of integers in [low, high] (layer widths)."""
+    element, rule = _integer(low, high), f"must be a non-empty list of integers >= {low} and <= {high}"
+    return lambda v: None if isinstance(v, (list, tuple)) and len(v) > 0 and all(element(x) is None for x in v) else rule
 
 
 def _unit_open_closed(v: Any) -> str | None:
@@ -39,19 +57,6 @@ def _unit_closed(v: Any) -> str | None:
 
 def _dropout(v: Any) -> str | None:
     return None if _number(v) and 0 <= v < 1 else "must be in [0, 1)"
-
-
-def _positive_int(v: Any) -> str | None:
-    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else "must be an integer >= 1"
-
-
-def _non_negative_int(v: Any) -> str | None:
-    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else "must be an integer >= 0"
-
-
-def _positive_int_list(v: Any) -> str | None:
-    ok = isinstance(v, (list, tuple)) and len(v) > 0 and all(_positive_int(x) is None for x in v)
-    return None if ok else "must be a non-empty list of integers >= 1"
 
 
 def _quantiles(v: Any) -> str | None:
@@ -68,15 +73,35 @@ def _boolean(v: Any) -> str | None:
     return None if isinstance(v, bool) else "must be true or false"
 
 
+MAX_INIT_RANGE = 1e4  # the SSM's A = -exp(A_log), A_log = log(U[low, high])
+
+
 def _range_pair(v: Any) -> str | None:
-    ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(x) and x > 0 for x in v) and v[0] <= v[1]
-    return None if ok else "must be [low, high] with 0 < low <= high"
+    ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(x) and x > 0 for x in v) and v[0] <= v[1] <= MAX_INIT_RANGE
+    return None if ok else f"must be [low, high] with 0 < low <= high <= {shown_bound(MAX_INIT_RANGE)}"
 
 
-# (pattern on the parameter name, rule). First match wins; names that match nothing are
-# checked only by the constructor signature.
+def _holds_number(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds_number(v) for v in value)
+    if isinstance(value, Mapping):
+        return any(_holds_number(v) for v in value.values())
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# The upper bounds: generous, finite. Widths (features, hidden units) and replay memories are
+# bounded by what a machine's memory holds, steps by what finishes, rates and coefficients far
+# above any value that trains (a larger one overflows the loss or the weights).
+WIDTH = _integer(1, 65_536)  # features, hidden units, state sizes
+LAYERS = _integer(1, 1024)  # layers, heads, groups, expansion, convolution width, epochs per update
+LENGTH = _integer(1, 100_000)  # bars in a window or a chunk (as model.window in foxhunt.config.schema)
+STEPS = _integer(1, 10_000_000)  # steps between events, steps per rollout or call
+MEMORY = 100_000_000  # transitions a replay buffer holds
+
+# (pattern on the parameter name, rule). First match wins; a name that matches nothing and
+# holds a number is refused (no range known), any other value is left to the constructor.
 NAME_RULES: list[tuple[str, Callable[[Any], str | None]]] = [
-    (r"^(lr|.*_lr|learning_rate)$", _positive),
+    (r"^(lr|.*_lr|learning_rate)$", _real(0, 10, low_open=True)),
     (r"^(gamma|gae_lambda|lam|lambda_)$", _unit_open_closed),
     (r"^dropout$", _dropout),
     (r"^epsilon_decay$", _unit_open_closed),
@@ -84,36 +109,46 @@ NAME_RULES: list[tuple[str, Callable[[Any], str | None]]] = [
     (r"^quantiles$", _quantiles),
     (r"^A_init_range$", _range_pair),
     (r"^activation_checkpointing$", _boolean),
-    (r"^(dt_min|dt_max|dt_init_floor)$", _positive),
-    (r"^hidden_sizes$|^.*_hidden_sizes$", _positive_int_list),
-    (r"^(seed)$", _non_negative_int),
-    (r"^(min_replay|min_replay_size|warmup_steps)$", _non_negative_int),
+    (r"^(dt_min|dt_max|dt_init_floor)$", _real(0, 10, low_open=True)),
+    (r"^(eps|.*_eps)$", _real(0, 1, low_open=True)),  # the epsilons of norms and optimizers
+    (r"^hidden_sizes$|^.*_hidden_sizes$", _integer_list(1, 65_536)),
+    (r"^(seed)$", _integer(0, 2**32 - 1)),  # numpy's and torch's seeds
+    (r"^(min_replay|min_replay_size|warmup_steps)$", _integer(0, MEMORY)),
+    (r"^(replay_capacity|capacity)$", _integer(1, MEMORY)),
+    (r"^(batch_size|minibatch_size)$", _integer(1, 2**20)),
+    (r"^(horizon|seq_len|chunk_size)$", LENGTH),
+    (r"^(num_heads|n_heads|heads|lstm_layers|n_layers|num_layers|expand|d_conv|ngroups|update_epochs)$", LAYERS),
+    (r"^(rollout_steps|steps_per_call|.*_every|.*_interval)$", STEPS),
     (
-        r"^(.*_dim|dim|d_model|d_state|d_conv|expand|headdim|ngroups|chunk_size|hidden|hidden_size|"
-        r"num_heads|n_heads|heads|lstm_layers|n_layers|num_layers|horizon|seq_len|batch_size|"
-        r"minibatch_size|replay_capacity|capacity|update_epochs|num_actions|n_actions|"
-        r"rollout_steps|num_envs|steps_per_call|target_update_every|.*_every|n_static|n_known|n_observed|"
-        r"num_static|num_known|num_observed)$",
-        _positive_int,
+        r"^(.*_dim|dim|d_model|d_state|headdim|hidden|hidden_size|num_actions|n_actions|num_envs|"
+        r"n_static|n_known|n_observed|num_static|num_known|num_observed)$",
+        WIDTH,
     ),
-    (
-        r"^(weight_decay|l2|clip.*|.*_coef|max_grad_norm|grad_clip.*|position_threshold|huber_delta|"
-        r"target_kl)$",
-        _non_negative,
-    ),
+    (r"^(weight_decay|l2)$", _real(0, 10)),
+    (r"^(clip.*|.*_coef|target_kl)$", _real(0, 100)),
+    (r"^(max_grad_norm|grad_clip.*|huber_delta)$", _real(0, 1e6)),
+    (r"^position_threshold$", _real(0, 1e6)),  # target-scale units: the summed median forecast
 ]
+
+
+def rule_problem(name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for the hyperparameter ``name`` (None: nothing): the first rule
+    of :data:`NAME_RULES` whose pattern matches; a number under a name no rule matches has no range."""
+    for pattern, rule in NAME_RULES:
+        if re.match(pattern, name):
+            return rule(value)
+    if _holds_number(value):
+        return "no range is known for a numeric hyperparameter of this name (foxhunt.config.model_schemas.NAME_RULES holds one rule per name)"
+    return None
 
 
 def _check_names(module: Mapping[str, Any]) -> None:
     for name, value in module.items():
         if name.startswith("_") or value is None:
             continue
-        for pattern, rule in NAME_RULES:
-            if re.match(pattern, name):
-                problem = rule(value)
-                if problem:
-                    raise ConfigError(f"model.module.{name}={value!r}: {problem}")
-                break
+        problem = rule_problem(name, value)
+        if problem:
+            raise ConfigError(f"model.module.{name}={value!r}: {problem}")
 
 
 def _require(condition: bool, key: str, value: Any, rule: str) -> None:

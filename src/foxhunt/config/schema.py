@@ -10,7 +10,15 @@ pydantic does the type and range checks (a well-kept library with precise error 
 the cross-field rules pydantic cannot express per field are the ``model_validator``s below.
 Model hyperparameters are checked twice: against the constructor signature of the class the
 config's ``_target_`` names (unknown or missing keys), and against the model's own
-hyperparameter schema in :mod:`foxhunt.config.model_schemas` (values).
+hyperparameter schema in :mod:`foxhunt.config.model_schemas` (values). The bar source's
+settings are checked by the source's constructor (:func:`check_source_settings`).
+
+Every number of the config has a range (:func:`_int`, :func:`_real`): a value out of it is
+refused here, naming the key, the value and the range, instead of reaching numpy, torch or
+Lightning. The upper bounds are generous but finite: past them something overflows, hangs or
+exhausts memory. A ``_target_`` section whose class foxhunt configures (the trainer, the
+callbacks, the asset, the budget, the precision) declares every numeric setting with its
+range, and refuses a number under a key it does not declare (:class:`_Ranged`).
 """
 
 from __future__ import annotations
@@ -18,10 +26,20 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
 
 from foxhunt.errors import ConfigError
 from foxhunt.precision.policy import (
@@ -32,10 +50,109 @@ from foxhunt.precision.policy import (
     WEIGHT_FORMATS,
 )
 
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-PositiveInt = Annotated[int, Field(ge=1)]
-Fraction = Annotated[float, Field(gt=0, lt=1)]
+# ---------------------------------------------------------------------------------- ranges
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds (np.random.seed takes < 2**32)
+MAX_BARS = 10**9  # bar counts (windows, purges, gaps, bars scored): 1,900 years of 1-minute bars
+MAX_STEPS = 10**9  # optimizer or agent steps, batches
+MAX_EPOCHS = 10**6
+MAX_BATCH = 2**20  # samples in one batch
+MAX_CORES = 1024  # processes, threads, CPUs, devices
+MAX_MB = 1e8  # memory sizes in MB (100 TB)
+MAX_SECONDS = 365 * 86_400.0  # waits, timeouts, evictions (a year)
+
+# Money. The backtest and the paper account add and subtract USD amounts in float64, which
+# holds every cent exactly only while the amounts stay small against 2**53: at 1e10 USD the
+# spacing of floats is 1.9e-6 USD, so thousands of roundings stay below half a cent; at 1e12 it
+# is 1.2e-4 USD (under a hundred roundings), and an account of 1e308 USD has no cents at all
+# (every fill's PnL reads 0.00). A fill's costs and quantity are bounded as well (1,000
+# contracts, 1,000 USD commission and 100 ticks of slippage per contract at most), so that no
+# fill's amount comes near the account's, and 1e300 ticks of slippage cannot overflow it.
+MAX_CAPITAL_USD = 1e10  # the account's starting cash and its loss limits
+MAX_COMMISSION_USD = 1e3  # per contract per side (CME retail: a few USD)
+MAX_SLIPPAGE_TICKS = 100.0  # per contract per side (a market order in a liquid future: a tick or two)
+MAX_POSITION = 1000  # contracts per symbol
+
+
+def shown_bound(bound: int | float) -> str:
+    """A range's end as a message shows it: 4294967295, 0.5, 1e12."""
+    if isinstance(bound, int):
+        return str(bound)
+    mantissa, _, exponent = f"{bound:g}".partition("e")
+    return mantissa + (f"e{int(exponent)}" if exponent else "")
+
+
+def _range_rule(kind: type, ge=None, gt=None, le=None, lt=None) -> str:
+    low = f"[{shown_bound(ge)}" if ge is not None else f"({shown_bound(gt)}"
+    high = f"{shown_bound(le)}]" if le is not None else f"{shown_bound(lt)})"
+    return f"{'an integer' if kind is int else 'a number'} in {low}, {high}"
+
+
+def _bounded(kind: type, **bounds: int | float) -> Any:
+    """``kind`` within ``bounds`` (pydantic's ``ge``/``gt`` and ``le``/``lt``, both ends), strict:
+    a bool, a string or (for an integer) a float is refused, since the value reaches the code as
+    it is written in the config; a refusal says the range, e.g. ``Input should be greater than
+    or equal to 0 (allowed: an integer in [0, 4294967295])``."""
+    rule = _range_rule(kind, **bounds)
+
+    def explained(value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            raise ValueError(f"{exc.errors()[0]['msg']} (allowed: {rule})") from None
+
+    finite = {"allow_inf_nan": False} if kind is float else {}
+    return Annotated[kind, Field(strict=True, **bounds, **finite), WrapValidator(explained)]
+
+
+def _int(low: int, high: int) -> Any:
+    """An integer in [low, high]."""
+    return _bounded(int, ge=low, le=high)
+
+
+def _real(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None) -> Any:
+    """A finite number with a lower bound (``ge`` or ``gt``) and an upper one (``le`` or ``lt``)."""
+    return _bounded(float, **{k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _holds_number(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_number(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_number(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _ruled(annotation: Any, accepts: Any, rule: str) -> Any:
+    """``annotation`` (a union: its JSON schema documents the choices) checked first by
+    ``accepts(value)``, with one message for every wrong value (a union's own errors would be
+    one per choice)."""
+
+    def check(value: Any) -> Any:
+        if not accepts(value):
+            raise ValueError(rule)
+        return value
+
+    return Annotated[annotation, BeforeValidator(check)]
+
+
+Fraction = _real(gt=0, lt=1)
+Seed = _int(0, MAX_SEED)
+Bars = _int(0, MAX_BARS)
+MegaBytes = _real(gt=0, le=MAX_MB)
+Seconds = _real(gt=0, le=MAX_SECONDS)
+Cores = _int(1, MAX_CORES)
+#: Lightning's ``limit_*_batches`` and ``overfit_batches``: a number of batches or a fraction of them.
+Batches = _ruled(_int(0, MAX_STEPS) | _real(ge=0, le=1),
+                 lambda v: (_is_int(v) and 0 <= v <= MAX_STEPS) or (isinstance(v, float) and 0.0 <= v <= 1.0),
+                 f"must be a number of batches, an integer in [0, {MAX_STEPS}], or a fraction of them, a number in [0.0, 1.0]")  # fmt: skip
 
 
 class _Strict(BaseModel):
@@ -50,25 +167,39 @@ class Targeted(_Open):
     target: str = Field(alias="_target_", min_length=1)
 
 
+class _Ranged(Targeted):
+    """A ``_target_`` section whose numeric settings are all declared with their range: any other
+    setting passes to the class, but a number under a key the section does not declare is
+    refused (no range is known for it)."""
+
+    @model_validator(mode="after")
+    def _numbers_are_declared(self) -> "_Ranged":
+        for key, value in (self.model_extra or {}).items():
+            if _holds_number(value):
+                raise _KeyedError(key, value, "no range is known for a number under this key (foxhunt.config.schema "
+                                              "declares every numeric setting of the section with its range)")  # fmt: skip
+        return self
+
+
 class Execution(_Strict):
-    commission_usd: NonNegativeFloat
-    slippage_ticks: NonNegativeFloat
+    commission_usd: _real(ge=0, le=MAX_COMMISSION_USD)  # bounded: see MAX_CAPITAL_USD
+    slippage_ticks: _real(ge=0, le=MAX_SLIPPAGE_TICKS)
 
 
 class Bootstrap(_Strict):
-    samples: PositiveInt
-    block_bars: PositiveInt
+    samples: _int(1, 100_000)  # each replicate reads every bar of the split
+    block_bars: _int(1, MAX_BARS)
     confidence: Fraction
-    seed: Annotated[int, Field(ge=0)]
+    seed: Seed
 
 
 class WalkForward(_Strict):
-    folds: PositiveInt
+    folds: _int(1, 1000)
     window: Literal["expanding", "rolling"]
     train: Fraction
     val: Fraction
     test: Fraction
-    purge_bars: Annotated[int, Field(ge=0)]
+    purge_bars: Bars
 
     @model_validator(mode="after")
     def _folds_fit(self) -> "WalkForward":
@@ -80,20 +211,20 @@ class WalkForward(_Strict):
 
 class Interpret(_Strict):
     enabled: bool
-    max_windows: PositiveInt | None
+    max_windows: _int(1, MAX_BARS) | None
 
 
 class Evaluation(_Strict):
     plot_equity: bool
-    max_bars: PositiveInt | None = None
-    sessions_per_year: float | Literal["calendar"]
+    max_bars: _int(1, MAX_BARS) | None = None
+    sessions_per_year: _real(gt=0, le=366) | Literal["calendar"]
     annualization_span: list[str]
     protocol: Literal["single", "walk_forward"]
-    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] | None
+    seeds: list[Seed] | None
     baselines: list[Literal["flat", "buy_and_hold", "random", "momentum"]]
     bootstrap: Bootstrap
     walk_forward: WalkForward
-    fold: Annotated[int, Field(ge=0)] | None
+    fold: _int(0, 999) | None
     holdout: Fraction | None = None  # the lockbox: the last fraction of the bars (foxhunt.data.splits)
     interpret: Interpret | None = None  # TFT interpretability (foxhunt.evaluation.interpret); absent in older stored configs
 
@@ -102,8 +233,8 @@ class Evaluation(_Strict):
     def _sessions_per_year(cls, value: Any) -> Any:
         if value == "calendar":
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError("must be 'calendar' (the asset's exchange calendar) or a number of sessions per year > 0")
+        if not _is_real(value) or not 0 < value <= 366:
+            raise ValueError("must be 'calendar' (the asset's exchange calendar) or a number of sessions per year in (0, 366]")
         return float(value)
 
     @field_validator("annualization_span", mode="before")
@@ -135,16 +266,16 @@ class Monitor(_Strict):
 
 
 class EnvSettings(_Strict):
-    num_envs: PositiveInt
-    episode_len: Annotated[int, Field(ge=2)]
-    steps_per_epoch: PositiveInt
+    num_envs: _int(1, 65_536)
+    episode_len: _int(2, MAX_BARS)
+    steps_per_epoch: _int(1, MAX_STEPS)
 
 
 class WindowSettings(_Strict):
-    seq_len: PositiveInt
-    horizon: PositiveInt
-    batch_size: PositiveInt
-    eval_batch_size: PositiveInt
+    seq_len: _int(1, 100_000)
+    horizon: _int(1, 100_000)
+    batch_size: _int(1, MAX_BATCH)
+    eval_batch_size: _int(1, MAX_BATCH)
 
     @model_validator(mode="after")
     def _horizon_shorter_than_sequence(self) -> "WindowSettings":
@@ -156,7 +287,7 @@ class WindowSettings(_Strict):
 class ModelSection(_Strict):
     name: str = Field(min_length=1)
     kind: Literal["agent", "forecaster"]
-    memory_target_mb: PositiveFloat | None
+    memory_target_mb: MegaBytes | None
     monitor: Monitor
     module: Targeted
     env: EnvSettings | None = None
@@ -171,14 +302,14 @@ class ModelSection(_Strict):
         return self
 
 
-class AssetSection(Targeted):
+class AssetSection(_Ranged):
     key: str = Field(min_length=1)
     symbol: str = Field(min_length=1)
-    tick_size: PositiveFloat
-    multiplier: PositiveFloat
-    tick_value: PositiveFloat
-    price_level: PositiveFloat
-    daily_vol: Annotated[float, Field(gt=0, lt=1)]
+    tick_size: _real(gt=0, le=1e4)
+    multiplier: _real(gt=0, le=1e8)  # USD per point (6J: 12.5 million)
+    tick_value: _real(gt=0, le=1e5)
+    price_level: _real(gt=0, le=1e7)
+    daily_vol: Fraction
     session_tz: str
     session_open: str = Field(pattern=r"^\d{2}:\d{2}$")
     session_close: str = Field(pattern=r"^\d{2}:\d{2}$")
@@ -204,9 +335,9 @@ class AssetSection(Targeted):
 
 
 class Features(_Strict):
-    momentum_bars: Annotated[int, Field(ge=2)]
-    volatility_bars: Annotated[int, Field(ge=2)]
-    volume_bars: Annotated[int, Field(ge=2)]
+    momentum_bars: _int(2, 1_000_000)
+    volatility_bars: _int(2, 1_000_000)
+    volume_bars: _int(2, 1_000_000)
     rth_open: str | None = Field(default=None, pattern=r"^\d{2}:\d{2}$")
     rth_close: str | None = Field(default=None, pattern=r"^\d{2}:\d{2}$")
     rth_tz: str | None = None
@@ -216,7 +347,7 @@ class Split(_Strict):
     train: Fraction
     val: Fraction
     test: Fraction
-    gap_bars: Annotated[int, Field(ge=0)]
+    gap_bars: Bars
 
     @model_validator(mode="after")
     def _fractions_sum_to_one(self) -> "Split":
@@ -233,11 +364,11 @@ class DataSection(_Strict):
     cache_dir: str
 
 
-class BudgetSection(Targeted):
+class BudgetSection(_Ranged):
     name: str = Field(min_length=1)
     kind: Literal["gpu", "cpu"]
-    total_mb: PositiveFloat
-    headroom_mb: NonNegativeFloat
+    total_mb: MegaBytes
+    headroom_mb: _real(ge=0, le=MAX_MB)
 
     @model_validator(mode="after")
     def _headroom_below_total(self) -> "BudgetSection":
@@ -246,17 +377,17 @@ class BudgetSection(Targeted):
         return self
 
 
-class PrecisionSection(Targeted):
+class PrecisionSection(_Ranged):
     name: str = Field(min_length=1)
     # the allowed values are the policy's own (foxhunt.precision.policy): one list each
     trainer_precision: Literal[LIGHTNING_PRECISIONS]
     weights: Literal[WEIGHT_FORMATS] = "fp32"
     optimizer_states: Literal[OPTIMIZER_STATE_FORMATS] = "32bit"
-    optimizer_block_size: PositiveInt | None = None
+    optimizer_block_size: _int(1, MAX_BATCH) | None = None
     compile_optimizer: bool = True
     fuse_fp32_states: bool = False
     quantize_types: list[Literal[QUANTIZABLE_TYPES]] = Field(default_factory=list)
-    min_quantized_numel: PositiveInt | None = None
+    min_quantized_numel: _int(1, 2**40) | None = None
     keep_fp32: list[str] = Field(default_factory=list)
     inference_weights: Literal[INFERENCE_CONFIGS] | None = None
     choice: str | None = None  # precision=auto: what it chose and why (foxhunt.precision.auto)
@@ -285,26 +416,26 @@ class StrategySection(_Strict):
     """
 
     name: Literal["sequential", "parallel", "submitit_local", "slurm"]
-    n_jobs: PositiveInt | Literal["auto"] = 1
-    torch_threads: PositiveInt | Literal["auto"] = "auto"
+    n_jobs: Cores | Literal["auto"] = 1
+    torch_threads: Cores | Literal["auto"] = "auto"
     predict_memory: bool = False
     prediction_cache: str | None = None
     partition: str | None = None
     account: str | None = None
-    gpus_per_job: Annotated[int, Field(ge=0)] | None = None
-    cpus_per_task: PositiveInt | None = None
-    mem_gb: PositiveInt | None = None
-    time_min: PositiveInt | None = None
-    array_parallelism: PositiveInt | None = None
+    gpus_per_job: _int(0, 64) | None = None
+    cpus_per_task: Cores | None = None
+    mem_gb: _int(1, 100_000) | None = None
+    time_min: _int(1, 525_600) | None = None  # at most a year
+    array_parallelism: _int(1, 100_000) | None = None
     setup: list[str] | None = None
-    orphan_grace_s: PositiveFloat | None = None
+    orphan_grace_s: _real(gt=0, le=3600) | None = None
 
     @field_validator("n_jobs", "torch_threads", mode="before")
     @classmethod
     def _count_or_auto(cls, value: Any) -> Any:
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if value == "auto" or (_is_int(value) and 1 <= value <= MAX_CORES):
             return value
-        raise ValueError("must be an integer >= 1 or auto")
+        raise ValueError(f"must be an integer in [1, {MAX_CORES}] or auto")
 
     @model_validator(mode="after")
     def _cache_for_predictions(self) -> "StrategySection":
@@ -313,10 +444,59 @@ class StrategySection(_Strict):
         return self
 
 
-class TrainerSection(Targeted):
-    max_epochs: Annotated[int, Field(ge=-1)] | None = None
-    max_steps: Annotated[int, Field(ge=-1)] | None = None
+def _devices(value: Any) -> bool:
+    if value == "auto" or (_is_int(value) and (value == -1 or 1 <= value <= MAX_CORES)):
+        return True
+    if isinstance(value, str):
+        return bool(re.fullmatch(r"\s*\d{1,4}\s*(,\s*\d{1,4}\s*)*,?\s*", value))
+    return isinstance(value, list) and 0 < len(value) <= MAX_CORES and all(_is_int(v) and 0 <= v < MAX_CORES for v in value)
+
+
+def _max_time(value: Any) -> bool:
+    if value is None or isinstance(value, str):
+        return value is None or bool(re.fullmatch(r"\d{1,5}(:\d{1,2}){3}", value))
+    units = ("days", "hours", "minutes", "seconds")
+    return isinstance(value, dict) and all(k in units and _is_int(v) and 0 <= v <= 10_000_000 for k, v in value.items())
+
+
+def _val_check_interval(value: Any) -> bool:
+    if value is None or isinstance(value, str):
+        return value is None or bool(re.fullmatch(r"\d{1,5}(:\d{1,2}){3}", value))
+    return (_is_int(value) and 1 <= value <= MAX_STEPS) or (isinstance(value, float) and 0.0 < value <= 1.0)
+
+
+class TrainerSection(_Ranged):
+    """``conf/trainer``: Lightning Trainer arguments (the precision plugin, logger and callbacks
+    come from their own sections). Its numeric arguments are declared here with their range;
+    a number under any other key is refused."""
+
     accelerator: str = "auto"
+    devices: _ruled(Cores | Literal["auto", -1] | str | list[_int(0, MAX_CORES - 1)], _devices,
+                    f"must be auto, -1 (every device), a number of devices in [1, {MAX_CORES}], "
+                    "or device indices (a list or '0,1')") = "auto"  # fmt: skip
+    num_nodes: Cores = 1
+    max_epochs: _int(-1, MAX_EPOCHS) | None = None
+    min_epochs: _int(0, MAX_EPOCHS) | None = None
+    max_steps: _int(-1, MAX_STEPS) = -1
+    min_steps: _int(0, MAX_STEPS) | None = None
+    max_time: _ruled(str | dict[Literal["days", "hours", "minutes", "seconds"], _int(0, 10_000_000)] | None, _max_time,
+                     "must be a time 'DD:HH:MM:SS' or a mapping of days, hours, minutes, seconds (integers in [0, 10000000])") = None  # fmt: skip
+    limit_train_batches: Batches | None = None
+    limit_val_batches: Batches | None = None
+    limit_test_batches: Batches | None = None
+    limit_predict_batches: Batches | None = None
+    overfit_batches: Batches = 0.0
+    val_check_interval: _ruled(_int(1, MAX_STEPS) | _real(gt=0, le=1) | str | None, _val_check_interval,
+                               f"must be a number of training batches, an integer in [1, {MAX_STEPS}], a fraction "
+                               "of the epoch in (0.0, 1.0], or a time 'DD:HH:MM:SS'") = None  # fmt: skip
+    check_val_every_n_epoch: _int(1, MAX_EPOCHS) | None = 1
+    num_sanity_val_steps: _int(-1, MAX_STEPS) | None = None
+    log_every_n_steps: _int(1, MAX_STEPS) | None = None
+    accumulate_grad_batches: _int(1, 1_000_000) = 1
+    gradient_clip_val: _real(ge=0, le=1e6) | None = None
+    reload_dataloaders_every_n_epochs: _int(0, MAX_EPOCHS) = 0
+    fast_dev_run: _ruled(bool | _int(0, MAX_STEPS), lambda v: isinstance(v, bool) or (_is_int(v) and 0 <= v <= MAX_STEPS),
+                         f"must be true, false or a number of batches in [0, {MAX_STEPS}]") = False  # fmt: skip
 
     @field_validator("max_epochs")
     @classmethod
@@ -324,6 +504,52 @@ class TrainerSection(Targeted):
         if value == 0:
             raise ValueError("must be >= 1, or -1 for no limit")
         return value
+
+
+class CheckpointSettings(_Ranged):
+    """``callbacks.model_checkpoint``: Lightning's ModelCheckpoint."""
+
+    save_top_k: _int(-1, 1_000_000) = 1  # -1: every checkpoint
+    every_n_train_steps: _int(0, MAX_STEPS) | None = None
+    every_n_epochs: _int(0, MAX_EPOCHS) | None = None
+
+
+class MemoryBudgetSettings(_Ranged):
+    """``callbacks.memory_budget``: foxhunt.memory.callback.MemoryBudgetCallback."""
+
+    budget: BudgetSection
+    target_mb: MegaBytes | None
+    sample_every_n_steps: _int(1, MAX_STEPS)
+    max_overhead_pct: _real(gt=0, le=100)
+
+
+class ProgressSettings(_Ranged):
+    """``callbacks.progress``: foxhunt.training.progress.ProgressReporter."""
+
+    every_n_steps: _int(1, MAX_STEPS)
+
+
+class ProgressBarSettings(_Ranged):
+    """``callbacks.progress_bar``: Lightning's TQDMProgressBar."""
+
+    refresh_rate: _int(0, 1_000_000)  # 0: no bar
+    process_position: _int(0, MAX_CORES) = 0
+
+
+class CallbacksSection(_Open):
+    """``conf/callbacks``: each entry is instantiated and handed to the Trainer. foxhunt's own
+    entries are checked with their range (absent: dropped with ``~callbacks.<name>``; never
+    null); an entry added on the command line is checked for its ``_target_`` only."""
+
+    # a default of None without Optional: the key may be absent, never null
+    precision: _Ranged = None
+    model_checkpoint: CheckpointSettings = None
+    graceful_stop: _Ranged = None
+    memory_budget: MemoryBudgetSettings = None
+    progress: ProgressSettings = None
+    progress_bar: ProgressBarSettings = None
+    checkpoint_stamp: _Ranged = None
+    __pydantic_extra__: dict[str, Targeted]
 
 
 class LoggerSection(_Strict):
@@ -349,7 +575,7 @@ class PathsSection(_Open):
 
 class TrainConfig(_Strict):
     task: str = Field(min_length=1)
-    seed: Annotated[int, Field(ge=0, lt=2**32)]
+    seed: Seed
     ckpt: str | None
     resume: bool
     execution: Execution
@@ -361,7 +587,7 @@ class TrainConfig(_Strict):
     strategy: StrategySection
     budget: BudgetSection
     trainer: TrainerSection
-    callbacks: dict[str, Targeted]
+    callbacks: CallbacksSection
     logger: LoggerSection
     paths: PathsSection
 
@@ -398,30 +624,32 @@ def label_reach(model: ModelSection) -> tuple[int, str]:
     any other agent one bar (a one-step target)."""
     if model.window is not None:
         return model.window.horizon, "model.window.horizon"
+    from foxhunt.config.model_schemas import rule_problem
+
     rollout = (model.module.model_extra or {}).get("rollout_steps")
-    if rollout is not None:
-        return int(rollout), "model.module.rollout_steps"
+    if rollout is not None:  # out of its range: no reach (model_schemas refuses it, naming it, after the schema)
+        return (0 if rule_problem("rollout_steps", rollout) else rollout), "model.module.rollout_steps"
     return 1, "a one-step target"
 
 
 class EnsembleValidate(_Strict):
-    warm_bars: PositiveInt
-    probe_calls: PositiveInt
-    int8_max_slowdown: PositiveFloat
-    int8_min_cut_pct: Annotated[float, Field(ge=0, lt=100)]
-    int8_min_agreement: Annotated[float, Field(ge=0, le=1)]
+    warm_bars: _int(1, 10_000_000)
+    probe_calls: _int(1, 1_000_000)
+    int8_max_slowdown: _real(gt=0, le=1000)
+    int8_min_cut_pct: _real(ge=0, lt=100)
+    int8_min_agreement: _real(ge=0, le=1)
     record_choice: bool
 
 
 class ServeSection(_Strict):
-    max_symbols: PositiveInt
+    max_symbols: _int(1, 1_000_000)
     symbols: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,32}$")]] | None
-    idle_evict_s: PositiveFloat | None
-    max_bars_per_request: PositiveInt
-    max_body_bytes: PositiveInt
-    max_batch: PositiveInt
-    timeout_s: PositiveFloat
-    shutdown_grace_s: NonNegativeFloat
+    idle_evict_s: Seconds | None
+    max_bars_per_request: _int(1, 1_000_000)
+    max_body_bytes: _int(1, 2**30)  # a request body is read into memory whole
+    max_batch: _int(1, 65_536)
+    timeout_s: _real(gt=0, le=86_400)
+    shutdown_grace_s: _real(ge=0, le=3600)
 
 
 class EnsembleSection(_Strict):
@@ -431,19 +659,19 @@ class EnsembleSection(_Strict):
     metric: str = Field(min_length=1)
     alias: str = Field(min_length=1)
     gate: Literal["baseline", "interval", "none"]
-    versions: dict[str, PositiveInt | None]
+    versions: dict[str, _int(1, MAX_STEPS) | None]
     registry_prefix: str = Field(min_length=1)
     rule: Literal["majority", "mean_forecast", "weighted"]
-    forecast_threshold: NonNegativeFloat
+    forecast_threshold: _real(ge=0, le=1e6)
     weights: Literal["auto", "fp32", "int8"]
     runtime: Literal["auto", "numpy", "numba", "torch"]
-    runtime_probe_calls: PositiveInt
+    runtime_probe_calls: _int(1, 1_000_000)
     device: str = Field(pattern=r"^(cpu|cuda(:\d+)?)$")
-    torch_threads: PositiveInt | None
+    torch_threads: Cores | None
     split: Literal["train", "val", "test", "all"]
     experiment: str = Field(min_length=1)
     plot_equity: bool
-    input_example_decided: PositiveInt
+    input_example_decided: _int(1, 100_000)
     validate_: EnsembleValidate = Field(alias="validate")
     serve: ServeSection
 
@@ -460,10 +688,10 @@ class EnsembleSection(_Strict):
 
 
 class PaperRisk(_Strict):
-    max_position: Annotated[int, Field(ge=0)]
-    max_daily_loss_usd: PositiveFloat | None
-    max_drawdown_usd: PositiveFloat | None
-    stale_minutes: PositiveInt | None
+    max_position: _int(0, MAX_POSITION)  # bounded: see MAX_CAPITAL_USD
+    max_daily_loss_usd: _real(gt=0, le=MAX_CAPITAL_USD) | None
+    max_drawdown_usd: _real(gt=0, le=MAX_CAPITAL_USD) | None
+    stale_minutes: _int(1, 10_080) | None  # a week
     on_breach: Literal["stop", "pause"]
 
 
@@ -471,24 +699,24 @@ class PaperLive(_Strict):
     dataset: str = Field(min_length=1)
     schema_: Literal["ohlcv-1m"] = Field(alias="schema")
     key_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    poll_s: PositiveFloat
+    poll_s: _real(gt=0, le=3600)
 
 
 class PaperSection(_Strict):
     """``conf/paper``: the paper-trading session (``foxhunt ensemble paper``)."""
 
     feed: Literal["file", "live"]
-    speed: NonNegativeFloat
+    speed: _real(ge=0, le=1e6)
     split: Literal["train", "val", "test", "all"]
     symbol: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,32}$")] | None
     ledger: str = Field(min_length=1)
     ledger_sync: Literal["normal", "full"]
-    capital_usd: PositiveFloat
+    capital_usd: _real(gt=0, le=MAX_CAPITAL_USD)  # bounded: see MAX_CAPITAL_USD
     fill_price: Literal["next_open", "decision_close"]
     risk: PaperRisk
     live: PaperLive
     view: Literal["auto", "always", "never"]
-    view_refresh_hz: PositiveFloat
+    view_refresh_hz: _real(gt=0, le=1000)
     experiment: str = Field(min_length=1)
     plot_equity: bool
 
@@ -532,7 +760,9 @@ def _format(error: ValidationError) -> str:
         text = f"{loc}: unknown key"
     else:
         text = f"{loc}={first.get('input')!r}: {message}"
-    more = len(error.errors()) - 1
+    # a copy of a section (callbacks.memory_budget.budget is ${budget}) repeats its problem: counted once
+    problems = {(e["type"], e["msg"], repr(e.get("input"))) for e in error.errors()}
+    more = len(problems) - 1
     return text + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
 
 
@@ -567,7 +797,11 @@ def check_constructor_args(section: str, node: dict[str, Any]) -> type:
 def validate(cfg: DictConfig) -> TrainConfig:
     """Validate a composed training config (or a fleet config, with its ``ensemble`` section);
     raise :class:`ConfigError` with one line."""
-    resolved = resolved_config(cfg)
+    return validate_resolved(resolved_config(cfg))
+
+
+def validate_resolved(resolved: dict[str, Any]) -> TrainConfig:
+    """:func:`validate` on the config already resolved to plain containers (:func:`resolved_config`)."""
     schema = FleetConfig if "ensemble" in resolved else TrainConfig
     try:
         parsed = schema.model_validate(resolved)
@@ -576,6 +810,7 @@ def validate(cfg: DictConfig) -> TrainConfig:
 
     from foxhunt.config.model_schemas import validate_model_hyperparameters
 
+    check_constructor_args("trainer", resolved["trainer"])
     module = resolved["model"]["module"]
     cls = check_constructor_args("model.module", module)
     validate_model_hyperparameters(cls, module, resolved["model"])

@@ -34,6 +34,7 @@ from foxhunt.errors import one_line
 CSV_SUFFIXES = (".csv", ".csv.gz", ".txt", ".txt.gz")
 BAR_LABELS = ("start", "close")
 EPOCH_UNITS = ("s", "ms", "us", "ns")
+MAX_BAR_MINUTES = 1440  # a day: the longest bar whose close label is shifted back to its start
 
 
 
@@ -77,8 +78,8 @@ class CsvBarSource:
             raise ValueError(
                 f"timestamp_unit={timestamp_unit!r}: must be one of {', '.join(EPOCH_UNITS)} or null"
             )
-        if not (isinstance(bar_minutes, int) and bar_minutes > 0):
-            raise ValueError(f"bar_minutes={bar_minutes!r}: must be a positive whole number of minutes")
+        if not (isinstance(bar_minutes, int) and not isinstance(bar_minutes, bool) and 1 <= bar_minutes <= MAX_BAR_MINUTES):
+            raise ValueError(f"bar_minutes={bar_minutes!r}: must be a whole number of minutes in [1, {MAX_BAR_MINUTES}]")
         try:
             pd.Timestamp("2024-01-01").tz_localize(timezone)
         except Exception as exc:  # noqa: BLE001 - any failure means an unusable zone

@@ -85,6 +85,9 @@ from foxhunt.data.sources.databento_records import (
 
 __all__ = ["MONTH_CODES", "RAW_COLUMNS", "DatabentoBarSource", "outright_expiry_rank", "read_databento_ohlcv", "write_ohlcv_1m"]
 
+#: roll.expiry_sessions at most: two years of sessions, longer than any quarterly contract is the front month
+MAX_EXPIRY_SESSIONS = 500
+
 # ============================================================================ roll
 _OUTRIGHT = "^{root}(?P<month>[FGHJKMNQUVXZ])(?P<year>[0-9]{{1,2}})$"
 
@@ -136,6 +139,8 @@ class DatabentoBarSource:
         dataset: str | None = None,
     ) -> None:
         self.rule = RollRule.from_config(roll, adjust)
+        if self.rule.expiry_sessions is not None and self.rule.expiry_sessions > MAX_EXPIRY_SESSIONS:
+            raise ValueError(f"roll.expiry_sessions={self.rule.expiry_sessions!r}: must be null or an integer in [0, {MAX_EXPIRY_SESSIONS}]")
         if csv_prices not in CSV_PRICE_FORMATS:
             raise ValueError(f"csv_prices={csv_prices!r}: must be one of {', '.join(CSV_PRICE_FORMATS)}")
         self.path = str(path)

@@ -48,9 +48,39 @@ from foxhunt.data.bars import (
 from foxhunt.data.calendar import MINUTE_NS, calendar_for
 from foxhunt.data.errors import BarDataError
 
+# The settings' ranges (checked by the constructor, before anything is generated): generous, but
+# past them a date leaves pandas' range, a volatility or a volume overflows, or the bars no longer
+# fit in memory. Each: (low, high, low open, high open).
+MAX_DAYS = 7_305  # 20 years: about 7 million bars of an asset, seconds to generate
+FIRST_DATE, LAST_DATE = date(1678, 1, 1), date(2262, 4, 10)  # pandas' nanosecond timestamps
+RANGES = {
+    "autocorrelation": (-1.0, 1.0, True, True),
+    "vol_of_vol": (0.0, 2.0, False, False),  # std of the log-volatility: e**(5 x 2) at five sigmas
+    "vol_half_life_minutes": (0.0, 1e6, True, False),  # two years of trading minutes (0.5**(1/h) stays < 1)
+    "tail_dof": (2.0, 1000.0, True, False),  # > 2: finite variance; 1000: normal in effect
+    "tail_clip": (0.0, 100.0, True, False),
+    "intraday_u_depth": (0.0, 1.0, True, False),
+    "intraday_u_power": (0.0, 10.0, True, False),
+    "session_gap_vol": (0.0, 1.0, False, True),
+    "drift_per_day": (-0.01, 0.01, False, False),  # 1% a trading day: 20 years stay within float range
+    # volume: numpy's Poisson draw refuses a mean near 1e19; these keep the busiest bar's mean
+    # (volume_mean x the volatility's and the move's share x the noise) below 1e18
+    "volume_mean": (0.0, 1e5, True, False),  # contracts per bar (ES's busiest minutes: tens of thousands)
+    "volume_vol_elasticity": (0.0, 4.0, False, False),
+    "volume_return_weight": (0.0, 1.0, False, False),
+    "volume_dispersion": (0.1, 1000.0, False, False),  # gamma shape of the noise: smaller draws rarer, larger outliers
+}
+
 # Blocks of the AR(1) filter are sized so that |phi|**-block stays below exp(this): the
 # closed form divides by phi**k, and this bound keeps those factors far from overflow.
 _AR1_BLOCK_LOG_RANGE = 200.0
+
+
+def _inside(value: object, low: float, high: float, low_open: bool, high_open: bool) -> bool:
+    """``value`` is a finite number in the range (``low_open``, ``high_open``: ends excluded)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return False
+    return (low < value if low_open else low <= value) and (value < high if high_open else value <= high)
 
 
 def ar1_filter(innovations: np.ndarray, phi: float, initial: float = 0.0) -> np.ndarray:
@@ -122,33 +152,24 @@ class SyntheticBarSource:
         volume_return_weight: float = 0.5,
         volume_dispersion: float = 4.0,
     ) -> None:
-        def need(ok: bool, key: str, value: object, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"{key}={value!r}: {rule}")
+        def whole(key: str, value: object, low: int, high: int) -> None:
+            if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
+                raise ValueError(f"{key}={value!r}: must be a whole number in [{low}, {high}]")
 
-        need(isinstance(days, int) and days >= 1, "days", days, "must be a whole number >= 1")
-        need(isinstance(seed, int) and seed >= 0, "seed", seed, "must be a whole number >= 0")
+        whole("days", days, 1, MAX_DAYS)
+        whole("seed", seed, 0, 2**32 - 1)
         try:
             self.start = date.fromisoformat(str(start))
         except ValueError:
             raise ValueError(f"start={start!r}: must be a date 'YYYY-MM-DD'") from None
-        need(-1.0 < autocorrelation < 1.0, "autocorrelation", autocorrelation, "must lie in (-1, 1)")
-        need(vol_of_vol >= 0.0, "vol_of_vol", vol_of_vol, "must be >= 0")
-        need(vol_half_life_minutes > 0.0, "vol_half_life_minutes", vol_half_life_minutes, "must be > 0")
-        need(tail_dof > 2.0, "tail_dof", tail_dof, "must be > 2 (finite variance)")
-        need(tail_clip > 0.0, "tail_clip", tail_clip, "must be > 0")
-        need(0.0 < intraday_u_depth <= 1.0, "intraday_u_depth", intraday_u_depth, "must lie in (0, 1]")
-        need(intraday_u_power > 0.0, "intraday_u_power", intraday_u_power, "must be > 0")
-        need(0.0 <= session_gap_vol < 1.0, "session_gap_vol", session_gap_vol, "must lie in [0, 1)")
-        need(volume_mean > 0.0, "volume_mean", volume_mean, "must be > 0")
-        need(volume_vol_elasticity >= 0.0, "volume_vol_elasticity", volume_vol_elasticity, "must be >= 0")
-        need(
-            0.0 <= volume_return_weight <= 1.0,
-            "volume_return_weight",
-            volume_return_weight,
-            "must lie in [0, 1]",
-        )
-        need(volume_dispersion > 0.0, "volume_dispersion", volume_dispersion, "must be > 0")
+        if not FIRST_DATE <= self.start <= LAST_DATE:
+            raise ValueError(f"start={start!r}: must lie in [{FIRST_DATE}, {LAST_DATE}] (pandas' timestamps)")
+        if self.start + timedelta(days=days - 1) > LAST_DATE:
+            raise ValueError(f"days={days!r}: the days from start={self.start} must end by {LAST_DATE} (pandas' timestamps)")
+        arguments = locals()  # the constructor's arguments by name
+        for key, (low, high, low_open, high_open) in RANGES.items():
+            if not _inside(arguments[key], low, high, low_open, high_open):
+                raise ValueError(f"{key}={arguments[key]!r}: must lie in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}")
         self.days = days
         self.seed = seed
         self.autocorrelation = float(autocorrelation)
