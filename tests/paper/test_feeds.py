@@ -5,6 +5,9 @@ records through the client's callback."""
 from __future__ import annotations
 
 import math
+import os
+import signal
+import threading
 import time
 
 import databento_dbn as dbn
@@ -142,3 +145,52 @@ def test_a_file_feed_is_paced_from_its_first_traded_bar():
     traded = [t for trade, t in stamps if trade]
     assert max(primed) < 0.15  # priming bars are not paced (paced, their 3 minutes would take 0.3 s)
     assert traded[-1] - traded[0] >= 0.3 - 0.01 and traded[-1] < 2.0  # 3 minutes at 600 x
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_paced_feed_stops_within_a_second_of_a_signal(sig):
+    """At speed 10 the next bar is 6 s away: SIGTERM or SIGINT while the feed waits for it ends
+    the feed within a second, no bar more."""
+    from foxhunt.paper.run import _Signals
+
+    feed = FileFeed(_continuous(), "ES.FUT", start=0, stop=8, speed=10.0, description="test")
+    signals = _Signals()
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), sig))
+    try:
+        feed.should_stop = signals.requested
+        items = iter(feed)
+        assert next(items).trade  # the pace starts at the first traded bar
+        timer.start()
+        started = time.monotonic()
+        after = next(items, None)
+        waited = time.monotonic() - started
+    finally:
+        timer.cancel()
+        signals.restore()
+    assert signals.seen == sig and after is None
+    assert waited < 0.3 + 1.0, waited
+
+
+def test_a_quiet_live_feed_stops_within_a_second_of_a_signal():
+    feed = DatabentoLiveFeed(ES, "ES.FUT", "GLBX.MDP3", "ohlcv-1m", "DATABENTO_API_KEY", 5.0, client=_Client())
+    stop = threading.Event()
+    feed.should_stop = stop.is_set
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    items = []
+    for item in feed:  # (a feed that ignores the stop yields a heartbeat after 5 s, and goes on)
+        items.append(item)
+        break
+    assert items == []  # no heartbeat either: the poll interval (5 s) never passed
+    assert time.monotonic() - started < 0.3 + 1.0
+
+
+def test_a_file_feeds_digest_is_its_bars_and_window():
+    frame = _continuous()
+    digest = FileFeed(frame, "ES.FUT", 3, 7, 0.0, "a").digest()
+    assert digest.startswith("sha256:") and FileFeed(frame.copy(), "ES.FUT", 3, 7, 1.0, "b").digest() == digest
+    moved = frame.copy()
+    moved.iloc[5, moved.columns.get_loc("close")] += 0.25
+    assert FileFeed(moved, "ES.FUT", 3, 7, 0.0, "a").digest() != digest  # one price
+    assert FileFeed(frame, "ES.FUT", 2, 7, 0.0, "a").digest() != digest  # the window
+    assert [b.ts_ns for b in FileFeed(frame, "ES.FUT", 3, 7, 600.0, "a").history(5)] == list(frame.index.as_unit("ns").asi8[:5])

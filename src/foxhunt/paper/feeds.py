@@ -10,7 +10,9 @@ contract held (``raw_open``, ``raw_close``, ``roll_price`` on a roll bar), which
   the synthetic source: the readers of :mod:`foxhunt.data.sources`, so a missing, truncated or
   out-of-order file or a bar off the tick grid is the reader's one-line ``BarDataError``, raised
   before anything is written), paced by ``paper.speed`` (1: the bars' own times, 0: as fast as
-  possible, N: N x). Bars before the traded window only prime the features.
+  possible, N: N x). Bars before the traded window only prime the features. Its identity in a
+  ledger is :meth:`FileFeed.digest`, the sha256 of the bars it holds and of its traded window;
+  a resume replays :meth:`FileFeed.history`, its first bars, against the ledger.
 * :class:`DatabentoLiveFeed`: Databento's live gateway (the ``databento`` package's ``Live``,
   imported only here and only when used), ``ohlcv-1m`` of the asset's parent symbol. The
   gateway sends every contract and spread of the parent; the feed keeps the asset's outright
@@ -22,16 +24,21 @@ contract held (``raw_open``, ``raw_close``, ``roll_price`` on a roll bar), which
 
 Written by hand: the ``databento`` client delivers records, not bars of a continuous contract
 chosen without look-ahead, and the file readers give whole frames, not a paced stream.
+
+Both feeds look at ``should_stop`` (the loop's SIGINT/SIGTERM flag) at least every
+:data:`WAIT_SLICE_S` while they wait (a paced bar, a quiet gateway) and end when it is set.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import logging
 import math
 import os
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +51,11 @@ log = logging.getLogger(__name__)
 NAN = float("nan")
 FIXED_PRICE_SCALE = 1e-9  # Databento prices are integers of 1e-9 units
 UNDEF_PRICE = 2**63 - 1
+WAIT_SLICE_S = 0.25  # the longest a feed waits without looking at its stop flag (a signal is answered within it)
+
+
+def _never() -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -102,22 +114,40 @@ class FileFeed:
         self.first_traded, self.end_index = int(start), int(stop)
         self.after_ns: int | None = None
         self.tick = None
+        self.should_stop: Callable[[], bool] = _never
 
     def __len__(self) -> int:
         return self.end_index
 
     def __iter__(self) -> Iterator[FeedBar | None]:
         first = 0 if self.after_ns is None else int(np.searchsorted(self.stamps[: self.end_index], self.after_ns, side="right"))
+        return self._bars(first, self.speed)
+
+    def history(self, count: int) -> list[FeedBar]:
+        """The feed's first ``count`` bars, unpaced (what a ledger of this feed must hold)."""
+        return list(itertools.islice(self._bars(0, 0.0), count))
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of every bar held (times, prices, volumes, raw and roll prices) and
+        of the traded window: equal digests, equal bars traded."""
+        sha = hashlib.sha256()
+        for array in (self.stamps, self.values, self.raw, self.roll, np.array([self.first_traded, self.end_index], np.int64)):
+            sha.update(np.ascontiguousarray(array).tobytes())
+        return f"sha256:{sha.hexdigest()}"
+
+    def _bars(self, first: int, speed: float) -> Iterator[FeedBar]:
         paced_from: tuple[float, int] | None = None
         stamps, values, raw, roll = self.stamps.tolist(), self.values.tolist(), self.raw.tolist(), self.roll.tolist()
         for i in range(first, self.end_index):
             trade = i >= self.first_traded
-            if trade and self.speed > 0:
+            if trade and speed > 0:
                 if paced_from is None:
                     paced_from = (time.monotonic(), stamps[i])
-                due = paced_from[0] + (stamps[i] - paced_from[1]) / 1e9 / self.speed
+                due = paced_from[0] + (stamps[i] - paced_from[1]) / 1e9 / speed
                 while (wait := due - time.monotonic()) > 0:
-                    time.sleep(min(wait, 0.25))
+                    if self.should_stop():
+                        return
+                    time.sleep(min(wait, WAIT_SLICE_S))
             o, h, lo, c, v = values[i]
             yield FeedBar(self.symbol, stamps[i], o, h, lo, c, v, _tick(raw[i][0], self.tick), raw[i][1], roll[i], trade)
 
@@ -142,7 +172,9 @@ class DatabentoLiveFeed:
         self.poll_s = float(poll_s)
         self.calendar = calendar_for(asset)
         self.description = f"Databento live {dataset} {schema} {symbol}"
+        self.identity = f"live:{dataset}:{schema}"
         self.client = client
+        self.should_stop: Callable[[], bool] = _never
         self.after_ns: int | None = None
         self.queue: queue.Queue = queue.Queue()
         self.errors: list[str] = []
@@ -179,14 +211,20 @@ class DatabentoLiveFeed:
         self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def __iter__(self) -> Iterator[FeedBar | None]:
-        while True:
+        quiet_until = time.monotonic() + self.poll_s
+        while not self.should_stop():
+            left = quiet_until - time.monotonic()
+            if left <= 0:
+                quiet_until = time.monotonic() + self.poll_s
+                yield None  # a heartbeat: nothing for poll_s
+                continue
             try:
-                item = self.queue.get(timeout=self.poll_s)
+                item = self.queue.get(timeout=min(left, WAIT_SLICE_S))
             except queue.Empty:
-                yield None
                 continue
             if item is _END:
                 return
+            quiet_until = time.monotonic() + self.poll_s
             yield item
 
     def end(self) -> None:
