@@ -54,3 +54,20 @@ def bar_paths(draw, min_bars: int = 2, max_bars: int = 40, rolls: bool = True) -
         ticks += steps[i]
         bars.append(bar(i, open_ticks * ES.tick_size, ticks * ES.tick_size, roll))
     return bars
+
+
+def refused(call, *contains: str, unchanged: Path | None = None) -> str:
+    """``call()`` refused as a user error in one line holding every text of ``contains``; the file
+    ``unchanged`` (when given) byte-identical after the refusal. The line, as the CLI prints it."""
+    import pytest
+
+    from foxhunt.errors import UserError, error_line
+
+    before = unchanged.read_bytes() if unchanged is not None else None
+    with pytest.raises(UserError) as error:
+        call()
+    line = error_line(error.value, limit=None)
+    assert "\n" not in str(error.value) and all(text in line for text in contains), line
+    if unchanged is not None:
+        assert unchanged.read_bytes() == before, f"{unchanged} changed by a refused open"
+    return line

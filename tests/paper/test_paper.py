@@ -116,3 +116,56 @@ def test_an_off_grid_or_out_of_order_file_writes_no_ledger(paper_store, tmp_path
         assert result.exit_code == 2, result.output
         assert len([x for x in result.output.splitlines() if x.strip()]) == 1, result.output
         assert not ledger.exists()
+
+
+def _csv(path, seed: int, n: int = 60) -> None:
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    close = 4800.0 + 0.25 * np.cumsum(rng.integers(-4, 5, n))
+    open_ = np.concatenate([[4800.0], close[:-1]])
+    pd.DataFrame({"timestamp_utc": pd.date_range("2024-01-02 15:00", periods=n, freq="1min", tz="UTC").astype(str),
+                  "open": open_, "high": np.maximum(open_, close) + 0.25, "low": np.minimum(open_, close) - 0.25,
+                  "close": close, "volume": 10.0}).to_csv(path, index=False)  # fmt: skip
+
+
+def test_another_data_file_rule_session_or_an_edited_account_is_one_line_and_the_ledger_stays(paper_store, tmp_path):
+    """A ledger is one session's: the same source class on another file, another combination
+    rule, a second session while the first runs, an account its fills do not explain: each exit 2
+    in one line, the ledger byte for byte as it was."""
+    from foxhunt.paper.ledger import Ledger
+
+    first, other = tmp_path / "a.csv", tmp_path / "b.csv"
+    _csv(first, 1)
+    _csv(other, 2)
+    ledger = tmp_path / "csv.sqlite"
+    args = [*FLEET[:-1], "data=csv", "paper.split=all", f"paper.ledger={ledger}", "logger.enabled=false"]
+    made = cli(paper_store, "ensemble", "paper", *args, f"data.source.path={first}")
+    assert made.exit_code == 0, made.output
+
+    def refused(*overrides: str, text: str) -> None:
+        before = ledger.read_bytes()
+        result = cli(paper_store, "ensemble", "paper", *args, *overrides)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and text in lines[0], result.output
+        assert ledger.read_bytes() == before
+
+    refused(f"data.source.path={other}", text="made with data=sha256:")
+    refused(f"data.source.path={first}", "ensemble.rule=mean_forecast", text="made with rule=")
+    conn = sqlite3.connect(ledger)
+    identity = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    conn.close()
+    holder = Ledger(ledger, identity)
+    holder.open()
+    try:
+        refused(f"data.source.path={first}", text="in use by another paper session")
+    finally:
+        holder.close()
+    conn = sqlite3.connect(ledger)
+    conn.execute("UPDATE accounts SET cash = cash + 1000")
+    conn.commit()
+    conn.close()
+    refused(f"data.source.path={first}", text="accounts ES.FUT: cash")
+    resumed = cli(paper_store, "ensemble", "paper", *args, f"data.source.path={first}", "paper.ledger=" + str(tmp_path / "new.sqlite"))
+    assert resumed.exit_code == 0, resumed.output

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import sqlite3
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from paper_bars import CAPITAL, ES, MINUTE_NS, START_NS, bar, bar_paths
+from paper_bars import CAPITAL, ES, MINUTE_NS, START_NS, bar, bar_paths, refused
 from test_ledger import IDENTITY
 
 from foxhunt.paper.fills import FillModel
@@ -137,10 +138,12 @@ def test_a_restart_goes_on_as_if_never_stopped(tmp_path, fill_price):
     again.run((b for b in bars if b.ts_ns > last), lambda: False)
     assert booked(again) == booked(whole) and len(booked(whole)["fills"]) > 10
     assert again.equity == whole.equity
+    again.ledger.close()
 
+    # another fleet (or rule) decides otherwise on the stored bars: one line, nothing written
     other = session(tmp_path / "cut.sqlite", lambda ts: 1 if decide(ts) != 1 else -1, fill_price=fill_price)
-    with pytest.raises(RuntimeError, match="resume: the fleet decided"):
-        other.resume()
+    refused(other.resume, "bars 1 (", "target is", "in the ledger, replaying its bars books", unchanged=tmp_path / "cut.sqlite")
+    other.ledger.close()
 
 
 def test_a_stale_gap_flattens_at_the_next_bars_open(tmp_path):
@@ -218,3 +221,168 @@ def test_a_signal_stops_between_bars(tmp_path):
     calls = itertools.count(1)
     assert s.run(iter(bars), lambda: next(calls) > 3) == "stopped by signal"
     assert s.bars == 3 and booked(s)["positions"] == [0, 1, 1]
+
+
+# -- a resume trusts nothing it reads: the ledger is replayed and must be what the replay books ----
+def _history_session(tmp_path, name="paper.sqlite"):
+    """A session with fills, a roll, a stale gap (its event and its own order) and a pending order
+    at the end, closed; its bars, targets and the decide function."""
+    rng = np.random.default_rng(11)
+    minutes = [*range(0, 12), *range(20, 30)]  # a gap of 8 minutes: a stale flat
+    closes = 4800.0 + 0.25 * np.cumsum(rng.integers(-6, 7, len(minutes)))
+    bars = [bar(m, float(closes[i - 1] if i else 4800.0) + 0.25 * int(rng.integers(-2, 3)), float(closes[i]),
+                roll=float(closes[i] - 20.0) if i == 6 else math.nan) for i, m in enumerate(minutes)]  # fmt: skip
+    targets = {b.ts_ns: int(t) for b, t in zip(bars, rng.integers(-1, 2, len(bars)))}
+    path = tmp_path / name
+    s = session(path, targets.__getitem__, limits(stale_minutes=5))
+    s.run(iter(bars), lambda: False)
+    assert len(s.ledger.fills_rows()) > 5 and booked(s)["events"]
+    s.ledger.close()
+    return path, bars, targets.__getitem__
+
+
+def _edit(path, *sql: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in sql:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+def _resume(path, decide, history=None, risk=None):
+    s = session(path, decide, risk or limits(stale_minutes=5))
+    try:
+        return s.resume(history) if history is not None else s.resume()
+    finally:
+        s.ledger.close()
+
+
+def test_an_honest_ledger_resumes_from_its_bars_or_from_the_feeds(tmp_path):
+    path, bars, decide = _history_session(tmp_path)
+    assert _resume(path, decide) == bars[-1].ts_ns
+    assert _resume(path, decide, lambda n: bars[:n]) == bars[-1].ts_ns
+
+
+EDITS = {
+    "an account position beyond max_position": ("UPDATE accounts SET position = 3", "accounts", "position"),
+    "an account cash its fills do not explain": ("UPDATE accounts SET cash = cash + 1000", "accounts", "cash"),
+    "an edited stored decision": ("UPDATE bars SET target = CASE WHEN target = 1 THEN -1 ELSE 1 END WHERE seq = 4", "bars", "target"),
+    "a deleted bar": ("DELETE FROM bars WHERE seq = 5", "bars", ""),
+    "a deleted last bar": ("DELETE FROM bars WHERE seq = (SELECT MAX(seq) FROM bars)", "", ""),
+    "a dangling pending order": ("UPDATE accounts SET pending_order = 999", "accounts", "pending_order"),
+    "an edited fill price": ("UPDATE fills SET price = price - 1 WHERE id = 1", "fills", "price"),
+    "a deleted fill": ("DELETE FROM fills WHERE id = 2", "fills", ""),
+    "an edited order": ("UPDATE orders SET quantity = 2 * quantity WHERE id = 1", "orders", "quantity"),
+    "a risk state stopped by hand": ("UPDATE risk SET status = 'stopped', reason = 'x'", "risk", "status"),
+    "a forged event": ("INSERT INTO events (ts_ns, symbol, kind, message) VALUES (1, 'ES.FUT', 'breach', 'x')", "events:", "2 rows"),
+    "a filled bar's raw open edited": ("UPDATE bars SET raw_open = raw_open - 5 WHERE ts_ns = "
+                                       "(SELECT MIN(ts_ns) FROM fills WHERE kind = 'trade')", "bars", "cash"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("edit", list(EDITS), ids=list(EDITS))
+def test_an_edited_ledger_is_refused_in_one_line_and_left_as_it_was(tmp_path, edit):
+    path, bars, decide = _history_session(tmp_path)
+    sql, table, column = EDITS[edit]
+    _edit(path, sql)
+    words = [f"paper.ledger={path}", "nothing was written", *([table] if table else []), *([column] if column else [])]
+    refused(lambda: _resume(path, decide), *words, unchanged=path)
+
+
+def _columns(path) -> list[tuple[str, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'meta' ORDER BY name")]
+        return [(t, c[1]) for t in tables for c in conn.execute(f"PRAGMA table_info({t})") if (t, c[1]) not in (
+            ("bars", "fleet_ns"), ("bars", "loop_ns"), ("risk", "id"))]  # timings are not replayed; risk's id is CHECKed
+    finally:
+        conn.close()
+
+
+def test_any_cell_of_any_table_edited_is_refused_when_the_feed_has_the_bars(tmp_path):
+    """Every column of the first row of every table (the timings aside), changed in turn: with the
+    feed's own bars to compare, no edit passes."""
+    path, bars, decide = _history_session(tmp_path, "clean.sqlite")
+    clean = path.read_bytes()
+    columns = _columns(path)
+    assert len(columns) > 40
+    passed = []
+    for table, column in columns:
+        path.write_bytes(clean)
+        change = (f"CASE WHEN {column} IS NULL THEN 1 WHEN typeof({column}) = 'text' THEN {column} || 'x' "
+                  f"ELSE {column} + 1000 END")  # fmt: skip
+        key = "symbol" if table == "accounts" else "rowid"
+        _edit(path, f"UPDATE {table} SET {column} = {change} WHERE {key} = (SELECT MIN({key}) FROM {table})")
+        try:
+            refused(lambda: _resume(path, decide, lambda n: bars[:n]), f"paper.ledger={path}", unchanged=path)
+        except AssertionError as exc:
+            passed.append(f"{table}.{column}: {str(exc)[:200]}")
+    assert passed == []
+
+
+def test_meta_edited_is_refused_at_open(tmp_path):
+    path, bars, decide = _history_session(tmp_path)
+    _edit(path, "UPDATE meta SET value = 'x' WHERE key = 'slippage_ticks'")
+    refused(lambda: _resume(path, decide), "made with slippage_ticks=x", unchanged=path)
+    _edit(path, "UPDATE meta SET value = '1.0' WHERE key = 'slippage_ticks'", "INSERT INTO meta VALUES ('extra', '1')")
+    refused(lambda: _resume(path, decide), "made with extra=1", unchanged=path)
+
+
+def test_a_second_session_on_a_ledger_is_refused_naming_the_first(tmp_path):
+    import os
+    import socket
+
+    bars = [bar(i, 4800.0, 4800.0 + 0.25 * i) for i in range(6)]
+    first = session(tmp_path / "paper.sqlite", lambda ts: 1)
+    first.run(iter(bars[:3]), lambda: False)
+    refused(lambda: session(tmp_path / "paper.sqlite", lambda ts: 1), "in use by another paper session",
+            f"pid {os.getpid()} on {socket.gethostname()} since ")  # fmt: skip
+    first.run(iter(bars[3:]), lambda: False)  # the first goes on: no IntegrityError, no doubled bar
+    assert len(booked(first)["positions"]) == 6
+    first.ledger.close()
+
+
+def test_heartbeats_of_a_live_feed_are_replayed_on_a_resume(tmp_path):
+    """A stale flat placed by a heartbeat between bars (wall-clock time, not in the bars) is
+    replayed where it happened: a resume after it books what an uninterrupted run books."""
+    clock = [START_NS + minute * MINUTE_NS for minute in (8, 9, 17)]
+    feed = [bar(0, 4800.0, 4800.0), bar(1, 4801.0, 4802.0), None, None, bar(9, 4805.0, 4806.0), bar(10, 4806.0, 4806.0),
+            None, bar(17, 4807.0, 4807.0), bar(18, 4807.0, 4808.0)]  # fmt: skip
+    whole = session(tmp_path / "whole.sqlite", lambda ts: 1, limits(stale_minutes=5), slippage=0.0)
+    whole.run(iter(feed), lambda: False, clock=iter(clock).__next__)
+    for cut in (3, 4, 7):  # after the first heartbeat, after the second, after the third
+        path = tmp_path / f"cut{cut}.sqlite"
+        ticks = iter(clock)
+        first = session(path, lambda ts: 1, limits(stale_minutes=5), slippage=0.0)
+        first.run(iter(feed[:cut]), lambda: False, clock=ticks.__next__)
+        first.ledger.close()
+        again = session(path, lambda ts: 1, limits(stale_minutes=5), slippage=0.0)
+        last = again.resume()
+        again.run((b for b in feed[cut:] if b is None or b.ts_ns > last), lambda: False, clock=ticks.__next__)
+        assert booked(again) == booked(whole), cut
+        again.ledger.close()
+
+
+def test_money_beyond_what_a_float_keeps_is_refused_not_booked(tmp_path):
+    """paper.capital_usd=1e308 booked 'PnL 0.00' after hundreds of fills (every fill's cash lost
+    in the capital's rounding): a figure a float cannot keep to the cent is one line, nothing booked."""
+    from foxhunt.paper.fills import FillModel
+
+    path = tmp_path / "paper.sqlite"
+    refused(lambda: PaperSession(ScriptedFleet(lambda ts: 1), Ledger(path, IDENTITY), FillModel(ES, 2.25, 1.0, "next_open"),
+                                 limits(), 1e308, ES.multiplier), "paper.capital_usd=1e+308")  # fmt: skip
+    refused(lambda: FillModel(ES, 2.25, 1e300, "next_open"), "execution.slippage_ticks=1e+300")
+    refused(lambda: FillModel(ES, float("inf"), 1.0, "next_open"), "execution.commission_usd=inf")
+    # a price no float account keeps (a bar of a broken feed): refused at its fill, its bar not booked
+    s = session(path, lambda ts: 1, slippage=0.0)
+    s.run(iter([bar(0, 4800.0, 4800.0)]), lambda: False)
+    refused(lambda: s.run(iter([bar(1, 4800.0 * 1e12, 4800.0)]), lambda: False), "beyond", "USD")
+    assert [r[0] for r in s.ledger.equity_rows()] == [bar(0, 0, 0).ts_ns]
+    s.ledger.close()
+
+
+def test_a_feed_ended_by_a_signal_is_a_stop_by_signal(tmp_path):
+    s = session(tmp_path / "paper.sqlite", lambda ts: 1)
+    assert s.run(iter([bar(0, 4800.0, 4800.0)]), lambda: s.bars == 1) == "stopped by signal"
+    s.ledger.close()

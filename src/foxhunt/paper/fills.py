@@ -20,7 +20,12 @@ fill's ``gap_usd`` (quantity x (fill base price - decision close) x multiplier, 
 the fill), zero where a bar opens at the previous close.
 
 Cash accounting: buying ``q`` at ``p`` takes ``q * p * multiplier + |q| * commission`` from the
-cash; the equity is the cash plus the position marked at the raw close. Written by hand: the
+cash; the equity is the cash plus the position marked at the raw close. Every money figure (the
+capital, a fill's cash flow, the cash after it, the equity marked) is checked before it is
+booked (:func:`check_money`): a figure that is not finite, or beyond :data:`MONEY_LIMIT_USD`
+where a float no longer keeps an account to the cent, is one line and nothing of
+the bar is booked (``paper.capital_usd=1e308`` once booked hundreds of fills as "PnL 0.00": each
+fill's cash was lost in the rounding of the capital). Written by hand: the
 rule is the backtest's, which no execution simulator (nautilus_trader, backtrader) reproduces
 bar for bar without adopting its whole engine.
 """
@@ -30,7 +35,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from foxhunt.errors import ConfigError
+
 FILL_PRICES = ("next_open", "decision_close")
+# the largest money figure booked (about 68.7 billion USD, above the schema's capital bound): below it
+# float64 rounds a figure by at most 2^-17 USD (7.6e-6), so even a thousand fills' worst-case rounding
+# stays under a cent; far beyond it the cents go (a capital of 1e308 swallowed every fill whole)
+MONEY_LIMIT_USD = 2.0**36
+MONEY_KEYS = "paper.capital_usd, execution.slippage_ticks, execution.commission_usd or a bar's price"
+
+
+def check_money(value: float, what: str) -> float:
+    """``value`` when a float keeps it (finite, within :data:`MONEY_LIMIT_USD`), else a one-line
+    ConfigError naming ``what``."""
+    if not math.isfinite(value) or abs(value) >= MONEY_LIMIT_USD:
+        raise ConfigError(f"{what}: {value:.6g} USD is beyond +-{MONEY_LIMIT_USD:,.0f} USD, past which a float no longer "
+                          "keeps an account to the cent; nothing was booked")  # fmt: skip
+    return value
 
 
 @dataclass(frozen=True)
@@ -80,6 +101,8 @@ class FillModel:
         self.commission = float(commission_usd)
         self.slip = float(slippage_ticks) * float(asset.tick_size)
         self.at_open = fill_price == "next_open"
+        check_money(self.commission, f"execution.commission_usd={float(commission_usd):g} per contract")
+        check_money(self.slip * self.multiplier, f"execution.slippage_ticks={float(slippage_ticks):g} (per contract)")
 
     def order(self, account: Account, bar, target: int, reason: str) -> Order | None:
         """The order taking ``account`` to ``target`` from ``bar``'s close (None: nothing to trade)."""
@@ -100,13 +123,16 @@ class FillModel:
             fills.append(self._fill(account, bar.ts_ns, -held, account.mark, "roll_out", account.mark))
             fills.append(self._fill(account, bar.ts_ns, held, bar.roll_price, "roll_in", bar.roll_price))
         account.mark = bar.raw_close
+        check_money(account.equity, f"paper: the equity of {account.symbol} marked at {bar.raw_close:g} ({MONEY_KEYS} out of range)")
         return fills
 
     def _fill(self, account: Account, ts_ns: int, quantity: int, base: float, kind: str, reference: float,
               order_ts: int | None = None) -> Fill:  # fmt: skip
         price = base + (self.slip if quantity > 0 else -self.slip)
         commission = abs(quantity) * self.commission
-        account.cash -= quantity * price * self.multiplier + commission
+        flow = quantity * price * self.multiplier + commission
+        what = f"paper: a fill of {quantity:+d} {account.symbol} at {price:g} ({MONEY_KEYS} out of range)"
+        account.cash = check_money(account.cash - check_money(flow, what), what)
         account.position += quantity
         gap = quantity * (base - reference) * self.multiplier
         return Fill(account.symbol, ts_ns, quantity, price, commission, kind, reference, gap, order_ts)

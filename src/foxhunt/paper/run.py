@@ -4,9 +4,12 @@ then reported and logged.
 
 Order of work: the symbol (:func:`foxhunt.paper.feeds.check_symbol`), the feed (a file feed
 loads and checks every bar here: a missing, truncated or out-of-order file, a bar off the tick
-grid is one line and nothing is written), the fleet (as ``replay`` loads it), the ledger's
-identity (another fleet's ledger is refused), and only then the ledger is opened and resumed.
-SIGINT and SIGTERM end the loop between bars (the ledger is consistent after every bar anyway).
+grid is one line and nothing is written), the costs and the capital (a money figure a float
+cannot keep is one line), the fleet (as ``replay`` loads it), the session's identity
+(:func:`session_identity`), and only then the ledger is opened (locked; another session's is
+refused) and resumed (replayed and checked: :meth:`foxhunt.paper.session.PaperSession.resume`).
+SIGINT and SIGTERM end the loop between bars, and a paced or quiet feed's wait within
+:data:`foxhunt.paper.feeds.WAIT_SLICE_S` (the ledger is consistent after every bar anyway).
 
 The MLflow run (experiment ``paper.experiment``): params (the resolved config), tags (asset,
 members, feed, ledger, why it ended), metrics (``paper/pnl``, ``paper/max_drawdown``,
@@ -18,6 +21,8 @@ members, feed, ledger, why it ended), metrics (``paper/pnl``, ``paper/max_drawdo
 from __future__ import annotations
 
 import csv
+import dataclasses
+import json
 import signal
 import time
 from dataclasses import dataclass
@@ -74,6 +79,26 @@ def build_feed(cfg, asset, symbol: str):
     return feed
 
 
+def session_identity(cfg, asset, fleet, feed, symbol: str) -> dict[str, str]:
+    """Everything that decides or prices a fill, as the ledger keeps it (``meta``): the asset's
+    contract, each member's version and weights, the rule with its weights and threshold, the
+    feed and its data (a file feed: the digest of its bars and window; live: dataset, schema,
+    symbol), the symbol, the fill price, the costs, the capital and the risk limits."""
+    from omegaconf import OmegaConf
+
+    ens = cfg.ensemble
+    live = str(cfg.paper.feed) == "live"
+    data = f"{cfg.paper.live.dataset} {cfg.paper.live.schema} {symbol} (live)" if live else feed.digest()
+    rule = {"rule": str(ens.rule), "forecast_threshold": float(ens.forecast_threshold),
+            "weights": {f.member.name: f.value for f in fleet}}  # fmt: skip
+    return {"asset": json.dumps(dataclasses.asdict(asset), sort_keys=True, default=str),
+            "members": ",".join(f"{f.name}:{f.version}:{f.member.weights}" for f in fleet),
+            "rule": json.dumps(rule, sort_keys=True), "feed": getattr(feed, "identity", feed.description), "data": data,
+            "symbol": symbol, "fill_price": str(cfg.paper.fill_price), "commission_usd": float(cfg.execution.commission_usd),
+            "slippage_ticks": float(cfg.execution.slippage_ticks), "capital_usd": float(cfg.paper.capital_usd),
+            "risk": json.dumps(OmegaConf.to_container(cfg.paper.risk, resolve=True), sort_keys=True)}  # fmt: skip
+
+
 def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
     from hydra.utils import instantiate
 
@@ -98,18 +123,15 @@ def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
                               f"evaluation.holdout={member.holdout}; paper-trade with the same, so its lockbox stays closed")  # fmt: skip
     engine = fleet_engine(fleet, asset, cfg, origin=f"paper feed {symbol}")
     members = ",".join(f"{f.name}:{f.version}" for f in fleet)
-    identity = {"asset": str(asset.key), "members": members, "feed": getattr(feed, "identity", feed.description),
-                "symbol": symbol, "fill_price": str(paper.fill_price), "commission_usd": float(cfg.execution.commission_usd),
-                "slippage_ticks": float(cfg.execution.slippage_ticks), "capital_usd": float(paper.capital_usd),
-                "rule": str(cfg.ensemble.rule)}  # fmt: skip
-    ledger = Ledger(Path(str(paper.ledger)), identity, str(paper.ledger_sync))
-    resumed = ledger.check_existing()
+    ledger = Ledger(Path(str(paper.ledger)), session_identity(cfg, asset, fleet, feed, symbol), str(paper.ledger_sync))
+    session = PaperSession(engine, ledger, fills, risk, float(paper.capital_usd), float(asset.multiplier))
     ledger.open()
     try:
-        session = PaperSession(engine, ledger, fills, risk, float(paper.capital_usd), float(asset.multiplier))
-        last = session.resume()
+        last = session.resume(getattr(feed, "history", None))
+        resumed = ledger.existing
         feed.after_ns = last
         stop = _Signals()
+        feed.should_stop = stop.requested
         view = _view(paper, f"paper {symbol}: {members}", risk)
         started = time.perf_counter()
         if hasattr(feed, "start"):

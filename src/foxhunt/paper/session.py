@@ -10,9 +10,15 @@ the next order; the ledger commits it all (:meth:`foxhunt.paper.ledger.Ledger.re
 Bars before the traded window only prime the features (as ``replay`` does: the members start
 fresh at the first traded bar), so on a replayed split the positions are ``replay``'s.
 
-On a restart (:meth:`PaperSession.resume`) the stored bars are streamed through the fleet again
-(no order, no write) to rebuild every member's state, each stored decision checked against the
-one recomputed, and the feed goes on after the last bar stored.
+On a restart (:meth:`PaperSession.resume`) nothing the ledger holds is taken on trust: the
+session replays the stored bars (a file feed: the feed's own bars, so an edited or deleted bar
+is seen too) through this same loop, the events a live feed's heartbeats wrote between bars
+where they happened, into a scratch ledger in memory; the ledger must hold exactly what the
+replay booked (:meth:`foxhunt.paper.ledger.Ledger.compare`: every decision, order, fill, cash
+figure, position, mark, risk state and event), else one line and nothing written. The members'
+states, the accounts, the pending orders, the limits' state and which gaps were already
+flattened are then the replay's, an uninterrupted run's, and the feed goes on after the last
+bar stored.
 
 The loop's own cost per bar is measured as ``time.perf_counter_ns`` around :meth:`on_bar`
 less the engine's own time for the bar (``BarResult.total_ns``: features, members, rule).
@@ -25,8 +31,12 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from foxhunt.data.calendar import MINUTE_NS
-from foxhunt.paper.fills import Account, FillModel, Order
+from foxhunt.errors import UserError, one_line_error
+from foxhunt.paper.fills import Account, FillModel, Order, check_money
+from foxhunt.paper.ledger import LedgerError
 from foxhunt.paper.risk import ACTIVE, STOPPED, RiskLimits, RiskState
 
 
@@ -48,7 +58,7 @@ class PaperSession:
         self.ledger = ledger
         self.fills = fills
         self.risk = risk
-        self.capital = float(capital)
+        self.capital = check_money(float(capital), f"paper.capital_usd={float(capital):g}")
         self.multiplier = float(multiplier)
         self.accounts: dict[str, Account] = {}
         self.state = RiskState(peak=self.capital, day_start=self.capital)
@@ -79,30 +89,38 @@ class PaperSession:
     def equity(self) -> float:
         return sum(a.equity for a in self.accounts.values()) if self.accounts else self.capital
 
-    def resume(self) -> int | None:
-        """Rebuild from the ledger (module doc); the last bar time stored (None: a new ledger)."""
-        loaded = self.ledger.load(self.multiplier)
-        self.accounts, self.state = loaded.accounts, loaded.risk if loaded.risk.day else self.state
-        if not loaded.bars:
+    def resume(self, history=None) -> int | None:
+        """Replay and check the ledger (module doc); the last bar time stored (None: nothing
+        stored). ``history(n)``: the feed's first ``n`` bars (a file feed), else the stored bars
+        are replayed."""
+        real = self.ledger
+        stored = real.stored_bars()
+        if not stored:
             return None
-        for symbol, ts, o, h, lo, c, v, trade, target in loaded.bars:
-            stream = self.stream(symbol)
-            bar = (int(ts), o, h, lo, c, v)
-            if not trade:
-                self.engine.warm(*bar, stream=stream)
-                self.last_ts[symbol] = int(ts)
-                continue
-            if symbol not in self.trading:
-                self.engine.reset_members(stream)
-                self.trading.add(symbol)
-            result = self.engine.step_many([(stream, bar)])[0]
-            if isinstance(result, Exception):
-                raise result
-            self.last_ts[symbol] = int(ts)
-            decided = result.position if result.warm else 0
-            if target is not None and decided != target:
-                raise RuntimeError(f"resume: the fleet decided {decided} on the stored bar at {ts}, the ledger holds {target}")
-        self.resumed_bars = len(loaded.bars)
+        bars = stored if history is None else list(history(len(stored)))
+        beats = real.between_events()
+        replayed = real.scratch(real.identity)
+        self.ledger = replayed
+        try:
+            for seq, bar in enumerate(bars, 1):
+                try:
+                    self.on_bar(bar)
+                except UserError as exc:
+                    at = np.datetime64(int(bar.ts_ns), "ns").astype("datetime64[s]")
+                    raise LedgerError(f"{real.where}: replaying its bar {seq} at {at}: {one_line_error(exc, with_type=False)}; "
+                                      "nothing was written") from None  # fmt: skip
+                for now in beats.get(seq, ()):
+                    self.heartbeat(now)
+            if self.priming:  # stored on their own (the run ended before its first traded bar)
+                replayed.record_priming(self.priming)
+                self.priming = []
+            real.compare(replayed)
+            real.adopt(replayed)
+        finally:
+            self.ledger = real
+            replayed.close()
+        self.resumed_bars = len(stored)
+        self.bars, self.added_ns, self.fleet_ns, self.latest = 0, [], [], Latest()
         return max(self.last_ts.values())
 
     # -- bars ------------------------------------------------------------------------------
@@ -201,4 +219,4 @@ class PaperSession:
                 view.update(self)
             if self.done:
                 return f"stopped by a risk limit: {self.state.reason}"
-        return "the feed ended"
+        return "stopped by signal" if should_stop() else "the feed ended"  # a feed ends early on a signal
