@@ -220,7 +220,7 @@ class Evaluation(_Strict):
     sessions_per_year: _real(gt=0, le=366) | Literal["calendar"]
     annualization_span: list[str]
     protocol: Literal["single", "walk_forward"]
-    seeds: list[Seed] | None
+    seeds: Annotated[list[Seed], Field(max_length=1000)] | None  # one run per seed
     baselines: list[Literal["flat", "buy_and_hold", "random", "momentum"]]
     bootstrap: Bootstrap
     walk_forward: WalkForward
