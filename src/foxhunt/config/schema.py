@@ -649,6 +649,10 @@ class ServeSection(_Strict):
     max_body_bytes: _int(1, 2**30)  # a request body is read into memory whole
     max_batch: _int(1, 65_536)
     timeout_s: _real(gt=0, le=86_400)
+    read_timeout_s: _real(gt=0, le=86_400)
+    max_connections: _int(1, 1_000_000)  # files: checked against the process's open-file limit at start (serve.reserve_descriptors)
+    health_reserve: _int(1, 65_536)
+    log_interval_s: _real(gt=0, le=86_400)
     shutdown_grace_s: _real(ge=0, le=3600)
 
 
