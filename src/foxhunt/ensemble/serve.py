@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -211,9 +212,10 @@ class Limits:
         return self.max_connections + self.health_reserve
 
 
-def _uvicorn_backlog() -> int:
-    """uvicorn's listen backlog (its default; asyncio accepts up to this many sockets at once,
-    before the cap closes any)."""
+def listen_backlog() -> int:
+    """uvicorn's listen backlog (its default: connections the kernel completes before the server
+    accepts them, and as many as asyncio accepts at once before the cap closes any; a short one
+    would drop a /health connection's SYN in a burst, a retry a second later)."""
     import inspect
 
     import uvicorn
@@ -224,22 +226,22 @@ def _uvicorn_backlog() -> int:
 def reserve_descriptors(limits: Limits) -> int:
     """Raise the soft RLIMIT_NOFILE (up to the hard one) to what the server may need: the files
     open now, twice (the fleet's files and runtimes open next), ``max_connections +
-    health_reserve`` client sockets and uvicorn's listen backlog; a hard limit below that is a
-    one-line :class:`~foxhunt.errors.ConfigError` naming ``ensemble.serve.max_connections``.
-    Returns the soft limit."""
+    health_reserve`` client sockets and the :func:`listen_backlog` accepted at once; a hard limit
+    below that is a one-line :class:`~foxhunt.errors.ConfigError` naming
+    ``ensemble.serve.max_connections``. Returns the soft limit."""
     import os
     import resource
 
     open_now = len(os.listdir("/dev/fd"))
-    need = 2 * open_now + limits.max_sockets + _uvicorn_backlog()
+    need = 2 * open_now + limits.max_sockets + listen_backlog()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return soft
     if hard != resource.RLIM_INFINITY and hard < need:
         raise ConfigError(f"ensemble.serve.max_connections={limits.max_connections}: with health_reserve={limits.health_reserve}, "
-                          f"uvicorn's listen backlog of {_uvicorn_backlog()} and the {open_now} files open, the server may need "
-                          f"{need} file descriptors; this process may open {hard} (ulimit -Hn): lower "
-                          f"ensemble.serve.max_connections or raise the hard limit")  # fmt: skip
+                          f"the {open_now} files open and up to {listen_backlog()} connections accepted at once (uvicorn's listen "
+                          f"backlog), the server may need {need} file descriptors; this process may open {hard} (ulimit -Hn): "
+                          f"raise the hard limit or lower ensemble.serve.max_connections")  # fmt: skip
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
     return need
 
@@ -834,12 +836,13 @@ def run(service: FleetService, host: str, port: int) -> None:
 
     limits = service.limits
     guard = Guard(limits)
-    # uvicorn's keep-alive timeout closes an idle connection as the guard's read timeout does; h11's
-    # default bound on a request's header bytes (16 KiB) is kept; the requests in flight at a stop get
-    # shutdown_grace_s, then uvicorn cancels them (guarded_app answers those 503)
+    # uvicorn's keep-alive timeout closes an idle connection as the guard's read timeout does; its
+    # listen backlog (listen_backlog, counted in reserve_descriptors) and h11's bound on a request's
+    # header bytes (16 KiB) are kept; the requests in flight at a stop get shutdown_grace_s, then
+    # uvicorn cancels them (guarded_app answers those 503)
     config = uvicorn.Config(build_app(service, guard), host=host, port=port, http=guarded_protocol(guard), ws="none",
-                            log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=limits.read_timeout_s,
-                            timeout_graceful_shutdown=int(math.ceil(limits.shutdown_grace_s)))  # fmt: skip
+                            log_level="warning", access_log=False, lifespan="on", backlog=listen_backlog(),
+                            timeout_keep_alive=limits.read_timeout_s, timeout_graceful_shutdown=int(math.ceil(limits.shutdown_grace_s)))  # fmt: skip
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # SIGTERM / SIGINT: bodies still arriving end now (503)
@@ -849,6 +852,12 @@ def run(service: FleetService, host: str, port: int) -> None:
     loggers = [logging.getLogger(name) for name in ("uvicorn.error", "asyncio", log.name)]
     for logger in loggers:
         logger.addFilter(guard.log)
+    # the fleet, torch, numba and pandas are millions of objects that live as long as the server: a
+    # full collection over them stalled every request ~0.6 s under connection churn (measured: GET
+    # /health); frozen, they are out of the collector's generations, which then scan only what the
+    # server makes while it serves
+    gc.collect()
+    gc.freeze()
     # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again under the
     # handlers it found: these make that a return, so the stop exits 0 (a stop asked for is no failure)
     stopped = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -859,3 +868,4 @@ def run(service: FleetService, host: str, port: int) -> None:
             signal.signal(sig, handler)
         for logger in loggers:
             logger.removeFilter(guard.log)
+        gc.unfreeze()
