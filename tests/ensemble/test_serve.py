@@ -1,18 +1,24 @@
 """`foxhunt ensemble serve` end to end: a real server process on loopback, 8 concurrent clients
-whose every answer equals the in-process replay, bad bars answered 400 with their line, and
-SIGTERM ending every process of the server."""
+whose every answer equals the in-process replay, bad bars answered 400 with their line, every
+client bounded in time and count (slow and idle sockets, the connection cap, /health under
+load, the log), and SIGTERM ending every process of the server."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
+import select
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,6 +43,12 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 
 
 SERVE = ["ensemble.serve.max_symbols=12", "ensemble.serve.max_bars_per_request=300", "ensemble.serve.max_body_bytes=200000"]
+# the client bounds, small enough to reach in a test (the conf/ defaults: 10 s, 30 s, 256, 16, 10 s)
+READ_TIMEOUT_S, TIMEOUT_S, MAX_CONNECTIONS, HEALTH_RESERVE, LOG_INTERVAL_S = 1.5, 5.0, 16, 4, 2.0
+BOUNDS = [f"ensemble.serve.read_timeout_s={READ_TIMEOUT_S}", f"ensemble.serve.timeout_s={TIMEOUT_S}",
+          f"ensemble.serve.max_connections={MAX_CONNECTIONS}", f"ensemble.serve.health_reserve={HEALTH_RESERVE}",
+          f"ensemble.serve.log_interval_s={LOG_INTERVAL_S}"]  # fmt: skip
+SERVER_FILES = 1024  # the server starts under a common default soft limit of open files (it raises its own to what its limits need)
 
 
 def _raw(url: str, body: bytes, content_type: str = "application/json") -> tuple[int, dict]:
@@ -53,19 +65,41 @@ def _get(url: str, path: str) -> dict:
         return json.loads(response.read())
 
 
+@dataclass
+class Served:
+    url: str
+    port: int
+    process: subprocess.Popen
+    output: list[bytes]  # the server's stdout and stderr lines so far (read by a thread: a full pipe never stalls the server)
+
+    def __iter__(self):  # url, process = server
+        return iter((self.url, self.process))
+
+    def files(self) -> int:
+        """File descriptors the server process holds now."""
+        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+
+
 @pytest.fixture(scope="module")
 def server(store_root):
     cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
     port = _free_port()
     env = {**os.environ, "FOXHUNT_ROOT": str(store_root), "TMPDIR": str(store_root / "tmp")}
     (store_root / "tmp").mkdir(exist_ok=True)
-    process = subprocess.Popen([sys.executable, "-m", "foxhunt.cli", "ensemble", "serve", "--port", str(port), "asset=es",
-                                *DATA, *SERVE], cwd=store_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               start_new_session=True)  # fmt: skip
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, SERVER_FILES), hard))  # the server inherits it
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "foxhunt.cli", "ensemble", "serve", "--port", str(port), "asset=es",
+                                    *DATA, *SERVE, *BOUNDS], cwd=store_root, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    output: list[bytes] = []
+    threading.Thread(target=lambda: [output.append(line) for line in iter(process.stdout.readline, b"")], daemon=True).start()
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, 240, process)
-        yield url, process
+        yield Served(url, port, process, output)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -166,19 +200,178 @@ def test_symbols_are_bounded_and_info_lists_the_fleet(server):
     assert status == 429 and "ensemble.serve.max_symbols" in body["detail"]
 
 
+# ---------------------------------------------------------------------------------- clients bounded
+HEADERS = b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+STALLED_BODY = HEADERS + b"Content-Length: 100\r\n\r\n{"  # 1 byte of the 100 it declares, then nothing
+SHORT_CHUNK = HEADERS + b"Transfer-Encoding: chunked\r\n\r\n64\r\n{\"symbol\""  # a chunk of 0x64 bytes, 9 sent
+HALF_HEADER = b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Le"
+
+
+def _until_closed(port: int, first: bytes, drip: bytes = b"", every_s: float = 0.0, give_up_s: float = 12.0) -> tuple[float, bytes]:
+    """Connect, send ``first``, then one byte of ``drip`` every ``every_s`` seconds while reading:
+    (seconds from connecting until the server closed the socket, everything it answered); the
+    seconds are ``inf`` when it was still open after ``give_up_s``."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        started = time.monotonic()
+        sock.sendall(first)
+        answer, dripped, next_drip = b"", 0, started + every_s
+        while time.monotonic() - started < give_up_s:
+            wait = max(0.0, min(next_drip, started + give_up_s) - time.monotonic()) if drip else give_up_s
+            if select.select([sock], [], [], wait)[0]:
+                try:
+                    data = sock.recv(65536)
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    return time.monotonic() - started, answer
+                answer += data
+            elif drip and time.monotonic() >= next_drip:
+                try:
+                    sock.send(drip[dripped % len(drip) :][:1])
+                except OSError:  # closed meanwhile: the next read says so
+                    pass
+                dripped += 1
+                next_drip += every_s
+        return float("inf"), answer
+
+
+def _health_s(url: str) -> float:
+    """Seconds one GET /health takes on a new connection (fails on anything but 200 ok)."""
+    started = time.perf_counter()
+    with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+        assert response.status == 200 and response.read() == b"ok"
+    return time.perf_counter() - started
+
+
+def test_slow_and_half_sent_requests_are_cut_off_at_their_timeouts(server):
+    """A body that stops or a chunk shorter than declared is a 408 at read_timeout_s; a body
+    dripping a byte every 0.5 s is a 408 at timeout_s; half a header, headers dripping a byte at a
+    time and a silent socket are closed at read_timeout_s (bytes do not restart the clock)."""
+    cases = {
+        "stalled body": (STALLED_BODY, b"", 0.0, READ_TIMEOUT_S, b"HTTP/1.1 408", b"ensemble.serve.read_timeout_s"),
+        "short chunk": (SHORT_CHUNK, b"", 0.0, READ_TIMEOUT_S, b"HTTP/1.1 408", b"ensemble.serve.read_timeout_s"),
+        "dripping body": (STALLED_BODY, b"x", 0.5, TIMEOUT_S, b"HTTP/1.1 408", b"ensemble.serve.timeout_s"),
+        "half a header": (HALF_HEADER, b"", 0.0, READ_TIMEOUT_S, b"HTTP/1.1 408", b"ensemble.serve.read_timeout_s"),
+        "dripping header": (b"P", b"OST /predict HTTP/1.1\r\nHost: t\r\n", 0.3, READ_TIMEOUT_S, b"HTTP/1.1 408", b"read_timeout_s"),
+        "silent": (b"", b"", 0.0, READ_TIMEOUT_S, b"", b""),
+    }  # fmt: skip
+    with ThreadPoolExecutor(len(cases)) as pool:
+        got = dict(zip(cases, pool.map(lambda c: _until_closed(server.port, c[0], c[1], c[2]), cases.values())))
+    for name, (_, _, _, at, status, line) in cases.items():
+        seconds, answer = got[name]
+        assert at - 0.1 <= seconds <= at + 2.0, f"{name}: closed after {seconds:.2f} s, expected {at} s; answered {answer[:200]!r}"
+        assert answer.startswith(status) and line in answer and (not status or b"connection: close" in answer.lower()), (name, answer)
+
+
+def test_beyond_the_cap_a_request_is_503_and_health_still_answers(server):
+    """max_connections requests whose bodies drip hold the cap: one more is a 503 naming the key,
+    GET /health (exempt, on the reserve) is answered at once; once they are gone, requests pass."""
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(MAX_CONNECTIONS)]
+    stop = threading.Event()
+
+    def drip():  # a byte each 0.5 s: below read_timeout_s, so each request stays in progress
+        while not stop.wait(0.5):
+            for sock in held:
+                sock.send(b" ")
+
+    try:
+        for sock in held:
+            sock.sendall(HEADERS + b"Content-Length: 1000\r\n\r\n{")
+        dripper = threading.Thread(target=drip, daemon=True)
+        dripper.start()
+        time.sleep(0.5)  # every request's headers are in
+        status, body = _post(server.url, {"symbol": "CAP", "bar": BAR})
+        assert status == 503 and f"at most {MAX_CONNECTIONS} (ensemble.serve.max_connections)" in body["detail"], body
+        assert _health_s(server.url) < 1.0
+    finally:
+        stop.set()
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 5
+    while (answer := _post(server.url, {"symbol": "CAP", "bar": BAR}))[0] == 503 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert answer[0] != 503, answer  # (200, or 429 once the symbols test filled max_symbols)
+
+
+SOCKETS = 2000
+
+
+def test_health_answers_in_under_1s_while_2000_idle_and_slow_sockets_are_held(server):
+    """2,000 sockets, a third silent, a third half a header, a third a body that stops, opened
+    100 at a time: GET /health answers in under 1 s after every 100, the server never holds more
+    than max_connections + health_reserve of them (it started under a 1,024-file limit, which
+    2,000 sockets would exhaust), every one is closed by the server within read_timeout_s, and
+    the log says each kind of event in one line per interval, without a traceback."""
+    kinds = (b"", HALF_HEADER, STALLED_BODY)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, SOCKETS + 1024)), hard))
+    logged = len(server.output)
+    held, latencies, most = [], [], 0
+    base = server.files()
+    try:
+        for i in range(SOCKETS):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            sock.sendall(kinds[i % 3])
+            held.append(sock)
+            if (i + 1) % 100 == 0:
+                latencies.append(_health_s(server.url))
+                most = max(most, server.files())
+        print(f"GET /health while {SOCKETS} sockets were opened 100 at a time: p50 {sorted(latencies)[len(latencies) // 2] * 1e3:.1f} ms, "
+              f"max {max(latencies) * 1e3:.1f} ms; the server held at most {most - base} sockets more than before")  # fmt: skip
+        assert max(latencies) < 1.0, latencies
+        assert most - base <= MAX_CONNECTIONS + HEALTH_RESERVE + 1, (most, base)
+        time.sleep(READ_TIMEOUT_S + 1.0)
+        still_open = 0
+        for sock in held:
+            sock.setblocking(False)
+            try:
+                while sock.recv(65536):
+                    pass
+            except BlockingIOError:
+                still_open += 1
+            except ConnectionResetError:
+                pass
+        assert still_open == 0, f"{still_open} of {SOCKETS} sockets still open {READ_TIMEOUT_S + 1.0} s after the last"
+    finally:
+        for sock in held:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert _get(server.url, "/info")["connections"]["open"] <= 2  # this request (and its predecessor, closing)
+    time.sleep(LOG_INTERVAL_S + 0.5)  # the counts of the last interval are said
+    lines = b"".join(server.output[logged:]).decode(errors="replace").splitlines()
+    assert "Traceback" not in "\n".join(lines) and lines, lines[:20]
+    assert any("more like this" in line and "connection cap" in line for line in lines), lines
+    assert len(lines) <= 40, f"{len(lines)} lines for {SOCKETS} sockets: {lines[:20]}"
+
+
 def test_sigterm_answers_what_is_in_flight_and_exits_0_without_a_traceback(server, store_root):
+    """SIGTERM while a request is stepped and slow clients are connected (silent, half a header,
+    a body that stopped): the request is answered, the body is a 503 at once, the others closed;
+    exit 0 without a traceback."""
     url, process = server
-    import threading
 
     bars = [{**BAR, "ts": 1704207660_000_000_000 + i * 60_000_000_000} for i in range(200)]  # after MANY0's 15:00 bar
     answer = {}
+    slow = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(3)]
+    for sock, first in zip(slow, (b"", HALF_HEADER, STALLED_BODY)):
+        sock.sendall(first)
     thread = threading.Thread(target=lambda: answer.update(result=_post(url, {"symbol": "MANY0", "bars": bars})))
     thread.start()
     time.sleep(0.3)  # the request is in flight
     process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    closed = []
+    for sock in slow:  # all before the read timeout could close them
+        sock.settimeout(max(signalled + READ_TIMEOUT_S - 0.3 - time.monotonic(), 0.01))
+        try:
+            closed.append(sock.recv(65536).split(b"\r\n", 1)[0])
+        except TimeoutError:
+            closed.append(f"still open {time.monotonic() - signalled:.1f} s after SIGTERM")
     thread.join(timeout=60)
     assert answer["result"][0] == 200 and len(answer["result"][1]["results"]) == 200
-    out, _ = process.communicate(timeout=60)
+    process.wait(timeout=60)
+    out = b"".join(server.output)
     assert process.returncode == 0, out[-2000:]
-    assert b"Traceback" not in out
+    assert b"Traceback" not in out and b"CancelledError" not in out, out[-3000:]
+    assert closed == [b"", b"", b"HTTP/1.1 503 Service Unavailable"], closed
     assert not list((store_root / "tmp").glob("foxhunt-serve-*"))  # the fleet's copy removed

@@ -27,51 +27,84 @@ Every request the server refuses is a 4xx with ``{"detail": one line naming the 
 problem}``, never a 500: a body that is not JSON, not UTF-8 or not an object (400), over
 ``max_body_bytes`` (413), more bars than ``max_bars_per_request`` (400), a value out of range
 (a price above the tick grid's exact range, a time outside 1970..2200, a 400-digit number: 400),
-a bad bar (out of order, off the tick grid: 400; the bars before it in the request were applied,
-it and those after it not), a symbol not allowed (403) or one too many (429, see below), and a
-request still unanswered ``timeout_s`` after it arrived, queue time included (504: the bars
-applied by then are said).
+a bad bar (out of order, a price below one tick or off the tick grid: 400, by the one price rule
+of :func:`foxhunt.data.bars.price_problem`; the bars before it in the request were applied, it
+and those after it not), a symbol not allowed (403) or one too many (429, see below), a body
+not complete in time (408, see below), and a request still unanswered ``timeout_s`` after it
+arrived, queue time included (504: the bars applied by then are said). A request beyond the
+connection cap is a 503 (see below).
+
+**Clients are bounded** (:class:`Guard`; uvicorn offers a keep-alive timeout and a graceful
+shutdown, used here, but no read timeout, and its ``limit_concurrency`` answers 503 while it
+keeps every idle socket open, so the bounds are foxhunt's, on uvicorn's h11 protocol):
+
+- *in time*: a connection sends its request headers within ``read_timeout_s`` of connecting (or
+  of its previous answer), else it is closed, with a 408 when part of a request came (a client
+  dripping header bytes is closed too: bytes do not restart the clock); a body pauses no longer
+  than ``read_timeout_s`` and is complete within ``timeout_s`` of its headers, else a 408 and
+  the connection is closed (a chunk shorter than it declared, a byte a second);
+- *in count*: at most ``max_connections`` requests are in progress (body arriving, queued or
+  stepped); one more is a 503 and its connection closed. ``GET /health`` is exempt: it is
+  answered whatever the load, on the ``health_reserve`` sockets kept above the cap. At most
+  ``max_connections + health_reserve`` sockets are open: a new connection beyond them closes the
+  connection idle longest (no request in progress), so idle and half-sent sockets can never
+  lock out a new client, and the process's file descriptors (raised to what these limits need
+  at start, or a one-line config error) never run out;
+- *in the log*: each kind of event (a timeout, the cap, a client gone, a bug's traceback,
+  uvicorn's and asyncio's own lines) is written once per ``log_interval_s``; the others of its
+  kind in that interval are one line with their count (:class:`RateLimitedLog`). A socket error
+  is one line, never a traceback. ``GET /info`` counts every event since the start.
 
 **Symbols are bounded.** ``ensemble.serve.symbols`` (a list) admits only those; at most
 ``max_symbols`` streams live at once, a stream idle for ``idle_evict_s`` seconds is dropped
 (its slots reused); a new symbol beyond the limit is a 429. A stream is created only once its
 first bar passed the checks, so a refused request holds no memory.
 
-**Stopping.** SIGTERM or Ctrl-C: uvicorn stops accepting, the requests in flight are answered
-(within ``shutdown_grace_s``), the process exits 0 without a traceback, and the folder the fleet
-was read into is removed.
+**Stopping.** SIGTERM or Ctrl-C: uvicorn stops accepting, idle connections are closed, a body
+still arriving is a 503 at once, the requests the fleet has are answered (within
+``shutdown_grace_s``; one still running then is a 503), the process exits 0 without a
+traceback, and the folder the fleet was read into is removed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
 import re
 import signal
+import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from foxhunt.errors import UserError
+from foxhunt.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
 SYMBOL = re.compile(r"[A-Za-z0-9._:-]{1,32}")  # the whole symbol (fullmatch: re's $ matches before a trailing newline)
 BAR_KEYS = ("ts", "open", "high", "low", "close", "volume")
 JSON_TYPES = ("application/json",)
+HEALTH_PATH = "/health"  # answered whatever the load (exempt from max_connections)
 
 
 class BadRequest(ValueError):
-    """A request the server refuses (one line); ``status`` is its HTTP status."""
+    """A request the server refuses (one line); ``status`` is its HTTP status; ``close``: the
+    connection is closed after the answer (the rest of its body is never read)."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, close: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.close = close
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request's body was complete."""
 
 
 def parse_ts(value: Any) -> int:
@@ -155,15 +188,62 @@ class Limits:
     max_body_bytes: int
     max_batch: int
     timeout_s: float
+    read_timeout_s: float
+    max_connections: int
+    health_reserve: int
+    log_interval_s: float
     shutdown_grace_s: float
 
     @classmethod
     def from_config(cls, node, timeout_s: float | None = None) -> Limits:
+        """The limits of ``node`` (``ensemble.serve``); the process's file-descriptor limit is
+        made to fit them here, before the fleet loads (:func:`reserve_descriptors`)."""
         values = {k: node[k] for k in cls.__dataclass_fields__}
         values["symbols"] = list(values["symbols"]) if values["symbols"] is not None else None
         if timeout_s is not None:
             values["timeout_s"] = float(timeout_s)
-        return cls(**values)
+        limits = cls(**values)
+        reserve_descriptors(limits)
+        return limits
+
+    @property
+    def max_sockets(self) -> int:
+        """Client sockets open at once, at most."""
+        return self.max_connections + self.health_reserve
+
+
+def listen_backlog() -> int:
+    """uvicorn's listen backlog (its default: connections the kernel completes before the server
+    accepts them, and as many as asyncio accepts at once before the cap closes any; a short one
+    would drop a /health connection's SYN in a burst, a retry a second later)."""
+    import inspect
+
+    import uvicorn
+
+    return int(inspect.signature(uvicorn.Config).parameters["backlog"].default)
+
+
+def reserve_descriptors(limits: Limits) -> int:
+    """Raise the soft RLIMIT_NOFILE (up to the hard one) to what the server may need: the files
+    open now, twice (the fleet's files and runtimes open next), ``max_connections +
+    health_reserve`` client sockets and the :func:`listen_backlog` accepted at once; a hard limit
+    below that is a one-line :class:`~foxhunt.errors.ConfigError` naming
+    ``ensemble.serve.max_connections``. Returns the soft limit."""
+    import os
+    import resource
+
+    open_now = len(os.listdir("/dev/fd"))
+    need = 2 * open_now + limits.max_sockets + listen_backlog()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return soft
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise ConfigError(f"ensemble.serve.max_connections={limits.max_connections}: with health_reserve={limits.health_reserve}, "
+                          f"the {open_now} files open and up to {listen_backlog()} connections accepted at once (uvicorn's listen "
+                          f"backlog), the server may need {need} file descriptors; this process may open {hard} (ulimit -Hn): "
+                          f"raise the hard limit or lower ensemble.serve.max_connections")  # fmt: skip
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    return need
 
 
 @dataclass
@@ -333,26 +413,309 @@ class Batcher:
                     done.set_result(pending)
 
 
-def build_app(service: FleetService):
-    """The Starlette app around ``service``."""
+@dataclass
+class _Kind:
+    """One kind of log event in its current interval."""
+
+    since: float
+    logger: str
+    level: int
+    text: str
+    suppressed: int = 0
+
+
+class RateLimitedLog(logging.Filter):
+    """Each kind of event passes once per ``interval`` seconds; the others of that kind in the
+    interval are counted and said in one line by :meth:`flush` (the server calls it every
+    interval and when it stops). A kind is the logger, the first line of the message template
+    and the exception's type. A record whose exception is an ``OSError`` (a socket reset, no
+    file descriptor left) becomes one line, without its traceback; a bug's traceback is kept
+    (the first of each interval)."""
+
+    SUMMARY = "foxhunt_summary"  # a record's attribute: a count said by flush, never held back
+
+    def __init__(self, interval: float, clock=time.monotonic) -> None:
+        super().__init__()
+        self.interval = interval
+        self.clock = clock
+        self.kinds: dict[tuple, _Kind] = {}
+        self.lock = threading.Lock()  # the fleet's thread logs too
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, self.SUMMARY, False):
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, OSError):
+            record.msg = f"{record.getMessage()}: {type(error).__name__}: {error}"
+            record.args, record.exc_info, record.exc_text = None, None, None
+        key = (record.name, str(record.msg).split("\n", 1)[0], type(error).__name__ if error is not None else None)
+        now = self.clock()
+        with self.lock:
+            kind = self.kinds.get(key)
+            if kind is not None and now - kind.since < self.interval:
+                kind.suppressed += 1
+                return False
+            if kind is not None and kind.suppressed:
+                self._say(kind, now)
+            self.kinds[key] = _Kind(now, record.name, record.levelno, record.getMessage().split("\n", 1)[0])
+        return True
+
+    def flush(self, final: bool = False) -> None:
+        """Say the count of each kind held back in an interval that is over (``final``: all)."""
+        now = self.clock()
+        with self.lock:
+            for key, kind in list(self.kinds.items()):
+                if final or now - kind.since >= self.interval:
+                    if kind.suppressed:
+                        self._say(kind, now)
+                    del self.kinds[key]
+
+    def _say(self, kind: _Kind, now: float) -> None:
+        logging.getLogger(kind.logger).log(
+            kind.level, "foxhunt ensemble serve: %d more like this in the last %.1f s (ensemble.serve.log_interval_s): %s",
+            kind.suppressed, now - kind.since, kind.text.removeprefix("foxhunt ensemble serve: "), extra={self.SUMMARY: True})  # fmt: skip
+        kind.suppressed = 0
+
+
+class Guard:
+    """Every client of the server bounded in count and time (module doc, "Clients are bounded"):
+    the sockets open, those idle (no request in progress: the read timeout runs, the longest
+    idle is closed for a new connection at the cap), the requests in progress, the body reads
+    (cut short by a stop), and a count of each event (``GET /info``). It lives on the event
+    loop's thread (a signal handler calls :meth:`stop_soon`)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.open: set = set()  # the protocol of each open socket
+        self.idle: OrderedDict = OrderedDict()  # protocol -> None, idle longest first
+        self.requests = 0  # requests in progress, GET /health not counted
+        self.reads: set[asyncio.Future] = set()  # each body read waiting for its next chunk
+        self.stopping = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.counts: Counter = Counter()
+        self.log = RateLimitedLog(limits.log_interval_s)
+        detail = json.dumps({"detail": f"request headers not complete within {limits.read_timeout_s:g} s (ensemble.serve.read_timeout_s)"})
+        self.header_timeout = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                               f"content-length: {len(detail)}\r\n\r\n{detail}").encode()  # fmt: skip
+
+    def event(self, kind: str, message: str, *args) -> None:
+        """Count ``kind`` and log it (a warning, rate-limited per kind)."""
+        self.counts[kind] += 1
+        log.warning("foxhunt ensemble serve: " + message, *args)
+
+    def admit(self, connection) -> bool:
+        """A new socket: True when it may stay (the connection idle longest closed for it at the
+        cap); False when every socket has a request in progress."""
+        if len(self.open) >= self.limits.max_sockets:
+            if not self.idle:
+                self.event("refused", "connection cap: %d sockets open and none idle (ensemble.serve.max_connections + "
+                                      "health_reserve): a new connection refused", len(self.open))  # fmt: skip
+                return False
+            oldest, _ = self.idle.popitem(last=False)
+            self.open.discard(oldest)
+            oldest.evict()
+            self.event("evicted", "connection cap: %d sockets open (ensemble.serve.max_connections + health_reserve): "
+                                  "the connection idle longest closed for a new one", self.limits.max_sockets)  # fmt: skip
+        self.open.add(connection)
+        return True
+
+    def became_idle(self, connection) -> None:
+        self.idle[connection] = None
+        self.idle.move_to_end(connection)
+
+    def became_busy(self, connection) -> None:
+        self.idle.pop(connection, None)
+
+    def lost(self, connection) -> None:
+        self.open.discard(connection)
+        self.idle.pop(connection, None)
+
+    async def next_message(self, receive, seconds: float) -> dict:
+        """The request's next ASGI message within ``seconds``; :class:`TimeoutError` when none
+        came, or when the server stops meanwhile (then :attr:`stopping` is set)."""
+        receiving = asyncio.ensure_future(receive())
+        self.reads.add(receiving)
+        try:
+            await asyncio.wait({receiving}, timeout=0 if self.stopping else max(seconds, 0))
+        except BaseException:  # the request itself cancelled (the end of the shutdown grace)
+            receiving.cancel()
+            raise
+        finally:
+            self.reads.discard(receiving)
+        if receiving.done() and not receiving.cancelled():
+            return receiving.result()
+        receiving.cancel()
+        raise TimeoutError
+
+    def stop_soon(self) -> None:
+        """From a signal handler: :meth:`stop` on the loop."""
+        self.stopping = True
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.stop)
+
+    def stop(self) -> None:
+        """The server stops: every body read waiting ends now (its request is a 503)."""
+        self.stopping = True
+        for receiving in list(self.reads):
+            receiving.cancel()
+
+    def info(self) -> dict:
+        return {"open": len(self.open), "idle": len(self.idle), "requests_in_progress": self.requests,
+                "max_connections": self.limits.max_connections, "health_reserve": self.limits.health_reserve,
+                "read_timeout_s": self.limits.read_timeout_s, "log_interval_s": self.limits.log_interval_s,
+                "events": dict(self.counts)}  # fmt: skip
+
+    async def flush_log(self) -> None:
+        """Say the held-back log counts every ``log_interval_s`` (a task of the server's lifespan)."""
+        while True:
+            await asyncio.sleep(self.limits.log_interval_s)
+            self.log.flush()
+
+
+def guarded_protocol(guard: Guard) -> type:
+    """uvicorn's h11 protocol with ``guard``'s bounds on each socket: admitted at the cap or
+    refused, the read timeout while no request is in progress (bytes do not restart it: only
+    complete request headers stop it), idle or busy for the guard."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        _read_timer: asyncio.TimerHandle | None = None
+        _partial = False  # bytes of a request came since the read timeout started
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if guard.admit(self):
+                self._wait_for_request()
+            else:
+                transport.close()
+
+        def connection_lost(self, exc) -> None:
+            self._stop_read_timer()
+            guard.lost(self)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            self._partial = self._partial or self._read_timer is not None
+            before = self.cycle
+            super().data_received(data)
+            self._check_request(before)
+
+        def on_response_complete(self) -> None:
+            before = self.cycle
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._wait_for_request()
+                self._check_request(before)  # a pipelined request may have started
+
+        def evict(self) -> None:
+            self._stop_read_timer()
+            self.transport.close()
+
+        def _wait_for_request(self) -> None:
+            self._stop_read_timer()
+            self._partial = False
+            self._read_timer = self.loop.call_later(guard.limits.read_timeout_s, self._read_timed_out)
+            guard.became_idle(self)
+
+        def _check_request(self, before) -> None:
+            if self.cycle is not None and self.cycle is not before and not self.cycle.response_complete:
+                self._stop_read_timer()
+                guard.became_busy(self)
+
+        def _stop_read_timer(self) -> None:
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
+
+        def _read_timed_out(self) -> None:
+            self._read_timer = None
+            if self.transport.is_closing():
+                return
+            if self._partial:
+                guard.event("header_timeout", "read timeout: a client sent part of a request but not all its headers within "
+                                              "%g s (ensemble.serve.read_timeout_s): 408, closed", guard.limits.read_timeout_s)  # fmt: skip
+                self.transport.write(guard.header_timeout)
+            else:
+                guard.counts["idle_closed"] += 1  # an idle keep-alive or a silent socket: closed, not worth a line
+            self.transport.close()
+
+    return GuardedH11Protocol
+
+
+def guarded_app(app, guard: Guard):
+    """``app`` behind the request cap: a request beyond ``max_connections`` (or during a stop)
+    is a 503 and its connection closed, ``GET /health`` always passes; a request still running
+    when uvicorn cancels it at the end of the shutdown grace is a 503, without a traceback."""
+    limits = guard.limits
+
+    async def asgi(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        exempt = scope["path"] == HEALTH_PATH
+        if not exempt and (guard.stopping or guard.requests >= limits.max_connections):
+            if guard.stopping:
+                detail = "the server is stopping"
+            else:
+                guard.event("busy", "connection cap: %d requests in progress (ensemble.serve.max_connections): a request "
+                                    "answered 503", guard.requests)  # fmt: skip
+                detail = (f"{guard.requests} requests in progress, at most {limits.max_connections} "
+                          f"(ensemble.serve.max_connections); try again later")  # fmt: skip
+            await _answer(send, 503, detail)
+            return
+        started = False
+
+        async def sending(message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        guard.requests += not exempt
+        try:
+            await app(scope, receive, sending)
+        except asyncio.CancelledError:
+            if not guard.stopping:
+                raise
+            guard.event("cancelled", "stopping: a request still running after ensemble.serve.shutdown_grace_s: 503")
+            if not started:
+                await _answer(send, 503, f"the server stopped before the answer (ensemble.serve.shutdown_grace_s={limits.shutdown_grace_s:g})")
+        finally:
+            guard.requests -= not exempt
+
+    return asgi
+
+
+async def _answer(send, status: int, detail: str) -> None:
+    """A JSON ``{"detail": ...}`` answer, then the connection is closed."""
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+def build_app(service: FleetService, guard: Guard):
+    """The Starlette app around ``service``, behind ``guard``'s request cap (:func:`guarded_app`)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, PlainTextResponse
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
     batcher = Batcher(service)
-    limits = service.limits
+    limits = guard.limits
 
     def refuse(error: BadRequest) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=error.status)
+        return JSONResponse({"detail": str(error)}, status_code=error.status, headers={"connection": "close"} if error.close else None)
 
     async def predict(request: Request):
         arrived, arrived_ns = time.monotonic(), time.perf_counter_ns()
         try:
-            body = await _read_body(request, limits.max_body_bytes)
+            body = await _read_body(request, guard, arrived + limits.timeout_s)
             symbol, bars = parse_request(_parse_json(body, request.headers.get("content-type", "")), limits.max_bars_per_request)
         except BadRequest as error:
             return refuse(error)
+        except ClientGone:
+            guard.event("client_gone", "a client closed its connection before its request's body was complete")
+            return Response(status_code=400)  # nobody reads it
         parsed_ns = time.perf_counter_ns()
         pending = await batcher.submit(Pending(symbol, bars, arrived + limits.timeout_s))
         if pending.error is not None:
@@ -366,35 +729,65 @@ def build_app(service: FleetService):
         return PlainTextResponse("ok")
 
     async def info(request: Request):
-        return JSONResponse(service.info())
+        return JSONResponse({**service.info(), "connections": guard.info()})
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        guard.loop = asyncio.get_running_loop()
         await batcher.start()
+        flushing = asyncio.create_task(guard.flush_log())
         try:
             yield
         finally:
+            flushing.cancel()
+            guard.log.flush(final=True)
             await batcher.stop()
 
     async def bug(request: Request, exc: Exception):  # a bug: one JSON line, the traceback in the log
         log.exception("foxhunt ensemble serve: %s %s", request.method, request.url.path)
         return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {str(exc)[:200]}"}, status_code=500)
 
-    return Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route("/health", health), Route("/info", info)],
-                     lifespan=lifespan, exception_handlers={Exception: bug})  # fmt: skip
+    app = Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route(HEALTH_PATH, health), Route("/info", info)],
+                    lifespan=lifespan, exception_handlers={Exception: bug})  # fmt: skip
+    return guarded_app(app, guard)
 
 
-async def _read_body(request, limit: int) -> bytes:
+async def _read_body(request, guard: Guard, deadline: float) -> bytes:
+    """The request's body: at most ``max_body_bytes`` (413), no pause longer than
+    ``read_timeout_s`` and complete by ``deadline`` (``time.monotonic()``; 408), a 503 when the
+    server stops meanwhile; :class:`ClientGone` when the client closed its connection."""
+    limits = guard.limits
+    limit = limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BadRequest(f"body: {int(declared)} bytes, at most {limit} (ensemble.serve.max_body_bytes)", 413)
+        raise BadRequest(f"body: {int(declared)} bytes, at most {limit} (ensemble.serve.max_body_bytes)", 413, close=True)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            message = await guard.next_message(request.receive, min(limits.read_timeout_s, left))
+        except TimeoutError:
+            if guard.stopping:
+                guard.event("stopped_read", "stopping: a request whose body was still arriving answered 503")
+                raise BadRequest(f"the server is stopping; {size} bytes of the body had come", 503, close=True) from None
+            if left <= limits.read_timeout_s:  # the whole request's deadline came first
+                guard.event("request_timeout", "read timeout: a request body not complete %g s after its headers "
+                                               "(ensemble.serve.timeout_s): 408, closed", limits.timeout_s)  # fmt: skip
+                raise BadRequest(f"body: not complete {limits.timeout_s:g} s after the request's headers ({size} bytes came; "
+                                 f"ensemble.serve.timeout_s)", 408, close=True) from None  # fmt: skip
+            guard.event("body_timeout", "read timeout: a request body paused %g s (ensemble.serve.read_timeout_s): 408, closed",
+                        limits.read_timeout_s)  # fmt: skip
+            raise BadRequest(f"body: nothing more for {limits.read_timeout_s:g} s after {size} bytes "
+                             f"(ensemble.serve.read_timeout_s)", 408, close=True) from None  # fmt: skip
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise BadRequest(f"body: more than {limit} bytes (ensemble.serve.max_body_bytes)", 413)
+            raise BadRequest(f"body: more than {limit} bytes (ensemble.serve.max_body_bytes)", 413, close=True)
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _parse_json(body: bytes, content_type: str) -> Any:
@@ -441,13 +834,38 @@ def run(service: FleetService, host: str, port: int) -> None:
     """Serve ``service`` until SIGTERM / Ctrl-C (blocks; module doc)."""
     import uvicorn
 
-    config = uvicorn.Config(build_app(service), host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=int(math.ceil(service.limits.shutdown_grace_s)), lifespan="on")  # fmt: skip
+    limits = service.limits
+    guard = Guard(limits)
+    # uvicorn's keep-alive timeout closes an idle connection as the guard's read timeout does; its
+    # listen backlog (listen_backlog, counted in reserve_descriptors) and h11's bound on a request's
+    # header bytes (16 KiB) are kept; the requests in flight at a stop get shutdown_grace_s, then
+    # uvicorn cancels them (guarded_app answers those 503)
+    config = uvicorn.Config(build_app(service, guard), host=host, port=port, http=guarded_protocol(guard), ws="none",
+                            log_level="warning", access_log=False, lifespan="on", backlog=listen_backlog(),
+                            timeout_keep_alive=limits.read_timeout_s, timeout_graceful_shutdown=int(math.ceil(limits.shutdown_grace_s)))  # fmt: skip
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # SIGTERM / SIGINT: bodies still arriving end now (503)
+            super().handle_exit(sig, frame)
+            guard.stop_soon()
+
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "asyncio", log.name)]
+    for logger in loggers:
+        logger.addFilter(guard.log)
+    # the fleet, torch, numba and pandas are millions of objects that live as long as the server: a
+    # full collection over them stalled every request ~0.6 s under connection churn (measured: GET
+    # /health); frozen, they are out of the collector's generations, which then scan only what the
+    # server makes while it serves
+    gc.collect()
+    gc.freeze()
     # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again under the
     # handlers it found: these make that a return, so the stop exits 0 (a stop asked for is no failure)
     stopped = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        uvicorn.Server(config).run()
+        Server(config).run()
     finally:
         for sig, handler in stopped.items():
             signal.signal(sig, handler)
+        for logger in loggers:
+            logger.removeFilter(guard.log)
+        gc.unfreeze()
