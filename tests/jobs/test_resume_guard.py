@@ -173,3 +173,25 @@ def test_a_planted_job_id_that_is_a_path_is_refused(planted, launched, tmp_path)
     assert result.exit_code == 2, result.output
     assert "not a job id" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert launched == [] and not list(tmp_path.glob("escaped*"))  # outside outputs/jobs/
+
+
+def test_a_refusal_waits_for_a_holder_that_has_not_named_itself_yet(tmp_path):
+    """Between a launch's flock and its write of its name, a second launch reads an empty lock
+    file: the refusal waits briefly for the name instead of saying nothing of the holder (the e2e
+    race of two resumes said "it has not named itself yet")."""
+    import fcntl
+    import threading
+
+    from foxhunt.jobs.job_lock import JobLock, JobLockHeld, lock_path
+
+    path = lock_path(tmp_path, "job1")
+    path.parent.mkdir(parents=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # taken, not named yet
+    holder = JobLock(path, fd, "job1")
+    threading.Timer(0.2, holder.name_holder, (os.getpid(), "the job's launcher")).start()
+    try:
+        with pytest.raises(JobLockHeld, match=rf"pid {os.getpid()} on .*\(the job's launcher, since "):
+            JobLock.acquire(tmp_path, "job1", "a resume")
+    finally:
+        holder.close()

@@ -297,4 +297,4 @@ def test_a_bad_steps_per_call_is_a_one_line_config_error(value, tmp_path):
     cfg = compose_train_config(["model=dqn", f"model.module.steps_per_call={value}"], tmp_path)
     with pytest.raises(ConfigError) as error:
         validate(cfg)
-    assert str(error.value) == f"model.module.steps_per_call={value!r}: must be an integer >= 1"
+    assert str(error.value) == f"model.module.steps_per_call={value!r}: must be an integer >= 1 and <= 10000000"

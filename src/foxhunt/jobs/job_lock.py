@@ -32,6 +32,8 @@ LOCK_SUFFIX = ".lock"
 LOCK_FD_FLAG = "--lock-fd"  # the supervisor's argument: the descriptor of the job's lock it inherits
 HOLDER_BYTES = 4096  # what is read of a lock file to name its holder
 HOLDER_TEXT = 160  # characters of an unreadable holder description shown
+HOLDER_WAIT_S = 1.0  # how long a refusal waits for a holder that has just taken the lock to name itself
+HOLDER_POLL_S = 0.02
 
 
 class JobLockHeld(RuntimeError):
@@ -58,7 +60,7 @@ class JobLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _holder(os.pread(fd, HOLDER_BYTES, 0))
+            holder = _named_holder(fd)
             os.close(fd)
             raise JobLockHeld(f"job {job_id} is being launched or run by another process ({holder}): wait for it to "
                               f"end, or stop it (foxhunt train stop {job_id})") from None  # fmt: skip
@@ -87,6 +89,17 @@ class JobLock:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _named_holder(fd: int) -> str:
+    """The holder the lock file names; a holder that has the lock but has not written its name
+    yet (between its ``flock`` and its write) is given :data:`HOLDER_WAIT_S` to do so."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while True:
+        raw = os.pread(fd, HOLDER_BYTES, 0)
+        if raw.strip() or time.monotonic() >= deadline:
+            return _holder(raw)
+        time.sleep(HOLDER_POLL_S)
 
 
 def _holder(raw: bytes) -> str:
