@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
@@ -34,6 +35,16 @@ def cli(root: Path, *args: str):
         return CliRunner().invoke(app, list(args), catch_exceptions=False, env={"FOXHUNT_ROOT": str(root)})
     finally:
         os.chdir(old)
+
+
+@contextmanager
+def tracking(root: Path):
+    """MLflow's tracking URI (the global one MLflow's loaders read) set to ``root``'s store for
+    the block, then what it was: Lightning's MLflow logger leaves the last run's store set."""
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    with _use_tracking_uri(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"):
+        yield
 
 
 def client(root: Path) -> MlflowClient:

@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from fleet_helpers import FAST, SMALL, cli, client
+from fleet_helpers import FAST, SMALL, cli, client, tracking
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +232,7 @@ def test_stored_values_are_checked_for_meaning(restored, how, expected):
     assert f"registry error: foxhunt-dqn-es: {expected}" in line and "register it again" in line, line
 
 
-def test_the_pyfunc_loader_refuses_an_edited_weight(restored, monkeypatch):
+def test_the_pyfunc_loader_refuses_an_edited_weight(restored):
     """MLflow's loader runs foxhunt's code file, which verifies the data files against the
     digests the tracking store recorded for the logged model."""
     import mlflow.pyfunc
@@ -241,6 +241,22 @@ def test_the_pyfunc_loader_refuses_an_edited_weight(restored, monkeypatch):
 
     root, folder = restored
     _edit_one_weight(folder / "artifacts" / "weights.pt", 0.5)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
-    with pytest.raises(RegistryError, match=r"artifacts/weights.pt is not the file registered"):
+    with tracking(root), pytest.raises(RegistryError, match=r"artifacts/weights.pt is not the file registered"):
         mlflow.pyfunc.load_model("models:/foxhunt-dqn-es@champion")
+
+
+def test_the_pyfunc_loader_of_a_folder_refuses_a_store_that_does_not_hold_it(registered, tmp_path, monkeypatch):
+    """A version's folder loaded by path is verified against the store MLFLOW_TRACKING_URI names;
+    a store that does not exist is said so, and never made."""
+    import mlflow.pyfunc
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    from foxhunt.ensemble.member_files import RegistryError
+
+    root, folder, _ = registered
+    missing = tmp_path / "nowhere" / "mlflow.db"
+    with _use_tracking_uri(f"sqlite:///{missing}"), pytest.raises(RegistryError, match=r"does not exist, so its files cannot be verified"):
+        mlflow.pyfunc.load_model(str(folder))
+    assert not missing.exists()
+    with tracking(root):
+        assert mlflow.pyfunc.load_model(str(folder)) is not None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_helpers import cli
+from fleet_helpers import cli, tracking
 
 URI = "sqlite:///{root}/mlruns/mlflow.db"
 
@@ -42,7 +42,7 @@ def _example(folder: Path):
     return Model.load(str(folder / "MLmodel")).load_input_example(str(folder))
 
 
-def test_a_version_is_a_model_from_code_and_loads_without_unpickling_anything(versions, tmp_path, monkeypatch):
+def test_a_version_is_a_model_from_code_and_loads_without_unpickling_anything(store_root, versions, tmp_path, monkeypatch):
     import cloudpickle
     import mlflow.pyfunc
 
@@ -66,19 +66,21 @@ def test_a_version_is_a_model_from_code_and_loads_without_unpickling_anything(ve
     for module in (pickle, cloudpickle):
         monkeypatch.setattr(module, "load", refuse)
         monkeypatch.setattr(module, "loads", refuse)
-    model = mlflow.pyfunc.load_model(str(folder))
+    with tracking(store_root):  # what it is verified against (foxhunt.ensemble.pyfunc.verify_logged_folder)
+        model = mlflow.pyfunc.load_model(str(folder))
     out = model.predict(_example(folder))
     assert not marker.exists() and len(out) == len(_example(folder))
 
 
-def test_the_input_example_is_real_bars_it_decides_on(versions):
+def test_the_input_example_is_real_bars_it_decides_on(store_root, versions):
     import mlflow.pyfunc
 
     for family, folder in versions.items():
         example = _example(folder)
         assert list(example.columns) == ["ts", "open", "high", "low", "close", "volume"]
         assert example["ts"].is_monotonic_increasing and (example["high"] >= example["low"]).all()
-        out = mlflow.pyfunc.load_model(str(folder)).predict(example)
+        with tracking(store_root):
+            out = mlflow.pyfunc.load_model(str(folder)).predict(example)
         assert list(out.columns) == ["position", "signal"] and len(out) == len(example)
         decided = int(_packaged_ensemble().input_example_decided)  # what the CLI's register used
         if family == "tft":  # a forecaster's signal: null until it is warm, then a number on the bars it decides
@@ -88,7 +90,7 @@ def test_the_input_example_is_real_bars_it_decides_on(versions):
 
 
 @pytest.fixture(scope="module")
-def scoring(versions, tmp_path_factory):
+def scoring(store_root, versions, tmp_path_factory):
     """``mlflow models serve`` (MLflow's scoring server, env-manager local) on the TFT version: a
     function POSTing a body to /invocations and answering (status, text)."""
     import os
@@ -108,7 +110,8 @@ def scoring(versions, tmp_path_factory):
     command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", str(versions["tft"]), "--env-manager", "local",
                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
     with open(log, "w") as out:
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # its uvicorn
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # its uvicorn
+               "MLFLOW_TRACKING_URI": URI.format(root=store_root)}  # the store the version is verified against
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
 

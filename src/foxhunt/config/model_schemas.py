@@ -17,8 +17,15 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from foxhunt.config.schema import shown_bound
 from foxhunt.errors import ConfigError
+
+
+def shown_bound(bound: int | float) -> str:
+    """A range's end as a message shows it: 4294967295, 0.5, 1e12."""
+    if isinstance(bound, int):
+        return str(bound)
+    mantissa, _, exponent = f"{bound:g}".partition("e")
+    return mantissa + (f"e{int(exponent)}" if exponent else "")
 
 
 def _number(value: Any) -> bool:

@@ -41,6 +41,7 @@ from pydantic import (
     model_validator,
 )
 
+from foxhunt.config.model_schemas import rule_problem, shown_bound, validate_model_hyperparameters
 from foxhunt.errors import ConfigError
 from foxhunt.precision.policy import (
     INFERENCE_CONFIGS,
@@ -71,14 +72,6 @@ MAX_CAPITAL_USD = 1e10  # the account's starting cash and its loss limits
 MAX_COMMISSION_USD = 1e3  # per contract per side (CME retail: a few USD)
 MAX_SLIPPAGE_TICKS = 100.0  # per contract per side (a market order in a liquid future: a tick or two)
 MAX_POSITION = 1000  # contracts per symbol
-
-
-def shown_bound(bound: int | float) -> str:
-    """A range's end as a message shows it: 4294967295, 0.5, 1e12."""
-    if isinstance(bound, int):
-        return str(bound)
-    mantissa, _, exponent = f"{bound:g}".partition("e")
-    return mantissa + (f"e{int(exponent)}" if exponent else "")
 
 
 def _range_rule(kind: type, ge=None, gt=None, le=None, lt=None) -> str:
@@ -624,7 +617,6 @@ def label_reach(model: ModelSection) -> tuple[int, str]:
     any other agent one bar (a one-step target)."""
     if model.window is not None:
         return model.window.horizon, "model.window.horizon"
-    from foxhunt.config.model_schemas import rule_problem
 
     rollout = (model.module.model_extra or {}).get("rollout_steps")
     if rollout is not None:  # out of its range: no reach (model_schemas refuses it, naming it, after the schema)
@@ -812,7 +804,6 @@ def validate_resolved(resolved: dict[str, Any]) -> TrainConfig:
     except ValidationError as exc:
         raise ConfigError(_format(exc)) from None
 
-    from foxhunt.config.model_schemas import validate_model_hyperparameters
 
     check_constructor_args("trainer", resolved["trainer"])
     module = resolved["model"]["module"]

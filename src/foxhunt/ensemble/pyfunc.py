@@ -133,6 +133,9 @@ def verify_logged_folder(folder: Path) -> str | None:
         return None
     origin = f"logged model {model_id}"
     uri = mlflow.get_tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():  # never made here
+        raise RegistryError(f"{origin}: the tracking store {uri} does not exist, so its files cannot be verified; set "
+                            "MLFLOW_TRACKING_URI to the store it was registered in")  # fmt: skip
     tags = RunStore(uri).logged_model_tags(model_id)
     if tags is None:
         raise RegistryError(f"{origin}: not in the tracking store {uri}, so its files cannot be verified; set "
