@@ -422,7 +422,7 @@ def fit_planted_ar1(seed: int, precision: str = "32-true", callbacks=(), plugins
     ``plugins``' precision plugin when given, else Lightning's ``precision``)."""
     seed_everything(seed, verbose=False)
     datamodule = ForecastDataModule(
-        planted_ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64
+        planted_ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64, seed=seed
     )
     model = small_tft(
         hidden_size=32,
@@ -498,3 +498,24 @@ def test_bf16_mixed_validation_loss_within_one_percent_of_fp32(seed, tmp_path, c
         print(f"\nseed {seed}: val/loss fp32 {losses['fp32']:.5f}, bf16-mixed {losses['bf16']:.5f}, "
               f"relative gap {100 * gap:.3f}% (tolerance {100 * BF16_VAL_LOSS_TOLERANCE:.0f}%)")
     assert gap < BF16_VAL_LOSS_TOLERANCE
+
+
+def test_a_forecast_without_gradients_after_a_fused_adam_step_reads_the_new_weights():
+    """Validation during a fit: a no-grad forward, a training step with torch's fused Adam (which
+    updates the weights in place without bumping their version counters), another no-grad
+    forward: it must be the forecast of the new weights (the folded variable-selection weights
+    were cached by version counter and served stale; seen failing before the fix)."""
+    torch.manual_seed(0)
+    model = small_tft()
+    batch = random_batch(8, 12, 4, seed=3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
+    with torch.no_grad():
+        model(batch)  # fills the cache, as validation does
+    quantile_loss(model(batch), batch["target"], model.quantile_levels).backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = model(batch)
+        fresh = small_tft()
+        fresh.load_state_dict(model.state_dict())
+        expected = fresh(batch)
+    torch.testing.assert_close(after, expected, rtol=0, atol=0)

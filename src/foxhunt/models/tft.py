@@ -271,12 +271,16 @@ class VariableSelectionNetwork(nn.Module):
 
         Products and sums, not einsum: torch runs these matrix-vector contractions as batched
         matmuls, several times slower on CPU. Without gradients the result is cached, keyed by
-        the storage and version counter of every parameter it reads (an optimizer step, a
-        ``load_state_dict`` or a move to another device or dtype changes the key); with
-        gradients it is recomputed, so that autograd sees it.
+        the storage and version counter of every parameter it reads (a ``load_state_dict`` or a
+        move to another device or dtype changes the key); with gradients it is recomputed, so
+        that autograd sees it, and the cache is dropped: torch's fused Adam updates parameters
+        without bumping their version counter, so after a training step the key alone would
+        serve the folds of the weights before it (validation during a fit read stale folds).
         """
         key = None
-        if not torch.is_grad_enabled():
+        if torch.is_grad_enabled():
+            self._fold_cache = None
+        else:
             sources = [*self.parameters(), *(p for e in embeddings for p in e.parameters())]
             key = tuple((p.data_ptr(), p._version, p.dtype) for p in sources)
             cached = getattr(self, "_fold_cache", None)
