@@ -69,7 +69,7 @@ def test_means_sum_to_one_and_forecasts_mode_and_weights_are_left_as_they_were()
 
 def test_interpret_split_reads_the_splits_windows_with_the_datasets_names():
     dataset = planted_ar1_dataset(seed=0)
-    datamodule = ForecastDataModule(dataset, seq_len=SEQ_LEN, horizon=HORIZON, batch_size=16, eval_batch_size=64)
+    datamodule = ForecastDataModule(dataset, seq_len=SEQ_LEN, horizon=HORIZON, batch_size=16, eval_batch_size=64, seed=0)
     model = small_tft()
     result = model.interpret_split(datamodule, "test", max_windows=100)
     total = len(datamodule.input_windows("test")["bar_index"])

@@ -516,6 +516,12 @@ class MemoryBudgetSettings(_Ranged):
     max_overhead_pct: _real(gt=0, le=100)
 
 
+class ResumePointSettings(_Ranged):
+    """``callbacks.resume_point``: foxhunt.training.resume_point.ResumePoint."""
+
+    every_n_train_steps: _int(1, MAX_STEPS)
+
+
 class ProgressSettings(_Ranged):
     """``callbacks.progress``: foxhunt.training.progress.ProgressReporter."""
 
@@ -538,6 +544,7 @@ class CallbacksSection(_Open):
     precision: _Ranged = None
     model_checkpoint: CheckpointSettings = None
     graceful_stop: _Ranged = None
+    resume_point: ResumePointSettings = None
     memory_budget: MemoryBudgetSettings = None
     progress: ProgressSettings = None
     progress_bar: ProgressBarSettings = None

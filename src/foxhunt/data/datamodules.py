@@ -24,16 +24,69 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from lightning.pytorch import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from foxhunt.data.dataset import MarketDataset
 from foxhunt.data.env import TradingEnv
 from foxhunt.data.features import future_known_features
 from foxhunt.data.roll import entry_prices
 from foxhunt.data.splits import SplitError
+
+EPOCH_SEED_STRIDE = 1_000_003  # an epoch's order is seeded seed * stride + epoch: distinct for every (seed, epoch) in use
+
+
+def loader_generator(seed: int) -> torch.Generator:
+    """A loader's own generator: a DataLoader draws its workers' base seed when it starts an
+    epoch, from the global generator unless it has one; with its own it takes nothing from the
+    global streams a resumed fit puts back (:mod:`foxhunt.training.resume_point`)."""
+    generator = torch.Generator()
+    generator.manual_seed(int(seed))
+    return generator
+
+
+class EpochShuffle(Sampler[int]):
+    """Every index of ``size`` once per epoch, in an order drawn from ``(seed, epoch)`` alone
+    (Lightning calls :meth:`set_epoch` as each epoch starts), so a resumed fit reads an epoch's
+    windows in the order the fit never stopped read them; :meth:`skip_batches` starts the next
+    pass after that many batches (a fit resumed in the middle of an epoch)."""
+
+    def __init__(self, size: int, seed: int, batch_size: int) -> None:
+        self.size, self.seed, self.batch_size = int(size), int(seed), int(batch_size)
+        self.epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def skip_batches(self, batches: int) -> None:
+        self._skip = int(batches)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        generator = torch.Generator()
+        generator.manual_seed(self.seed * EPOCH_SEED_STRIDE + self.epoch)
+        order = torch.randperm(self.size, generator=generator)
+        skip, self._skip = self._skip, 0
+        return iter(order[skip * self.batch_size :].tolist())
+
+
+def _batches_done_in_epoch(trainer, batches: int) -> int:
+    """The batches the epoch a resumed fit restarts in had done (Lightning's restored loop
+    counters; 0 for a fresh fit, or when the checkpoint was taken at the epoch's end)."""
+    fit_loop = getattr(trainer, "fit_loop", None)
+    if fit_loop is None or not fit_loop.restarting:
+        return 0
+    limit = trainer.limit_train_batches  # Lightning's rule for an epoch's length
+    per_epoch = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+    done = int(fit_loop.epoch_loop.batch_progress.current.processed)
+    return done if done < per_epoch else 0
 
 
 class WindowDataset(Dataset):
@@ -120,6 +173,7 @@ class ForecastDataModule(LightningDataModule):
             so larger batches run faster); defaults to ``batch_size``.
         num_workers: DataLoader worker processes.
         pin_memory: DataLoader ``pin_memory`` (useful when training on CUDA).
+        seed: the training windows' order (:class:`EpochShuffle`) and the loaders' generators.
     """
 
     def __init__(
@@ -131,8 +185,11 @@ class ForecastDataModule(LightningDataModule):
         num_workers: int = 0,
         pin_memory: bool = False,
         eval_batch_size: int | None = None,
+        *,
+        seed: int,
     ) -> None:
         super().__init__()
+        self.seed = int(seed)
         for name, value, low in (
             ("seq_len", seq_len, 1),
             ("horizon", horizon, 1),
@@ -176,23 +233,24 @@ class ForecastDataModule(LightningDataModule):
         return self.split_dataset(split).input_windows()
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        """The training windows in an order drawn from ``(seed, epoch)`` alone (:class:`EpochShuffle`);
+        a fit resumed in the middle of an epoch starts after the batches that epoch had done."""
+        dataset = self.split_dataset("train")
+        order = EpochShuffle(len(dataset), self.seed, self.batch_size)
+        order.skip_batches(_batches_done_in_epoch(getattr(self, "trainer", None), math.ceil(len(dataset) / self.batch_size)))
+        return self._loader(dataset, self.batch_size, order)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
+        return self._loader(self.split_dataset("val"), self.eval_batch_size)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+        return self._loader(self.split_dataset("test"), self.eval_batch_size)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def _loader(self, dataset: WindowDataset, batch_size: int, sampler: EpochShuffle | None = None) -> DataLoader:
         return DataLoader(
-            self.split_dataset(split),
-            batch_size=self.batch_size if shuffle else self.eval_batch_size,
-            shuffle=shuffle,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
-        )
+            dataset, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers, pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0, generator=loader_generator(self.seed),
+        )  # fmt: skip
 
     def _window_dataset(self, split: str) -> WindowDataset:
         arrays = self.dataset.split(split)
@@ -335,11 +393,13 @@ class EnvDataModule(LightningDataModule):
             roll_price=self.dataset.split(split).roll_price,
         )
 
+    # The step-index loaders draw nothing (no shuffle, no workers); their own generator keeps even
+    # the base seed a loader draws at each epoch off the global stream (loader_generator).
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(StepIndexDataset(self.steps_per_epoch), batch_size=None)
+        return DataLoader(StepIndexDataset(self.steps_per_epoch), batch_size=None, generator=loader_generator(0))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(StepIndexDataset(1), batch_size=None)
+        return DataLoader(StepIndexDataset(1), batch_size=None, generator=loader_generator(0))
 
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(StepIndexDataset(1), batch_size=None)
+        return DataLoader(StepIndexDataset(1), batch_size=None, generator=loader_generator(0))

@@ -252,6 +252,24 @@ class TradingEnv:
         self._steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         return self._observe()
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where every episode stands and the start generator's state: with :meth:`load_state_dict`
+        a resumed fit steps on exactly as the env never stopped (plain tensors: a checkpoint
+        loads with ``torch.load(weights_only=True)``)."""
+        episodes = {} if self._bar is None else {"bar": self._bar, "position": self._position, "steps": self._steps}
+        return {"generator": self._generator.get_state(), **{k: v.detach().cpu().clone() for k, v in episodes.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what :meth:`state_dict` saved, checked against this env's bars and envs."""
+        self._generator.set_state(state["generator"])
+        if "bar" not in state:
+            self._bar = self._position = self._steps = None
+            return
+        bar, position, steps = (state[k].to(device=self.device, dtype=torch.int64) for k in ("bar", "position", "steps"))
+        if bar.shape != (self.num_envs,) or int(bar.min()) < 0 or int(bar.max()) >= self.num_bars - 1:
+            raise ValueError(f"TradingEnv state: bars {tuple(bar.shape)} do not fit {self.num_envs} envs over {self.num_bars} bars")
+        self._bar, self._position, self._steps = bar, position, steps
+
     def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]:
         """Apply one action per episode; returns (obs, reward, terminated, truncated, info)."""
         self._require_reset()

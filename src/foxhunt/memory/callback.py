@@ -42,13 +42,20 @@ merges into it, so each metric has one value per step; everything pending is wri
 end, on an exception too. A fit restored from a checkpoint (``resume=true``, ``ckpt=``) logs no
 fit-start row: the run that wrote the checkpoint logged that moment. The callback times its per-step hooks (``time.perf_counter``) and logs that
 share of the training time as ``memory/callback_overhead_pct``.
+
+Resumed: every checkpoint holds what the fit measured of its steps (:meth:`state_dict`), and a
+fit resumed from one measures them only where its first attempt had not: the meters watch every
+op of the steps they measure (the allocator peak runs a ``TorchDispatchMode``, under which
+torchao's compiled 8-bit update runs op by op, with other random draws for its stochastic
+rounding), so measuring other steps on resume would train other weights than the fit never
+stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +168,7 @@ class MemoryBudgetCallback(pl.Callback):
         self._last_sample_step = 0
         self._train_start: float | None = None
         self._reported = False
+        self._restored: dict[str, Any] | None = None  # a checkpoint's measured figures, applied at fit start
 
     # -- Lightning hooks -------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -174,9 +182,32 @@ class MemoryBudgetCallback(pl.Callback):
             log.info("memory probe %s", status.describe())
         self.once_seconds += time.perf_counter() - started
 
+    # -- a resumed fit: what its first attempt measured --------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What the fit has measured of its training steps, in every checkpoint: a fit resumed
+        from one does not measure them again (module doc, "Resumed")."""
+        return {"activations_measured": self.activations_measured, "activation_dtypes": dict(self.activation_dtypes),
+                "breakdown": asdict(self.breakdown), "allocator_peak_bytes": self.allocator_peak_bytes,
+                "allocations_until": self._allocations_until, "last_sample_step": self._last_sample_step}  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = dict(state_dict)
+
+    def _apply_restored(self) -> None:
+        restored, self._restored = self._restored, None
+        if not restored or not restored.get("activations_measured"):
+            return
+        self.breakdown = MemoryBreakdown(**restored["breakdown"])
+        self.activations_measured = True
+        self.activation_dtypes = dict(restored["activation_dtypes"])
+        self.allocator_peak_bytes = restored["allocator_peak_bytes"]
+        self._allocations_until = int(restored["allocations_until"])
+        self._last_sample_step = int(restored["last_sample_step"])
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         started = time.perf_counter()
         self.breakdown = measure_static(pl_module, trainer.optimizers)
+        self._apply_restored()
         self._sample()
         if trainer.ckpt_path is None:  # a fit restored from a checkpoint: its run logged this moment already
             self._queue(trainer)
@@ -187,6 +218,10 @@ class MemoryBudgetCallback(pl.Callback):
         self._train_start = time.perf_counter()
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._resumed_inside_allocations(trainer):  # the step after the first with gradients, as the first attempt measured it
+            self._live_at_window = measure_static(pl_module, trainer.optimizers).total_training_bytes
+            self._allocations = AllocationPeak().__enter__()
+            return
         if self.activations_measured or self._activation_meter is not None:
             return
         started = time.perf_counter()
@@ -252,6 +287,12 @@ class MemoryBudgetCallback(pl.Callback):
         self._activation_meter = self._gradient_meter = None
         if self.probes is not None:
             self.probes.close()
+
+    def _resumed_inside_allocations(self, trainer: pl.Trainer) -> bool:
+        """A fit resumed between the first step with gradients and the step after it: the
+        allocator's peak is still to be read over that next step."""
+        return (self.activations_measured and self.allocator_peak_bytes is None and self._allocations is None
+                and trainer.global_step < self._allocations_until and trainer.strategy.root_device.type == "cpu")  # fmt: skip
 
     # -- measuring -------------------------------------------------------------------------
     def _close_meters(self) -> None:

@@ -60,6 +60,8 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 }
 #: Positions an agent can hold, in action order (action = position + 1).
 POSITIONS = (-1, 0, 1)
+#: The checkpoint key of an agent's training state (:meth:`TradingAgent.on_save_checkpoint`).
+AGENT_STATE_KEY = "foxhunt_agent_state"
 #: Bars evaluated per batched forward pass in the greedy walk (bounds its memory, not a tunable
 #: of the model: the result does not depend on it).
 GREEDY_CHUNK_BARS = 32768
@@ -169,6 +171,8 @@ class TradingAgent(LightningModule, ABC):
         self.num_envs = int(num_envs)
         self.seed = int(seed)
         self.train_env: TradingEnv | None = None
+        self._obs: Tensor | None = None  # the training envs' current observation
+        self._resumed: dict[str, Any] | None = None  # a checkpoint's agent state, put back when training starts
         self._eval_costs: dict[str, tuple[AssetSpec, float, float]] = {}
         self._episode_return: Tensor | None = None
         self._last_step_time: float | None = None
@@ -295,10 +299,48 @@ class TradingAgent(LightningModule, ABC):
         return metrics
 
     def on_train_start(self) -> None:
+        """A fresh fit's statistics; a resumed fit's whole agent state, put back from its
+        checkpoint (:meth:`on_load_checkpoint`) after the agent built its fresh state."""
         self._episode_return = None
         self._last_step_time = time.perf_counter()
         self._pending_returns = []
         self._pending_env_steps = 0
+        saved, self._resumed = self._resumed, None
+        if saved is None:
+            return
+        env = self.train_env
+        env.load_state_dict(saved["env"])
+        self._obs = saved["obs"].to(env.device)
+        returns = saved["episode_return"]
+        self._episode_return = None if returns is None else returns.to(env.device)
+        self._pending_returns = [r.to(env.device) for r in saved["pending_returns"]]
+        self._pending_env_steps = int(saved["pending_env_steps"])
+        self.restore_agent_state(saved)
+
+    # ------------------------------------------------------------------------ exact resume
+    def agent_state(self) -> dict[str, Any]:
+        """What else the rest of a fit depends on, beyond the weights, the optimizers and the
+        global random streams (each agent adds its own: a replay buffer, generators)."""
+        return {}
+
+    def restore_agent_state(self, state: dict[str, Any]) -> None:
+        """Put back what :meth:`agent_state` saved (called when a resumed fit starts)."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint of a fit in progress holds the agent's whole training state: the envs
+        (episodes and their generator), the observation, the episode returns and the statistics
+        pending for the next logged step, and :meth:`agent_state` (plain tensors and numbers)."""
+        if self._obs is None or self.train_env is None:
+            return
+        checkpoint[AGENT_STATE_KEY] = {
+            "env": self.train_env.state_dict(), "obs": self._obs.detach().cpu().clone(),
+            "episode_return": None if self._episode_return is None else self._episode_return.detach().cpu().clone(),
+            "pending_returns": [r.detach().cpu().clone() for r in self._pending_returns],
+            "pending_env_steps": self._pending_env_steps, **self.agent_state(),
+        }  # fmt: skip
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._resumed = checkpoint.get(AGENT_STATE_KEY)
 
     # --------------------------------------------------------------------- greedy evaluation
     @torch.no_grad()

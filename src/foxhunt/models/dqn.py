@@ -41,8 +41,9 @@ Algorithm (van Hasselt et al., 2016, "Deep Reinforcement Learning with Double Q-
 
 The replay buffer is preallocated tensors on the module's device; sampling uses its own seeded
 ``torch.Generator`` (on the CPU, so that a seed gives the same batches on every device), as
-does the exploration. The buffer and the env state are not part of a checkpoint: a resumed run
-refills the buffer (``global_step``, hence epsilon and the target schedule, resume exactly).
+does the exploration. A checkpoint holds the buffer's filled part, both generators and the
+envs' state (:meth:`agent_state`, :class:`TradingAgent`): a fit resumed from it takes exactly
+the updates of the fit never stopped.
 
 Logged on the training steps a logger sees (``TradingAgent.log_due``), of the last agent step
 of that ``training_step``: ``train/loss``, ``train/q_mean`` (mean Q(s, a) of the batch),
@@ -132,6 +133,25 @@ class ReplayBuffer:
         self.dones[slots] = dones.to(self.device, torch.float32)
         self.cursor = (self.cursor + batch) % self.capacity
         self.size = min(self.size + batch, self.capacity)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The filled slots (the ring fills from slot 0, so they are the first ``size``), in their
+        own dtypes, the write cursor and the sampling generator's state."""
+        filled = {name: tensor[: self.size].detach().cpu().clone() for name, tensor in self._storage().items()}
+        return {**filled, "cursor": self.cursor, "size": self.size, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what :meth:`state_dict` saved into this (empty) buffer of the same capacity."""
+        size, cursor = int(state["size"]), int(state["cursor"])
+        if not (0 <= size <= self.capacity and 0 <= cursor < self.capacity):
+            raise ValueError(f"replay buffer state: size {size}, cursor {cursor} do not fit its capacity {self.capacity}")
+        for name, tensor in self._storage().items():
+            tensor[:size] = state[name].to(self.device, tensor.dtype)
+        self.size, self.cursor = size, cursor
+        self.generator.set_state(state["generator"])
+
+    def _storage(self) -> dict[str, Tensor]:
+        return {"obs": self.obs, "next_obs": self.next_obs, "actions": self.actions, "rewards": self.rewards, "dones": self.dones}
 
     def sample(self, batch_size: int) -> Transitions:
         """``batch_size`` transitions drawn uniformly among the filled slots."""
@@ -260,7 +280,6 @@ class DQNAgent(TradingAgent):
         self.target_net = copy.deepcopy(self.q_net)
         self.target_net.requires_grad_(False)
         self.replay: ReplayBuffer | None = None
-        self._obs: Tensor | None = None
         self._explore_generator = torch.Generator(device="cpu")
 
     # ---------------------------------------------------------------------------- the policy
@@ -292,11 +311,19 @@ class DQNAgent(TradingAgent):
 
     # ------------------------------------------------------------------------------ training
     def on_train_start(self) -> None:
-        super().on_train_start()
         hp = self.hparams
         self.replay = ReplayBuffer(hp.replay_capacity, self.obs_dim, self.device, self.seed)
         self._explore_generator.manual_seed(self.seed)
         self._obs = self.train_env.reset(seed=self.seed)
+        super().on_train_start()  # a resumed fit: all of it put back (restore_agent_state)
+
+    def agent_state(self) -> dict[str, Any]:
+        """Besides :class:`TradingAgent`'s: the replay buffer and the exploration generator."""
+        return {"replay": self.replay.state_dict(), "explore_generator": self._explore_generator.get_state()}
+
+    def restore_agent_state(self, state: dict[str, Any]) -> None:
+        self.replay.load_state_dict(state["replay"])
+        self._explore_generator.set_state(state["explore_generator"])
 
     @torch.no_grad()
     def collect_step(self, epsilon: float) -> tuple[Tensor, Tensor]:

@@ -37,6 +37,7 @@ from foxhunt.precision.optim import make_optimizer
 INPUT_KEYS = ("static", "known", "observed")
 #: Quantile level whose forecast is the point forecast.
 MEDIAN_LEVEL = 0.5
+TRAIN_LOSS_KEY = "foxhunt_train_loss"  # a checkpoint's key of the epoch's running training loss
 #: Tolerance when looking for the median among configured quantile levels.
 _LEVEL_TOLERANCE = 1e-9
 
@@ -136,6 +137,11 @@ class ForecasterModule(LightningModule):
         )
         self.val_direction_accuracy = MeanMetric()
         self.test_direction_accuracy = MeanMetric()
+        # The epoch's mean training loss: its running state is in every checkpoint, so an epoch
+        # resumed in its middle reports the mean over all its batches (Lightning's own epoch
+        # aggregation is not checkpointed).
+        self.train_loss = MeanMetric()
+        self._resumed_train_loss: dict[str, Tensor] | None = None
 
     @property
     def n_quantiles(self) -> int:
@@ -164,8 +170,22 @@ class ForecasterModule(LightningModule):
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         loss, _ = self._loss(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(batch["target"]))
+        size = len(batch["target"])
+        self.train_loss.update(loss.detach(), weight=size)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=size)
+        self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True)
         return loss
+
+    def on_train_start(self) -> None:
+        """A fit resumed in the middle of an epoch: the epoch's running loss put back (a fit
+        resumed at an epoch's end starts the next epoch afresh)."""
+        saved, self._resumed_train_loss = self._resumed_train_loss, None
+        done = int(self.trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        if saved is None or not 0 < done < self.trainer.num_training_batches:
+            return
+        for name, value in saved.items():
+            setattr(self.train_loss, name, value.to(self.device))
+        self.train_loss._update_count = 1  # it has a value: the epoch's batches before the checkpoint
 
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         loss, pred = self._loss(batch)
@@ -183,10 +203,15 @@ class ForecasterModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Store hyperparameters as plain Python containers (Hydra passes OmegaConf lists), so the
-        checkpoint loads with ``torch.load(weights_only=True)``."""
+        checkpoint loads with ``torch.load(weights_only=True)``, and the epoch's running training
+        loss (:attr:`train_loss`)."""
         hparams = checkpoint.get("hyper_parameters")
         if hparams:
             checkpoint["hyper_parameters"] = {key: _plain(value) for key, value in hparams.items()}
+        checkpoint[TRAIN_LOSS_KEY] = {name: value.detach().cpu().clone() for name, value in self.train_loss.metric_state.items()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._resumed_train_loss = checkpoint.get(TRAIN_LOSS_KEY)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return make_optimizer(self.parameters(), "adamw", lr=self.learning_rate, weight_decay=self.weight_decay)

@@ -285,7 +285,6 @@ class PPOAgent(TradingAgent):
         self.value_net = orthogonal_init_(
             build_mlp(self.obs_dim, value_hidden_sizes, 1, activation), HIDDEN_GAIN, VALUE_HEAD_GAIN
         )
-        self._obs: Tensor | None = None
         # The latest rollout, an attribute (not a local of training_step) so that
         # foxhunt.memory counts it as model-owned state; released when the next step starts.
         self.rollout: dict[str, Tensor] | None = None
@@ -308,8 +307,8 @@ class PPOAgent(TradingAgent):
 
     # ------------------------------------------------------------------------------ training
     def on_train_start(self) -> None:
-        super().on_train_start()
         self._obs = self.train_env.reset(seed=self.seed)
+        super().on_train_start()  # a resumed fit: the envs, the observation and the returns put back
 
     @torch.no_grad()
     def collect_rollout(self) -> dict[str, Tensor]:

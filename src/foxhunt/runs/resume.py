@@ -28,7 +28,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foxhunt.runs.checkpoints import resumable_checkpoint
+from foxhunt.runs.checkpoints import CHECKPOINTS_FOLDER, resumable_checkpoint
 from foxhunt.runs.liveness import run_state
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
@@ -52,6 +52,7 @@ class ResumePlan:
     wall_s: float | None = None
     parent_run_id: str | None = None  # the sweep parent run the earlier run is nested in
     why_fresh: str = ""  # FRESH: what the store holds of this config
+    folder: Path | None = None  # RESUME: the earlier attempt's output folder, on this machine, holding the checkpoint
 
     busy: str = ""  # BUSY: where the cell is still running
 
@@ -100,7 +101,7 @@ def plan_resume(tracking_uri: str, experiment: str, digest: str, download_dir: P
         path = checkpoint.path if checkpoint is not None else None
         if checkpoint is not None and checkpoint.artifact is not None:  # a logged copy: fetched next to this attempt
             path = store.download(run.run_id, checkpoint.artifact, download_dir)
-        plan = ResumePlan(RESUME, run.run_id, path, state)
+        plan = ResumePlan(RESUME, run.run_id, path, state, folder=_attempt_folder(run, checkpoint))
     for run in runs:  # the stale runs not continued: their process is gone, so they end
         if states[run.run_id] == Status.STALE and (plan is None or run.run_id != plan.run_id):
             store.end(run.run_id, Status.KILLED, {Tag.STOP_REASON: SETTLED_REASON})
@@ -117,6 +118,16 @@ def rewind_run(tracking_uri: str, run_id: str, step: int, saved_at_ms: int) -> N
     removed = RunStore(tracking_uri).forget_metrics_after(run_id, step, saved_at_ms)
     if removed:
         log.info("run %s: %d metric values logged after step %d (lost with the stop) removed", run_id, removed, step)
+
+
+def _attempt_folder(run: StoredRun, checkpoint) -> Path | None:
+    """The earlier attempt's output folder when the checkpoint is the one in its ``checkpoints``
+    folder on this machine (a resumed fit continues there: its best checkpoint and score too)."""
+    output_dir = run.tags.get(Tag.OUTPUT_DIR)
+    if checkpoint is None or checkpoint.artifact is not None or checkpoint.path is None or not output_dir:
+        return None
+    folder = Path(output_dir)
+    return folder if checkpoint.path.parent == folder / CHECKPOINTS_FOLDER else None
 
 
 def _where(run: StoredRun) -> str:

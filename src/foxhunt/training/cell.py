@@ -97,6 +97,8 @@ def run_cell(
     if plan is not None and plan.action == BUSY:  # never a second process on one cell
         return CellResult(key, Status.SKIPPED, plan.run_id, note=plan.describe())
     resumed = plan is not None and plan.action == RESUME
+    if resumed and plan.folder is not None:  # the fit continues in its own folder: its best checkpoint and score stay its own
+        cfg = continued_in(cfg, plan.folder)
     if resumed and plan.checkpoint is not None:  # the steps logged after its checkpoint died with it
         checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint", run_id=plan.run_id)
         rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.logging_step, checked.saved_at_ms)
@@ -126,6 +128,17 @@ def run_cell(
                     run.log_artifact(path, CHECKPOINT_ARTIFACTS)
     note = plan.describe() if plan is not None else None
     return CellResult(key, Status.FINISHED, run.run_id if run is not None else None, note=note, metrics=metrics, scores=scores)
+
+
+def continued_in(cfg: DictConfig, folder: Path) -> DictConfig:
+    """``cfg`` writing into ``folder`` (``paths.output_dir``): a resumed run's earlier folder,
+    where its checkpoints are (Lightning restores the best checkpoint's score only in the folder
+    it was written to, so the best checkpoint of a resumed fit is the fit's, as if never stopped)."""
+    from omegaconf import OmegaConf
+
+    cfg = cfg.copy()
+    OmegaConf.update(cfg, "paths.output_dir", str(folder), merge=False)
+    return cfg
 
 
 def _resume_plan(cfg: DictConfig, key: CellKey, needs_checkpoint: bool) -> ResumePlan:

@@ -35,6 +35,7 @@ SKIPPED_CALLBACKS = frozenset(
         "lightning.pytorch.callbacks.TQDMProgressBar",
         "lightning.pytorch.callbacks.RichProgressBar",
         "foxhunt.training.graceful_stop.GracefulStop",
+        "foxhunt.training.resume_point.ResumePoint",
         "foxhunt.training.progress.ProgressReporter",
         "foxhunt.memory.callback.MemoryBudgetCallback",
     }
@@ -107,6 +108,7 @@ def build_datamodule(cfg: DictConfig, dataset):
         horizon=cfg.model.window.horizon,
         batch_size=cfg.model.window.batch_size,
         eval_batch_size=cfg.model.window.eval_batch_size,
+        seed=cfg.seed,
     )
 
 
