@@ -25,6 +25,16 @@ class Tag:
     OUTPUT_DIR = "output_dir"  # the run's folder, updated on every attempt (checkpoints live there)
     TRIAL = "trial"  # a search sweep's trial (its Hydra job number; foxhunt.sweeps.search)
     CKPT_RUN = "ckpt.run_id"  # ckpt=: the run whose checkpoint this run started from
+    # What a reproduction compares (foxhunt.runs.provenance: the files under provenance/).
+    DATA_DIGEST = "data.digest"  # SHA-256 of the bars read: each file's bytes and each split's bars (data.json)
+    CODE_DIGEST = "code.digest"  # SHA-256 of the files of the foxhunt package the run ran (code.json)
+    CODE_DIRTY = "code.dirty"  # true when the package folder differs from its git commit (code.diff), unknown without git
+    FOXHUNT_VERSION = "foxhunt.version"  # the installed foxhunt distribution's version
+    ENVIRONMENT_DIGEST = "environment.digest"  # SHA-256 of Python's and every installed package's version (environment.json)
+    DEVICE_NAME = "device.name"  # <cpu|cuda>: <CPU model or CUDA device name> (device.json)
+    # A reproduction's run (foxhunt runs reproduce: foxhunt.runs.reproduce), in REPRODUCTIONS_EXPERIMENT.
+    REPRODUCTION_OF = "reproduction_of"  # the run it retrained
+    REPRODUCTION_VERDICT = "reproduction.verdict"  # identical, or differs: the first input that differs
     # The process that runs it (TrackedRun, the sweep's parent run, the supervisor).
     JOB_ID = "job_id"
     PID = "pid"
@@ -77,6 +87,9 @@ class Tag:
 RUN_KIND_SWEEP = "sweep"
 ROLE_CELL, ROLE_FOLD = "cell", "fold"  # Tag.ROLE values
 SOURCE_TYPE_LOCAL = "LOCAL"
+#: The experiment of ``foxhunt runs reproduce``'s runs: apart from the experiments they reproduce,
+#: so that leaderboards, selection, deflated Sharpe ratios and ``resume=true`` never count them.
+REPRODUCTIONS_EXPERIMENT = "reproductions"
 #: The tag of every experiment foxhunt creates: MLflow 3's UI then opens its runs table.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 #: The tags that name a cell of the grid (with CONFIG_HASH, its identity: foxhunt.runs.cell).

@@ -1,8 +1,14 @@
 """What a cell's run read and was: its folder with the resolved ``config.yaml`` and its MLflow run
 (:func:`opened_run`, for a single run and for a cell of folds and seeds alike), ``dataset.json``
 (the dataset's manifest: the normalization and feature settings a registered member reads bars
-with), the roll schedule, and the bars as MLflow dataset inputs
-(:mod:`foxhunt.runs.provenance` owns their format)."""
+with), the roll schedule, the bars as MLflow dataset inputs, and what a reproduction compares:
+the bars' content, the code, the installed packages and the device (``provenance/``;
+:mod:`foxhunt.runs.provenance` owns every format).
+
+When: ``code.json`` and ``environment.json`` as the run opens; ``data.json`` once the bars are
+read (:func:`bars_datasets` writes it in the run's folder, :func:`log_dataset_manifest` logs it
+with the manifest: the two are called one after the other by :func:`foxhunt.training.fit.fit_and_score`);
+``device.json`` when the run's body ends, with the deterministic settings the Trainer set."""
 
 from __future__ import annotations
 
@@ -37,9 +43,48 @@ def opened_run(cfg: DictConfig, name: str, tags: Mapping[str, str], parent_run_i
     with run if run is not None else contextlib.nullcontext():
         if run is not None:
             run.log_config(resolved, OmegaConf.to_yaml(resolved))
+            _log_code_and_environment(out_dir, run)
         if before_fit is not None:
             before_fit()
         yield out_dir, run
+        if run is not None:
+            from foxhunt.runs.provenance import DEVICE_FILE, device_provenance
+
+            trainer = cfg.get("trainer") or {}
+            device = device_provenance(str(trainer.get("accelerator", "auto")), trainer.get("deterministic"))
+            _log_provenance(out_dir, run, DEVICE_FILE, device)
+
+
+def provenance_folder(out_dir: Path, run) -> tuple[Path, str]:
+    """(the folder in the run's folder, the artifact folder) of this attempt's provenance files:
+    ``provenance/``, or ``provenance/resumed-<folder name>/`` for a resumed attempt."""
+    from foxhunt.runs.provenance import PROVENANCE_FOLDER, RESUMED_PREFIX
+
+    artifact = PROVENANCE_FOLDER
+    if run is not None and getattr(run, "resume_run_id", None):
+        artifact = f"{PROVENANCE_FOLDER}/{RESUMED_PREFIX}{out_dir.name}"
+    return out_dir / PROVENANCE_FOLDER, artifact
+
+
+def _log_provenance(out_dir: Path, run, name: str, content: dict) -> None:
+    """One provenance file written in the run's folder, logged, and its tags set."""
+    from foxhunt.runs.provenance import provenance_tags, write_provenance
+
+    folder, artifact = provenance_folder(out_dir, run)
+    run.log_artifact(write_provenance(folder, name, content), artifact)
+    run.set_tags(provenance_tags(name, content))
+
+
+def _log_code_and_environment(out_dir: Path, run) -> None:
+    from foxhunt.runs.provenance import CODE_DIFF_FILE, CODE_FILE, ENVIRONMENT_FILE, code_provenance, environment_provenance
+
+    code, diff = code_provenance()
+    _log_provenance(out_dir, run, CODE_FILE, code)
+    if diff:
+        folder, artifact = provenance_folder(out_dir, run)
+        (folder / CODE_DIFF_FILE).write_text(diff)
+        run.log_artifact(folder / CODE_DIFF_FILE, artifact)
+    _log_provenance(out_dir, run, ENVIRONMENT_FILE, environment_provenance())
 
 
 def log_dataset_manifest(dataset, out_dir: Path, run) -> None:
@@ -61,16 +106,33 @@ def log_dataset_manifest(dataset, out_dir: Path, run) -> None:
     if run is not None:
         for saved in paths:
             run.log_artifact(saved)
+        _log_data_provenance(out_dir, run)
+
+
+def _log_data_provenance(out_dir: Path, run) -> None:
+    """``data.json``, as :func:`bars_datasets` wrote it in the run's folder moments ago, logged
+    with its tag."""
+    import json
+
+    from foxhunt.runs.provenance import DATA_FILE, PROVENANCE_FOLDER, provenance_tags
+
+    path = out_dir / PROVENANCE_FOLDER / DATA_FILE
+    if path.is_file():
+        _, artifact = provenance_folder(out_dir, run)
+        run.log_artifact(path, artifact)
+        run.set_tags(provenance_tags(DATA_FILE, json.loads(path.read_text())))
 
 
 def bars_datasets(cfg: DictConfig, parts) -> list:
     """The run's bars as MLflow dataset inputs, one per split (:mod:`foxhunt.runs.provenance`):
-    the source and its files, the feature cache key as the digest, each split's extent."""
+    the source and its files, the feature cache key as the digest, each split's extent and the
+    SHA-256 of its bars; and ``provenance/data.json`` in the run's folder (:func:`data_provenance`),
+    which :func:`log_dataset_manifest` logs."""
     import hashlib
 
     import numpy as np
 
-    from foxhunt.runs.provenance import DIGEST_LENGTH, DatasetProvenance
+    from foxhunt.runs.provenance import DATA_FILE, DIGEST_LENGTH, PROVENANCE_FOLDER, DatasetProvenance, write_provenance
 
     source_cfg = OmegaConf.to_container(cfg.data.source, resolve=True)
     target = str(source_cfg.pop("_target_"))
@@ -82,13 +144,16 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
     else:  # generated: its settings are the data
         source["settings"] = source_cfg
     dataset = parts.dataset
+    content = data_provenance(cfg, parts)
+    write_provenance(Path(cfg.paths.output_dir) / PROVENANCE_FOLDER, DATA_FILE, content)
     digest = (dataset.cache_key or hashlib.sha256(repr(sorted(source.items())).encode()).hexdigest())[:DIGEST_LENGTH]
     inputs = []
     for split in SPLITS:
         arrays = dataset.splits.get(split)
         if arrays is None:
             continue
-        profile = {"rows": len(arrays), "features": int(arrays.features.shape[1]) if len(arrays) else 0}
+        profile = {"rows": len(arrays), "features": int(arrays.features.shape[1]) if len(arrays) else 0,
+                   "sha256": content["splits"][split]}  # fmt: skip
         if len(arrays):
             first, last = np.datetime_as_string(arrays.timestamps[[0, -1]], unit="s")
             profile.update(first_bar=f"{first}Z", last_bar=f"{last}Z")
@@ -96,6 +161,38 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
             DatasetProvenance(f"{parts.asset.key}-{kind}-{split}", digest, "local" if path else "code", source, split, profile)
         )
     return inputs
+
+
+def data_provenance(cfg: DictConfig, parts) -> dict:
+    """``data.json`` (:mod:`foxhunt.runs.provenance`): the source's class and settings, every
+    file it read (``path``, and ``definitions`` for a source that has them) with its size and
+    SHA-256, and the SHA-256 of each split's bars as the run read them."""
+    from foxhunt.runs.provenance import PROVENANCE_VERSION, file_sha256, json_sha256, split_sha256
+
+    settings = OmegaConf.to_container(cfg.data.source, resolve=True)
+    target = str(settings.pop("_target_"))
+    files = []
+    for key in ("path", "definitions"):
+        if settings.get(key):
+            listed = _source_files(parts.source, settings[key]) if key == "path" else _listed(settings[key])
+            files += [{"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in listed]
+    splits = {}
+    for name, arrays in parts.dataset.splits.items():
+        splits[name] = split_sha256({"timestamps": arrays.timestamps.view("int64"), "features": arrays.features,
+                                     "close": arrays.close, "roll_price": arrays.roll_price})  # fmt: skip
+    digest = json_sha256({"files": [(f["path"], f["sha256"]) for f in files], "splits": splits})
+    return {"version": PROVENANCE_VERSION, "source": target, "asset": parts.asset.key, "settings": settings,
+            "files": files, "splits": splits, "digest": digest}  # fmt: skip
+
+
+def _listed(path) -> list[Path]:
+    from foxhunt.data.bars import resolve_files
+    from foxhunt.data.errors import BarDataError
+
+    try:
+        return resolve_files(path, ("",), "files")
+    except (BarDataError, OSError):
+        return []
 
 
 def _source_files(source, path) -> list[Path]:
