@@ -10,6 +10,11 @@ the cell: it ends the sweep, whose parent run ends KILLED (the callback's end ho
 then), and the process exits non-zero (Lightning's ``SIGTERMException`` is a ``SystemExit``
 without a code, which would exit 0: it becomes status 143, as for a process ended by SIGTERM).
 
+In a SLURM job (``strategy=slurm``) a stop need not end the sweep: the notice SLURM sends
+before a time limit or a preemption requeues the job through submitit, and SLURM requeues the
+job itself after the SIGTERM of ``scontrol requeue`` or a requeueing preemption; the requeued
+job continues the cell's run from its checkpoint (:mod:`foxhunt.sweeps.slurm`).
+
 In a search sweep the job is a trial (:mod:`foxhunt.sweeps.search`): its result and run carry
 the trial number and its overrides, and the ``None`` a failure returns is what the Optuna
 sweeper records as a FAILED trial before it goes on.
@@ -51,9 +56,58 @@ def current_sweep_dir() -> Path:
     return Path(HydraConfig.get().sweep.dir)
 
 
+# What a stop does to the sweep (_run_cell's on_stop): it ends the sweep (the default); the job
+# is requeued and the cell goes on in it (the stop is re-raised, the parent run left RUNNING);
+# the cell is left KILLED for the sweep's summary to report (the job returns None).
+ENDS_SWEEP, REQUEUED, LEFT_KILLED = "ends the sweep", "requeued", "left killed"
+
+
 def run_sweep_cell(cfg: DictConfig, run_cell: Callable) -> dict[str, float] | None:
     """Run one cell with ``run_cell`` (:func:`foxhunt.training.cell.run_cell`); a failure returns
-    ``None`` instead of raising, a stop request ends the sweep."""
+    ``None`` instead of raising, a stop request ends the sweep (in a SLURM job, unless the job
+    is requeued: :func:`_run_slurm_cell`)."""
+    from foxhunt.sweeps.slurm import SlurmJob
+
+    job = SlurmJob.current()
+    if job is not None:
+        return _run_slurm_cell(cfg, run_cell, job)
+    return _run_cell(cfg, run_cell)
+
+
+def _run_slurm_cell(cfg: DictConfig, run_cell: Callable, job) -> dict[str, float] | None:
+    """A cell in a SLURM job (:mod:`foxhunt.sweeps.slurm`): a restarted job resumes the cell's run;
+    SLURM's notice (SIGUSR1, SIGUSR2) stops the fit and requeues the job through submitit; the
+    SIGTERM of a requeue leaves the sweep's parent run RUNNING."""
+    from foxhunt.sweeps.slurm import Preemption
+
+    if job.requeued:
+        log.warning("SLURM job %s restarted (%d): the cell continues its run (resume=true)", job.job_id, job.restarts)
+        with open_dict(cfg):
+            cfg.resume = True
+    with Preemption() as preemption:
+
+        def on_stop(result: CellResult) -> str:
+            if preemption.received is None:
+                if not job.being_requeued():
+                    return ENDS_SWEEP
+                result.note = f"SLURM requeues job {job.job_id}"
+                return REQUEUED
+            result.note = f"{preemption.received}: job {job.job_id} requeued through submitit"
+            why_not = preemption.requeue()  # once requeued, it exits the process
+            result.note = f"{preemption.received}: not requeued: {why_not}; resume=true continues the cell"
+            log.error("%s", result.note)
+            return LEFT_KILLED
+
+        metrics = _run_cell(cfg, run_cell, on_stop)
+        if preemption.received is not None and metrics is not None:
+            log.warning("%s came after the fit: the cell finished, the job is not requeued", preemption.received)
+        return metrics
+
+
+def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult], str] = lambda result: ENDS_SWEEP):
+    """:func:`run_sweep_cell`'s body. ``on_stop`` decides, once a stop request has ended the cell,
+    what it does to the sweep (:data:`ENDS_SWEEP`, :data:`REQUEUED`, :data:`LEFT_KILLED`); it may
+    note why on the cell's result."""
     from foxhunt.sweeps.search import job_overrides, trial_number
 
     from foxhunt.sweeps.orphans import EXIT_ORPHANED, orphaned, watch_sweep_process
@@ -88,7 +142,13 @@ def run_sweep_cell(cfg: DictConfig, run_cell: Callable) -> dict[str, float] | No
         result.status = ending_status(exc)
         result.error = error_line(exc)
         if result.status == Status.KILLED:  # a stop request ends the whole sweep, not only this cell
-            _end_parent_run_killed(cfg, parent_run_id, type(exc).__name__)
+            fate = on_stop(result)
+            if fate == ENDS_SWEEP:
+                _end_parent_run_killed(cfg, parent_run_id, type(exc).__name__)
+            else:
+                log.warning("cell %s stopped (%s): the sweep goes on", result.cell, result.note)
+            if fate == LEFT_KILLED:
+                return None
             if isinstance(exc, SystemExit) and not exc.code:  # Lightning's SIGTERMException
                 raise SystemExit(EXIT_ON_SIGTERM) from exc  # not 0: the run did not finish
             raise

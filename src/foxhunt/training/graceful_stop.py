@@ -1,4 +1,4 @@
-"""Graceful stop: on SIGTERM or Ctrl-C, save a checkpoint before the run ends.
+"""Graceful stop: on SIGTERM, SIGUSR1, SIGUSR2 or Ctrl-C, save a checkpoint before the run ends.
 
 Lightning already turns SIGTERM into a ``SIGTERMException`` raised at the next step boundary
 and Ctrl-C into a ``KeyboardInterrupt``; both reach callbacks through ``on_exception``. This
@@ -6,11 +6,26 @@ callback writes ``interrupted.ckpt`` there (weights, optimizer and loop state, r
 ``ckpt=<path>``; ``resume=true`` finds it: :mod:`foxhunt.runs.checkpoints`), so a stopped run
 loses at most the step in flight. The run's :class:`~foxhunt.runs.tracked_run.TrackedRun` then
 ends it KILLED.
+
+SIGUSR1 and SIGUSR2 (:data:`STOP_SIGNALS`) are what schedulers send before a time limit or a
+preemption (``sbatch --signal``): while a fit runs, this callback takes them as Lightning takes
+SIGTERM (the fit stops after the step in flight, the same ``interrupted.ckpt``) and records the
+signal in :attr:`GracefulStop.stop_signal`. Without it their default action ends the process on
+the spot, and under SLURM Lightning's own SIGUSR1 handler (``SLURMEnvironment(auto_requeue)``)
+would requeue the job behind foxhunt's back: a handler already in place keeps Lightning's out.
+A handler that was there before the fit (a SLURM job's requeue: :mod:`foxhunt.sweeps.slurm`)
+hears the signal too, and gets its signals back when the fit ends.
+
+:func:`request_stop` is the same stop asked for by code: the running fit stops after its step,
+or, when no fit runs, the next fit that starts stops after its first step (a preemption notice
+that came while the cell was still loading its data).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -20,22 +35,123 @@ from foxhunt.runs.checkpoints import INTERRUPTED_CHECKPOINT
 
 log = logging.getLogger(__name__)
 
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # a scheduler's notice before a time limit or a preemption
+
+_catching: GracefulStop | None = None  # the callback whose fit holds the stop signals now
+_requested: str | None = None  # a stop requested while no fit ran, for the next fit
+
 
 def is_stop_request(exception: BaseException) -> bool:
     """True for the exceptions that mean "the user asked the run to stop"."""
     return isinstance(exception, (SIGTERMException, KeyboardInterrupt))
 
 
+def request_stop(reason: str) -> None:
+    """Stop the running fit after its step in flight, as SIGTERM does; with no fit running, the
+    next fit that starts stops after its first step (:func:`clear_stop_request` withdraws it)."""
+    global _requested
+    if _catching is not None:
+        _catching.stop(reason)
+    else:
+        _requested = reason
+
+
+def clear_stop_request() -> None:
+    """Withdraw a stop requested while no fit ran (its cell is over)."""
+    global _requested
+    _requested = None
+
+
 class GracefulStop(pl.Callback):
     def __init__(self, dirpath: str) -> None:
         self.dirpath = Path(dirpath)
         self.checkpoint_path: Path | None = None
+        self.stop_signal: str | None = None  # the stop signal (or request) that stopped the fit, e.g. "SIGUSR1"
+        self._previous: dict[int, object] = {}  # the handlers of STOP_SIGNALS before the fit
+        self._lightning_listens = False  # Lightning's SIGTERM handler is in place (the fit loop runs)
+        self._undelivered = False
 
+    # -- the stop signals, while a fit runs ----------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Before Lightning installs its signal handlers: a handler in place keeps its SLURM
+        requeue handler off SIGUSR1."""
+        global _catching
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        self.stop_signal, self._lightning_listens, self._undelivered = None, False, False
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+        _catching = self
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        global _requested
+        self._lightning_listens = True
+        if _requested is not None and _catching is self:  # asked for before this fit started
+            reason, _requested = _requested, None
+            self.stop(reason)
+        elif self._undelivered:
+            self._deliver()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._lightning_listens = False  # the fit is over: a stop now has nothing left to stop
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._release()
+
+    def stop(self, reason: str) -> None:
+        """Stop this fit after its step in flight (Lightning's SIGTERM stop); once per fit."""
+        if self.stop_signal is not None:
+            return
+        self.stop_signal = reason
+        log.warning("%s: the fit stops after its current step (checkpoint %s)", reason, self.dirpath / INTERRUPTED_CHECKPOINT)
+        if self._lightning_listens:
+            self._deliver()
+        else:  # Lightning's handler is not in place yet: at the fit loop's start
+            self._undelivered = True
+
+    def _deliver(self) -> None:
+        self._undelivered = False
+        handler = signal.getsignal(signal.SIGTERM)  # Lightning's, while its fit loop runs
+        if callable(handler):
+            handler(signal.SIGTERM, None)
+        else:
+            log.warning("no SIGTERM handler of Lightning's in place: the fit cannot be stopped early")
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if _catching is not self:  # left over after the fit (Lightning put it back): what was there before
+            self._hand_back(signum, frame)
+            return
+        self.stop(signal.Signals(signum).name)
+        previous = self._previous.get(signum)
+        if callable(previous):  # a listener from before the fit hears it too
+            previous(signum, frame)
+
+    def _hand_back(self, signum: int, frame) -> None:
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        signal.signal(signum, previous)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.raise_signal(signum)  # its default action, which this handler held up
+
+    def _release(self) -> None:
+        global _catching
+        if _catching is not self:
+            return
+        _catching, self._lightning_listens = None, False
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == self._on_signal:
+                signal.signal(signum, previous)
+
+    # -- the checkpoint ----------------------------------------------------------------------
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._release()
         if not is_stop_request(exception) or trainer.state.fn != "fit":
             return
         self.dirpath.mkdir(parents=True, exist_ok=True)
         path = self.dirpath / INTERRUPTED_CHECKPOINT
         trainer.save_checkpoint(path)
         self.checkpoint_path = path
-        log.warning("stop requested (%s): checkpoint saved to %s", type(exception).__name__, path)
+        log.warning("stop requested (%s): checkpoint saved to %s", self.stop_signal or type(exception).__name__, path)
