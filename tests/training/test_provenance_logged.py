@@ -66,7 +66,7 @@ def test_the_bars_digest_is_each_files_bytes_where_the_cache_key_misses_an_edit(
     assert after["digest"] != before["digest"]
 
 
-def test_each_attempt_logs_its_code_packages_and_device_and_a_resume_its_own(compose_cfg, tmp_path):
+def test_each_attempt_logs_its_code_packages_and_device_and_a_resume_its_own(compose_cfg):
     from foxhunt.training.provenance import opened_run
 
     cfg = compose_cfg(["model=dqn", "trainer=smoke"])
@@ -81,11 +81,13 @@ def test_each_attempt_logs_its_code_packages_and_device_and_a_resume_its_own(com
     assert tags[Tag.CODE_DIGEST] == code["digest"] and tags[Tag.DEVICE_NAME] == f"cpu: {device['name']}"
     assert tags[Tag.CODE_DIRTY] in ("true", "false", "unknown") and device["trainer_deterministic"] is False
 
-    resumed = compose_cfg(["model=dqn", "trainer=smoke", f"paths.output_dir={tmp_path / 'outputs' / 'second'}"])
-    with opened_run(resumed, "dqn-es-fp32", {}, None, run_id, "test", None):
-        pass
-    attempt = f"{PROVENANCE_FOLDER}/resumed-second"
+    for _ in range(2):  # two resumed attempts, in the run's own folder (as resume=true continues it)
+        with opened_run(cfg, "dqn-es-fp32", {}, None, run_id, "test", None):
+            pass
+    assert json.loads((out_dir / PROVENANCE_FOLDER / CODE_FILE).read_text()) == code  # the first attempt's, kept
+    resumed = [f"{PROVENANCE_FOLDER}/resumed-1", f"{PROVENANCE_FOLDER}/resumed-2"]
+    assert sorted(a.path for a in client.list_artifacts(run_id, PROVENANCE_FOLDER)) == sorted([*listed, *resumed])
+    attempt = resumed[-1]
     logged = {a.path for a in client.list_artifacts(run_id, attempt)}
     assert {f"{attempt}/{name}" for name in (CODE_FILE, DEVICE_FILE, ENVIRONMENT_FILE)} <= logged
     assert (f"{attempt}/{CODE_DIFF_FILE}" in logged) == (tags[Tag.CODE_DIRTY] == "true")  # this checkout's state
-    assert sorted(a.path for a in client.list_artifacts(run_id, PROVENANCE_FOLDER)) == sorted([*listed, attempt])

@@ -36,7 +36,7 @@ files in the run's artifact folder ``provenance/`` (:data:`PROVENANCE_FOLDER`) a
   algorithms``, cuDNN, ``CUBLAS_WORKSPACE_CONFIG``, ``trainer.deterministic``), taken when the
   run's training ended (the Trainer sets them).
 
-A resumed attempt logs its own files under ``provenance/resumed-<its folder's name>/``.
+A resumed attempt logs its own files under ``provenance/resumed-<N>/`` (``N``: its ``resume_count``).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ the bars' content, the code, the installed packages and the device (``provenance
 :mod:`foxhunt.runs.provenance` owns every format).
 
 When: ``code.json`` and ``environment.json`` as the run opens; ``data.json`` once the bars are
-read (:func:`bars_datasets` writes it in the run's folder, :func:`log_dataset_manifest` logs it
-with the manifest: the two are called one after the other by :func:`foxhunt.training.fit.fit_and_score`);
+read (:func:`bars_datasets` writes it in the run's folder, the latest attempt's, and
+:func:`log_dataset_manifest` logs it with the manifest: the two are called one after the other by
+:func:`foxhunt.training.fit.fit_and_score`);
 ``device.json`` when the run's body ends, with the deterministic settings the Trainer set."""
 
 from __future__ import annotations
@@ -57,13 +58,15 @@ def opened_run(cfg: DictConfig, name: str, tags: Mapping[str, str], parent_run_i
 
 def provenance_folder(out_dir: Path, run) -> tuple[Path, str]:
     """(the folder in the run's folder, the artifact folder) of this attempt's provenance files:
-    ``provenance/``, or ``provenance/resumed-<folder name>/`` for a resumed attempt."""
+    ``provenance/``, or ``provenance/resumed-<N>/`` for a resumed attempt (``N``: the run's
+    ``resume_count``, which reopening it counted up; a resumed run continues in its first folder)."""
     from foxhunt.runs.provenance import PROVENANCE_FOLDER, RESUMED_PREFIX
+    from foxhunt.runs.tags import Tag
 
-    artifact = PROVENANCE_FOLDER
-    if run is not None and getattr(run, "resume_run_id", None):
-        artifact = f"{PROVENANCE_FOLDER}/{RESUMED_PREFIX}{out_dir.name}"
-    return out_dir / PROVENANCE_FOLDER, artifact
+    if run is None or not getattr(run, "resume_run_id", None):
+        return out_dir / PROVENANCE_FOLDER, PROVENANCE_FOLDER
+    attempt = f"{RESUMED_PREFIX}{run.store.get(run.run_id).tags.get(Tag.RESUME_COUNT) or 1}"
+    return out_dir / PROVENANCE_FOLDER / attempt, f"{PROVENANCE_FOLDER}/{attempt}"
 
 
 def _log_provenance(out_dir: Path, run, name: str, content: dict) -> None:
