@@ -25,10 +25,19 @@ other work). The same leaderboard through ``MlflowClient.search_runs`` took 26.6
 Exit codes: 0 (also for an empty leaderboard); 2 for a usage error (bad metric, override or
 ``--by``, unknown experiment) or a store that is missing or cannot be read, in one line (a store
 another writer holds locked is waited for as ``foxhunt train list`` waits, then said locked).
+
+``foxhunt runs reproduce RUN_ID | models:/NAME@ALIAS``: retrain a run from its stored config in
+a new folder and MLflow run (experiment ``reproductions``, tag ``reproduction_of``) and say
+whether it came out identical, or which input differs (:mod:`foxhunt.runs.reproduce`: the
+verdict, what is compared; :mod:`foxhunt.training.reproduce`: what the retraining changes). The
+training's own output goes to stderr, the verdict to stdout. Exit codes: 0 identical, 1
+differs, 2 when it cannot start (an unknown run, no config artifact, a config refused, no
+checkpoint to compare, a store that cannot be read; one line).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -38,7 +47,7 @@ from foxhunt.commands.train_jobs import ROOT_HELP, URI_HELP, _console, _root, _u
 from foxhunt.errors import EXIT_USER_ERROR, UserError, one_line_error
 from foxhunt.runs import leaderboard as lb
 
-runs_app = typer.Typer(help="Read the runs in the MLflow store: leaderboards.", no_args_is_help=True)
+runs_app = typer.Typer(help="Read the runs in the MLflow store: leaderboards, reproductions.", no_args_is_help=True)
 
 PROG = "foxhunt runs"
 STORE_ERROR_WIDTH = 300  # characters of a store's error shown
@@ -54,7 +63,7 @@ def _fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
 
 @runs_app.callback()
 def _group() -> None:
-    """Read the runs in the MLflow store: leaderboards."""
+    """Read the runs in the MLflow store: leaderboards, reproductions."""
 
 
 @runs_app.command()
@@ -100,6 +109,75 @@ def top(
     if board.rows:
         console.print(_table(board))
     console.print(_footer(board))
+
+
+@runs_app.command()
+def reproduce(
+    target: str = typer.Argument(..., help="A run id, or a registered version: models:/NAME@ALIAS or models:/NAME/VERSION."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdict as one JSON object."),
+    root: Path = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str = typer.Option(None, help=URI_HELP),
+) -> None:
+    """Retrain a run from its stored config; say identical (exit 0) or the first input that differs (exit 1)."""
+    import sys
+    import tempfile
+
+    from foxhunt.errors import reported
+    from foxhunt.runs import reproduce as rp
+    from foxhunt.runs.tags import Tag
+    from foxhunt.training.reproduce import reproduction_config, reproduction_folder, retrain
+
+    root_dir = _root(root)
+    uri = _uri(root_dir, tracking_uri)
+    store = _store(uri)
+    with tempfile.TemporaryDirectory(prefix="foxhunt-reproduce-") as scratch:
+        workdir = Path(scratch)
+        with _read_failures(uri):
+            original = rp.open_original(store, rp.resolve_target(store, target), workdir)
+        out_dir = reproduction_folder(root_dir, original.run.name)
+        cfg = reproduction_config(original.config, out_dir, uri, _artifact_location(uri))
+        with reported(PROG), contextlib.redirect_stdout(sys.stderr):  # the verdict alone on stdout
+            reproduction = retrain(cfg, original.run.run_id, f"{original.run.name}-reproduction", original.threads)
+        with _read_failures(uri):
+            verdict = rp.compare(store, original, reproduction, workdir)
+        store.tag(reproduction, {Tag.REPRODUCTION_VERDICT: verdict.headline()})
+        store.log_text(reproduction, "\n".join(verdict.lines()) + "\n", rp.VERDICT_ARTIFACT)
+    typer.echo(json.dumps(verdict.to_dict(), indent=1) if as_json else "\n".join(verdict.lines()))
+    raise typer.Exit(verdict.exit_code)
+
+
+def _store(uri: str):
+    """The store at ``uri``; a SQLite file that does not exist is one line (never created)."""
+    from foxhunt.runs.environment import sqlite_path
+    from foxhunt.runs.store import RunStore
+
+    path = sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise _fail(f"no MLflow store at {path}: run foxhunt-train first (or pass --root)")
+    return RunStore(uri)
+
+
+@contextlib.contextmanager
+def _read_failures(uri: str):
+    """An input error (an unknown run, a refused config, ...) or a store that cannot be read: one
+    line, exit 2."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except UserError as exc:
+        raise _fail(one_line_error(exc, with_type=False, limit=STORE_ERROR_WIDTH * 2)) from None
+    except MlflowException as exc:
+        raise _fail(f"cannot read the MLflow store {uri}: {one_line_error(exc, limit=STORE_ERROR_WIDTH)}") from None
+
+
+def _artifact_location(uri: str) -> str | None:
+    """Where a new experiment of a SQLite store keeps its artifacts (conf/logger/mlflow.yaml:
+    ``<mlruns>/artifacts`` beside ``<mlruns>/mlflow.db``); a server's own default otherwise."""
+    from foxhunt.runs.environment import sqlite_path
+
+    path = sqlite_path(uri)
+    return None if path is None else str(path.parent / "artifacts")
 
 
 def _source(uri: str):
