@@ -155,3 +155,17 @@ def test_bf16_on_cuda_is_native_from_ampere():
     support = bf16_support("cuda")
     assert support.usable
     assert support.native == (torch.cuda.get_device_capability() >= (8, 0))
+
+
+def test_probing_bf16_moves_no_random_stream():
+    """The probes' modules and inputs draw random numbers: the first probe of a process (after a
+    run is seeded, with precision=bf16 or a stored config) must leave the run's draws as they were
+    (a TFT in bf16 did not reproduce in a fresh process: its initialization moved; failed before)."""
+    from foxhunt.precision import bf16
+
+    bf16._support.cache_clear()
+    torch.manual_seed(7)
+    expected = torch.rand(5)
+    torch.manual_seed(7)
+    bf16.bf16_support("cpu")
+    assert torch.equal(torch.rand(5), expected)

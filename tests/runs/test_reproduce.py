@@ -80,14 +80,8 @@ def test_a_dqn_smoke_run_reproduces_identical_in_its_own_run(tmp_path):
     assert all(tags.get(key) for key in (Tag.DATA_DIGEST, Tag.CODE_DIGEST, Tag.ENVIRONMENT_DIGEST, Tag.DEVICE_NAME))
 
 
-BF16_PROBE_RNG = ("foxhunt.precision.bf16 probes bf16 kernels once per process with freshly initialized modules and "
-                  "torch.randn on torch's global RNG: in a process whose config names bf16 (a stored config, precision=bf16) "
-                  "the probe runs after seed_everything and shifts the model's initialization, so the original (precision=auto, "
-                  "probed while its config was validated, before seeding) and a fresh process's reproduction differ")  # fmt: skip
-
-
 @pytest.mark.slow  # ~40 s for the three (dqn above stays in the default suite)
-@pytest.mark.parametrize("model", ["ppo", "mamba2", pytest.param("tft", marks=pytest.mark.xfail(strict=True, reason=BF16_PROBE_RNG))])
+@pytest.mark.parametrize("model", ["ppo", "mamba2", "tft"])
 def test_every_other_family_reproduces_identical_in_a_fresh_process(tmp_path, model):
     """The reproduction in a process of its own, as a user runs it (in-process, what the first run
     cached, a device probe, would hide what a fresh process does)."""

@@ -134,12 +134,16 @@ def _support(device_type: str, index: int | None) -> Bf16Support:
     device = torch.device(device_type, index) if index is not None else torch.device(device_type)
     hardware, native = _hardware(device)
     failed = {}
-    for kind in PROBED_TYPES:
-        error = _probe(kind, device)
-        if error is not None:
-            failed[kind.__name__] = error
-            if kind.__name__ == BASIC_TYPE:
-                break  # no bf16 at all: the other families say nothing more
+    # The probes' modules and inputs draw from torch's random streams, put back afterwards: the
+    # first probe of a process (at validation, or after seeding) must not move a run's draws.
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        for kind in PROBED_TYPES:
+            error = _probe(kind, device)
+            if error is not None:
+                failed[kind.__name__] = error
+                if kind.__name__ == BASIC_TYPE:
+                    break  # no bf16 at all: the other families say nothing more
     return Bf16Support(device=str(device), hardware=hardware, native=native, failed=failed)
 
 
