@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from waiting import process_gone, wait_until
 
 BIN = Path(sys.executable).parent
@@ -284,3 +285,84 @@ def test_a_killed_parallel_sweep_leaves_no_worker_running(tmp_path):
     cells = {r["tags"]["seed"]: r["status"] for r in _runs(tmp_path).values() if "config_hash" in r["tags"]}
     assert cells == {"1": "KILLED", "2": "KILLED"}
     assert len(list(tmp_path.glob("outputs/sweeps/*/*/checkpoints/interrupted.ckpt"))) == 2
+
+
+# Every family in fp32 and int8, the TFT in bf16 too, and a walk-forward cell killed inside a fold
+# and between its folds: (label, overrides, what the kill waits for).
+EXACT = {
+    **{f"{m}-{p}": ([f"model={m}", f"precision={p}", *TINY[m]], "mid_fit") for m in ("dqn", "ppo", "mamba2", "tft")
+       for p in ("fp32", "int8")},
+    "tft-bf16": (["model=tft", "precision=bf16", *TINY["tft"]], "mid_fit"),
+    "walk_forward-in-a-fold": (["model=dqn", *TINY["dqn"], *KILLED["walk_forward"][2:]], "fold1"),
+    "walk_forward-between-folds": (["model=dqn", *TINY["dqn"], *KILLED["walk_forward"][2:]], "fold0_done"),
+}  # fmt: skip
+EXACT_COMMON = [*QUICK, "trainer.max_epochs=2", "trainer.limit_train_batches=30", "callbacks.resume_point.every_n_train_steps=20", "resume=true"]
+UNEQUAL_METRICS = ("memory/", "_per_s", "progress")  # time and memory: never equal between two fits
+
+
+def _last_checkpoints(root: Path) -> list[Path]:
+    return sorted(root.glob("outputs/runs/**/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+
+
+def _kill_due(root: Path, when: str, rng) -> bool:
+    """A checkpoint exists and the fit is past it (``mid_fit``: by a random few more steps),
+    inside a walk-forward's second fold (``fold1``), or between its folds (``fold0_done``: the
+    first fold's run FINISHED, the second not started training)."""
+    if not _store_has_runs(root):
+        return False
+    if when == "fold0_done":
+        return any(r["status"] == "FINISHED" and r["tags"].get("fold") == "0" for r in _runs(root).values())
+    found = [p for p in _last_checkpoints(root) if when != "fold1" or "fold1" in str(p)]
+    step = _checkpoint_step(found[-1]) if found else None
+    if step is None:
+        return False
+    with _db(root) as db:
+        (logged,) = db.execute("SELECT MAX(m.step) FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
+                               "WHERE m.key = 'progress' AND r.status = 'RUNNING'").fetchone()  # fmt: skip
+    return logged is not None and logged >= step + rng.integers(1, 6)
+
+
+def _final_state(root: Path) -> dict[str, dict]:
+    """Each trained run's final weights (its newest last.ckpt): the cell's, or each fold's."""
+    import torch
+
+    newest = {}
+    for path in _last_checkpoints(root):  # a fold's folder is named after it; a cell's after its time
+        folder = path.parent.parent.name
+        newest[folder if folder.startswith("seed") else "cell"] = path
+    return {name: torch.load(path, weights_only=True)["state_dict"] for name, path in newest.items()}
+
+
+def _deterministic_metrics(root: Path) -> dict[tuple, float]:
+    with _db(root) as db:
+        rows = db.execute("SELECT r.name, m.key, m.step, m.value FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid").fetchall()
+    return {(name, key, step): value for name, key, step, value in rows if not any(part in key for part in UNEQUAL_METRICS)}
+
+
+@pytest.mark.slow
+def test_kill_9_anywhere_then_resume_ends_with_the_weights_of_the_fit_never_killed(tmp_path):
+    """Each family in fp32 and int8 (the TFT in bf16 too) killed with SIGKILL at a random step
+    after a checkpoint, and a walk-forward cell killed inside a fold and between its folds, then
+    ``resume=true``: the final weights are torch.equal to the fit never killed, and every (metric,
+    step) that does not measure time or memory is equal."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(36)
+    for label, (overrides, when) in EXACT.items():
+        whole, killed = tmp_path / label / "whole", tmp_path / label / "killed"
+        whole.mkdir(parents=True), killed.mkdir(parents=True)
+        reference, process = _start([*EXACT_COMMON, *overrides], whole), _start([*EXACT_COMMON, *overrides], killed)
+        wait_until(lambda: process.poll() is not None or _kill_due(killed, when, rng), f"{label}: the moment to kill",
+                   timeout=DEADLINE_S)  # fmt: skip
+        assert process.poll() is None, f"{label} ended before the kill:\n{process.communicate()[0][-3000:]}"
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+        _finish(_start([*EXACT_COMMON, *overrides], killed), f"{label} resumed")
+        _finish(reference, f"{label} never killed")
+        expected, got = _final_state(whole), _final_state(killed)
+        assert expected.keys() == got.keys(), label
+        for run, weights in expected.items():
+            assert [k for k in weights if not torch.equal(weights[k], got[run][k])] == [], f"{label}: {run}"
+        expected_metrics, got_metrics = _deterministic_metrics(whole), _deterministic_metrics(killed)
+        assert {k: (v, got_metrics.get(k)) for k, v in expected_metrics.items() if got_metrics.get(k) != v} == {}, label

@@ -20,6 +20,7 @@ SECTION_TITLES = {
     "overhead": "4. Framework overhead: an epoch through foxhunt-train against a plain loop",
     "fleet": "5. The streaming fleet: per-bar latency of each member and of the whole fleet",
     "system": "6. The whole chain: a planted pattern found, none found in a random walk (walk-forward, through the CLI)",
+    "checkpoint": "7. Exact resume's cost: checkpoint size and the writes' share of a fit at the default cadence",
 }
 
 
