@@ -102,6 +102,7 @@ def test_reopened_run_continues_and_ends_finished(store):
     data = client.get_run(first.run_id)
     assert data.info.status == "FINISHED"
     assert data.data.tags["resume_count"] == "1" and "error" not in data.data.tags
+    assert "stop_reason" not in data.data.tags  # the first attempt's KeyboardInterrupt is not why this one ended
     assert data.data.params["paths.output_dir"] == "/a"
     assert [m.value for m in client.get_metric_history(first.run_id, "train/loss")] == [2.0, 1.0]
     assert len(client.search_runs([data.info.experiment_id])) == 1

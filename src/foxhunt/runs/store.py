@@ -221,13 +221,14 @@ class RunStore:
 
     def reopen(self, run_id: str, tags: Mapping[str, Any]) -> StoredRun:
         """Make an ended run RUNNING again: ``tags`` set (and ``resume_count`` one up), an
-        earlier ``error`` removed, then the status, last (a job's supervisor tags a parent
+        earlier ``error`` and ``stop_reason`` removed, then the status, last (a job's supervisor tags a parent
         once it is RUNNING, and these tags must not overwrite its). Returns the run as it was."""
         previous = self.get(run_id)
         count = int(previous.tags.get(Tag.RESUME_COUNT, "0") or 0) + 1
         self.tag(run_id, {**tags, Tag.RESUME_COUNT: count})
-        if Tag.ERROR in previous.tags:
-            self.client.delete_tag(run_id, Tag.ERROR)
+        for ended in (Tag.ERROR, Tag.STOP_REASON):  # what ended the earlier attempt is not this one's
+            if ended in previous.tags:
+                self.client.delete_tag(run_id, ended)
         self.client.update_run(run_id, status=Status.RUNNING.value)
         return previous
 
