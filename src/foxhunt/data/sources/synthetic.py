@@ -14,7 +14,10 @@ asset (price level, tick size, daily volatility and Globex session hours come fr
   persist with a chosen half-life);
 * heavy tails: Student-t innovations scaled to unit variance;
 * intraday U shape: volatility is highest at the session's open and close;
-* optional AR(1) return autocorrelation (``autocorrelation``), a learnable pattern for tests;
+* optional AR(1) return autocorrelation (``autocorrelation``), a learnable pattern for tests,
+  and a regime change: from the first bar of the UTC date ``change_date`` on, the coefficient is
+  ``autocorrelation_after`` (e.g. ``0.3`` then ``-0.3``: the pattern changes sign at a known date,
+  what a rolling fleet must notice; :mod:`foxhunt.roll`);
 * a price gap across each session break;
 * volume rising with volatility and with the size of the bar's move;
 * OHLC consistent and on the tick grid: high/low are the exact maximum/minimum of a Brownian
@@ -55,6 +58,7 @@ MAX_DAYS = 7_305  # 20 years: about 7 million bars of an asset, seconds to gener
 FIRST_DATE, LAST_DATE = date(1678, 1, 1), date(2262, 4, 10)  # pandas' nanosecond timestamps
 RANGES = {
     "autocorrelation": (-1.0, 1.0, True, True),
+    "autocorrelation_after": (-1.0, 1.0, True, True),  # with change_date (both or neither)
     "vol_of_vol": (0.0, 2.0, False, False),  # std of the log-volatility: e**(5 x 2) at five sigmas
     "vol_half_life_minutes": (0.0, 1e6, True, False),  # two years of trading minutes (0.5**(1/h) stays < 1)
     "tail_dof": (2.0, 1000.0, True, False),  # > 2: finite variance; 1000: normal in effect
@@ -117,6 +121,9 @@ class SyntheticBarSource:
         seed: random seed (non-negative); the asset's key is mixed in, so assets differ.
         start: first calendar date, "YYYY-MM-DD".
         autocorrelation: AR(1) coefficient of 1-minute returns (0 = none), in (-1, 1).
+        change_date: a date "YYYY-MM-DD" (UTC) from whose first bar on the coefficient is
+            ``autocorrelation_after``; None: one regime throughout.
+        autocorrelation_after: the coefficient from ``change_date`` on, in (-1, 1) (set with it).
         vol_of_vol: standard deviation of the stationary log-volatility process.
         vol_half_life_minutes: half-life of log-volatility shocks, in trading minutes.
         tail_dof: degrees of freedom of the Student-t return innovations (> 2; smaller = heavier tails).
@@ -151,6 +158,8 @@ class SyntheticBarSource:
         volume_vol_elasticity: float = 1.0,
         volume_return_weight: float = 0.5,
         volume_dispersion: float = 4.0,
+        change_date: str | None = None,
+        autocorrelation_after: float | None = None,
     ) -> None:
         def whole(key: str, value: object, low: int, high: int) -> None:
             if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
@@ -166,8 +175,22 @@ class SyntheticBarSource:
             raise ValueError(f"start={start!r}: must lie in [{FIRST_DATE}, {LAST_DATE}] (pandas' timestamps)")
         if self.start + timedelta(days=days - 1) > LAST_DATE:
             raise ValueError(f"days={days!r}: the days from start={self.start} must end by {LAST_DATE} (pandas' timestamps)")
+        if (change_date is None) != (autocorrelation_after is None):
+            given, missing = ("change_date", "autocorrelation_after") if autocorrelation_after is None else (
+                "autocorrelation_after", "change_date")  # fmt: skip
+            raise ValueError(f"{missing}=None: set it with {given} (a regime change needs both), or neither")
+        self.change_date = None
+        if change_date is not None:
+            try:
+                self.change_date = date.fromisoformat(str(change_date))
+            except ValueError:
+                raise ValueError(f"change_date={change_date!r}: must be a date 'YYYY-MM-DD'") from None
+            if not FIRST_DATE <= self.change_date <= LAST_DATE:
+                raise ValueError(f"change_date={change_date!r}: must lie in [{FIRST_DATE}, {LAST_DATE}] (pandas' timestamps)")
         arguments = locals()  # the constructor's arguments by name
         for key, (low, high, low_open, high_open) in RANGES.items():
+            if key == "autocorrelation_after" and arguments[key] is None:
+                continue
             if not _inside(arguments[key], low, high, low_open, high_open):
                 raise ValueError(f"{key}={arguments[key]!r}: must lie in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}")
         self.days = days
@@ -185,6 +208,7 @@ class SyntheticBarSource:
         self.volume_vol_elasticity = float(volume_vol_elasticity)
         self.volume_return_weight = float(volume_return_weight)
         self.volume_dispersion = float(volume_dispersion)
+        self.autocorrelation_after = None if autocorrelation_after is None else float(autocorrelation_after)
 
     # ------------------------------------------------------------------ public API
     def load(self, asset: AssetSpec) -> pd.DataFrame:
@@ -200,7 +224,10 @@ class SyntheticBarSource:
 
     # ------------------------------------------------------------------ internals
     def _params(self) -> dict:
+        change = {} if self.change_date is None else {  # only when set: the fingerprint of one regime is as before
+            "change_date": self.change_date.isoformat(), "autocorrelation_after": self.autocorrelation_after}
         return {
+            **change,
             "days": self.days,
             "seed": self.seed,
             "start": self.start.isoformat(),
@@ -251,7 +278,6 @@ class SyntheticBarSource:
     def _generate(self, asset, index, session_id, minute_of_session, session_length) -> pd.DataFrame:
         n = len(index)
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, zlib.crc32(asset.key.encode())]))
-        a = self.autocorrelation
         v = self.vol_of_vol
         nu = self.tail_dof
 
@@ -280,7 +306,7 @@ class SyntheticBarSource:
         clip = self.tail_clip
         z = np.clip(rng.standard_t(nu, size=n) * unit_t, -clip, clip)
         # (1 - a) keeps the long-run (daily) variance of the AR(1) returns at the target.
-        returns = ar1_filter(sigma * z * (1.0 - a), a) + self.drift_per_day / session_minutes
+        returns = self._ar1_returns(sigma * z, index) + self.drift_per_day / session_minutes
 
         first = np.r_[True, session_id[1:] != session_id[:-1]]
         gaps = np.zeros(n)
@@ -316,6 +342,20 @@ class SyntheticBarSource:
 
         data = {"open": o, "high": h_, "low": l_, "close": c, "volume": volume.astype(np.float64)}
         return pd.DataFrame({col: data[col] for col in BAR_COLUMNS}, index=index)
+
+    def _ar1_returns(self, shocks: np.ndarray, index: pd.DatetimeIndex) -> np.ndarray:
+        """The AR(1) returns of ``shocks`` (sigma x z): coefficient ``autocorrelation``, and from
+        ``change_date``'s first bar on ``autocorrelation_after``, the recursion carried across the
+        change (each regime's innovations scaled by (1 - its coefficient), as the module doc says)."""
+        a = self.autocorrelation
+        if self.change_date is None:
+            return ar1_filter(shocks * (1.0 - a), a)
+        change = pd.Timestamp(self.change_date, tz="UTC").as_unit("ns").value
+        cut = int(np.searchsorted(index.as_unit("ns").asi8, change, side="left"))
+        before = ar1_filter(shocks[:cut] * (1.0 - a), a)
+        b = self.autocorrelation_after
+        after = ar1_filter(shocks[cut:] * (1.0 - b), b, initial=float(before[-1]) if cut else 0.0)
+        return np.concatenate([before, after])
 
     def _u_shape(self, position: np.ndarray) -> np.ndarray:
         """Volatility profile at ``position`` in (0, 1) of the session (1 at the open and close)."""
