@@ -2,8 +2,9 @@
 
 For each family of ``checkpoint.models`` at its ``conf/model`` size and the default callbacks
 (``callbacks.resume_point.every_n_train_steps``, the default cadence, unless the settings' own
-overrides change it), one fit of ``checkpoint.crossings`` cadences' worth of optimizer steps,
-then:
+overrides change it), one fit of ``checkpoint.crossings`` cadences' worth of optimizer steps (or
+``checkpoint.steps`` of the family: the DQN's fit runs past its replay buffer's fill, so its
+checkpoints hold the buffer full), then:
 
 - the size of ``last.ckpt`` as the cadence last wrote it (``os.stat``): weights, optimizer
   states, and everything exact resume keeps (an agent's envs, the DQN's replay buffer as filled
@@ -64,7 +65,7 @@ def measure(ctx: BenchContext, model: str) -> dict[str, float]:
     cfg = ctx.compose(model, [*s.train_overrides], output_dir=out_dir)
     cadence = int(cfg.callbacks.resume_point.every_n_train_steps)
     with open_dict(cfg):
-        cfg.trainer.max_steps = cadence * int(s.crossings) + 1
+        cfg.trainer.max_steps = int(s.steps.get(model) or cadence * int(s.crossings) + 1)
         cfg.trainer.max_epochs = -1
     parts = build_parts(cfg)
     timer = WriteTimer()
