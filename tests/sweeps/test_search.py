@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, read_write
 
+from foxhunt.errors import ConfigError
 from foxhunt.runs.cell import CellKey, CellResult, read_results
 from foxhunt.sweeps import search
 from foxhunt.sweeps.estimates import CellExceedsBudget, PackingPlan, PeakEstimate, check_fits, plan_packing
@@ -67,8 +68,11 @@ def test_each_search_composes_and_its_smallest_and_largest_trials_validate(compo
     model = name.removesuffix("_optuna")
     sweeper = cfg.hydra.sweeper
     assert cfg.model.name == model and search.is_search(cfg)
-    assert sweeper._target_ == "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    assert sweeper._target_ == "hydra_plugins.foxhunt_optuna_sweeper.sweeper.FoxhuntOptunaSweeper"
     assert sweeper.direction == "maximize" and sweeper.storage is None and sweeper.max_failure_rate == 1.0
+    assert list(sweeper.objectives) == ["val/sharpe"] and sweeper.pruner == "none" and sweeper.max_retries == 1
+    assert cfg.callbacks.search_report._target_ == "foxhunt.sweeps.pruning.TrialReporter"
+    assert cfg.callbacks.search_report.monitor == cfg.model.monitor.metric
     assert sweeper.sampler._target_ == "optuna.samplers.TPESampler" and sweeper.sampler.seed == cfg.seed
     assert sweeper.study_name == f"{model}-es" and sweeper.n_trials >= 10 and sweeper.n_jobs >= 1
     keys = list(sweeper.params)
@@ -145,30 +149,59 @@ def test_a_trial_fits_within_the_bound_else_is_checked_on_its_own_estimate(compo
     check_fits(cfg, tmp_path)
 
 
-def test_a_search_whose_trials_would_share_a_folder_or_an_optuna_storage_is_refused(compose_search):
+def test_a_search_whose_trials_would_share_a_folder_or_whose_study_is_misconfigured_is_refused(compose_search):
     cfg = compose_search(["hparams_search=dqn_optuna"])
     shared = copy.deepcopy(cfg)
     with read_write(shared.hydra):
         shared.hydra.sweep.subdir = "${model.name}_${asset.key}"
     with pytest.raises(search.SearchConfigError, match=r"^hydra.sweep.subdir=\$\{model.name\}_\$\{asset.key\}: .*\$\{hydra.job.num\}"):
         search.check_search_config(shared)
-    stored = copy.deepcopy(cfg)
-    with read_write(stored.hydra):
-        stored.hydra.sweeper.storage = "sqlite:///study.db"
-    with pytest.raises(search.SearchConfigError, match=r"^hydra.sweeper.storage=sqlite:///study.db: optuna 2\.10"):
-        search.check_search_config(stored)
+    cases = {
+        "storage": ("sqlite:///mlruns/mlflow.db", r"^hydra.sweeper.storage=sqlite:///mlruns/mlflow.db: not MLflow's own database"),
+        "pruner": ("mean", r"^hydra.sweeper.pruner=mean: must be one of none, median, hyperband"),
+        "objectives": (["test/sharpe"], r"^hydra.sweeper.objectives=\['test/sharpe'\]: test/sharpe: a search optimizes validation metrics"),
+        "n_trials": (0, r"^hydra.sweeper.n_trials=0: must be an integer >= 1"),
+        "max_failure_rate": (1.5, r"^hydra.sweeper.max_failure_rate=1.5: must be a number in \[0.0, 1.0\]"),
+    }  # fmt: skip
+    for key, (value, message) in cases.items():
+        bad = copy.deepcopy(cfg)
+        with read_write(bad.hydra):
+            bad.hydra.sweeper[key] = value
+        with pytest.raises(ConfigError, match=message):
+            search.check_search_config(bad)
+    two = copy.deepcopy(cfg)
+    with read_write(two.hydra):
+        two.hydra.sweeper.objectives = ["val/sharpe", "val/max_drawdown"]
+        two.hydra.sweeper.direction = ["maximize", "maximize"]
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.direction=\['maximize', 'maximize'\]: val/max_drawdown is better lower: minimize it"):
+        search.check_search_config(two)
+    with read_write(two.hydra):
+        two.hydra.sweeper.direction = ["maximize", "minimize"]
+        two.hydra.sweeper.pruner = "median"
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.pruner=median: Optuna prunes single-objective studies only"):
+        search.check_search_config(two)
+    with read_write(two.hydra):
+        two.hydra.sweeper.pruner = "none"
+    search.check_search_config(two)  # a Pareto search
+    walk = compose_search(["hparams_search=dqn_optuna", "evaluation.protocol=walk_forward"])
+    with read_write(walk.hydra):
+        walk.hydra.sweeper.objectives, walk.hydra.sweeper.direction = ["val/max_drawdown"], "minimize"
+    with pytest.raises(ConfigError, match=r"under evaluation.protocol=walk_forward a search optimizes the mean across folds"):
+        search.check_search_config(walk)
+    server = compose_search(["hparams_search=dqn_optuna", "logger.tracking_uri=http://127.0.0.1:5000"])
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.storage=null: the MLflow store http://127.0.0.1:5000 is a server"):
+        search.check_search_config(server)
 
 
-def test_optuna_2_10_imports_and_samples_with_this_sqlalchemy_and_numpy():
-    import numpy
+def test_the_study_lives_beside_the_mlflow_store_with_this_optuna_and_sqlalchemy(compose_search, tmp_path):
     import optuna
     import sqlalchemy
 
-    assert optuna.__version__.startswith("2.10.") and sqlalchemy.__version__ >= "2" and numpy.__version__ >= "2"
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=1, n_startup_trials=3))
-    study.optimize(lambda t: -((math.log10(t.suggest_float("lr", 1e-5, 1e-2, log=True)) + 3) ** 2), n_trials=8)
-    assert len(study.trials) == 8 and study.best_value <= 0
+    from foxhunt.sweeps.study import settings_from
+
+    assert int(optuna.__version__.split(".")[0]) >= 5 and sqlalchemy.__version__ >= "2"
+    settings = settings_from(compose_search(["hparams_search=dqn_optuna"]))
+    assert settings.storage == f"sqlite:///{(tmp_path / 'mlruns' / 'optuna.db').resolve()}" and settings.name == "dqn-es"
 
 
 def _trial(number: int, value: float | None, status: str = "FINISHED") -> CellResult:

@@ -4,7 +4,9 @@ A leaderboard over one experiment (``task=``, default conf/train.yaml's ``task``
 ``foxhunt ensemble register``; ``foxhunt train list`` shows jobs of every experiment): per group
 of the ``--by`` tags, the best FINISHED run by ``--metric`` in the metric's direction
 (:data:`foxhunt.runs.leaderboard.METRIC_DIRECTIONS`), with its interval, best baseline,
-deflated Sharpe ratio against the group's runs, how many runs the group had, and the run.
+deflated Sharpe ratio against the group's trials (``trials``: its N, where a search's
+trials count every trial of their study in the cell, pruned and failed ones too), how many
+runs the group had, and the run.
 Fold and seed children are part of their cell (the cell competes with its aggregate metrics);
 what wins, ties and the columns mean: :mod:`foxhunt.runs.leaderboard`. Overrides filter on tags
 (``asset=es model=dqn,ppo precision=int8``) and pick the experiment (``task=system``).
@@ -215,7 +217,7 @@ def _table(board):
     # on a narrow terminal the cells wrap (nothing is cut off); in a pipe each row is one line
     for name in query.by:
         table.add_column(name, overflow="fold")
-    for name in (query.metric, "interval", "best baseline", "DSR", "runs"):
+    for name in (query.metric, "interval", "best baseline", "DSR", "trials", "runs"):
         table.add_column(name, justify="right", overflow="fold")
     for name in ("run name", "run id"):
         table.add_column(name, overflow="fold")
@@ -231,7 +233,7 @@ def _table(board):
                 f" ({by_other})" if by_other != quantity else "")  # fmt: skip
         runs = str(row.runs) if row.scored == row.runs else f"{row.runs} ({row.runs - row.scored} without)"
         dsr = MISSING if row.dsr is None else f"{row.dsr:.{DSR_DIGITS}f}"
-        table.add_row(*(row.group[name] for name in query.by), _number(row.value), interval, baseline, dsr, runs,
+        table.add_row(*(row.group[name] for name in query.by), _number(row.value), interval, baseline, dsr, str(row.dsr_trials), runs,
                       row.run_name, row.run_id)  # fmt: skip
     return table
 
@@ -246,4 +248,4 @@ def _footer(board) -> str:
     text = f"{where}: {shown} groups, {board.considered} FINISHED cell runs (folds and seeds count as their cell)"
     if board.unscored_groups:
         text += f"; {board.unscored_groups} group{'s' if board.unscored_groups != 1 else ''} without {query.metric}"
-    return text + "; DSR against the group's runs"
+    return text + "; DSR against the group's trials (a search's: every trial of its study, pruned and failed too)"

@@ -87,29 +87,33 @@ def expected_max_sharpe(sr_variance: float, n_trials: int) -> float:
 
 
 def deflated_sharpe_ratio(
-    sr: float, trial_srs, n_obs: int, skew: float, kurtosis: float
+    sr: float, trial_srs, n_obs: int, skew: float, kurtosis: float, n_trials: int | None = None
 ) -> float:
     """PSR of ``sr`` against the expected best of the trials (Bailey & López de Prado 2014).
 
     Args:
         sr: per-observation Sharpe ratio of the selected trial.
-        trial_srs: (N,) per-observation Sharpe ratios of every trial tried, the selected one
-            included; ``N = len(trial_srs)`` and ``V = var(trial_srs, ddof=1)``. A single
-            trial means no selection: the benchmark is 0 and the DSR is the PSR against 0.
+        trial_srs: per-observation Sharpe ratios of the trials that have one, the selected one
+            included; ``V = var(trial_srs, ddof=1)``. A single trial means no selection: the
+            benchmark is 0 and the DSR is the PSR against 0.
         n_obs: observations behind ``sr`` (>= 2).
         skew: skewness of the selected trial's observations.
         kurtosis: non-excess kurtosis of the selected trial's observations (normal = 3).
+        n_trials: ``N``, every trial tried (default ``len(trial_srs)``): a search's pruned and
+            failed trials were tried too, though they have no Sharpe ratio to add to ``V``
+            (the honest count of a search: :mod:`foxhunt.sweeps.study`); ``>= len(trial_srs)``.
 
     Returns:
         ``probabilistic_sharpe_ratio(sr, expected_max_sharpe(V, N), n_obs, skew, kurtosis)``.
 
     Raises:
         ValueError: naming the argument, for an empty, non-1-D or non-finite ``trial_srs``,
-            or as :func:`probabilistic_sharpe_ratio`.
+            ``n_trials`` below their number, or as :func:`probabilistic_sharpe_ratio`.
     """
     trials = _check_trials(trial_srs)
+    count = len(trials) if n_trials is None else _check_int("deflated_sharpe_ratio", "n_trials", n_trials, low=len(trials))
     variance = statistics.variance(trials) if len(trials) > 1 else 0.0
-    benchmark = expected_max_sharpe(variance, len(trials))
+    benchmark = expected_max_sharpe(variance, count)
     return probabilistic_sharpe_ratio(sr, benchmark, n_obs, skew, kurtosis)
 
 

@@ -25,7 +25,8 @@ Per row, on the metric's split (``val`` for ``val/...``):
   logged that name (``sharpe``, ``pnl``), in the metric's direction, else of the baselines'
   ``sharpe`` (highest);
 - the deflated Sharpe ratio of the winner against its group's runs as the trials (the best of
-  the group's N runs would look good by chance alone), from ``<split>/sharpe_per_step``,
+  the group's N runs would look good by chance alone; a search's trials count every trial of
+  their study in the cell, pruned and failed ones too: :func:`dsr_trial_count`), from ``<split>/sharpe_per_step``,
   ``/steps``, ``/pnl_skew``, ``/pnl_kurtosis``, by
   :func:`foxhunt.evaluation.deflated.deflated_sharpe_ratio` (Bailey and Lopez de Prado 2014;
   standard library only: ``foxhunt.evaluation.stats`` takes 1.7 s to import, numpy, scipy).
@@ -71,6 +72,11 @@ CI_LOW_SUFFIX, CI_HIGH_SUFFIX = "_ci_low", "_ci_high"
 BASELINE_SEGMENT = "baseline"
 BASELINE_FALLBACK = "sharpe"  # what baselines are compared by when they did not log the metric's name
 DSR_INPUTS = ("sharpe_per_step", "steps", "pnl_skew", "pnl_kurtosis")
+#: The tag of a search's finished trial run: how many trials of its study its cell counts (finished,
+#: pruned and failed; written by the sweep's summary, foxhunt.sweeps.callback). Read here; it belongs
+#: with the store's other names in foxhunt.runs.tags.Tag (this module is not that file's owner).
+SEARCH_TRIALS_TAG = "search.trials"
+CELL_KEY_TAGS = (Tag.MODEL, Tag.ASSET, Tag.PRECISION, Tag.SEED)
 TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "conf" / "train.yaml"  # foxhunt-train's root config
 
 
@@ -271,7 +277,7 @@ def top(source: Source, query: Query) -> Leaderboard:
         known = ", ".join(source.experiment_names()) or "none"
         raise LeaderboardError(f"experiment {query.experiment!r} (task): not in the store (experiments: {known})")
     trial_key = query.split_key(DSR_INPUTS[0])
-    tag_keys = tuple(dict.fromkeys((Tag.ROLE, *query.by, *query.filters)))
+    tag_keys = tuple(dict.fromkeys((Tag.ROLE, *query.by, *query.filters, Tag.STUDY, SEARCH_TRIALS_TAG, *CELL_KEY_TAGS)))
     runs = source.finished_runs(query.experiment, tag_keys, (query.metric, trial_key))
     cells = [
         r for r in runs
@@ -290,7 +296,7 @@ def top(source: Source, query: Query) -> Leaderboard:
             continue
         best = min(scored, key=lambda r: (-sign * r.metric(query.metric), -r.start_ms, r.run_id))
         trials = [v for r in members if (v := _finite(r.metric(trial_key))) is not None]
-        winners.append((key, best, len(members), len(scored), trials))
+        winners.append((key, best, len(members), len(scored), trials, dsr_trial_count(members, trial_key)))
     winners.sort(key=lambda w: (-sign * w[1].metric(query.metric), w[0]))
     if query.limit is not None:
         winners = winners[: query.limit]
@@ -299,13 +305,13 @@ def top(source: Source, query: Query) -> Leaderboard:
     details = source.run_metrics([w[1].run_id for w in winners],
                                  (*ci_keys, *(query.split_key(n) for n in DSR_INPUTS)), baseline_prefix)  # fmt: skip
     rows = []
-    for key, best, n_runs, n_scored, trials in winners:
+    for key, best, n_runs, n_scored, trials, n_trials in winners:
         metrics = details.get(best.run_id, {})
         rows.append(Row(
             group=dict(zip(query.by, key)), metric=query.metric, value=best.metric(query.metric),
             ci_low=_finite(metrics.get(ci_keys[0])), ci_high=_finite(metrics.get(ci_keys[1])),
             baseline=best_baseline(metrics, baseline_prefix, metric_parts(query.metric)[1], direction),
-            dsr=_winner_dsr(metrics, query, trials), dsr_trials=len(trials), runs=n_runs, scored=n_scored,
+            dsr=_winner_dsr(metrics, query, trials, n_trials), dsr_trials=n_trials, runs=n_runs, scored=n_scored,
             run_id=best.run_id, run_name=best.name, start_ms=best.start_ms,
         ))  # fmt: skip
     unscored = len(groups) - sum(1 for members in groups.values()
@@ -329,22 +335,40 @@ def best_baseline(metrics: dict[str, float], prefix: str, name: str, direction: 
     return None
 
 
-def _winner_dsr(metrics: dict[str, float], query: Query, trials: list[float]) -> float | None:
+def dsr_trial_count(members: Sequence[StoredRun], trial_key: str) -> int:
+    """N of a group's deflated Sharpe ratio: each run with ``trial_key`` (its Sharpe per step)
+    counts once, except a search's trials: those of one study and cell (tag ``study``, the cell
+    tags) count as the study's trials in that cell (:data:`SEARCH_TRIALS_TAG`, the largest
+    written), pruned and failed ones included, which have no run to count here."""
+    plain, searches = 0, {}
+    for run in members:
+        scored = _finite(run.metric(trial_key)) is not None
+        study, count = run.tags.get(Tag.STUDY), str(run.tags.get(SEARCH_TRIALS_TAG) or "")
+        if study and count.isdigit():
+            seen = searches.setdefault((study, tuple(run.tags.get(k, "") for k in CELL_KEY_TAGS)), [0, 0])
+            seen[0], seen[1] = max(seen[0], int(count)), seen[1] + int(scored)
+        elif scored:
+            plain += 1
+    return plain + sum(max(count, scored) for count, scored in searches.values())
+
+
+def _winner_dsr(metrics: dict[str, float], query: Query, trials: list[float], n_trials: int | None = None) -> float | None:
     values = [_finite(metrics.get(query.split_key(name))) for name in DSR_INPUTS]
     if any(v is None for v in values) or not trials:
         return None
     sr, steps, skew, kurtosis = values
-    return deflated_sharpe(sr, trials, int(steps), skew, kurtosis)
+    return deflated_sharpe(sr, trials, int(steps), skew, kurtosis, n_trials)
 
 
-def deflated_sharpe(sr: float, trial_srs: Sequence[float], n_obs: int, skew: float, kurtosis: float) -> float | None:
+def deflated_sharpe(sr: float, trial_srs: Sequence[float], n_obs: int, skew: float, kurtosis: float,
+                    n_trials: int | None = None) -> float | None:  # fmt: skip
     """:func:`foxhunt.evaluation.deflated.deflated_sharpe_ratio` (standard library only), None
     where it refuses its inputs (too few observations, kurtosis below 1, moments whose variance
     term is not positive, no trials)."""
     from foxhunt.evaluation.deflated import deflated_sharpe_ratio
 
     try:
-        return deflated_sharpe_ratio(sr, list(trial_srs), n_obs, skew, kurtosis)
+        return deflated_sharpe_ratio(sr, list(trial_srs), n_obs, skew, kurtosis, max(n_trials or 0, len(trial_srs)) or None)
     except ValueError:
         return None
 

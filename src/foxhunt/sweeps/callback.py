@@ -26,14 +26,17 @@
 then, if any cell failed, prints one line naming them and exits with status 1.
 
 A search sweep (``hparams_search=...``, :mod:`foxhunt.sweeps.search`) is refused at the start
-when its trials would share a folder or its Optuna storage cannot open (one line, status 2);
-its parent run is tagged with the ``study``. ``on_job_end``, in the process that ran the trial,
-adds the value the job returned to the sweeper to its ``cell.json``. At the end the summary
-lists the trials with those values, and the best trial is printed and tagged on the parent run
-(``best_trial``, ``best_trial.value``, ``best_trial.overrides``, ``best_trial.run_id``, metric
-``sweep/best_value``), with the sweeper's ``optimization_results.yaml``. When every trial failed,
-the Optuna sweeper raises before Hydra calls ``on_multirun_end``; an exit handler then prints
-the summary and ends the parent run FAILED instead of leaving it RUNNING.
+when its trials would share a folder or a study setting is out of range (one line, status 2);
+its parent run is tagged with the ``study``. At the end the summary lists every trial of the
+study (every launch's: :func:`foxhunt.sweeps.study.study_view`) with the value(s) told to it,
+counts them all in the deflated Sharpe ratio (finished, pruned, failed), and the best trial is
+printed and tagged on the parent run (``best_trial``, ``best_trial.value``,
+``best_trial.overrides``, ``best_trial.run_id``, metric ``sweep/best_value``; several
+objectives: ``best_trial`` names the Pareto front), with the sweeper's
+``optimization_results.yaml``; each finished trial's run is tagged with its study and its
+cell's trial count (what ``foxhunt runs top`` deflates by). When the sweeper raises (a stop,
+a study database that fails) Hydra skips ``on_multirun_end``; an exit handler then prints the
+summary and ends the parent run FAILED instead of leaving it RUNNING (unless a stop ended it KILLED).
 
 Hydra turns an exception raised by a callback into a warning and carries on, so this callback
 exits itself (``SystemExit``, which Hydra lets through): with status 2 and one line when the
@@ -73,10 +76,11 @@ LAUNCH_KEYS = ("resume", "strategy", "hydra/launcher", "hydra.launcher", "hydra.
 # The parent run's end-of-sweep metrics (logged once per launch: summary_step).
 SWEEP_CELLS, SWEEP_CELLS_FAILED, SWEEP_WALL_S = "sweep/cells", "sweep/cells_failed", "sweep/wall_s"
 SWEEP_BEST_VALUE = "sweep/best_value"  # a search's best trial's value
-SUMMARY_METRICS = (SWEEP_CELLS, SWEEP_CELLS_FAILED, SWEEP_WALL_S, SWEEP_BEST_VALUE)
-OPTUNA_RESULTS = "optimization_results.yaml"  # the Optuna sweeper's best trial, in the sweep folder
-# At exit, when the sweeper raised: the Optuna sweeper does after its last trial when none finished.
-UNFINISHED = "the sweeper raised before the end of the sweep (see its error in the log; the Optuna sweeper does when no trial returned a value)"
+SWEEP_TRIALS_PRUNED = "sweep/trials_pruned"  # a search's study: trials its pruner stopped
+SUMMARY_METRICS = (SWEEP_CELLS, SWEEP_CELLS_FAILED, SWEEP_WALL_S, SWEEP_BEST_VALUE, SWEEP_TRIALS_PRUNED)
+OPTUNA_RESULTS = "optimization_results.yaml"  # the sweeper's best trial or Pareto front, in the sweep folder (foxhunt.sweeps.trials)
+# At exit, when the sweeper raised (a stop, a study database that failed) before Hydra called on_multirun_end.
+UNFINISHED = "the sweeper raised before the end of the sweep (see its error in the log)"
 
 
 def summary_step(store, run_id: str) -> int:
@@ -236,29 +240,6 @@ class SweepCallback(Callback):
         log.info("sweep parent run %s in %s", run_id, logger.tracking_uri)
         return run_id
 
-    # -- each job ---------------------------------------------------------------------------
-    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        """A search trial's result (``cell.json``) gets the value its job returned to the sweeper
-        (this runs in the process that ran the job: the sweep's, a joblib worker, a submitit
-        process)."""
-        from hydra.core.utils import JobStatus
-        from hydra.types import RunMode
-
-        if config.hydra.mode != RunMode.MULTIRUN or job_return.status != JobStatus.COMPLETED:
-            return
-        from foxhunt.runs.cell import CellResult
-
-        path = Path(str(config.hydra.runtime.output_dir)) / CELL_RESULT_FILE
-        try:
-            result = CellResult.read(path)
-            if result.trial is None:
-                return
-            value = job_return.return_value
-            result.objective = None if value is None else float(value)
-            result.write(path.parent)
-        except (OSError, ValueError, TypeError, KeyError):  # no result (the job died early) or no number
-            log.debug("no objective recorded in %s", path, exc_info=True)
-
     # -- after the jobs -------------------------------------------------------------------
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         results, failed, noun = self._finish(config)
@@ -295,38 +276,84 @@ class SweepCallback(Callback):
         assert self.sweep_dir is not None and self.started is not None
         self.finished = True
         wall = time.perf_counter() - self.started
-        results = read_results(self.sweep_dir)
-        failed = failures(results)
         searching = is_search(config)
+        view = self._study_view(config) if searching else None
+        results = view.results if view is not None else read_results(self.sweep_dir)
+        failed = failures(results)
         noun = "trials" if searching else "cells"
         title = f"sweep {self.sweep_dir.name}: {len(results)} {noun}, {wall:.0f} s"
-        best, best_text, goal = None, None, None
+        best, best_text, goal, n_trials, values = None, None, None, None, None
         if searching:
             goal = search.direction(config)
+            keys = search.search_keys(config)
             best = search.best_trial(results, goal)
-            best_text = search.describe_best(best, goal, search.search_keys(config), len(results))
-        print(f"\n{title}\n{format_table(results)}" + (f"\n{best_text}" if best_text else ""), flush=True)
+            if view is not None and view.settings.multi_objective:
+                best_text = search.describe_pareto(results, view.pareto, view.values, view.settings.objectives,
+                                                   view.settings.directions, keys)  # fmt: skip
+            else:
+                best_text = search.describe_best(best, goal, keys, len(results))
+            if view is not None:
+                n_trials, values = view.counts.total or None, view.values
+                best_text += f"\nstudy {view.settings.name} ({view.settings.storage}): {view.counts.describe()}"
+        print(f"\n{title}\n{format_table(results, n_trials, values)}" + (f"\n{best_text}" if best_text else ""), flush=True)
         try:  # a failure to write or log the summary must not hide failed cells
             markdown = self.sweep_dir / "summary.md"
-            markdown.write_text(format_markdown(results, title, best_text))
+            markdown.write_text(format_markdown(results, title, best_text, n_trials, values))
             image = plot_summary(results, self.sweep_dir / "summary.png", title, goal) if results else None
+            if view is not None and config.logger.enabled:
+                self._tag_trial_runs(config, view)
             if self.parent_run_id is not None:
                 optuna_results = self.sweep_dir / OPTUNA_RESULTS
                 artifacts = [markdown, image, optuna_results if searching and optuna_results.is_file() else None]
-                tags = self._best_tags(config, best) if searching else {}
+                tags = self._best_tags(config, best, view) if searching else {}
                 if error is not None:
                     tags[Tag.ERROR] = one_line(error, TAG_TEXT_LIMIT)
-                self._end_parent_run(config, results, failed, wall, artifacts, tags, failed_run=error is not None)
+                extra = {SWEEP_TRIALS_PRUNED: view.counts.pruned} if view is not None else {}
+                self._end_parent_run(config, results, failed, wall, artifacts, tags, failed_run=error is not None, extra=extra)
         except Exception:
             log.exception("could not write or log the sweep summary")
         finally:
             os.environ.pop(PARENT_RUN_ENV, None)
         return results, failed, noun
 
+    def _study_view(self, config: DictConfig):
+        """The search's study as the summary shows it; None (the folder's results instead) when
+        its database cannot be read."""
+        from foxhunt.runs.cell import CellKey
+        from foxhunt.sweeps.study import study_view
+
+        try:
+            return study_view(config, CellKey.from_config(config))
+        except Exception:
+            log.exception("could not read the search's study: the summary shows this sweep folder's trials")
+            return None
+
     @staticmethod
-    def _best_tags(config: DictConfig, best) -> dict[str, str]:
+    def _tag_trial_runs(config: DictConfig, view) -> None:
+        """Each finished trial's run: its study and how many trials its cell's deflated Sharpe
+        ratio counts (``foxhunt runs top`` reads them: :data:`foxhunt.runs.leaderboard.SEARCH_TRIALS_TAG`)."""
+        from foxhunt.runs.leaderboard import SEARCH_TRIALS_TAG
+        from foxhunt.runs.status import OK_RESULTS
+        from foxhunt.runs.store import RunStore
+        from foxhunt.sweeps.study import per_cell_counts
+
+        counts = per_cell_counts(view)
+        store = RunStore(config.logger.tracking_uri)
+        for result in view.results:
+            cell = view.cells.get(result.trial)
+            if result.status in OK_RESULTS and result.run_id and cell in counts:
+                try:
+                    store.tag(result.run_id, {Tag.STUDY: view.settings.name, SEARCH_TRIALS_TAG: str(counts[cell])})
+                except Exception:  # a run of an earlier launch that is gone: the count waits for the next summary
+                    log.warning("could not tag run %s with its study's trial count", result.run_id, exc_info=True)
+
+    @staticmethod
+    def _best_tags(config: DictConfig, best, view=None) -> dict[str, str]:
         from foxhunt.sweeps.search import search_keys, searched_overrides
 
+        if view is not None and view.settings.multi_objective:  # the Pareto front's trials, by name
+            names = {r.trial: r.cell for r in view.results}
+            return {Tag.BEST_TRIAL: one_line(", ".join(names.get(n, f"trial{n}") for n in view.pareto), TAG_TEXT_LIMIT)} if view.pareto else {}
         if best is None:
             return {}
         overrides = " ".join(searched_overrides(best, search_keys(config)))
@@ -337,10 +364,11 @@ class SweepCallback(Callback):
             Tag.BEST_TRIAL_RUN: best.run_id or "",
         }
 
-    def _end_parent_run(self, config: DictConfig, results, failed, wall: float, artifacts, tags=None, failed_run=False) -> None:
+    def _end_parent_run(self, config: DictConfig, results, failed, wall: float, artifacts, tags=None, failed_run=False,
+                        extra=None) -> None:  # fmt: skip
         """Log the summary metrics (at :func:`summary_step`), the artifacts and the tags; end the run."""
         store = self._store(config)
-        values = {SWEEP_CELLS: len(results), SWEEP_CELLS_FAILED: len(failed), SWEEP_WALL_S: wall}
+        values = {SWEEP_CELLS: len(results), SWEEP_CELLS_FAILED: len(failed), SWEEP_WALL_S: wall, **(extra or {})}
         tags = dict(tags or {})
         if Tag.BEST_VALUE in tags:
             values[SWEEP_BEST_VALUE] = float(tags[Tag.BEST_VALUE])

@@ -1,15 +1,17 @@
 """Search sweeps: a sweeper that picks each job's config (``hparams_search=<model>_optuna``).
 
 Hydra's basic sweeper launches the cartesian product of the comma lists: a grid, every cell
-known before the first starts. A search sweeper (hydra-optuna-sweeper, ``hydra.sweeper`` not
-the basic one) asks its sampler for each trial's values, so trials are only known as they
-start and several share a cell's model, asset and precision. What that changes, and where:
+known before the first starts. A search sweeper (foxhunt's Optuna sweeper,
+:mod:`hydra_plugins.foxhunt_optuna_sweeper`; its study: :mod:`foxhunt.sweeps.study`, its
+trials: :mod:`foxhunt.sweeps.trials`) asks its sampler for each trial's values, so trials are
+only known as they start and several share a cell's model, asset and precision. What that
+changes, and where:
 
-- **Names.** Every job of a search sweep is a trial numbered by its Hydra job number
-  (:func:`trial_number`; for a fresh study it is Optuna's trial number): its MLflow run is
-  ``<model>-<asset>-<precision>-trial<N>`` (tag ``trial``), its folder
-  ``hydra.sweep.subdir`` must hold ``${hydra.job.num}`` (the ``hparams_search`` configs set
-  ``<model>_<asset>_<precision>_trial<N>``; :func:`check_search_config` refuses a sweep
+- **Names.** Every job of a search sweep is a trial numbered by its Hydra job number, which
+  the sweeper makes the trial's Optuna number (:func:`trial_number`; unique in the study, across
+  launches): its MLflow run is ``<model>-<asset>-<precision>-trial<N>`` (tag ``trial``), its
+  folder ``hydra.sweep.subdir`` must hold ``${hydra.job.num}`` (the ``hparams_search`` configs
+  set ``<model>_<asset>_<precision>_trial<N>``; :func:`check_search_config` refuses a sweep
   whose trials would share a folder).
 - **Packing** (``strategy=parallel``, :mod:`foxhunt.sweeps.packing`). The plan is made from
   the *largest* trial of the search space (:func:`planning_cells`): every searched key at its
@@ -17,24 +19,24 @@ start and several share a cell's model, asset and precision. What that changes, 
   such as ``hidden_sizes`` the one with the largest sum), keys whose values have no order
   (strings, booleans, config groups) at every value, as a grid; the largest estimate of those
   cells bounds every trial. ``n_jobs`` is then the number of such trials that fit together,
-  at most ``hydra.sweeper.n_jobs`` (the trials the sampler asks for at once) and the cores.
+  at most ``hydra.sweeper.n_jobs`` (the trials that run at once) and the cores.
   When a trial starts it gets the same fail-fast check as a grid cell
   (:func:`foxhunt.sweeps.estimates.check_fits`): if the largest trial fits the budget every
   trial does; if not, the trial's own peak is estimated (same sources as a cell) and a trial
   over the budget fails before training, recorded FAILED while the study goes on.
-- **Failures.** A job that fails returns ``None`` (:mod:`foxhunt.sweeps.sweep_cell`); the Optuna
-  sweeper cannot cast it to a float and tells the study the trial FAILED (a NaN value too:
-  Optuna refuses it and the sweeper results FAIL), then goes on with the next trial. With
-  ``max_failure_rate: 1.0`` (the configs) it never gives up on the study for failed trials.
-  When every trial failed the sweeper raises ("No trials are completed yet") and Hydra skips
-  the callbacks' end; the sweep callback then ends the parent run FAILED at exit
-  (:class:`foxhunt.sweeps.callback.SweepCallback`).
-- **Result.** Each trial's ``cell.json`` holds its overrides and the value its job returned
-  to the sweeper (``objective``: what ``foxhunt-train`` returns, :data:`foxhunt.training.cell.OBJECTIVE`);
-  :func:`best_trial` picks the best by ``hydra.sweeper.direction`` as Optuna does (finite
-  values of the trials that finished; the first of equal values), and the callback prints it
-  and tags the parent run (``best_trial``, ``best_trial.value``, ``best_trial.overrides``,
-  ``best_trial.run_id``).
+- **Failures.** A job that fails returns ``None`` and writes FAILED in its ``cell.json``
+  (:mod:`foxhunt.sweeps.sweep_cell`); the sweeper tells the study the trial FAILED (as it does
+  for a value that is missing or not finite) and goes on, unless more than
+  ``hydra.sweeper.max_failure_rate`` of the trials failed (the configs: 1.0, never gives up).
+  The sweep then exits 1 naming the failed trials. A trial the pruner stopped is PRUNED, no
+  failure (:mod:`foxhunt.sweeps.pruning`).
+- **Result.** The summary lists the study's trials, every launch's (:mod:`foxhunt.sweeps.summary`):
+  each one's state and the value(s) told to the study, with its ``cell.json`` metrics;
+  :func:`best_trial` picks the best by the study's direction as Optuna does (finite values of
+  the trials that finished; the first of equal values), and the callback prints it and tags the
+  parent run (``best_trial``, ``best_trial.value``, ``best_trial.overrides``,
+  ``best_trial.run_id``). A study of several objectives has a Pareto front instead
+  (:func:`describe_pareto`).
 """
 
 from __future__ import annotations
@@ -45,15 +47,20 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.errors import ConfigError
 from foxhunt.runs.cell import CellResult
 from foxhunt.runs.status import OK_RESULTS
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 JOB_NUM = "hydra.job.num"  # what a trial's folder name must hold
 MAXIMIZE, MINIMIZE = "maximize", "minimize"
+# A trial's state in the summary besides a run's status (foxhunt.runs.status): the study's pruner
+# stopped it; it failed (its process died, or a stop ended it) and a later trial retried it.
+# Neither is a failure of the sweep; RUNNING there is a trial another live process runs.
+PRUNED, RETRIED = "PRUNED", "RETRIED"
 
 
-class SearchConfigError(ValueError):
+class SearchConfigError(ConfigError):
     """A search sweep that cannot run as configured (one line naming the key)."""
 
 
@@ -101,7 +108,7 @@ def direction(config: DictConfig) -> str | None:
     return str(value).rsplit(".", 1)[-1].lower()  # also an optuna-sweeper Direction enum
 
 
-def _search_arguments(config: DictConfig) -> tuple[list[str], dict[str, str]]:
+def search_arguments(config: DictConfig) -> tuple[list[str], dict[str, str]]:
     """(fixed command-line overrides, searched key -> its override text), as the Optuna
     sweeper reads them: ``hydra.sweeper.params`` first, then the command line, whose plain
     value fixes a searched key and whose sweep (comma list, ``interval(...)``) searches one."""
@@ -132,7 +139,7 @@ def _search_arguments(config: DictConfig) -> tuple[list[str], dict[str, str]]:
 def search_keys(config: DictConfig) -> list[str]:
     """The keys the sweep searches (see :func:`_search_arguments`)."""
     try:
-        return list(_search_arguments(config)[1])
+        return list(search_arguments(config)[1])
     except SearchConfigError:
         return [str(k) for k in (config.hydra.sweeper.get("params") or {})]
 
@@ -164,7 +171,7 @@ def planning_arguments(config: DictConfig) -> tuple[list[str], dict[str, str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import Transformer
 
-    fixed, space = _search_arguments(config)
+    fixed, space = search_arguments(config)
     parser = OverridesParser.create()
     arguments, planned = list(fixed), {}
     for key, text in space.items():
@@ -196,7 +203,12 @@ def concurrent_trials(config: DictConfig) -> int:
 
 
 def check_search_config(config: DictConfig) -> None:
-    """Refuse, in one line naming the key, a search sweep that cannot run as configured."""
+    """Refuse, in one line naming the key, a search sweep that cannot run as configured: trials
+    that would share a folder, a study setting out of its range (:func:`foxhunt.sweeps.study.settings_from`),
+    a searched key that is no search."""
+    from foxhunt.sweeps.space import distributions
+    from foxhunt.sweeps.study import settings_from
+
     sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
     subdir = str(sweep.get("subdir"))
     if JOB_NUM not in subdir:
@@ -204,20 +216,8 @@ def check_search_config(config: DictConfig) -> None:
             f"hydra.sweep.subdir={subdir}: the trials of a search sweep share model, asset and precision, "
             f"so their folder needs ${{{JOB_NUM}}} (the hparams_search configs set it)"
         )
-    storage = config.hydra.sweeper.get("storage")
-    if storage is not None and "optuna" in str(config.hydra.sweeper.get("_target_", "")):
-        _check_optuna_storage(str(storage))
-
-
-def _check_optuna_storage(storage: str) -> None:
-    import optuna
-    import sqlalchemy
-
-    if int(optuna.__version__.split(".")[0]) < 3 and int(sqlalchemy.__version__.split(".")[0]) >= 2:
-        raise SearchConfigError(
-            f"hydra.sweeper.storage={storage}: optuna {optuna.__version__} (hydra-optuna-sweeper 1.3 needs optuna < 3) "
-            f"cannot open an RDB storage with SQLAlchemy {sqlalchemy.__version__} (MLflow's); keep it null (an in-memory study)"
-        )
+    settings_from(config)
+    distributions(search_arguments(config)[1])
 
 
 def trials(results: Iterable[CellResult]) -> list[CellResult]:
@@ -256,3 +256,21 @@ def describe_best(best: CellResult | None, goal: str | None, keys: Sequence[str]
         f"best trial: {best.cell} ({goal}: {best.objective:.6g}), run {best.run_id or '-'}\n"
         f"  overrides: {overrides}"
     )
+
+
+def describe_pareto(results: Sequence[CellResult], pareto: Sequence[int], values: dict[int, tuple[float, ...]],
+                    objectives: Sequence[str], directions: Sequence[str], keys: Sequence[str]) -> str:  # fmt: skip
+    """The lines printed at the end of a search of several objectives: its Pareto front, each
+    trial with its values, run and searched overrides."""
+    goals = ", ".join(f"{o} ({d})" for o, d in zip(objectives, directions))
+    if not pareto:
+        return f"Pareto front of {goals}: no trial finished"
+    by_number = {r.trial: r for r in results}
+    lines = [f"Pareto front of {goals}: {len(pareto)} trial{'s' if len(pareto) != 1 else ''}"]
+    for number in pareto:
+        result = by_number.get(number)
+        name = result.cell if result is not None else f"trial{number}"
+        told = ", ".join(f"{v:.6g}" for v in values.get(number, ()))
+        overrides = " ".join(searched_overrides(result, keys)) if result is not None else ""
+        lines.append(f"  {name} ({told}), run {(result.run_id if result is not None else None) or '-'}: {overrides or '(no searched key)'}")
+    return "\n".join(lines)

@@ -14,14 +14,17 @@ The heatmap is built on a ``matplotlib.figure.Figure`` with an Agg canvas, never
 of N cells looks good by chance alone, so each cell's test Sharpe (per step) is judged against
 the Sharpe the best of the sweep's N cells with results would reach by luck, given the spread
 of their Sharpe ratios; the DSR is the probability that the cell's true Sharpe exceeds that
-(a search's trials are N trials the same way). **Flags**: ``CI~0``: the interval contains 0
+(a search's trials are N trials the same way, every trial of its study counted: finished,
+pruned and failed; those without a test Sharpe add to N, not to the spread). **Flags**: ``CI~0``: the interval contains 0
 (the figure cannot be told from no skill); ``<=base``: the Sharpe does not beat the best
 baseline's.
 
-A search sweep's results are trials (:mod:`foxhunt.sweeps.search`): one row per trial, in
-trial order, with an ``objective`` column (the value its job returned to the sweeper); the
-markdown ends with the best trial instead of the model x asset pivot, and the figure plots
-each trial's value and the best so far (:func:`plot_trials`) instead of the heatmap.
+A search sweep's results are trials (:mod:`foxhunt.sweeps.search`): one row per trial of its
+study, every launch's, in trial order, with an ``objective`` column (the value told to the
+study; several objectives: each, in order) and the study's states PRUNED and RETRIED beside the
+runs' (neither is a failure); the markdown ends with the best trial (or the Pareto front)
+instead of the model x asset pivot, and the figure plots each trial's value and the best so
+far (:func:`plot_trials`) instead of the heatmap.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ import numpy as np
 
 from foxhunt.runs.cell import CellResult
 from foxhunt.runs.status import OK_RESULTS, Status
+
+#: A trial's states that are no failure of the sweep (foxhunt.sweeps.search.PRUNED, RETRIED; a
+#: trial another live process runs).
+NOT_FAILED = (*OK_RESULTS, "PRUNED", "RETRIED", Status.RUNNING)
 
 SHARPE, VAL_LOSS, PEAK = "test/sharpe", "val/loss", "memory/device_peak_mb"
 SORTINO, CALMAR, MAX_DRAWDOWN, EXPOSURE = "test/sortino", "test/calmar", "test/max_drawdown", "test/exposure"
@@ -55,7 +62,7 @@ LEGEND = ("interval: block bootstrap of the test Sharpe; DSR: deflated Sharpe ra
 
 
 def failures(results: list[CellResult]) -> list[CellResult]:
-    return [r for r in results if r.status not in OK_RESULTS]
+    return [r for r in results if r.status not in NOT_FAILED]
 
 
 def _number(value: float | None, digits: int) -> str:
@@ -70,8 +77,9 @@ def best_baseline(metrics: dict[str, float]) -> tuple[str, float] | None:
     return max(found, key=lambda item: item[1], default=None)
 
 
-def deflated_sharpes(results: list[CellResult]) -> dict[str, float]:
-    """Each cell's deflated Sharpe ratio against the sweep's cells with results (module doc)."""
+def deflated_sharpes(results: list[CellResult], n_trials: int | None = None) -> dict[str, float]:
+    """Each cell's deflated Sharpe ratio against the sweep's cells with results (module doc);
+    ``n_trials``: how many were tried (a search's study), when more than those with results."""
     from foxhunt.evaluation.deflated import deflated_sharpe_ratio
 
     needed = ("test/sharpe_per_step", "test/steps", "test/pnl_skew", "test/pnl_kurtosis")
@@ -81,8 +89,8 @@ def deflated_sharpes(results: list[CellResult]) -> dict[str, float]:
     for r in scored:
         m = r.metrics
         try:
-            values[r.cell] = deflated_sharpe_ratio(m["test/sharpe_per_step"], trials, int(m["test/steps"]),
-                                                   m["test/pnl_skew"], m["test/pnl_kurtosis"])  # fmt: skip
+            values[r.cell] = deflated_sharpe_ratio(m["test/sharpe_per_step"], trials, int(m["test/steps"]), m["test/pnl_skew"],
+                                                   m["test/pnl_kurtosis"], max(n_trials or 0, len(trials)) or None)  # fmt: skip
         except ValueError:  # moments the PSR formula cannot take (a degenerate result): no figure
             continue
     return values
@@ -108,7 +116,15 @@ def _header(results: list[CellResult]) -> tuple[str, ...]:
     return TRIAL_HEADER if is_search(results) else HEADER
 
 
-def _row(result: CellResult, dsr: dict[str, float] | None = None, search: bool = False) -> tuple[str, ...]:
+def _objective_text(result: CellResult, values: dict[int, tuple[float, ...]] | None) -> str:
+    told = (values or {}).get(result.trial)
+    if told is not None and len(told) > 1:
+        return ", ".join(_number(v, 4) for v in told)
+    return _number(result.objective, 4)
+
+
+def _row(result: CellResult, dsr: dict[str, float] | None = None, search: bool = False,
+         values: dict[int, tuple[float, ...]] | None = None) -> tuple[str, ...]:  # fmt: skip
     text = result.error or result.note or ""
     if len(text) > ERROR_WIDTH:
         text = text[: ERROR_WIDTH - 3] + "..."
@@ -119,7 +135,7 @@ def _row(result: CellResult, dsr: dict[str, float] | None = None, search: bool =
     return (
         result.cell,
         result.status,
-        *((_number(result.objective, 4),) if search else ()),
+        *((_objective_text(result, values),) if search else ()),
         _number(m.get(SHARPE), 3),
         interval,
         f"{base[0]} {base[1]:.3f}" if base else "-",
@@ -136,15 +152,16 @@ def _row(result: CellResult, dsr: dict[str, float] | None = None, search: bool =
     )
 
 
-def format_table(results: list[CellResult]) -> str:
-    """Aligned plain-text table, one line per cell (per trial)."""
+def format_table(results: list[CellResult], n_trials: int | None = None, values: dict[int, tuple[float, ...]] | None = None) -> str:
+    """Aligned plain-text table, one line per cell (per trial); ``n_trials`` and ``values``: a
+    search's study (every trial tried; each finished trial's values)."""
     header, search = _header(results), is_search(results)
-    dsr = deflated_sharpes(results)
-    rows = [header, *(_row(r, dsr, search) for r in results)]
+    dsr = deflated_sharpes(results, n_trials)
+    rows = [header, *(_row(r, dsr, search, values) for r in results)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
-    lines.append(LEGEND)
+    lines.append(LEGEND + (f" (N = {max(n_trials, len(dsr))} trials of the study, pruned and failed ones counted)" if n_trials else ""))
     return "\n".join(lines)
 
 
@@ -159,14 +176,16 @@ def _labels(results: list[CellResult]) -> tuple[list[str], list[str], dict[tuple
     return rows, columns, grid
 
 
-def format_markdown(results: list[CellResult], title: str, best: str | None = None) -> str:
+def format_markdown(results: list[CellResult], title: str, best: str | None = None, n_trials: int | None = None,
+                    values: dict[int, tuple[float, ...]] | None = None) -> str:  # fmt: skip
     """The per-cell table and the model x asset pivot of ``test/sharpe`` (status when failed);
     for trials, the per-trial table and ``best`` (the best trial's lines)."""
     header, search = _header(results), is_search(results)
     lines = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    dsr = deflated_sharpes(results)
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r, dsr, search)) + " |" for r in results]
-    lines += ["", (f"DSR: deflated Sharpe ratio against the best of {len(dsr)} cells by chance; flags: CI~0 = the"
+    dsr = deflated_sharpes(results, n_trials)
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r, dsr, search, values)) + " |" for r in results]
+    counted = f"{max(n_trials, len(dsr))} trials (pruned and failed ones counted)" if n_trials else f"{len(dsr)} cells"
+    lines += ["", (f"DSR: deflated Sharpe ratio against the best of {counted} by chance; flags: CI~0 = the"
               " interval contains 0, <=base = does not beat the best baseline (foxhunt.sweeps.summary)")]  # fmt: skip
     failed = failures(results)
     if search or best is not None:
@@ -254,7 +273,7 @@ def plot_trials(results: list[CellResult], path: str | Path, title: str, goal: s
             axes.step(numbers, best, where="post", color="tab:green", label=f"best so far ({goal})")
     if missing:
         low = min((v for _, v in scored), default=0.0)
-        axes.plot(missing, [low] * len(missing), "x", color="tab:red", label="failed / no value")
+        axes.plot(missing, [low] * len(missing), "x", color="tab:red", label="no value (failed, pruned)")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("trial")
     axes.set_ylabel(OBJECTIVE_COLUMN)

@@ -16,8 +16,10 @@ job itself after the SIGTERM of ``scontrol requeue`` or a requeueing preemption;
 job continues the cell's run from its checkpoint (:mod:`foxhunt.sweeps.slurm`).
 
 In a search sweep the job is a trial (:mod:`foxhunt.sweeps.search`): its result and run carry
-the trial number and its overrides, and the ``None`` a failure returns is what the Optuna
-sweeper records as a FAILED trial before it goes on.
+the trial number and its overrides; the sweeper tells the study what its ``cell.json`` says (a
+failure: FAILED, and the search goes on). A trial the study's pruner stopped
+(:class:`foxhunt.sweeps.pruning.TrialPruned`) is no stop request: its run ends KILLED, tagged
+``pruned``, its result says KILLED with the pruner's line as its note, and the search goes on.
 """
 
 from __future__ import annotations
@@ -141,6 +143,10 @@ def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult
     except BaseException as exc:
         result.status = ending_status(exc)
         result.error = error_line(exc)
+        if _pruned(exc):  # the study's pruner stopped this trial (run KILLED, tagged pruned): the search goes on
+            result.error, result.note = None, str(exc)
+            log.warning("trial %s: %s", result.cell, exc)
+            return None
         if result.status == Status.KILLED:  # a stop request ends the whole sweep, not only this cell
             fate = on_stop(result)
             if fate == ENDS_SWEEP:
@@ -163,6 +169,13 @@ def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult
         result.write(Path(cfg.paths.output_dir))
         if orphaned():  # the sweep is gone: no next cell for this worker
             os._exit(EXIT_ORPHANED)
+
+
+def _pruned(exc: BaseException) -> bool:
+    """A search's pruner stopped the trial (:class:`foxhunt.sweeps.pruning.TrialPruned`): no stop of the sweep."""
+    from foxhunt.sweeps.pruning import TrialPruned
+
+    return isinstance(exc, TrialPruned)
 
 
 def _config_hash_or_none(cfg: DictConfig) -> str | None:
