@@ -724,11 +724,37 @@ class PaperSection(_Strict):
     plot_equity: bool
 
 
+class RollSwap(_Strict):
+    poll_s: Seconds | None
+    warm_bars: _int(0, 1_000_000)
+
+
+class RollSection(_Strict):
+    """``conf/roll``: the rolling loop (``foxhunt ensemble roll | rollback``) and the hot swap of a
+    running ``serve`` or ``paper``."""
+
+    window_bars: _int(1, MAX_BARS)
+    eval_bars: _int(2, MAX_BARS)
+    min_new_bars: _int(1, MAX_BARS)
+    purge_bars: _int(0, MAX_BARS)
+    min_dsr: _real(ge=0, le=1) | None
+    experiment: str = Field(min_length=1)
+    previous_alias: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+    swap: RollSwap
+
+
 class FleetConfig(TrainConfig):
     """``conf/fleet.yaml``: the training config plus the ensemble section."""
 
     ensemble: EnsembleSection
     paper: PaperSection | None = None
+    roll: RollSection | None = None
+
+    @model_validator(mode="after")
+    def _roll_aliases_differ(self) -> "FleetConfig":
+        if self.roll is not None and self.roll.previous_alias == self.ensemble.alias:
+            raise _KeyedError("roll.previous_alias", self.roll.previous_alias, f"must differ from ensemble.alias ({self.ensemble.alias})")
+        return self
 
 
 class _KeyedError(ValueError):

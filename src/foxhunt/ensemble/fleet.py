@@ -14,19 +14,40 @@ default) each member loads the weights ``foxhunt ensemble validate`` measured to
 line per member. A member trained on
 another asset than the one asked for, a missing version and a stored config that no longer
 validates are each one line (:class:`~foxhunt.ensemble.member_files.RegistryError`), as is a
-missing or damaged file of a version (:mod:`foxhunt.ensemble.member_files`).
+missing or damaged file of a version (:mod:`foxhunt.ensemble.member_files`). Each family's
+version is the one :func:`foxhunt.ensemble.registry.resolved_version` names: the alias, or the
+move of a promotion committed and not yet applied (``roll.experiment``), so a fleet never loads
+half a promotion.
+
+**Hot swap** (``roll.swap``: ``foxhunt ensemble serve`` and ``paper``). :class:`FleetWatcher`
+looks at the registry every ``roll.swap.poll_s`` seconds on a thread of its own; a family whose
+version moved is loaded there through the same path as at start (:func:`load_member`:
+:func:`~foxhunt.ensemble.registry.download_version` checks every file against its recorded
+digests, :func:`~foxhunt.ensemble.rebuild.build_member` the stored config before anything in it
+is imported) and handed over ready; one that fails is one line (``say``), the version serving
+goes on, and it is not tried again until its alias moves again. The holder of the engine swaps
+a ready member in between two bars (:meth:`SwappableEngine.swap`): the new version first steps
+through each stream's latest bars (at most ``roll.swap.warm_bars`` since the stream's members
+started, features primed on the bars before them), so its recurrent state (Mamba-2), window
+(the TFT) and held position (DQN, PPO) are those of a member that had decided those bars, then
+decides the next bar. The same bars give the same swap: a paper resume replays it exactly.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
+import numpy as np
+
+from foxhunt.ensemble.engine import Bar, MemberInputs, Stream, StreamingEngine
+from foxhunt.ensemble.member_files import RegistryError
 from foxhunt.ensemble.members import Member
 from foxhunt.ensemble.rebuild import build_member
-from foxhunt.ensemble.registry import download_version, registered_name, weights_to_load
+from foxhunt.ensemble.registry import download_version, registered_name, resolved_version, weights_to_load
 
 log = logging.getLogger(__name__)
 
@@ -43,29 +64,66 @@ class FleetMember:
     precision: str  # what it was trained in
     holdout: float | None = None  # the lockbox its training run kept (evaluation.holdout)
 
+    @property
+    def label(self) -> str:
+        """``name:version:weights``: what decided a bar (a paper ledger's ``versions``)."""
+        return f"{self.name}:{self.version}:{self.member.weights}"
+
+
+def journal(cfg) -> str | None:
+    """The experiment of the promotion records (``roll.experiment``; None without a roll section)."""
+    roll = cfg.get("roll")
+    return None if roll is None else str(roll.experiment)
+
+
+def pinned(cfg, family: str) -> int | None:
+    """The version ``ensemble.versions`` pins for ``family`` (None: the alias)."""
+    versions = cfg.ensemble.versions
+    return versions.get(str(family)) if versions else None
+
+
+def fleet_names(cfg) -> list[str]:
+    """The registered names of the fleet's families, in ``ensemble.models`` order."""
+    ens = cfg.ensemble
+    return [registered_name(str(ens.registry_prefix), str(family), str(cfg.asset.key)) for family in ens.models]
+
 
 def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
     """Every family of ``cfg.ensemble.models`` for ``cfg.asset``, loaded (see the module doc)."""
     import torch
 
+    from foxhunt.runs.store import RunStore
+
     ens = cfg.ensemble
     if ens.torch_threads is not None:
         torch.set_num_threads(int(ens.torch_threads))
-    asset_key = str(cfg.asset.key)
+    store = RunStore(str(cfg.logger.tracking_uri))
     fleet = []
-    for family in ens.models:
-        name = registered_name(str(ens.registry_prefix), str(family), asset_key)
-        version = ens.versions.get(str(family)) if ens.versions else None
-        folder, found = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias), version, workdir / name)
+    for family, name in zip(ens.models, fleet_names(cfg)):
+        version = pinned(cfg, family)
+        if version is None:
+            found = resolved_version(store, name, str(ens.alias), journal(cfg))
+            version = None if found is None else int(found.version)
+        fleet.append(load_member(cfg, name, version, None, workdir))
+    return fleet
+
+
+def load_member(cfg, name: str, version: int | None, weights: str | None, workdir: Path) -> FleetMember:
+    """Version ``version`` of ``name`` (None: ``@ensemble.alias``), verified and built; ``weights``
+    fp32 or int8 (None: ``ensemble.weights``, ``auto`` reading the version's verdict)."""
+    import tempfile
+
+    ens = cfg.ensemble
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    place = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))  # a folder of its own: a version loaded twice never shares one
+    folder, found = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias), version, place / name)
+    if weights is None:
         weights, why = weights_to_load(str(ens.weights), found)
         log.info("%s v%s: %s weights (%s)", name, found.version, weights, why)
-        member, inputs, info = build_member(folder, name, asset_key, weights, str(ens.runtime), str(ens.device),
-                                            int(ens.runtime_probe_calls), int(ens.torch_threads or 1))  # fmt: skip
-        fleet.append(
-            FleetMember(member, inputs, name, str(found.version), info["run_id"], info["metric"], info.get("value"),
-                        info["precision"], info["holdout"])  # fmt: skip
-        )
-    return fleet
+    member, inputs, info = build_member(folder, name, str(cfg.asset.key), weights, str(ens.runtime), str(ens.device),
+                                        int(ens.runtime_probe_calls), int(ens.torch_threads or 1))  # fmt: skip
+    return FleetMember(member, inputs, name, str(found.version), info["run_id"], info["metric"], info.get("value"),
+                       info["precision"], info["holdout"])  # fmt: skip
 
 
 def fleet_engine(fleet: list[FleetMember], asset, cfg, origin: str) -> StreamingEngine:
@@ -80,8 +138,225 @@ def fleet_engine(fleet: list[FleetMember], asset, cfg, origin: str) -> Streaming
     if str(ens.rule) == "weighted" and len(metrics) > 1:
         raise ConfigError(f"ensemble.rule=weighted: the members were registered on different metrics ({', '.join(metrics)})")
     check_rule(str(ens.rule), [f.member.family for f in fleet], weights, metrics[0], metric_direction(metrics[0]) == "max")
-    return StreamingEngine(
+    swap = cfg.roll.swap if cfg.get("roll") is not None else None
+    return SwappableEngine(
         [f.member for f in fleet], {f.member.name: f.inputs for f in fleet}, asset, rule=str(ens.rule),
         weights={k: (v or 0.0) for k, v in weights.items()}, forecast_threshold=float(ens.forecast_threshold),
-        origin=origin,
+        origin=origin, warm_bars=0 if swap is None or swap.poll_s is None else int(swap.warm_bars),
     )  # fmt: skip
+
+
+class SwapError(RegistryError):
+    """A loaded version the running streams cannot take (one line); the old one keeps deciding."""
+
+
+class _Recent:
+    """A stream's latest bars (a ring of ``size``) and how many it read since its members started."""
+
+    def __init__(self, size: int) -> None:
+        self.ts = np.zeros(size, np.int64)
+        self.values = np.zeros((size, 5), np.float64)
+        self.count = 0  # bars written in all
+        self.since_start = 0  # bars the members decided since they (re)started
+
+    def add(self, bar: Bar, decided: bool) -> None:
+        size = len(self.ts)
+        if size:
+            self.ts[self.count % size] = bar[0]
+            self.values[self.count % size] = bar[1:]
+        self.count += 1
+        self.since_start += int(decided)
+
+    def bars(self) -> list[Bar]:
+        """The bars kept, oldest first."""
+        size = len(self.ts)
+        kept = min(self.count, size)
+        order = [(self.count - kept + i) % size for i in range(kept)]
+        return [(int(self.ts[i]), *map(float, self.values[i])) for i in order]
+
+    def nbytes(self) -> int:
+        return int(self.ts.nbytes + self.values.nbytes)
+
+
+class SwappableEngine(StreamingEngine):
+    """The streaming engine whose members can be replaced between two bars (module doc, "Hot
+    swap"); each stream keeps its latest ``warm_bars`` bars (and the features' warm-up before
+    them) for the new member to step through first. ``warm_bars=0``: nothing kept, a swapped-in
+    member starts fresh."""
+
+    def __init__(self, *args, warm_bars: int = 0, **kwargs) -> None:
+        self.warm_bars = int(warm_bars)
+        self.keep = 0
+        super().__init__(*args, **kwargs)
+        if self.warm_bars:
+            self.keep = self.warm_bars + max(c.warmup_bars for c in self._configs)
+            self.default.recent = _Recent(self.keep)
+
+    def open_stream(self, symbol: str) -> Stream:
+        stream = super().open_stream(symbol)
+        stream.recent = _Recent(self.keep)
+        return stream
+
+    def reset_members(self, stream: Stream | None = None) -> None:
+        super().reset_members(stream)
+        (stream or self.default).recent.since_start = 0
+
+    def warm(self, ts_ns: int, open_: float, high: float, low: float, close: float, volume: float,
+             stream: Stream | None = None) -> None:  # fmt: skip
+        super().warm(ts_ns, open_, high, low, close, volume, stream=stream)
+        (stream or self.default).recent.add((ts_ns, open_, high, low, close, volume), decided=False)
+
+    def step_many(self, items):
+        results = super().step_many(items)
+        for (stream, bar), result in zip(items, results):
+            if not isinstance(result, Exception):
+                stream.recent.add(bar, decided=True)
+        return results
+
+    def stream_bytes(self) -> int:
+        return super().stream_bytes() + self.default.recent.nbytes()
+
+    def versions(self) -> list[str]:
+        return [m.name for m in self.members]
+
+    def swap(self, member: Member, inputs: MemberInputs, weight: float | None, streams: list[Stream]) -> int:
+        """Put ``member`` in place of the member of its name for ``streams`` (every stream open
+        on this engine) after it stepped through each stream's latest bars; the most bars it
+        stepped through on one stream."""
+        from foxhunt.data.streaming import StreamingFeatures
+
+        names = [m.name for m in self.members]
+        if member.name not in names:
+            raise SwapError(f"{member.name}: not a member of this fleet ({', '.join(names)})")
+        config = inputs.feature_config
+        if config not in self._configs:
+            raise SwapError(f"{member.name}: its features ({config}) are not those the running streams compute; restart to load it")
+        streams = list(dict.fromkeys([self.default, *streams]))
+        offset, scale = inputs.normalizer()
+        histories = []  # per stream: (rows (n, F) float32, ts (n,), calendar)
+        for stream in streams:
+            bars = stream.recent.bars()
+            stepped = min(stream.recent.since_start, self.warm_bars, len(bars))
+            pipeline = StreamingFeatures(self.asset, config, f"{self.origin} {stream.symbol} (swap)", self._calendars[config])
+            rows, stamps = [], []
+            for i, bar in enumerate(bars):
+                row = pipeline.update(*bar, checked=True)
+                if i >= len(bars) - stepped and row is not None:
+                    rows.append(row)
+                    stamps.append(bar[0])
+            normalized = ((np.stack(rows) - offset) / scale).astype(np.float32) if rows else np.zeros((0, len(offset)), np.float32)
+            histories.append((normalized, np.asarray(stamps, np.int64), stream.pipelines[config].calendar))
+        slots = [member.new_slot() for _ in streams]
+        longest = max((len(h[0]) for h in histories), default=0)
+        for round_ in range(longest):  # the streams' bars aligned at their last: one batched call per round
+            index = [j for j, h in enumerate(histories) if len(h[0]) >= longest - round_]
+            at = [len(histories[j][0]) - (longest - round_) for j in index]
+            rows = np.stack([histories[j][0][k] for j, k in zip(index, at)])
+            ts = np.asarray([histories[j][1][k] for j, k in zip(index, at)], np.int64)
+            calendars = [histories[j][2] for j in index]
+            member.step(rows, np.asarray([slots[j] for j in index], np.int64), ts,
+                        lambda b, horizon: calendars[b].future(int(ts[b]), horizon))  # fmt: skip
+        position = names.index(member.name)
+        old = self.members[position]
+        for stream, slot in zip(streams, slots):
+            old.free_slot(stream.slots[member.name])
+            stream.slots[member.name] = slot
+        self.members[position] = member
+        self.inputs[member.name] = inputs
+        self._member_config[member.name] = config
+        self._normalizers[member.name] = (offset, scale)
+        if self.weights is not None:
+            self.weights[member.name] = weight or 0.0
+        return longest
+
+
+class FleetWatcher:
+    """Looks for moved aliases and loads their versions on a thread (module doc, "Hot swap").
+
+    ``current``: name -> the version deciding now. :meth:`take` hands over the members loaded and
+    checked since; the holder swaps each in and reports :meth:`swapped` or :meth:`refused`.
+    ``say``: where the one-line refusals go."""
+
+    def __init__(self, cfg, workdir: Path, current: dict[str, str], say: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.workdir = Path(workdir)
+        self.poll_s = float(cfg.roll.swap.poll_s)
+        self.current = dict(current)
+        self.say = say
+        self.failed: dict[str, str] = {}  # name -> the version refused (not tried again until the alias moves)
+        self._ready: dict[str, FleetMember] = {}  # loaded, not yet handed over
+        self._handed: dict[str, str] = {}  # handed over, not yet reported
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.polls = 0
+
+    def start(self) -> FleetWatcher:
+        self._thread = threading.Thread(target=self._run, name="foxhunt-fleet-watcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=120)
+
+    def take(self) -> list[FleetMember]:
+        """The members loaded and checked since the last call, to swap in now."""
+        with self._lock:
+            ready, self._ready = list(self._ready.values()), {}
+            self._handed.update({found.name: found.version for found in ready})
+        return ready
+
+    def swapped(self, found: FleetMember) -> None:
+        with self._lock:
+            self.current[found.name] = found.version
+            self._handed.pop(found.name, None)
+
+    def refused(self, found: FleetMember, why: str) -> None:
+        """The holder could not swap ``found`` in: said once, not tried again until the alias moves."""
+        with self._lock:
+            self.failed[found.name] = found.version
+            self._handed.pop(found.name, None)
+        self.say(f"{found.name} v{found.version}: not swapped in: {why}; v{self.current.get(found.name)} keeps deciding")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception as exc:  # noqa: BLE001 (a store that cannot be read now: said, looked at again next time)
+                from foxhunt.errors import one_line_error
+
+                self.say(f"the registry could not be read ({one_line_error(exc, first_line=True, limit=200)}); "
+                         "the fleet goes on as it is")  # fmt: skip
+
+    def poll(self) -> list[FleetMember]:
+        """One look at the registry: each family whose version moved is loaded (module doc)."""
+        from foxhunt.errors import UserError, one_line_error
+        from foxhunt.runs.store import RunStore
+
+        self.polls += 1
+        store = RunStore(str(self.cfg.logger.tracking_uri))
+        loaded = []
+        for family, name in zip(self.cfg.ensemble.models, fleet_names(self.cfg)):
+            if pinned(self.cfg, family) is not None:
+                continue
+            found = resolved_version(store, name, str(self.cfg.ensemble.alias), journal(self.cfg))
+            with self._lock:
+                known = {self.current.get(name), self.failed.get(name), self._handed.get(name),
+                         getattr(self._ready.get(name), "version", None)}  # fmt: skip
+            if found is None or found.version in known:
+                continue
+            try:
+                member = load_member(self.cfg, name, int(found.version), None, self.workdir / "swaps")
+            except UserError as exc:  # a version whose files or config are refused: the old one keeps deciding
+                with self._lock:
+                    self.failed[name] = found.version
+                self.say(f"{name} v{found.version}: refused, not swapped in ({one_line_error(exc, with_type=False)}); "
+                         f"v{self.current.get(name)} keeps deciding")  # fmt: skip
+                continue
+            loaded.append(member)
+            with self._lock:
+                self.failed.pop(name, None)
+                self._ready[name] = member
+        return loaded

@@ -37,12 +37,28 @@ is written to the store. The whole step holds the store's registry lock
 (:meth:`foxhunt.runs.store.RunStore.exclusive`): a second ``register`` started meanwhile waits,
 then finds the champions registered and registers nothing again. Versions registered before
 logged models (``runs:/<run>/champion``) are still read.
+
+**Promotion and rollback** (``foxhunt ensemble roll | rollback``, :mod:`foxhunt.roll`). A
+promotion moves each promoted family's ``champion`` alias to its new version and leaves the
+``previous`` alias (``roll.previous_alias``) on the version it replaced; a rollback moves
+``champion`` back to ``previous`` and ``previous`` to the version it left (a second rollback
+undoes the first). Every move of one promotion or rollback happens under the registry lock, and
+all of them or none: MLflow moves one alias per call, so the moves are first written as one
+record (:data:`PROMOTION_TAG` with :data:`PROMOTION_STATE_TAG` ``committed``, in one batch of
+tags on the roll's or rollback's MLflow run: the commit point), then applied, then marked
+``applied``. A process killed before the commit point leaves every alias as it was (a version
+it registered has no alias: no fleet loads it); killed after it, the record is the promotion:
+:func:`resolved_version`, which every fleet loads through, reads the committed record's moves
+before the aliases, and the next ``roll``, ``rollback`` or ``register`` (under the lock)
+applies them first (:func:`complete_pending`) and says so.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +92,10 @@ LINKED_METRICS = ("val/", "test/")  # the run's metrics a version's logged model
 MODEL_TYPE = "foxhunt-member"  # the logged models' model_type
 CHECKPOINTS = ("checkpoints/best.ckpt", "checkpoints/last.ckpt")
 REGISTRY_LOCK = "registry"  # the store's lock held while champions are chosen and registered
+PROMOTION_TAG = "foxhunt.promotion"  # run tag of a roll or rollback: its alias moves (JSON), the commit record
+PROMOTION_STATE_TAG = "foxhunt.promotion.state"  # committed (written with the moves, in one batch) | applied
+COMMITTED, APPLIED = "committed", "applied"
+KILL_ENV = "FOXHUNT_ROLL_KILL_AT"  # <point>: the process kills itself (SIGKILL) there (the crash tests: committed, moved-<k>, applied)
 
 
 def metric_direction(metric: str) -> str:
@@ -313,9 +333,10 @@ class Registered:
     gate: str = ""  # the gate it passed, or "forced"
 
 
-def register_prepared(store, prepared: Prepared, alias: str, gate: str) -> Registered:
+def register_prepared(store, prepared: Prepared, alias: str | None, gate: str) -> Registered:
     """Log the model folder as a logged model of its training run, register it as a new version
-    from there, move ``alias`` (module doc)."""
+    from there, move ``alias`` (module doc; None: no alias, as a roll registers a challenger
+    before its promotion is committed)."""
     from foxhunt.ensemble.pyfunc import stamp_logged_model
 
     run_id = prepared.choice.run_id
@@ -371,12 +392,15 @@ class Registration:
     choices: list[Choice]
     registered: list[Registered] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)
+    completed: list[str] = field(default_factory=list)  # promotions interrupted after their commit, applied first
 
 
 def register_champions(tracking_uri: str, experiment: str, asset: str, families: list[str], metric: str,
                        prefix: str, alias: str, dry_run: bool, gate: str = "baseline",
-                       force: bool = False, *, example_decided: int) -> Registration:  # fmt: skip
-    """Choose, gate, prepare every version, then register them (see the module doc)."""
+                       force: bool = False, *, example_decided: int, journal: str | None = None) -> Registration:  # fmt: skip
+    """Choose, gate, prepare every version, then register them (see the module doc). ``journal``:
+    the experiment of the promotion records (``roll.experiment``): one committed and not applied
+    is applied first."""
     from foxhunt.runs.store import RunStore
 
     if gate not in GATES:
@@ -385,7 +409,10 @@ def register_champions(tracking_uri: str, experiment: str, asset: str, families:
     if dry_run:
         return Registration(choose_champions(store, experiment, asset, families, metric, _incumbents(store, families, prefix, asset, alias)))
     with store.exclusive(REGISTRY_LOCK):  # a concurrent register waits, then finds the champions registered
-        return _register_locked(store, experiment, asset, families, metric, prefix, alias, gate, force, example_decided)
+        completed = complete_pending(store, journal) if journal else []
+        registration = _register_locked(store, experiment, asset, families, metric, prefix, alias, gate, force, example_decided)
+        registration.completed = completed
+        return registration
 
 
 def _incumbents(store, families: list[str], prefix: str, asset: str, alias: str) -> dict[str, str]:
@@ -425,3 +452,108 @@ def _register_locked(store, experiment: str, asset: str, families: list[str], me
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Registration(choices, results, refused)
+
+
+# -- promotion and rollback ------------------------------------------------------------------
+@dataclass(frozen=True)
+class AliasMove:
+    """One alias of one registered model moved to ``version``; ``was``: the version it named
+    before (None: it named none)."""
+
+    name: str
+    alias: str
+    version: str
+    was: str | None = None
+
+    def line(self) -> str:
+        return f"{self.name}@{self.alias}: v{self.was} -> v{self.version}" if self.was else f"{self.name}@{self.alias}: v{self.version}"
+
+
+def promotion_moves(store, name: str, alias: str, previous: str, version: str) -> list[AliasMove]:
+    """The moves that make ``version`` of ``name`` the ``alias`` (champion), the version it
+    replaces kept as ``previous`` (none when the model had no champion)."""
+    current = resolved_version(store, name, alias, None)
+    moves = []
+    if current is not None:
+        kept = store.get_version_by_alias(name, previous)
+        moves.append(AliasMove(name, previous, current.version, kept.version if kept else None))
+    moves.append(AliasMove(name, alias, str(version), current.version if current else None))
+    return moves
+
+
+def rollback_moves(store, name: str, alias: str, previous: str) -> list[AliasMove]:
+    """``alias`` back to the ``previous`` version and ``previous`` to the version it left (a
+    second rollback undoes the first); a model without both aliases is a one-line
+    :class:`RegistryError`."""
+    current, before = store.get_version_by_alias(name, alias), store.get_version_by_alias(name, previous)
+    if current is None:
+        raise RegistryError(f"models:/{name}@{alias}: not in the registry; nothing to roll back")
+    if before is None:
+        raise RegistryError(f"models:/{name}@{previous}: no previous version to roll back to (a promotion by foxhunt ensemble "
+                            f"roll leaves one); {name}@{alias} stays v{current.version}")  # fmt: skip
+    return [AliasMove(name, alias, before.version, current.version), AliasMove(name, previous, current.version, before.version)]
+
+
+def commit_moves(store, run_id: str, moves: list[AliasMove]) -> None:
+    """Record ``moves`` on run ``run_id`` in one write (the commit point), apply them, mark them
+    applied (module doc). Call under the registry lock."""
+    record = json.dumps([{"name": m.name, "alias": m.alias, "version": m.version, "was": m.was} for m in moves])
+    store.tag(run_id, {PROMOTION_TAG: record, PROMOTION_STATE_TAG: COMMITTED})  # one batch: one transaction
+    kill_point("committed")
+    apply_moves(store, run_id, moves)
+
+
+def apply_moves(store, run_id: str, moves: list[AliasMove]) -> None:
+    """Set each alias (again: applying twice is applying once), then mark the record applied."""
+    for done, move in enumerate(moves, 1):
+        store.set_alias(move.name, move.alias, move.version)
+        kill_point(f"moved-{done}")
+    store.tag(run_id, {PROMOTION_STATE_TAG: APPLIED})
+    kill_point("applied")
+
+
+def pending_moves(store, journal: str | None) -> list[tuple[str, list[AliasMove]]]:
+    """The records of experiment ``journal`` committed and not applied (a process killed between
+    its commit and its last alias move), oldest first, each (run id, moves)."""
+    if not journal or store.experiment_id(journal) is None:
+        return []
+    found = store.search(journal, tags={PROMOTION_STATE_TAG: COMMITTED})
+    pending = []
+    for run in sorted(found, key=lambda r: r.start_ms):
+        try:
+            moves = [AliasMove(str(m["name"]), str(m["alias"]), str(m["version"]), None if m.get("was") is None else str(m["was"]))
+                     for m in json.loads(run.tags.get(PROMOTION_TAG, ""))]  # fmt: skip
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RegistryError(f"run {run.run_id} of experiment {journal!r}: its tag {PROMOTION_TAG} is not a promotion record "
+                                f"({type(exc).__name__}); the registry tags of that run were edited") from None  # fmt: skip
+        pending.append((run.run_id, moves))
+    return pending
+
+
+def complete_pending(store, journal: str | None) -> list[str]:
+    """Apply every committed record not yet applied (under the registry lock); one line each."""
+    lines = []
+    for run_id, moves in pending_moves(store, journal):
+        for move in moves:
+            if store.get_version(move.name, move.version) is None:
+                raise RegistryError(f"run {run_id}: its committed promotion names {move.name} v{move.version}, which is not in the "
+                                    "registry (deleted since?); nothing moved")  # fmt: skip
+        apply_moves(store, run_id, moves)
+        lines.append(f"completed the promotion of run {run_id}, interrupted after its commit: {'; '.join(m.line() for m in moves)}")
+    return lines
+
+
+def resolved_version(store, name: str, alias: str, journal: str | None):
+    """The version ``models:/name@alias`` names once every committed promotion is applied: a
+    committed record's move of this alias, else the alias (None: none). What a fleet loads."""
+    for _, moves in reversed(pending_moves(store, journal)):
+        for move in moves:
+            if move.name == name and move.alias == alias:
+                return store.get_version(name, move.version)
+    return store.get_version_by_alias(name, alias)
+
+
+def kill_point(point: str) -> None:
+    """Kill this process (SIGKILL) at ``point`` when ``FOXHUNT_ROLL_KILL_AT`` names it (the crash tests)."""
+    if os.environ.get(KILL_ENV) == point:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -60,6 +60,15 @@ keeps every idle socket open, so the bounds are foxhunt's, on uvicorn's h11 prot
 (its slots reused); a new symbol beyond the limit is a 429. A stream is created only once its
 first bar passed the checks, so a refused request holds no memory.
 
+**Hot swap** (``roll.swap.poll_s``): a :class:`~foxhunt.ensemble.fleet.FleetWatcher` looks at the
+registry while the server runs; a promoted version is loaded and checked on the watcher's thread
+(its files against their digests, its stored config) while requests are answered, then swapped
+in on the compute thread between two batches, so between two bars of every symbol: it first
+steps through each symbol's latest bars (``roll.swap.warm_bars``), then answers the next. No
+request waits for the loading, none fails, no bar is skipped or decided twice; ``GET /info``
+names the versions deciding and the swaps done. A version that fails to load or to swap in is
+one line in the log and the old one keeps answering.
+
 **Stopping.** SIGTERM or Ctrl-C: uvicorn stops accepting, idle connections are closed, a body
 still arriving is a 503 at once, the requests the fleet has are answered (within
 ``shutdown_grace_s``; one still running then is a 503), the process exits 0 without a
@@ -276,6 +285,41 @@ class FleetService:
         self.started = time.monotonic()
         self.stream_bytes = self.engine.stream_bytes()
         self.answered = 0
+        self.workdir = workdir
+        self.watcher = None
+        self.swaps: list[str] = []  # one line per member swapped in
+
+    def watch(self) -> None:
+        """Start looking for promoted versions (``roll.swap.poll_s``; module doc, "Hot swap")."""
+        from foxhunt.ensemble.fleet import FleetWatcher
+
+        swap = self.cfg.roll.swap if self.cfg.get("roll") is not None else None
+        if swap is not None and swap.poll_s is not None and self.watcher is None:
+            self.watcher = FleetWatcher(self.cfg, self.workdir, {f.name: f.version for f in self.fleet},
+                                        lambda line: log.warning("foxhunt ensemble serve: %s", line)).start()  # fmt: skip
+
+    def stop_watching(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+
+    def _swap(self) -> None:
+        """Swap in what the watcher loaded, between two batches (on the compute thread)."""
+        from foxhunt.ensemble.fleet import SwapError
+
+        for found in self.watcher.take():
+            index = next(i for i, f in enumerate(self.fleet) if f.name == found.name)
+            old = self.fleet[index]
+            try:
+                warmed = self.engine.swap(found.member, found.inputs, found.value, list(self.streams.values()))
+            except SwapError as exc:
+                self.watcher.refused(found, str(exc))
+                continue
+            self.fleet[index] = found
+            self.watcher.swapped(found)
+            line = (f"{found.name} v{old.version} -> v{found.version} ({found.member.weights}), warmed on up to {warmed} bars "
+                    f"of {len(self.streams)} symbol(s)")  # fmt: skip
+            self.swaps.append(line)
+            log.warning("foxhunt ensemble serve: swapped %s", line)
 
     def info(self) -> dict:
         return {
@@ -289,6 +333,7 @@ class FleetService:
             "stream_bytes": self.stream_bytes,
             "stream_bytes_method": "one symbol's stream: every member's state slot (numpy nbytes) and its feature windows (sys.getsizeof)",
             "uptime_s": round(time.monotonic() - self.started, 3), "requests_answered": self.answered,
+            "swaps": list(self.swaps),
         }  # fmt: skip
 
     def _evict_idle(self, now: float) -> None:
@@ -325,6 +370,8 @@ class FleetService:
         """Step the bars of ``batch`` (distinct symbols), one bar of each request per round."""
         from foxhunt.data.errors import BarDataError
 
+        if self.watcher is not None:
+            self._swap()
         now = time.monotonic()
         began = time.perf_counter_ns()
         for pending in batch:
@@ -858,6 +905,7 @@ def run(service: FleetService, host: str, port: int) -> None:
     # server makes while it serves
     gc.collect()
     gc.freeze()
+    service.watch()
     # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again under the
     # handlers it found: these make that a return, so the stop exits 0 (a stop asked for is no failure)
     stopped = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -866,6 +914,7 @@ def run(service: FleetService, host: str, port: int) -> None:
     finally:
         for sig, handler in stopped.items():
             signal.signal(sig, handler)
+        service.stop_watching()
         for logger in loggers:
             logger.removeFilter(guard.log)
         gc.unfreeze()

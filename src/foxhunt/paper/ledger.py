@@ -3,9 +3,11 @@ state, in one SQLite file, one transaction per bar; one session's, and trusted o
 content has been recomputed.
 
 Each bar is one transaction (:meth:`Ledger.record_bar`): the bar itself (the loop replays the
-stored bars through the fleet on a restart, so a live feed's history is here too), the fills
-made on it, the order decided at its close, each symbol's position, cash and mark, the risk
-state and the events (a breach, a stale feed). Killed at any moment (kill -9), the file holds
+stored bars through the fleet on a restart, so a live feed's history is here too), the member
+versions that decided it (``bars.versions``: ``name:version:weights`` of each member; a hot swap
+to a promoted version shows as the first bar of the new version, with a ``swap`` event), the
+fills made on it, the order decided at its close, each symbol's position, cash and mark, the
+risk state and the events (a breach, a stale feed, a swap). Killed at any moment (kill -9), the file holds
 every bar up to the last committed one and nothing of the next, and the feed goes on after the
 last bar stored, so no fill is lost or doubled.
 
@@ -16,12 +18,15 @@ A ledger is one session's:
   one line naming the holder (pid, host, start). The kernel drops the lock with its process, so
   a killed session leaves none behind;
 * the identity: the ``meta`` table holds what decides or prices a fill (the session's
-  ``identity``: members and their versions and weights, rule, costs, capital, limits, the feed
-  and the digest of its data, the format of these tables); a ledger of any other is refused;
+  ``identity``: the members' registered names, rule, costs, capital, limits, the feed and the
+  digest of its data, the format of these tables), and each traded bar the versions and weights
+  that decided it; a ledger of any other identity is refused;
 * the content: on a restart the session replays the stored bars (or the feed's own bars) into
-  a scratch ledger in memory (:meth:`Ledger.scratch`) and every row of every table but the
-  timings must equal what was replayed (:meth:`Ledger.compare`): an account, a fill, an order,
-  a decision, a bar or a risk state that was edited, added or deleted is refused in one line.
+  a scratch ledger in memory (:meth:`Ledger.scratch`), each decided by the versions stored with
+  it (loaded and verified as at start; a swap where they change), and every row of every table
+  but the timings must equal what was replayed (:meth:`Ledger.compare`): an account, a fill, an
+  order, a decision, a version, a bar or a risk state that was edited, added or deleted is
+  refused in one line.
 
 Every fault of the file (not a ledger, damaged pages, other tables, a symbolic link, a folder,
 a second name, a read-only file or folder, a parent that is a file) is one line
@@ -61,7 +66,7 @@ from foxhunt.paper.lock import FileLock, Held
 from foxhunt.paper.risk import RiskState
 
 KILL_ENV = "FOXHUNT_PAPER_KILL_AT"
-FORMAT = "2"  # the layout of the tables below, kept in meta as `format`; 2: STRICT tables, events.after_seq
+FORMAT = "3"  # the layout of the tables below, kept in meta as `format`; 2: STRICT tables, events.after_seq; 3: bars.versions
 SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's files beside the ledger
 AGAIN = "use another paper.ledger to start afresh"
 
@@ -70,8 +75,8 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRI
 CREATE TABLE IF NOT EXISTS bars (
   seq INTEGER PRIMARY KEY, symbol TEXT NOT NULL, ts_ns INTEGER NOT NULL, open REAL, high REAL, low REAL, close REAL,
   volume REAL, raw_open REAL, raw_close REAL, roll_price REAL, trade INTEGER NOT NULL, contract TEXT,
-  target INTEGER, position INTEGER NOT NULL, cash REAL NOT NULL, equity REAL NOT NULL, fleet_ns INTEGER, loop_ns INTEGER,
-  UNIQUE (symbol, ts_ns)) STRICT;
+  target INTEGER, versions TEXT, position INTEGER NOT NULL, cash REAL NOT NULL, equity REAL NOT NULL, fleet_ns INTEGER,
+  loop_ns INTEGER, UNIQUE (symbol, ts_ns)) STRICT;
 CREATE TABLE IF NOT EXISTS orders (
   id INTEGER PRIMARY KEY, symbol TEXT NOT NULL, ts_ns INTEGER NOT NULL, target INTEGER NOT NULL, quantity INTEGER NOT NULL,
   reason TEXT NOT NULL, reference REAL NOT NULL, filled_ts_ns INTEGER) STRICT;
@@ -87,11 +92,12 @@ CREATE TABLE IF NOT EXISTS events (
 """
 # events.after_seq: NULL for an event of a bar's transaction; for one between bars (a live feed's
 # heartbeat) the count of bars stored then, which is where a resume replays it
+# bars.versions: the members that decided a traded bar, "name:version:weights" joined by ","; NULL on a priming bar
 
 # what a resume compares with its replay (every column but the timings), each table in its order
 COMPARED = {
     "bars": ("seq", ("seq", "symbol", "ts_ns", "open", "high", "low", "close", "volume", "raw_open", "raw_close", "roll_price",
-                     "trade", "contract", "target", "position", "cash", "equity")),
+                     "trade", "contract", "target", "versions", "position", "cash", "equity")),
     "orders": ("id", ("id", "symbol", "ts_ns", "target", "quantity", "reason", "reference", "filled_ts_ns")),
     "fills": ("id", ("id", "order_id", "symbol", "ts_ns", "quantity", "price", "commission", "kind", "reference", "gap_usd")),
     "events": ("id", ("id", "ts_ns", "symbol", "kind", "message", "after_seq")),
@@ -325,6 +331,16 @@ class Ledger:
             bars.append(FeedBar(**values))
         return bars
 
+    def stored_versions(self) -> list[str | None]:
+        """The versions that decided each stored bar, in their order (None: a priming bar)."""
+        found = []
+        for seq, (trade, versions) in enumerate(self.conn.execute("SELECT trade, versions FROM bars ORDER BY seq"), 1):
+            if versions is not None and not isinstance(versions, str):
+                raise LedgerError(f"{self.where}: bars {seq}: versions is {versions!r}, not the members that decided it; the "
+                                  f"ledger was edited: nothing was written ({AGAIN})")  # fmt: skip
+            found.append(versions)
+        return found
+
     def between_events(self) -> dict[int, list[int]]:
         """The times of the events written between bars (heartbeats), by the count of bars stored then."""
         beats: dict[int, list[int]] = {}
@@ -361,29 +377,34 @@ class Ledger:
     # -- writing ---------------------------------------------------------------------------
     def record_bar(self, bar, account: Account, fills: list[Fill], order: Order | None, risk: RiskState,
                    events: list[tuple[str, str]], target: int | None, fleet_ns: int, loop_ns: int,
-                   stale_order: Order | None = None, replaced: bool = False) -> None:  # fmt: skip
+                   stale_order: Order | None = None, replaced: bool = False, versions: str = "") -> None:  # fmt: skip
         """One bar's transaction (module doc). ``stale_order``: the flat a stale gap placed at this
         bar's open, filled by this bar (its own order row, which its fill names); ``replaced``: the
-        pending order was dropped at this bar's open (its row stays unfilled)."""
+        pending order was dropped at this bar's open (its row stays unfilled); ``versions``: the
+        members that decided it."""
         with self._writes(f"the bar at {_when(bar.ts_ns)}"):
-            self._record_bar(bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced)
+            self._record_bar(bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced, versions)
         self._maybe_kill("after_commit")
 
-    def _record_bar(self, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced) -> None:
+    def _record_bar(self, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced,
+                    versions) -> None:  # fmt: skip
         c = self.conn
         self._bars += 1
         try:
-            self._bar_transaction(c, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced)
+            self._bar_transaction(c, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced,
+                                  versions)  # fmt: skip
         except BaseException:
             self._bars -= 1
             raise
 
-    def _bar_transaction(self, c, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced) -> None:
+    def _bar_transaction(self, c, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced,
+                         versions) -> None:  # fmt: skip
         with self._transaction():
             c.execute("INSERT INTO bars (symbol, ts_ns, open, high, low, close, volume, raw_open, raw_close, roll_price, trade, "
-                      "contract, target, position, cash, equity, fleet_ns, loop_ns) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      "contract, target, versions, position, cash, equity, fleet_ns, loop_ns) "
+                      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                       (bar.symbol, bar.ts_ns, bar.open, bar.high, bar.low, bar.close, bar.volume, bar.raw_open, bar.raw_close,
-                       None if math.isnan(bar.roll_price) else bar.roll_price, int(bar.trade), bar.contract, target,
+                       None if math.isnan(bar.roll_price) else bar.roll_price, int(bar.trade), bar.contract, target, versions,
                        account.position, account.cash, account.equity, fleet_ns, loop_ns))  # fmt: skip
             if replaced or stale_order is not None:
                 self._order_ids.pop(account.symbol, None)
@@ -477,6 +498,16 @@ class Ledger:
 
     def equity_rows(self) -> list[tuple]:
         return self.conn.execute("SELECT ts_ns, position, equity, target, fleet_ns, loop_ns FROM bars WHERE trade = 1 ORDER BY seq").fetchall()
+
+    def version_changes(self) -> list[tuple[int, int, str]]:
+        """(seq, ts_ns, versions) of each traded bar decided by other versions than the traded bar before it
+        (the first traded bar included): where the session started and where it swapped."""
+        changes, last = [], None
+        for seq, ts, versions in self.conn.execute("SELECT seq, ts_ns, versions FROM bars WHERE trade = 1 ORDER BY seq"):
+            if versions != last:
+                changes.append((seq, ts, versions))
+                last = versions
+        return changes
 
     def meta(self) -> dict[str, str]:
         return dict(self.conn.execute("SELECT key, value FROM meta").fetchall())

@@ -10,6 +10,9 @@ cannot keep is one line), the fleet (as ``replay`` loads it), the session's iden
 refused) and resumed (replayed and checked: :meth:`foxhunt.paper.session.PaperSession.resume`).
 SIGINT and SIGTERM end the loop between bars, and a paced or quiet feed's wait within
 :data:`foxhunt.paper.feeds.WAIT_SLICE_S` (the ledger is consistent after every bar anyway).
+With ``roll.swap.poll_s`` set, a :class:`~foxhunt.ensemble.fleet.FleetWatcher` watches the
+registry once the ledger has resumed: a promoted version is swapped in at the next bar
+(:mod:`foxhunt.paper.session`, "Versions"), a refused one said in one line on stderr.
 
 The MLflow run (experiment ``paper.experiment``): params (the resolved config), tags (asset,
 members, feed, ledger, why it ended), metrics (``paper/pnl``, ``paper/max_drawdown``,
@@ -81,18 +84,18 @@ def build_feed(cfg, asset, symbol: str):
 
 def session_identity(cfg, asset, fleet, feed, symbol: str) -> dict[str, str]:
     """Everything that decides or prices a fill, as the ledger keeps it (``meta``): the asset's
-    contract, each member's version and weights, the rule with its weights and threshold, the
-    feed and its data (a file feed: the digest of its bars and window; live: dataset, schema,
-    symbol), the symbol, the fill price, the costs, the capital and the risk limits."""
+    contract, the members' registered names (each bar keeps the versions and weights that
+    decided it, and the rule's weights are theirs), the rule and its threshold, the feed and its
+    data (a file feed: the digest of its bars and window; live: dataset, schema, symbol), the
+    symbol, the fill price, the costs, the capital and the risk limits."""
     from omegaconf import OmegaConf
 
     ens = cfg.ensemble
     live = str(cfg.paper.feed) == "live"
     data = f"{cfg.paper.live.dataset} {cfg.paper.live.schema} {symbol} (live)" if live else feed.digest()
-    rule = {"rule": str(ens.rule), "forecast_threshold": float(ens.forecast_threshold),
-            "weights": {f.member.name: f.value for f in fleet}}  # fmt: skip
+    rule = {"rule": str(ens.rule), "forecast_threshold": float(ens.forecast_threshold)}
     return {"asset": json.dumps(dataclasses.asdict(asset), sort_keys=True, default=str),
-            "members": ",".join(f"{f.name}:{f.version}:{f.member.weights}" for f in fleet),
+            "members": ",".join(f.name for f in fleet),
             "rule": json.dumps(rule, sort_keys=True), "feed": getattr(feed, "identity", feed.description), "data": data,
             "symbol": symbol, "fill_price": str(cfg.paper.fill_price), "commission_usd": float(cfg.execution.commission_usd),
             "slippage_ticks": float(cfg.execution.slippage_ticks), "capital_usd": float(cfg.paper.capital_usd),
@@ -103,7 +106,7 @@ def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
     from hydra.utils import instantiate
 
     from foxhunt.errors import ConfigError
-    from foxhunt.ensemble.fleet import fleet_engine, load_fleet
+    from foxhunt.ensemble.fleet import FleetWatcher, fleet_engine, load_fleet, load_member
     from foxhunt.paper.feeds import check_symbol
     from foxhunt.paper.fills import FillModel
     from foxhunt.paper.ledger import Ledger
@@ -124,10 +127,21 @@ def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
     engine = fleet_engine(fleet, asset, cfg, origin=f"paper feed {symbol}")
     members = ",".join(f"{f.name}:{f.version}" for f in fleet)
     ledger = Ledger(Path(str(paper.ledger)), session_identity(cfg, asset, fleet, feed, symbol), str(paper.ledger_sync))
-    session = PaperSession(engine, ledger, fills, risk, float(paper.capital_usd), float(asset.multiplier))
+    holdout = cfg.evaluation.get("holdout") or None
+
+    def loader(name: str, version: int, weights: str):  # a stored bar's version, loaded and verified as at start
+        return load_member(cfg, name, version, weights, workdir / "replayed")
+
+    session = PaperSession(engine, ledger, fills, risk, float(paper.capital_usd), float(asset.multiplier), fleet=fleet,
+                           loader=loader, holdout=holdout)  # fmt: skip
     ledger.open()
+    watcher = None
     try:
         last = session.resume(getattr(feed, "history", None))
+        swap = cfg.roll.swap if cfg.get("roll") is not None else None
+        if swap is not None and swap.poll_s is not None:
+            watcher = FleetWatcher(cfg, workdir, {n: f.version for n, f in session.fleet.items()}, _say).start()
+            session.watcher = watcher
         resumed = ledger.existing
         feed.after_ns = last
         stop = _Signals()
@@ -148,9 +162,18 @@ def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
             if hasattr(feed, "stop"):
                 feed.stop()
         seconds = time.perf_counter() - started
-        return _report(cfg, asset, fleet, session, ledger, feed, ended, seconds, resumed)
+        return _report(cfg, asset, list(session.fleet.values()), session, ledger, feed, ended, seconds, resumed)
     finally:
+        if watcher is not None:
+            watcher.stop()
         ledger.close()
+
+
+def _say(line: str) -> None:
+    """A hot swap's one line (a refused version), on stderr."""
+    import sys
+
+    print(f"{SOURCE}: {line}", file=sys.stderr, flush=True)
 
 
 class _Signals:
@@ -203,6 +226,7 @@ def _report(cfg, asset, fleet, session, ledger, feed, ended: str, seconds: float
     equity = np.array([r[2] for r in rows], np.float64)
     positions = np.array([r[1] for r in rows], np.int8)
     metrics = {"paper/pnl": float(session.equity - capital), "paper/fills": float(len(fills)), "paper/bars": float(len(rows)),
+               "paper/swaps": float(max(len(ledger.version_changes()) - 1, 0)),
                "paper/bars_per_s": float(session.bars / seconds) if seconds > 0 and session.bars else 0.0,
                "paper/gap_usd": float(sum(f[9] for f in fills))}  # fmt: skip
     result = None
@@ -225,6 +249,10 @@ def _report(cfg, asset, fleet, session, ledger, feed, ended: str, seconds: float
         f"latency per bar (this run): fleet p50 {fleet_lat['p50']:.1f} us p99 {fleet_lat['p99']:.1f} us; loop added (fills, limits, "
         f"ledger commit) p50 {added['p50']:.1f} us p99 {added['p99']:.1f} us",
     ]  # fmt: skip
+    changes = ledger.version_changes()
+    if len(changes) > 1:
+        lines.append(f"versions: {len(changes) - 1} swap(s): " + "; ".join(
+            f"bar {seq} ({np.datetime64(ts, 'ns').astype('datetime64[s]')}): {versions}" for seq, ts, versions in changes[1:]))  # fmt: skip
     for ts, symbol, kind, message in ledger.load(float(asset.multiplier)).events[-5:]:
         lines.append(f"  {kind} {symbol} {np.datetime64(ts, 'ns').astype('datetime64[s]')}: {message}")
     text = "\n".join(lines)

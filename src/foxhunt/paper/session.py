@@ -20,6 +20,15 @@ states, the accounts, the pending orders, the limits' state and which gaps were 
 flattened are then the replay's, an uninterrupted run's, and the feed goes on after the last
 bar stored.
 
+**Versions.** Each traded bar is stored with the member versions that decided it
+(``bars.versions``). With a :class:`~foxhunt.ensemble.fleet.FleetWatcher` (``roll.swap``), a
+version promoted while the session runs is loaded and checked on the watcher's thread and
+swapped in at the start of the next traded bar, before its decision
+(:meth:`foxhunt.ensemble.fleet.SwappableEngine.swap`: warmed on the streams' latest bars), with a
+``swap`` event on that bar; a version that fails is one line, the old one keeps deciding. A
+resume replays each stored bar with the versions stored with it (loaded through ``loader``, so
+verified as at start), swapping where they change, exactly as the session did.
+
 The loop's own cost per bar is measured as ``time.perf_counter_ns`` around :meth:`on_bar`
 less the engine's own time for the bar (``BarResult.total_ns``: features, members, rule).
 Written by hand: it is foxhunt's own composition of its engine, fill model, limits and ledger.
@@ -35,6 +44,7 @@ import numpy as np
 
 from foxhunt.data.calendar import MINUTE_NS
 from foxhunt.errors import UserError, one_line_error
+from foxhunt.ensemble.fleet import SwapError
 from foxhunt.paper.fills import Account, FillModel, Order, check_money
 from foxhunt.paper.ledger import LedgerError
 from foxhunt.paper.risk import ACTIVE, STOPPED, RiskLimits, RiskState
@@ -53,8 +63,19 @@ class Latest:
 
 
 class PaperSession:
-    def __init__(self, engine, ledger, fills: FillModel, risk: RiskLimits, capital: float, multiplier: float) -> None:
+    """The loop (module doc). ``fleet``: the loaded members, in the engine's order (their versions
+    are stored with each bar); ``loader(name, version, weights)``: a stored bar's version, loaded
+    (a resume); ``watcher``: hot swap, set once the session resumed; ``holdout``: the lockbox the
+    session keeps (a swapped-in version must keep the same)."""
+
+    def __init__(self, engine, ledger, fills: FillModel, risk: RiskLimits, capital: float, multiplier: float,
+                 fleet: list | None = None, loader=None, holdout: float | None = None) -> None:  # fmt: skip
         self.engine = engine
+        self.fleet = {f.name: f for f in fleet or []}
+        self.loader = loader
+        self.watcher = None
+        self.holdout = holdout or None
+        self._replaying = False
         self.ledger = ledger
         self.fills = fills
         self.risk = risk
@@ -86,6 +107,11 @@ class PaperSession:
         return self.streams[symbol]
 
     @property
+    def versions(self) -> str:
+        """The members deciding now, as a bar stores them (``name:version:weights``, joined by ``,``)."""
+        return ",".join(self.fleet[m.name].label for m in self.engine.members) if self.fleet else ""
+
+    @property
     def equity(self) -> float:
         return sum(a.equity for a in self.accounts.values()) if self.accounts else self.capital
 
@@ -98,13 +124,21 @@ class PaperSession:
         if not stored:
             return None
         bars = stored if history is None else list(history(len(stored)))
+        versions = real.stored_versions()
         beats = real.between_events()
         replayed = real.scratch(real.identity)
         self.ledger = replayed
+        self._replaying = True
         try:
+            first = next(((seq, v) for seq, v in enumerate(versions, 1) if v), None)
+            if first is not None:  # the versions the session started with, fresh (no stream has read a bar)
+                try:
+                    self._swap(first[1])
+                except UserError as exc:
+                    raise LedgerError(f"{real.where}: its bar {first[0]}: {one_line_error(exc, with_type=False)}; nothing was written") from None
             for seq, bar in enumerate(bars, 1):
                 try:
-                    self.on_bar(bar)
+                    self.on_bar(bar, versions[seq - 1] if seq <= len(versions) else None)
                 except UserError as exc:
                     at = np.datetime64(int(bar.ts_ns), "ns").astype("datetime64[s]")
                     raise LedgerError(f"{real.where}: replaying its bar {seq} at {at}: {one_line_error(exc, with_type=False)}; "
@@ -118,13 +152,15 @@ class PaperSession:
             real.adopt(replayed)
         finally:
             self.ledger = real
+            self._replaying = False
             replayed.close()
         self.resumed_bars = len(stored)
         self.bars, self.added_ns, self.fleet_ns, self.latest = 0, [], [], Latest()
         return max(self.last_ts.values())
 
     # -- bars ------------------------------------------------------------------------------
-    def on_bar(self, bar) -> None:
+    def on_bar(self, bar, versions: str | None = None) -> None:
+        """One bar (module doc); ``versions``: the members that decided it (a resume's stored bar)."""
         started = time.perf_counter_ns()
         symbol = bar.symbol
         stream = self.stream(symbol)
@@ -159,6 +195,7 @@ class PaperSession:
                 stale_order = account.pending = Order(symbol, bar.ts_ns, 0, -account.position, "stale feed", price)
         self.stale_flagged.discard(symbol)
         fills = self.fills.on_bar(account, bar)
+        events += [("swap", line) for line in self._swap(versions)]
         result = self.engine.step_many([(stream, bar.values)])[0]
         if isinstance(result, Exception):
             raise result
@@ -179,7 +216,7 @@ class PaperSession:
         fleet = result.total_ns
         loop = time.perf_counter_ns() - started - fleet  # before the commit is timed too: added below
         self.ledger.record_bar(bar, account, fills, order, self.state, events, result.position if result.warm else 0, fleet, loop,
-                               stale_order=stale_order, replaced=replaced)  # fmt: skip
+                               stale_order=stale_order, replaced=replaced, versions=self.versions)  # fmt: skip
         added = time.perf_counter_ns() - started - fleet
         self.added_ns.append(added)
         self.fleet_ns.append(fleet)
@@ -187,6 +224,49 @@ class PaperSession:
         self.latest = Latest(bar, result.decisions, target, fleet, added, [m for _, m in events] or self.latest.events)
         if self.state.status == STOPPED and account.pending is None and all(a.position == 0 for a in self.accounts.values()):
             self.done = True
+
+    # -- versions ----------------------------------------------------------------------------
+    def _swap(self, recorded: str | None) -> list[str]:
+        """Swap in, before this bar's decision, the versions stored with it (a resume) or those
+        the watcher loaded (live); one line per member swapped."""
+        if not self.fleet:
+            return []
+        if self._replaying:
+            wanted = self._parse(recorded)
+            todo = [self.loader(name, version, weights) for name, version, weights in wanted
+                    if self.fleet[name].label != f"{name}:{version}:{weights}"]  # fmt: skip
+        elif self.watcher is not None:
+            todo = self.watcher.take()
+        else:
+            return []
+        lines = []
+        for found in todo:
+            old = self.fleet[found.name]
+            try:
+                if (found.holdout or None) != self.holdout:
+                    raise SwapError(f"it was trained keeping evaluation.holdout={found.holdout}, the session keeps {self.holdout}")
+                warmed = self.engine.swap(found.member, found.inputs, found.value, list(self.streams.values()))
+            except SwapError as exc:
+                if self._replaying:
+                    raise
+                self.watcher.refused(found, str(exc))
+                continue
+            self.fleet[found.name] = found
+            if not self._replaying and self.watcher is not None:
+                self.watcher.swapped(found)
+            lines.append(f"{found.name} v{old.version} -> v{found.version} ({found.member.weights}), warmed on {warmed} bars")
+        return lines
+
+    def _parse(self, recorded: str | None) -> list[tuple[str, int, str]]:
+        """A stored bar's versions, checked: the fleet's members, in order, each a version and its weights."""
+        names = list(self.fleet)
+        parts = [item.split(":") for item in (recorded or "").split(",")]
+        ok = len(parts) == len(names) and all(
+            len(p) == 3 and p[0] == name and p[1].isdigit() and p[2] in ("fp32", "int8") for p, name in zip(parts, names))  # fmt: skip
+        if not ok:
+            raise LedgerError(f"its versions are {recorded!r}, not those of this fleet's members ({', '.join(names)}, each "
+                              "name:version:fp32|int8): the ledger was edited")  # fmt: skip
+        return [(p[0], int(p[1]), p[2]) for p in parts]
 
     def heartbeat(self, now_ns: int) -> None:
         """No bar within the feed's poll interval (a live feed): a stale symbol is flattened
