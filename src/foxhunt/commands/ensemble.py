@@ -18,6 +18,13 @@ over the replayed bars there (:mod:`foxhunt.evaluation.interpret`), computed aft
 HTTP with the same fleet (:mod:`foxhunt.ensemble.serve`, uvicorn): ``POST /predict`` a bar or a
 batch of bars for a symbol, ``GET /health``; SIGTERM or Ctrl-C stops it.
 
+``foxhunt ensemble roll [OVERRIDES...] [--force] [--every SECONDS]`` is one step of the rolling
+loop (:mod:`foxhunt.roll.step`): the bars no champion has seen, a challenger per family on the
+window before the newest of them, champion against challenger on those newest bars, the winners
+promoted (``champion`` moved, the old version kept as ``previous``); ``--every`` repeats it
+until SIGTERM or Ctrl-C. ``foxhunt ensemble rollback [OVERRIDES...] [--dry-run]`` moves each
+``champion`` back to ``previous`` (:mod:`foxhunt.roll.rollback`).
+
 Overrides are Hydra overrides of ``conf/fleet.yaml`` (the training config plus ``conf/ensemble``):
 ``asset=nq``, ``data=databento data.source.path=...``, ``ensemble.metric=val/loss``,
 ``ensemble.models=[dqn,tft]``, ``ensemble.rule=weighted``, ``ensemble.weights=int8``.
@@ -102,7 +109,10 @@ def register(
         outcome = register_champions(
             uri, str(cfg.task), asset, [str(m) for m in ens.models], str(ens.metric), str(ens.registry_prefix),
             str(ens.alias), dry_run, gate=str(ens.gate), force=force, example_decided=int(ens.input_example_decided),
+            journal=str(cfg.roll.experiment) if cfg.get("roll") is not None else None,
         )  # fmt: skip
+    for line in outcome.completed:
+        typer.echo(f"foxhunt ensemble register: {line}")
     typer.echo(f"experiment {cfg.task}, asset {asset}, best by {ens.metric} (FINISHED runs; ties: the champion, then the newest)")
     typer.echo(f"{'family':<8} {'run':<34} {'name':<22} {ens.metric:>12} {'considered':>10} {'no metric':>9}")
     for c in outcome.choices:
@@ -256,3 +266,56 @@ def paper(overrides: list[str] | None = OVERRIDES) -> None:
     with _reported("paper"), tempfile.TemporaryDirectory(prefix="foxhunt-paper-") as workdir:
         report = run_paper(cfg, Path(workdir))
     typer.echo(report.text)
+
+
+@ensemble_app.command()
+def roll(
+    overrides: list[str] | None = OVERRIDES,
+    force: bool = typer.Option(False, "--force", help="Promote each challenger whatever the gate says (tagged gate=forced)."),
+    every: float = typer.Option(None, "--every", min=1.0, help="Repeat the step every this many seconds until SIGTERM or Ctrl-C "
+                                "(each step idempotent: without new bars it does nothing and says so)."),
+) -> None:
+    """One step of the rolling loop: new bars found, a challenger per family trained on the moved window, champion
+    against challenger on the newest bars neither has seen, the winners promoted (@champion moved, the old one @previous)."""
+    import signal
+    import threading
+    import time
+
+    from foxhunt.roll.step import roll_step
+
+    cfg = _compose("roll", overrides)
+    _check_store("roll", cfg)
+    stop = threading.Event()
+    handlers = {}
+    if every is not None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handlers[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        while True:
+            started = time.monotonic()
+            with _reported("roll"), tempfile.TemporaryDirectory(prefix="foxhunt-roll-") as workdir:
+                report = roll_step(cfg, Path(workdir), force=force)
+            typer.echo(report.text)
+            if every is None or stop.wait(max(every - (time.monotonic() - started), 0.0)):
+                return
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+@ensemble_app.command()
+def rollback(
+    overrides: list[str] | None = OVERRIDES,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the moves; move nothing."),
+) -> None:
+    """Move each family's @champion back to its @previous version (and @previous to the one it left)."""
+    from foxhunt.roll.rollback import rollback_fleet
+
+    cfg = _compose("rollback", overrides)
+    _check_store("rollback", cfg)
+    with _reported("rollback"):
+        done = rollback_fleet(cfg, dry_run=dry_run)
+    for line in done.lines:
+        typer.echo(line)
+    if done.run_id:
+        typer.echo(f"MLflow run {done.run_id} in experiment {cfg.roll.experiment}")

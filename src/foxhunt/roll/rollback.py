@@ -1,0 +1,51 @@
+"""``foxhunt ensemble rollback``: each family's ``champion`` alias back to its ``previous``
+version, and ``previous`` to the version it left (a second rollback undoes the first), all
+families' moves committed as one record under the registry lock
+(:func:`foxhunt.ensemble.registry.commit_moves`), with an MLflow run in ``roll.experiment``
+(``rollback-<asset>``) holding the record. A family without a ``previous`` version is named and
+left as it is; when no family has one, nothing moves (one line, exit 2). ``dry_run``: the moves,
+nothing moved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from foxhunt.ensemble.member_files import RegistryError
+from foxhunt.ensemble.registry import REGISTRY_LOCK, commit_moves, complete_pending, rollback_moves
+from foxhunt.roll.challenger import ROLE_TAG
+
+SOURCE = "foxhunt ensemble rollback"
+
+
+@dataclass
+class Rollback:
+    lines: list[str]
+    run_id: str | None
+
+
+def rollback_fleet(cfg, dry_run: bool = False) -> Rollback:
+    from foxhunt.ensemble.fleet import fleet_names
+    from foxhunt.runs.store import RunStore
+    from foxhunt.runs.tracked_run import TrackedRun
+
+    ens, roll = cfg.ensemble, cfg.roll
+    store = RunStore(str(cfg.logger.tracking_uri))
+    key = str(cfg.asset.key)
+    with store.exclusive(REGISTRY_LOCK):
+        lines = complete_pending(store, str(roll.experiment))
+        moves, skipped = [], []
+        for name in fleet_names(cfg):
+            try:
+                moves += rollback_moves(store, name, str(ens.alias), str(roll.previous_alias))
+            except RegistryError as exc:
+                skipped.append(str(exc))
+        if not moves:
+            raise RegistryError(f"nothing to roll back for {key}: " + "; ".join(skipped))
+        lines += [f"{SOURCE}: {line}: left as it is" for line in skipped]
+        if dry_run:
+            return Rollback([*lines, *(f"would move {m.line()}" for m in moves), "dry run: nothing moved"], None)
+        tags = {ROLE_TAG: "rollback", "asset": key}
+        with TrackedRun(str(cfg.logger.tracking_uri), str(roll.experiment), cfg.logger.artifact_location, f"rollback-{key}", tags,
+                        source=SOURCE) as run:  # fmt: skip
+            commit_moves(store, run.run_id, moves)
+    return Rollback([*lines, *(f"moved {m.line()}" for m in moves)], run.run_id)
