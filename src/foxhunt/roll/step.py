@@ -194,9 +194,9 @@ def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Pa
                 child.set_tags({"challenger.run_id": result.run_id})
         kill_point("trained")
         _score(cfg, asset, champions, prepared, outcomes, bars, block, store, experiment, key, force)
+        moves = _promote(cfg, store, champions, prepared, outcomes, run.run_id, seen_after, lines)
         for champion in champions:
             _log_child(store, children[champion.family], outcomes[champion.family])
-        moves = _promote(cfg, store, champions, prepared, outcomes, run.run_id, seen_after, lines)
         for champion in champions:  # every champion scored has seen the block
             if champion.version.run_id:
                 store.tag(champion.version.run_id, {SEEN_TAG: seen_after})
