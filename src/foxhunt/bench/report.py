@@ -21,6 +21,7 @@ SECTION_TITLES = {
     "fleet": "5. The streaming fleet: per-bar latency of each member and of the whole fleet",
     "system": "6. The whole chain: a planted pattern found, none found in a random walk (walk-forward, through the CLI)",
     "checkpoint": "7. Exact resume's cost: checkpoint size and the writes' share of a fit at the default cadence",
+    "roll": "8. The rolling loop: a pattern that changes sign, a rolled fleet against a frozen one",
 }
 
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.bench import checkpoints, fleet, latency, overhead, report, rl, system, tft
+from foxhunt.bench import checkpoints, fleet, latency, overhead, report, rl, roll, system, tft
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import load_average, machine
 from foxhunt.bench.settings import DEFAULT_SETTINGS, load_settings
 
 SECTION_MODULES = {"rl": rl, "tft": tft, "latency": latency, "overhead": overhead, "fleet": fleet, "system": system,
-                   "checkpoint": checkpoints}
+                   "checkpoint": checkpoints, "roll": roll}
 
 
 def run(
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run of every section (settings' quick node)")
     parser.add_argument("--settings", default=None, help=f"settings file (default {DEFAULT_SETTINGS})")
     parser.add_argument("--root", default=None, help="folder of outputs/ (default $FOXHUNT_ROOT or the current one)")
-    parser.add_argument("--sections", default=None, help="comma-separated subset of rl,tft,latency,overhead,fleet,system,checkpoint "
-                        "(system: hours, checkpoint: minutes; neither in the default list)")
+    parser.add_argument("--sections", default=None, help="comma-separated subset of rl,tft,latency,overhead,fleet,system,checkpoint,roll "
+                        "(system: hours, checkpoint and roll: minutes; none of them in the default list)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a setting, e.g. --set repeats=3 --set threads=[1]")
     args = parser.parse_args(argv)
