@@ -124,6 +124,7 @@ class PoolReport:
                 f"{100 * f['idle_share']:.1f}% to the end")  # fmt: skip
 
     def write(self, sweep_dir: Path) -> Path:
+        Path(sweep_dir).mkdir(parents=True, exist_ok=True)
         path = Path(sweep_dir) / WORKERS_FILE
         data = {"workers": self.workers, "barrier": self.barrier, **self.figures(), "trials": [asdict(s) for s in self.spans]}
         path.write_text(json.dumps(data, indent=2))

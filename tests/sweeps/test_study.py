@@ -1,0 +1,278 @@
+"""A search's study without Hydra jobs: the database, resume after a kill, the retry rule, the
+pool that starts a trial when a worker frees, the pruning reporter, and the honest trial count.
+
+Trials are launched by a stand-in for the Hydra launcher that writes each trial's ``cell.json``
+as a job would; the study is a real Optuna 5 study in a SQLite file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as hst
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState
+
+from foxhunt.runs.cell import CellKey, CellResult
+from foxhunt.sweeps import study as st
+from foxhunt.sweeps.pruning import TrialPruned, TrialReporter, current_trial
+from foxhunt.sweeps.trials import TrialPool
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+SPACE = {"model.module.lr": FloatDistribution(1e-5, 1e-2, log=True), "model.module.batch_size": CategoricalDistribution([32, 64])}
+KEY = CellKey("dqn", "es", "fp32", "42", "h")
+# This process under another creation time: a process that is gone (a pid can be reused).
+DEAD = {"host": socket.gethostname(), "pid": os.getpid(), "created": 1.0}
+
+
+def _settings(tmp_path: Path, **changes) -> st.StudySettings:
+    base = st.StudySettings(name="dqn-es", storage=f"sqlite:///{tmp_path / 'optuna.db'}", objectives=("val/sharpe",),
+                            directions=("maximize",), n_trials=6, n_jobs=1, max_failure_rate=1.0, max_retries=1,
+                            pruner=st.PrunerSpec())  # fmt: skip
+    return dataclasses.replace(base, **changes)
+
+
+class Jobs:
+    """Stands in for the launcher: each trial's job writes its cell.json in the sweep folder."""
+
+    def __init__(self, sweep_dir: Path, outcomes=None, durations=None) -> None:
+        self.sweep_dir, self.outcomes, self.durations = sweep_dir, list(outcomes or []), list(durations or [])
+        self.launched: list[int] = []
+        self.study = None
+
+    def __call__(self, number: int, overrides: list[str]):
+        self.launched.append(number)
+        if self.durations:
+            time.sleep(self.durations.pop(0))
+        outcome = self.outcomes.pop(0) if self.outcomes else "complete"
+        if outcome == "stop":
+            raise KeyboardInterrupt
+        folder = self.sweep_dir / f"dqn_es_fp32_trial{number}"
+        lr = float(next(o for o in overrides if o.startswith("model.module.lr=")).split("=")[1])
+        status = {"complete": "FINISHED", "pruned": "KILLED", "fail": "FAILED"}[outcome]
+        result = CellResult(KEY, status, f"run{number}", "boom" if outcome == "fail" else None, trial=number, overrides=overrides,
+                            metrics={"val/sharpe": lr * 1000} if outcome == "complete" else {})  # fmt: skip
+        if outcome == "pruned":  # what the job's reporter records on the trial before it stops the fit
+            trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+            self.study._storage.set_trial_user_attr(trial_id, st.PRUNED_AT, 1)
+        result.write(folder)
+        return result, str(folder)
+
+
+def _pool(study, settings, jobs, sweep_dir, owner=None, workers=1, inline=True) -> TrialPool:
+    jobs.study = study
+    return TrialPool(study, settings, SPACE, ["trainer=smoke"], jobs, workers, inline, sweep_dir, owner=owner)
+
+
+def _kill_with_running(study, sweep_dir: Path, count: int) -> list:
+    """What a kill -9 leaves: ``count`` trials asked by the dead process, still RUNNING."""
+    asked = []
+    for _ in range(count):
+        trial = study.ask(SPACE)
+        st.claim(study, trial._trial_id, DEAD, sweep_dir)
+        asked.append(trial)
+    return asked
+
+
+def test_a_search_killed_after_its_second_trial_resumes_to_exactly_its_n_trials(tmp_path):
+    settings = _settings(tmp_path)
+    first = tmp_path / "sweep1"
+    study = st.open_study(settings)
+    _pool(study, dataclasses.replace(settings, n_trials=2), Jobs(first), first, owner=DEAD).run()
+    running = _kill_with_running(study, first, 2)  # trial 2's job had finished (cell.json), trial 3's had not
+    Jobs(first)(running[0].number, [f"model.module.lr={running[0].params['model.module.lr']}"])
+
+    second = tmp_path / "sweep2"
+    resumed = st.open_study(settings)
+    lines = st.settle_stale(resumed, settings)
+    assert lines[0].startswith("trial 2: its sweep process") and lines[0].endswith("its job had ended: told COMPLETE")
+    assert lines[1].endswith("FAILED, retried as trial 4")
+    jobs = Jobs(second)
+    _pool(resumed, settings, jobs, second).run()
+
+    trials = resumed.get_trials()
+    assert [t.number for t in trials] == sorted({t.number for t in trials})  # no trial number twice
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 6
+    assert [(t.number, t.state.name) for t in trials if t.state != TrialState.COMPLETE] == [(3, "FAIL")]
+    assert jobs.launched == [4, 5, 6]  # the finished trial 2 was not run again; 3 was retried as 4
+    assert trials[4].params == trials[3].params and trials[4].user_attrs[st.RETRY_OF] == 3
+    assert "its sweep process" in trials[3].user_attrs[st.FAIL_REASON]
+    assert optuna.get_all_study_names(settings.storage) == ["dqn-es"]
+    assert st.trial_counts(trials) == st.TrialCounts(6, 0, 0)
+    # once more: a complete study launches nothing
+    again = Jobs(tmp_path / "sweep3")
+    _pool(st.open_study(settings), settings, again, tmp_path / "sweep3").run()
+    assert again.launched == []
+
+
+def test_a_retry_that_dies_again_is_not_retried_twice(tmp_path):
+    settings = _settings(tmp_path, n_trials=2)
+    study = st.open_study(settings)
+    (lost,) = _kill_with_running(study, tmp_path, 1)
+    assert st.settle_stale(study, settings)[0].endswith("retried as trial 1")
+    retry = study.ask(SPACE)  # the retry, asked by a process that dies too
+    st.claim(study, retry._trial_id, DEAD, tmp_path)
+    assert retry.params == lost.params
+    assert st.settle_stale(study, settings)[0].endswith("(not retried: 1 retries along its chain)")
+    counts = st.trial_counts(study.get_trials())
+    assert counts == st.TrialCounts(0, 0, 1)  # the retried failure counts once, through its retry
+
+
+def test_a_running_trial_of_a_live_process_or_a_fresh_heartbeat_is_left_alone(tmp_path):
+    settings = _settings(tmp_path, grace_s=60.0, heartbeat_s=5.0)
+    study = st.open_study(settings)
+    mine, elsewhere, silent = (study.ask(SPACE) for _ in range(3))
+    st.claim(study, mine._trial_id, st.process_identity(), tmp_path)
+    st.claim(study, elsewhere._trial_id, {"host": "other-host", "pid": 1, "created": 1.0}, tmp_path)
+    st.claim(study, silent._trial_id, {"host": "other-host", "pid": 2, "created": 1.0}, tmp_path)
+    study._storage.set_trial_system_attr(silent._trial_id, st.HEARTBEAT, time.time() - 120)
+    assert [line.split(":")[0] for line in st.settle_stale(study, settings)] == ["trial 2"]  # the silent one only
+    states = [t.state for t in study.get_trials()]
+    assert states[:3] == [TrialState.RUNNING, TrialState.RUNNING, TrialState.FAIL]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    before=hst.lists(hst.sampled_from(["complete", "pruned", "fail"]), min_size=0, max_size=4),
+    stale=hst.lists(hst.booleans(), min_size=0, max_size=2),
+    after=hst.lists(hst.sampled_from(["complete", "pruned", "fail"]), min_size=8, max_size=8),
+    n_trials=hst.integers(1, 6),
+)
+def test_resume_ends_with_n_trials_that_count_each_number_once(tmp_path_factory, before, stale, after, n_trials):
+    """Whatever ended before the kill, and whichever stale trials had finished their job: the
+    resumed search ends with exactly n_trials that count, each number once, in one study."""
+    tmp_path = tmp_path_factory.mktemp("study")
+    settings = _settings(tmp_path, n_trials=n_trials)
+    study = st.open_study(settings)
+    first = min(len(before), n_trials)
+    if first:
+        _pool(study, dataclasses.replace(settings, n_trials=first), Jobs(tmp_path, outcomes=before), tmp_path, owner=DEAD).run()
+    for finished, trial in zip(stale, _kill_with_running(study, tmp_path, len(stale))):
+        if finished:  # its job had written FINISHED before the kill
+            Jobs(tmp_path)(trial.number, [f"model.module.lr={trial.params['model.module.lr']}"])
+    resumed = st.open_study(settings)
+    st.settle_stale(resumed, settings)
+    settled = len(st.counted(resumed.get_trials()))
+    jobs = Jobs(tmp_path, outcomes=after)
+    _pool(resumed, settings, jobs, tmp_path).run()
+    trials = resumed.get_trials()
+    numbers = [t.number for t in trials]
+    assert len(numbers) == len(set(numbers)) and len(jobs.launched) == len(set(jobs.launched))
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert all(st.RETRY_OF in t.user_attrs for t in trials if t.state == TrialState.WAITING)  # retries the study had no room for
+    assert len(st.counted(trials)) == max(n_trials, settled)
+    assert all(t.state == TrialState.COMPLETE for t, finished in zip(trials[first:], stale) if finished)  # nothing finished is lost
+    assert optuna.get_all_study_names(settings.storage) == ["dqn-es"]
+
+
+def test_a_stop_fails_its_trial_for_a_retry_starts_nothing_more_and_is_raised(tmp_path):
+    settings = _settings(tmp_path, n_trials=5)
+    study = st.open_study(settings)
+    jobs = Jobs(tmp_path, outcomes=["complete", "stop"])
+    with pytest.raises(KeyboardInterrupt):
+        _pool(study, settings, jobs, tmp_path).run()
+    assert jobs.launched == [0, 1]
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "WAITING"]  # trial 2: the retry of 1, for the next launch
+    assert trials[1].user_attrs[st.FAIL_REASON] == "stopped (KeyboardInterrupt)" and trials[2].user_attrs[st.RETRY_OF] == 1
+
+
+def test_pruned_and_failed_trials_are_told_and_counted(tmp_path):
+    settings = _settings(tmp_path, n_trials=4)
+    study = st.open_study(settings)
+    _pool(study, settings, Jobs(tmp_path, outcomes=["complete", "pruned", "fail", "complete"]), tmp_path).run()
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "FAIL", "COMPLETE"]
+    assert trials[2].user_attrs[st.FAIL_REASON] == "boom" and trials[0].user_attrs[st.RUN_ID] == "run0"
+    assert st.trial_counts(trials).describe() == "4 trials (2 finished, 1 pruned, 1 failed)"
+    assert (tmp_path / "workers.json").is_file()
+
+
+def test_a_free_worker_starts_the_next_trial_where_a_batch_waits_for_its_slowest(tmp_path):
+    durations = [0.6, 0.05, 0.05, 0.05, 0.6, 0.05, 0.05, 0.05]  # one slow trial in each pair
+
+    def share(barrier: bool, folder: str) -> float:
+        settings = _settings(tmp_path / folder, n_trials=len(durations), n_jobs=2, barrier=barrier)
+        study = st.open_study(settings)
+        report = _pool(study, settings, Jobs(tmp_path / folder, durations=list(durations)), tmp_path / folder, workers=2, inline=False).run()
+        spans = sorted(report.spans, key=lambda s: s.start_s)
+        assert {s.slot for s in spans} == {0, 1} and all(s.end_s is not None for s in spans)
+        return report.figures()["idle_while_waiting_share"]
+
+    free, batch = share(False, "free"), share(True, "batch")
+    assert free < 0.2 < batch, (free, batch)
+
+
+def _trainer(value: float, epoch: int, metric: str = "val/loss"):
+    return SimpleNamespace(sanity_checking=False, state=SimpleNamespace(fn="fit"), callback_metrics={metric: torch.tensor(value)},
+                           current_epoch=epoch, max_epochs=5, logger=None)  # fmt: skip
+
+
+def test_the_reporter_reports_signed_to_the_study_and_stops_a_trial_the_pruner_prunes(tmp_path):
+    settings = _settings(tmp_path, pruner=st.PrunerSpec("median", startup_trials=1, warmup_steps=0))
+    study = st.open_study(settings)
+    st.StudyFile.of(settings).write(tmp_path)
+    good = study.ask(SPACE)
+    for epoch, loss in enumerate([1.0, 0.8, 0.6]):
+        good.report(-loss, epoch)  # a val/loss reported to a study that maximizes: negated
+    study.tell(good, 1.0)
+    study.ask(SPACE)
+    assert current_trial(tmp_path / "nowhere", 1) is None  # no study.json: outside a search, nothing
+    reporter = TrialReporter("val/loss", "min")
+    reporter._trial, _ = current_trial(tmp_path, 1)
+    reporter._sign = -1.0
+    reporter.on_validation_end(_trainer(0.9, 0), None)  # -0.9 beats the median -1.0: goes on
+    with pytest.raises(TrialPruned, match=r"^pruned by the study's pruner at validation 1: val/loss=0.95$"):
+        reporter.on_validation_end(_trainer(0.95, 1), None)
+    trial = study.get_trials()[1]
+    assert trial.intermediate_values == pytest.approx({0: -0.9, 1: -0.95}) and trial.user_attrs[st.PRUNED_AT] == 1
+    assert issubclass(TrialPruned, SystemExit) and not issubclass(TrialPruned, Exception)  # a run KILLED, not FAILED
+    fold = TrialReporter("val/loss", "min", fold=2)
+    assert fold.step(_trainer(0.1, 3)) == 2 * 5 + 3  # each fold's epochs after the earlier folds'
+
+
+def test_a_walk_forward_trial_is_told_its_mean_across_folds(tmp_path):
+    settings = _settings(tmp_path, walk_forward=True)
+    result = CellResult(KEY, "FINISHED", metrics={"val/sharpe": 5.0, "val/sharpe_fold_mean": 1.5})
+    assert st.outcome_of(result, False, settings).values == (1.5,)  # never the pooled figure
+    assert st.outcome_of(CellResult(KEY, "FINISHED", metrics={"val/sharpe": 5.0}), False, settings).reason == "val/sharpe_fold_mean is missing"
+    two = _settings(tmp_path, objectives=("val/sharpe", "val/max_drawdown"), directions=("maximize", "minimize"))
+    outcome = st.outcome_of(CellResult(KEY, "SKIPPED", metrics={"val/sharpe": 2.0, "val/max_drawdown": 300.0}), False, two)
+    assert (outcome.state, outcome.values) == ("complete", (2.0, 300.0))
+    nan = st.outcome_of(CellResult(KEY, "FINISHED", metrics={"val/sharpe": float("nan")}), False, _settings(tmp_path))
+    assert (nan.state, nan.reason) == ("fail", "val/sharpe is nan")
+
+
+def test_every_trial_counts_in_the_deflated_sharpe_ratio():
+    from foxhunt.evaluation.deflated import deflated_sharpe_ratio
+    from foxhunt.runs.leaderboard import SEARCH_TRIALS_TAG, dsr_trial_count
+    from foxhunt.runs.stored import Metric, StoredRun
+    from foxhunt.sweeps.summary import deflated_sharpes
+
+    srs = [0.05, 0.02, -0.01]
+    alone = deflated_sharpe_ratio(0.05, srs, 2000, 0.0, 3.0)
+    honest = deflated_sharpe_ratio(0.05, srs, 2000, 0.0, 3.0, n_trials=30)  # 27 pruned or failed trials too
+    assert honest < alone and deflated_sharpe_ratio(0.05, srs, 2000, 0.0, 3.0, n_trials=3) == alone
+    with pytest.raises(ValueError, match=r"n_trials=2: must be an integer >= 3"):
+        deflated_sharpe_ratio(0.05, srs, 2000, 0.0, 3.0, n_trials=2)
+
+    def run(name, sharpe, tags):
+        return StoredRun(run_id=name, name=name, experiment="foxhunt", status="FINISHED", start_ms=0, end_ms=1,
+                         tags={"model": "dqn", "asset": "es", "precision": "fp32", "seed": "42", **tags},
+                         metrics={"val/sharpe_per_step": Metric(sharpe, None, None)})  # fmt: skip
+
+    members = [run("grid", 0.01, {}), run("t0", 0.02, {"study": "dqn-es", SEARCH_TRIALS_TAG: "9"}),
+               run("t3", 0.03, {"study": "dqn-es", SEARCH_TRIALS_TAG: "12"}), run("other", 0.0, {"study": "ppo-es", SEARCH_TRIALS_TAG: "4"})]  # fmt: skip
+    assert dsr_trial_count(members, "val/sharpe_per_step") == 1 + 12 + 4
+    results = [CellResult(KEY, "FINISHED", trial=n, metrics={"test/sharpe_per_step": s, "test/steps": 2000, "test/pnl_skew": 0.0,
+                                                               "test/pnl_kurtosis": 3.0}) for n, s in enumerate(srs)]  # fmt: skip
+    assert deflated_sharpes(results, 30)["dqn-es-fp32-trial0"] == pytest.approx(honest)
