@@ -9,9 +9,17 @@ whose every trial failed still ends its parent run.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import optuna
+import pytest
 
 from foxhunt.runs.cell import read_results
 from foxhunt.training.cell import OBJECTIVE
@@ -111,3 +119,91 @@ def test_a_study_whose_every_trial_failed_still_ends_its_parent_run(tmp_path, ch
     assert parent.data.tags["failed_cells"] == "dqn-es-fp32-trial0, dqn-es-fp32-trial1"
     assert "best trial: none of 2 trials returned a finite value" in result.stdout
     assert result.stderr.strip().splitlines()[-1].startswith("foxhunt-train: 2 of 2 trials failed: dqn-es-fp32-trial0")
+
+
+PRUNING = ["hydra.sweeper.pruner=median", "hydra.sweeper.pruning.startup_trials=1", "hydra.sweeper.pruning.warmup_steps=0",
+           "trainer.max_epochs=4", "trainer.limit_train_batches=10", "model.module.min_replay_size=100"]  # fmt: skip
+
+
+def test_a_pruner_stops_trials_whose_validation_falls_behind_and_their_runs_end_killed(tmp_path, check):
+    # four epochs of 40 agent steps, learning from the 25th: the trials' val/mean_reward part ways
+    result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=5", *PRUNING, *WEEK], tmp_path)
+    check(result)  # pruned trials are no failures
+    study = optuna.load_study(study_name="dqn-es", storage=f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}")
+    pruned = [t for t in study.trials if t.state.name == "PRUNED"]
+    assert pruned and len(study.trials) == 5 and all(t.state.name in ("COMPLETE", "PRUNED") for t in study.trials)
+    for trial in study.trials:  # the monitored metric, reported at each validation
+        expected = 4 if trial.state.name == "COMPLETE" else trial.user_attrs["pruned_at"] + 1
+        assert sorted(trial.intermediate_values) == list(range(expected))
+    (parent,), runs_ = runs(tmp_path)
+    by_trial = {int(r.data.tags["trial"]): r for r in runs_}
+    for trial in pruned:
+        run = by_trial[trial.number]
+        assert run.info.status == "KILLED" and run.data.tags["stop_reason"] == "TrialPruned"
+        assert run.data.tags["pruned"].startswith(f"validation {trial.user_attrs['pruned_at']}: val/mean_reward=")
+        assert f"dqn-es-fp32-trial{trial.number}  PRUNED" in result.stdout
+    assert parent.info.status == "FINISHED" and parent.data.metrics["sweep/trials_pruned"] == len(pruned)
+    assert f"5 trials ({5 - len(pruned)} finished, {len(pruned)} pruned, 0 failed)" in result.stdout
+
+
+@pytest.mark.slow
+def test_trials_run_two_at_once_without_a_barrier_and_several_objectives_have_a_pareto_front(tmp_path, check):
+    objectives = ["hydra.sweeper.objectives=[val/sharpe,val/max_drawdown]", "hydra.sweeper.direction=[maximize,minimize]"]
+    parallel = ["strategy=parallel", "hydra.sweeper.n_jobs=2", "strategy.predict_memory=false"]
+    result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=3", *parallel, *objectives, *WEEK], tmp_path)
+    check(result)
+    (sweep,) = sweep_dirs(tmp_path)
+    workers = json.loads((sweep / "workers.json").read_text())
+    assert workers["workers"] == 2 and workers["barrier"] is False and len(workers["trials"]) == 3
+    first, second = sorted(workers["trials"], key=lambda s: s["start_s"])[:2]
+    assert second["start_s"] < first["end_s"] and {first["slot"], second["slot"]} == {0, 1}  # two at once
+    study = optuna.load_study(study_name="dqn-es", storage=f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}")
+    assert [len(t.values) for t in study.trials] == [2, 2, 2]
+    front = sorted(t.number for t in study.best_trials)
+    assert "Pareto front of val/sharpe (maximize), val/max_drawdown (minimize): " in result.stdout
+    (parent,), trials = runs(tmp_path)
+    assert parent.data.tags["best_trial"] == ", ".join(f"dqn-es-fp32-trial{n}" for n in front)
+    for trial in study.trials:  # each trial's values are its run's validation figures
+        run = next(r for r in trials if r.data.tags["trial"] == str(trial.number))
+        assert trial.values == [run.data.metrics["val/sharpe"], run.data.metrics["val/max_drawdown"]]
+
+
+@pytest.mark.slow
+def test_a_search_killed_with_9_after_its_second_finished_trial_resumes_to_exactly_six(tmp_path, check):
+    storage = tmp_path / "mlruns" / "optuna.db"
+    args = [*SEARCH, "hydra.sweeper.n_trials=6", *WEEK]
+    env = {**os.environ, "FOXHUNT_ROOT": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
+    command = [str(Path(sys.executable).parent / "foxhunt-train"), "-m", *args]
+    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while _complete(storage) < 2:
+            assert process.poll() is None and time.monotonic() < deadline, "the search ended before its second trial"
+            time.sleep(0.2)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    killed_at = _complete(storage)
+    resumed = foxhunt_train([*args, "resume=true"], tmp_path)
+    check(resumed)
+    study = optuna.load_study(study_name="dqn-es", storage=f"sqlite:///{storage}")
+    numbers = [t.number for t in study.trials]
+    assert len(numbers) == len(set(numbers)) and optuna.get_all_study_names(f"sqlite:///{storage}") == ["dqn-es"]
+    assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in study.trials) == 6 and killed_at >= 2
+    for trial in study.trials:
+        if trial.state.name == "FAIL":  # the trial the kill left running: failed, retried with its parameters
+            assert "its sweep process" in trial.user_attrs["fail_reason"]
+            assert any(t.user_attrs.get("retry_of") == trial.number and t.params == trial.params for t in study.trials)
+    assert "study dqn-es (sqlite:///" in resumed.stdout
+
+
+def _complete(storage: Path) -> int:
+    import sqlite3
+
+    if not storage.is_file():
+        return 0
+    try:
+        with sqlite3.connect(storage, timeout=5) as db:
+            return db.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+    except sqlite3.Error:  # tables not made yet
+        return 0
