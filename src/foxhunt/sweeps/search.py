@@ -54,10 +54,6 @@ from foxhunt.runs.status import OK_RESULTS
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 JOB_NUM = "hydra.job.num"  # what a trial's folder name must hold
 MAXIMIZE, MINIMIZE = "maximize", "minimize"
-# A trial's state in the summary besides a run's status (foxhunt.runs.status): the study's pruner
-# stopped it; it failed (its process died, or a stop ended it) and a later trial retried it.
-# Neither is a failure of the sweep; RUNNING there is a trial another live process runs.
-PRUNED, RETRIED = "PRUNED", "RETRIED"
 
 
 class SearchConfigError(ConfigError):

@@ -80,6 +80,10 @@ PRUNED_AT = "pruned_at"  # user: the validation step at which the pruner stopped
 RUN_ID = "run_id"  # user: the trial's MLflow run
 CELL = "cell"  # user: model-asset-precision-seed of the trial's config
 OUTPUT_DIR = "output_dir"  # user: the trial's folder (its cell.json)
+# A trial's state in the summary besides a run's status (foxhunt.runs.status): the study's pruner
+# stopped it; it failed (its process died, or a stop ended it) and a later trial retried it.
+# Neither is a failure of the sweep; RUNNING there is a trial another live process runs.
+PRUNED, RETRIED = "PRUNED", "RETRIED"
 
 
 class StudyError(UserError):
@@ -577,8 +581,6 @@ def study_view(config: DictConfig, default_key) -> StudyView | None:
     import optuna
     from optuna.trial import TrialState
 
-    from foxhunt.sweeps.search import PRUNED, RETRIED
-
     settings = settings_from(config)
     storage = open_storage(settings.storage)
     try:
@@ -631,8 +633,6 @@ def study_view(config: DictConfig, default_key) -> StudyView | None:
 def per_cell_counts(view: StudyView) -> dict[str, int]:
     """For each cell of the study, the trials that count in its deflated Sharpe ratio: its own
     and those of unknown cell (a trial whose process died before its cell was known)."""
-    from foxhunt.sweeps.search import RETRIED
-
     counted_results = [r for r in view.results if r.status not in (RETRIED, "RUNNING")]
     unknown = sum(1 for r in counted_results if not view.cells.get(r.trial))
     totals: dict[str, int] = {}

@@ -37,10 +37,10 @@ import numpy as np
 
 from foxhunt.runs.cell import CellResult
 from foxhunt.runs.status import OK_RESULTS, Status
+from foxhunt.sweeps.study import PRUNED, RETRIED
 
-#: A trial's states that are no failure of the sweep (foxhunt.sweeps.search.PRUNED, RETRIED; a
-#: trial another live process runs).
-NOT_FAILED = (*OK_RESULTS, "PRUNED", "RETRIED", Status.RUNNING)
+#: A trial's states that are no failure of the sweep (a trial another live process runs neither).
+NOT_FAILED = (*OK_RESULTS, PRUNED, RETRIED, Status.RUNNING)
 
 SHARPE, VAL_LOSS, PEAK = "test/sharpe", "val/loss", "memory/device_peak_mb"
 SORTINO, CALMAR, MAX_DRAWDOWN, EXPOSURE = "test/sortino", "test/calmar", "test/max_drawdown", "test/exposure"
