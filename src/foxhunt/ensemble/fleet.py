@@ -231,7 +231,7 @@ class SwappableEngine(StreamingEngine):
         config = inputs.feature_config
         if config not in self._configs:
             raise SwapError(f"{member.name}: its features ({config}) are not those the running streams compute; restart to load it")
-        streams = list(dict.fromkeys([self.default, *streams]))
+        streams = [self.default, *(s for s in streams if s is not self.default)]
         offset, scale = inputs.normalizer()
         histories = []  # per stream: (rows (n, F) float32, ts (n,), calendar)
         for stream in streams:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
+from foxhunt.sweeps.study import PRUNED_AT, StudyFile, open_storage
+
 log = logging.getLogger(__name__)
 
 PRUNED_TAG = "pruned"  # the run's tag: "validation <step>: <metric>=<value>" (this callback writes it)
@@ -43,7 +45,6 @@ class TrialPruned(SystemExit):
 def current_trial(sweep_dir: Path | None = None, number: int | None = None):
     """``(trial, study_file)`` of the running search job, or None outside a search's trial."""
     from foxhunt.sweeps.search import trial_number
-    from foxhunt.sweeps.study import StudyFile, open_storage
 
     if sweep_dir is None or number is None:
         from hydra.core.hydra_config import HydraConfig
@@ -105,7 +106,7 @@ class TrialReporter(pl.Callback):
         if not self._trial.should_prune():
             return
         why = f"validation {step}: {self.monitor}={value:.6g}"
-        self._trial.set_user_attr("pruned_at", step)
+        self._trial.set_user_attr(PRUNED_AT, step)
         _tag_run(trainer, why)
         log.warning("trial %d pruned at %s", self._trial.number, why)
         raise TrialPruned(f"pruned by the study's pruner at {why}")
