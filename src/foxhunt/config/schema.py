@@ -522,6 +522,12 @@ class ResumePointSettings(_Ranged):
     every_n_train_steps: _int(1, MAX_STEPS)
 
 
+class WarmStartSettings(_Ranged):
+    """``callbacks.warm_start``: foxhunt.training.warm_start.WarmStart."""
+
+    path: str | None = None
+
+
 class ProgressSettings(_Ranged):
     """``callbacks.progress``: foxhunt.training.progress.ProgressReporter."""
 
@@ -545,6 +551,7 @@ class CallbacksSection(_Open):
     model_checkpoint: CheckpointSettings = None
     graceful_stop: _Ranged = None
     resume_point: ResumePointSettings = None
+    warm_start: WarmStartSettings = None
     memory_budget: MemoryBudgetSettings = None
     progress: ProgressSettings = None
     progress_bar: ProgressBarSettings = None
@@ -738,6 +745,7 @@ class RollSection(_Strict):
     min_new_bars: _int(1, MAX_BARS)
     purge_bars: _int(0, MAX_BARS)
     min_dsr: _real(ge=0, le=1) | None
+    init: Literal["scratch", "champion"] = "scratch"
     experiment: str = Field(min_length=1)
     previous_alias: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
     swap: RollSwap

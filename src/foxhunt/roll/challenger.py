@@ -10,6 +10,10 @@
   on its own validation block as the champion was on its;
 - its folders moved into the roll's (:func:`foxhunt.training.reproduce.reproduction_config`, which
   moves every path under the champion's folder), the feature cache the fleet's;
+- ``roll.init=champion``: its weights start from the champion's (the version's verified
+  ``weights.pt``, copied into the challenger's folder: ``callbacks.warm_start``,
+  :mod:`foxhunt.training.warm_start`), its optimizer, loop and replay buffer fresh; ``scratch``:
+  from its seed;
 - its MLflow run in ``roll.experiment`` (``task`` too), nested under its family's child of the
   roll run: never counted by ``foxhunt ensemble register``'s choice or a leaderboard of the
   training experiment.
@@ -22,18 +26,22 @@ scored is exactly what a promotion registers.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.config.stored import TARGET
 from foxhunt.runs.tags import Tag
 
+WARM_START = "foxhunt.training.warm_start.WarmStart"  # conf/callbacks/default.yaml's warm_start
 ROLE_TAG = "roll.role"  # run tag in roll.experiment: roll (a step's run), family (its child per family), challenger, rollback
 ROLL_RUN_TAG = "roll.run_id"  # a challenger's and a registered version's tag: the roll run it came from
 
 
-def challenger_config(stored: DictConfig, cfg: DictConfig, window_file: Path, out_dir: Path) -> DictConfig:
-    """The champion's ``stored`` config training on ``window_file`` into ``out_dir`` (module doc)."""
+def challenger_config(stored: DictConfig, cfg: DictConfig, window_file: Path, out_dir: Path, champion_weights: Path) -> DictConfig:
+    """The champion's ``stored`` config training on ``window_file`` into ``out_dir``, its weights
+    from ``champion_weights`` with ``roll.init=champion`` (module doc)."""
     from foxhunt.config.schema import resolved_config
     from foxhunt.training.parts import compose_config
     from foxhunt.training.reproduce import reproduction_config
@@ -51,6 +59,12 @@ def challenger_config(stored: DictConfig, cfg: DictConfig, window_file: Path, ou
     plain["task"] = experiment
     plain["logger"]["experiment"] = experiment
     plain["ckpt"] = None
+    start = None
+    if str(cfg.roll.init) == "champion":
+        start = out_dir / "champion-weights.pt"  # the challenger's folder keeps what it started from
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(champion_weights, start)
+    plain["callbacks"]["warm_start"] = {TARGET: WARM_START, "path": None if start is None else str(start)}
     challenger = OmegaConf.create(plain)
     resolved_config(challenger)  # its interpolations resolve (${paths.output_dir} ...) before anything trains
     return challenger

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles, RegistryError
+from foxhunt.ensemble.member_files import ARTIFACTS_DIR, WEIGHTS_FILE, MemberFiles, RegistryError
 from foxhunt.ensemble.registry import (
     GATE_FORCED,
     REGISTRY_LOCK,
@@ -180,7 +180,8 @@ def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Pa
                             {**child_tags(champion.family, key), "champion.version": outcome.champion},
                             parent_run_id=run.run_id, source=SOURCE) as child:  # fmt: skip
                 children[champion.family] = child.run_id
-                config = challenger_config(champion.files.cfg, cfg, window, out / champion.family)
+                config = challenger_config(champion.files.cfg, cfg, window, out / champion.family,
+                                           champion.folder / ARTIFACTS_DIR / WEIGHTS_FILE)
                 result = train_challenger(config, champion.family, key, child.run_id, run.run_id)
                 outcome.challenger_run = result.run_id
                 if environment is None:  # one wheel for every version of this step

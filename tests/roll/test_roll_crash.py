@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from roll_helpers import CSV, ROLL, cli, utc_dates, write_days
-from test_roll import NAME, aliases, roll, store
+from test_roll_step import NAME, aliases, roll, store
 
 from foxhunt.ensemble.registry import KILL_ENV, pending_moves, resolved_version
 

@@ -5,11 +5,15 @@ no new bars does nothing (exit 0); bad input is one line (exit 2); rollback move
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 from roll_helpers import CSV, ROLL, cli, utc_dates, write_days
 
+from foxhunt.ensemble.member_files import DIGESTS_TAG, WEIGHTS_FILE
 from foxhunt.roll.window import SEEN_TAG, WINDOW_FILE, iso
+from foxhunt.training import warm_start
 
 NAME = "foxhunt-dqn-es"
 
@@ -40,7 +44,7 @@ def test_a_step_scores_promotes_records_and_a_second_does_nothing(roll_store, ro
     if " kept: " in verdict:
         assert aliases(roll_store) == {"champion": "1", "previous": None} and "registry: unchanged" in first.output
     write_days(roll_bars, roll_store / "data" / "es", dates[7:8])
-    forced = roll(roll_store, "--force")
+    forced = roll(roll_store, "--force", "roll.init=champion")  # the challenger starts from the champion's weights
     assert forced.exit_code == 0, forced.output
     s = store(roll_store)
     champion = s.get_version_by_alias(NAME, "champion")
@@ -62,6 +66,9 @@ def test_a_step_scores_promotes_records_and_a_second_does_nothing(roll_store, ro
     assert child.tags["roll.verdict"] in ("forced", "promoted")
     (trained,) = s.search("roll", tags={"mlflow.parentRunId": child.run_id})
     assert trained.run_id == champion.run_id and trained.status == "FINISHED" and trained.metric("val/sharpe") is not None
+    replaced = s.get_version(NAME, child.tags["champion.version"])
+    weights = [sha for file, sha in json.loads(replaced.tags[DIGESTS_TAG]).items() if file.endswith(WEIGHTS_FILE)]
+    assert trained.tags[warm_start.SHA_TAG] == weights[0]  # roll.init=champion: the champion's verified weights.pt
     window = pd.read_csv(run.tags["roll.window_file"])
     assert len(window) == 3000 and window["timestamp_utc"].iloc[-1] < run.tags["roll.block"].split("..")[0]
     assert run.tags["roll.window_file"].endswith(WINDOW_FILE)
