@@ -100,23 +100,24 @@ def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
     store = RunStore(str(cfg.logger.tracking_uri))
     fleet = []
     for family, name in zip(ens.models, fleet_names(cfg)):
-        version = pinned(cfg, family)
+        version, via_alias = pinned(cfg, family), False
         if version is None:
             found = resolved_version(store, name, str(ens.alias), journal(cfg))
-            version = None if found is None else int(found.version)
-        fleet.append(load_member(cfg, name, version, None, workdir))
+            version, via_alias = None if found is None else int(found.version), True
+        fleet.append(load_member(cfg, name, version, None, workdir, via_alias))
     return fleet
 
 
-def load_member(cfg, name: str, version: int | None, weights: str | None, workdir: Path) -> FleetMember:
+def load_member(cfg, name: str, version: int | None, weights: str | None, workdir: Path, via_alias: bool = False) -> FleetMember:
     """Version ``version`` of ``name`` (None: ``@ensemble.alias``), verified and built; ``weights``
-    fp32 or int8 (None: ``ensemble.weights``, ``auto`` reading the version's verdict)."""
+    fp32 or int8 (None: ``ensemble.weights``, ``auto`` reading the version's verdict); ``via_alias``:
+    ``version`` is the alias's, and errors name the alias."""
     import tempfile
 
     ens = cfg.ensemble
     Path(workdir).mkdir(parents=True, exist_ok=True)
     place = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))  # a folder of its own: a version loaded twice never shares one
-    folder, found = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias), version, place / name)
+    folder, found = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias), version, place / name, via_alias)
     if weights is None:
         weights, why = weights_to_load(str(ens.weights), found)
         log.info("%s v%s: %s weights (%s)", name, found.version, weights, why)

@@ -355,13 +355,16 @@ def register_prepared(store, prepared: Prepared, alias: str | None, gate: str) -
     return Registered(prepared.name, version.version, run_id, unchanged=False, gate=gate)
 
 
-def download_version(tracking_uri: str, name: str, alias: str | None, version: int | None, dst: Path) -> tuple[Path, Any]:
+def download_version(tracking_uri: str, name: str, alias: str | None, version: int | None, dst: Path,
+                     via_alias: bool = False) -> tuple[Path, Any]:  # fmt: skip
     """The local folder of a registered version (``models:/name@alias`` or ``models:/name/N``)
-    and its ModelVersion; a missing model, alias or version is one line."""
+    and its ModelVersion; a missing model, alias or version is one line. ``via_alias``: the
+    version is the one ``alias`` resolved to, and the errors name it as the user does,
+    ``models:/name@alias``."""
     from foxhunt.runs.store import RunStore
 
     store = RunStore(tracking_uri)
-    uri = f"models:/{name}/{version}" if version is not None else f"models:/{name}@{alias}"
+    uri = f"models:/{name}/{version}" if version is not None and not via_alias else f"models:/{name}@{alias}"
     found = store.get_version(name, version) if version is not None else store.get_version_by_alias(name, alias)
     if found is None:
         raise RegistryError(f"{uri}: not in the registry of {tracking_uri}; run foxhunt ensemble register first")
