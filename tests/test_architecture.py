@@ -117,3 +117,27 @@ def test_dependencies_point_down(room):
         if any(target == banned or target.startswith(f"{banned}.") for banned in RULES[room])
     )
     assert upward == []
+
+
+#: MlflowClient's writing methods: called only inside foxhunt.runs, the store's one owner.
+MLFLOW_WRITES = frozenset({"log_batch", "log_metric", "log_param", "set_tag", "set_terminated", "log_artifact", "log_artifacts",
+                           "log_inputs", "delete_tag", "create_run"})  # fmt: skip
+
+
+def test_only_the_runs_room_writes_to_mlflow():
+    """A callback writes metrics, tags and artifacts through ``runs.tracked_run.trainer_runs``
+    (a RunStore sharing the logger's client), never through ``logger.experiment`` or an
+    ``MlflowClient`` of its own. Seen failing before: memory/callback.py called
+    ``logger.experiment.log_batch / set_tag / log_artifact``, precision/callback.py
+    ``client.set_tag / log_artifact`` on the logger's client."""
+    found = []
+    for name, path in _modules().items():
+        if name == "foxhunt.runs" or name.startswith("foxhunt.runs."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MLFLOW_WRITES:
+                owner = node.func.value
+                held = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+                if held in ("experiment", "client", "_client"):
+                    found.append(f"{name}:{node.lineno} {ast.unparse(node.func)}")
+    assert found == []

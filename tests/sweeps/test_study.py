@@ -17,7 +17,8 @@ from types import SimpleNamespace
 import optuna
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as hst
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
 
@@ -170,7 +171,9 @@ def test_resume_ends_with_n_trials_that_count_each_number_once(tmp_path_factory,
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert all(st.RETRY_OF in t.user_attrs for t in trials if t.state == TrialState.WAITING)  # retries the study had no room for
     assert len(st.counted(trials)) == max(n_trials, settled)
-    assert all(t.state == TrialState.COMPLETE for t, finished in zip(trials[first:], stale) if finished)  # nothing finished is lost
+    assert all(
+        t.state == TrialState.COMPLETE for t, finished in zip(trials[first:], stale) if finished
+    )  # nothing finished is lost
     assert optuna.get_all_study_names(settings.storage) == ["dqn-es"]
 
 
@@ -203,7 +206,9 @@ def test_a_free_worker_starts_the_next_trial_where_a_batch_waits_for_its_slowest
     def share(barrier: bool, folder: str) -> float:
         settings = _settings(tmp_path / folder, n_trials=len(durations), n_jobs=2, barrier=barrier)
         study = st.open_study(settings)
-        report = _pool(study, settings, Jobs(tmp_path / folder, durations=list(durations)), tmp_path / folder, workers=2, inline=False).run()
+        report = _pool(
+            study, settings, Jobs(tmp_path / folder, durations=list(durations)), tmp_path / folder, workers=2, inline=False
+        ).run()
         spans = sorted(report.spans, key=lambda s: s.start_s)
         assert {s.slot for s in spans} == {0, 1} and all(s.end_s is not None for s in spans)
         return report.figures()["idle_while_waiting_share"]
@@ -214,7 +219,7 @@ def test_a_free_worker_starts_the_next_trial_where_a_batch_waits_for_its_slowest
 
 def _trainer(value: float, epoch: int, metric: str = "val/loss"):
     return SimpleNamespace(sanity_checking=False, state=SimpleNamespace(fn="fit"), callback_metrics={metric: torch.tensor(value)},
-                           current_epoch=epoch, max_epochs=5, logger=None)  # fmt: skip
+                           current_epoch=epoch, max_epochs=5, logger=None, loggers=[])  # fmt: skip
 
 
 def test_the_reporter_reports_signed_to_the_study_and_stops_a_trial_the_pruner_prunes(tmp_path):
@@ -244,7 +249,10 @@ def test_a_walk_forward_trial_is_told_its_mean_across_folds(tmp_path):
     settings = _settings(tmp_path, walk_forward=True)
     result = CellResult(KEY, "FINISHED", metrics={"val/sharpe": 5.0, "val/sharpe_fold_mean": 1.5})
     assert st.outcome_of(result, False, settings).values == (1.5,)  # never the pooled figure
-    assert st.outcome_of(CellResult(KEY, "FINISHED", metrics={"val/sharpe": 5.0}), False, settings).reason == "val/sharpe_fold_mean is missing"
+    assert (
+        st.outcome_of(CellResult(KEY, "FINISHED", metrics={"val/sharpe": 5.0}), False, settings).reason
+        == "val/sharpe_fold_mean is missing"
+    )
     two = _settings(tmp_path, objectives=("val/sharpe", "val/max_drawdown"), directions=("maximize", "minimize"))
     outcome = st.outcome_of(CellResult(KEY, "SKIPPED", metrics={"val/sharpe": 2.0, "val/max_drawdown": 300.0}), False, two)
     assert (outcome.state, outcome.values) == ("complete", (2.0, 300.0))

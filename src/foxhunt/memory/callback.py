@@ -37,7 +37,8 @@ batches: one MLflow write costs tens of milliseconds (a SQLite transaction), far
 training step of a small model, while a probe reading costs tens of microseconds. Pending rows
 are written when the time spent in the per-step hooks so far, plus the longest write so far,
 stays within ``max_overhead_pct`` of the training time elapsed (one ``log_batch`` call for all
-pending rows on an ``MLFlowLogger``), the newest row excepted: a later row of the same step
+pending rows on each MLflow run, through :func:`foxhunt.runs.tracked_run.trainer_runs`, the one
+way a callback writes to the store), the newest row excepted: a later row of the same step
 merges into it, so each metric has one value per step; everything pending is written at the
 end, on an exception too. A fit restored from a checkpoint (``resume=true``, ``ckpt=``) logs no
 fit-start row: the run that wrote the checkpoint logged that moment. The callback times its per-step hooks (``time.perf_counter``) and logs that
@@ -75,6 +76,7 @@ from foxhunt.memory.budget import Breach, MemoryBudget, find_breaches
 from foxhunt.memory.probes import PROBE_METHODS, DeviceProbes, DeviceSample
 from foxhunt.memory.report import MeasuredFigure, MemoryReport, write_report
 from foxhunt.runs.steps import logging_step
+from foxhunt.runs.tracked_run import trainer_runs
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,6 @@ ON_BREACH_ACTIONS = ("warn", "stop", "fail")
 BREACH_CHECKPOINT = "memory_breach.ckpt"
 BREACH_TAG = "memory_breach"
 METRIC_PREFIX = "memory/"
-MLFLOW_METRICS_PER_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 
 
 def _active_modes() -> list:
@@ -351,19 +352,22 @@ class MemoryBudgetCallback(pl.Callback):
         sample = self.peak_sample or DeviceSample()
         if sample.cuda_allocated_peak_bytes is not None:
             return MeasuredFigure(
-                "peak", sample.cuda_allocated_peak_bytes,
+                "peak",
+                sample.cuda_allocated_peak_bytes,
                 "torch.cuda.max_memory_allocated since the run started (every tensor on the device)",
             )
         if self.breakdown.temporaries_bytes or self.activations_measured:
             return MeasuredFigure(
-                "peak", self.breakdown.total_training_bytes,
+                "peak",
+                self.breakdown.total_training_bytes,
                 "allocator peak of the first training step: bytes live when it began plus the peak of what it "
                 "allocated (AllocationPeak, a TorchDispatchMode; equal to torch's MemTracker), temporaries included; "
                 "forward, backward and optimizer update (a compiled update runs op by op under the meter: "
                 "its temporaries are eager's, an upper bound of the compiled kernel's)",
             )
         return MeasuredFigure(
-            "peak", self.breakdown.total_training_bytes,
+            "peak",
+            self.breakdown.total_training_bytes,
             "sum of the accounted components (no training step measured yet)",
         )
 
@@ -374,16 +378,19 @@ class MemoryBudgetCallback(pl.Callback):
             return MeasuredFigure("device peak", sample.rss_bytes, "process RSS (psutil), max over the samples")
         if kind == "gpu" and sample.nvml_run_bytes is not None:
             return MeasuredFigure(
-                "device peak", sample.nvml_run_bytes,
+                "device peak",
+                sample.nvml_run_bytes,
                 "NVML used memory minus its baseline before the model, max over the samples (CUDA context included)",
             )
         if kind == "gpu" and sample.cuda_reserved_peak_bytes is not None:
             return MeasuredFigure(
-                "device peak", sample.cuda_reserved_peak_bytes,
+                "device peak",
+                sample.cuda_reserved_peak_bytes,
                 "torch.cuda.max_memory_reserved since the run started (NVML absent: CUDA context not included)",
             )
         return MeasuredFigure(
-            "device peak", self.breakdown.total_training_bytes,
+            "device peak",
+            self.breakdown.total_training_bytes,
             "sum of the accounted components (no device probe for this budget ran: CUDA context, "
             "allocator cache and process overhead not included)",
         )
@@ -391,10 +398,16 @@ class MemoryBudgetCallback(pl.Callback):
     def device_figures(self) -> list[MeasuredFigure]:
         sample = self.peak_sample or DeviceSample()
         figures = [
-            MeasuredFigure("CUDA allocated peak", sample.cuda_allocated_peak_bytes, "torch.cuda.max_memory_allocated since the run started"),
-            MeasuredFigure("CUDA reserved peak", sample.cuda_reserved_peak_bytes, "torch.cuda.max_memory_reserved since the run started"),
+            MeasuredFigure(
+                "CUDA allocated peak", sample.cuda_allocated_peak_bytes, "torch.cuda.max_memory_allocated since the run started"
+            ),
+            MeasuredFigure(
+                "CUDA reserved peak", sample.cuda_reserved_peak_bytes, "torch.cuda.max_memory_reserved since the run started"
+            ),
             MeasuredFigure("NVML used", sample.nvml_used_bytes, "NVML used memory of the whole device, max over the samples"),
-            MeasuredFigure("NVML run", sample.nvml_run_bytes, "NVML used minus its baseline before the model, max over the samples"),
+            MeasuredFigure(
+                "NVML run", sample.nvml_run_bytes, "NVML used minus its baseline before the model, max over the samples"
+            ),
             MeasuredFigure("process RSS", sample.rss_bytes, f"{PROBE_METHODS['rss']}, max over the samples"),
         ]
         return [figure for figure in figures if figure.bytes is not None]
@@ -444,28 +457,14 @@ class MemoryBudgetCallback(pl.Callback):
         started = time.perf_counter()
         cut = len(self.pending) if final else len(self.pending) - 1
         rows, self.pending = self.pending[:cut], self.pending[cut:]
-        for logger in trainer.loggers:
-            if isinstance(logger, MLFlowLogger) and logger.run_id:
-                self._write_mlflow(logger, rows)
-            else:
+        for store, run_id in trainer_runs(trainer):
+            store.log_metric_rows(run_id, rows)
+        for logger in trainer.loggers:  # any other kind (CSV, TensorBoard): its own calls
+            if not isinstance(logger, MLFlowLogger):
                 for step, _, metrics in rows:
                     logger.log_metrics(metrics, step=step)
         self._write_cost_seconds = max(self._write_cost_seconds, time.perf_counter() - started)
         self.writes += 1
-
-    @staticmethod
-    def _write_mlflow(logger: MLFlowLogger, rows: list[tuple[int, int, dict[str, float]]]) -> None:
-        from mlflow.entities import Metric
-
-        prefix = getattr(logger, "_prefix", "")
-        join = f"{prefix}{logger.LOGGER_JOIN_CHAR}" if prefix else ""
-        entries = [
-            Metric(key=f"{join}{key}", value=float(value), timestamp=stamp, step=step)
-            for step, stamp, metrics in rows
-            for key, value in metrics.items()
-        ]
-        for first in range(0, len(entries), MLFLOW_METRICS_PER_BATCH):
-            logger.experiment.log_batch(logger.run_id, metrics=entries[first : first + MLFLOW_METRICS_PER_BATCH])
 
     def _check(self, trainer: pl.Trainer) -> None:
         peak, device_peak = self.peak_figure(), self.device_peak_figure()
@@ -485,13 +484,9 @@ class MemoryBudgetCallback(pl.Callback):
                     trainer.save_checkpoint(self.checkpoint_dir / BREACH_CHECKPOINT)
                 trainer.should_stop = True
 
-    @staticmethod
-    def _mlflow_loggers(trainer: pl.Trainer) -> list[MLFlowLogger]:
-        return [logger for logger in trainer.loggers if isinstance(logger, MLFlowLogger) and logger.run_id]
-
     def _tag(self, trainer: pl.Trainer, message: str) -> None:
-        for logger in self._mlflow_loggers(trainer):
-            logger.experiment.set_tag(logger.run_id, BREACH_TAG, message)
+        for store, run_id in trainer_runs(trainer):
+            store.tag(run_id, {BREACH_TAG: message})
 
     # -- report ----------------------------------------------------------------------------
     def build_report(self, pl_module: pl.LightningModule, steps: int) -> MemoryReport:
@@ -539,8 +534,8 @@ class MemoryBudgetCallback(pl.Callback):
         report = self.build_report(pl_module, trainer.global_step)
         directory = self.report_dir or Path(trainer.default_root_dir)
         self.report_paths = write_report(report, directory)
-        for logger in self._mlflow_loggers(trainer):
+        for store, run_id in trainer_runs(trainer):
             for path in self.report_paths:
-                logger.experiment.log_artifact(logger.run_id, str(path))
+                store.log_artifact(run_id, path)
         self.once_seconds += time.perf_counter() - started
         log.info("memory report: %s", self.report_paths[0])

@@ -11,7 +11,7 @@ after ``fit`` and a resumed run leave an int8 weight as it is), so an int8 check
 int8 weights.
 
 At the start of fit it writes the per-parameter list ``quantized_layers.txt`` into
-``report_dir`` (default: the Trainer's ``default_root_dir``) and, on an ``MLFlowLogger``,
+``report_dir`` (default: the Trainer's ``default_root_dir``) and, on the run's MLflow logger,
 logs it as an artifact with the tags ``precision.int8_tensors`` and
 ``precision.int8_elements_pct``. Under ``bf16-mixed``, during the first training step forward
 hooks record the dtype every module computed in; the list goes to ``precision_dtypes.txt``
@@ -25,10 +25,10 @@ import logging
 from pathlib import Path
 
 import lightning.pytorch as pl
-from lightning.pytorch.loggers import MLFlowLogger
 
 from foxhunt.precision.bf16 import PRECISION_DTYPES_FILE, DtypeRecorder
 from foxhunt.precision.plugin import policy_of
+from foxhunt.runs.tracked_run import trainer_runs
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,9 @@ class PrecisionCallback(pl.Callback):
         self.dtypes_path = self._folder(trainer) / PRECISION_DTYPES_FILE
         self.dtypes_path.write_text(recorder.text(plugin.bf16_line, plugin.islands))
         counts = ",".join(f"{dtype}:{n}" for dtype, n in sorted(recorder.counts().items()))
-        for client, run_id in _mlflow_runs(trainer):
-            client.log_artifact(run_id, str(self.dtypes_path))
-            client.set_tag(run_id, "precision.compute_dtypes", counts)
-            client.set_tag(run_id, "precision.fp32_islands", ",".join(plugin.islands) or "none")
+        for store, run_id in trainer_runs(trainer):
+            store.log_artifact(run_id, self.dtypes_path)
+            store.tag(run_id, {"precision.compute_dtypes": counts, "precision.fp32_islands": ",".join(plugin.islands) or "none"})
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._recorder is not None:  # the fit ended inside its first step
@@ -80,20 +79,14 @@ class PrecisionCallback(pl.Callback):
         self.report_path = self._folder(trainer) / QUANTIZED_LAYERS_FILE
         self.report_path.write_text(plan_text(plan, policy))
         count, share = int8_share(plan)
-        log.info("precision %s: %d int8 weight tensors (%.1f%% of parameters), list in %s",
-                 policy.name, count, share, self.report_path)
-        for client, run_id in _mlflow_runs(trainer):
-            client.log_artifact(run_id, str(self.report_path))
-            client.set_tag(run_id, "precision.int8_tensors", str(count))
-            client.set_tag(run_id, "precision.int8_elements_pct", f"{share:.1f}")
+        log.info(
+            "precision %s: %d int8 weight tensors (%.1f%% of parameters), list in %s", policy.name, count, share, self.report_path
+        )
+        for store, run_id in trainer_runs(trainer):
+            store.log_artifact(run_id, self.report_path)
+            store.tag(run_id, {"precision.int8_tensors": count, "precision.int8_elements_pct": f"{share:.1f}"})
 
     def _folder(self, trainer: pl.Trainer) -> Path:
         folder = self.report_dir or Path(trainer.default_root_dir)
         folder.mkdir(parents=True, exist_ok=True)
         return folder
-
-
-def _mlflow_runs(trainer: pl.Trainer):
-    for logger in trainer.loggers:
-        if isinstance(logger, MLFlowLogger) and logger.run_id is not None:
-            yield logger.experiment, logger.run_id

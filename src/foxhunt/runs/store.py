@@ -126,8 +126,10 @@ def open_client(tracking_uri: str):
         if database.is_file() and database.stat().st_size:  # an existing file must be an SQLite database
             with open(database, "rb") as handle:
                 if handle.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
-                    raise StoreError(f"{tracking_uri}: not an MLflow SQLite store (the file is not an SQLite "
-                                     f"database); expected {_ACCEPTED_URIS}")
+                    raise StoreError(
+                        f"{tracking_uri}: not an MLflow SQLite store (the file is not an SQLite "
+                        f"database); expected {_ACCEPTED_URIS}"
+                    )
         _wait_for_locks()
         database.parent.mkdir(parents=True, exist_ok=True)
         with _store_lock(database):
@@ -135,11 +137,17 @@ def open_client(tracking_uri: str):
             client.search_experiments(max_results=1)  # opens the store: creates or migrates its tables
         return client
     except (MlflowException, OSError) as exc:
-        raise StoreError(f"{tracking_uri}: cannot open the MLflow store ({one_line_error(exc, with_type=False, first_line=True, limit=300)}); expected {_ACCEPTED_URIS}") from None
+        raise StoreError(
+            f"{tracking_uri}: cannot open the MLflow store ({one_line_error(exc, with_type=False, first_line=True, limit=300)}); expected {_ACCEPTED_URIS}"
+        ) from None
     except Exception as exc:  # SQLAlchemy's and alembic's errors for a file that is not an MLflow store
         if type(exc).__module__.split(".")[0] not in ("sqlalchemy", "alembic", "sqlite3"):
             raise
-        raise StoreError(f"{tracking_uri}: not an MLflow SQLite store ({one_line_error(exc, with_type=False, first_line=True, limit=300)}); expected {_ACCEPTED_URIS}") from None
+        raise StoreError(
+            f"{tracking_uri}: not an MLflow SQLite store ({one_line_error(exc, with_type=False, first_line=True, limit=300)}); expected {_ACCEPTED_URIS}"
+        ) from None
+
+
 METRIC_PROGRESS = "progress"  # its step is where a cell is (foxhunt.training.progress)
 
 
@@ -162,6 +170,13 @@ class RunStore:
     def __init__(self, tracking_uri: str) -> None:
         self.tracking_uri = tracking_uri
         self._client = None
+
+    @classmethod
+    def sharing(cls, client) -> RunStore:
+        """The store of an open ``MlflowClient`` (a Lightning logger's), writing through it."""
+        store = cls(str(client.tracking_uri))
+        store._client = client
+        return store
 
     @property
     def client(self):
@@ -247,8 +262,12 @@ class RunStore:
 
         database = sqlite_path(self.tracking_uri)
         if database is None or not database.is_file():
-            log.warning("run %s: metrics after step %d stay in the store %s (only SQLite's can be rewound)",
-                        run_id, step, self.tracking_uri)
+            log.warning(
+                "run %s: metrics after step %d stay in the store %s (only SQLite's can be rewound)",
+                run_id,
+                step,
+                self.tracking_uri,
+            )
             return 0
         with _store_lock(database), sqlite3.connect(database, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000) as db:
             removed = db.execute(
@@ -278,12 +297,16 @@ class RunStore:
             self.client.log_batch(run_id, params=batch[start : start + PARAMS_PER_BATCH])
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self.log_metric_rows(run_id, [(step or 0, int(time.time() * 1000), metrics)])
+
+    def log_metric_rows(self, run_id: str, rows: Iterable[tuple[int, int, Mapping[str, float]]]) -> None:
+        """Rows of ``(step, timestamp ms, {key: value})`` in as few ``log_batch`` calls as
+        MLflow's limit allows (:data:`METRIC_BATCH` metrics a call)."""
         from mlflow.entities import Metric as MlflowMetric
 
-        now = int(time.time() * 1000)
-        batch = [MlflowMetric(key, float(value), now, step or 0) for key, value in metrics.items()]
-        for start in range(0, len(batch), PARAMS_PER_BATCH):
-            self.client.log_batch(run_id, metrics=batch[start : start + PARAMS_PER_BATCH])
+        batch = [MlflowMetric(key, float(value), stamp, step) for step, stamp, metrics in rows for key, value in metrics.items()]
+        for start in range(0, len(batch), METRIC_BATCH):
+            self.client.log_batch(run_id, metrics=batch[start : start + METRIC_BATCH])
 
     def last_metric_step(self, run_id: str, keys: Iterable[str]) -> int | None:
         """The greatest step at which the run has a value of any of ``keys`` (None: no value)."""
@@ -516,7 +539,9 @@ class RunStore:
 
         destination.mkdir(parents=True, exist_ok=True)
         with self._as_global_store():  # a models:/ URI is resolved on the global store, whatever tracking_uri says
-            return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination), tracking_uri=self.tracking_uri))
+            return Path(
+                mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination), tracking_uri=self.tracking_uri)
+            )
 
     def set_version_tags(self, name: str, version: str | int, tags: Mapping[str, Any]) -> None:
         for key, value in tags.items():
@@ -574,9 +599,7 @@ class ClientReader:
         if job_id is not None:
             wanted = {r.info.run_id for r in members if r.data.tags.get(Tag.JOB_ID, "").startswith(job_id)}
             wanted |= {p for p in parents if p and p.startswith(job_id)}
-            wanted |= {
-                r.data.tags[Tag.PARENT] for r in members if r.info.run_id in wanted and r.data.tags.get(Tag.PARENT)
-            }
+            wanted |= {r.data.tags[Tag.PARENT] for r in members if r.info.run_id in wanted and r.data.tags.get(Tag.PARENT)}
             members = [r for r in members if r.info.run_id in wanted or r.data.tags.get(Tag.PARENT) in wanted]
         return [self.store._stored_run(run, experiments, params=Param.CHECKPOINT_DIRS, progress=True) for run in members]
 

@@ -76,6 +76,14 @@ class AttachedMLFlowLogger(MLFlowLogger):
         return None
 
 
+def trainer_runs(trainer) -> list[tuple[RunStore, str]]:
+    """``(store, run id)`` of each MLflow logger of ``trainer`` that has a run: how a callback
+    writes metrics, tags and artifacts to MLflow (through the store, sharing the logger's
+    client; a logger's metric prefix is not applied: foxhunt's loggers have none)."""
+    return [(RunStore.sharing(logger.experiment), logger.run_id) for logger in trainer.loggers
+            if isinstance(logger, MLFlowLogger) and logger.run_id]  # fmt: skip
+
+
 class TrackedRun:
     """One MLflow run, from creation to its final status.
 
@@ -144,9 +152,7 @@ class TrackedRun:
 
     # -- content -------------------------------------------------------------------------
     def logger(self) -> AttachedMLFlowLogger:
-        return AttachedMLFlowLogger(
-            experiment_name=self.experiment_name, tracking_uri=self.tracking_uri, run_id=self.run_id
-        )
+        return AttachedMLFlowLogger(experiment_name=self.experiment_name, tracking_uri=self.tracking_uri, run_id=self.run_id)
 
     def log_config(self, resolved: Mapping[str, Any], yaml_text: str) -> None:
         if not self.resume_run_id:  # a reopened run has its params already

@@ -114,14 +114,10 @@ class TrialReporter(pl.Callback):
 
 def _tag_run(trainer: pl.Trainer, why: str) -> None:
     """The run's ``pruned`` tag, through the run's own logger (its store and run id)."""
-    logger = trainer.logger
-    run_id = getattr(logger, "run_id", None)
-    uri = getattr(logger, "_tracking_uri", None)
-    if not run_id or not uri:
-        return
-    from foxhunt.runs.store import RunStore
+    from foxhunt.runs.tracked_run import trainer_runs
 
-    try:
-        RunStore(uri).tag(run_id, {PRUNED_TAG: why})
-    except Exception:  # the stop goes on whatever the store says
-        log.warning("could not tag run %s pruned", run_id, exc_info=True)
+    for store, run_id in trainer_runs(trainer):
+        try:
+            store.tag(run_id, {PRUNED_TAG: why})
+        except Exception:  # the stop goes on whatever the store says
+            log.warning("could not tag run %s pruned", run_id, exc_info=True)

@@ -49,7 +49,9 @@ def read_weights(path: Path, key: str = KEY) -> dict:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 (whatever the unpickler refuses: the file is the user's input)
-        raise ConfigError(f"{where}: not loadable with weights_only=True ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from None
+        raise ConfigError(
+            f"{where}: not loadable with weights_only=True ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+        ) from None
     state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(f"{where}: holds no state dict of tensors")
@@ -77,7 +79,7 @@ class WarmStart(pl.Callback):
             raise ConfigError(f"{KEY}={self.path}: the weights do not fit this run's model ({first})") from None
         self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
         log.info("warm start: weights from %s (sha256 %s)", self.path, self.sha256[:12])
-        for logger in trainer.loggers:
-            client, run_id = getattr(logger, "experiment", None), getattr(logger, "run_id", None)
-            if run_id is not None and hasattr(client, "set_tag"):
-                client.set_tag(run_id, SHA_TAG, self.sha256)
+        from foxhunt.runs.tracked_run import trainer_runs
+
+        for store, run_id in trainer_runs(trainer):
+            store.tag(run_id, {SHA_TAG: self.sha256})
