@@ -24,8 +24,12 @@ install: $(VENV)/.installed
 run: install
 	$(BIN)/foxhunt-train $(ARGS)
 
+# The default suite on TEST_WORKERS pytest-xdist workers, each test file's tests in one worker
+# (its module fixtures built once); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+
 test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The default suite as on a CPU without AVX-512: oneDNN and ATen capped at AVX2 (no bf16 RNN
 # kernels, no VNNI int8 products), whatever this machine's CPU has.

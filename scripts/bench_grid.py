@@ -30,7 +30,14 @@ STRATEGIES = ("sequential", "parallel")
 
 
 def run_grid(strategy: str, root: Path, extra: list[str]) -> dict:
-    command = [str(Path(sys.executable).parent / "foxhunt-train"), "-m", "experiment=grid", "trainer=smoke", f"strategy={strategy}", *extra]
+    command = [
+        str(Path(sys.executable).parent / "foxhunt-train"),
+        "-m",
+        "experiment=grid",
+        "trainer=smoke",
+        f"strategy={strategy}",
+        *extra,
+    ]
     env = {**os.environ, "FOXHUNT_ROOT": str(root)}
     load = os.getloadavg()[0]
     started = time.perf_counter()

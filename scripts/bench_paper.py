@@ -78,7 +78,9 @@ def main() -> None:
     root = (args.root or Path(tempfile.mkdtemp(prefix="foxhunt-bench-paper-"))).resolve()
     root.mkdir(parents=True, exist_ok=True)
     models = [m for m in args.models.split(",") if m]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}"
+    )
     before = os.getloadavg()
     _store(root, models, args.days)
     sessions = []

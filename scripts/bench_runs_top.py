@@ -116,8 +116,13 @@ def build_store(root: Path, n_runs: int, seed: int) -> dict[str, int]:
     while counts["runs"] < n_runs:
         experiment = OTHER_EXPERIMENT if rng.random() < OTHER_SHARE else EXPERIMENT
         if cells % CELLS_PER_SWEEP == 0:
-            parent = add_run(f"sweep-{cells // CELLS_PER_SWEEP}", experiment, "FINISHED",
-                             {"foxhunt.run_kind": "sweep", "sweep_id": f"s{cells}", "job_id": f"{cells:08x}"}, {})
+            parent = add_run(
+                f"sweep-{cells // CELLS_PER_SWEEP}",
+                experiment,
+                "FINISHED",
+                {"foxhunt.run_kind": "sweep", "sweep_id": f"s{cells}", "job_id": f"{cells:08x}"},
+                {},
+            )
             counts["sweeps"] += 1
         cells += 1
         model, asset, precision = rng.choice(MODELS), rng.choice(ASSETS), rng.choice(PRECISIONS)
@@ -133,8 +138,13 @@ def build_store(root: Path, n_runs: int, seed: int) -> dict[str, int]:
             cell = add_run(name, experiment, status, {**cell_tags, "foxhunt.role": "cell"}, scores)
             for fold in range(FOLDS):
                 fold_scores = {**split_metrics(rng, "val"), **split_metrics(rng, "test")}
-                add_run(f"{name} fold{fold}", experiment, status,
-                        {**cell_tags, "mlflow.parentRunId": cell, "foxhunt.role": "fold", "fold": fold}, fold_scores)
+                add_run(
+                    f"{name} fold{fold}",
+                    experiment,
+                    status,
+                    {**cell_tags, "mlflow.parentRunId": cell, "foxhunt.role": "fold", "fold": fold},
+                    fold_scores,
+                )
                 counts["folds"] += 1
         else:
             add_run(name, experiment, status, cell_tags, scores)
@@ -181,8 +191,17 @@ def main() -> None:
     variants = {
         "table": [foxhunt, "runs", "top", "--root", str(root)],
         "--json": [foxhunt, "runs", "top", "--json", "--root", str(root)],
-        "filtered --by": [foxhunt, "runs", "top", "asset=es,nq", "precision=int8", "--by", "model,asset,precision",
-                          "--root", str(root)],  # fmt: skip
+        "filtered --by": [
+            foxhunt,
+            "runs",
+            "top",
+            "asset=es,nq",
+            "precision=int8",
+            "--by",
+            "model,asset,precision",
+            "--root",
+            str(root),
+        ],  # fmt: skip
         "foxhunt --help": [foxhunt, "--help"],
     }
     load_before = os.getloadavg()

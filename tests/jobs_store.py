@@ -86,27 +86,70 @@ def build_store(root: Path) -> Store:
 
     done = {"progress": (1.0, 100), "train/loss": (0.5, 100), "memory/peak_mb": (120.0, 100)}
     # A finished two-model, two-asset job, 3 days ago, 2 h long.
-    p = parent("finished", "aaaa1111", 72, stale_pid,
-               {"job.plan": plan(("dqn", "es", 1.0), ("dqn", "nq", 1.0), ("tft", "es", 3.0), ("tft", "nq", 3.0))})
+    p = parent(
+        "finished",
+        "aaaa1111",
+        72,
+        stale_pid,
+        {"job.plan": plan(("dqn", "es", 1.0), ("dqn", "nq", 1.0), ("tft", "es", 3.0), ("tft", "nq", 3.0))},
+    )
     for i, (m, a) in enumerate([("dqn", "es"), ("dqn", "nq"), ("tft", "es"), ("tft", "nq")]):
-        cell(f"finished/{m}-{a}", p, "aaaa1111", m, a, 72 - i * 0.1, "FINISHED", stale_pid,
-             {**done, "val/sharpe": (0.5 + i * 0.3, 100)})
+        cell(
+            f"finished/{m}-{a}",
+            p,
+            "aaaa1111",
+            m,
+            a,
+            72 - i * 0.1,
+            "FINISHED",
+            stale_pid,
+            {**done, "val/sharpe": (0.5 + i * 0.3, 100)},
+        )
     end(p, "FINISHED", 72, 2)
     # A failed job, 1 day ago, 30 min: one cell FINISHED, one FAILED with its error.
     p = parent("failed", "aaaa2222", 24, stale_pid, {"error": "1 cell failed"})
     cell("failed/ppo-es", p, "aaaa2222", "ppo", "es", 24, "FINISHED", stale_pid, {**done, "val/sharpe": (0.2, 100)})
-    cell("failed/ppo-nq", p, "aaaa2222", "ppo", "nq", 24, "FAILED", stale_pid,
-         {"progress": (0.3, 30)}, {"error": "ValueError: loss is NaN at step 30"})
+    cell(
+        "failed/ppo-nq",
+        p,
+        "aaaa2222",
+        "ppo",
+        "nq",
+        24,
+        "FAILED",
+        stale_pid,
+        {"progress": (0.3, 30)},
+        {"error": "ValueError: loss is NaN at step 30"},
+    )
     end(p, "FAILED", 24, 0.5)
     # A job stopped 2 h ago after 10 min.
     p = parent("killed", "bbbb3333", 2, stale_pid)
-    cell("killed/mamba2-6e", p, "bbbb3333", "mamba2", "6e", 2, "KILLED", stale_pid,
-         {"progress": (0.4, 40), "train/loss": (0.9, 40)}, {"stop_reason": "SIGTERM"})
+    cell(
+        "killed/mamba2-6e",
+        p,
+        "bbbb3333",
+        "mamba2",
+        "6e",
+        2,
+        "KILLED",
+        stale_pid,
+        {"progress": (0.4, 40), "train/loss": (0.9, 40)},
+        {"stop_reason": "SIGTERM"},
+    )
     end(p, "KILLED", 2, 1 / 6)
     # A running job (its process: this test process): one cell running, one planned.
     p = parent("running", "cccc4444", 0, alive_pid, {"job.plan": plan(("tft", "zn", 4.0), ("dqn", "zn", 1.0))})
-    cell("running/tft-zn", p, "cccc4444", "tft", "zn", 0, "RUNNING", alive_pid,
-         {"progress": (0.5, 40), "train/loss": (0.7, 40), "memory/peak_mb": (300.0, 40)})
+    cell(
+        "running/tft-zn",
+        p,
+        "cccc4444",
+        "tft",
+        "zn",
+        0,
+        "RUNNING",
+        alive_pid,
+        {"progress": (0.5, 40), "train/loss": (0.7, 40), "memory/peak_mb": (300.0, 40)},
+    )
     # A stale job: RUNNING in the store, its processes gone (kill -9).
     p = parent("stale", "dddd5555", 1, stale_pid)
     cell("stale/dqn-es", p, "dddd5555", "dqn", "es", 1, "RUNNING", stale_pid, {"progress": (0.2, 20)})

@@ -40,7 +40,7 @@ def test_the_contracts_as_published(key, tick_value, session_minutes, zone):
     assert str(spec.zone) == zone and spec.close_time.hour - spec.open_time.hour == -1  # a one-hour daily break
 
 
-@given(key=st.sampled_from(sorted(ASSETS)), ticks=st.integers(-10**6, 10**6), frac=st.floats(-0.4999, 0.4999))
+@given(key=st.sampled_from(sorted(ASSETS)), ticks=st.integers(-(10**6), 10**6), frac=st.floats(-0.4999, 0.4999))
 def test_round_to_tick_goes_to_the_nearest_tick(key, ticks, frac):
     spec = ASSETS[key]
     price = spec.price_level + (ticks + frac) * spec.tick_size

@@ -54,7 +54,10 @@ def _bad_files(folder: Path) -> dict[str, Path]:
 
     text("empty.csv", HEADER)
     text("no_volume.csv", "timestamp_utc,open,high,low,close\n2024-01-02 00:01:00,100.0,100.25,99.75,100.0\n")
-    text("high_below_low.csv", HEADER + "2024-01-02 00:01:00,100.0,100.25,99.75,100.0,5\n2024-01-02 00:02:00,100.0,99.75,100.0,100.0,5\n")
+    text(
+        "high_below_low.csv",
+        HEADER + "2024-01-02 00:01:00,100.0,100.25,99.75,100.0,5\n2024-01-02 00:02:00,100.0,99.75,100.0,100.0,5\n",
+    )
     text("off_tick.csv", HEADER + "2024-01-02 00:01:00,100.1,100.25,99.75,100.0,5\n")
     gz = REAL_6E.read_bytes()
     raw("cut.csv.gz", gz[: len(gz) // 2])
@@ -86,7 +89,6 @@ def _bad_files(folder: Path) -> dict[str, Path]:
 
     # checkpoints: the config's own model, stamped or not, of another family, shape or precision
     from configs import compose_train_config
-
     from foxhunt.training.parts import build_model
 
     def checkpoint(name: str, overrides: list[str], stamp: dict | None, extra: dict | None = None) -> None:
@@ -156,54 +158,180 @@ def _snapshot(battery: Battery) -> tuple:
 # (id, command-line arguments with {file} placeholders, what the one line must contain)
 TRAIN_CASES = [
     # config
-    ("horizon", ["model=tft", "model.window.horizon=60"], "config error: model.window.horizon=60: must be < model.window.seq_len (50)"),
-    ("unknown-option", ["model=nope"], "config error: In 'train': Could not find 'model/nope' Available options in 'model': dqn, mamba2, ppo, tft"),
+    (
+        "horizon",
+        ["model=tft", "model.window.horizon=60"],
+        "config error: model.window.horizon=60: must be < model.window.seq_len (50)",
+    ),
+    (
+        "unknown-option",
+        ["model=nope"],
+        "config error: In 'train': Could not find 'model/nope' Available options in 'model': dqn, mamba2, ppo, tft",
+    ),
     ("unknown-key", ["learning_rate=3"], "config error: Could not override 'learning_rate'"),
-    ("bad-override", ["model.module.lr=[1,"], "config error: override 'model.module.lr=[1,': no viable alternative at input '[1,'"),
+    (
+        "bad-override",
+        ["model.module.lr=[1,"],
+        "config error: override 'model.module.lr=[1,': no viable alternative at input '[1,'",
+    ),
     ("no-path", ["data=csv"], "config error: data.source.path: missing (required; set it on the command line"),
-    ("bar-label", ["data=csv", "data.source.path={empty.csv}", "data.source.bar_label=middle"], "config error: data.source.bar_label='middle': must be one of start, close"),
+    (
+        "bar-label",
+        ["data=csv", "data.source.path={empty.csv}", "data.source.bar_label=middle"],
+        "config error: data.source.bar_label='middle': must be one of start, close",
+    ),
     ("resume-no-store", ["resume=true", "logger=none"], "config error: resume=True: needs logger.enabled=true"),
-    ("folds-too-many", ["evaluation.protocol=walk_forward", "evaluation.walk_forward.folds=6"], "config error: evaluation.walk_forward.folds=6: train + folds x (val + test) = 1.25 of the bars: must be <= 1"),
-    ("folds-too-few-bars", ["data=csv", "asset=6e", f"data.source.path={REAL_6E}", "evaluation.protocol=walk_forward", "evaluation.walk_forward.purge_bars=100000"], "data error: evaluation.walk_forward: 4 folds need"),
+    (
+        "folds-too-many",
+        ["evaluation.protocol=walk_forward", "evaluation.walk_forward.folds=6"],
+        "config error: evaluation.walk_forward.folds=6: train + folds x (val + test) = 1.25 of the bars: must be <= 1",
+    ),
+    (
+        "folds-too-few-bars",
+        [
+            "data=csv",
+            "asset=6e",
+            f"data.source.path={REAL_6E}",
+            "evaluation.protocol=walk_forward",
+            "evaluation.walk_forward.purge_bars=100000",
+        ],
+        "data error: evaluation.walk_forward: 4 folds need",
+    ),
     # csv
-    ("csv-empty", ["data=csv", "data.source.path={empty.csv}"], "data error: {empty.csv}: no bars (the file has a header but no rows)"),
+    (
+        "csv-empty",
+        ["data=csv", "data.source.path={empty.csv}"],
+        "data error: {empty.csv}: no bars (the file has a header but no rows)",
+    ),
     ("csv-column", ["data=csv", "data.source.path={no_volume.csv}"], "data error: {no_volume.csv}: missing column(s) volume"),
-    ("csv-high-low", ["data=csv", "data.source.path={high_below_low.csv}"], "data error: {high_below_low.csv}: line 3 (2024-01-02T00:01:00+00:00): high=99.75 < low=100.0"),
-    ("csv-off-tick", ["data=csv", "data.source.path={off_tick.csv}"], "data error: {off_tick.csv}: line 2 (2024-01-02T00:00:00+00:00): field 'open'=100.1 is off the 0.25 tick grid"),
-    ("csv-missing", ["data=csv", "data.source.path={inputs}/nope.csv"], "data error: {inputs}/nope.csv: file not found (OHLCV CSV files)"),
-    ("gzip-cut", ["data=csv", "asset=6e", "data.source.path={cut.csv.gz}"], "data error: {cut.csv.gz}: truncated: the compressed data ends before its end-of-stream marker"),
-    ("gzip-crc", ["data=csv", "asset=6e", "data.source.path={crc.csv.gz}"], "data error: {crc.csv.gz}: corrupt compressed data (CRC check failed"),
+    (
+        "csv-high-low",
+        ["data=csv", "data.source.path={high_below_low.csv}"],
+        "data error: {high_below_low.csv}: line 3 (2024-01-02T00:01:00+00:00): high=99.75 < low=100.0",
+    ),
+    (
+        "csv-off-tick",
+        ["data=csv", "data.source.path={off_tick.csv}"],
+        "data error: {off_tick.csv}: line 2 (2024-01-02T00:00:00+00:00): field 'open'=100.1 is off the 0.25 tick grid",
+    ),
+    (
+        "csv-missing",
+        ["data=csv", "data.source.path={inputs}/nope.csv"],
+        "data error: {inputs}/nope.csv: file not found (OHLCV CSV files)",
+    ),
+    (
+        "gzip-cut",
+        ["data=csv", "asset=6e", "data.source.path={cut.csv.gz}"],
+        "data error: {cut.csv.gz}: truncated: the compressed data ends before its end-of-stream marker",
+    ),
+    (
+        "gzip-crc",
+        ["data=csv", "asset=6e", "data.source.path={crc.csv.gz}"],
+        "data error: {crc.csv.gz}: corrupt compressed data (CRC check failed",
+    ),
     # databento
-    ("dbn-cut", ["data=databento", "data.source.path={cut.dbn.zst}"], "data error: {cut.dbn.zst}: truncated: the zstd data ends inside a frame"),
-    ("dbn-record-cut", ["data=databento", "data.source.path={last_record_cut.dbn}"], "data error: {last_record_cut.dbn}: truncated: record 3 is incomplete (the file ends 36 bytes into it)"),
+    (
+        "dbn-cut",
+        ["data=databento", "data.source.path={cut.dbn.zst}"],
+        "data error: {cut.dbn.zst}: truncated: the zstd data ends inside a frame",
+    ),
+    (
+        "dbn-record-cut",
+        ["data=databento", "data.source.path={last_record_cut.dbn}"],
+        "data error: {last_record_cut.dbn}: truncated: record 3 is incomplete (the file ends 36 bytes into it)",
+    ),
     ("dbn-corrupt", ["data=databento", "data.source.path={corrupt.dbn.zst}"], "data error: {corrupt.dbn.zst}: corrupt DBN data"),
-    ("dbn-dataset", ["data=databento", "data.source.path={other_dataset.dbn.zst}"], "data error: {other_dataset.dbn.zst}: metadata dataset XCME.ITCH, but data.source.dataset=GLBX.MDP3"),
-    ("dbn-schema", ["data=databento", f"data.source.path={REAL_DBN_1H}"], f"data error: {REAL_DBN_1H}: schema ohlcv-1h found; DatabentoBarSource.load needs ohlcv-1m bars"),
-    ("dbn-root", ["data=databento", "asset=zn", f"data.source.path={REAL_DBN_1M}"], f"data error: {REAL_DBN_1M}: no outright ZN futures contract among the symbols found (ESH1)"),
+    (
+        "dbn-dataset",
+        ["data=databento", "data.source.path={other_dataset.dbn.zst}"],
+        "data error: {other_dataset.dbn.zst}: metadata dataset XCME.ITCH, but data.source.dataset=GLBX.MDP3",
+    ),
+    (
+        "dbn-schema",
+        ["data=databento", f"data.source.path={REAL_DBN_1H}"],
+        f"data error: {REAL_DBN_1H}: schema ohlcv-1h found; DatabentoBarSource.load needs ohlcv-1m bars",
+    ),
+    (
+        "dbn-root",
+        ["data=databento", "asset=zn", f"data.source.path={REAL_DBN_1M}"],
+        f"data error: {REAL_DBN_1M}: no outright ZN futures contract among the symbols found (ESH1)",
+    ),
     # lean
-    ("lean-cut", ["data=lean", "data.source.path={minute_es_20131007_cut_trade.zip}"], "data error: {minute_es_20131007_cut_trade.zip}: truncated or damaged zip archive"),
-    ("lean-damaged", ["data=lean", "data.source.path={minute_es_20131007_damaged_trade.zip}"], "data error: {minute_es_20131007_damaged_trade.zip}:20131007_es_minute_trade_201312.csv: corrupt compressed data (Error -3 while decompressing data"),
-    ("lean-root", ["data=lean", "asset=nq", f"data.source.path={REAL_LEAN}"], f"data error: {REAL_LEAN}: no Lean minute trade bars for root nq (the zips hold root es"),
+    (
+        "lean-cut",
+        ["data=lean", "data.source.path={minute_es_20131007_cut_trade.zip}"],
+        "data error: {minute_es_20131007_cut_trade.zip}: truncated or damaged zip archive",
+    ),
+    (
+        "lean-damaged",
+        ["data=lean", "data.source.path={minute_es_20131007_damaged_trade.zip}"],
+        "data error: {minute_es_20131007_damaged_trade.zip}:20131007_es_minute_trade_201312.csv: corrupt compressed data (Error -3 while decompressing data",
+    ),
+    (
+        "lean-root",
+        ["data=lean", "asset=nq", f"data.source.path={REAL_LEAN}"],
+        f"data error: {REAL_LEAN}: no Lean minute trade bars for root nq (the zips hold root es",
+    ),
     # checkpoints (each with data that does not exist: refused before the data is read)
-    ("ckpt-csv", ["ckpt={empty.csv}"], "checkpoint error: ckpt={empty.csv}: not a torch checkpoint archive (text starting 'timestamp_utc"),
+    (
+        "ckpt-csv",
+        ["ckpt={empty.csv}"],
+        "checkpoint error: ckpt={empty.csv}: not a torch checkpoint archive (text starting 'timestamp_utc",
+    ),
     ("ckpt-missing", ["ckpt={inputs}/gone.ckpt"], "checkpoint error: ckpt={inputs}/gone.ckpt: file not found"),
-    ("ckpt-cut", ["ckpt={cut.ckpt}"], "checkpoint error: ckpt={cut.ckpt}: not a torch checkpoint archive (a zip archive cut short or damaged"),
-    ("ckpt-unsafe", ["ckpt={evil.ckpt}"], "checkpoint error: ckpt={evil.ckpt}: refused: it holds objects that torch.load(weights_only=True) does not load (unsupported global test_bad_inputs.Evil)"),
+    (
+        "ckpt-cut",
+        ["ckpt={cut.ckpt}"],
+        "checkpoint error: ckpt={cut.ckpt}: not a torch checkpoint archive (a zip archive cut short or damaged",
+    ),
+    (
+        "ckpt-unsafe",
+        ["ckpt={evil.ckpt}"],
+        "checkpoint error: ckpt={evil.ckpt}: refused: it holds objects that torch.load(weights_only=True) does not load (unsupported global test_bad_inputs.Evil)",
+    ),
     ("ckpt-foreign", ["ckpt={lightning_only.ckpt}"], "checkpoint error: ckpt={lightning_only.ckpt}: not written by foxhunt"),
     ("ckpt-family", ["ckpt={ppo.ckpt}"], "checkpoint error: ckpt={ppo.ckpt}: a ppo checkpoint, but the config trains model=dqn"),
     ("ckpt-shape", ["ckpt={small.ckpt}"], "checkpoint error: ckpt={small.ckpt}: weights do not fit the config's dqn model: "),
-    ("ckpt-precision", ["ckpt={int8.ckpt}"], "checkpoint error: ckpt={int8.ckpt}: weights of precision=int8 do not load into precision=fp32"),
+    (
+        "ckpt-precision",
+        ["ckpt={int8.ckpt}"],
+        "checkpoint error: ckpt={int8.ckpt}: weights of precision=int8 do not load into precision=fp32",
+    ),
     # stores
-    ("store-not-sqlite", ["logger.tracking_uri=sqlite:///{text_store.db}"], "store error: sqlite:///{text_store.db}: not an MLflow SQLite store"),
+    (
+        "store-not-sqlite",
+        ["logger.tracking_uri=sqlite:///{text_store.db}"],
+        "store error: sqlite:///{text_store.db}: not an MLflow SQLite store",
+    ),
     ("store-scheme", ["logger.tracking_uri=nosuch://store"], "store error: nosuch://store: cannot open the MLflow store"),
     # folders and sweeps (issue 27): refused before any folder, run or worker is made
     ("root-is-a-file", ["paths.root_dir={empty.csv}"], "config error: cannot make the folder {empty.csv}/outputs/runs/"),
-    ("sweep-root-is-a-file", ["-m", "paths.root_dir={empty.csv}"], "cannot prepare the sweep: config error: cannot make the folder {empty.csv}/outputs/sweeps/"),
-    ("n-jobs-zero", ["-m", "strategy=parallel", "strategy.n_jobs=0"], "cannot prepare the sweep: config error: strategy.n_jobs=0: must be an integer in [1, 1024] or auto"),
-    ("n-jobs-negative", ["-m", "strategy=parallel", "strategy.n_jobs=-3"], "cannot prepare the sweep: config error: strategy.n_jobs=-3: must be an integer in [1, 1024] or auto"),
+    (
+        "sweep-root-is-a-file",
+        ["-m", "paths.root_dir={empty.csv}"],
+        "cannot prepare the sweep: config error: cannot make the folder {empty.csv}/outputs/sweeps/",
+    ),
+    (
+        "n-jobs-zero",
+        ["-m", "strategy=parallel", "strategy.n_jobs=0"],
+        "cannot prepare the sweep: config error: strategy.n_jobs=0: must be an integer in [1, 1024] or auto",
+    ),
+    (
+        "n-jobs-negative",
+        ["-m", "strategy=parallel", "strategy.n_jobs=-3"],
+        "cannot prepare the sweep: config error: strategy.n_jobs=-3: must be an integer in [1, 1024] or auto",
+    ),
     # ranges (issue 35): a value that would reach Lightning or the data generator is refused first
-    ("limit-negative", ["trainer.limit_train_batches=-1"], "config error: trainer.limit_train_batches=-1: must be a number of batches, an integer in [0, 1000000000], or a fraction of them"),
-    ("days-absurd", ["data.source.days=10000000000"], "config error: data.source.days=10000000000: must be a whole number in [1, 7305]"),
+    (
+        "limit-negative",
+        ["trainer.limit_train_batches=-1"],
+        "config error: trainer.limit_train_batches=-1: must be a number of batches, an integer in [0, 1000000000], or a fraction of them",
+    ),
+    (
+        "days-absurd",
+        ["data.source.days=10000000000"],
+        "config error: data.source.days=10000000000: must be a whole number in [1, 7305]",
+    ),
 ]
 NO_DATA = "data=csv data.source.path=/nonexistent/bars.csv".split()
 
@@ -288,10 +416,16 @@ CLI_CASES = [
     ("stop-job-id", ["train", "stop", "nosuchjob"], "nosuchjob"),
     ("store-not-sqlite", ["train", "list", "--tracking-uri", "sqlite:///{text_store.db}"], "{text_store.db}"),
     # money (issue 35): bounded where float arithmetic stays exact to the cent, refused before the store is opened
-    ("capital-absurd", ["ensemble", "paper", "paper.capital_usd=1e308"],
-     "foxhunt ensemble paper: config error: paper.capital_usd=1e+308: Input should be less than or equal to 10000000000 (allowed: a number in (0, 1e10])"),
-    ("slippage-absurd", ["ensemble", "replay", "execution.slippage_ticks=1e300"],
-     "foxhunt ensemble replay: config error: execution.slippage_ticks=1e+300: Input should be less than or equal to 100 (allowed: a number in [0, 100])"),
+    (
+        "capital-absurd",
+        ["ensemble", "paper", "paper.capital_usd=1e308"],
+        "foxhunt ensemble paper: config error: paper.capital_usd=1e+308: Input should be less than or equal to 10000000000 (allowed: a number in (0, 1e10])",
+    ),
+    (
+        "slippage-absurd",
+        ["ensemble", "replay", "execution.slippage_ticks=1e300"],
+        "foxhunt ensemble replay: config error: execution.slippage_ticks=1e+300: Input should be less than or equal to 100 (allowed: a number in [0, 100])",
+    ),
 ]
 
 
@@ -315,7 +449,9 @@ def test_bad_cli_argument_is_one_line_and_nothing_changed(battery, args, expecte
 def _shell(args: list[str], root: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "FOXHUNT_ROOT": str(root), "HYDRA_FULL_ERROR": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
     env.pop("FOXHUNT_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "foxhunt.train", *args], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "foxhunt.train", *args], capture_output=True, text=True, env=env, cwd=root, timeout=300
+    )
 
 
 def test_from_a_shell_a_data_error_and_a_checkpoint_error_are_one_line(battery):

@@ -39,7 +39,9 @@ def test_mkdocs_build_strict(tmp_path):
 
 def test_readme_is_short():
     lines = README.read_text().splitlines()
-    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (at most {README_MAX_LINES}: the rest belongs in docs/)"
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}: the rest belongs in docs/)"
+    )
 
 
 def test_readme_links_to_docs_pages_that_exist():

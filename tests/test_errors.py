@@ -74,10 +74,12 @@ def test_reported_exits_2_with_one_line_and_lets_a_bug_through(capsys):
         with reported("foxhunt-train"):
             raise ConfigError("model.window.horizon=60: must be < model.window.seq_len (50)")
     assert done.value.code == 2 and done.value.__cause__ is None
-    assert capsys.readouterr().err == "foxhunt-train: config error: model.window.horizon=60: must be < model.window.seq_len (50)\n"
+    assert (
+        capsys.readouterr().err == "foxhunt-train: config error: model.window.horizon=60: must be < model.window.seq_len (50)\n"
+    )
     with pytest.raises(ZeroDivisionError):
         with reported("foxhunt-train"):
-            1 / 0
+            _ = 1 / 0
     with pytest.raises(ConfigError):  # --debug: the input error keeps its traceback
         with reported("foxhunt-train", debug=True):
             raise ConfigError("x")
@@ -92,7 +94,10 @@ def test_the_debug_switches(monkeypatch):
     assert debug_requested([])
     assert strip_debug_flag(["a", "--debug", "b"]) == (["a", "b"], True) and strip_debug_flag(["a"]) == (["a"], False)
     denied = FolderError.of(PermissionError(13, "Permission denied", "/ro/outputs"), "paths.output_dir")
-    assert str(denied) == "cannot make the folder /ro/outputs: Permission denied (set paths.output_dir to a folder that can be written)"
+    assert (
+        str(denied)
+        == "cannot make the folder /ro/outputs: Permission denied (set paths.output_dir to a folder that can be written)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from waiting import process_gone, wait_until
 
 BIN = Path(sys.executable).parent
@@ -38,12 +39,27 @@ QUICK = [
 # multiple of its block): the compiled 8-bit update runs, as in a real int8 run.
 TINY = {
     "dqn": ["model.module.hidden_sizes=[64,64]"],
-    "ppo": ["model.module.policy_hidden_sizes=[64,64]", "model.module.value_hidden_sizes=[64,64]",
-            "model.module.update_epochs=2"],  # fmt: skip
-    "mamba2": ["model.module.d_model=64", "model.module.n_layers=1", "model.module.d_state=16", "model.module.headdim=32",
-               "model.module.chunk_size=32", "model.window.seq_len=20", "model.window.horizon=5"],  # fmt: skip
-    "tft": ["model.module.hidden_size=64", "model.module.num_heads=2", "model.module.lstm_layers=1",
-            "model.window.seq_len=20", "model.window.horizon=5"],  # fmt: skip
+    "ppo": [
+        "model.module.policy_hidden_sizes=[64,64]",
+        "model.module.value_hidden_sizes=[64,64]",
+        "model.module.update_epochs=2",
+    ],  # fmt: skip
+    "mamba2": [
+        "model.module.d_model=64",
+        "model.module.n_layers=1",
+        "model.module.d_state=16",
+        "model.module.headdim=32",
+        "model.module.chunk_size=32",
+        "model.window.seq_len=20",
+        "model.window.horizon=5",
+    ],  # fmt: skip
+    "tft": [
+        "model.module.hidden_size=64",
+        "model.module.num_heads=2",
+        "model.module.lstm_layers=1",
+        "model.window.seq_len=20",
+        "model.window.horizon=5",
+    ],  # fmt: skip
 }
 DEADLINE_S = 600  # every process here finishes in well under a minute alone
 
@@ -193,8 +209,14 @@ KILLED = {
     "dqn": ["model=dqn", *TINY["dqn"], "trainer.limit_train_batches=200"],
     "ppo": ["model=ppo", *TINY["ppo"], "trainer.limit_train_batches=60"],
     "mamba2": ["model=mamba2", *TINY["mamba2"], "trainer.limit_train_batches=100"],
-    "walk_forward": ["model=dqn", *TINY["dqn"], "trainer.limit_train_batches=100", "evaluation.protocol=walk_forward",
-                     "evaluation.walk_forward.folds=2", "data.source.days=20"],  # fmt: skip
+    "walk_forward": [
+        "model=dqn",
+        *TINY["dqn"],
+        "trainer.limit_train_batches=100",
+        "evaluation.protocol=walk_forward",
+        "evaluation.walk_forward.folds=2",
+        "data.source.days=20",
+    ],  # fmt: skip
 }
 
 
@@ -296,7 +318,13 @@ EXACT = {
     "walk_forward-in-a-fold": (["model=dqn", *TINY["dqn"], *KILLED["walk_forward"][2:]], "fold1"),
     "walk_forward-between-folds": (["model=dqn", *TINY["dqn"], *KILLED["walk_forward"][2:]], "fold0_done"),
 }  # fmt: skip
-EXACT_COMMON = [*QUICK, "trainer.max_epochs=2", "trainer.limit_train_batches=30", "callbacks.resume_point.every_n_train_steps=20", "resume=true"]
+EXACT_COMMON = [
+    *QUICK,
+    "trainer.max_epochs=2",
+    "trainer.limit_train_batches=30",
+    "callbacks.resume_point.every_n_train_steps=20",
+    "resume=true",
+]
 UNEQUAL_METRICS = ("memory/", "_per_s", "progress")  # time and memory: never equal between two fits
 
 
@@ -335,7 +363,9 @@ def _final_state(root: Path) -> dict[str, dict]:
 
 def _deterministic_metrics(root: Path) -> dict[tuple, float]:
     with _db(root) as db:
-        rows = db.execute("SELECT r.name, m.key, m.step, m.value FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid").fetchall()
+        rows = db.execute(
+            "SELECT r.name, m.key, m.step, m.value FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid"
+        ).fetchall()
     return {(name, key, step): value for name, key, step, value in rows if not any(part in key for part in UNEQUAL_METRICS)}
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import psutil
+
 from waiting import process_gone, wait_until
 
 

@@ -37,9 +37,7 @@ def one_line(text: str, limit: int | None = None, *, separator: str = " ", keep_
     return _ELLIPSIS + line[-cut:] if keep_end else line[:cut] + _ELLIPSIS
 
 
-def one_line_error(
-    exc: BaseException, *, with_type: bool = True, first_line: bool = False, limit: int | None = None
-) -> str:
+def one_line_error(exc: BaseException, *, with_type: bool = True, first_line: bool = False, limit: int | None = None) -> str:
     """``exc`` as one line: ``Type: message`` (``with_type``), the whole message or only its
     first line (``first_line``), cut to ``limit`` characters (see the module doc)."""
     lines: list[str] = []

@@ -27,8 +27,6 @@ _DEBUG = False  # --debug / FOXHUNT_DEBUG=1 / HYDRA_FULL_ERROR=1: input errors k
 _ENTERED = False  # the Hydra job started (its folder exists)
 
 
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def _hydra_entry(cfg: DictConfig) -> float | None:
     global _ENTERED
@@ -83,7 +81,6 @@ def main() -> None:
             if _ENTERED or is_user_error(exc) or not exc.filename:  # (Hydra's missing-config error is an OSError too)
                 raise
             raise FolderError.of(exc, "paths.root_dir or hydra.run.dir") from None
-
 
 
 if __name__ == "__main__":

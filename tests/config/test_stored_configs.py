@@ -38,7 +38,9 @@ def test_the_config_a_run_stores_passes(tmp_path, model, precision):
     assert loaded.model.module._target_ == cfg.model.module._target_
 
 
-_KEYS = st.lists(st.sampled_from(["model", "module", "data", "source", "callbacks", "x", "precision", "asset"]), min_size=1, max_size=3)
+_KEYS = st.lists(
+    st.sampled_from(["model", "module", "data", "source", "callbacks", "x", "precision", "asset"]), min_size=1, max_size=3
+)
 _TARGETS = st.sampled_from(["os.system", "subprocess.Popen", "builtins.eval", "pickle.loads", "torch.load",
                             "foxhunt.models.dqn.DQNAgent", "foxhunt.data.sources.csv.CsvBarSource", "planted.Payload"])  # fmt: skip
 

@@ -72,7 +72,6 @@ def make_bars_like(bars: pd.DataFrame, seed: int) -> pd.DataFrame:
     close = bars["close"].to_numpy() * np.exp(rng.normal(0.0, 0.01, size=n))
     volume = rng.integers(1, 5000, size=n).astype(np.float64)
     return pd.DataFrame(
-        {"open": close, "high": close * 1.001, "low": close * 0.999, "close": close,
-         "volume": volume},
+        {"open": close, "high": close * 1.001, "low": close * 0.999, "close": close, "volume": volume},
         index=bars.index,
     )

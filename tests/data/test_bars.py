@@ -159,8 +159,7 @@ def test_unsorted_and_duplicated_timestamps_use_given_row_numbers():
     with pytest.raises(BarDataError) as err:
         validate_bars(duplicated, 0.25, origin="x.dbn", rows=[7, 8, 9, 10], row_name="record")
     assert str(err.value) == (
-        "x.dbn: record 9 (2024-01-02T14:31:00+00:00): duplicated timestamp, "
-        "same as record 8 (2024-01-02T14:31:00+00:00)"
+        "x.dbn: record 9 (2024-01-02T14:31:00+00:00): duplicated timestamp, same as record 8 (2024-01-02T14:31:00+00:00)"
     )
 
 

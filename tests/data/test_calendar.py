@@ -77,8 +77,11 @@ def test_an_unknown_calendar_is_one_line_naming_the_key():
 
 def test_a_calendar_with_other_hours_than_the_asset_is_one_line():
     moved = dataclasses.replace(ES, session_open="17:30", session_close="16:30")
-    with pytest.raises(CalendarError, match=r"^asset.calendar='CME_Equity': its regular session is 18:00-17:00 "
-                                            r"America/New_York, but asset.session_open/session_close say 17:30-16:30"):
+    with pytest.raises(
+        CalendarError,
+        match=r"^asset.calendar='CME_Equity': its regular session is 18:00-17:00 "
+        r"America/New_York, but asset.session_open/session_close say 17:30-16:30",
+    ):
         calendar_for(moved)
 
 
@@ -165,7 +168,9 @@ def test_the_synthetic_fingerprint_names_the_calendar():
 def test_a_missing_hour_in_open_time_is_a_gap():
     # Tuesday 2024-01-09, ES: every minute of the session but 14:00-15:00 UTC
     session = minutes("2024-01-08 23:00", "2024-01-09 22:00")
-    bars = session[(session < pd.Timestamp("2024-01-09 14:00", tz="UTC")) | (session >= pd.Timestamp("2024-01-09 15:00", tz="UTC"))]
+    bars = session[
+        (session < pd.Timestamp("2024-01-09 14:00", tz="UTC")) | (session >= pd.Timestamp("2024-01-09 15:00", tz="UTC"))
+    ]
     gaps = calendar_for(ES).gaps(bars)
     assert len(gaps) == 1
     row = gaps.iloc[0]
@@ -251,7 +256,8 @@ def test_real_6e_january_2024_has_only_open_market_gaps():
     # library's FX calendar says (a full session, no early close), unlike equities and rates
     local = starts.tz_convert("America/Chicago")
     afternoon = (local >= pd.Timestamp("2024-01-15 12:00", tz="America/Chicago")) & (
-        local < pd.Timestamp("2024-01-15 16:00", tz="America/Chicago"))
+        local < pd.Timestamp("2024-01-15 16:00", tz="America/Chicago")
+    )
     assert afternoon.sum() == 155
     assert pd.Timestamp("2024-01-15") not in cal.early_closes("2024-01-01", "2024-01-31").index
     total = len(starts) + int(gaps["open_minutes"].sum())

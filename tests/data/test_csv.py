@@ -151,9 +151,7 @@ def test_hydra_config_builds_the_source():
     cfg.source.path = "x.csv"
     source = instantiate(cfg.source)
     assert isinstance(source, CsvBarSource)
-    assert (
-        source.bar_label == "close" and source.timezone == "UTC" and source.columns["ts"] == "timestamp_utc"
-    )
+    assert source.bar_label == "close" and source.timezone == "UTC" and source.columns["ts"] == "timestamp_utc"
 
 
 # ------------------------------------------------------------------------------ errors
@@ -181,17 +179,12 @@ def test_missing_column(tmp_path):
     )
     with pytest.raises(BarDataError) as err:
         CsvBarSource(path=str(path)).load(ES)
-    assert str(err.value) == (
-        f"{path}: missing column(s) volume (columns found: timestamp_utc, open, high, low, close)"
-    )
+    assert str(err.value) == (f"{path}: missing column(s) volume (columns found: timestamp_utc, open, high, low, close)")
 
 
 def test_nan_price(tmp_path):
     message, path = load_error(tmp_path, [ROWS[0], "2024-01-02 14:32:00,4800.25,,4800.00,4800.75,12"])
-    assert (
-        message
-        == f"{path}: line 3 (2024-01-02T14:31:00+00:00): field 'high' is nan (missing price or volume)"
-    )
+    assert message == f"{path}: line 3 (2024-01-02T14:31:00+00:00): field 'high' is nan (missing price or volume)"
 
 
 def test_non_positive_price(tmp_path):
@@ -215,24 +208,20 @@ def test_unsorted_timestamps(tmp_path):
 def test_duplicated_timestamps(tmp_path):
     message, path = load_error(tmp_path, [ROWS[0], ROWS[1], ROWS[1]])
     assert message == (
-        f"{path}: line 4 (2024-01-02T14:31:00+00:00): duplicated timestamp, "
-        "same as line 3 (2024-01-02T14:31:00+00:00)"
+        f"{path}: line 4 (2024-01-02T14:31:00+00:00): duplicated timestamp, same as line 3 (2024-01-02T14:31:00+00:00)"
     )
 
 
 def test_off_tick_price(tmp_path):
     message, path = load_error(tmp_path, [ROWS[0], "2024-01-02 14:32:00,4800.25,4801.00,4800.00,4800.70,12"])
     assert message == (
-        f"{path}: line 3 (2024-01-02T14:31:00+00:00): field 'close'=4800.7 is off the 0.25 tick grid "
-        "(19202.800000 ticks)"
+        f"{path}: line 3 (2024-01-02T14:31:00+00:00): field 'close'=4800.7 is off the 0.25 tick grid (19202.800000 ticks)"
     )
 
 
 def test_bad_timestamp_text(tmp_path):
     message, path = load_error(tmp_path, [ROWS[0], "yesterday,4800.25,4801.00,4800.00,4800.75,12"])
-    assert (
-        message == f"{path}: line 3: field 'timestamp_utc'='yesterday' is not a timestamp (expected ISO-8601)"
-    )
+    assert message == f"{path}: line 3: field 'timestamp_utc'='yesterday' is not a timestamp (expected ISO-8601)"
 
 
 def test_bad_arguments_name_the_key():

@@ -72,17 +72,13 @@ def metadata(symbols, mappings, stype_in=dbn.SType.RAW_SYMBOL, start=0, schema=d
         schema=schema,
         symbols=symbols,
         mappings=[
-            SimpleNamespace(
-                raw_symbol=raw, intervals=[SimpleNamespace(start_date=d0, end_date=d1, symbol=str(iid))]
-            )
+            SimpleNamespace(raw_symbol=raw, intervals=[SimpleNamespace(start_date=d0, end_date=d1, symbol=str(iid))])
             for raw, (iid, d0, d1) in mappings.items()
         ],
     )
 
 
-def bar(
-    iid: int, ts: pd.Timestamp, o: float, h: float, lo: float, c: float, v: int, rtype=dbn.RType.OHLCV_1M
-):
+def bar(iid: int, ts: pd.Timestamp, o: float, h: float, lo: float, c: float, v: int, rtype=dbn.RType.OHLCV_1M):
     def fixed(x: float) -> int:
         return round(x * NS)
 
@@ -135,9 +131,7 @@ def test_real_ohlcv_samples_are_read_exactly(real_data_dir, name, schema, count,
 
 @pytest.mark.realdata
 def test_real_one_minute_file_loads_as_bars(real_data_dir):
-    bars = DatabentoBarSource(
-        path=str(real_data_dir / "databento" / "GLBX.MDP3.test_data.ohlcv-1m.dbn.zst")
-    ).load(ES)
+    bars = DatabentoBarSource(path=str(real_data_dir / "databento" / "GLBX.MDP3.test_data.ohlcv-1m.dbn.zst")).load(ES)
     assert bars.index.tolist() == list(pd.date_range("2020-12-28 00:00", periods=4, freq="1min", tz="UTC"))
     assert bars.iloc[1].tolist()[:5] == [3704.75, 3705.0, 3704.0, 3704.0, 214.0]
 
@@ -205,9 +199,7 @@ def test_without_mappings_definitions_name_the_contracts(real_data_dir, tmp_path
     bare = encode(tmp_path / "bare.dbn", metadata(["ESU4", "NQU4"], {}, start=meta.start), records)
     with pytest.raises(BarDataError, match=r"2 instrument ids \(118, 4358\) and no symbols"):
         DatabentoBarSource(path=str(bare)).load(ES)
-    named = DatabentoBarSource(
-        path=str(bare), definitions=str(folder / "historical_bars_catalog_futures_definition.dbn.zst")
-    )
+    named = DatabentoBarSource(path=str(bare), definitions=str(folder / "historical_bars_catalog_futures_definition.dbn.zst"))
     mapped = DatabentoBarSource(path=str(folder / HISTORICAL))
     pd.testing.assert_frame_equal(named.load(ES), mapped.load(ES), check_exact=True)
     by_id = DatabentoBarSource(path=str(bare), symbol="4358").load(NQ)
@@ -307,15 +299,11 @@ def test_parent_symbol_csv_export_rolls_the_same(tmp_path):
     # without the rtype column the schema comes from the file name
     text = pd.read_csv(csv).drop(columns=["rtype"])
     text.to_csv(tmp_path / "plain.ohlcv-1m.csv", index=False)
-    pd.testing.assert_frame_equal(
-        DatabentoBarSource(path=str(tmp_path / "plain.ohlcv-1m.csv")).load(ES), expected
-    )
+    pd.testing.assert_frame_equal(DatabentoBarSource(path=str(tmp_path / "plain.ohlcv-1m.csv")).load(ES), expected)
 
 
 def test_no_outright_of_the_root(tmp_path):
-    with pytest.raises(
-        BarDataError, match=r"no outright ZN futures contract among the symbols found \(ESH5, ESH5-ESM5"
-    ):
+    with pytest.raises(BarDataError, match=r"no outright ZN futures contract among the symbols found \(ESH5, ESH5-ESM5"):
         DatabentoBarSource(path=str(parent_file(tmp_path))).load(asset("zn"))
 
 
@@ -368,8 +356,7 @@ def test_invalid_bars_name_file_contract_and_record(tmp_path):
     with pytest.raises(BarDataError) as err:
         DatabentoBarSource(path=str(path)).load(ES)
     assert str(err.value) == (
-        f"{path} [ESH4]: record 1 (2024-01-02T14:30:00+00:00): duplicated timestamp, "
-        "same as record 0 (2024-01-02T14:30:00+00:00)"
+        f"{path} [ESH4]: record 1 (2024-01-02T14:30:00+00:00): duplicated timestamp, same as record 0 (2024-01-02T14:30:00+00:00)"
     )
 
 

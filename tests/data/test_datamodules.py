@@ -62,15 +62,12 @@ def test_hand_checked_window(dataset, forecast):
     assert torch.equal(window["known"][SEQ_LEN:], torch.from_numpy(future))
     assert torch.equal(window["static"], features[52, STATIC])
     close = val.close
-    expected = [np.log(close[52 + k] / close[52 + k - 1]) / dataset.target_scale
-                for k in range(1, HORIZON + 1)]
+    expected = [np.log(close[52 + k] / close[52 + k - 1]) / dataset.target_scale for k in range(1, HORIZON + 1)]
     np.testing.assert_allclose(window["target"].numpy(), expected, rtol=1e-5)
     assert all(t.dtype == torch.float32 for t in window.values())
     # the last window reaches the last bar of the split with its horizon
     last = forecast.split_dataset("val")[-1]
-    assert last["target"][-1].item() == pytest.approx(
-        np.log(close[-1] / close[-2]) / dataset.target_scale, rel=1e-5
-    )
+    assert last["target"][-1].item() == pytest.approx(np.log(close[-1] / close[-2]) / dataset.target_scale, rel=1e-5)
     with pytest.raises(IndexError, match="window 59: out of range"):
         forecast.split_dataset("val")[59]
 
@@ -136,8 +133,11 @@ def test_train_loader_shuffles_all_windows(forecast):
 
 
 def test_split_too_short_for_a_window(dataset):
-    with pytest.raises(SplitError, match=r"model.window.seq_len \+ model.window.horizon = 100 \+ 20 = 120 bars: "
-                                         r"the val split has 118, not one window"):
+    with pytest.raises(
+        SplitError,
+        match=r"model.window.seq_len \+ model.window.horizon = 100 \+ 20 = 120 bars: "
+        r"the val split has 118, not one window",
+    ):
         ForecastDataModule(dataset, seq_len=100, horizon=20, seed=0)
     with pytest.raises(ValueError, match=r"model.window.batch_size=0"):
         ForecastDataModule(dataset, batch_size=0, seed=0)
@@ -153,24 +153,28 @@ class _TinyForecaster(pl.LightningModule):
         return torch.nn.functional.mse_loss(prediction, batch["target"])
 
     def validation_step(self, batch, batch_idx):
-        self.log("val/loss", torch.nn.functional.mse_loss(
-            self.head(batch["observed"].flatten(1)), batch["target"]))
+        self.log("val/loss", torch.nn.functional.mse_loss(self.head(batch["observed"].flatten(1)), batch["target"]))
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 def test_lightning_fit_runs_on_forecast_module(forecast, tmp_path):
-    trainer = pl.Trainer(max_steps=2, limit_val_batches=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=tmp_path,
-                         accelerator="cpu")
+    trainer = pl.Trainer(
+        max_steps=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+    )
     trainer.fit(_TinyForecaster(), datamodule=forecast)
     assert trainer.global_step == 2
 
 
-ENV = {"num_envs": 3, "episode_len": 20, "steps_per_epoch": 5, "commission_usd": 2.0,
-       "slippage_ticks": 0.5}
+ENV = {"num_envs": 3, "episode_len": 20, "steps_per_epoch": 5, "commission_usd": 2.0, "slippage_ticks": 0.5}
 
 
 def test_env_module_builds_envs_over_a_split(dataset):

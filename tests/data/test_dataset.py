@@ -105,13 +105,9 @@ def test_observed_normalized_with_train_statistics(dataset, bars):
     # val rows use the same train statistics
     raw_val = raw[291 + 7 : 291 + 7 + 97, OBSERVED]
     expected_val = (raw_val - raw_train.mean(axis=0)) / raw_train.std(axis=0)
-    np.testing.assert_allclose(
-        dataset.splits["val"].features[:, OBSERVED], expected_val, rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(dataset.splits["val"].features[:, OBSERVED], expected_val, rtol=1e-5, atol=1e-5)
     # static and known columns are the raw values
-    np.testing.assert_array_equal(
-        dataset.splits["train"].features[:, UNSCALED], raw[:291, UNSCALED].astype(np.float32)
-    )
+    np.testing.assert_array_equal(dataset.splits["train"].features[:, UNSCALED], raw[:291, UNSCALED].astype(np.float32))
 
 
 def test_target_scale_is_train_std_of_one_bar_log_returns(dataset, bars):
@@ -123,17 +119,14 @@ def test_target_scale_is_train_std_of_one_bar_log_returns(dataset, bars):
 
 def test_changing_val_and_test_bars_leaves_train_untouched(dataset, bars):
     last_train_bar = WARMUP + 291 - 1
-    changed = build_market_dataset(replace_after(bars, last_train_bar, 5), ES, FEATURES_CFG,
-                                   SPLIT_CFG)
-    np.testing.assert_array_equal(changed.splits["train"].features,
-                                  dataset.splits["train"].features)
+    changed = build_market_dataset(replace_after(bars, last_train_bar, 5), ES, FEATURES_CFG, SPLIT_CFG)
+    np.testing.assert_array_equal(changed.splits["train"].features, dataset.splits["train"].features)
     np.testing.assert_array_equal(changed.observed_mean, dataset.observed_mean)
     np.testing.assert_array_equal(changed.observed_std, dataset.observed_std)
     assert changed.target_scale == dataset.target_scale
     assert not np.array_equal(changed.splits["val"].features, dataset.splits["val"].features)
     # and changing one train bar does change the statistics
-    moved = build_market_dataset(replace_after(bars, last_train_bar - 1, 5), ES, FEATURES_CFG,
-                                 SPLIT_CFG)
+    moved = build_market_dataset(replace_after(bars, last_train_bar - 1, 5), ES, FEATURES_CFG, SPLIT_CFG)
     assert not np.array_equal(moved.observed_mean, dataset.observed_mean)
 
 
@@ -169,9 +162,7 @@ def test_cache_hit_skips_the_source(bars, dataset, tmp_path):
     assert [f.name for f in files] == [f"es-{first.cache_key}.npz"]
     assert len(first.cache_key) == 64
     # second call, configs given as DictConfigs: same key, read from disk
-    second = load_market_dataset(
-        source, ES, OmegaConf.create(FEATURES_CFG), OmegaConf.create(SPLIT_CFG), str(tmp_path)
-    )
+    second = load_market_dataset(source, ES, OmegaConf.create(FEATURES_CFG), OmegaConf.create(SPLIT_CFG), str(tmp_path))
     assert source.loads == 1
     _assert_same(second, first)
     assert second.cache_key == first.cache_key
@@ -257,8 +248,7 @@ def test_synthetic_source_end_to_end_with_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(SyntheticBarSource, "load", lambda self, asset: pytest.fail("loaded"))
     second = load_market_dataset(source, ES, FEATURES_CFG, SPLIT_CFG, tmp_path)
     _assert_same(second, first)
-    assert second.cache_key != cache_key(SyntheticBarSource(days=5, seed=1).fingerprint(ES), ES,
-                                         FEATURES_CFG, SPLIT_CFG)
+    assert second.cache_key != cache_key(SyntheticBarSource(days=5, seed=1).fingerprint(ES), ES, FEATURES_CFG, SPLIT_CFG)
 
 
 @pytest.mark.realdata
@@ -292,8 +282,7 @@ def test_accepts_the_pipeline_config_of_conf(bars, tmp_path):
     conf = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf/data/pipeline/default.yaml")
     source = CountingSource(bars)
     dataset = load_market_dataset(source, ES, conf.features, conf.split, tmp_path)
-    warmup = max(conf.features.momentum_bars, conf.features.volatility_bars,
-                 conf.features.volume_bars - 1)
+    warmup = max(conf.features.momentum_bars, conf.features.volatility_bars, conf.features.volume_bars - 1)
     usable = N_BARS - warmup - 2 * conf.split.gap_bars
     assert len(dataset.splits["train"]) == int(usable * conf.split.train)
     assert sum(len(s) for s in dataset.splits.values()) == usable

@@ -38,8 +38,15 @@ SHORT, FLAT, LONG = 0, 1, 2
 
 def make_env(features, close, num_envs=1, episode_len=3, seed=0, **kwargs) -> TradingEnv:
     return TradingEnv(
-        features, close, ES, num_envs=num_envs, episode_len=episode_len,
-        commission_usd=COMMISSION, slippage_ticks=SLIPPAGE, seed=seed, **kwargs,
+        features,
+        close,
+        ES,
+        num_envs=num_envs,
+        episode_len=episode_len,
+        commission_usd=COMMISSION,
+        slippage_ticks=SLIPPAGE,
+        seed=seed,
+        **kwargs,
     )
 
 
@@ -70,8 +77,7 @@ def test_rewards_on_a_hand_built_series():
 def test_reward_matches_contract_formula_on_other_assets():
     zn = ASSETS["zn"]  # tick 1/64, tick value 15.625
     close = torch.tensor([110.0, 110.0 + 3 / 64, 110.0 + 1 / 64])
-    env = TradingEnv(FEATURES5[:3], close, zn, num_envs=1, episode_len=2,
-                     commission_usd=1.25, slippage_ticks=0.5, seed=0)
+    env = TradingEnv(FEATURES5[:3], close, zn, num_envs=1, episode_len=2, commission_usd=1.25, slippage_ticks=0.5, seed=0)
     env.reset()
     _, r0, *_ = env.step(torch.tensor([SHORT]))
     _, r1, *_ = env.step(torch.tensor([LONG]))
@@ -108,9 +114,7 @@ def test_env_reward_sums_to_backtest_pnl(key, moves, data, commission, slippage)
     ticks = np.concatenate(([0], np.cumsum(moves)))
     close = asset.round_to_tick(asset.price_level + asset.tick_size * ticks)
     num_bars = len(close)
-    positions = np.array(
-        data.draw(st.lists(st.sampled_from([-1, 0, 1]), min_size=num_bars, max_size=num_bars))
-    )
+    positions = np.array(data.draw(st.lists(st.sampled_from([-1, 0, 1]), min_size=num_bars, max_size=num_bars)))
     timestamps = np.datetime64("2024-03-04T14:30") + np.arange(num_bars) * np.timedelta64(1, "m")
     features = torch.zeros(num_bars, 2)
 
@@ -256,8 +260,14 @@ def test_bad_actions_raise(actions, message):
 )
 def test_bad_construction_raises(kwargs, message):
     args = {
-        "features": FEATURES5, "close": CLOSE5, "asset": ES, "num_envs": 1, "episode_len": 3,
-        "commission_usd": COMMISSION, "slippage_ticks": SLIPPAGE, "seed": 0,
+        "features": FEATURES5,
+        "close": CLOSE5,
+        "asset": ES,
+        "num_envs": 1,
+        "episode_len": 3,
+        "commission_usd": COMMISSION,
+        "slippage_ticks": SLIPPAGE,
+        "seed": 0,
     }
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
@@ -297,8 +307,9 @@ def test_gym_wrapper_episode():
 
 def test_gym_vector_env_steps():
     features, close = random_series(30)
-    vec = make_gym_vector_env(features, close, ES, num_envs=3, episode_len=5,
-                              commission_usd=COMMISSION, slippage_ticks=SLIPPAGE, seed=0)
+    vec = make_gym_vector_env(
+        features, close, ES, num_envs=3, episode_len=5, commission_usd=COMMISSION, slippage_ticks=SLIPPAGE, seed=0
+    )
     obs, _ = vec.reset(seed=0)
     assert obs.shape == (3, 4) and obs.dtype == np.float32
     obs, reward, terminated, truncated, _ = vec.step(np.array([LONG, FLAT, SHORT]))

@@ -88,9 +88,7 @@ def test_real_stamps_are_utc(real):
 @pytest.mark.realdata
 def test_daily_and_hour_zips_are_skipped_in_a_directory_but_rejected_by_name(real_data_dir):
     daily = real_data_dir / "es_lean_minute" / "daily_es_trade.zip"
-    with pytest.raises(
-        BarDataError, match=r"daily_es_trade\.zip: no Lean minute trade CSV .* among es_trade_201312\.csv"
-    ):
+    with pytest.raises(BarDataError, match=r"daily_es_trade\.zip: no Lean minute trade CSV .* among es_trade_201312\.csv"):
         LeanMinuteSource(path=str(daily)).load(ES)
 
 

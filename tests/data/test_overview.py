@@ -52,7 +52,10 @@ def test_counts_gaps_in_open_market_time_and_off_grid_closes():
     splits = summary["splits"]
     assert (splits["protocol"], splits["warmup_bars"]) == ("single", FEATURES.warmup_bars)
     assert [(splits[k]["rows"], splits[k]["first_bar"]) for k in ("train", "val", "test")] == [
-        (3, "2024-03-12T22:00:00Z"), (1, "2024-03-12T22:04:00Z"), (2, "2024-03-12T22:08:00Z")]
+        (3, "2024-03-12T22:00:00Z"),
+        (1, "2024-03-12T22:04:00Z"),
+        (2, "2024-03-12T22:08:00Z"),
+    ]
 
 
 def test_bars_too_few_for_the_splits_are_said_not_refused():

@@ -131,8 +131,16 @@ def test_open_interest_published_before_the_session_decides(tmp_path):
         ("2024-03-06 15:01", 5000, 100),  # during Wednesday: known too late, and a roll never goes back
     ]
     records = [
-        dbn.StatMsg(1, IDS[s], pd.Timestamp(t, tz="UTC").value, pd.Timestamp(t, tz="UTC").value, 0, dbn.UNDEF_PRICE,
-                    q, dbn.StatType.OPEN_INTEREST)  # fmt: skip
+        dbn.StatMsg(
+            1,
+            IDS[s],
+            pd.Timestamp(t, tz="UTC").value,
+            pd.Timestamp(t, tz="UTC").value,
+            0,
+            dbn.UNDEF_PRICE,
+            q,
+            dbn.StatType.OPEN_INTEREST,
+        )  # fmt: skip
         for t, h, m in oi
         for s, q in (("ESH4", h), ("ESM4", m))
     ]
@@ -211,7 +219,9 @@ def test_real_definitions_match_the_asset_configs(real_data_dir):
     for spec in (ES, nq):
         assert len(DatabentoBarSource(path=str(bars), definitions=str(defs)).load(spec)) == 30
     wrong = dataclasses.replace(nq, multiplier=50.0, tick_value=12.5)
-    with pytest.raises(BarDataError, match=r"NQU4: definition contract size 20 IPNT \(= 20 per 1.0 of price\), but asset\.multiplier=50"):
+    with pytest.raises(
+        BarDataError, match=r"NQU4: definition contract size 20 IPNT \(= 20 per 1.0 of price\), but asset\.multiplier=50"
+    ):
         DatabentoBarSource(path=str(bars), definitions=str(defs)).load(wrong)
     series = DatabentoBarSource(path=str(bars), definitions=str(defs), roll={"expiry_sessions": 5}).continuous(ES)
     assert series.schedule["contract"].tolist() == ["ESU4"]  # expires 2024-09-20: far from the 2024-07-02 session

@@ -49,10 +49,14 @@ def test_split_properties(n, a, b, c, gap):
         slices = split_slices(n, cfg)
     except ValueError as err:
         assert "need more bars" in str(err)
-        assert min(math.floor(usable * fractions["train"]),
-                   math.floor(usable * fractions["val"]),
-                   usable - math.floor(usable * fractions["train"])
-                   - math.floor(usable * fractions["val"])) < 1
+        assert (
+            min(
+                math.floor(usable * fractions["train"]),
+                math.floor(usable * fractions["val"]),
+                usable - math.floor(usable * fractions["train"]) - math.floor(usable * fractions["val"]),
+            )
+            < 1
+        )
         return
     train, val, test = (slices[s] for s in SPLIT_NAMES)
     assert train.start == 0 and test.stop == n
@@ -66,10 +70,8 @@ def test_split_properties(n, a, b, c, gap):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"val": -0.15, "train": 1.0},
-         r"split\.train=1\.0: must be a number in \(0, 1\)"),
-        ({"val": -0.1, "train": 0.95},
-         r"split\.val=-0\.1: must be a number in \(0, 1\)"),
+        ({"val": -0.15, "train": 1.0}, r"split\.train=1\.0: must be a number in \(0, 1\)"),
+        ({"val": -0.1, "train": 0.95}, r"split\.val=-0\.1: must be a number in \(0, 1\)"),
         ({"test": 0.2}, r"split\.train \+ .* = 1\.05: must sum to 1"),
         ({"gap_bars": -1}, r"split\.gap_bars=-1: must be an integer >= 0"),
         ({"gap_bars": 1.5}, r"split\.gap_bars=1\.5"),

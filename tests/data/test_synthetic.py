@@ -69,12 +69,8 @@ def test_determinism_same_seed_identical_other_seed_different():
     pd.testing.assert_frame_equal(first, again, check_exact=True)
     assert first.index.equals(other.index)
     assert not np.array_equal(first["close"].to_numpy(), other["close"].to_numpy())
-    assert SyntheticBarSource(days=10, seed=3).fingerprint(ES) == SyntheticBarSource(
-        days=10, seed=3
-    ).fingerprint(ES)
-    assert SyntheticBarSource(days=10, seed=3).fingerprint(ES) != SyntheticBarSource(
-        days=10, seed=4
-    ).fingerprint(ES)
+    assert SyntheticBarSource(days=10, seed=3).fingerprint(ES) == SyntheticBarSource(days=10, seed=3).fingerprint(ES)
+    assert SyntheticBarSource(days=10, seed=3).fingerprint(ES) != SyntheticBarSource(days=10, seed=4).fingerprint(ES)
     # the asset's key is mixed into the seed: ES and NQ do not move in lockstep
     nq = SyntheticBarSource(days=10, seed=3).load(ASSETS["nq"])
     same_direction = np.sign(np.diff(first["close"].to_numpy())) == np.sign(np.diff(nq["close"].to_numpy()))

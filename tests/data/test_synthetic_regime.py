@@ -15,7 +15,9 @@ from foxhunt.assets import AssetSpec
 from foxhunt.data.sources.synthetic import SyntheticBarSource
 
 REPO = Path(__file__).resolve().parents[2]
-ES = AssetSpec(**{k: v for k, v in OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "asset" / "es.yaml")).items() if k != "_target_"})
+ES = AssetSpec(
+    **{k: v for k, v in OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "asset" / "es.yaml")).items() if k != "_target_"}
+)
 
 
 def _lag1(bars: pd.DataFrame) -> float:
@@ -37,7 +39,9 @@ def test_the_pattern_changes_sign_at_the_date():
 
 def test_without_a_change_the_bars_are_as_before():
     one = SyntheticBarSource(days=10, seed=4, autocorrelation=0.2).load(ES)
-    again = SyntheticBarSource(days=10, seed=4, autocorrelation=0.2, change_date="2030-01-01", autocorrelation_after=-0.2).load(ES)
+    again = SyntheticBarSource(days=10, seed=4, autocorrelation=0.2, change_date="2030-01-01", autocorrelation_after=-0.2).load(
+        ES
+    )
     pd.testing.assert_frame_equal(one, again)  # a change after the last bar changes nothing
     assert SyntheticBarSource(days=10, seed=4).fingerprint(ES) != SyntheticBarSource(
         days=10, seed=4, change_date="2024-01-05", autocorrelation_after=0.1).fingerprint(ES)  # fmt: skip

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.evaluation.test_backtest import ES
 
 from foxhunt.data.dataset import build_market_dataset
 from foxhunt.data.features import FeatureConfig
 from foxhunt.data.splits import FoldSplit, WalkForwardConfig, split_slices
-from tests.evaluation.test_backtest import ES
 
 
 def wf(**overrides) -> WalkForwardConfig:
@@ -159,8 +159,8 @@ def test_no_bar_a_default_walk_forward_cell_reports_as_test_is_a_validation_bar(
     blocks share no bar, and every purge covers the TFT's horizon."""
     from hydra.utils import instantiate
 
-    from foxhunt.training.parts import run_split
     from foxhunt.data.dataset import load_market_dataset
+    from foxhunt.training.parts import run_split
 
     cfg = compose_cfg(["model=tft", "evaluation.protocol=walk_forward", "data.source.days=30"])
     asset, source = instantiate(cfg.asset), instantiate(cfg.data.source)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fleet_helpers import STREAMING_SMALL as SMALL
 import torch
+from fleet_helpers import STREAMING_SMALL as SMALL
 from hydra.utils import instantiate
 
-from foxhunt.training.parts import build_parts
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
 from foxhunt.ensemble.members import make_member
+from foxhunt.training.parts import build_parts
 
 RUNTIMES = {"dqn": ["numba", "numpy", "torch"], "ppo": ["numba"], "mamba2": ["numba", "torch"], "tft": ["onnx", "torch"]}
 STREAMS, OFFSET, BARS = 5, 37, 160  # stream k reads the bars from k * OFFSET on: five different histories
@@ -99,7 +99,9 @@ def test_int8_members_forecast_close_to_fp32(compose_cfg, tmp_path, family):
     parts, rows = _setup(compose_cfg, family)
     answers = {}
     for weights in ("fp32", "int8"):
-        member = make_member(family, family, parts.model, weights, None, "auto", 10, parts.dataset.groups, workdir=tmp_path / weights)
+        member = make_member(
+            family, family, parts.model, weights, None, "auto", 10, parts.dataset.groups, workdir=tmp_path / weights
+        )
         assert member.weights == weights and member.runtime in ("numba", "onnx")
         engine = _engine(parts, member)
         answers[weights] = [engine.step(*bar) for bar in rows[0]]

@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from fleet_helpers import cli
+from test_parity import _parts, member_of, replay_split
+
 from foxhunt.ensemble.export import run_onnx, streaming_step, write_step
 from foxhunt.ensemble.members import forecaster_position
-from test_parity import _parts, member_of, replay_split
 
 TOLERANCE = 1e-4
 
@@ -129,7 +129,9 @@ def test_export_never_writes_through_a_link_planted_in_out(store_root, tmp_path)
     result = _export_dqn(store_root, str(out))
     assert result.exit_code == 2, result.output
     line = [line for line in result.output.splitlines() if line.strip()][-1]
-    assert line.startswith("foxhunt ensemble export: export error: --out ") and "foxhunt-dqn-es-v1 is a symbolic link" in line, line
+    assert line.startswith("foxhunt ensemble export: export error: --out ") and "foxhunt-dqn-es-v1 is a symbolic link" in line, (
+        line
+    )
     assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"] and victim.read_text() == "keep me"
 
     (out / "foxhunt-dqn-es-v1").unlink()
@@ -154,7 +156,9 @@ def test_export_never_writes_through_a_link_planted_in_out(store_root, tmp_path)
 )  # fmt: skip
 def test_an_out_that_cannot_be_written_is_one_line(store_root, tmp_path, out, message):
     (tmp_path / "file").write_text("a file, not a folder")
-    result = cli(store_root, "ensemble", "export", "asset=es", "ensemble.models=[dqn]", "--out", out.format(file=tmp_path / "file"))
+    result = cli(
+        store_root, "ensemble", "export", "asset=es", "ensemble.models=[dqn]", "--out", out.format(file=tmp_path / "file")
+    )
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines[-1].startswith("foxhunt ensemble export: ") and message in lines[-1] and "Traceback" not in result.output

@@ -4,7 +4,6 @@ exactly where it pays; and a member measured after streaming reports its runtime
 
 from __future__ import annotations
 
-
 from pathlib import Path
 
 import numpy as np

@@ -49,7 +49,9 @@ def test_a_refused_champion_registers_nothing(store):
     uri, artifacts = store
     _run(uri, artifacts, WORSE_THAN_FLAT)
     _run(uri, artifacts, {**WORSE_THAN_FLAT, "val/sharpe": 4.0}, model="ppo")
-    outcome = register_champions(uri, "foxhunt", "es", ["dqn", "ppo"], "val/sharpe", "foxhunt", "champion", False, example_decided=4)
+    outcome = register_champions(
+        uri, "foxhunt", "es", ["dqn", "ppo"], "val/sharpe", "foxhunt", "champion", False, example_decided=4
+    )
     assert [family for family, _ in outcome.refused] == ["dqn"] and outcome.registered == []
     assert RunStore(uri).get_version("foxhunt-ppo-es", 1) is None  # the passing family waits too: nothing half way
 
@@ -68,7 +70,6 @@ def test_a_tie_keeps_the_champion(store):
 def lockbox_root(tmp_path_factory):
     """A store with one FINISHED DQN run that kept the last 10% of its bars as a lockbox."""
     from configs import compose_train_config
-
     from foxhunt.training.cell import train
 
     root = tmp_path_factory.mktemp("lockbox")
@@ -104,7 +105,7 @@ def test_the_lockbox_is_opened_once_and_replay_keeps_it_closed(lockbox_root):
     args = ("ensemble", "register", "ensemble.models=[dqn]", "evaluation.holdout=0.1", "ensemble.gate=none", "--holdout")
     opened = cli(lockbox_root, *args)
     assert opened.exit_code == 0, opened.output
-    line = next(l for l in opened.output.splitlines() if "on the lockbox" in l)
+    line = next(text for text in opened.output.splitlines() if "on the lockbox" in text)
     assert "opened now" in line and "sharpe" in line and "best baseline" in line
     c = client(lockbox_root)
     (run,) = c.search_runs([c.get_experiment_by_name("foxhunt").experiment_id])
@@ -121,8 +122,9 @@ def test_the_lockbox_is_opened_once_and_replay_keeps_it_closed(lockbox_root):
 
 
 def _bars_after_warmup(root) -> int:
-    from configs import compose_train_config
     from hydra.utils import instantiate
+
+    from configs import compose_train_config
 
     cfg = compose_train_config(["model=dqn", *FAST, "data.source.days=10"], root)
     bars = instantiate(cfg.data.source).load(instantiate(cfg.asset))

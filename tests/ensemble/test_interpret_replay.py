@@ -45,7 +45,6 @@ def test_the_recomputed_windows_are_those_the_member_read(compose_cfg):
 def tft_store(tmp_path_factory):
     """A store holding one FINISHED smoke run of a small TFT on ES, registered as the champion."""
     from configs import compose_train_config
-
     from foxhunt.training.cell import train
 
     root = tmp_path_factory.mktemp("tft-fleet")

@@ -15,7 +15,6 @@ from fleet_helpers import FAST, SMALL, cli, client, tracking
 def registered(tmp_path_factory):
     """A store with one registered DQN version, and a copy of its model folder to restore."""
     from configs import compose_train_config
-
     from foxhunt.training.cell import train
 
     root = tmp_path_factory.mktemp("damaged")
@@ -255,7 +254,10 @@ def test_the_pyfunc_loader_of_a_folder_refuses_a_store_that_does_not_hold_it(reg
 
     root, folder, _ = registered
     missing = tmp_path / "nowhere" / "mlflow.db"
-    with _use_tracking_uri(f"sqlite:///{missing}"), pytest.raises(RegistryError, match=r"does not exist, so its files cannot be verified"):
+    with (
+        _use_tracking_uri(f"sqlite:///{missing}"),
+        pytest.raises(RegistryError, match=r"does not exist, so its files cannot be verified"),
+    ):
         mlflow.pyfunc.load_model(str(folder))
     assert not missing.exists()
     with tracking(root):

@@ -105,6 +105,8 @@ def test_the_runtime_is_chosen_as_asked_or_falls_back_saying_why():
     int8 = AgentMember("a", "dqn", agent, "int8", None, "numpy", 1)  # numpy has no int8 weights
     assert (int8.runtime, int8.runtime_note) == ("torch", "torch (no numpy runtime for this member)")
     auto = AgentMember("a", "dqn", agent, "fp32", None, "auto", 3)
-    assert auto.runtime in ("numba", "numpy", "torch") and auto.runtime_note.startswith(f"{auto.runtime} (auto: median of 3 timed calls")
+    assert auto.runtime in ("numba", "numpy", "torch") and auto.runtime_note.startswith(
+        f"{auto.runtime} (auto: median of 3 timed calls"
+    )
     with pytest.raises(ValueError, match="ensemble.runtime='gpu': must be one of auto, numba, numpy, onnx, torch"):
         AgentMember("a", "dqn", agent, "fp32", None, "gpu", 1)

@@ -11,13 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tomllib
 import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from foxhunt.ensemble import model_env
 from foxhunt.ensemble.member_files import RegistryError
@@ -102,7 +102,9 @@ def test_mlflow_models_serve_rebuilds_the_environment_with_virtualenv(store_root
     from foxhunt.ensemble.registry import download_version
 
     assert cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none").exit_code == 0
-    folder, _ = download_version(f"sqlite:///{store_root}/mlruns/mlflow.db", "foxhunt-tft-es", "champion", None, tmp_path / "download")
+    folder, _ = download_version(
+        f"sqlite:///{store_root}/mlruns/mlflow.db", "foxhunt-tft-es", "champion", None, tmp_path / "download"
+    )
     model = shutil.copytree(folder, tmp_path / "clean" / "model")
     outer = tmp_path / "clean" / "outer"
     import mlflow
@@ -133,7 +135,9 @@ def test_mlflow_models_serve_rebuilds_the_environment_with_virtualenv(store_root
         wait_until(up, "mlflow models serve --env-manager virtualenv answering /ping", timeout=1800, poll=5)
         example = Model.load(str(model / "MLmodel")).load_input_example(str(model))
         body = json.dumps({"dataframe_split": {"columns": list(example.columns), "data": example.values.tolist()}}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=120) as response:
             rows = json.loads(response.read())["predictions"]
         assert len(rows) == len(example) and rows[0]["signal"] is None and isinstance(rows[-1]["signal"], float)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fleet_helpers import STREAMING_SMALL as SMALL
 import torch
+from fleet_helpers import STREAMING_SMALL as SMALL
 from hydra.utils import instantiate
 
-from foxhunt.training.parts import build_parts
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
 from foxhunt.ensemble.members import AgentMember, Mamba2Member, TFTMember
 from foxhunt.ensemble.replay import replay_bars
+from foxhunt.training.parts import build_parts
 
 DATA = ["data.source.days=4", "logger=none"]
 

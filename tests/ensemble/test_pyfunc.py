@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from fleet_helpers import cli, tracking
 
 URI = "sqlite:///{root}/mlruns/mlflow.db"
@@ -110,8 +109,11 @@ def scoring(store_root, versions, tmp_path_factory):
     command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", str(versions["tft"]), "--env-manager", "local",
                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
     with open(log, "w") as out:
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # its uvicorn
-               "MLFLOW_TRACKING_URI": URI.format(root=store_root)}  # the store the version is verified against
+        env = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # its uvicorn
+            "MLFLOW_TRACKING_URI": URI.format(root=store_root),
+        }  # the store the version is verified against
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
 

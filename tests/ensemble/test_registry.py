@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-
 from fleet_helpers import DATA, SMALL, cli, client
 
 

@@ -34,7 +34,9 @@ def _free_port() -> int:
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(f"{url}/predict", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/predict", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -48,7 +50,9 @@ READ_TIMEOUT_S, TIMEOUT_S, MAX_CONNECTIONS, HEALTH_RESERVE, LOG_INTERVAL_S = 1.5
 BOUNDS = [f"ensemble.serve.read_timeout_s={READ_TIMEOUT_S}", f"ensemble.serve.timeout_s={TIMEOUT_S}",
           f"ensemble.serve.max_connections={MAX_CONNECTIONS}", f"ensemble.serve.health_reserve={HEALTH_RESERVE}",
           f"ensemble.serve.log_interval_s={LOG_INTERVAL_S}"]  # fmt: skip
-SERVER_FILES = 1024  # the server starts under a common default soft limit of open files (it raises its own to what its limits need)
+SERVER_FILES = (
+    1024  # the server starts under a common default soft limit of open files (it raises its own to what its limits need)
+)
 
 
 def _raw(url: str, body: bytes, content_type: str = "application/json") -> tuple[int, dict]:
@@ -108,9 +112,9 @@ def server(store_root):
 def test_eight_clients_get_the_replays_decisions(server, store_root):
     from hydra.utils import instantiate
 
-    from foxhunt.training.parts import compose_config
     from foxhunt.ensemble.fleet import fleet_engine, load_fleet
     from foxhunt.ensemble.replay import replay_bars
+    from foxhunt.training.parts import compose_config
 
     url, _ = server
     cfg = compose_config(["asset=es", *DATA], root_dir=store_root, config_name="fleet")
@@ -203,11 +207,13 @@ def test_symbols_are_bounded_and_info_lists_the_fleet(server):
 # ---------------------------------------------------------------------------------- clients bounded
 HEADERS = b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
 STALLED_BODY = HEADERS + b"Content-Length: 100\r\n\r\n{"  # 1 byte of the 100 it declares, then nothing
-SHORT_CHUNK = HEADERS + b"Transfer-Encoding: chunked\r\n\r\n64\r\n{\"symbol\""  # a chunk of 0x64 bytes, 9 sent
+SHORT_CHUNK = HEADERS + b'Transfer-Encoding: chunked\r\n\r\n64\r\n{"symbol"'  # a chunk of 0x64 bytes, 9 sent
 HALF_HEADER = b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Le"
 
 
-def _until_closed(port: int, first: bytes, drip: bytes = b"", every_s: float = 0.0, give_up_s: float = 12.0) -> tuple[float, bytes]:
+def _until_closed(
+    port: int, first: bytes, drip: bytes = b"", every_s: float = 0.0, give_up_s: float = 12.0
+) -> tuple[float, bytes]:
     """Connect, send ``first``, then one byte of ``drip`` every ``every_s`` seconds while reading:
     (seconds from connecting until the server closed the socket, everything it answered); the
     seconds are ``inf`` when it was still open after ``give_up_s``."""
@@ -259,8 +265,13 @@ def test_slow_and_half_sent_requests_are_cut_off_at_their_timeouts(server):
         got = dict(zip(cases, pool.map(lambda c: _until_closed(server.port, c[0], c[1], c[2]), cases.values())))
     for name, (_, _, _, at, status, line) in cases.items():
         seconds, answer = got[name]
-        assert at - 0.1 <= seconds <= at + 2.0, f"{name}: closed after {seconds:.2f} s, expected {at} s; answered {answer[:200]!r}"
-        assert answer.startswith(status) and line in answer and (not status or b"connection: close" in answer.lower()), (name, answer)
+        assert at - 0.1 <= seconds <= at + 2.0, (
+            f"{name}: closed after {seconds:.2f} s, expected {at} s; answered {answer[:200]!r}"
+        )
+        assert answer.startswith(status) and line in answer and (not status or b"connection: close" in answer.lower()), (
+            name,
+            answer,
+        )
 
 
 def test_beyond_the_cap_a_request_is_503_and_health_still_answers(server):

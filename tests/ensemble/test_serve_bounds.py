@@ -64,7 +64,7 @@ def logged():
 
 def test_a_flood_is_one_line_per_kind_per_interval_then_its_count(logged):
     logger, lines, rate, clock = logged
-    for i in range(1000):  # asyncio's line when accept() finds no file descriptor left, with its traceback
+    for _ in range(1000):  # asyncio's line when accept() finds no file descriptor left, with its traceback
         logger.error("socket.accept() out of system resource", exc_info=OSError(24, "Too many open files"))
         logger.warning("foxhunt ensemble serve: connection cap: %d sockets open", 20)
     assert lines == ["socket.accept() out of system resource: OSError: [Errno 24] Too many open files",
@@ -111,7 +111,9 @@ def test_every_event_is_said_or_counted_and_a_kind_passes_at_most_once_per_inter
     try:
         for kind, step in events:
             clock.now += step
-            record = logging.LogRecord(logger.name, logging.WARNING, __file__, 1, f"kind {kind}", None, None)  # a kind: a template
+            record = logging.LogRecord(
+                logger.name, logging.WARNING, __file__, 1, f"kind {kind}", None, None
+            )  # a kind: a template
             if rate.filter(record):
                 passed.setdefault(kind, []).append(clock.now)
         rate.flush(final=True)
@@ -174,7 +176,9 @@ def test_a_body_read_ends_at_its_timeout_or_at_once_when_the_server_stops():
             await guard.next_message(never, 0.2)
         waited = loop.time() - began
         assert 0.19 <= waited < 1.0 and not guard.stopping and not guard.reads
-        assert await guard.next_message(lambda: asyncio.sleep(0, result={"type": "http.request"}), 0.2) == {"type": "http.request"}
+        assert await guard.next_message(lambda: asyncio.sleep(0, result={"type": "http.request"}), 0.2) == {
+            "type": "http.request"
+        }
         reading = asyncio.ensure_future(guard.next_message(never, 60))
         await asyncio.sleep(0.05)
         began = loop.time()

@@ -36,8 +36,9 @@ TWO_DAYS = pd.date_range("2024-03-04", periods=5, freq="12h", tz="UTC")
 BARS_PER_YEAR = 730.5
 
 
-def run(positions=POSITIONS, close=CLOSE, timestamps=TWO_DAYS, commission=COMMISSION,
-        slippage=SLIPPAGE, bars_per_year=BARS_PER_YEAR) -> BacktestResult:
+def run(
+    positions=POSITIONS, close=CLOSE, timestamps=TWO_DAYS, commission=COMMISSION, slippage=SLIPPAGE, bars_per_year=BARS_PER_YEAR
+) -> BacktestResult:
     return backtest(positions, close, timestamps, ES, commission, slippage, bars_per_year=bars_per_year)
 
 
@@ -146,8 +147,17 @@ def test_sharpe_is_zero_when_pnl_is_constant():
 def test_always_flat_has_zero_everything():
     result = run(positions=np.zeros(5))
     assert result.metrics == {
-        "pnl": 0.0, "mean_pnl": 0.0, "sharpe": 0.0, "sortino": 0.0, "calmar": 0.0, "max_drawdown": 0.0,
-        "exposure": 0.0, "hit_rate": 0.0, "turnover": 0.0, "trades": 0, "steps": 4,
+        "pnl": 0.0,
+        "mean_pnl": 0.0,
+        "sharpe": 0.0,
+        "sortino": 0.0,
+        "calmar": 0.0,
+        "max_drawdown": 0.0,
+        "exposure": 0.0,
+        "hit_rate": 0.0,
+        "turnover": 0.0,
+        "trades": 0,
+        "steps": 4,
     }
 
 

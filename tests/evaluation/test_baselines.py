@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-
-from foxhunt.evaluation.backtest import BacktestResult, backtest
-from foxhunt.evaluation.baselines import BASELINES, baseline_positions
 from tests.evaluation.test_backtest import (
     ES,  # tick 0.25, multiplier 50, tick value 12.5
 )
+
+from foxhunt.evaluation.backtest import BacktestResult, backtest
+from foxhunt.evaluation.baselines import BASELINES, baseline_positions
 
 # Costs: 2 USD commission + 1 tick (12.5 USD) slippage = 14.5 USD per contract traded.
 COMMISSION, SLIPPAGE = 2.0, 1.0
@@ -129,18 +129,12 @@ def test_no_look_ahead(close, cut, data, seed):
     """positions[:t + 1] does not change when close[t + 1:] does, nor when it is cut off
     (for ``random``: numpy's Generator draws the positions in order)."""
     t = min(cut, len(close) - 1)
-    future = data.draw(
-        arrays(np.float64, len(close) - t - 1, elements=st.floats(1.0, 1e4)), label="future"
-    )
+    future = data.draw(arrays(np.float64, len(close) - t - 1, elements=st.floats(1.0, 1e4)), label="future")
     changed = np.concatenate([close[: t + 1], future])
     for name in BASELINES:
         original = baseline_positions(name, close, seed=seed)
-        np.testing.assert_array_equal(
-            baseline_positions(name, changed, seed=seed)[: t + 1], original[: t + 1]
-        )
-        np.testing.assert_array_equal(
-            baseline_positions(name, close[: t + 1], seed=seed), original[: t + 1]
-        )
+        np.testing.assert_array_equal(baseline_positions(name, changed, seed=seed)[: t + 1], original[: t + 1])
+        np.testing.assert_array_equal(baseline_positions(name, close[: t + 1], seed=seed), original[: t + 1])
 
 
 @pytest.mark.parametrize(

@@ -73,9 +73,7 @@ def test_deflated_sharpe_ratio_paper_example():
     trials = (raw - raw.mean()) / raw.std(ddof=1) * math.sqrt(variance)
     dsr = deflated_sharpe_ratio(sr, trials, n_obs=1250, skew=-3.0, kurtosis=10.0)
     assert dsr == pytest.approx(0.9004, abs=5e-5)
-    assert dsr == pytest.approx(
-        probabilistic_sharpe_ratio(sr, benchmark, 1250, skew=-3.0, kurtosis=10.0), rel=1e-12
-    )
+    assert dsr == pytest.approx(probabilistic_sharpe_ratio(sr, benchmark, 1250, skew=-3.0, kurtosis=10.0), rel=1e-12)
 
 
 def test_dsr_of_a_single_trial_is_the_psr_against_zero():

@@ -117,7 +117,13 @@ def test_the_table_and_pngs_are_written(tmp_path):
     names = SelectionNames.of(FEATURE_NAMES, feature_groups())
     result = _sums(rng, names, windows=20, seq_len=6, horizon=3)[0].result("test split", total_windows=40)
     paths = write_interpretation(result, tmp_path / "interpretability", title="tft-es-fp32")
-    expected = {TABLE_FILE, SELECTION_FILE, ATTENTION_FILE, ATTENTION_PNG, *(selection_png(g) for g in ("static", "encoder", "decoder"))}
+    expected = {
+        TABLE_FILE,
+        SELECTION_FILE,
+        ATTENTION_FILE,
+        ATTENTION_PNG,
+        *(selection_png(g) for g in ("static", "encoder", "decoder")),
+    }
     assert {p.name for p in paths} == expected and all(p.parent == tmp_path / "interpretability" for p in paths)
     for path in paths:
         if path.suffix == ".png":

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
+from tests.evaluation.test_backtest import ES
 
 from foxhunt.evaluation.backtest import backtest
 from foxhunt.evaluation.baselines import baseline_positions
@@ -17,7 +18,6 @@ from foxhunt.evaluation.scoring import (
     score_positions,
     summary_lines,
 )
-from tests.evaluation.test_backtest import ES
 
 SETTINGS = ScoringSettings(commission_usd=2.5, slippage_ticks=0.5, bars_per_year=1380 * 252,
                            bootstrap=BootstrapSettings(samples=200, block_bars=10, confidence=0.9, seed=3),

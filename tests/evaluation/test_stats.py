@@ -17,7 +17,11 @@ from foxhunt.evaluation.stats import BootstrapIntervals, block_bootstrap, pnl_mo
 
 def bootstrap(pnl, **overrides) -> BootstrapIntervals:
     kwargs = {
-        "block_bars": 10, "samples": 300, "confidence": 0.9, "seed": 0, "periods_per_year": 1.0,
+        "block_bars": 10,
+        "samples": 300,
+        "confidence": 0.9,
+        "seed": 0,
+        "periods_per_year": 1.0,
     }
     kwargs.update(overrides)
     return block_bootstrap(pnl, **kwargs)
@@ -39,9 +43,7 @@ def test_sharpe_ratio_by_hand():
     pnl = np.array([10.5, -12.5, -66.5, -14.5])  # test_backtest's hand-computed steps
     std = math.sqrt(3176.75 / 3)
     assert sharpe_ratio(pnl) == pytest.approx(-20.75 / std)
-    assert sharpe_ratio(pnl, periods_per_year=730.5) == pytest.approx(
-        -20.75 / std * math.sqrt(730.5)
-    )
+    assert sharpe_ratio(pnl, periods_per_year=730.5) == pytest.approx(-20.75 / std * math.sqrt(730.5))
 
 
 @pytest.mark.parametrize("pnl", [[], [3.0], [12.5, 12.5, 12.5], [0.0, 0.0]])

@@ -10,12 +10,22 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from jobs_store import NOW_MS
 from rich.console import Console
 
-from foxhunt.jobs.display import STATE_STYLES, counts_text, eta_s, fmt_duration, fmt_mb, fmt_number, list_table, status_view, watch_view
+from foxhunt.jobs.display import (
+    STATE_STYLES,
+    counts_text,
+    eta_s,
+    fmt_duration,
+    fmt_mb,
+    fmt_number,
+    list_table,
+    status_view,
+    watch_view,
+)
 from foxhunt.jobs.listing import paginate
 from foxhunt.jobs.views import find_job, load_jobs
+from jobs_store import NOW_MS
 
 DURATION = re.compile(r"^(?:(\d+)h(\d\d)m|(\d+)m(\d\d)s|(\d+)s)$")
 
@@ -67,7 +77,12 @@ def test_no_eta_before_there_is_a_pace_or_once_done():
 
 def test_missing_figures_are_a_dash():
     assert [fmt_number(None), fmt_number(float("nan")), fmt_mb(None), fmt_mb(float("nan"))] == ["-"] * 4
-    assert (fmt_number(1.23456789), fmt_number(0.5, 2), fmt_mb(1536.4), fmt_mb(1536.4, unit=False)) == ("1.235", "0.5", "1,536 MB", "1,536")
+    assert (fmt_number(1.23456789), fmt_number(0.5, 2), fmt_mb(1536.4), fmt_mb(1536.4, unit=False)) == (
+        "1.235",
+        "0.5",
+        "1,536 MB",
+        "1,536",
+    )
 
 
 def test_counts_are_in_a_fixed_order_and_zero_counts_left_out(jobs):
@@ -79,7 +94,10 @@ def test_the_watch_view_has_a_row_per_cell_and_an_eta_at_the_jobs_pace_only_whil
     later = NOW_MS + 600_000  # the running job (started at NOW_MS) 10 min in
     rows = [[part.strip() for part in line.split("│")[1:-1]] for line in shown(watch_view(jobs["cccc4444"], later)).splitlines()
             if line.startswith("│")]  # fmt: skip
-    assert [(r[0], r[1], r[3], r[-1]) for r in rows] == [("tft-zn-fp32", "RUNNING", "50%", "10m00s"), ("dqn-zn-fp32", "PENDING", "0%", "-")]
+    assert [(r[0], r[1], r[3], r[-1]) for r in rows] == [
+        ("tft-zn-fp32", "RUNNING", "50%", "10m00s"),
+        ("dqn-zn-fp32", "PENDING", "0%", "-"),
+    ]
     overall = shown(watch_view(jobs["cccc4444"], later)).splitlines()[-1].split()
     # tft (weight 4) half done, dqn (weight 1) not started: 40% in 10 min, 15 min to go at that pace
     assert overall[0] == "overall" and overall[-5:] == ["40%", "elapsed", "10m00s", "eta", "15m00s"]

@@ -138,7 +138,9 @@ def test_a_job_killed_with_sigkill_is_stale_and_resumable(tmp_path):
     # (DQN optimizes manually: Lightning defers step-based checkpoints to validation)
     job_id, pid = start(tmp_path, *TINY, "asset=es", "trainer.limit_train_batches=20", "trainer.max_epochs=10")
     deadline = time.monotonic() + 180
-    while not (data := wait_until_training(tmp_path, job_id))["cells"][0]["step"] >= 25:  # past the first epoch's last.ckpt (20 batches)
+    while (
+        not (data := wait_until_training(tmp_path, job_id))["cells"][0]["step"] >= 25
+    ):  # past the first epoch's last.ckpt (20 batches)
         assert time.monotonic() < deadline, data
         time.sleep(0.5)
     cell_run = data["cells"][0]["run_id"]

@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from jobs_store import HOUR_MS, NOW_MS
 
 from foxhunt.jobs.listing import filter_jobs, job_to_dict, paginate, parse_since, sort_jobs
+from jobs_store import HOUR_MS, NOW_MS
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -92,4 +92,4 @@ def test_jobs_without_a_sharpe_go_last_either_way(jobs):
         ordered = sort_jobs(all_jobs, "sharpe", NOW_MS, reverse=reverse)
         scored = [j.best_sharpe() for j in ordered if j.best_sharpe() is not None]
         assert scored == sorted(scored, reverse=not reverse) and len(scored) == 2
-        assert all(j.best_sharpe() is None for j in ordered[len(scored):])
+        assert all(j.best_sharpe() is None for j in ordered[len(scored) :])

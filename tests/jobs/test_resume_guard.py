@@ -27,7 +27,6 @@ from foxhunt.jobs import launch
 from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
 from foxhunt.jobs.views import find_job
 from foxhunt.runs.environment import store_uri
-from foxhunt.runs.liveness import process_alive
 
 runner = CliRunner()
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]

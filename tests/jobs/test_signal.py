@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import psutil
-from waiting import process_gone, wait_until
 
 from foxhunt.jobs.launch import _signal
+from waiting import process_gone, wait_until
 
 # A parent that shares the test's process group and starts a child; both record SIGTERM.
 TREE = r"""

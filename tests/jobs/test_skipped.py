@@ -8,7 +8,6 @@ import io
 import json
 
 import pytest
-from jobs_store import plan
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from rich.console import Console
@@ -22,6 +21,7 @@ from foxhunt.runs.sqlite_reader import SqliteReader
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import ClientReader, RunStore
 from foxhunt.training.cell import run_cell
+from jobs_store import plan
 
 
 @pytest.fixture

@@ -69,7 +69,9 @@ def test_the_job_lock_is_held_by_training_too_until_the_last_of_them_exits(tmp_p
     """The supervisor hands the job's lock to training: with the supervisor killed alone, the
     job still cannot be launched again while its training runs."""
     with JobLock.acquire(tmp_path, "lock0001", "test") as lock:
-        process, log = launch(tmp_path, "lock0001", "import os, time; print('training', os.getpid(), flush=True); time.sleep(120)", lock)
+        process, log = launch(
+            tmp_path, "lock0001", "import os, time; print('training', os.getpid(), flush=True); time.sleep(120)", lock
+        )
     deadline = time.monotonic() + 60
     while "training" not in log.read_text():
         assert time.monotonic() < deadline, log.read_text()

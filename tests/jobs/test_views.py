@@ -4,12 +4,12 @@ its id or the launch file before the store knows it."""
 from __future__ import annotations
 
 import pytest
-from jobs_store import HOUR_MS, NOW_MS, dead_pid
 
 from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
 from foxhunt.jobs.views import JobNotFound, find_job, group_jobs, load_jobs
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.stored import StoredRun
+from jobs_store import HOUR_MS, NOW_MS, dead_pid
 
 
 def test_every_job_is_found_with_the_state_the_store_and_processes_say(jobs, jobs_store):

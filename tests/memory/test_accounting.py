@@ -110,7 +110,15 @@ def test_breakdown_mb_properties():
     assert breakdown.params_mb == 1.0
     assert breakdown.optimizer_mb == 1.5
     assert breakdown.total_training_mb == 2.5
-    assert list(breakdown.components()) == ["params", "grads", "optimizer", "buffers", "model_state", "activations", "temporaries"]
+    assert list(breakdown.components()) == [
+        "params",
+        "grads",
+        "optimizer",
+        "buffers",
+        "model_state",
+        "activations",
+        "temporaries",
+    ]
 
 
 # -- model-owned state ---------------------------------------------------------------------

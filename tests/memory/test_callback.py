@@ -67,8 +67,14 @@ def fit(store, tmp_path, callback, max_steps=6, module=None):
     torch.manual_seed(0)
     loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=BATCH)
     trainer = pl.Trainer(
-        max_steps=max_steps, logger=logger, callbacks=[callback], accelerator="cpu", devices=1,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        max_steps=max_steps,
+        logger=logger,
+        callbacks=[callback],
+        accelerator="cpu",
+        devices=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         default_root_dir=str(tmp_path),
     )
     module = module or TinyNet()
@@ -146,7 +152,8 @@ def test_one_mb_budget_with_fail_raises_one_clear_line(store, tmp_path):
     # the run is marked and the report written even though the fit failed
     run = MlflowClient(store[0]).search_runs(
         [MlflowClient(store[0]).get_experiment_by_name(EXPERIMENT).experiment_id],
-        order_by=["attributes.start_time DESC"], max_results=1,
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
     )[0]
     assert run.data.tags[BREACH_TAG] == message
     assert "- BREACH: " + message in (tmp_path / REPORT_MARKDOWN).read_text()
@@ -174,9 +181,7 @@ def test_target_breach_with_stop_ends_the_run_gracefully(store, tmp_path):
     # fit start holds params + model state (1168 bytes); the first step adds grads, Adam state
     # and activations (1944 bytes): a 1500-byte target is breached at step 1.
     target_mb = mb(1500)
-    callback = MemoryBudgetCallback(
-        target_mb=target_mb, on_breach="stop", report_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt"
-    )
+    callback = MemoryBudgetCallback(target_mb=target_mb, on_breach="stop", report_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt")
     trainer, run, _ = fit(store, tmp_path, callback, max_steps=6)
     assert trainer.global_step == 1
     tag = run.data.tags[BREACH_TAG]

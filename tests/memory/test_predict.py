@@ -10,11 +10,9 @@ from small_models import BATCHES, CPU, SMALL
 from torch import nn
 
 from foxhunt.memory.accounting import optimizer_state_bytes
-from foxhunt.memory.training_run import measure_run
-from foxhunt.training.parts import MEASURING_RUNS, measuring_config
 from foxhunt.memory.predict import (
-    LinearFit,
     OPTIMIZER_STATE_RULES,
+    LinearFit,
     optimizers_of,
     predict_footprint,
     predict_static,
@@ -22,6 +20,8 @@ from foxhunt.memory.predict import (
     probe_configs,
     register_optimizer_rule,
 )
+from foxhunt.memory.training_run import measure_run
+from foxhunt.training.parts import MEASURING_RUNS, measuring_config
 
 TOLERANCE = 0.10  # the issue's bar: prediction within 10 % of the measurement
 # The agents at their seed network sizes (a step still takes about a millisecond): with 16-unit
@@ -123,7 +123,9 @@ def test_an_optimizer_without_a_rule_is_named_and_can_be_given_one(monkeypatch):
         meta = _net()
     optimizer = Lion(meta.parameters())
     total, notes = predicted_optimizer_bytes([optimizer])
-    assert total == 0 and notes == ["no state rule for " + type(optimizer).__qualname__ + ": its optimizer state is not predicted"]
+    assert total == 0 and notes == [
+        "no state rule for " + type(optimizer).__qualname__ + ": its optimizer state is not predicted"
+    ]
 
     monkeypatch.setitem(OPTIMIZER_STATE_RULES, Lion, None)  # removed again after the test
     register_optimizer_rule(Lion)(lambda param, group: param.numel() * param.element_size())  # one momentum
@@ -157,7 +159,9 @@ def test_probe_batches_skip_values_the_config_rejects(root):
 def test_meta_prediction_follows_the_precision_plugin(root):
     fp32 = predict_static(compose("tft", [*SMALL["tft"], "precision=fp32"], root), MEASURING_RUNS)
     mixed = predict_static(compose("tft", [*SMALL["tft"], "precision=bf16"], root), MEASURING_RUNS)
-    true_bf16 = predict_static(compose("tft", [*SMALL["tft"], "precision=fp32", "precision.trainer_precision=bf16-true"], root), MEASURING_RUNS)
+    true_bf16 = predict_static(
+        compose("tft", [*SMALL["tft"], "precision=fp32", "precision.trainer_precision=bf16-true"], root), MEASURING_RUNS
+    )
     assert mixed.params_bytes == fp32.params_bytes  # bf16-mixed keeps fp32 weights
     assert 2 * true_bf16.params_bytes == fp32.params_bytes  # bf16-true stores them in bf16
     # Adam's two moments follow the weights' dtype; the float32 step tensors do not

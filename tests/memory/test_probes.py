@@ -122,8 +122,12 @@ def test_merge_peak_is_the_fieldwise_maximum():
     b = DeviceSample(cuda_allocated_peak_bytes=3, nvml_used_bytes=12, nvml_baseline_bytes=9, rss_bytes=None)
     merged = a.merge_peak(b)
     assert merged == DeviceSample(
-        cuda_allocated_peak_bytes=5, cuda_reserved_peak_bytes=None, nvml_used_bytes=12,
-        nvml_baseline_bytes=2, rss_bytes=7, rss_baseline_bytes=1,
+        cuda_allocated_peak_bytes=5,
+        cuda_reserved_peak_bytes=None,
+        nvml_used_bytes=12,
+        nvml_baseline_bytes=2,
+        rss_bytes=7,
+        rss_baseline_bytes=1,
     )
     assert merged.nvml_run_bytes == 10
 

@@ -26,8 +26,12 @@ def make_report(**changes) -> MemoryReport:
     fields = dict(
         title="TinyNet",
         breakdown=MemoryBreakdown(
-            params_bytes=10 * MB, grads_bytes=10 * MB, optimizer_bytes=20 * MB,
-            buffers_bytes=MB // 2, model_state_bytes=64 * MB, activations_bytes=3 * MB,
+            params_bytes=10 * MB,
+            grads_bytes=10 * MB,
+            optimizer_bytes=20 * MB,
+            buffers_bytes=MB // 2,
+            model_state_bytes=64 * MB,
+            activations_bytes=3 * MB,
         ),
         peak=MeasuredFigure("peak", 120 * MB, "torch.cuda.max_memory_allocated since the run started"),
         device_peak=MeasuredFigure("device peak", 600 * MB, "NVML used minus baseline"),
@@ -100,8 +104,12 @@ def test_write_report_writes_markdown_and_png(tmp_path):
 @pytest.mark.parametrize("budget", [None, MemoryBudget("cpu", 16384, 2048, kind="cpu")])
 def test_report_without_budget_or_target_or_measurements_still_renders(tmp_path, budget):
     report = make_report(
-        breakdown=MemoryBreakdown(), budget=budget, target_mb=None,
-        device_figures=[], callback_seconds=None, train_seconds=None,
+        breakdown=MemoryBreakdown(),
+        budget=budget,
+        target_mb=None,
+        device_figures=[],
+        callback_seconds=None,
+        train_seconds=None,
         notes=["activations and gradients not measured: no training step produced gradients"],
     )
     markdown, png = write_report(report, tmp_path)

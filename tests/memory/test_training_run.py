@@ -34,9 +34,9 @@ def test_the_footprint_is_the_allocator_peak_torchs_memtracker_sees(tmp_path):
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from foxhunt.training.parts import MEASURING_RUNS, build_parts, measuring_config
     from foxhunt.memory.training_run import measure_run
     from foxhunt.models.forecaster import quantile_loss
+    from foxhunt.training.parts import MEASURING_RUNS, build_parts, measuring_config
 
     for model in ("mamba2", "tft"):
         # fp32 as the hand-made step below (the TFT's default precision=auto picks bf16 on a bf16 CPU)

@@ -18,8 +18,8 @@ from foxhunt.memory.accounting import BYTES_PER_MB, MemoryBreakdown
 from foxhunt.memory.budget import MemoryBudget
 from foxhunt.memory.card import judge
 from foxhunt.memory.card_report import bar, render_text, stacked_bar
-from foxhunt.memory.training_run import RunMeasurement
 from foxhunt.memory.report import MeasuredFigure
+from foxhunt.memory.training_run import RunMeasurement
 
 MODELS = list(SMALL)
 
@@ -96,7 +96,9 @@ def test_the_run_lands_in_mlflow_with_metrics_and_artifacts(card_run):
 
 def test_a_1_mb_budget_fails_with_one_clear_line(tmp_path):
     # DQN at its seed size (about 2.9 MB) on a 1 MB card with no headroom required
-    result = validate("--root", str(tmp_path), "--models", "dqn", "budget.total_mb=1", "budget.headroom_mb=0", "logger=none", *CPU)
+    result = validate(
+        "--root", str(tmp_path), "--models", "dqn", "budget.total_mb=1", "budget.headroom_mb=0", "logger=none", *CPU
+    )
     assert result.exit_code == 1, result.output
     last = result.stdout.rstrip().splitlines()[-1]
     assert last.startswith("FAIL: the ensemble's ") and "of budget rtx3050ti's 1 MB, below the required 0 MB headroom" in last

@@ -60,9 +60,7 @@ def planted_dataset(
     features[:, groups["known"]] = rng.uniform(-1.0, 1.0, (total, len(groups["known"])))
     features[:, groups["observed"]] = rng.normal(0.0, 1.0, (total, len(groups["observed"])))
     features[:, RETURN_COLUMN] = moves / moves.std()
-    timestamps = np.datetime64("2024-01-02T00:00", "ns") + np.arange(total) * np.timedelta64(
-        60, "s"
-    )
+    timestamps = np.datetime64("2024-01-02T00:00", "ns") + np.arange(total) * np.timedelta64(60, "s")
     splits, start = {}, 0
     for name, bars in zip(("train", "val", "test"), split_bars):
         part = slice(start, start + bars)
@@ -83,9 +81,7 @@ def random_dataset(seed: int, split_bars: tuple[int, int, int] = (400, 150, 150)
     return planted_dataset(seed, split_bars, ar=0.0)
 
 
-def model_config(
-    name: str, seed: int, env: dict | None = None, **module_overrides
-) -> DictConfig:
+def model_config(name: str, seed: int, env: dict | None = None, **module_overrides) -> DictConfig:
     """``conf/model/<name>.yaml`` under a root with ``seed``, with ``model.env`` and
     ``model.module`` overrides, interpolations resolved."""
     model = OmegaConf.load(REPO_ROOT / f"conf/model/{name}.yaml")

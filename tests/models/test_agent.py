@@ -57,12 +57,13 @@ def test_walk_rewards_match_the_env_stepped_bar_by_bar():
     rng = np.random.default_rng(0)
     positions = rng.integers(-1, 2, len(split.close))
     positions[-1] = 0
-    reward, pnl = walk_rewards(
-        positions, split.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS
-    )
+    reward, pnl = walk_rewards(positions, split.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS)
     env = TradingEnv.sequential(
-        torch.from_numpy(split.features), torch.from_numpy(split.close), dataset.asset,
-        COMMISSION_USD, SLIPPAGE_TICKS,
+        torch.from_numpy(split.features),
+        torch.from_numpy(split.close),
+        dataset.asset,
+        COMMISSION_USD,
+        SLIPPAGE_TICKS,
     )
     env.reset()
     env_reward, env_pnl = [], []
@@ -88,8 +89,11 @@ def test_greedy_positions_equal_a_step_by_step_walk_of_the_env(name):
     positions = agent.greedy_positions(split.features)
 
     env = TradingEnv.sequential(
-        torch.from_numpy(split.features), torch.from_numpy(split.close), dataset.asset,
-        COMMISSION_USD, SLIPPAGE_TICKS,
+        torch.from_numpy(split.features),
+        torch.from_numpy(split.close),
+        dataset.asset,
+        COMMISSION_USD,
+        SLIPPAGE_TICKS,
     )
     obs = env.reset()
     expected = []
@@ -137,9 +141,7 @@ def test_checkpoint_loads_weights_only_and_resumes(name, tmp_path):
     checkpoint = torch.load(path, weights_only=True)
     restored = build_agent(cfg)
     restored.load_state_dict(checkpoint["state_dict"])
-    np.testing.assert_array_equal(
-        restored.trading_positions(datamodule, "val"), agent.trading_positions(datamodule, "val")
-    )
+    np.testing.assert_array_equal(restored.trading_positions(datamodule, "val"), agent.trading_positions(datamodule, "val"))
 
     resumed = build_agent(cfg)
     trainer = cpu_trainer(max_steps=2 * steps, limit_val_batches=0)

@@ -102,10 +102,7 @@ def test_target_network_updated_exactly_every_interval():
                 p.add_(0.01)
 
     def same():
-        return all(
-            torch.equal(a, b)
-            for a, b in zip(agent.q_net.parameters(), agent.target_net.parameters())
-        )
+        return all(torch.equal(a, b) for a, b in zip(agent.q_net.parameters(), agent.target_net.parameters()))
 
     updated = []
     for step in range(1, 251):
@@ -133,8 +130,15 @@ def test_short_fit_logs_finite_metrics_and_syncs_the_target():
     trainer.fit(agent, datamodule=datamodule)
     assert trainer.global_step == 120  # steps spent filling the buffer count as well
     metrics = trainer.callback_metrics
-    for key in ("train/loss", "train/q_mean", "train/epsilon", "train/episode_reward",
-                "train/env_steps_per_s", "val/mean_reward", "val/env_pnl_usd"):
+    for key in (
+        "train/loss",
+        "train/q_mean",
+        "train/epsilon",
+        "train/episode_reward",
+        "train/env_steps_per_s",
+        "val/mean_reward",
+        "val/env_pnl_usd",
+    ):
         assert key in metrics, key
         assert math.isfinite(float(metrics[key])), key
     assert float(metrics["train/epsilon"]) == pytest.approx(0.995**119)
@@ -192,14 +196,10 @@ def test_learns_a_planted_pattern(seed):
 
     test = dataset.splits["test"]
     greedy = agent.trading_positions(datamodule, "test")
-    greedy_reward = walk_rewards(
-        greedy, test.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS
-    )[0].mean()
+    greedy_reward = walk_rewards(greedy, test.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS)[0].mean()
     rng = np.random.default_rng(seed)
     random_positions = rng.integers(-1, 2, len(test.close))
-    random_reward = walk_rewards(
-        random_positions, test.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS
-    )[0].mean()
+    random_reward = walk_rewards(random_positions, test.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS)[0].mean()
     flat_reward = 0.0
     print(
         f"dqn seed {seed}: greedy {greedy_reward:.3f} ticks/step, random {random_reward:.3f}, "
@@ -213,8 +213,7 @@ EQUAL_UPDATE_STEPS = 130  # agent steps: 25 filling the buffer (100 / 4 envs), 1
 
 
 def _fit_agent(dataset, steps_per_call: int, max_steps: int = EQUAL_UPDATE_STEPS):
-    cfg = model_config("dqn", seed=3, env={"steps_per_epoch": 1000, "episode_len": 30},
-                       steps_per_call=steps_per_call)
+    cfg = model_config("dqn", seed=3, env={"steps_per_epoch": 1000, "episode_len": 30}, steps_per_call=steps_per_call)
     torch.manual_seed(3)
     agent = build_agent(cfg)
     trainer = cpu_trainer(max_steps=max_steps, limit_val_batches=0)
@@ -291,7 +290,6 @@ def test_steps_per_call_must_be_positive():
 @pytest.mark.parametrize("value", [0, 1.5])
 def test_a_bad_steps_per_call_is_a_one_line_config_error(value, tmp_path):
     from configs import compose_train_config
-
     from foxhunt.config.schema import ConfigError, validate
 
     cfg = compose_train_config(["model=dqn", f"model.module.steps_per_call={value}"], tmp_path)

@@ -450,7 +450,11 @@ def ar1_dataset(seed: int) -> MarketDataset:
         timestamps = np.datetime64("2024-01-02T00:00", "ns") + np.arange(bars) * np.timedelta64(60, "s")
         splits[name] = SplitArrays(timestamps=timestamps, features=features, close=close)
     return MarketDataset(
-        asset=asset, feature_names=list(FEATURE_NAMES), groups=groups, splits=splits, target_scale=sigma,
+        asset=asset,
+        feature_names=list(FEATURE_NAMES),
+        groups=groups,
+        splits=splits,
+        target_scale=sigma,
         feature_config=DEFAULT_FEATURES,
     )
 

@@ -37,18 +37,14 @@ def test_gae_hand_computed_with_a_termination_and_a_truncation():
     # 99 where no truncation happened: must be ignored (env 0 step 1 is terminal, not cut)
     final_values = torch.tensor([[99.0, 99.0], [99.0, 99.0], [10.0, 99.0], [99.0, 99.0]])
     next_value = torch.tensor([5.0, 2.0])
-    advantages, returns = compute_gae(
-        rewards, values, terminated, truncated, final_values, next_value, gamma, lam
-    )
+    advantages, returns = compute_gae(rewards, values, terminated, truncated, final_values, next_value, gamma, lam)
     # env 0, backwards:
     #   t=3: delta = 4 + 0.9 * 5 - 2.0 = 6.5                       A = 6.5
     #   t=2: truncated: delta = 3 + 0.9 * 10 - 1.5 = 10.5, no carry A = 10.5
     #   t=1: terminated: delta = 2 + 0 - 1.0 = 1.0, no carry         A = 1.0
     #   t=0: delta = 1 + 0.9 * 1.0 - 0.5 = 1.4;  A = 1.4 + 0.72 * 1.0 = 2.12
     # env 1: t=3: delta = 1 + 0.9 * 2 = 2.8; then A = 0.72 * A_next (all other deltas are 0)
-    expected = torch.tensor(
-        [[2.12, 0.72**3 * 2.8], [1.0, 0.72**2 * 2.8], [10.5, 0.72 * 2.8], [6.5, 2.8]]
-    )
+    expected = torch.tensor([[2.12, 0.72**3 * 2.8], [1.0, 0.72**2 * 2.8], [10.5, 0.72 * 2.8], [6.5, 2.8]])
     torch.testing.assert_close(advantages, expected)
     torch.testing.assert_close(returns, expected + values)
 
@@ -111,8 +107,9 @@ def test_each_network_is_clipped_by_its_own_norm_before_every_step():
 
     def record(optimizer):
         original(optimizer)
-        seen.append([torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in g["params"]])).item()
-                     for g in optimizer.param_groups])
+        seen.append(
+            [torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in g["params"]])).item() for g in optimizer.param_groups]
+        )
 
     agent.on_before_optimizer_step = record
     cpu_trainer(max_steps=20).fit(agent, datamodule=env_datamodule(dataset, cfg))
@@ -145,10 +142,19 @@ def test_short_fit_logs_finite_metrics():
     assert trainer.global_step == 3 * steps_per_rollout
     assert len(calls) == 3
     metrics = trainer.callback_metrics
-    for key in ("train/loss", "train/policy_loss", "train/value_loss", "train/entropy",
-                "train/approx_kl", "train/clip_fraction", "train/explained_variance",
-                "train/env_steps_per_s", "train/episode_reward", "val/mean_reward",
-                "val/env_pnl_usd"):
+    for key in (
+        "train/loss",
+        "train/policy_loss",
+        "train/value_loss",
+        "train/entropy",
+        "train/approx_kl",
+        "train/clip_fraction",
+        "train/explained_variance",
+        "train/env_steps_per_s",
+        "train/episode_reward",
+        "val/mean_reward",
+        "val/env_pnl_usd",
+    ):
         assert key in metrics, key
         assert math.isfinite(float(metrics[key])), key
     assert 0.0 < float(metrics["train/entropy"]) <= math.log(3) + 1e-6
@@ -182,14 +188,10 @@ def test_learns_a_planted_pattern(seed):
 
     test = dataset.splits["test"]
     greedy = agent.trading_positions(datamodule, "test")
-    greedy_reward = walk_rewards(
-        greedy, test.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS
-    )[0].mean()
+    greedy_reward = walk_rewards(greedy, test.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS)[0].mean()
     rng = np.random.default_rng(seed)
     random_positions = rng.integers(-1, 2, len(test.close))
-    random_reward = walk_rewards(
-        random_positions, test.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS
-    )[0].mean()
+    random_reward = walk_rewards(random_positions, test.close, dataset.asset, COMMISSION_USD, SLIPPAGE_TICKS)[0].mean()
     flat_reward = 0.0
     print(
         f"ppo seed {seed}: greedy {greedy_reward:.3f} ticks/step, random {random_reward:.3f}, "

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.dataset import MarketDataset, SplitArrays, feature_groups
 from foxhunt.data.datamodules import ForecastDataModule
+from foxhunt.data.dataset import MarketDataset, SplitArrays, feature_groups
 from foxhunt.data.features import FEATURE_NAMES, FeatureConfig
 from foxhunt.models.forecaster import quantile_loss
 from foxhunt.models.tft import GatedResidualNetwork, MonotoneQuantileHead, TemporalFusionTransformer
@@ -87,14 +87,15 @@ def test_yaml_states_every_constructor_argument_and_the_seed_values():
     module = OmegaConf.to_container(cfg.model.module, resolve=True)
     params = set(inspect.signature(TemporalFusionTransformer.__init__).parameters) - {"self"}
     assert set(module) - {"_target_"} == params  # no hidden defaults, no unknown keys
-    assert all(p.default is inspect.Parameter.empty for n, p in inspect.signature(
-        TemporalFusionTransformer.__init__).parameters.items() if n != "self")
+    assert all(
+        p.default is inspect.Parameter.empty
+        for n, p in inspect.signature(TemporalFusionTransformer.__init__).parameters.items()
+        if n != "self"
+    )
     assert cfg.model.name == "tft" and cfg.model.kind == "forecaster"
     assert cfg.model.monitor.metric == TemporalFusionTransformer.monitor_metric == "val/loss"
     assert cfg.model.monitor.mode == TemporalFusionTransformer.monitor_mode == "min"
-    assert OmegaConf.to_container(cfg.model.window) == {
-        "seq_len": 50, "horizon": 10, "batch_size": 32, "eval_batch_size": 256
-    }
+    assert OmegaConf.to_container(cfg.model.window) == {"seq_len": 50, "horizon": 10, "batch_size": 32, "eval_batch_size": 256}
     assert module["seq_len"] == 50 and module["horizon"] == 10
     assert (module["input_dim"], module["static_dim"], module["known_dim"], module["observed_dim"]) == (16, 4, 8, 4)
     assert (module["hidden_size"], module["num_heads"], module["lstm_layers"]) == (256, 4, 3)
@@ -177,9 +178,7 @@ def test_decoder_step_unchanged_when_later_inputs_change():
         reference = model(batch)
         for step in range(horizon - 1):
             perturbed = {k: v.clone() for k, v in batch.items()}
-            perturbed["known"][:, seq_len + step + 1 :] += 5.0 * torch.randn_like(
-                perturbed["known"][:, seq_len + step + 1 :]
-            )
+            perturbed["known"][:, seq_len + step + 1 :] += 5.0 * torch.randn_like(perturbed["known"][:, seq_len + step + 1 :])
             out = model(perturbed)
             torch.testing.assert_close(out[:, : step + 1], reference[:, : step + 1], rtol=0, atol=1e-6)
             assert not torch.allclose(out[:, step + 1 :], reference[:, step + 1 :])
@@ -288,8 +287,9 @@ def test_fit_under_bf16_mixed_precision(tmp_path):
     model = small_tft()
     recorder = LossRecorder()
     policy = PrecisionPolicy(name="bf16", trainer_precision="bf16-mixed")
-    trainer = quiet_trainer(max_steps=3, plugins=[precision_plugin(policy, "cpu")],
-                            callbacks=[recorder, PrecisionCallback(report_dir=tmp_path)])
+    trainer = quiet_trainer(
+        max_steps=3, plugins=[precision_plugin(policy, "cpu")], callbacks=[recorder, PrecisionCallback(report_dir=tmp_path)]
+    )
     trainer.fit(model, DataLoader([random_batch(4, 12, 4, seed=s) for s in range(3)], batch_size=None))
     assert len(recorder.losses) == 3 and np.isfinite(recorder.losses).all()
 
@@ -495,8 +495,10 @@ def test_bf16_mixed_validation_loss_within_one_percent_of_fp32(seed, tmp_path, c
         losses[name] = metrics["val/loss"]
     gap = abs(losses["bf16"] - losses["fp32"]) / losses["fp32"]
     with capsys.disabled():
-        print(f"\nseed {seed}: val/loss fp32 {losses['fp32']:.5f}, bf16-mixed {losses['bf16']:.5f}, "
-              f"relative gap {100 * gap:.3f}% (tolerance {100 * BF16_VAL_LOSS_TOLERANCE:.0f}%)")
+        print(
+            f"\nseed {seed}: val/loss fp32 {losses['fp32']:.5f}, bf16-mixed {losses['bf16']:.5f}, "
+            f"relative gap {100 * gap:.3f}% (tolerance {100 * BF16_VAL_LOSS_TOLERANCE:.0f}%)"
+        )
     assert gap < BF16_VAL_LOSS_TOLERANCE
 
 

@@ -123,7 +123,9 @@ def test_the_encoder_selection_finds_the_input_that_carries_the_signal():
     def batch(generator, n):
         b = {"static": torch.randn(n, 4, generator=generator), "known": torch.randn(n, SEQ_LEN + HORIZON, 8, generator=generator),
              "observed": torch.randn(n, SEQ_LEN, 4, generator=generator)}  # fmt: skip
-        b["target"] = b["observed"][:, -1, observed : observed + 1].expand(n, HORIZON) + 0.1 * torch.randn(n, HORIZON, generator=generator)
+        b["target"] = b["observed"][:, -1, observed : observed + 1].expand(n, HORIZON) + 0.1 * torch.randn(
+            n, HORIZON, generator=generator
+        )
         return b
 
     torch.manual_seed(1)

@@ -17,12 +17,13 @@ FLEET = ["asset=es", "ensemble.models=[dqn,mamba2]", "ensemble.runtime=numpy", "
 @pytest.fixture(scope="session")
 def paper_store(tmp_path_factory):
     from configs import compose_train_config
-
     from foxhunt.training.cell import train
 
     root = tmp_path_factory.mktemp("paper-fleet")
     for model in ("dqn", "mamba2"):
-        train(compose_train_config([f"model={model}", *FAST, *SMALL[model], f"paths.output_dir={root / 'outputs' / model}"], root))
+        train(
+            compose_train_config([f"model={model}", *FAST, *SMALL[model], f"paths.output_dir={root / 'outputs' / model}"], root)
+        )
     registered = cli(root, "ensemble", "register", "asset=es", "ensemble.models=[dqn,mamba2]", "ensemble.gate=none")
     assert registered.exit_code == 0, registered.output
     return root

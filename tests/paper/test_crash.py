@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FLEET
 from test_paper import _ledger
+
+from conftest import FLEET
 
 PRIMING = 3545  # bars before the test split (data.source.days=4): one transaction
 ARGS = [*FLEET, "logger.enabled=false", "paper.risk.max_daily_loss_usd=null", "paper.risk.max_drawdown_usd=null"]

@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from paper_bars import CAPITAL, ES, MINUTE_NS, START_NS, bar, bar_paths, refused
 
-from foxhunt.errors import ConfigError
 from foxhunt.paper.fills import Account, FillModel, Order
 from foxhunt.paper.ledger import KILL_ENV, Ledger
 from foxhunt.paper.risk import RiskState
@@ -154,7 +153,9 @@ def test_an_event_between_bars_keeps_its_order_for_the_restart(tmp_path):
     fills = model.on_bar(restored, bar(2, 4801.0, 4801.5))
     again.record_bar(bar(2, 4801.0, 4801.5), restored, fills, None, loaded.risk, [], 0, 0, 0)
     assert again.conn.execute("SELECT reason, filled_ts_ns FROM orders ORDER BY id DESC LIMIT 1").fetchone() == (
-        "stale feed", ts(2))
+        "stale feed",
+        ts(2),
+    )
     assert restored.position == 0 and again.load(ES.multiplier).accounts["ES.FUT"].pending is None
     again.close()
 
@@ -250,7 +251,7 @@ def test_a_damaged_or_foreign_file_is_one_line_and_left_as_it_was(tmp_path):
     ledger.close()
     size = path.stat().st_size
     raw = bytearray(path.read_bytes())
-    raw[size // 2: size // 2 + 4096] = b"\xa5" * 4096  # a page in the middle of the bars
+    raw[size // 2 : size // 2 + 4096] = b"\xa5" * 4096  # a page in the middle of the bars
     path.write_bytes(bytes(raw))
     refused(lambda: Ledger(path, IDENTITY).open(), f"paper.ledger={path}", "damaged", unchanged=path)
     junk = tmp_path / "junk.sqlite"

@@ -5,14 +5,17 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from conftest import FLEET
 from fleet_helpers import cli, client
+
+from conftest import FLEET
 
 
 def _ledger(path):
     conn = sqlite3.connect(path)
     try:
-        fills = conn.execute("SELECT id, order_id, ts_ns, quantity, price, commission, kind, gap_usd FROM fills ORDER BY id").fetchall()
+        fills = conn.execute(
+            "SELECT id, order_id, ts_ns, quantity, price, commission, kind, gap_usd FROM fills ORDER BY id"
+        ).fetchall()
         account = conn.execute("SELECT position, cash, mark, pending_order FROM accounts").fetchall()
         bars = conn.execute("SELECT COUNT(*), SUM(trade) FROM bars").fetchone()
         events = conn.execute("SELECT kind, message FROM events").fetchall()
@@ -62,7 +65,9 @@ def test_paper_pnl_equals_the_replay_backtest_to_the_cent(paper_store, tmp_path)
 
 def test_a_breach_flattens_records_why_and_stops(paper_store, tmp_path):
     ledger = tmp_path / "risk.sqlite"
-    result = cli(paper_store, "ensemble", "paper", *FLEET, f"paper.ledger={ledger}", "paper.risk.max_position=0", "logger.enabled=false")
+    result = cli(
+        paper_store, "ensemble", "paper", *FLEET, f"paper.ledger={ledger}", "paper.risk.max_position=0", "logger.enabled=false"
+    )
     assert result.exit_code == 0, result.output
     book = _ledger(ledger)
     assert book["account"][0][0] == 0 and book["account"][0][3] is None
@@ -102,7 +107,6 @@ def test_bad_input_is_one_line_and_writes_no_ledger(paper_store, tmp_path, overr
 
 def test_an_off_grid_or_out_of_order_file_writes_no_ledger(paper_store, tmp_path):
     import pandas as pd
-
 
     rows = pd.DataFrame({"timestamp_utc": pd.date_range("2024-01-02 15:00", periods=5, freq="1min", tz="UTC").astype(str),
                          "open": 4800.0, "high": 4801.0, "low": 4799.0, "close": 4800.0, "volume": 10.0})  # fmt: skip
@@ -167,5 +171,7 @@ def test_another_data_file_rule_session_or_an_edited_account_is_one_line_and_the
     conn.commit()
     conn.close()
     refused(f"data.source.path={first}", text="accounts ES.FUT: cash")
-    resumed = cli(paper_store, "ensemble", "paper", *args, f"data.source.path={first}", "paper.ledger=" + str(tmp_path / "new.sqlite"))
+    resumed = cli(
+        paper_store, "ensemble", "paper", *args, f"data.source.path={first}", "paper.ledger=" + str(tmp_path / "new.sqlite")
+    )
     assert resumed.exit_code == 0, resumed.output

@@ -153,7 +153,7 @@ def test_a_stale_gap_flattens_at_the_next_bars_open(tmp_path):
     s.run(iter(bars), lambda: False)
     book = booked(s)
     assert book["positions"] == [0, 1, 1, 0, 1]  # flat at bar 12's open, long again from the fleet's next order
-    (kind, message), = book["events"]
+    ((kind, message),) = book["events"]
     assert kind == "stale" and message.startswith("stale feed: no bar for 9 open-market minutes")
     flat = [f for f in book["fills"] if f[3] == bars[3].ts_ns]
     assert [(f[4], f[5]) for f in flat] == [(-1, 4810.0)]
@@ -293,9 +293,15 @@ def test_an_edited_ledger_is_refused_in_one_line_and_left_as_it_was(tmp_path, ed
 def _columns(path) -> list[tuple[str, str]]:
     conn = sqlite3.connect(path)
     try:
-        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'meta' ORDER BY name")]
-        return [(t, c[1]) for t in tables for c in conn.execute(f"PRAGMA table_info({t})") if (t, c[1]) not in (
-            ("bars", "fleet_ns"), ("bars", "loop_ns"), ("risk", "id"))]  # timings are not replayed; risk's id is CHECKed
+        tables = [
+            t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'meta' ORDER BY name")
+        ]
+        return [
+            (t, c[1])
+            for t in tables
+            for c in conn.execute(f"PRAGMA table_info({t})")
+            if (t, c[1]) not in (("bars", "fleet_ns"), ("bars", "loop_ns"), ("risk", "id"))
+        ]  # timings are not replayed; risk's id is CHECKed
     finally:
         conn.close()
 

@@ -136,7 +136,11 @@ print(json.dumps(out))
 
 def test_every_model_trains_in_bf16_on_a_cpu_capped_at_avx2(tmp_path):
     tests = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "PYTHONPATH": os.pathsep.join([str(tests), str(tests / "precision"), *sys.path])}
+    env = {
+        **os.environ,
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "PYTHONPATH": os.pathsep.join([str(tests), str(tests / "precision"), *sys.path]),
+    }
     done = subprocess.run([sys.executable, "-c", AVX2_RUN, str(tmp_path), str(tests)], capture_output=True, text=True,
                           env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from foxhunt.training.parts import build_parts
 from foxhunt.precision.callback import PrecisionCallback
 from foxhunt.precision.quantize import SCALE_SUFFIX
+from foxhunt.training.parts import build_parts
 
 STEPS_PER_EPOCH = 2
 SMALL = ["model=mamba2", "logger=none", "data.source.days=3", "model.module.d_model=64", "model.module.n_layers=1",

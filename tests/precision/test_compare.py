@@ -25,9 +25,7 @@ def test_compare_reports_every_field_and_logs_the_report_to_mlflow(tmp_path):
     assert rows["optimizer state"].int8_mb < 0.3 * rows["optimizer state"].fp32_mb
     assert rows["gradients"].reduction_mb == pytest.approx(0.0, abs=1e-9)  # fp32 gradients in both
     assert rows["total"].fp32_mb == pytest.approx(sum(r.fp32_mb for r in report.components[:-1]))
-    assert rows["parameters"].reduction_pct == pytest.approx(
-        100 * (1 - rows["parameters"].int8_mb / rows["parameters"].fp32_mb)
-    )
+    assert rows["parameters"].reduction_pct == pytest.approx(100 * (1 - rows["parameters"].int8_mb / rows["parameters"].fp32_mb))
     assert report.params_optimizer_pct == pytest.approx(26.9, abs=0.2)  # as the hand count of the DQN
     for field in (report.step_ms, report.throughput, report.latency_p50_ms, report.latency_p99_ms):
         assert set(field) == {"fp32", "int8"} and all(v > 0 for v in field.values())

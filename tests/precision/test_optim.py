@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from hydra.utils import instantiate
 
-from foxhunt.training.parts import compose_config
 from foxhunt.precision.optim import convert_optimizer, make_optimizer
+from foxhunt.training.parts import compose_config
 
 
 def _policy(name: str, **overrides):
@@ -55,7 +55,10 @@ def test_eight_bit_states_keep_the_groups_and_hyperparameters_of_the_models_opti
     from torchao.optim import AdamW8bit
 
     net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 3))
-    groups = [{"params": net[0].parameters(), "weight_decay": 0.1, "lr": 2e-3}, {"params": net[1].parameters(), "weight_decay": 0.0}]
+    groups = [
+        {"params": net[0].parameters(), "weight_decay": 0.1, "lr": 2e-3},
+        {"params": net[1].parameters(), "weight_decay": 0.0},
+    ]
     built = make_optimizer(groups, "adamw", lr=1e-3, eps=1e-7)
     from foxhunt.precision.policy import PrecisionPolicy
 

@@ -6,6 +6,7 @@ import io
 
 import torch
 import torch.nn.functional as F
+from precision_helpers import load_policy
 from torch import nn
 
 from foxhunt.precision.quantize import (
@@ -19,7 +20,6 @@ from foxhunt.precision.quantize import (
     plan_text,
     quantize_model,
 )
-from precision_helpers import load_policy
 
 
 def _decisions(plan):

@@ -40,14 +40,17 @@ def write_days(bars: pd.DataFrame, folder: Path, dates: list[str]) -> None:
     for date in dates:
         chosen = bars[days == date]
         stamps = np.datetime_as_string(chosen.index.as_unit("ns").asi8.astype("datetime64[ns]"), unit="s")
-        frame = pd.DataFrame({"timestamp_utc": [f"{s}Z" for s in stamps], **{c: chosen[c].to_numpy() for c in
-                                                                               ("open", "high", "low", "close", "volume")}})
+        frame = pd.DataFrame(
+            {
+                "timestamp_utc": [f"{s}Z" for s in stamps],
+                **{c: chosen[c].to_numpy() for c in ("open", "high", "low", "close", "volume")},
+            }
+        )
         frame.to_csv(folder / f"{date}.csv", index=False)
 
 
 def train_and_register(root: Path, folder: Path, models=("dqn",), seed: int = 42) -> None:
     from configs import compose_train_config
-
     from foxhunt.training.cell import train
 
     for model in models:

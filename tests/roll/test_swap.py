@@ -36,7 +36,6 @@ def _store(root):
 def _register_version(root: Path, seed: int) -> str:
     """Another DQN run on the same bars, registered as a new version without any alias."""
     from configs import compose_train_config
-
     from foxhunt.ensemble.member_files import ARTIFACTS_DIR
     from foxhunt.ensemble.model_env import model_environment
     from foxhunt.ensemble.registry import Choice, prepare, register_prepared
@@ -270,9 +269,15 @@ def test_serve_answers_every_request_across_a_swap(swap_store):
 
         def client(symbol: str) -> None:
             got = answers.setdefault(symbol, [])
-            for ts, row in zip(bars.index.as_unit("ns").asi8.tolist(), bars[["open", "high", "low", "close", "volume"]].to_numpy().tolist()):
-                body = json.dumps({"symbol": symbol, "bar": dict(zip(("ts", "open", "high", "low", "close", "volume"), (ts, *row)))})
-                request = urllib.request.Request(f"{url}/predict", data=body.encode(), headers={"Content-Type": "application/json"})
+            for ts, row in zip(
+                bars.index.as_unit("ns").asi8.tolist(), bars[["open", "high", "low", "close", "volume"]].to_numpy().tolist()
+            ):
+                body = json.dumps(
+                    {"symbol": symbol, "bar": dict(zip(("ts", "open", "high", "low", "close", "volume"), (ts, *row)))}
+                )
+                request = urllib.request.Request(
+                    f"{url}/predict", data=body.encode(), headers={"Content-Type": "application/json"}
+                )
                 try:
                     with urllib.request.urlopen(request, timeout=60) as response:
                         got.append((response.status, json.loads(response.read())["results"][0]["ts"], ts))

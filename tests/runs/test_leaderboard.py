@@ -121,7 +121,9 @@ def winners(found) -> dict[tuple, str]:
 def test_best_per_group_in_the_metric_direction(store):
     found = rows(store)
     assert [(tuple(r["group"].values()), r["run_name"], r["value"]) for r in found] == [
-        (("dqn", "es"), "b", 2.0), (("dqn", "nq"), "nq-new", 1.0), (("tft", "es"), "tft-1", 0.9),
+        (("dqn", "es"), "b", 2.0),
+        (("dqn", "nq"), "nq-new", 1.0),
+        (("tft", "es"), "tft-1", 0.9),
     ]  # best first; ppo/es (only NaN) and the sweep's parent run have no row
     by_loss = rows(store, "--metric", "val/loss")
     assert winners(by_loss) == {("dqn", "es"): "b", ("tft", "es"): "tft-2"}  # min; the folds' 0.01 does not count

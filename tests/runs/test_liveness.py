@@ -13,11 +13,11 @@ import psutil
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from waiting import wait_until
 
 from foxhunt.runs.liveness import process_alive, run_state
 from foxhunt.runs.status import Status
 from foxhunt.runs.stored import StoredRun
+from waiting import wait_until
 
 HOST = socket.gethostname()
 

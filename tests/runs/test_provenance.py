@@ -61,7 +61,6 @@ def test_no_checkout_no_commit(tmp_path):
     assert git_commit(tmp_path / "file.py") is None
 
 
-
 # -- what a reproduction compares (foxhunt.runs.provenance: the provenance files) -------------
 def test_an_installed_package_inside_a_checkout_names_no_commit(tmp_path):
     """A virtual environment inside some checkout: foxhunt installed there is not that checkout's
@@ -76,7 +75,9 @@ def test_an_installed_package_inside_a_checkout_names_no_commit(tmp_path):
 
 
 def _git(tree, *args):
-    done = subprocess.run(["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t", *args], capture_output=True, text=True)
+    done = subprocess.run(
+        ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t", *args], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 

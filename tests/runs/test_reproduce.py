@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from configs import compose_train_config
-from ensemble.fleet_helpers import FAST, SMALL
 from typer.testing import CliRunner
 
+from configs import compose_train_config
+from ensemble.fleet_helpers import FAST, SMALL
 from foxhunt.cli import app
 from foxhunt.runs.provenance import DATA_FILE, ENVIRONMENT_FILE, PROVENANCE_FOLDER
 from foxhunt.runs.store import RunStore
@@ -233,8 +233,9 @@ def test_the_verdict_is_identical_only_when_weights_and_every_compared_metric_ar
     same = Verdict("o", "dqn-es-fp32", "r", weights_compared=["last.ckpt"], tensors=4, metrics_compared=["val/loss"])
     assert (same.identical, same.exit_code) == (True, EXIT_IDENTICAL)
     assert same.headline() == "identical: run r reproduces run o (dqn-es-fp32)"
-    drift = Verdict("o", "dqn-es-fp32", "r", weights_compared=["last.ckpt"],
-                    metric_difference="metric train/loss differs first at step 3")
+    drift = Verdict(
+        "o", "dqn-es-fp32", "r", weights_compared=["last.ckpt"], metric_difference="metric train/loss differs first at step 3"
+    )
     assert (drift.identical, drift.exit_code) == (False, EXIT_DIFFERS)
     assert drift.headline() == "differs: no recorded input differs, yet metric train/loss differs first at step 3"
     drift.inputs_differ = ["package numpy 1 (original) -> 2 (reproduction)"]
@@ -254,7 +255,9 @@ def test_a_registered_version_names_the_run_its_weights_came_from():
         tracking_uri = "sqlite:///x"
 
         def get_version_by_alias(self, name, alias):
-            return ModelVersion(name, "3", "cell", "src", {"weights_run_id": "fold"}) if (name, alias) == ("m", "champion") else None
+            return (
+                ModelVersion(name, "3", "cell", "src", {"weights_run_id": "fold"}) if (name, alias) == ("m", "champion") else None
+            )
 
         def get_version(self, name, version):
             return ModelVersion(name, version, "plain", "src", {}) if name == "m" else None

@@ -28,12 +28,23 @@ def test_the_sqlite_reader_agrees_with_mlflow_client(jobs_store):
         jobs = group_jobs(runs)
         return {
             j.job_id: (
-                j.state, j.parent.run_id if j.parent else None, j.overrides,
-                sorted((r.run_id, r.name, r.status, r.start_ms, r.end_ms, r.state,
+                j.state,
+                j.parent.run_id if j.parent else None,
+                j.overrides,
+                sorted(
+                    (
+                        r.run_id,
+                        r.name,
+                        r.status,
+                        r.start_ms,
+                        r.end_ms,
+                        r.state,
                         tuple(sorted((k, m.value) for k, m in r.metrics.items())),
                         r.metrics["progress"].step if "progress" in r.metrics else None,
-                        tuple(sorted((k, v) for k, v in r.tags.items() if not k.startswith("mlflow."))))
-                       for r in j.runs),
+                        tuple(sorted((k, v) for k, v in r.tags.items() if not k.startswith("mlflow."))),
+                    )
+                    for r in j.runs
+                ),
             )  # fmt: skip
             for j in jobs
         }
@@ -66,7 +77,12 @@ def test_a_store_it_cannot_read_yet_or_does_not_know_is_said_so(tmp_path, reader
     with sqlite3.connect(tmp_path / "empty.db") as db:  # MLflow is creating its tables
         db.execute("CREATE TABLE alembic_version (version_num TEXT)")
     empty = SqliteReader(tmp_path / "empty.db")
-    assert (empty.schema(), empty.job_runs(), empty.experiment_names(), empty.run_ids_with_tag("job_id", "x")) == (INCOMPLETE, [], [], [])
+    assert (empty.schema(), empty.job_runs(), empty.experiment_names(), empty.run_ids_with_tag("job_id", "x")) == (
+        INCOMPLETE,
+        [],
+        [],
+        [],
+    )
     changed = tmp_path / "changed.db"
     shutil.copy(reader.path, changed)
     with sqlite3.connect(changed) as db:  # a newer MLflow renamed a column this reader reads
@@ -99,11 +115,16 @@ def test_the_leaderboards_read_has_only_the_keys_asked_for_of_finished_runs(jobs
     found = reader.finished_runs([experiment], ["model", "asset"], ["val/sharpe"])
     labels = {run_id: label for label, run_id in jobs_store.runs.items()}
     assert sorted(labels[r.run_id] for r in found) == sorted(
-        ["finished", "finished/dqn-es", "finished/dqn-nq", "finished/tft-es", "finished/tft-nq", "failed/ppo-es", "single"])
+        ["finished", "finished/dqn-es", "finished/dqn-nq", "finished/tft-es", "finished/tft-nq", "failed/ppo-es", "single"]
+    )
     assert [r.start_ms for r in found] == sorted((r.start_ms for r in found), reverse=True)  # newest first
     assert all(set(r.tags) <= {"model", "asset"} and set(r.metrics) <= {"val/sharpe"} for r in found)
     best = max((r for r in found if r.metrics), key=lambda r: r.metric("val/sharpe"))
-    assert (labels[best.run_id], best.metric("val/sharpe"), best.tags) == ("finished/tft-nq", pytest.approx(1.4), {"model": "tft", "asset": "nq"})
+    assert (labels[best.run_id], best.metric("val/sharpe"), best.tags) == (
+        "finished/tft-nq",
+        pytest.approx(1.4),
+        {"model": "tft", "asset": "nq"},
+    )
 
 
 def test_latest_metrics_by_name_or_case_sensitive_prefix(jobs_store, reader):

@@ -14,7 +14,11 @@ def store(tmp_path):
     runs = RunStore(store_uri(tmp_path))
     experiment = runs.ensure_experiment("unit", str(tmp_path / "mlruns" / "artifacts"))
     ids = {}
-    for name, model, status, sharpe in (("a", "dqn", "FINISHED", 1.5), ("b", "dqn", "FAILED", 9.0), ("c", "tft", "FINISHED", 0.5)):
+    for name, model, status, sharpe in (
+        ("a", "dqn", "FINISHED", 1.5),
+        ("b", "dqn", "FAILED", 9.0),
+        ("c", "tft", "FINISHED", 0.5),
+    ):
         ids[name] = runs.create(experiment, f"{model}-es-fp32", {"model": model, "quoted": "it's"})
         runs.log_params(ids[name], [("model.name", model)])
         runs.log_metrics(ids[name], {"val/sharpe": sharpe})

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from omegaconf import read_write
 
-
 # Small and fast: one epoch of 8 steps, one torch thread (two jobs share two cores), on a week
 # of synthetic bars (WEEK; not for the CSV source).
 SMOKE = ["trainer=smoke", "strategy.torch_threads=1"]

@@ -39,10 +39,26 @@ def test_slurm_strategy_sizes_each_job_from_the_strategy_keys(tmp_path):
     from omegaconf import OmegaConf
 
     conf_dir = Path(__file__).resolve().parents[2] / "conf"
-    overrides = [f"paths.root_dir={tmp_path}", "strategy=slurm", "strategy.partition=gpu", "strategy.gpus_per_job=2", "strategy.time_min=90", "strategy.setup=[module load cuda]"]
+    overrides = [
+        f"paths.root_dir={tmp_path}",
+        "strategy=slurm",
+        "strategy.partition=gpu",
+        "strategy.gpus_per_job=2",
+        "strategy.time_min=90",
+        "strategy.setup=[module load cuda]",
+    ]
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
     assert launcher["_target_"] == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-    resolved = {key: OmegaConf.select(cfg, f"hydra.launcher.{key}") for key in ("partition", "gpus_per_node", "timeout_min", "cpus_per_task", "setup")}
-    assert resolved == {"partition": "gpu", "gpus_per_node": 2, "timeout_min": 90, "cpus_per_task": 8, "setup": ["module load cuda"]}
+    resolved = {
+        key: OmegaConf.select(cfg, f"hydra.launcher.{key}")
+        for key in ("partition", "gpus_per_node", "timeout_min", "cpus_per_task", "setup")
+    }
+    assert resolved == {
+        "partition": "gpu",
+        "gpus_per_node": 2,
+        "timeout_min": 90,
+        "cpus_per_task": 8,
+        "setup": ["module load cuda"],
+    }

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from foxhunt.sweeps import estimates
 from foxhunt.runs.config_hash import config_hash
+from foxhunt.runs.tracked_run import TrackedRun
+from foxhunt.sweeps import estimates
 from foxhunt.sweeps.estimates import (
     CellExceedsBudget,
     PackingPlan,
@@ -15,7 +16,6 @@ from foxhunt.sweeps.estimates import (
     pack,
     plan_packing,
 )
-from foxhunt.runs.tracked_run import TrackedRun
 
 
 @pytest.mark.parametrize(
@@ -108,12 +108,16 @@ def test_fallback_is_the_models_memory_target(compose_cfg):
 
 def test_a_cell_over_the_budget_fails_with_one_line(compose_cfg, tmp_path):
     cfg = compose_cfg(["model=tft", "precision=fp32", "budget=rtx3050ti"])  # fp32: the TFT defaults to auto
-    PackingPlan(1, 2, 2, 0, "rtx3050ti", 3596.0, "cores: 2", {"tft-es-fp32": PeakEstimate("tft-es-fp32", 5000.0, "measured: x")}).write(tmp_path)
+    PackingPlan(
+        1, 2, 2, 0, "rtx3050ti", 3596.0, "cores: 2", {"tft-es-fp32": PeakEstimate("tft-es-fp32", 5000.0, "measured: x")}
+    ).write(tmp_path)
     with pytest.raises(CellExceedsBudget) as error:
         check_fits(cfg, tmp_path)
     assert str(error.value) == (
         "cell tft-es-fp32 needs 5000 MB (measured: x) > 3596 MB available on budget rtx3050ti "
         "(4096 MB total - 500 MB headroom): not started"
     )
-    PackingPlan(1, 2, 2, 0, "rtx3050ti", 3596.0, "cores: 2", {"tft-es-fp32": PeakEstimate("tft-es-fp32", 500.0, "x")}).write(tmp_path)
+    PackingPlan(1, 2, 2, 0, "rtx3050ti", 3596.0, "cores: 2", {"tft-es-fp32": PeakEstimate("tft-es-fp32", 500.0, "x")}).write(
+        tmp_path
+    )
     check_fits(cfg, tmp_path)  # fits: no error

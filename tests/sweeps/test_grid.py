@@ -23,7 +23,6 @@ def test_the_grid_is_hydras_cartesian_product():
     ]
 
 
-
 @settings(max_examples=40, deadline=None)
 @given(swept=st.lists(values, min_size=1, max_size=3), fixed=st.lists(values.map(lambda v: v[0]), max_size=2))
 def test_every_combination_once_in_the_order_the_sweeper_launches_them(swept, fixed):

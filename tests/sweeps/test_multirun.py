@@ -14,11 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, six_e_csv, store, sweep_dirs
 
 from foxhunt.runs.cell import read_results
 from foxhunt.sweeps.resources import available_cores
-
-from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, six_e_csv, store, sweep_dirs
 
 TWO_AGENTS = ["experiment=grid", "model=dqn,ppo", "asset=es", *SMOKE, *WEEK]
 
@@ -86,7 +85,9 @@ def test_parallel_sweep_packs_by_memory_and_fails_a_cell_over_budget_before_trai
     # Fallback estimates (no earlier run, no prediction): dqn 150 MB, tft 500 MB (their
     # model.memory_target_mb). 320 MB available: both dqn cells fit together, a tft cell never.
     budget = ["budget.total_mb=320", "budget.headroom_mb=0", "strategy.predict_memory=false"]
-    result = foxhunt_train(["model=dqn,tft", "asset=es,nq", "precision=fp32", "strategy=parallel", *budget, *SMOKE, *WEEK], tmp_path)
+    result = foxhunt_train(
+        ["model=dqn,tft", "asset=es,nq", "precision=fp32", "strategy=parallel", *budget, *SMOKE, *WEEK], tmp_path
+    )
     check(result, 1)
     n_jobs = min(2, available_cores())
     assert f"packing: 4 cells, n_jobs={n_jobs} (cores: {available_cores()})" in result.stdout

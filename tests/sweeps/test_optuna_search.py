@@ -20,11 +20,10 @@ from pathlib import Path
 
 import optuna
 import pytest
+from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, six_e_csv, store, sweep_dirs
 
 from foxhunt.runs.cell import read_results
 from foxhunt.training.cell import OBJECTIVE
-
-from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, six_e_csv, store, sweep_dirs
 
 SEARCH = ["hparams_search=dqn_optuna", *SMOKE]
 
@@ -174,7 +173,9 @@ def test_a_search_killed_with_9_after_its_second_finished_trial_resumes_to_exact
     args = [*SEARCH, "hydra.sweeper.n_trials=6", *WEEK]
     env = {**os.environ, "FOXHUNT_ROOT": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
     command = [str(Path(sys.executable).parent / "foxhunt-train"), "-m", *args]
-    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 180
         while _complete(storage) < 2:

@@ -9,10 +9,9 @@ import subprocess
 import sys
 import textwrap
 
-from waiting import process_gone, wait_until
-
 from foxhunt.runs.environment import SWEEP_PID_ENV
 from foxhunt.sweeps import orphans
+from waiting import process_gone, wait_until
 
 # A worker of the sweep: watched with a 0.5 s grace, it ignores SIGTERM (as a cell busy saving
 # its checkpoint might), so only the watcher's forced exit ends it.
@@ -61,11 +60,16 @@ def test_a_worker_whose_sweep_is_killed_gets_sigterm_then_ends_after_the_grace(t
     sweep = subprocess.Popen([sys.executable, "-c", SWEEP, WORKER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
     worker = int(sweep.stdout.readline())
     try:
-        assert wait_until(lambda: (tmp_path / "watched").is_file() and (tmp_path / "watched").read_text(), "the worker is watched") == "True"
+        assert (
+            wait_until(lambda: (tmp_path / "watched").is_file() and (tmp_path / "watched").read_text(), "the worker is watched")
+            == "True"
+        )
         assert not (tmp_path / "sigterm").exists()  # the sweep lives: nothing happens
         sweep.kill()  # kill -9: the worker is orphaned
         sweep.wait()
-        sigterm = wait_until(lambda: (tmp_path / "sigterm").is_file() and (tmp_path / "sigterm").read_text(), "SIGTERM reached the worker")
+        sigterm = wait_until(
+            lambda: (tmp_path / "sigterm").is_file() and (tmp_path / "sigterm").read_text(), "SIGTERM reached the worker"
+        )
         assert sigterm == "True"  # orphaned() is already true when the stop request arrives
         wait_until(lambda: process_gone(worker), "the worker that ignored SIGTERM ended after the grace")
     finally:

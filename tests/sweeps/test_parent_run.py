@@ -92,9 +92,7 @@ def test_resume_reopens_the_parent_of_its_own_sweep_folder_not_the_newest_with_t
     assert client.get_run(second).info.status == "KILLED"
 
 
-def test_resume_in_a_new_folder_falls_back_to_the_newest_parent_of_the_same_sweep_not_owned_by_another_job(
-    store, monkeypatch
-):
+def test_resume_in_a_new_folder_falls_back_to_the_newest_parent_of_the_same_sweep_not_owned_by_another_job(store, monkeypatch):
     by_hand = store.parent("by-hand")
     owned = store.parent("job-b")
     client = MlflowClient(store.uri)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -154,7 +153,9 @@ def test_a_search_whose_trials_would_share_a_folder_or_whose_study_is_misconfigu
     shared = copy.deepcopy(cfg)
     with read_write(shared.hydra):
         shared.hydra.sweep.subdir = "${model.name}_${asset.key}"
-    with pytest.raises(search.SearchConfigError, match=r"^hydra.sweep.subdir=\$\{model.name\}_\$\{asset.key\}: .*\$\{hydra.job.num\}"):
+    with pytest.raises(
+        search.SearchConfigError, match=r"^hydra.sweep.subdir=\$\{model.name\}_\$\{asset.key\}: .*\$\{hydra.job.num\}"
+    ):
         search.check_search_config(shared)
     cases = {
         "storage": ("sqlite:///mlruns/mlflow.db", r"^hydra.sweeper.storage=sqlite:///mlruns/mlflow.db: not MLflow's own database"),
@@ -173,7 +174,9 @@ def test_a_search_whose_trials_would_share_a_folder_or_whose_study_is_misconfigu
     with read_write(two.hydra):
         two.hydra.sweeper.objectives = ["val/sharpe", "val/max_drawdown"]
         two.hydra.sweeper.direction = ["maximize", "maximize"]
-    with pytest.raises(ConfigError, match=r"^hydra.sweeper.direction=\['maximize', 'maximize'\]: val/max_drawdown is better lower: minimize it"):
+    with pytest.raises(
+        ConfigError, match=r"^hydra.sweeper.direction=\['maximize', 'maximize'\]: val/max_drawdown is better lower: minimize it"
+    ):
         search.check_search_config(two)
     with read_write(two.hydra):
         two.hydra.sweeper.direction = ["maximize", "minimize"]
@@ -211,7 +214,14 @@ def _trial(number: int, value: float | None, status: str = "FINISHED") -> CellRe
 
 
 def test_the_best_trial_is_optunas_first_best_finite_value():
-    results = [_trial(0, 1.0), _trial(1, float("nan")), _trial(2, 3.0), _trial(3, None, "FAILED"), _trial(4, 3.0), _trial(5, -2.0)]
+    results = [
+        _trial(0, 1.0),
+        _trial(1, float("nan")),
+        _trial(2, 3.0),
+        _trial(3, None, "FAILED"),
+        _trial(4, 3.0),
+        _trial(5, -2.0),
+    ]
     assert search.best_trial(results, "maximize").trial == 2
     assert search.best_trial(results, "minimize").trial == 5
     assert search.best_trial(results, None) is None  # several objectives

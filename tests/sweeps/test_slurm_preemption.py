@@ -27,10 +27,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from sweep_helpers import foxhunt_train, runs, sweep_dirs
 
 from foxhunt.runs.cell import read_results
-
-from sweep_helpers import foxhunt_train, runs, sweep_dirs
 
 SWEEP_TIMEOUT_S = 600
 
@@ -60,6 +59,7 @@ def cluster():
     why_not = cluster_answers()
     if why_not is not None:
         pytest.skip(why_not)
+
 
 # A DQN smoke cell of 8 epochs x 100 calls x 4 steps = 3,200 agent steps: long enough to be
 # stopped in its second epoch, short enough for a test.
@@ -110,7 +110,9 @@ def wait_for(condition, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-@pytest.mark.parametrize("interrupt", [["scontrol", "requeue"], ["scancel", "--signal=USR2"]], ids=["scontrol-requeue", "time-limit-notice"])
+@pytest.mark.parametrize(
+    "interrupt", [["scontrol", "requeue"], ["scancel", "--signal=USR2"]], ids=["scontrol-requeue", "time-limit-notice"]
+)
 def test_a_cell_requeued_mid_fit_finishes_in_its_run_with_the_uninterrupted_weights(tmp_path, uninterrupted, interrupt):
     name = f"foxhunt-test-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "FOXHUNT_ROOT": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
@@ -120,7 +122,7 @@ def test_a_cell_requeued_mid_fit_finishes_in_its_run_with_the_uninterrupted_weig
     try:
         checkpoints = wait_for(lambda: list(tmp_path.glob("outputs/sweeps/*/dqn_es_fp32_0/checkpoints/last*.ckpt")), 300,
                                "the fit's first checkpoint")  # fmt: skip
-        (job_id, state, _), = squeue(name)
+        ((job_id, state, _),) = squeue(name)
         assert state == "RUNNING"
         subprocess.run([*interrupt, job_id], check=True, timeout=30)
         deadline = time.monotonic() + SWEEP_TIMEOUT_S

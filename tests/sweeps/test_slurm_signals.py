@@ -122,7 +122,9 @@ def fake_scontrol(folder: Path, restarts: int) -> None:
     """An ``scontrol`` that shows job 77 with ``restarts`` restarts."""
     folder.mkdir(exist_ok=True)
     script = folder / "scontrol"
-    script.write_text(f"#!/bin/sh\necho 'JobId=77 JobName=train JobState=COMPLETING Reason=None Requeue=1 Restarts={restarts} BatchFlag=1'\n")
+    script.write_text(
+        f"#!/bin/sh\necho 'JobId=77 JobName=train JobState=COMPLETING Reason=None Requeue=1 Restarts={restarts} BatchFlag=1'\n"
+    )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
 
 

@@ -17,11 +17,32 @@ from foxhunt.sweeps.summary import (
 def _results() -> list[CellResult]:
     ok = {"test/sharpe": 1.23456, "val/loss": 0.98765, "memory/device_peak_mb": 612.4}
     return [
-        CellResult(CellKey("dqn", "es", "fp32", "42", "h1"), "FINISHED", "r1", None, 12.34, None,
-                   {"test/sharpe": -0.5, "test/sortino": -0.7, "test/calmar": -1.25, "test/max_drawdown": 1234.4,
-                    "test/exposure": 0.625, "memory/device_peak_mb": 80.0}),  # fmt: skip
-        CellResult(CellKey("dqn", "nq", "fp32", "42", "h2"), "FAILED", "r2", "BarDataError: bad.csv line 3: price not on the tick grid", 1.0),
-        CellResult(CellKey("tft", "es", "fp32", "42", "h3"), "SKIPPED", "r3", None, 30.0, "skipped: FINISHED earlier in run r3", ok),
+        CellResult(
+            CellKey("dqn", "es", "fp32", "42", "h1"),
+            "FINISHED",
+            "r1",
+            None,
+            12.34,
+            None,
+            {
+                "test/sharpe": -0.5,
+                "test/sortino": -0.7,
+                "test/calmar": -1.25,
+                "test/max_drawdown": 1234.4,
+                "test/exposure": 0.625,
+                "memory/device_peak_mb": 80.0,
+            },
+        ),  # fmt: skip
+        CellResult(
+            CellKey("dqn", "nq", "fp32", "42", "h2"),
+            "FAILED",
+            "r2",
+            "BarDataError: bad.csv line 3: price not on the tick grid",
+            1.0,
+        ),
+        CellResult(
+            CellKey("tft", "es", "fp32", "42", "h3"), "SKIPPED", "r3", None, 30.0, "skipped: FINISHED earlier in run r3", ok
+        ),
         CellResult(CellKey("tft", "nq", "fp32", "42", "h4"), "FINISHED", "r4", None, 31.0, None, ok),
     ]
 

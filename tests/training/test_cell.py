@@ -89,7 +89,11 @@ def test_resume_says_in_one_line_that_it_found_nothing_then_skips_the_finished_r
     assert f"from scratch: no earlier run with config_hash {config_hash(cfg)}" in said[0].getMessage()
     assert first.status == "FINISHED"
     again = run_cell(cfg)
-    assert (again.status, again.run_id, again.note) == ("SKIPPED", first.run_id, f"skipped: FINISHED earlier in run {first.run_id}")
+    assert (again.status, again.run_id, again.note) == (
+        "SKIPPED",
+        first.run_id,
+        f"skipped: FINISHED earlier in run {first.run_id}",
+    )
     assert again.metrics["test/sharpe"] == pytest.approx(first.metrics["test/sharpe"])
     assert len(_runs(tmp_path)) == 1
 

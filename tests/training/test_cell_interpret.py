@@ -61,7 +61,9 @@ def test_disabled_or_without_an_interpret_split_nothing_is_computed(compose_cfg,
         def interpret_split(self, *args):
             raise AssertionError("called")
 
-    assert interpret_test_split(compose_cfg(["model=tft", "evaluation.interpret.enabled=false"]), Model(), None, tmp_path, None) == (None, {})
+    assert interpret_test_split(
+        compose_cfg(["model=tft", "evaluation.interpret.enabled=false"]), Model(), None, tmp_path, None
+    ) == (None, {})
     assert interpret_test_split(compose_cfg(["model=dqn"]), object(), None, tmp_path, None) == (None, {})
     assert not (tmp_path / INTERPRET_DIR).exists()
 

@@ -193,10 +193,10 @@ def test_a_checkpoint_names_its_run_and_is_refused_where_it_belongs_to_another(c
 def test_register_refuses_a_logged_checkpoint_stamped_for_another_run(compose_cfg, tmp_path):
     import torch
 
-    from foxhunt.training.checkpoint import CheckpointError
     from foxhunt.ensemble.registry import register_champions
     from foxhunt.runs.store import RunStore
     from foxhunt.training.cell import run_cell
+    from foxhunt.training.checkpoint import CheckpointError
 
     cfg = compose_cfg(["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false"])
     outcome = run_cell(cfg)
@@ -207,5 +207,16 @@ def test_register_refuses_a_logged_checkpoint_stamped_for_another_run(compose_cf
         state[STAMP_KEY]["run_id"] = "0" * 32
         torch.save(state, path)
     with pytest.raises(CheckpointError, match=f"stamped for run {'0' * 32}, not for run {outcome.run_id}"):
-        register_champions(cfg.logger.tracking_uri, "foxhunt", "es", ["dqn"], "val/sharpe", "foxhunt", "champion", False, gate="none", example_decided=4)
+        register_champions(
+            cfg.logger.tracking_uri,
+            "foxhunt",
+            "es",
+            ["dqn"],
+            "val/sharpe",
+            "foxhunt",
+            "champion",
+            False,
+            gate="none",
+            example_decided=4,
+        )
     assert store.get_version("foxhunt-dqn-es", 1) is None

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from configs import compose_train_config
 
+from configs import compose_train_config
 from foxhunt.evaluation.scoring import ScoringSettings, SplitScore, pool_scores
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag

@@ -57,7 +57,7 @@ def test_the_bars_digest_is_each_files_bytes_where_the_cache_key_misses_an_edit(
     at = text.index("\n", 1000) + 1  # a training bar's volume: one digit replaced, the size kept
     line_end = text.index("\n", at)
     digit = text[line_end - 1]
-    csv.write_text(text[:at] + text[at:line_end - 1] + ("1" if digit != "1" else "2") + text[line_end:])
+    csv.write_text(text[:at] + text[at : line_end - 1] + ("1" if digit != "1" else "2") + text[line_end:])
     os.utime(csv, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as a copy that keeps times would
     again = build_parts(cfg)
     assert again.dataset.cache_key == parts.dataset.cache_key  # what the inputs' digest has said so far: no change

@@ -148,7 +148,6 @@ FAMILIES = {  # the family, its sizes, and a global step after the first epoch's
 
 def _fit(root: Path, overrides: list[str]) -> None:
     from configs import compose_train_config
-
     from foxhunt.training.cell import train
 
     attempt = root / "outputs" / f"attempt{len(list(root.glob('outputs/*')))}"  # a new folder per attempt, as Hydra's

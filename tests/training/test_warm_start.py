@@ -41,9 +41,8 @@ class _FirstStep:
 
 
 def _fit(root: Path, name: str, overrides: list[str], monkeypatch=None) -> _FirstStep:
-    from configs import compose_train_config
-
     import foxhunt.training.cell as cell
+    from configs import compose_train_config
 
     first = _FirstStep()
     with monkeypatch.context() as patched:

@@ -47,8 +47,8 @@ LINEAR_FAMILIES = FAMILIES  # every family has Linear (and the TFT LSTM) layers:
 
 
 def _modules(ctx: BenchContext):
-    from foxhunt.training.parts import build_model
     from foxhunt.ensemble.engine import MemberInputs
+    from foxhunt.training.parts import build_model
 
     modules, inputs, cfg, dataset = {}, {}, None, None
     for family in FAMILIES:
@@ -103,9 +103,9 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
 
     from hydra.utils import instantiate
 
-    from foxhunt.training.parts import build_datamodule
     from foxhunt.ensemble.engine import StreamingEngine
     from foxhunt.ensemble.replay import replay_bars
+    from foxhunt.training.parts import build_datamodule
 
     settings = ctx.settings.fleet
     goals = ctx.settings.goals

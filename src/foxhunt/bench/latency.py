@@ -115,8 +115,7 @@ def measure(
             for name, call in calls.items():
                 samples[name].append(time_calls(call, per_block))
     return {
-        name: (np.concatenate([w for w, _ in parts]), np.concatenate([c for _, c in parts]))
-        for name, parts in samples.items()
+        name: (np.concatenate([w for w, _ in parts]), np.concatenate([c for _, c in parts])) for name, parts in samples.items()
     }
 
 
@@ -167,34 +166,38 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
             ctx.log(f"latency: {target} at {threads} thread(s)")
             with torch_threads(int(threads)):
                 try:
-                    lat = measure(calls, int(settings.warmup), int(settings.iterations), int(settings.blocks),
-                                  float(settings.max_seconds))
+                    lat = measure(
+                        calls, int(settings.warmup), int(settings.iterations), int(settings.blocks), float(settings.max_seconds)
+                    )
                 except Exception as exc:  # a compiler failure must not lose the eager figures
                     if "fp32 compiled" not in calls:
                         raise
                     notes.append(f"{target}: torch.compile failed ({one_line_error(exc, limit=COMPILE_ERROR_WIDTH)})")
                     calls.pop("fp32 compiled")
-                    lat = measure(calls, int(settings.warmup), int(settings.iterations), int(settings.blocks),
-                                  float(settings.max_seconds))
+                    lat = measure(
+                        calls, int(settings.warmup), int(settings.iterations), int(settings.blocks), float(settings.max_seconds)
+                    )
             for variant, (wall, cpu) in lat.items():
                 for pct in (50, 99):
                     value = float(np.percentile(wall, pct))
                     note = ""
                     if variant != "fp32":
                         note = f"{variant} / fp32 p{pct}: {value / float(np.percentile(lat['fp32'][0], pct)):.2f}x"
-                    rows.append(Row(
-                        section="latency",
-                        name=f"{target} {variant} p{pct}",
-                        threads=int(threads),
-                        unit="us",
-                        foxhunt=value,
-                        reference=None,
-                        figure=value,
-                        figure_kind="value",
-                        goal_op="<=" if goal is not None else None,
-                        goal=float(goal) if goal is not None else None,
-                        cpu_figure=float(np.percentile(cpu, pct)),
-                        note=note,
-                        samples={"calls": len(wall)},
-                    ))
+                    rows.append(
+                        Row(
+                            section="latency",
+                            name=f"{target} {variant} p{pct}",
+                            threads=int(threads),
+                            unit="us",
+                            foxhunt=value,
+                            reference=None,
+                            figure=value,
+                            figure_kind="value",
+                            goal_op="<=" if goal is not None else None,
+                            goal=float(goal) if goal is not None else None,
+                            cpu_figure=float(np.percentile(cpu, pct)),
+                            note=note,
+                            samples={"calls": len(wall)},
+                        )
+                    )
     return rows, notes

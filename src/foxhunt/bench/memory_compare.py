@@ -103,8 +103,7 @@ class CompareReport:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["components"] = [
-            {**asdict(row), "reduction_mb": row.reduction_mb, "reduction_pct": row.reduction_pct}
-            for row in self.components
+            {**asdict(row), "reduction_mb": row.reduction_mb, "reduction_pct": row.reduction_pct} for row in self.components
         ]
         return data
 
@@ -142,8 +141,8 @@ def run_compare(
     output_dir: Path | None = None,
 ) -> CompareReport:
     """Measure and return the comparison (see the module doc); logs it to MLflow when enabled."""
-    from foxhunt.training.parts import compose_config
     from foxhunt.config.schema import ConfigError, validate
+    from foxhunt.training.parts import compose_config
 
     for item in overrides:
         if item.split("=", 1)[0].lstrip("+~") == "precision":
@@ -186,11 +185,11 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
         fit_side_by_side,
         percentile,
     )
-    from foxhunt.training.parts import build_datamodule, build_dataset, build_model
     from foxhunt.memory.callback import MemoryBudgetCallback
     from foxhunt.precision.callback import PrecisionCallback
     from foxhunt.precision.plugin import precision_plugin
     from foxhunt.precision.quantize import QUANTIZED_LAYERS_FILE, int8_share
+    from foxhunt.training.parts import build_datamodule, build_dataset, build_model
 
     cfg = configs["fp32"]
     asset = instantiate(cfg.asset)
@@ -206,9 +205,7 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
         run_dir.mkdir(parents=True, exist_ok=True)
         callbacks = {
             "precision": PrecisionCallback(report_dir=run_dir),
-            "memory": MemoryBudgetCallback(
-                budget=None, target_mb=None, sample_every_n_steps=_NEVER, report_dir=run_dir
-            ),
+            "memory": MemoryBudgetCallback(budget=None, target_mb=None, sample_every_n_steps=_NEVER, report_dir=run_dir),
             "timer": StepTimer(precision, turns, int(run_cfg.seed), warmup, steps),
         }
         trainer = instantiate(
@@ -248,10 +245,7 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
     accuracy = {p: _validate(run, configs[p]) for p, run in runs.items()}
     latency = _latency(runs, latency_calls, latency_warmup)
     breakdowns = {p: run["callbacks"]["memory"].breakdown for p, run in runs.items()}
-    rows = [
-        ComponentRow(label, *(_component_mb(breakdowns[p], key, label) for p in PRECISIONS))
-        for label, key in COMPONENTS
-    ]
+    rows = [ComponentRow(label, *(_component_mb(breakdowns[p], key, label) for p in PRECISIONS)) for label, key in COMPONENTS]
     fp32, int8 = breakdowns["fp32"], breakdowns["int8"]
     params_opt_pct = 100.0 * (int8.params_bytes + int8.optimizer_bytes) / max(fp32.params_bytes + fp32.optimizer_bytes, 1)
     step_ms = {p: 1e3 * statistics.median(runs[p]["callbacks"]["timer"].durations) for p in PRECISIONS}

@@ -78,9 +78,7 @@ def overhead_config(ctx: BenchContext, drop: str | None = None):
     if drop and drop != "logger":
         overrides.append(f"~callbacks.{drop}")
     run_dir = ctx.work_dir / "outputs" / "overhead" / f"run{next(_run_ids)}"
-    return ctx.compose(
-        str(s.model), overrides, logger="none" if drop == "logger" else "mlflow", output_dir=run_dir
-    )
+    return ctx.compose(str(s.model), overrides, logger="none" if drop == "logger" else "mlflow", output_dir=run_dir)
 
 
 def foxhunt_epoch(ctx: BenchContext, drop: str | None = None) -> Timing:
@@ -102,16 +100,17 @@ def foxhunt_epoch(ctx: BenchContext, drop: str | None = None) -> Timing:
     if timer is None or timer.train_batches != int(ctx.settings.overhead.train_batches):
         raise RuntimeError("bench overhead: the epoch timer did not see the expected training batches")
     return Timing(
-        work=1.0, wall_s=timer.epoch.wall_s, cpu_s=timer.epoch.cpu_s,
-        extra={"batches_wall_s": timer.batches.wall_s, "batches_cpu_s": timer.batches.cpu_s,
-               "run_wall_s": run.wall_s},
+        work=1.0,
+        wall_s=timer.epoch.wall_s,
+        cpu_s=timer.epoch.cpu_s,
+        extra={"batches_wall_s": timer.batches.wall_s, "batches_cpu_s": timer.batches.cpu_s, "run_wall_s": run.wall_s},
     )
 
 
 def plain_epoch(ctx: BenchContext) -> Timing:
     """The same epoch as a plain PyTorch loop (see the module docstring)."""
-    from foxhunt.training.parts import build_datamodule, build_model
     from foxhunt.models.forecaster import quantile_loss
+    from foxhunt.training.parts import build_datamodule, build_model
 
     s = ctx.settings.overhead
     cfg = ctx.compose(str(s.model), [*s.train_overrides, "trainer.max_epochs=1"])
@@ -139,8 +138,9 @@ def plain_epoch(ctx: BenchContext) -> Timing:
             quantile_loss(model(batch), batch["target"], levels)
     torch.save(model.state_dict(), out)
     epoch.stop()
-    return Timing(work=1.0, wall_s=epoch.wall_s, cpu_s=epoch.cpu_s,
-                  extra={"batches_wall_s": batches.wall_s, "batches_cpu_s": batches.cpu_s})
+    return Timing(
+        work=1.0, wall_s=epoch.wall_s, cpu_s=epoch.cpu_s, extra={"batches_wall_s": batches.wall_s, "batches_cpu_s": batches.cpu_s}
+    )
 
 
 def projected_ratio(
@@ -182,33 +182,64 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
             fox = [t.wall_s for t in results["foxhunt"]]
             plain = [t.wall_s for t in results["plain"]]
             samples = {side: [t.to_dict() for t in timings] for side, timings in results.items()}
-            rows.append(Row(
-                section="overhead", name=f"{s.model} epoch: foxhunt-train / plain loop", threads=int(threads),
-                unit="s", foxhunt=median(fox), reference=median(plain),
-                figure=paired_ratio(fox, plain), figure_kind="ratio", goal_op="<=", goal=goal,
-                cpu_figure=paired_ratio([t.cpu_s for t in results["foxhunt"]], [t.cpu_s for t in results["plain"]]),
-                samples=samples,
-            ))
+            rows.append(
+                Row(
+                    section="overhead",
+                    name=f"{s.model} epoch: foxhunt-train / plain loop",
+                    threads=int(threads),
+                    unit="s",
+                    foxhunt=median(fox),
+                    reference=median(plain),
+                    figure=paired_ratio(fox, plain),
+                    figure_kind="ratio",
+                    goal_op="<=",
+                    goal=goal,
+                    cpu_figure=paired_ratio([t.cpu_s for t in results["foxhunt"]], [t.cpu_s for t in results["plain"]]),
+                    samples=samples,
+                )
+            )
             fox_b = [t.extra["batches_wall_s"] for t in results["foxhunt"]]
             plain_b = [t.extra["batches_wall_s"] for t in results["plain"]]
-            rows.append(Row(
-                section="overhead", name=f"{s.model} training batches only: foxhunt-train / plain loop",
-                threads=int(threads), unit="s", foxhunt=median(fox_b), reference=median(plain_b),
-                figure=paired_ratio(fox_b, plain_b), figure_kind="ratio", goal_op=None, goal=None,
-                cpu_figure=paired_ratio([t.extra["batches_cpu_s"] for t in results["foxhunt"]],
-                                        [t.extra["batches_cpu_s"] for t in results["plain"]]),
-            ))
-            projected = projected_ratio(median(fox), median(plain), median(fox_b), median(plain_b),
-                                        int(s.train_batches), int(s.projected_batches))
-            rows.append(Row(
-                section="overhead",
-                name=f"{s.model} epoch of {int(s.projected_batches)} batches (projected): foxhunt-train / plain loop",
-                threads=int(threads), unit="s", foxhunt=projected[0], reference=projected[1],
-                figure=projected[0] / projected[1], figure_kind="ratio", goal_op="<=", goal=goal,
-                note=(f"not measured: the measured per-batch times and the per-epoch rest (validation, "
-                      f"checkpoints, MLflow writes, first-step memory meters) scaled to "
-                      f"{int(s.projected_batches)} training batches"),
-            ))
+            rows.append(
+                Row(
+                    section="overhead",
+                    name=f"{s.model} training batches only: foxhunt-train / plain loop",
+                    threads=int(threads),
+                    unit="s",
+                    foxhunt=median(fox_b),
+                    reference=median(plain_b),
+                    figure=paired_ratio(fox_b, plain_b),
+                    figure_kind="ratio",
+                    goal_op=None,
+                    goal=None,
+                    cpu_figure=paired_ratio(
+                        [t.extra["batches_cpu_s"] for t in results["foxhunt"]],
+                        [t.extra["batches_cpu_s"] for t in results["plain"]],
+                    ),
+                )
+            )
+            projected = projected_ratio(
+                median(fox), median(plain), median(fox_b), median(plain_b), int(s.train_batches), int(s.projected_batches)
+            )
+            rows.append(
+                Row(
+                    section="overhead",
+                    name=f"{s.model} epoch of {int(s.projected_batches)} batches (projected): foxhunt-train / plain loop",
+                    threads=int(threads),
+                    unit="s",
+                    foxhunt=projected[0],
+                    reference=projected[1],
+                    figure=projected[0] / projected[1],
+                    figure_kind="ratio",
+                    goal_op="<=",
+                    goal=goal,
+                    note=(
+                        f"not measured: the measured per-batch times and the per-epoch rest (validation, "
+                        f"checkpoints, MLflow writes, first-step memory meters) scaled to "
+                        f"{int(s.projected_batches)} training batches"
+                    ),
+                )
+            )
             if int(threads) not in [int(t) for t in s.callback_threads] or int(s.callback_repeats) < 1:
                 continue
             ctx.log(f"overhead: each callback's share at {threads} thread(s)")
@@ -217,12 +248,19 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
                 # against the interleaved full runs above: (with - without) / plain, medians
                 added = median(fox) - median([t.wall_s for t in without])
                 label = "the MLflow logger" if drop == "logger" else f"callback {drop}"
-                rows.append(Row(
-                    section="overhead", name=f"share of {label}: epoch time it adds / plain epoch",
-                    threads=int(threads), unit="s", foxhunt=median(fox),
-                    reference=median([t.wall_s for t in without]),
-                    figure=added / median(plain) if median(plain) else float("nan"),
-                    figure_kind="ratio", goal_op=None, goal=None,
-                    samples={"without": [t.to_dict() for t in without]},
-                ))
+                rows.append(
+                    Row(
+                        section="overhead",
+                        name=f"share of {label}: epoch time it adds / plain epoch",
+                        threads=int(threads),
+                        unit="s",
+                        foxhunt=median(fox),
+                        reference=median([t.wall_s for t in without]),
+                        figure=added / median(plain) if median(plain) else float("nan"),
+                        figure_kind="ratio",
+                        goal_op=None,
+                        goal=None,
+                        samples={"without": [t.to_dict() for t in without]},
+                    )
+                )
     return rows, notes

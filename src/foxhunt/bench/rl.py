@@ -122,9 +122,9 @@ def sb3_model(cfg, dataset) -> Any:
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from foxhunt.training.parts import build_datamodule
     from foxhunt.data.env import TradingEnv, TradingGymEnv
     from foxhunt.models.agent import ACTIVATIONS
+    from foxhunt.training.parts import build_datamodule
 
     datamodule = build_datamodule(cfg, dataset)
     features, close = datamodule.split_tensors("train")
@@ -133,8 +133,13 @@ def sb3_model(cfg, dataset) -> Any:
     def factory(index: int):
         def build():
             env = TradingEnv(
-                features, close, dataset.asset, num_envs=1, episode_len=int(cfg.model.env.episode_len),
-                commission_usd=datamodule.commission_usd, slippage_ticks=datamodule.slippage_ticks,
+                features,
+                close,
+                dataset.asset,
+                num_envs=1,
+                episode_len=int(cfg.model.env.episode_len),
+                commission_usd=datamodule.commission_usd,
+                slippage_ticks=datamodule.slippage_ticks,
                 seed=int(cfg.seed) + index,
             )
             return Monitor(TradingGymEnv(env))
@@ -146,25 +151,45 @@ def sb3_model(cfg, dataset) -> Any:
     activation = ACTIVATIONS[m.activation]
     if cfg.model.name == "ppo":
         return PPO(
-            "MlpPolicy", venv, n_steps=int(m.rollout_steps), batch_size=int(m.minibatch_size),
-            n_epochs=int(m.update_epochs), learning_rate=float(m.policy_lr), gamma=float(m.gamma),
-            gae_lambda=float(m.gae_lambda), clip_range=float(m.clip_coef), ent_coef=float(m.ent_coef),
-            vf_coef=float(m.vf_coef), max_grad_norm=float(m.max_grad_norm),
+            "MlpPolicy",
+            venv,
+            n_steps=int(m.rollout_steps),
+            batch_size=int(m.minibatch_size),
+            n_epochs=int(m.update_epochs),
+            learning_rate=float(m.policy_lr),
+            gamma=float(m.gamma),
+            gae_lambda=float(m.gae_lambda),
+            clip_range=float(m.clip_coef),
+            ent_coef=float(m.ent_coef),
+            vf_coef=float(m.vf_coef),
+            max_grad_norm=float(m.max_grad_norm),
             policy_kwargs={
                 "net_arch": {"pi": list(m.policy_hidden_sizes), "vf": list(m.value_hidden_sizes)},
                 "activation_fn": activation,
                 "optimizer_kwargs": {"eps": float(m.adam_eps)},
             },
-            device="cpu", seed=int(cfg.seed), verbose=0,
+            device="cpu",
+            seed=int(cfg.seed),
+            verbose=0,
         )
     return DQN(
-        "MlpPolicy", venv, learning_rate=float(m.lr), buffer_size=int(m.replay_capacity),
-        learning_starts=int(m.min_replay_size), batch_size=int(m.batch_size), gamma=float(m.gamma),
-        train_freq=1, gradient_steps=1, target_update_interval=int(m.target_update_interval) * num_envs,
-        exploration_initial_eps=float(m.epsilon_start), exploration_final_eps=float(m.epsilon_end),
+        "MlpPolicy",
+        venv,
+        learning_rate=float(m.lr),
+        buffer_size=int(m.replay_capacity),
+        learning_starts=int(m.min_replay_size),
+        batch_size=int(m.batch_size),
+        gamma=float(m.gamma),
+        train_freq=1,
+        gradient_steps=1,
+        target_update_interval=int(m.target_update_interval) * num_envs,
+        exploration_initial_eps=float(m.epsilon_start),
+        exploration_final_eps=float(m.epsilon_end),
         max_grad_norm=float(m.max_grad_norm) if m.max_grad_norm is not None else float("inf"),
         policy_kwargs={"net_arch": list(m.hidden_sizes), "activation_fn": activation},
-        device="cpu", seed=int(cfg.seed), verbose=0,
+        device="cpu",
+        seed=int(cfg.seed),
+        verbose=0,
     )
 
 
@@ -253,9 +278,13 @@ def _bare_ppo_update(agent):
             shuffled = [tensor[order] for tensor in batch]
             for start in range(0, size, hp.minibatch_size):
                 loss, _ = ppo_minibatch_losses(
-                    agent.policy_net, agent.value_net,
+                    agent.policy_net,
+                    agent.value_net,
                     *(tensor[start : start + hp.minibatch_size] for tensor in shuffled),
-                    clip_coef=hp.clip_coef, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef, with_stats=False,
+                    clip_coef=hp.clip_coef,
+                    vf_coef=hp.vf_coef,
+                    ent_coef=hp.ent_coef,
+                    with_stats=False,
                 )
                 optimizer.zero_grad()
                 loss.backward()
@@ -323,24 +352,28 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
             rates = {side: [t.rate for t in timings] for side, timings in results.items()}
             cpu_rates = {side: [t.cpu_rate for t in timings] for side, timings in results.items()}
             samples = {side: [t.to_dict() for t in timings] for side, timings in results.items()}
-            for side, label, goal in (("sb3", "Stable-Baselines3", goals.rl_vs_sb3),
-                                      ("bare", "bare gradient-step loop", goals.rl_vs_bare)):
+            for side, label, goal in (
+                ("sb3", "Stable-Baselines3", goals.rl_vs_sb3),
+                ("bare", "bare gradient-step loop", goals.rl_vs_bare),
+            ):
                 if side not in results:
                     continue
-                rows.append(Row(
-                    section="rl",
-                    name=f"{algo.upper()} vs {label}",
-                    threads=int(threads),
-                    unit="env-steps/s",
-                    foxhunt=median(rates["foxhunt"]),
-                    reference=median(rates[side]),
-                    figure=paired_ratio(rates["foxhunt"], rates[side]),
-                    figure_kind="ratio",
-                    goal_op=">=",
-                    goal=float(goal),
-                    cpu_figure=paired_ratio(cpu_rates["foxhunt"], cpu_rates[side]),
-                    samples={"foxhunt": samples["foxhunt"], side: samples[side]},
-                ))
+                rows.append(
+                    Row(
+                        section="rl",
+                        name=f"{algo.upper()} vs {label}",
+                        threads=int(threads),
+                        unit="env-steps/s",
+                        foxhunt=median(rates["foxhunt"]),
+                        reference=median(rates[side]),
+                        figure=paired_ratio(rates["foxhunt"], rates[side]),
+                        figure_kind="ratio",
+                        goal_op=">=",
+                        goal=float(goal),
+                        cpu_figure=paired_ratio(cpu_rates["foxhunt"], cpu_rates[side]),
+                        samples={"foxhunt": samples["foxhunt"], side: samples[side]},
+                    )
+                )
             rows.extend(_decomposition_rows(algo, int(threads), results))
     return rows, notes
 
@@ -352,13 +385,35 @@ def _decomposition_rows(algo: str, threads: int, results: dict[str, list[Timing]
     ceiling = median([b / (b + e) for b, e in zip(per_step["bare"], per_step["env"])])
     rest = median([(f - b - e) / f for f, b, e in zip(per_step["foxhunt"], per_step["bare"], per_step["env"])])
     env_share = median([e / f for f, e in zip(per_step["foxhunt"], per_step["env"])])
-    base = {"section": "rl", "threads": threads, "unit": "ratio", "figure_kind": "ratio", "reference": None,
-            "goal_op": None, "goal": None}
+    base = {
+        "section": "rl",
+        "threads": threads,
+        "unit": "ratio",
+        "figure_kind": "ratio",
+        "reference": None,
+        "goal_op": None,
+        "goal": None,
+    }
     return [
-        Row(name=f"{algo.upper()} ceiling vs bare (bare / (bare + env side))", foxhunt=ceiling, figure=ceiling,
-            note="the best ratio to the bare loop any framework can reach doing this env work", **base),
-        Row(name=f"{algo.upper()} env side share of foxhunt's step", foxhunt=env_share, figure=env_share,
-            note="acting + env step + replay write (PPO: rollout + GAE), timed alone", **base),
-        Row(name=f"{algo.upper()} framework share of foxhunt's step", foxhunt=rest, figure=rest,
-            note="foxhunt step - bare gradient steps - env side: Lightning's loop, hooks, logging", **base),
+        Row(
+            name=f"{algo.upper()} ceiling vs bare (bare / (bare + env side))",
+            foxhunt=ceiling,
+            figure=ceiling,
+            note="the best ratio to the bare loop any framework can reach doing this env work",
+            **base,
+        ),
+        Row(
+            name=f"{algo.upper()} env side share of foxhunt's step",
+            foxhunt=env_share,
+            figure=env_share,
+            note="acting + env step + replay write (PPO: rollout + GAE), timed alone",
+            **base,
+        ),
+        Row(
+            name=f"{algo.upper()} framework share of foxhunt's step",
+            foxhunt=rest,
+            figure=rest,
+            note="foxhunt step - bare gradient steps - env side: Lightning's loop, hooks, logging",
+            **base,
+        ),
     ]

@@ -22,8 +22,16 @@ from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import load_average, machine
 from foxhunt.bench.settings import DEFAULT_SETTINGS, load_settings
 
-SECTION_MODULES = {"rl": rl, "tft": tft, "latency": latency, "overhead": overhead, "fleet": fleet, "system": system,
-                   "checkpoint": checkpoints, "roll": roll}
+SECTION_MODULES = {
+    "rl": rl,
+    "tft": tft,
+    "latency": latency,
+    "overhead": overhead,
+    "fleet": fleet,
+    "system": system,
+    "checkpoint": checkpoints,
+    "roll": roll,
+}
 
 
 def run(
@@ -76,10 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run of every section (settings' quick node)")
     parser.add_argument("--settings", default=None, help=f"settings file (default {DEFAULT_SETTINGS})")
     parser.add_argument("--root", default=None, help="folder of outputs/ (default $FOXHUNT_ROOT or the current one)")
-    parser.add_argument("--sections", default=None, help="comma-separated subset of rl,tft,latency,overhead,fleet,system,checkpoint,roll "
-                        "(system: hours, checkpoint and roll: minutes; none of them in the default list)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a setting, e.g. --set repeats=3 --set threads=[1]")
+    parser.add_argument(
+        "--sections",
+        default=None,
+        help="comma-separated subset of rl,tft,latency,overhead,fleet,system,checkpoint,roll "
+        "(system: hours, checkpoint and roll: minutes; none of them in the default list)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting, e.g. --set repeats=3 --set threads=[1]",
+    )
     args = parser.parse_args(argv)
     overrides = list(args.overrides)
     if args.sections:
@@ -91,8 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
     command = shlex.join(["python", "scripts/benchmark.py", *(argv if argv is not None else sys.argv[1:])])
-    result = run(settings, root, command, quick=args.quick, settings_file=args.settings or DEFAULT_SETTINGS,
-                 log=lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True))
+    result = run(
+        settings,
+        root,
+        command,
+        quick=args.quick,
+        settings_file=args.settings or DEFAULT_SETTINGS,
+        log=lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True),
+    )
     ctx = BenchContext(settings=settings, root=root)
     json_path, md_path = report.write(result, ctx.output_dir)
     print(report.markdown(result))

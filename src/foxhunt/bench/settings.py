@@ -23,9 +23,7 @@ class BenchSettingsError(ValueError):
     """A bad benchmark setting; the message names the key and the file."""
 
 
-def load_settings(
-    path: str | Path | None = None, quick: bool = False, overrides: Sequence[str] = ()
-) -> DictConfig:
+def load_settings(path: str | Path | None = None, quick: bool = False, overrides: Sequence[str] = ()) -> DictConfig:
     """Settings from ``path`` (default :data:`DEFAULT_SETTINGS`), with the ``quick`` node merged
     over them when ``quick``, then dotted ``key=value`` ``overrides``; checked."""
     source = Path(path) if path else DEFAULT_SETTINGS
@@ -56,8 +54,13 @@ def _check(cfg: DictConfig, source: Path) -> None:
     unknown = [s for s in cfg.sections if s not in SECTIONS]
     if unknown:
         raise BenchSettingsError(f"sections: unknown {unknown}, use any of {list(SECTIONS)} ({source})")
-    for section, key in (("rl.ppo", "steps"), ("rl.dqn", "steps"), ("tft", "steps"), ("latency", "iterations"),
-                         ("overhead", "train_batches")):
+    for section, key in (
+        ("rl.ppo", "steps"),
+        ("rl.dqn", "steps"),
+        ("tft", "steps"),
+        ("latency", "iterations"),
+        ("overhead", "train_batches"),
+    ):
         value = OmegaConf.select(cfg, f"{section}.{key}")
         if value is None or int(value) < 1:
             raise BenchSettingsError(f"{section}.{key}={value}: must be >= 1 ({source})")

@@ -138,7 +138,9 @@ def percentile(values: list[float] | np.ndarray, q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
-def alternating_latency(calls: Mapping[str, Callable[[], object]], iterations: int, warmup: int) -> dict[str, tuple[float, float]]:
+def alternating_latency(
+    calls: Mapping[str, Callable[[], object]], iterations: int, warmup: int
+) -> dict[str, tuple[float, float]]:
     """(p50, p99) milliseconds of each batch-1 call, the calls alternating call by call."""
     from foxhunt.bench.latency import measure
 

@@ -121,9 +121,7 @@ def peer_parts(cfg, dataset, hidden_continuous_size: int):
     return model, loader
 
 
-def worker(
-    ctx: BenchContext, side: str, threads: int, hidden_continuous_size: int, overrides: list[str] | None = None
-) -> dict:
+def worker(ctx: BenchContext, side: str, threads: int, hidden_continuous_size: int, overrides: list[str] | None = None) -> dict:
     """Fit one side in this process; its throughput and memory (run by the subprocess)."""
     import lightning.pytorch as pl
 
@@ -140,9 +138,17 @@ def worker(
     timer = train_batch_timer(warmup)
     rss_before = current_rss_mb()
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=warmup + steps, limit_val_batches=0,
-        num_sanity_val_steps=0, logger=False, callbacks=[timer], enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        limit_train_batches=warmup + steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        callbacks=[timer],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         # Lightning's own plugin for both sides: the same autocast for foxhunt's TFT and the peer's
         precision=cfg.precision.trainer_precision,
     )
@@ -169,8 +175,19 @@ def run_worker(
 ) -> dict:
     """One worker process; returns its JSON line."""
     command = [
-        sys.executable, "-m", "foxhunt.bench.tft", "--settings", str(settings_file), "--root", str(ctx.root),
-        "--side", side, "--threads", str(threads), "--hidden-continuous-size", str(hcs),
+        sys.executable,
+        "-m",
+        "foxhunt.bench.tft",
+        "--settings",
+        str(settings_file),
+        "--root",
+        str(ctx.root),
+        "--side",
+        side,
+        "--threads",
+        str(threads),
+        "--hidden-continuous-size",
+        str(hcs),
         *(f"--override={override}" for override in overrides or []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -198,8 +215,10 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
     if DEFAULT_VARIANT not in variants:
         raise ValueError(f"bench tft.foxhunt_variants must hold {DEFAULT_VARIANT!r} (the TFT as configured)")
     for threads in settings.threads:
-        ctx.log(f"tft: foxhunt {sorted(variants)} vs pytorch-forecasting (hidden_continuous_size {sizes}) at "
-                f"{threads} thread(s), {settings.tft.repeats} interleaved repeats")
+        ctx.log(
+            f"tft: foxhunt {sorted(variants)} vs pytorch-forecasting (hidden_continuous_size {sizes}) at "
+            f"{threads} thread(s), {settings.tft.repeats} interleaved repeats"
+        )
         fox: dict[str, list[dict]] = {name: [] for name in variants}
         peers: dict[int, list[dict]] = {hcs: [] for hcs in sizes}
         for _ in range(int(settings.tft.repeats)):
@@ -225,21 +244,35 @@ def _rows(threads: int, variant: str, fox: list[dict], peer: list[dict], goals, 
 
     return [
         Row(
-            section="tft", name=f"{prefix}samples/s vs {variant}", threads=threads, unit="samples/s",
-            foxhunt=median(values(fox, "samples_per_s")), reference=median(values(peer, "samples_per_s")),
+            section="tft",
+            name=f"{prefix}samples/s vs {variant}",
+            threads=threads,
+            unit="samples/s",
+            foxhunt=median(values(fox, "samples_per_s")),
+            reference=median(values(peer, "samples_per_s")),
             figure=paired_ratio(values(fox, "samples_per_s"), values(peer, "samples_per_s")),
-            figure_kind="ratio", goal_op=">=", goal=float(goals.tft_speed_vs_peer),
+            figure_kind="ratio",
+            goal_op=">=",
+            goal=float(goals.tft_speed_vs_peer),
             cpu_figure=paired_ratio(values(fox, "samples_per_cpu_s"), values(peer, "samples_per_cpu_s")),
             note=f"parameters: foxhunt {fox[0]['parameters']:,}, pytorch-forecasting {peer[0]['parameters']:,}",
             samples={"foxhunt": fox, "peer": peer},
         ),
         Row(
-            section="tft", name=f"{prefix}peak RSS vs {variant}", threads=threads, unit="MB",
-            foxhunt=median(values(fox, "peak_rss_mb")), reference=median(values(peer, "peak_rss_mb")),
+            section="tft",
+            name=f"{prefix}peak RSS vs {variant}",
+            threads=threads,
+            unit="MB",
+            foxhunt=median(values(fox, "peak_rss_mb")),
+            reference=median(values(peer, "peak_rss_mb")),
             figure=paired_ratio(values(fox, "peak_rss_mb"), values(peer, "peak_rss_mb")),
-            figure_kind="ratio", goal_op="<=", goal=float(goals.tft_memory_vs_peer),
-            note=(f"growth during training (peak - RSS before fit): foxhunt {median(grown(fox)):.0f} MB, "
-                  f"pytorch-forecasting {median(grown(peer)):.0f} MB, ratio {paired_ratio(grown(fox), grown(peer)):.2f}"),
+            figure_kind="ratio",
+            goal_op="<=",
+            goal=float(goals.tft_memory_vs_peer),
+            note=(
+                f"growth during training (peak - RSS before fit): foxhunt {median(grown(fox)):.0f} MB, "
+                f"pytorch-forecasting {median(grown(peer)):.0f} MB, ratio {paired_ratio(grown(fox), grown(peer)):.2f}"
+            ),
         ),
     ]
 

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import typer
+
 from foxhunt.errors import EXIT_USER_ERROR
 
 data_app = typer.Typer(help="The data a config yields: bars, rolls, calendar, gaps and splits.", no_args_is_help=True)
@@ -46,10 +47,10 @@ def show(
     with reported("foxhunt data show", debug=debug_requested(), exit_code=EXIT_USER_ERROR):
         from hydra.utils import instantiate
 
-        from foxhunt.training.parts import compose_config
         from foxhunt.config.schema import validate
         from foxhunt.data.overview import describe, load_bars, plot_continuous
         from foxhunt.data.splits import WalkForwardConfig
+        from foxhunt.training.parts import compose_config
 
         cfg = compose_config(list(overrides or []))
         validate(cfg)
@@ -91,7 +92,9 @@ def render(s: dict) -> list[str]:
     lines.append("")
     lines.append(f"{'session':<11} {'contract':<9} {'bars':>6}  first bar .. last bar (UTC)")
     for row in s["sessions"][:MAX_ROWS]:
-        lines.append(f"{row['session']:<11} {row['contract']:<9} {row['bars']:>6}  {row['first_bar'][:16]} .. {row['last_bar'][:16]}")
+        lines.append(
+            f"{row['session']:<11} {row['contract']:<9} {row['bars']:>6}  {row['first_bar'][:16]} .. {row['last_bar'][:16]}"
+        )
     if len(s["sessions"]) > MAX_ROWS:
         lines.append(f"... {len(s['sessions']) - MAX_ROWS} more sessions (--json lists all)")
     lines.append("")
@@ -100,8 +103,12 @@ def render(s: dict) -> list[str]:
         lines.append(f"  {r['session']}  {r['from_contract']} -> {r['to_contract']}  at {r['first_bar'][:16]}: "
                      f"out at {r['from_price']:g}, in at {r['roll_price']:g} (gap {r['gap']:+g}); {r['reason']}")  # fmt: skip
     grid = s["tick_grid"]
-    verdict = "all on the grid" if grid["off_grid"] == 0 else f"{grid['off_grid']:,} off the grid, first at {grid['first_off_grid']}"
-    lines.append(f"tick grid {grid['tick']:g}: {grid['raw_closes']:,} raw closes, {verdict} (each contract's OHLC checked on load)")
+    verdict = (
+        "all on the grid" if grid["off_grid"] == 0 else f"{grid['off_grid']:,} off the grid, first at {grid['first_off_grid']}"
+    )
+    lines.append(
+        f"tick grid {grid['tick']:g}: {grid['raw_closes']:,} raw closes, {verdict} (each contract's OHLC checked on load)"
+    )
     cal = s["calendar"]
     lines.append(f"calendar: {cal['name']}")
     lines.append(f"  holidays in range ({len(cal['holidays'])}): " + _dates(cal["holidays"]))

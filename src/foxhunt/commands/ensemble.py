@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 import typer
+
 from foxhunt.errors import EXIT_USER_ERROR
 
 # MLflow draws a progress bar per artifact download; a fleet downloads a few small files
@@ -46,7 +47,9 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 ensemble_app = typer.Typer(help="The fleet: register the best run of each family, replay bars through it.", no_args_is_help=True)
 
-OVERRIDES = typer.Argument(None, help="Hydra overrides of conf/fleet.yaml: asset=es ensemble.metric=val/sharpe ensemble.models=[dqn,tft] ...")
+OVERRIDES = typer.Argument(
+    None, help="Hydra overrides of conf/fleet.yaml: asset=es ensemble.metric=val/sharpe ensemble.models=[dqn,tft] ..."
+)
 
 
 def _fail(command: str, message: str) -> typer.Exit:
@@ -69,8 +72,8 @@ def _compose(command: str, overrides: list[str] | None):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxhunt.training.parts import compose_config
     from foxhunt.config.schema import ConfigError, validate
+    from foxhunt.training.parts import compose_config
 
     try:
         cfg = compose_config(list(overrides or []), config_name="fleet")
@@ -86,7 +89,10 @@ def _check_store(command: str, cfg) -> str:
                              "keep logger=mlflow and set logger.enabled=false to log nothing")  # fmt: skip
     uri = str(cfg.logger.tracking_uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
-        raise _fail(command, f"no MLflow store at {uri[len('sqlite:///'):]}: train first (foxhunt-train), or set paths.root_dir / logger.tracking_uri")
+        raise _fail(
+            command,
+            f"no MLflow store at {uri[len('sqlite:///') :]}: train first (foxhunt-train), or set paths.root_dir / logger.tracking_uri",
+        )
     return uri
 
 
@@ -95,7 +101,9 @@ def register(
     overrides: list[str] | None = OVERRIDES,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the choice table; register nothing."),
     force: bool = typer.Option(False, "--force", help="Register champions the gate refuses (tagged gate=forced)."),
-    holdout: bool = typer.Option(False, "--holdout", help="Score the champions on the lockbox (evaluation.holdout), once; recorded on their runs."),
+    holdout: bool = typer.Option(
+        False, "--holdout", help="Score the champions on the lockbox (evaluation.holdout), once; recorded on their runs."
+    ),
 ) -> None:
     """Register the best run of each family (by a validation metric) as <prefix>-<model>-<asset>@champion,
     if it beats its baseline on the validation bars (ensemble.gate)."""
@@ -117,13 +125,17 @@ def register(
     typer.echo(f"{'family':<8} {'run':<34} {'name':<22} {ens.metric:>12} {'considered':>10} {'no metric':>9}")
     for c in outcome.choices:
         value = "-" if c.value is None else f"{c.value:.6g}"
-        typer.echo(f"{c.family:<8} {c.run_id or '-':<34} {c.run_name or '-':<22} {value:>12} {c.considered:>10} {c.without_metric:>9}")
+        typer.echo(
+            f"{c.family:<8} {c.run_id or '-':<34} {c.run_name or '-':<22} {value:>12} {c.considered:>10} {c.without_metric:>9}"
+        )
     if dry_run:
         typer.echo("dry run: nothing registered")
         return
     if outcome.refused and not force:
         for family, why in outcome.refused:
-            typer.echo(f"foxhunt ensemble register: {family}: not registered: {why} (--force registers it, tagged gate=forced)", err=True)
+            typer.echo(
+                f"foxhunt ensemble register: {family}: not registered: {why} (--force registers it, tagged gate=forced)", err=True
+            )
         typer.echo("foxhunt ensemble register: nothing registered", err=True)
         raise typer.Exit(EXIT_USER_ERROR)
     for family, why in outcome.refused:
@@ -145,7 +157,9 @@ def register(
 def replay(
     overrides: list[str] | None = OVERRIDES,
     interpret: Path | None = typer.Option(
-        None, "--interpret", help="Write the TFT member's mean variable-selection weights and attention over the replayed "
+        None,
+        "--interpret",
+        help="Write the TFT member's mean variable-selection weights and attention over the replayed "
         "bars to this folder (table + PNGs; computed after the replay, at most evaluation.interpret.max_windows windows).",
     ),  # fmt: skip
 ) -> None:
@@ -169,7 +183,10 @@ def serve(
     overrides: list[str] | None = OVERRIDES,
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (127.0.0.1: this machine only)."),
     port: int = typer.Option(8080, help="Port to listen on."),
-    timeout: float = typer.Option(None, help="Seconds from a request's arrival to its answer (queue and fleet), else a 504 (default ensemble.serve.timeout_s)."),
+    timeout: float = typer.Option(
+        None,
+        help="Seconds from a request's arrival to its answer (queue and fleet), else a 504 (default ensemble.serve.timeout_s).",
+    ),
 ) -> None:
     """Serve the registered fleet over HTTP: POST /predict bars for a symbol, GET /health, GET /info."""
     from foxhunt.ensemble.serve import FleetService, Limits, check_address, run
@@ -199,7 +216,10 @@ def validate(overrides: list[str] | None = OVERRIDES) -> None:
     if cfg.logger.enabled:
         typer.echo(f"MLflow run {_log_validate(cfg, text, metrics, fits)} in experiment {cfg.ensemble.experiment}")
     if not fits:
-        typer.echo(f"foxhunt ensemble validate: the {cfg.ensemble.weights} fleet leaves less than {cfg.budget.headroom_mb} MB of {cfg.budget.name} free", err=True)
+        typer.echo(
+            f"foxhunt ensemble validate: the {cfg.ensemble.weights} fleet leaves less than {cfg.budget.headroom_mb} MB of {cfg.budget.name} free",
+            err=True,
+        )
         raise typer.Exit(1)
 
 
@@ -272,8 +292,13 @@ def paper(overrides: list[str] | None = OVERRIDES) -> None:
 def roll(
     overrides: list[str] | None = OVERRIDES,
     force: bool = typer.Option(False, "--force", help="Promote each challenger whatever the gate says (tagged gate=forced)."),
-    every: float = typer.Option(None, "--every", min=1.0, help="Repeat the step every this many seconds until SIGTERM or Ctrl-C "
-                                "(each step idempotent: without new bars it does nothing and says so)."),
+    every: float = typer.Option(
+        None,
+        "--every",
+        min=1.0,
+        help="Repeat the step every this many seconds until SIGTERM or Ctrl-C "
+        "(each step idempotent: without new bars it does nothing and says so).",
+    ),
 ) -> None:
     """One step of the rolling loop: new bars found, a challenger per family trained on the moved window, champion
     against challenger on the newest bars neither has seen, the winners promoted (@champion moved, the old one @previous)."""

@@ -92,12 +92,17 @@ def _fail(prefix: str, message: str, code: int) -> typer.Exit:
 @memory_app.command()
 def validate(
     overrides: list[str] = typer.Argument(
-        None, help="Hydra overrides for every model (precision=bf16 budget=cpu budget.total_mb=8192) or for one, prefixed 'tft:model.module.hidden_size=128'."
+        None,
+        help="Hydra overrides for every model (precision=bf16 budget=cpu budget.total_mb=8192) or for one, prefixed 'tft:model.module.hidden_size=128'.",
     ),
-    predict: bool = typer.Option(False, "--predict", help="Also predict each footprint from the config before measuring it, and show both."),
+    predict: bool = typer.Option(
+        False, "--predict", help="Also predict each footprint from the config before measuring it, and show both."
+    ),
     models: str = typer.Option(DEFAULT_MODELS, "--models", help="Comma-separated models to build and measure."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
-    root: Path = typer.Option(None, "--root", help="Folder holding mlruns/ and the feature cache (default $FOXHUNT_ROOT or the current folder)."),
+    root: Path = typer.Option(
+        None, "--root", help="Folder holding mlruns/ and the feature cache (default $FOXHUNT_ROOT or the current folder)."
+    ),
 ) -> None:
     """Measure every model's training footprint and check the card against the memory budget.
 
@@ -123,8 +128,8 @@ def _compose(names, shared, own, root_dir: Path, out_dir: Path) -> dict:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxhunt.training.parts import measuring_config
     from foxhunt.config.schema import ConfigError
+    from foxhunt.training.parts import measuring_config
 
     configs = {}
     for name in names:
@@ -143,7 +148,11 @@ def _budget(configs: dict):
     first_name, first = next(iter(budgets.items()))
     for name, budget in budgets.items():
         if budget != first:
-            raise _fail("", f"the budget differs between {first_name} and {name}: budget overrides apply to every model (no 'model:' prefix)", EXIT_USER_ERROR)
+            raise _fail(
+                "",
+                f"the budget differs between {first_name} and {name}: budget overrides apply to every model (no 'model:' prefix)",
+                EXIT_USER_ERROR,
+            )
     try:
         return instantiate(configs[first_name].budget)
     except Exception as exc:
@@ -151,7 +160,6 @@ def _budget(configs: dict):
 
 
 def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, overrides: list[str]) -> int:
-    from foxhunt.training.parts import MEASURING_RUNS
     from foxhunt.memory import card_report
     from foxhunt.memory.card import judge
     from foxhunt.memory.predict import predict_footprint
@@ -161,6 +169,7 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
         measure_run,
     )
     from foxhunt.runs.tags import Tag
+    from foxhunt.training.parts import MEASURING_RUNS
 
     first = next(iter(configs.values()))
     precision = "+".join(sorted({str(cfg.precision.name) for cfg in configs.values()}))
@@ -171,10 +180,15 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
             for name, cfg in configs.items():
                 if predict:
                     predictions[name] = predict_footprint(cfg, MEASURING_RUNS, workdir=out_dir / name)
-                    typer.echo(f"{name}: predicted {predictions[name].total_mb:.2f} MB ({predictions[name].seconds:.1f} s)", err=True)
+                    typer.echo(
+                        f"{name}: predicted {predictions[name].total_mb:.2f} MB ({predictions[name].seconds:.1f} s)", err=True
+                    )
                 measured = measure_run(cfg, MEASURING_RUNS, workdir=out_dir / name)
                 measurements.append(measured)
-                typer.echo(f"{name}: measured {measured.footprint_mb:.2f} MB ({measured.seconds:.1f} s, {measured.steps} steps on {measured.device})", err=True)
+                typer.echo(
+                    f"{name}: measured {measured.footprint_mb:.2f} MB ({measured.seconds:.1f} s, {measured.steps} steps on {measured.device})",
+                    err=True,
+                )
         except MeasurementError as exc:
             typer.echo(f"foxhunt memory validate: FAIL: {exc}", err=True)
             if run is not None:
@@ -255,7 +269,9 @@ def compare(
     warmup: int = typer.Option(3, min=1, help="Optimizer steps per precision before timing (compiles, caches)."),
     latency_calls: int = typer.Option(200, min=1, help="Timed batch-1 inference calls per precision."),
     latency_warmup: int = typer.Option(20, min=0, help="Untimed inference calls per precision first."),
-    root: Path = typer.Option(None, help="Project folder: mlruns/, data cache, outputs/ (default: $FOXHUNT_ROOT or the current folder)."),
+    root: Path = typer.Option(
+        None, help="Project folder: mlruns/, data cache, outputs/ (default: $FOXHUNT_ROOT or the current folder)."
+    ),
 ) -> None:
     """Train the same model in fp32 and int8 side by side; print memory, speed, latency, accuracy."""
     from foxhunt.bench.memory_compare import run_compare
@@ -268,4 +284,3 @@ def compare(
         typer.echo(f"foxhunt memory compare: config error: {exc}", err=True)
         raise typer.Exit(EXIT_USER_ERROR) from None
     typer.echo(report.text())
-

@@ -166,7 +166,7 @@ class _Ranged(Targeted):
     refused (no range is known for it)."""
 
     @model_validator(mode="after")
-    def _numbers_are_declared(self) -> "_Ranged":
+    def _numbers_are_declared(self) -> _Ranged:
         for key, value in (self.model_extra or {}).items():
             if _holds_number(value):
                 raise _KeyedError(key, value, "no range is known for a number under this key (foxhunt.config.schema "
@@ -195,7 +195,7 @@ class WalkForward(_Strict):
     purge_bars: Bars
 
     @model_validator(mode="after")
-    def _folds_fit(self) -> "WalkForward":
+    def _folds_fit(self) -> WalkForward:
         total = self.train + self.folds * (self.val + self.test)
         if total > 1:
             raise _KeyedError("folds", self.folds, f"train + folds x (val + test) = {total:g} of the bars: must be <= 1")
@@ -245,7 +245,7 @@ class Evaluation(_Strict):
         return [first.isoformat(), last.isoformat()]
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Evaluation":
+    def _consistent(self) -> Evaluation:
         if self.seeds is not None and (not self.seeds or len(set(self.seeds)) != len(self.seeds)):
             raise _KeyedError("seeds", self.seeds, "must list distinct seeds (or be null)")
         if self.fold is not None and self.fold >= self.walk_forward.folds:
@@ -271,7 +271,7 @@ class WindowSettings(_Strict):
     eval_batch_size: _int(1, MAX_BATCH)
 
     @model_validator(mode="after")
-    def _horizon_shorter_than_sequence(self) -> "WindowSettings":
+    def _horizon_shorter_than_sequence(self) -> WindowSettings:
         if self.horizon >= self.seq_len:
             raise _KeyedError("horizon", self.horizon, f"must be < model.window.seq_len ({self.seq_len})")
         return self
@@ -287,7 +287,7 @@ class ModelSection(_Strict):
     window: WindowSettings | None = None
 
     @model_validator(mode="after")
-    def _kind_has_its_settings(self) -> "ModelSection":
+    def _kind_has_its_settings(self) -> ModelSection:
         if self.kind == "agent" and self.env is None:
             raise _KeyedError("env", None, "agents need model.env (num_envs, episode_len, steps_per_epoch)")
         if self.kind == "forecaster" and self.window is None:
@@ -314,12 +314,14 @@ class AssetSection(_Ranged):
         import pandas_market_calendars as mcal
 
         if value not in mcal.get_calendar_names():
-            raise ValueError("unknown exchange calendar (pandas_market_calendars names, e.g. CME_Equity, "
-                             "CMEGlobex_FX, CME Globex Fixed Income)")
+            raise ValueError(
+                "unknown exchange calendar (pandas_market_calendars names, e.g. CME_Equity, "
+                "CMEGlobex_FX, CME Globex Fixed Income)"
+            )
         return value
 
     @model_validator(mode="after")
-    def _tick_value_consistent(self) -> "AssetSection":
+    def _tick_value_consistent(self) -> AssetSection:
         if not math.isclose(self.tick_value, self.tick_size * self.multiplier, rel_tol=1e-9):
             raise _KeyedError(
                 "tick_value", self.tick_value, f"must equal tick_size x multiplier = {self.tick_size * self.multiplier:g}"
@@ -343,7 +345,7 @@ class Split(_Strict):
     gap_bars: Bars
 
     @model_validator(mode="after")
-    def _fractions_sum_to_one(self) -> "Split":
+    def _fractions_sum_to_one(self) -> Split:
         total = self.train + self.val + self.test
         if not math.isclose(total, 1.0, abs_tol=1e-9):
             raise _KeyedError("train", self.train, f"train + val + test must sum to 1 (got {total:g})")
@@ -364,7 +366,7 @@ class BudgetSection(_Ranged):
     headroom_mb: _real(ge=0, le=MAX_MB)
 
     @model_validator(mode="after")
-    def _headroom_below_total(self) -> "BudgetSection":
+    def _headroom_below_total(self) -> BudgetSection:
         if self.headroom_mb >= self.total_mb:
             raise _KeyedError("headroom_mb", self.headroom_mb, f"must be < budget.total_mb ({self.total_mb:g})")
         return self
@@ -386,7 +388,7 @@ class PrecisionSection(_Ranged):
     choice: str | None = None  # precision=auto: what it chose and why (foxhunt.precision.auto)
 
     @model_validator(mode="after")
-    def _policy_rules(self) -> "PrecisionSection":
+    def _policy_rules(self) -> PrecisionSection:
         """The rules between the fields (int8 weights train under 32-true with 8-bit states, a size
         threshold and layer types; 8-bit states need a block size) have one owner,
         :class:`foxhunt.precision.policy.PrecisionPolicy`: checked here by building it."""
@@ -431,7 +433,7 @@ class StrategySection(_Strict):
         raise ValueError(f"must be an integer in [1, {MAX_CORES}] or auto")
 
     @model_validator(mode="after")
-    def _cache_for_predictions(self) -> "StrategySection":
+    def _cache_for_predictions(self) -> StrategySection:
         if self.predict_memory and not self.prediction_cache:
             raise _KeyedError("prediction_cache", self.prediction_cache, "required when strategy.predict_memory=true")
         return self
@@ -567,7 +569,7 @@ class LoggerSection(_Strict):
     log_checkpoints: bool
 
     @model_validator(mode="after")
-    def _uri_when_enabled(self) -> "LoggerSection":
+    def _uri_when_enabled(self) -> LoggerSection:
         if self.enabled and not self.tracking_uri:
             raise _KeyedError("tracking_uri", self.tracking_uri, "required when logger.enabled=true")
         return self
@@ -599,13 +601,13 @@ class TrainConfig(_Strict):
     paths: PathsSection
 
     @model_validator(mode="after")
-    def _resume_needs_tracking(self) -> "TrainConfig":
+    def _resume_needs_tracking(self) -> TrainConfig:
         if self.resume and not self.logger.enabled:
             raise _KeyedError("resume", True, "needs logger.enabled=true (finished and interrupted runs are found in MLflow)")
         return self
 
     @model_validator(mode="after")
-    def _one_key_per_window_setting(self) -> "TrainConfig":
+    def _one_key_per_window_setting(self) -> TrainConfig:
         window, module = self.model.window, self.model.module.model_extra or {}
         for name in ("seq_len", "horizon"):
             if window is not None and name in module and module[name] != getattr(window, name):
@@ -614,7 +616,7 @@ class TrainConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _purge_covers_the_labels(self) -> "TrainConfig":
+    def _purge_covers_the_labels(self) -> TrainConfig:
         reach, why = label_reach(self.model)
         if self.evaluation.protocol == "walk_forward":
             key, gap = "evaluation.walk_forward.purge_bars", self.evaluation.walk_forward.purge_bars
@@ -656,7 +658,9 @@ class ServeSection(_Strict):
     max_batch: _int(1, 65_536)
     timeout_s: _real(gt=0, le=86_400)
     read_timeout_s: _real(gt=0, le=86_400)
-    max_connections: _int(1, 1_000_000)  # files: checked against the process's open-file limit at start (serve.reserve_descriptors)
+    max_connections: _int(
+        1, 1_000_000
+    )  # files: checked against the process's open-file limit at start (serve.reserve_descriptors)
     health_reserve: _int(1, 65_536)
     log_interval_s: _real(gt=0, le=86_400)
     shutdown_grace_s: _real(ge=0, le=3600)
@@ -686,14 +690,18 @@ class EnsembleSection(_Strict):
     serve: ServeSection
 
     @model_validator(mode="after")
-    def _consistent(self) -> "EnsembleSection":
+    def _consistent(self) -> EnsembleSection:
         if len(set(self.models)) != len(self.models):
             raise _KeyedError("models", self.models, "a model family is listed twice")
         unknown = sorted(k for k, v in self.versions.items() if v is not None and k not in self.models)
         if unknown:
-            raise _KeyedError(f"versions.{unknown[0]}", self.versions[unknown[0]], f"{unknown[0]} is not in ensemble.models {self.models}")
+            raise _KeyedError(
+                f"versions.{unknown[0]}", self.versions[unknown[0]], f"{unknown[0]} is not in ensemble.models {self.models}"
+            )
         if self.metric.startswith("test/"):
-            raise _KeyedError("metric", self.metric, "a test metric cannot select members (the test split stays unseen); use val/...")
+            raise _KeyedError(
+                "metric", self.metric, "a test metric cannot select members (the test split stays unseen); use val/..."
+            )
         return self
 
 
@@ -759,9 +767,11 @@ class FleetConfig(TrainConfig):
     roll: RollSection | None = None
 
     @model_validator(mode="after")
-    def _roll_aliases_differ(self) -> "FleetConfig":
+    def _roll_aliases_differ(self) -> FleetConfig:
         if self.roll is not None and self.roll.previous_alias == self.ensemble.alias:
-            raise _KeyedError("roll.previous_alias", self.roll.previous_alias, f"must differ from ensemble.alias ({self.ensemble.alias})")
+            raise _KeyedError(
+                "roll.previous_alias", self.roll.previous_alias, f"must differ from ensemble.alias ({self.ensemble.alias})"
+            )
         return self
 
 
@@ -773,7 +783,7 @@ class _KeyedError(ValueError):
         self.field = field
 
     @classmethod
-    def of_line(cls, line: str) -> "_KeyedError":
+    def of_line(cls, line: str) -> _KeyedError:
         """From a rule's own line, ``<field>[=<value>]: <rule>``."""
         error = cls.__new__(cls)
         ValueError.__init__(error, line)
@@ -844,7 +854,6 @@ def validate_resolved(resolved: dict[str, Any]) -> TrainConfig:
         parsed = schema.model_validate(resolved)
     except ValidationError as exc:
         raise ConfigError(_format(exc)) from None
-
 
     check_constructor_args("trainer", resolved["trainer"])
     module = resolved["model"]["module"]

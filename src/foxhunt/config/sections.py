@@ -27,9 +27,7 @@ def dataclass_values(cls: type, cfg: Any, section: str) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"{section}.{unknown[0]}: unknown key (known keys: {', '.join(names)})")
     required = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     absent = [n for n in required if n not in values]
     if absent:

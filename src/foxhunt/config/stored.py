@@ -144,7 +144,11 @@ def check_stored_overrides(overrides: Sequence[str], origin: str) -> None:
         if "${" in value or "${" in key:
             raise ConfigError(f"{origin}: stored override {_shown(text)}: an interpolation read from a store is refused")
         parts = re.split(r"[./]", bare)
-        if any(part in _CODE_KEYS for part in parts) or bare.startswith(_CODE_PREFIXES) or bare.replace("/", ".").startswith(_CODE_PREFIXES):
+        if (
+            any(part in _CODE_KEYS for part in parts)
+            or bare.startswith(_CODE_PREFIXES)
+            or bare.replace("/", ".").startswith(_CODE_PREFIXES)
+        ):
             raise ConfigError(f"{origin}: stored override {_shown(text)}: it can name code to run "
                               "(a class, a callback, a search path, shell lines); refused")  # fmt: skip
 

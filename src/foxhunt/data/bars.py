@@ -157,9 +157,7 @@ def validate_bars(
 
     index = df.index
     if not isinstance(index, pd.DatetimeIndex):
-        raise BarDataError(
-            f"{origin}: index is a {type(index).__name__}, expected a UTC DatetimeIndex of bar starts"
-        )
+        raise BarDataError(f"{origin}: index is a {type(index).__name__}, expected a UTC DatetimeIndex of bar starts")
     if index.tz is None:
         raise BarDataError(f"{origin}: timestamps have no time zone, expected UTC")
     if not _is_utc(index.tz):
@@ -200,9 +198,7 @@ def validate_bars(
         bad = np.flatnonzero(~np.isfinite(values[column]))
         if bad.size:
             i = int(bad[0])
-            raise BarDataError(
-                f"{where(i)}: field '{column}' is {float(values[column][i])} (missing price or volume)"
-            )
+            raise BarDataError(f"{where(i)}: field '{column}' is {float(values[column][i])} (missing price or volume)")
     bad = np.flatnonzero(values["volume"] < 0)
     if bad.size:
         i = int(bad[0])
@@ -280,8 +276,10 @@ def unreadable(file: str | Path, exc: BaseException, what: str) -> BarDataError:
     text = " ".join(str(exc).split()) or type(exc).__name__
     name = str(file)
     if isinstance(exc, EOFError) or "ended before the end-of-stream" in text:
-        return BarDataError(f"{name}: truncated: the compressed data ends before its end-of-stream marker "
-                            f"(the file was cut short; download or copy it again)")
+        return BarDataError(
+            f"{name}: truncated: the compressed data ends before its end-of-stream marker "
+            f"(the file was cut short; download or copy it again)"
+        )
     if isinstance(exc, zlib.error) or "CRC check failed" in text or "Not a gzipped file" in text or "Bad CRC-32" in text:
         return BarDataError(f"{name}: corrupt compressed data ({text}); download or copy the file again")
     if isinstance(exc, zipfile.BadZipFile):
@@ -291,15 +289,14 @@ def unreadable(file: str | Path, exc: BaseException, what: str) -> BarDataError:
         except OSError:  # a member of an archive: the archive is what is damaged
             cut = True
         if cut:
-            return BarDataError(f"{name}: truncated or damaged zip archive ({text}: no end-of-archive record; "
-                                "the file was cut short)")
+            return BarDataError(
+                f"{name}: truncated or damaged zip archive ({text}: no end-of-archive record; the file was cut short)"
+            )
         return BarDataError(f"{name}: not a zip archive ({text})")
     return BarDataError(f"{name}: cannot read as {what} ({text})")
 
 
-def source_fingerprint(
-    kind: str, params: dict[str, Any], asset: AssetSpec, files: Sequence[Path] = ()
-) -> str:
+def source_fingerprint(kind: str, params: dict[str, Any], asset: AssetSpec, files: Sequence[Path] = ()) -> str:
     """``"<kind>:<sha256>"`` of the source's parameters, the asset and each file's
     resolved path, size and modification time: equal fingerprints, equal bars."""
     stats = []

@@ -410,5 +410,3 @@ def _check_hours(cal: SessionCalendar, asset: AssetSpec) -> None:
             f"asset.calendar={cal.name!r}: its regular session is {opens}-{closes} {asset.session_tz}, "
             f"but asset.session_open/session_close say {asset.session_open}-{asset.session_close} ({asset.key})"
         )
-
-

@@ -348,9 +348,7 @@ class EnvDataModule(LightningDataModule):
         """Features per bar plus the position column of the env observation."""
         return len(self.dataset.feature_names) + 1
 
-    def split_tensors(
-        self, split: str, device: torch.device | str | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def split_tensors(self, split: str, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
         """(features (T, 16) float32, close (T,) float64) tensors of ``split``."""
         arrays = self.dataset.split(split)
         features = torch.from_numpy(arrays.features).to(device=device, dtype=torch.float32)

@@ -162,9 +162,7 @@ def load_market_dataset(
     return dataset
 
 
-def build_market_dataset(
-    bars: pd.DataFrame, asset: AssetSpec, features_cfg: Any, split_cfg: Any
-) -> MarketDataset:
+def build_market_dataset(bars: pd.DataFrame, asset: AssetSpec, features_cfg: Any, split_cfg: Any) -> MarketDataset:
     """Features, split and train normalization of a bars frame (no cache)."""
     features_cfg = FeatureConfig.from_config(features_cfg)
     features = compute_features(bars, asset, features_cfg)
@@ -186,15 +184,16 @@ def build_market_dataset(
     target_scale = float(train[:, FEATURE_NAMES.index(RETURN_FEATURE)].std())
     if not target_scale > 0:
         raise ValueError(
-            f"asset {asset.key}: close is constant over the train split "
-            f"({len(train)} bars); cannot scale forecast targets"
+            f"asset {asset.key}: close is constant over the train split ({len(train)} bars); cannot scale forecast targets"
         )
     values[:, observed] = (values[:, observed] - mean) / std
     values = values.astype(np.float32)
 
     splits = {
         name: SplitArrays(
-            timestamps=timestamps[s].copy(), features=values[s].copy(), close=close[s].copy(),
+            timestamps=timestamps[s].copy(),
+            features=values[s].copy(),
+            close=close[s].copy(),
             roll_price=None if roll_price is None else roll_price[s].copy(),
         )
         for name, s in slices.items()
@@ -225,9 +224,7 @@ def feature_groups() -> dict[str, list[int]]:
     return {g: [FEATURE_NAMES.index(n) for n in names] for g, names in FEATURE_GROUPS.items()}
 
 
-def cache_key(
-    fingerprint: str, asset: AssetSpec, features_cfg: Any, split_cfg: Any
-) -> str:
+def cache_key(fingerprint: str, asset: AssetSpec, features_cfg: Any, split_cfg: Any) -> str:
     """SHA-256 (hex) of everything the cached dataset depends on."""
     payload = {
         "version": CACHE_VERSION,
@@ -245,8 +242,7 @@ def _check_finite(features: pd.DataFrame) -> None:
     if bad.any():
         row, col = np.argwhere(bad)[0]
         raise ValueError(
-            f"features: non-finite {features.columns[col]} at {features.index[row]} "
-            "(bad close or volume in the bars?)"
+            f"features: non-finite {features.columns[col]} at {features.index[row]} (bad close or volume in the bars?)"
         )
 
 

@@ -119,9 +119,7 @@ class TradingEnv:
         self.features = _as_tensor("features", features, torch.float32, self.device)
         close_t = _as_tensor("close", close, torch.float64, self.device)
         if self.features.dim() != 2:
-            raise ValueError(
-                f"TradingEnv features: expected shape (T, F), got {tuple(self.features.shape)}"
-            )
+            raise ValueError(f"TradingEnv features: expected shape (T, F), got {tuple(self.features.shape)}")
         if close_t.dim() != 1 or close_t.shape[0] != self.features.shape[0]:
             raise ValueError(
                 f"TradingEnv close: expected shape ({self.features.shape[0]},) to match "
@@ -138,11 +136,7 @@ class TradingEnv:
             raise ValueError(f"TradingEnv features row {row}: contains NaN or inf")
         if isinstance(num_envs, bool) or not isinstance(num_envs, numbers.Integral) or num_envs < 1:
             raise ValueError(f"TradingEnv num_envs={num_envs!r}: must be an integer >= 1")
-        if (
-            isinstance(episode_len, bool)
-            or not isinstance(episode_len, numbers.Integral)
-            or not 1 <= episode_len <= num_bars - 1
-        ):
+        if isinstance(episode_len, bool) or not isinstance(episode_len, numbers.Integral) or not 1 <= episode_len <= num_bars - 1:
             raise ValueError(
                 f"TradingEnv episode_len={episode_len!r}: must be an integer in "
                 f"[1, {num_bars - 1}] (the split has {num_bars} bars)"
@@ -238,10 +232,7 @@ class TradingEnv:
         else:
             start_bars = torch.as_tensor(starts, dtype=torch.int64, device=self.device)
             if start_bars.shape != (self.num_envs,):
-                raise ValueError(
-                    f"TradingEnv.reset starts: expected shape ({self.num_envs},), "
-                    f"got {tuple(start_bars.shape)}"
-                )
+                raise ValueError(f"TradingEnv.reset starts: expected shape ({self.num_envs},), got {tuple(start_bars.shape)}")
             if bool(((start_bars < 0) | (start_bars > self.max_start)).any()):
                 raise ValueError(
                     f"TradingEnv.reset starts={start_bars.tolist()}: each must be in "
@@ -267,7 +258,9 @@ class TradingEnv:
             return
         bar, position, steps = (state[k].to(device=self.device, dtype=torch.int64) for k in ("bar", "position", "steps"))
         if bar.shape != (self.num_envs,) or int(bar.min()) < 0 or int(bar.max()) >= self.num_bars - 1:
-            raise ValueError(f"TradingEnv state: bars {tuple(bar.shape)} do not fit {self.num_envs} envs over {self.num_bars} bars")
+            raise ValueError(
+                f"TradingEnv state: bars {tuple(bar.shape)} do not fit {self.num_envs} envs over {self.num_bars} bars"
+            )
         self._bar, self._position, self._steps = bar, position, steps
 
     def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]:
@@ -281,21 +274,15 @@ class TradingEnv:
             )
         if bool(((actions < 0) | (actions >= NUM_ACTIONS)).any()):
             raise ValueError(
-                f"TradingEnv.step actions: each must be 0 (short), 1 (flat) or 2 (long), "
-                f"got {actions.unique().tolist()}"
+                f"TradingEnv.step actions: each must be 0 (short), 1 (flat) or 2 (long), got {actions.unique().tolist()}"
             )
         if not self.auto_reset and bool((self._steps >= self.episode_len).any()):
-            raise RuntimeError(
-                "TradingEnv.step: the episode has ended (auto_reset is off); call reset()"
-            )
+            raise RuntimeError("TradingEnv.step: the episode has ended (auto_reset is off); call reset()")
 
         bar = self._bar
         new_position = actions.to(torch.int64) - ACTION_TO_POSITION_OFFSET
         traded = (new_position - self._position).abs()
-        pnl_usd = (
-            new_position.to(torch.float64) * self._move_usd[bar]
-            - self.cost_per_contract_usd * traded.to(torch.float64)
-        )
+        pnl_usd = new_position.to(torch.float64) * self._move_usd[bar] - self.cost_per_contract_usd * traded.to(torch.float64)
         if self._roll_cost_usd is not None:
             pnl_usd = pnl_usd - new_position.abs().to(torch.float64) * self._roll_cost_usd[bar]
         reward = (pnl_usd / self.asset.tick_value).to(torch.float32)
@@ -320,9 +307,7 @@ class TradingEnv:
 
     def _draw_starts(self) -> Tensor:
         # Drawn on a CPU generator so that a seed gives the same episodes on every device.
-        starts = torch.randint(
-            0, self.max_start + 1, (self.num_envs,), generator=self._generator, dtype=torch.int64
-        )
+        starts = torch.randint(0, self.max_start + 1, (self.num_envs,), generator=self._generator, dtype=torch.int64)
         return starts.to(self.device)
 
     def _reset_where(self, done: Tensor) -> None:
@@ -362,9 +347,7 @@ class TradingGymEnv(gymnasium.Env):
         self.observation_space = gymnasium.spaces.Box(low=low, high=high, dtype=np.float32)
         self.action_space = gymnasium.spaces.Discrete(NUM_ACTIONS)
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         obs = self.env.reset(seed=seed)
         return self._to_numpy(obs), {}

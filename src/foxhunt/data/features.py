@@ -261,8 +261,7 @@ def _check_bars(bars: pd.DataFrame) -> None:
         if bad.any():
             row = int(np.argmax(bad))
             raise ValueError(
-                f"bars frame: {column}={float(values[row])!r} at {index[row]} (row {row}): "
-                f"must be finite and {rule}"
+                f"bars frame: {column}={float(values[row])!r} at {index[row]} (row {row}): must be finite and {rule}"
             )
 
 

@@ -66,23 +66,37 @@ def describe(source: Any, asset: AssetSpec, bars: pd.DataFrame, rolls: pd.DataFr
         "roll": getattr(getattr(source, "rule", None), "params", lambda: None)(),
         "bars_per_contract": {str(k): int(v) for k, v in pd.Series(contracts).value_counts().sort_index().items()},
         "sessions": [
-            {"session": f"{pd.Timestamp(r.session):%Y-%m-%d}", "contract": r.contract, "bars": int(r.size),
-             "first_bar": r.min.isoformat(), "last_bar": r.max.isoformat()}
+            {
+                "session": f"{pd.Timestamp(r.session):%Y-%m-%d}",
+                "contract": r.contract,
+                "bars": int(r.size),
+                "first_bar": r.min.isoformat(),
+                "last_bar": r.max.isoformat(),
+            }
             for r in per_session.itertuples(index=False)
         ],  # fmt: skip
         "rolls": schedule_rows(rolls) if rolls is not None else [],
-        "tick_grid": {"tick": asset.tick_size, "raw_closes": int(len(raw)), "off_grid": int(off.sum()),
-                      "first_off_grid": index[int(np.argmax(off))].isoformat() if off.any() else None},  # fmt: skip
+        "tick_grid": {
+            "tick": asset.tick_size,
+            "raw_closes": int(len(raw)),
+            "off_grid": int(off.sum()),
+            "first_off_grid": index[int(np.argmax(off))].isoformat() if off.any() else None,
+        },  # fmt: skip
         "calendar": {
             "name": calendar.name,
             "holidays": [f"{d:%Y-%m-%d}" for d in calendar.holidays(first, last)],
-            "early_closes": [{"date": f"{d:%Y-%m-%d}", "close": f"{c:%H:%M} UTC"}
-                             for d, c in calendar.early_closes(first, last).items()],
+            "early_closes": [
+                {"date": f"{d:%Y-%m-%d}", "close": f"{c:%H:%M} UTC"} for d, c in calendar.early_closes(first, last).items()
+            ],
         },  # fmt: skip
         "min_gap_minutes": int(min_gap_minutes),
         "gaps": [
-            {"start": g.start.isoformat(), "end": g.end.isoformat(), "open_minutes_missing": int(g.open_minutes),
-             "closed_minutes_inside": int(g.closed_minutes)}
+            {
+                "start": g.start.isoformat(),
+                "end": g.end.isoformat(),
+                "open_minutes_missing": int(g.open_minutes),
+                "closed_minutes_inside": int(g.closed_minutes),
+            }
             for g in gaps.itertuples(index=False)
         ],  # fmt: skip
         "splits": _splits(bars, asset, features_cfg, split_cfg, walk_forward, holdout),

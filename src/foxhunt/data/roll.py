@@ -43,9 +43,10 @@ gives; pandas and the market-calendar libraries do not roll).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -135,8 +136,7 @@ def roll_schedule(contracts: Contracts, rule: RollRule, sessions_until) -> pd.Da
         )
     if rule.by == "open_interest" and (contracts.open_interest is None or contracts.open_interest.empty):
         raise BarDataError(
-            "roll.by=open_interest needs open interest: Databento statistics records (schema statistics) "
-            "in data.source.path"
+            "roll.by=open_interest needs open interest: Databento statistics records (schema statistics) in data.source.path"
         )
     volume = bars.groupby(["session", "contract"], sort=True)["volume"].sum().unstack(fill_value=0.0)
     first_bar = bars.groupby("session")["ts"].min()
@@ -340,6 +340,7 @@ def build_continuous(contract_bars: pd.DataFrame, asset: AssetSpec, rule: RollRu
         last_month_day={c: _month_end(m) for c, m in months.items() if not pd.isna(m)},
         open_interest=open_interest,
     )
+
     def sessions_until(session: pd.Timestamp, expiry: pd.Timestamp) -> int:
         last = calendar.trading_dates(pd.DatetimeIndex([expiry]))[0]
         return len(calendar.sessions(session, last)) if last >= np.datetime64(session.date(), "D") else 0

@@ -82,10 +82,7 @@ class SplitConfig:
                 raise ValueError(f"split.{name}={value!r}: must be a number in (0, 1)")
         total = self.train + self.val + self.test
         if abs(total - 1.0) > FRACTION_SUM_TOLERANCE:
-            raise ValueError(
-                f"split.train + split.val + split.test = {total:g}: "
-                "must sum to 1"
-            )
+            raise ValueError(f"split.train + split.val + split.test = {total:g}: must sum to 1")
         gap = self.gap_bars
         if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
             raise ValueError(f"split.gap_bars={gap!r}: must be an integer >= 0")
@@ -164,8 +161,11 @@ class WalkForwardConfig:
             test_start = val_start + n_val + purge
             train_start = 0 if self.window == "expanding" else train_stop - n_train
             folds.append(
-                {"train": slice(train_start, train_stop), "val": slice(val_start, val_start + n_val),
-                 "test": slice(test_start, test_start + n_test)}
+                {
+                    "train": slice(train_start, train_stop),
+                    "val": slice(val_start, val_start + n_val),
+                    "test": slice(test_start, test_start + n_test),
+                }
             )
         return folds
 

@@ -251,4 +251,3 @@ def normalize(raw: np.ndarray, offset: np.ndarray, scale: np.ndarray) -> np.ndar
     with the model's train statistics (:func:`normalizer`), as
     :func:`foxhunt.data.dataset.build_market_dataset` does for a whole split."""
     return ((raw - offset) / scale).astype(np.float32)
-

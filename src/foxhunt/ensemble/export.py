@@ -200,7 +200,9 @@ def run_onnx(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 def spec(step: Step, fmt: str, family: str, manifest: dict, source: dict[str, Any]) -> dict[str, Any]:
     """``member.json`` of an exported step (module doc)."""
     width = len(manifest["feature_names"])
-    offset, scale = normalizer(width, manifest["groups"]["observed"], np.asarray(manifest["observed_mean"]), np.asarray(manifest["observed_std"]))
+    offset, scale = normalizer(
+        width, manifest["groups"]["observed"], np.asarray(manifest["observed_mean"]), np.asarray(manifest["observed_std"])
+    )
     return {
         "version": SPEC_VERSION, "family": family, "format": fmt, "file": FILES[fmt], **source,
         "inputs": [{"name": n, "shape": ["batch" if step.batch_axes.get(n) == i else d for i, d in enumerate(t.shape)],
@@ -233,8 +235,8 @@ def export_fleet(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
     """Every family of ``cfg.ensemble.models`` for ``cfg.asset`` (the alias, or
     ``ensemble.versions``), exported under ``out`` (module doc): every member is built and
     checked in ``workdir`` first, then all are written (:func:`write_inside`)."""
-    from foxhunt.ensemble.rebuild import rebuild_model
     from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
+    from foxhunt.ensemble.rebuild import rebuild_model
     from foxhunt.ensemble.registry import download_version, registered_name
 
     if fmt not in FORMATS:
@@ -255,7 +257,9 @@ def export_fleet(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
                   "metric": files.info["metric"], "metric_value": files.info.get("value")}  # fmt: skip
         written = {FILES[fmt]: (scratch / FILES[fmt]).read_bytes(),
                    SPEC_FILE: json.dumps(spec(step, fmt, str(family), files.manifest, source), indent=1).encode()}  # fmt: skip
-        built.append((f"{name}-v{found.version}", written, Exported(name, str(found.version), out / f"{name}-v{found.version}", diff, fmt)))
+        built.append(
+            (f"{name}-v{found.version}", written, Exported(name, str(found.version), out / f"{name}-v{found.version}", diff, fmt))
+        )
     for folder, _, _ in built:  # a link or a file where a member's folder goes: refused before anything is written
         _check_folder(out, folder)
     for folder, written, _ in built:

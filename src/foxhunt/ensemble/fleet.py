@@ -231,7 +231,9 @@ class SwappableEngine(StreamingEngine):
             raise SwapError(f"{member.name}: not a member of this fleet ({', '.join(names)})")
         config = inputs.feature_config
         if config not in self._configs:
-            raise SwapError(f"{member.name}: its features ({config}) are not those the running streams compute; restart to load it")
+            raise SwapError(
+                f"{member.name}: its features ({config}) are not those the running streams compute; restart to load it"
+            )
         streams = [self.default, *(s for s in streams if s is not self.default)]
         offset, scale = inputs.normalizer()
         histories = []  # per stream: (rows (n, F) float32, ts (n,), calendar)
@@ -245,7 +247,9 @@ class SwappableEngine(StreamingEngine):
                 if i >= len(bars) - stepped and row is not None:
                     rows.append(row)
                     stamps.append(bar[0])
-            normalized = ((np.stack(rows) - offset) / scale).astype(np.float32) if rows else np.zeros((0, len(offset)), np.float32)
+            normalized = (
+                ((np.stack(rows) - offset) / scale).astype(np.float32) if rows else np.zeros((0, len(offset)), np.float32)
+            )
             histories.append((normalized, np.asarray(stamps, np.int64), stream.pipelines[config].calendar))
         slots = [member.new_slot() for _ in streams]
         longest = max((len(h[0]) for h in histories), default=0)

@@ -100,7 +100,10 @@ def _step_peak(member, step) -> tuple[int, str]:
 
         with AllocationPeak() as meter:
             step()
-        return meter.peak_bytes, "AllocationPeak (a TorchDispatchMode): peak of the tensors the step allocated, equal to torch's MemTracker"
+        return (
+            meter.peak_bytes,
+            "AllocationPeak (a TorchDispatchMode): peak of the tensors the step allocated, equal to torch's MemTracker",
+        )
     tracemalloc.start()
     try:
         step()
@@ -165,7 +168,9 @@ def member_bars(raw_bars, asset, inputs, count: int) -> MemberBars:
     stream = StreamingFeatures(asset, inputs.feature_config, origin="validate bars")
     offset, scale = inputs.normalizer()
     rows, stamps = [], []
-    for ts, row in zip(raw_bars.index.as_unit("ns").asi8.tolist(), raw_bars[["open", "high", "low", "close", "volume"]].to_numpy().tolist()):
+    for ts, row in zip(
+        raw_bars.index.as_unit("ns").asi8.tolist(), raw_bars[["open", "high", "low", "close", "volume"]].to_numpy().tolist()
+    ):
         raw = stream.update(ts, *row)
         if raw is not None:
             rows.append(normalize(raw, offset, scale))
@@ -222,7 +227,9 @@ def report_text(footprint: FleetFootprint, budget, targets: dict[str, float | No
     available = budget.available_mb * MB - (footprint.cuda_context_bytes or 0)
     lines = [f"budget {budget.name}: {budget.total_mb:.0f} MB, {budget.headroom_mb:.0f} MB headroom required"]
     if footprint.cuda_context_bytes is not None:
-        lines.append(f"CUDA context: {to_mb(footprint.cuda_context_bytes):.1f} MB (NVML used before and after the first CUDA call)")
+        lines.append(
+            f"CUDA context: {to_mb(footprint.cuda_context_bytes):.1f} MB (NVML used before and after the first CUDA call)"
+        )
     header = f"{'member':<20} {'weights':<7} {'MB':>9} {'cut %':>6} {'train target':>7} {'% budget':>8}  {'tensors':>8} {'runtime':>8} {'state':>7} {'peak':>7} {'RSS +MB':>8} {'p50 us':>9}"
     lines.append(header)
     metrics: dict[str, float] = {}
@@ -255,7 +262,10 @@ def report_text(footprint: FleetFootprint, budget, targets: dict[str, float | No
     lines.append(f"{'member':<20} " + " ".join(f"{w:>8}" for w in footprint.members))
     names = [m.name for m in footprint.members["fp32"]]
     for name in names:
-        counts = {w: capacity(available, next(m for m in footprint.members[w] if m.name == name).footprint_bytes) for w in footprint.members}
+        counts = {
+            w: capacity(available, next(m for m in footprint.members[w] if m.name == name).footprint_bytes)
+            for w in footprint.members
+        }
         lines.append(f"{name:<20} " + " ".join(f"{counts[w]:>8d}" for w in footprint.members))
         for w, n in counts.items():
             metrics[f"capacity/{name}_{w}"] = float(n)
@@ -292,7 +302,9 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
     device = str(ens.device)
     if ens.torch_threads is not None:
         torch.set_num_threads(int(ens.torch_threads))
-    raw_bars = instantiate(cfg.data.source).load(asset).iloc[: int(cfg.data.features.volume_bars) + int(settings.warm_bars) + 200]  # the warm-up and the warm bars
+    raw_bars = (
+        instantiate(cfg.data.source).load(asset).iloc[: int(cfg.data.features.volume_bars) + int(settings.warm_bars) + 200]
+    )  # the warm-up and the warm bars
     result = FleetFootprint(baseline_rss_bytes=_rss())
     if device.startswith("cuda") and torch.cuda.is_available():
         before = _nvml_used(device)
@@ -346,7 +358,9 @@ def int8_choices(footprint: FleetFootprint, max_slowdown: float, min_cut_pct: fl
         int8 = next(m for m in footprint.members["int8"] if m.name == fp32.name)
         slowdown = int8.step_p50_us / fp32.step_p50_us
         cut = 100 * (1 - int8.footprint_bytes / fp32.footprint_bytes)
-        agree = float(np.mean(int8.positions == fp32.positions)) if fp32.positions is not None and int8.positions is not None else 1.0
+        agree = (
+            float(np.mean(int8.positions == fp32.positions)) if fp32.positions is not None and int8.positions is not None else 1.0
+        )
         # in bytes, not the rounded percentage: a footprint exactly min_cut_pct % smaller pays
         cut_enough = 100 * int8.footprint_bytes <= (100 - min_cut_pct) * fp32.footprint_bytes
         pays = slowdown <= max_slowdown and cut_enough and agree >= min_agreement

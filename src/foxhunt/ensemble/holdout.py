@@ -76,10 +76,10 @@ def _score(files: MemberFiles, entry: Registered) -> HoldoutReport:
     import torch
     from hydra.utils import instantiate
 
-    from foxhunt.training.parts import build_datamodule, build_dataset
     from foxhunt.data.splits import HOLDOUT
     from foxhunt.ensemble.rebuild import rebuild_model
     from foxhunt.evaluation.scoring import ScoringSettings, score_positions
+    from foxhunt.training.parts import build_datamodule, build_dataset
 
     cfg = files.cfg
     if not cfg.evaluation.get("holdout"):

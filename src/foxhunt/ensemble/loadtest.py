@@ -22,7 +22,6 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-
 SERVER_PARTS = ("read_parse", "queue", "fleet_batch", "handler")
 
 
@@ -173,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from hydra.utils import instantiate
 
-    from foxhunt.training.parts import compose_config
     from foxhunt.config.schema import validate
     from foxhunt.ensemble.fleet import fleet_engine, load_fleet
     from foxhunt.ensemble.replay import replay_bars
+    from foxhunt.training.parts import compose_config
 
     cfg = compose_config(list(args.overrides), config_name="fleet")
     validate(cfg)

@@ -106,8 +106,10 @@ def check_digests(folder: Path, recorded: str | None, name: str, *, extra_files:
         expected = json.loads(recorded)
     except ValueError:
         expected = None
-    if not isinstance(expected, dict) or not expected or not all(
-        isinstance(k, str) and isinstance(v, str) and len(v) == 64 and set(v) <= _HEX for k, v in expected.items()
+    if (
+        not isinstance(expected, dict)
+        or not expected
+        or not all(isinstance(k, str) and isinstance(v, str) and len(v) == 64 and set(v) <= _HEX for k, v in expected.items())
     ):
         raise RegistryError(f"{name}: its registry record of file digests ({DIGESTS_TAG}) is damaged; {_REREGISTER}")
     found = folder_digests(folder)
@@ -186,7 +188,9 @@ class MemberFiles:
                 FeatureConfig(**manifest["feature_config"])
             AssetSpec(**manifest["asset"])
         except (TypeError, ValueError) as exc:
-            raise refuse(DATASET_FILE, f"not a feature or asset setting foxhunt accepts ({one_line_error(exc, limit=160)})") from None
+            raise refuse(
+                DATASET_FILE, f"not a feature or asset setting foxhunt accepts ({one_line_error(exc, limit=160)})"
+            ) from None
         if str(manifest["asset"].get("key")) != str(info["asset"]):
             raise refuse(DATASET_FILE, f"asset.key={manifest['asset'].get('key')!r} but {MEMBER_FILE} says {info['asset']!r}")
         for key, tensor in self.state.items():
@@ -231,7 +235,9 @@ def _weights(path: Path, name: str) -> dict[str, Any]:
         raise RegistryError(f"{name}: {path.name} refused: it holds objects torch.load(weights_only=True) does not load "
                             f"({one_line_error(exc, with_type=False, first_line=True, limit=120)}); {_REREGISTER}") from None  # fmt: skip
     except (RuntimeError, OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-        raise RegistryError(f"{name}: {path.name} is damaged ({one_line_error(exc, first_line=True, limit=160)}); {_REREGISTER}") from None
+        raise RegistryError(
+            f"{name}: {path.name} is damaged ({one_line_error(exc, first_line=True, limit=160)}); {_REREGISTER}"
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise RegistryError(f"{name}: {path.name} is damaged (not a state dict of tensors); {_REREGISTER}")
     return state

@@ -461,7 +461,9 @@ class TFTMember(Member):
             return cached
         ahead = np.concatenate([known[None], future(i, FUTURE_BLOCK)])  # this minute, then the next ones
         minutes = [ts_ns + k * NS_PER_MINUTE for k in range(len(ahead))]
-        for minute, row in zip(minutes, self._graphs["encode_known"](known=np.ascontiguousarray(ahead[:, None], np.float32))[:, 0]):
+        for minute, row in zip(
+            minutes, self._graphs["encode_known"](known=np.ascontiguousarray(ahead[:, None], np.float32))[:, 0]
+        ):
             self._encoded[minute] = row
         while len(self._encoded) > FUTURE_CACHE_MINUTES:
             self._encoded.popitem(last=False)

@@ -81,12 +81,16 @@ def _foxhunt_itself(dist, workdir: Path) -> tuple[Path | None, str]:
         copied = workdir / path.name
         shutil.copyfile(path, copied)
         return copied, ""
-    raise RegistryError(f"{DIST} was installed from {url}, which is gone: reinstall foxhunt (pip install -e <checkout>) to register")
+    raise RegistryError(
+        f"{DIST} was installed from {url}, which is gone: reinstall foxhunt (pip install -e <checkout>) to register"
+    )
 
 
 def _build_wheel(source: Path, workdir: Path) -> Path:
     if not (source / "pyproject.toml").is_file():
-        raise RegistryError(f"{DIST} was installed from {source}, which holds no pyproject.toml any more: reinstall foxhunt to register")
+        raise RegistryError(
+            f"{DIST} was installed from {source}, which holds no pyproject.toml any more: reinstall foxhunt to register"
+        )
     with tempfile.TemporaryDirectory(prefix="foxhunt-wheel-") as scratch:
         tree = Path(scratch) / "src-tree"
         tree.mkdir()
@@ -97,7 +101,18 @@ def _build_wheel(source: Path, workdir: Path) -> Path:
             if (source / name).is_dir():
                 shutil.copytree(source / name, tree / name, symlinks=True, ignore=COPY_IGNORED)
         out = workdir / "wheel"
-        command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out), str(tree)]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(tree),
+        ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=WHEEL_BUILD_TIMEOUT_S, check=False)
     wheels = sorted(out.glob(f"{DIST}-*.whl")) if out.is_dir() else []
     if done.returncode != 0 or not wheels:

@@ -98,7 +98,9 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
         frame = pd.DataFrame(model_input)
         missing = [c for c in BAR_FIELDS if c not in frame.columns]
         if missing:
-            raise MlflowException(f"bars lack the column(s) {', '.join(missing)} (need {', '.join(BAR_FIELDS)})", INVALID_PARAMETER_VALUE)
+            raise MlflowException(
+                f"bars lack the column(s) {', '.join(missing)} (need {', '.join(BAR_FIELDS)})", INVALID_PARAMETER_VALUE
+            )
         stream = self.engine.open_stream("request")  # a fresh stream per request: its bars carry their history
         positions, signals = [], []
         try:

@@ -26,10 +26,10 @@ def rebuild_model(cfg, state: dict, origin: str):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from foxhunt.training.parts import build_model
     from foxhunt.config.schema import ConfigError, resolved_config, validate
     from foxhunt.config.stored import check_stored_config
     from foxhunt.precision.quantize import dequantize_model, quantize_model
+    from foxhunt.training.parts import build_model
 
     try:  # before the schema, which imports the model's and the source's classes to check them
         check_stored_config(resolved_config(cfg) if OmegaConf.is_config(cfg) else cfg, origin)

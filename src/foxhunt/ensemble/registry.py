@@ -77,10 +77,10 @@ from foxhunt.ensemble.member_files import (
     digests_tag,
 )
 from foxhunt.errors import ConfigError, one_line_error
-from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
 from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metric directions
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
+from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
 
 SELECTION_PREFIXES = ("val/",)
 VAL_SHARPE, VAL_BASELINE = "val/sharpe", "val/baseline/"
@@ -95,13 +95,17 @@ REGISTRY_LOCK = "registry"  # the store's lock held while champions are chosen a
 PROMOTION_TAG = "foxhunt.promotion"  # run tag of a roll or rollback: its alias moves (JSON), the commit record
 PROMOTION_STATE_TAG = "foxhunt.promotion.state"  # committed (written with the moves, in one batch) | applied
 COMMITTED, APPLIED = "committed", "applied"
-KILL_ENV = "FOXHUNT_ROLL_KILL_AT"  # <point>: the process kills itself (SIGKILL) there (the crash tests: committed, moved-<k>, applied)
+KILL_ENV = (
+    "FOXHUNT_ROLL_KILL_AT"  # <point>: the process kills itself (SIGKILL) there (the crash tests: committed, moved-<k>, applied)
+)
 
 
 def metric_direction(metric: str) -> str:
     """``max`` or ``min`` for a selection metric; a test metric or an unknown one is refused."""
     if metric.startswith("test/"):
-        raise RegistryError(f"ensemble.metric={metric}: a test metric cannot select members (the test split stays unseen); use val/...")
+        raise RegistryError(
+            f"ensemble.metric={metric}: a test metric cannot select members (the test split stays unseen); use val/..."
+        )
     if not metric.startswith(SELECTION_PREFIXES):
         raise RegistryError(f"ensemble.metric={metric}: must be a validation metric ({', '.join(SELECTION_PREFIXES)}...)")
     name = metric.rsplit("/", 1)[-1]
@@ -222,7 +226,9 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
         loaded = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         state = loaded["state_dict"]
     except Exception as exc:
-        raise RegistryError(f"run {run_id}: {checkpoint}: not a loadable foxhunt checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        raise RegistryError(
+            f"run {run_id}: {checkpoint}: not a loadable foxhunt checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        ) from None
     stamp = loaded.get(STAMP_KEY) if isinstance(loaded.get(STAMP_KEY), dict) else {}
     check_stamped_run(f"run {run_id} ({choice.run_name}): {checkpoint}", stamp.get(RUN_ID), run_id)
     from foxhunt.ensemble.rebuild import rebuild_model
@@ -382,7 +388,9 @@ def download_version(tracking_uri: str, name: str, alias: str | None, version: i
                             "(foxhunt ensemble register)") from None  # fmt: skip
     check_digests(local, found.tags.get(DIGESTS_TAG), uri)  # before any of its files is read
     if not (local / "MLmodel").is_file() or not (local / ARTIFACTS_DIR).is_dir():
-        raise RegistryError(f"{uri}: its files ({found.source}) hold no foxhunt MLflow model; register it again (foxhunt ensemble register)")
+        raise RegistryError(
+            f"{uri}: its files ({found.source}) hold no foxhunt MLflow model; register it again (foxhunt ensemble register)"
+        )
     check_code_file(local, uri)
     return local, found
 
@@ -410,7 +418,9 @@ def register_champions(tracking_uri: str, experiment: str, asset: str, families:
         raise RegistryError(f"ensemble.gate={gate!r}: must be one of {', '.join(GATES)}")
     store = RunStore(tracking_uri)
     if dry_run:
-        return Registration(choose_champions(store, experiment, asset, families, metric, _incumbents(store, families, prefix, asset, alias)))
+        return Registration(
+            choose_champions(store, experiment, asset, families, metric, _incumbents(store, families, prefix, asset, alias))
+        )
     with store.exclusive(REGISTRY_LOCK):  # a concurrent register waits, then finds the champions registered
         completed = complete_pending(store, journal) if journal else []
         registration = _register_locked(store, experiment, asset, families, metric, prefix, alias, gate, force, example_decided)
@@ -444,7 +454,9 @@ def _register_locked(store, experiment: str, asset: str, families: list[str], me
             name = registered_name(prefix, choice.family, asset)
             current = store.get_version_by_alias(name, alias) if incumbents.get(choice.family) == choice.run_id else None
             if current is not None and DIGESTS_TAG in current.tags:  # registered before digests: registered again
-                results.append(Registered(name, current.version, choice.run_id, unchanged=True, gate=current.tags.get(GATE_TAG, "")))
+                results.append(
+                    Registered(name, current.version, choice.run_id, unchanged=True, gate=current.tags.get(GATE_TAG, ""))
+                )
                 continue
             if environment is None:  # one wheel for every version of this register
                 from foxhunt.ensemble.model_env import model_environment
@@ -469,7 +481,11 @@ class AliasMove:
     was: str | None = None
 
     def line(self) -> str:
-        return f"{self.name}@{self.alias}: v{self.was} -> v{self.version}" if self.was else f"{self.name}@{self.alias}: v{self.version}"
+        return (
+            f"{self.name}@{self.alias}: v{self.was} -> v{self.version}"
+            if self.was
+            else f"{self.name}@{self.alias}: v{self.version}"
+        )
 
 
 def promotion_moves(store, name: str, alias: str, previous: str, version: str) -> list[AliasMove]:
@@ -542,7 +558,9 @@ def complete_pending(store, journal: str | None) -> list[str]:
                 raise RegistryError(f"run {run_id}: its committed promotion names {move.name} v{move.version}, which is not in the "
                                     "registry (deleted since?); nothing moved")  # fmt: skip
         apply_moves(store, run_id, moves)
-        lines.append(f"completed the promotion of run {run_id}, interrupted after its commit: {'; '.join(m.line() for m in moves)}")
+        lines.append(
+            f"completed the promotion of run {run_id}, interrupted after its commit: {'; '.join(m.line() for m in moves)}"
+        )
     return lines
 
 

@@ -146,7 +146,9 @@ def replayed_windows(inputs: MemberInputs, asset, bars: pd.DataFrame, seq_len: i
     known = rows[:, groups["known"]]
     windows = {
         "static": rows[ends][:, groups["static"]],
-        "known": np.concatenate([known[past], np.stack(future) if future else np.zeros((0, horizon, len(groups["known"])), np.float32)], axis=1),
+        "known": np.concatenate(
+            [known[past], np.stack(future) if future else np.zeros((0, horizon, len(groups["known"])), np.float32)], axis=1
+        ),
         "observed": rows[:, groups["observed"]][past],
         "bar_index": np.asarray(steps, np.int64)[ends] if len(ends) else np.zeros(0, np.int64),
     }
@@ -157,8 +159,16 @@ def score_replay(replayed: ReplayResult, asset, commission_usd: float, slippage_
                  bars_per_year: float) -> dict[str, BacktestResult]:  # fmt: skip
     """The shared backtest of every member's and the ensemble's positions (name -> result)."""
     return {
-        name: backtest(positions, replayed.close, replayed.timestamps, asset, commission_usd=commission_usd,
-                       slippage_ticks=slippage_ticks, bars_per_year=bars_per_year, roll_price=replayed.roll_price)  # fmt: skip
+        name: backtest(
+            positions,
+            replayed.close,
+            replayed.timestamps,
+            asset,
+            commission_usd=commission_usd,
+            slippage_ticks=slippage_ticks,
+            bars_per_year=bars_per_year,
+            roll_price=replayed.roll_price,
+        )  # fmt: skip
         for name, positions in replayed.positions.items()
     }
 

@@ -66,7 +66,11 @@ def scored_window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
         kept = int(np.searchsorted(bars.index.as_unit("ns").asi8, last, side="right"))
         return None, last + 1, f"the first {kept} of {len(bars)} bars (the lockbox after them stays closed: evaluation.holdout)"
     stamps = dataset.splits[split].timestamps.astype("datetime64[ns]").astype(np.int64)
-    return int(stamps[0]), int(stamps[-1]) + 1, f"the {split} split ({len(stamps)} bars; the {int(np.searchsorted(bars.index.as_unit('ns').asi8, stamps[0]))} bars before it prime the features)"
+    return (
+        int(stamps[0]),
+        int(stamps[-1]) + 1,
+        f"the {split} split ({len(stamps)} bars; the {int(np.searchsorted(bars.index.as_unit('ns').asi8, stamps[0]))} bars before it prime the features)",
+    )
 
 
 def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayReport:
@@ -131,7 +135,9 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
                  f"(the replay's: {len(replayed.close) - 1:,}); on the same bars and costs the replay reproduces it (a run "
                  "scored with evaluation.max_bars saw only the split's first bars; '-': a split its run did not score)")  # fmt: skip
     for f in fleet:
-        lines.append(f"  {f.member.name}: run {f.run_id}, {f.metric}={f.value:.6g}, trained {f.precision}, runtime {f.member.runtime_note}")
+        lines.append(
+            f"  {f.member.name}: run {f.run_id}, {f.metric}={f.value:.6g}, trained {f.precision}, runtime {f.member.runtime_note}"
+        )
     interpreted: list[Path] = []
     if interpret is not None:
         for f in fleet:
@@ -161,8 +167,8 @@ def _interpret_member(cfg, f, asset, bars, start: int | None, stop: int | None, 
                       workdir: Path) -> tuple[str, list[Path]]:  # fmt: skip
     """The TFT member's selection weights and attention over the replayed bars, written to
     ``folder`` (module doc): the report's line and the files."""
-    from foxhunt.ensemble.rebuild import rebuild_model
     from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
+    from foxhunt.ensemble.rebuild import rebuild_model
     from foxhunt.ensemble.registry import download_version
     from foxhunt.ensemble.replay import replayed_windows
     from foxhunt.evaluation.interpret import SelectionNames, write_interpretation

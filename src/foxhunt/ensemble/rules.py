@@ -64,6 +64,8 @@ def check_rule(rule: str, families: list[str], weights: Mapping[str, float | Non
         raise ConfigError("ensemble.rule=mean_forecast: the fleet has no forecaster (mamba2, tft)")
     if rule == "weighted":
         if not higher_is_better:
-            raise ConfigError(f"ensemble.rule=weighted: the members were registered on {metric}, better when lower; weights need a metric where higher is better")
+            raise ConfigError(
+                f"ensemble.rule=weighted: the members were registered on {metric}, better when lower; weights need a metric where higher is better"
+            )
         if not any(w is not None and w > 0 for w in weights.values()):
             raise ConfigError(f"ensemble.rule=weighted: no member has a positive {metric}, so every weight would be 0")

@@ -179,7 +179,10 @@ def result_json(result) -> dict:
         "warm": result.warm,
         "position": int(result.position),
         "members": {
-            name: {"position": int(d.position), "signal": None if d.signal is None or not math.isfinite(d.signal) else float(d.signal)}
+            name: {
+                "position": int(d.position),
+                "signal": None if d.signal is None or not math.isfinite(d.signal) else float(d.signal),
+            }
             for name, d in result.decisions.items()
         },
         "latency_us": result.total_ns / 1e3,
@@ -541,7 +544,9 @@ class Guard:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.counts: Counter = Counter()
         self.log = RateLimitedLog(limits.log_interval_s)
-        detail = json.dumps({"detail": f"request headers not complete within {limits.read_timeout_s:g} s (ensemble.serve.read_timeout_s)"})
+        detail = json.dumps(
+            {"detail": f"request headers not complete within {limits.read_timeout_s:g} s (ensemble.serve.read_timeout_s)"}
+        )
         self.header_timeout = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
                                f"content-length: {len(detail)}\r\n\r\n{detail}").encode()  # fmt: skip
 
@@ -725,7 +730,11 @@ def guarded_app(app, guard: Guard):
                 raise
             guard.event("cancelled", "stopping: a request still running after ensemble.serve.shutdown_grace_s: 503")
             if not started:
-                await _answer(send, 503, f"the server stopped before the answer (ensemble.serve.shutdown_grace_s={limits.shutdown_grace_s:g})")
+                await _answer(
+                    send,
+                    503,
+                    f"the server stopped before the answer (ensemble.serve.shutdown_grace_s={limits.shutdown_grace_s:g})",
+                )
         finally:
             guard.requests -= not exempt
 
@@ -751,7 +760,9 @@ def build_app(service: FleetService, guard: Guard):
     limits = guard.limits
 
     def refuse(error: BadRequest) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=error.status, headers={"connection": "close"} if error.close else None)
+        return JSONResponse(
+            {"detail": str(error)}, status_code=error.status, headers={"connection": "close"} if error.close else None
+        )
 
     async def predict(request: Request):
         arrived, arrived_ns = time.monotonic(), time.perf_counter_ns()

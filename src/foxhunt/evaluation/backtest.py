@@ -325,9 +325,7 @@ def _check_close(close, num_bars: int) -> np.ndarray:
     except (TypeError, ValueError):
         raise ValueError("backtest close: must be numbers") from None
     if prices.ndim != 1 or len(prices) != num_bars:
-        raise ValueError(
-            f"backtest close: shape {prices.shape} does not match positions ({num_bars},)"
-        )
+        raise ValueError(f"backtest close: shape {prices.shape} does not match positions ({num_bars},)")
     bad = ~np.isfinite(prices)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
@@ -352,9 +350,7 @@ def _check_timestamps(timestamps, num_bars: int) -> np.ndarray:
     except (TypeError, ValueError) as err:
         raise ValueError(f"backtest timestamps: cannot be read as times ({err})") from None
     if len(index) != num_bars:
-        raise ValueError(
-            f"backtest timestamps: length {len(index)} does not match positions ({num_bars},)"
-        )
+        raise ValueError(f"backtest timestamps: length {len(index)} does not match positions ({num_bars},)")
     if index.hasnans:
         row = int(np.flatnonzero(index.isna())[0])
         raise ValueError(f"backtest timestamps[{row}]: is missing (NaT)")
@@ -363,7 +359,6 @@ def _check_timestamps(timestamps, num_bars: int) -> np.ndarray:
     if not_increasing.any():
         row = int(np.flatnonzero(not_increasing)[0]) + 1
         raise ValueError(
-            f"backtest timestamps[{row}]={index[row]}: must be after timestamps[{row - 1}]"
-            f"={index[row - 1]} (strictly increasing)"
+            f"backtest timestamps[{row}]={index[row]}: must be after timestamps[{row - 1}]={index[row - 1]} (strictly increasing)"
         )
     return times_ns

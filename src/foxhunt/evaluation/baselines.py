@@ -48,9 +48,7 @@ def baseline_positions(name: str, close, *, seed: int, roll_price=None) -> np.nd
             allowed ones), a ``close`` that is not 1-D finite numbers, or a bad ``seed``.
     """
     if name not in BASELINES:
-        raise ValueError(
-            f"baseline_positions name={name!r}: must be one of {', '.join(BASELINES)}"
-        )
+        raise ValueError(f"baseline_positions name={name!r}: must be one of {', '.join(BASELINES)}")
     prices = _check_close(close)
     if not (isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and seed >= 0):
         raise ValueError(f"baseline_positions seed={seed!r}: must be an integer >= 0")
@@ -75,9 +73,7 @@ def _check_close(close) -> np.ndarray:
     except (TypeError, ValueError):
         raise ValueError("baseline_positions close: must be numbers") from None
     if prices.ndim != 1:
-        raise ValueError(
-            f"baseline_positions close: expected a 1-D array, got shape {prices.shape}"
-        )
+        raise ValueError(f"baseline_positions close: expected a 1-D array, got shape {prices.shape}")
     if len(prices) < 1:
         raise ValueError("baseline_positions close: needs at least 1 bar, got 0")
     bad = ~np.isfinite(prices)

@@ -14,9 +14,7 @@ EULER_GAMMA = 0.5772156649015329  # the Euler-Mascheroni constant
 _NORMAL = statistics.NormalDist()
 
 
-def probabilistic_sharpe_ratio(
-    sr: float, sr_benchmark: float, n_obs: int, skew: float, kurtosis: float
-) -> float:
+def probabilistic_sharpe_ratio(sr: float, sr_benchmark: float, n_obs: int, skew: float, kurtosis: float) -> float:
     """Probability that the true Sharpe exceeds ``sr_benchmark`` (Bailey & López de Prado 2012).
 
     Args:
@@ -36,14 +34,11 @@ def probabilistic_sharpe_ratio(
     """
     for name, value in (("sr", sr), ("sr_benchmark", sr_benchmark), ("skew", skew)):
         if not (_is_real(value) and math.isfinite(value)):
-            raise ValueError(
-                f"probabilistic_sharpe_ratio {name}={value!r}: must be a finite number"
-            )
+            raise ValueError(f"probabilistic_sharpe_ratio {name}={value!r}: must be a finite number")
     n_obs = _check_int("probabilistic_sharpe_ratio", "n_obs", n_obs, low=2)
     if not (_is_real(kurtosis) and math.isfinite(kurtosis) and kurtosis >= 1.0):
         raise ValueError(
-            f"probabilistic_sharpe_ratio kurtosis={kurtosis!r}: must be a finite number >= 1 "
-            "(non-excess kurtosis: normal = 3)"
+            f"probabilistic_sharpe_ratio kurtosis={kurtosis!r}: must be a finite number >= 1 (non-excess kurtosis: normal = 3)"
         )
     variance_term = 1.0 - skew * sr + (kurtosis - 1.0) / 4.0 * sr * sr
     if not variance_term > 0.0:
@@ -73,22 +68,16 @@ def expected_max_sharpe(sr_variance: float, n_trials: int) -> float:
             ``n_trials < 1``.
     """
     if not (_is_real(sr_variance) and math.isfinite(sr_variance) and sr_variance >= 0):
-        raise ValueError(
-            f"expected_max_sharpe sr_variance={sr_variance!r}: must be a finite number >= 0"
-        )
+        raise ValueError(f"expected_max_sharpe sr_variance={sr_variance!r}: must be a finite number >= 0")
     n_trials = _check_int("expected_max_sharpe", "n_trials", n_trials, low=1)
     if n_trials == 1:
         return 0.0
     gamma = EULER_GAMMA
-    quantiles = (1.0 - gamma) * _NORMAL.inv_cdf(1.0 - 1.0 / n_trials) + gamma * _NORMAL.inv_cdf(
-        1.0 - 1.0 / (n_trials * math.e)
-    )
+    quantiles = (1.0 - gamma) * _NORMAL.inv_cdf(1.0 - 1.0 / n_trials) + gamma * _NORMAL.inv_cdf(1.0 - 1.0 / (n_trials * math.e))
     return float(math.sqrt(sr_variance) * quantiles)
 
 
-def deflated_sharpe_ratio(
-    sr: float, trial_srs, n_obs: int, skew: float, kurtosis: float, n_trials: int | None = None
-) -> float:
+def deflated_sharpe_ratio(sr: float, trial_srs, n_obs: int, skew: float, kurtosis: float, n_trials: int | None = None) -> float:
     """PSR of ``sr`` against the expected best of the trials (Bailey & López de Prado 2014).
 
     Args:

@@ -106,7 +106,9 @@ class InterpretationSums:
         for name, value, shape in (("static", static, self.static.shape), ("encoder", encoder, self.encoder.shape),
                                    ("decoder", decoder, self.decoder.shape), ("attention", attention, self.attention.shape)):  # fmt: skip
             if np.shape(value) != shape:
-                raise ValueError(f"InterpretationSums.add: {name} has shape {np.shape(value)}, expected {shape} (names, seq_len, horizon)")
+                raise ValueError(
+                    f"InterpretationSums.add: {name} has shape {np.shape(value)}, expected {shape} (names, seq_len, horizon)"
+                )
         self.windows += int(windows)
         self.static += static
         self.encoder += encoder
@@ -222,7 +224,9 @@ def write_interpretation(result: Interpretation, folder: str | Path, title: str)
     with paths[2].open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["lag", "mean", *(f"step_{h + 1}" for h in range(result.horizon))])
-        writer.writerows([lag, f"{by_lag[:, lag].mean():.8g}", *(f"{v:.8g}" for v in by_lag[:, lag])] for lag in range(result.seq_len))
+        writer.writerows(
+            [lag, f"{by_lag[:, lag].mean():.8g}", *(f"{v:.8g}" for v in by_lag[:, lag])] for lag in range(result.seq_len)
+        )
     for group in GROUPS:
         if len(result.names.of_group(group)):
             paths.append(plot_selection(result, group, out / selection_png(group), title))

@@ -35,8 +35,7 @@ def plot_equity(
     times = pd.DatetimeIndex(timestamps)
     if len(times) != len(result.equity) + 1:
         raise ValueError(
-            f"plot_equity timestamps: length {len(times)} does not match the backtest's "
-            f"{len(result.equity) + 1} bars"
+            f"plot_equity timestamps: length {len(times)} does not match the backtest's {len(result.equity) + 1} bars"
         )
     x = _utc_naive(times)
     equity = np.concatenate(([0.0], result.equity))

@@ -110,7 +110,9 @@ class SplitScore:
         pooled score is rebuilt from its parts, not saved)."""
         arrays = {"timestamps": self.timestamps, "bars_per_year": np.float64(self.model.bars_per_year)}
         for name, result in {MODEL: self.model, **self.baselines}.items():
-            arrays.update({f"{name}.positions": result.positions, f"{name}.gross": result.gross_pnl, f"{name}.costs": result.costs})
+            arrays.update(
+                {f"{name}.positions": result.positions, f"{name}.gross": result.gross_pnl, f"{name}.costs": result.costs}
+            )
         np.savez_compressed(path, **arrays)
         return path
 
@@ -121,8 +123,7 @@ class SplitScore:
             rate = float(data["bars_per_year"])
             names = sorted({key.split(".", 1)[0] for key in data.files if "." in key})
             results = {
-                name: from_steps(data[f"{name}.positions"], data[f"{name}.gross"], data[f"{name}.costs"], rate)
-                for name in names
+                name: from_steps(data[f"{name}.positions"], data[f"{name}.gross"], data[f"{name}.costs"], rate) for name in names
             }
             stamps = data["timestamps"]
         model = results.pop(MODEL)
@@ -138,8 +139,7 @@ def score_positions(positions, close, timestamps, asset, settings: ScoringSettin
                         bars_per_year=settings.bars_per_year, roll_price=roll_price)  # fmt: skip
 
     baselines = {
-        name: run(baseline_positions(name, close, seed=settings.seed, roll_price=roll_price))
-        for name in settings.baselines
+        name: run(baseline_positions(name, close, seed=settings.seed, roll_price=roll_price)) for name in settings.baselines
     }
     return SplitScore(model=run(positions), baselines=baselines, timestamps=_utc_ns(timestamps))
 

@@ -166,14 +166,10 @@ def block_bootstrap(
     n = len(values)
     block_bars = _check_int("block_bootstrap", "block_bars", block_bars, low=1)
     if block_bars > n:
-        raise ValueError(
-            f"block_bootstrap block_bars={block_bars}: must be <= len(pnl) = {n}"
-        )
+        raise ValueError(f"block_bootstrap block_bars={block_bars}: must be <= len(pnl) = {n}")
     samples = _check_int("block_bootstrap", "samples", samples, low=1)
     if not (_is_real(confidence) and 0.0 < confidence < 1.0):
-        raise ValueError(
-            f"block_bootstrap confidence={confidence!r}: must be a number in (0, 1)"
-        )
+        raise ValueError(f"block_bootstrap confidence={confidence!r}: must be a number in (0, 1)")
     seed = _check_int("block_bootstrap", "seed", seed, low=0)
     _check_positive("block_bootstrap", "periods_per_year", periods_per_year)
 
@@ -189,8 +185,8 @@ def block_bootstrap(
         index = (block_starts[:, :, None] + offsets).reshape(rows, -1)[:, :n]
         index %= n  # wrap round the end: the circular block bootstrap
         resampled = values[index]
-        means[start:start + rows] = resampled.mean(axis=1)
-        stds[start:start + rows] = resampled.std(axis=1, ddof=1)
+        means[start : start + rows] = resampled.mean(axis=1)
+        stds[start : start + rows] = resampled.std(axis=1, ddof=1)
 
     safe = np.where(stds == 0.0, 1.0, stds)
     sharpes = np.where(stds == 0.0, 0.0, means / safe) * math.sqrt(periods_per_year)
@@ -238,9 +234,7 @@ def _check_pnl(pnl, caller: str, min_values: int, name: str = "pnl") -> np.ndarr
     if values.ndim != 1:
         raise ValueError(f"{caller} {name}: expected a 1-D array, got shape {values.shape}")
     if len(values) < min_values:
-        raise ValueError(
-            f"{caller} {name}: needs at least {min_values} values, got {len(values)}"
-        )
+        raise ValueError(f"{caller} {name}: needs at least {min_values} values, got {len(values)}")
     bad = ~np.isfinite(values)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])

@@ -119,10 +119,10 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dic
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from foxhunt.training.parts import compose_config
     from foxhunt.config.schema import ConfigError, validate
     from foxhunt.runs.config_hash import config_hash
     from foxhunt.sweeps.grid import expand_grid
+    from foxhunt.training.parts import compose_config
 
     costs = load_costs()
     try:
@@ -213,9 +213,7 @@ def _launch(overrides, root: Path, job_id: str, sweep_dir, resume: bool, lock: J
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{job_id}.log"
     user_sweep_dir = next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{SWEEP_DIR_KEY}=")), None)
-    sweep_dir = user_sweep_dir or sweep_dir or str(
-        root / "outputs" / "sweeps" / f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{job_id}"
-    )
+    sweep_dir = user_sweep_dir or sweep_dir or str(root / "outputs" / "sweeps" / f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{job_id}")
     command = [*train_command(), "-m", *overrides]
     if not user_sweep_dir:  # one folder per job, kept on resume (two jobs may start in one second)
         command.append(f"{SWEEP_DIR_KEY}={sweep_dir}")
@@ -301,7 +299,9 @@ def check_stoppable(job: Job) -> None:
     pid = job.pid
     if pid is None or not process_alive(pid, job.launch_file.started_ms if job.launch_file else None):
         raise LaunchError(f"job {job.job_id}: its process (pid {pid}) is gone: it is stale, resume it")
-    problem = _not_the_jobs_process(pid, job.launch_file.started_ms if job.launch_file is not None and job.launch_file.pid else None)
+    problem = _not_the_jobs_process(
+        pid, job.launch_file.started_ms if job.launch_file is not None and job.launch_file.pid else None
+    )
     if problem:
         raise NotTheJobsProcess(f"job {job.job_id}: pid {pid} is not the job's process ({problem}): not signalled")
 

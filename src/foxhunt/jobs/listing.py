@@ -12,9 +12,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from foxhunt.errors import ConfigError
-from foxhunt.runs.tags import Tag
-
 from foxhunt.jobs.views import METRIC_LOSS, METRIC_PEAK_MB, METRIC_SHARPE, Job, JobCell, iso_time, resumable_checkpoint_of
+from foxhunt.runs.tags import Tag
 
 SORT_KEYS = ("started", "duration", "sharpe")
 _SINCE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
@@ -33,8 +32,7 @@ def parse_since(text: str, now: datetime | None = None) -> int:
             moment = datetime.fromisoformat(text.strip())
         except ValueError:
             raise ValueError(
-                f"--since {text!r}: expected an age (30m, 2h, 7d, 1w) "
-                "or an ISO date/time (2026-11-29, 2026-11-29T14:00)"
+                f"--since {text!r}: expected an age (30m, 2h, 7d, 1w) or an ISO date/time (2026-11-29, 2026-11-29T14:00)"
             ) from None
         if moment.tzinfo is None:
             moment = moment.astimezone()  # local time

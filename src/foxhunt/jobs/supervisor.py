@@ -81,6 +81,7 @@ class Supervisor:
         # not opened yet: opening it creates a missing store, which the sweep is creating
         # (two processes creating one SQLite store crash).
         import mlflow.tracking  # noqa: F401
+
         while True:
             try:
                 rc = child.wait(timeout=POLL_S)

@@ -330,7 +330,7 @@ class _SavedTensor:
 
     __slots__ = ("tensor", "keys", "meter")
 
-    def __init__(self, tensor: torch.Tensor, keys: list[StorageKey], meter: "ActivationMeter") -> None:
+    def __init__(self, tensor: torch.Tensor, keys: list[StorageKey], meter: ActivationMeter) -> None:
         self.tensor = tensor
         self.keys = keys
         self.meter = meter
@@ -412,7 +412,7 @@ class ActivationMeter:
                 else:
                     self._refs[key] = count
 
-    def __enter__(self) -> "ActivationMeter":
+    def __enter__(self) -> ActivationMeter:
         if self._hooks is not None:
             raise RuntimeError("ActivationMeter is already active")
         self._excluded = self._excluded_keys()
@@ -430,9 +430,7 @@ class ActivationMeter:
         return self._hooks is not None
 
 
-def measure_activations(
-    step_fn: Callable[[], Any], exclude: nn.Module | Iterable[torch.Tensor] | None = None
-) -> int:
+def measure_activations(step_fn: Callable[[], Any], exclude: nn.Module | Iterable[torch.Tensor] | None = None) -> int:
     """Run ``step_fn`` (one real training step: forward, backward, optimizer step) and return
     the peak bytes saved for backward during it (see :class:`ActivationMeter`)."""
     with ActivationMeter(exclude) as meter:
@@ -458,12 +456,8 @@ class GradientMeter:
         if param.grad is not None:
             self._latest[id(param)] = list(storage_footprint(param.grad))
 
-    def __enter__(self) -> "GradientMeter":
-        self._handles = [
-            p.register_post_accumulate_grad_hook(self._record)
-            for p in self._module.parameters()
-            if p.requires_grad
-        ]
+    def __enter__(self) -> GradientMeter:
+        self._handles = [p.register_post_accumulate_grad_hook(self._record) for p in self._module.parameters() if p.requires_grad]
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -33,9 +33,7 @@ class MemoryBudget:
         if not self.total_mb > 0:
             raise ValueError(f"{where}: total_mb={self.total_mb!r} must be > 0")
         if not 0 <= self.headroom_mb < self.total_mb:
-            raise ValueError(
-                f"{where}: headroom_mb={self.headroom_mb!r} must be >= 0 and below total_mb={self.total_mb!r}"
-            )
+            raise ValueError(f"{where}: headroom_mb={self.headroom_mb!r} must be >= 0 and below total_mb={self.total_mb!r}")
 
     @property
     def available_mb(self) -> float:

@@ -306,9 +306,7 @@ def to_json(verdict: CardVerdict, extra: dict[str, Any] | None = None) -> dict[s
             "verdict": "PASS" if model.passed else "FAIL",
             "components_bytes": m.breakdown.components(),
             "component_methods": {name: COMPONENT_METHODS[name] for name in COMPONENTS},
-            "device_figures": [
-                {"name": f.name, "bytes": f.bytes, "mb": f.mb, "method": f.method} for f in m.device_figures
-            ],
+            "device_figures": [{"name": f.name, "bytes": f.bytes, "mb": f.mb, "method": f.method} for f in m.device_figures],
             "device": m.device,
             "precision": m.precision,
             "steps": m.steps,
@@ -324,8 +322,10 @@ def to_json(verdict: CardVerdict, extra: dict[str, Any] | None = None) -> dict[s
                 "error_against": "the measured sum of the components",
                 "components_bytes": p.breakdown.components(),
                 "component_methods": dict(p.methods),
-                "probes": [{"batch": b, "activations_bytes": a, "model_state_bytes": s, "allocator_dynamic_bytes": t}
-                           for b, a, s, t in p.probes],  # fmt: skip
+                "probes": [
+                    {"batch": b, "activations_bytes": a, "model_state_bytes": s, "allocator_dynamic_bytes": t}
+                    for b, a, s, t in p.probes
+                ],  # fmt: skip
                 "seconds": p.seconds,
                 "notes": list(p.notes),
             }
@@ -381,7 +381,9 @@ def plot(verdict: CardVerdict, path: str | Path) -> Path:
             left.barh(index, width, left=start, color=COMPONENT_COLORS[name], label=name if index == 0 else None)
             start += width
         if model.measurement.footprint.bytes != model.measurement.breakdown.total_training_bytes:
-            left.plot([model.footprint_mb], [index], marker="o", color="black", label="footprint (device)" if index == 0 else None)
+            left.plot(
+                [model.footprint_mb], [index], marker="o", color="black", label="footprint (device)" if index == 0 else None
+            )
         if model.target_mb is not None:
             left.plot([model.target_mb] * 2, [index - 0.4, index + 0.4], color="black", linestyle="--",
                       label="target (model.memory_target_mb)" if index == 0 else None)  # fmt: skip
@@ -410,13 +412,21 @@ def plot(verdict: CardVerdict, path: str | Path) -> Path:
         right.bar(["ensemble"], [model.footprint_mb], bottom=[start], color=colors[index % len(colors)],
                   label=f"{model.name} {model.footprint_mb:.1f} MB")  # fmt: skip
         start += model.footprint_mb
-    right.axhline(budget.available_mb, color="red", linestyle="--", label=f"available {budget.available_mb:g} MB (total - headroom)")
-    right.axhline(float(budget.total_mb), color="black", linestyle=":", label=f"budget {budget.name} total {budget.total_mb:g} MB")
+    right.axhline(
+        budget.available_mb, color="red", linestyle="--", label=f"available {budget.available_mb:g} MB (total - headroom)"
+    )
+    right.axhline(
+        float(budget.total_mb), color="black", linestyle=":", label=f"budget {budget.name} total {budget.total_mb:g} MB"
+    )
     right.set_ylim(0, max(float(budget.total_mb), verdict.total_mb) * 1.05)
     right.set_ylabel("MB (MiB)")
-    right.set_title(f"All resident at once: {verdict.total_mb:.1f} MB, headroom left {verdict.headroom_left_mb:.1f} MB", fontsize=10)
+    right.set_title(
+        f"All resident at once: {verdict.total_mb:.1f} MB, headroom left {verdict.headroom_left_mb:.1f} MB", fontsize=10
+    )
     right.legend(fontsize=7, loc="upper right")
-    figure.suptitle(f"foxhunt memory validate ({verdict.precision}, {verdict.device}): {'PASS' if verdict.passed else 'FAIL'}", fontsize=11)
+    figure.suptitle(
+        f"foxhunt memory validate ({verdict.precision}, {verdict.device}): {'PASS' if verdict.passed else 'FAIL'}", fontsize=11
+    )
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")

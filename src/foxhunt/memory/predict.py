@@ -205,8 +205,7 @@ def predict_static(cfg: DictConfig, factory: RunFactory) -> StaticPrediction:
         configured = model.configure_optimizers()
     except Exception as exc:  # a model whose optimizers need a trainer attached
         raise ValueError(
-            f"{cfg.model.name}: configure_optimizers() failed on the meta-device model: "
-            f"{type(exc).__name__}: {exc}"
+            f"{cfg.model.name}: configure_optimizers() failed on the meta-device model: {type(exc).__name__}: {exc}"
         ) from None
     optimizer_bytes, notes = predicted_optimizer_bytes(optimizers_of(configured))
     return StaticPrediction(params_bytes, grads_bytes, optimizer_bytes, buffers_bytes, tuple(notes))

@@ -65,7 +65,7 @@ class DeviceSample:
             return None
         return self.nvml_used_bytes - self.nvml_baseline_bytes
 
-    def merge_peak(self, other: "DeviceSample") -> "DeviceSample":
+    def merge_peak(self, other: DeviceSample) -> DeviceSample:
         """Field-wise maximum of two samples (the running peak); baselines kept from ``self``
         unless it has none."""
 
@@ -80,13 +80,9 @@ class DeviceSample:
             cuda_allocated_peak_bytes=peak(self.cuda_allocated_peak_bytes, other.cuda_allocated_peak_bytes),
             cuda_reserved_peak_bytes=peak(self.cuda_reserved_peak_bytes, other.cuda_reserved_peak_bytes),
             nvml_used_bytes=peak(self.nvml_used_bytes, other.nvml_used_bytes),
-            nvml_baseline_bytes=(
-                self.nvml_baseline_bytes if self.nvml_baseline_bytes is not None else other.nvml_baseline_bytes
-            ),
+            nvml_baseline_bytes=(self.nvml_baseline_bytes if self.nvml_baseline_bytes is not None else other.nvml_baseline_bytes),
             rss_bytes=peak(self.rss_bytes, other.rss_bytes),
-            rss_baseline_bytes=(
-                self.rss_baseline_bytes if self.rss_baseline_bytes is not None else other.rss_baseline_bytes
-            ),
+            rss_baseline_bytes=(self.rss_baseline_bytes if self.rss_baseline_bytes is not None else other.rss_baseline_bytes),
         )
 
 

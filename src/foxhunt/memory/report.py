@@ -154,7 +154,11 @@ def render_markdown(report: MemoryReport) -> str:
             f"writes included) over {report.train_seconds:.3f} s of training "
             f"({100 * report.overhead_fraction:.3f} %), measured with time.perf_counter around each "
             "hook; the first step's saved-tensor hooks run inside that step and are not included."
-            + ("" if report.once_seconds is None else f" Once, before training: {report.once_seconds:.4f} s (probes, static breakdown)."),
+            + (
+                ""
+                if report.once_seconds is None
+                else f" Once, before training: {report.once_seconds:.4f} s (probes, static breakdown)."
+            ),
         ]
     if report.notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in report.notes]
@@ -172,7 +176,10 @@ def plot_report(report: MemoryReport, path: str | Path) -> Path:
     for name, nbytes in report.breakdown.components().items():
         height = to_mb(nbytes)
         left.bar(
-            ["components"], [height], bottom=[bottom], color=COMPONENT_COLORS[name],
+            ["components"],
+            [height],
+            bottom=[bottom],
+            color=COMPONENT_COLORS[name],
             label=f"{name} {_mb(height)} MB: {_short(COMPONENT_METHODS[name])}",
         )
         bottom += height
@@ -181,7 +188,9 @@ def plot_report(report: MemoryReport, path: str | Path) -> Path:
         left.bar(["peak"], [report.peak.mb], color=DEVICE_COLOR, label=f"peak {_mb(report.peak.mb)} MB: {report.peak.method}")
         tallest = max(tallest, report.peak.mb)
     if report.target_mb is not None:
-        _limit_line(left, report.target_mb, tallest, f"model target {report.target_mb:g} MB (config)", color="black", linestyle="--")
+        _limit_line(
+            left, report.target_mb, tallest, f"model target {report.target_mb:g} MB (config)", color="black", linestyle="--"
+        )
     left.set_ylabel("MB (MiB)")
     left.set_title("Training memory by component (measured)", fontsize=10)
     left.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.08))
@@ -198,8 +207,22 @@ def plot_report(report: MemoryReport, path: str | Path) -> Path:
     if report.budget is not None:
         budget = report.budget
         tallest = max(heights, default=0.0)
-        _limit_line(right, budget.available_mb, tallest, f"budget {budget.name} available {budget.available_mb:g} MB (config)", color="red", linestyle="--")
-        _limit_line(right, budget.total_mb, tallest, f"budget {budget.name} total {budget.total_mb:g} MB (config)", color="black", linestyle=":")
+        _limit_line(
+            right,
+            budget.available_mb,
+            tallest,
+            f"budget {budget.name} available {budget.available_mb:g} MB (config)",
+            color="red",
+            linestyle="--",
+        )
+        _limit_line(
+            right,
+            budget.total_mb,
+            tallest,
+            f"budget {budget.name} total {budget.total_mb:g} MB (config)",
+            color="black",
+            linestyle=":",
+        )
     right.set_ylabel("MB (MiB)")
     right.set_title("Device and process (measured)", fontsize=10)
     right.tick_params(axis="x", labelsize=7, labelrotation=15)

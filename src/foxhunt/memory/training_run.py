@@ -206,7 +206,9 @@ def measure_run(
     else:
         footprint = MeasuredFigure("footprint", breakdown.total_training_bytes, CPU_FOOTPRINT_METHOD)
     if sample is not None and sample.rss_bytes is not None:
-        figures.append(MeasuredFigure("process RSS", sample.rss_bytes, "process resident set size (psutil), max over the samples"))
+        figures.append(
+            MeasuredFigure("process RSS", sample.rss_bytes, "process resident set size (psutil), max over the samples")
+        )
     measurement = RunMeasurement(
         model=name,
         module=type(parts.model).__name__,

@@ -67,23 +67,17 @@ AGENT_STATE_KEY = "foxhunt_agent_state"
 GREEDY_CHUNK_BARS = 32768
 
 
-def build_mlp(
-    input_dim: int, hidden_sizes: Sequence[int], output_dim: int, activation: str
-) -> nn.Sequential:
+def build_mlp(input_dim: int, hidden_sizes: Sequence[int], output_dim: int, activation: str) -> nn.Sequential:
     """``Linear -> activation`` for each hidden size, then a final ``Linear`` to ``output_dim``.
 
     ``hidden_sizes`` may be empty (a linear model). Raises ValueError naming the config key for
     an unknown activation or a non-positive size.
     """
     if activation not in ACTIVATIONS:
-        raise ValueError(
-            f"model.module.activation={activation!r}: unknown, use one of {sorted(ACTIVATIONS)}"
-        )
+        raise ValueError(f"model.module.activation={activation!r}: unknown, use one of {sorted(ACTIVATIONS)}")
     sizes = [int(input_dim), *(int(h) for h in hidden_sizes), int(output_dim)]
     if any(s < 1 for s in sizes):
-        raise ValueError(
-            f"MLP sizes {sizes} (input, model.module hidden sizes, output): each must be >= 1"
-        )
+        raise ValueError(f"MLP sizes {sizes} (input, model.module hidden sizes, output): each must be >= 1")
     layers: list[nn.Module] = []
     for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
         layers.append(nn.Linear(n_in, n_out))
@@ -367,12 +361,7 @@ class TradingAgent(LightningModule, ABC):
     def _action_table(self, features: Tensor) -> np.ndarray:
         """(C, 3) greedy actions of each bar for each position held (-1, 0, 1)."""
         chunk = features.to(self.device)
-        obs = torch.cat(
-            [
-                torch.cat([chunk, torch.full_like(chunk[:, :1], float(p))], dim=1)
-                for p in POSITIONS
-            ]
-        )
+        obs = torch.cat([torch.cat([chunk, torch.full_like(chunk[:, :1], float(p))], dim=1) for p in POSITIONS])
         actions = self.greedy_action(obs).reshape(len(POSITIONS), chunk.shape[0])
         return actions.T.cpu().numpy().astype(np.int64)
 
@@ -386,10 +375,7 @@ class TradingAgent(LightningModule, ABC):
         """Greedy walk over a split of the trainer's datamodule: ``mean_reward`` (ticks per
         step) and ``env_pnl_usd`` (total, net of costs)."""
         if split not in self._eval_costs:
-            raise RuntimeError(
-                f"{type(self).__name__}.evaluate_split({split!r}): no env was built for this "
-                f"split in setup()"
-            )
+            raise RuntimeError(f"{type(self).__name__}.evaluate_split({split!r}): no env was built for this split in setup()")
         asset, commission_usd, slippage_ticks = self._eval_costs[split]
         datamodule = self._datamodule()
         positions = self.trading_positions(datamodule, split)

@@ -112,9 +112,7 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
-    def add(
-        self, obs: Tensor, actions: Tensor, rewards: Tensor, next_obs: Tensor, dones: Tensor
-    ) -> None:
+    def add(self, obs: Tensor, actions: Tensor, rewards: Tensor, next_obs: Tensor, dones: Tensor) -> None:
         """Store a batch of B transitions (B <= capacity)."""
         batch = obs.shape[0]
         if batch > self.capacity:
@@ -173,9 +171,7 @@ def epsilon_at(step: int, start: float, end: float, decay: float) -> float:
     return max(end, start * decay**step)
 
 
-def double_dqn_targets(
-    rewards: Tensor, dones: Tensor, next_q_online: Tensor, next_q_target: Tensor, gamma: float
-) -> Tensor:
+def double_dqn_targets(rewards: Tensor, dones: Tensor, next_q_online: Tensor, next_q_target: Tensor, gamma: float) -> Tensor:
     """Double-DQN targets ``r + gamma * (1 - done) * Q_target(s', argmax_a' Q_online(s', a'))``.
 
     rewards, dones: (B,); next_q_online, next_q_target: (B, A) Q-values of the next states
@@ -187,9 +183,7 @@ def double_dqn_targets(
     return rewards + gamma * (1.0 - dones) * next_value
 
 
-def double_dqn_loss(
-    q_net: nn.Module, target_net: nn.Module, sample: Transitions, gamma: float
-) -> tuple[Tensor, Tensor]:
+def double_dqn_loss(q_net: nn.Module, target_net: nn.Module, sample: Transitions, gamma: float) -> tuple[Tensor, Tensor]:
     """Smooth-L1 loss of ``Q(s, a)`` against the double-DQN targets of a replay sample.
 
     Returns ``(loss, q_taken)`` with ``q_taken`` (B,) the online network's ``Q(s, a)``. Shared by
@@ -304,9 +298,7 @@ class DQNAgent(TradingAgent):
         greedy = self.greedy_action(obs)
         batch = obs.shape[0]
         explore = torch.rand(batch, generator=self._explore_generator) < epsilon
-        random_actions = torch.randint(
-            0, NUM_ACTIONS, (batch,), generator=self._explore_generator
-        )
+        random_actions = torch.randint(0, NUM_ACTIONS, (batch,), generator=self._explore_generator)
         return torch.where(explore.to(obs.device), random_actions.to(obs.device), greedy)
 
     # ------------------------------------------------------------------------------ training
@@ -372,9 +364,7 @@ class DQNAgent(TradingAgent):
         self.note_step(self.train_env.num_envs, self.track_episodes(reward, done))
         loss = q_taken = None
         if len(self.replay) >= hp.min_replay_size:
-            loss, q_taken = double_dqn_loss(
-                self.q_net, self.target_net, self.replay.sample(hp.batch_size), hp.gamma
-            )
+            loss, q_taken = double_dqn_loss(self.q_net, self.target_net, self.replay.sample(hp.batch_size), hp.gamma)
             optimizer.zero_grad()
             self.manual_backward(loss)
             loss, q_taken = loss.detach(), q_taken.detach()

@@ -75,8 +75,7 @@ def quantile_loss(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[flo
     """
     if pred.dim() != 3 or target.shape != pred.shape[:2]:
         raise ValueError(
-            f"quantile_loss: pred must be (B, H, Q) and target (B, H), got {tuple(pred.shape)} and "
-            f"{tuple(target.shape)}"
+            f"quantile_loss: pred must be (B, H, Q) and target (B, H), got {tuple(pred.shape)} and {tuple(target.shape)}"
         )
     levels = torch.as_tensor(quantiles, dtype=pred.dtype, device=pred.device)
     if levels.shape != (pred.shape[-1],):
@@ -129,12 +128,8 @@ class ForecasterModule(LightningModule):
         self.learning_rate = float(learning_rate)
         self.weight_decay = float(weight_decay)
         self.position_threshold = float(position_threshold)
-        self.median_index = next(
-            i for i, q in enumerate(self.quantiles) if abs(q - MEDIAN_LEVEL) <= _LEVEL_TOLERANCE
-        )
-        self.register_buffer(
-            "quantile_levels", torch.tensor(self.quantiles, dtype=torch.float32), persistent=False
-        )
+        self.median_index = next(i for i, q in enumerate(self.quantiles) if abs(q - MEDIAN_LEVEL) <= _LEVEL_TOLERANCE)
+        self.register_buffer("quantile_levels", torch.tensor(self.quantiles, dtype=torch.float32), persistent=False)
         self.val_direction_accuracy = MeanMetric()
         self.test_direction_accuracy = MeanMetric()
         # The epoch's mean training loss: its running state is in every checkpoint, so an epoch
@@ -226,10 +221,7 @@ class ForecasterModule(LightningModule):
         self.eval()
         try:
             for start in range(0, n, batch_size):
-                chunk = {
-                    key: torch.as_tensor(windows[key][start : start + batch_size]).to(self.device)
-                    for key in INPUT_KEYS
-                }
+                chunk = {key: torch.as_tensor(windows[key][start : start + batch_size]).to(self.device) for key in INPUT_KEYS}
                 outputs.append(self(chunk).float().cpu())
         finally:
             self.train(was_training)

@@ -118,9 +118,7 @@ def ssd_naive(
     batch, length, nheads, headdim = x.shape
     Bh = _heads_from_groups(B, nheads)
     Ch = _heads_from_groups(C, nheads)
-    state = (
-        x.new_zeros(batch, nheads, headdim, B.shape[-1]) if initial_state is None else initial_state
-    )
+    state = x.new_zeros(batch, nheads, headdim, B.shape[-1]) if initial_state is None else initial_state
     outputs = []
     for t in range(length):
         decay = torch.exp(dt[:, t] * A)  # (b, h)
@@ -272,9 +270,7 @@ class Mamba2Mixer(nn.Module):
 
         # One projection packs the gate z, the conv inputs (x, B, C) and the per-head dt.
         self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * ngroups * d_state + nheads)
-        self.conv1d = nn.Conv1d(
-            self.conv_dim, self.conv_dim, kernel_size=d_conv, groups=self.conv_dim, padding=d_conv - 1
-        )
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size=d_conv, groups=self.conv_dim, padding=d_conv - 1)
 
         # Reference initialisation of the SSM parameters (mamba_ssm Mamba2.__init__).
         dt = torch.exp(torch.rand(nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
@@ -403,9 +399,7 @@ class Mamba2Stack(nn.Module):
         super().__init__()
         if n_layers < 1:
             raise ValueError(f"Mamba2Stack: n_layers must be >= 1, got {n_layers}")
-        self.layers = nn.ModuleList(
-            Mamba2Block(d_model=d_model, norm_eps=norm_eps, **block_kwargs) for _ in range(n_layers)
-        )
+        self.layers = nn.ModuleList(Mamba2Block(d_model=d_model, norm_eps=norm_eps, **block_kwargs) for _ in range(n_layers))
         self.norm_f = nn.RMSNorm(d_model, eps=norm_eps)
 
     def forward(

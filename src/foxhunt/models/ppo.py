@@ -92,9 +92,10 @@ def compute_gae(
     (1 - done_t) * A_{t+1}`` (``done = terminated | truncated``); returns = A + values.
     """
     steps = rewards.shape[0]
-    if not (
-        values.shape == terminated.shape == truncated.shape == final_values.shape == rewards.shape
-    ) or next_value.shape != rewards.shape[1:]:
+    if (
+        not (values.shape == terminated.shape == truncated.shape == final_values.shape == rewards.shape)
+        or next_value.shape != rewards.shape[1:]
+    ):
         raise ValueError(
             f"compute_gae: rewards, values, terminated, truncated, final_values must be (T, N) "
             f"and next_value (N,), got {tuple(rewards.shape)}, {tuple(values.shape)}, "
@@ -118,9 +119,7 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def clipped_surrogate_loss(
-    new_logprob: Tensor, old_logprob: Tensor, advantages: Tensor, clip: float
-) -> Tensor:
+def clipped_surrogate_loss(new_logprob: Tensor, old_logprob: Tensor, advantages: Tensor, clip: float) -> Tensor:
     """PPO's clipped surrogate objective as a loss (to minimize), averaged over the batch.
 
     ``ratio = exp(new_logprob - old_logprob)``; loss = mean(max(-A * ratio, -A * clamp(ratio,
@@ -344,12 +343,22 @@ class PPOAgent(TradingAgent):
             self._obs = next_obs
         next_value = self.value(self.env_obs(self._obs))
         advantages, returns = compute_gae(
-            rewards, values, terminated, truncated, final_values, next_value,
-            hp.gamma, hp.gae_lambda,
+            rewards,
+            values,
+            terminated,
+            truncated,
+            final_values,
+            next_value,
+            hp.gamma,
+            hp.gae_lambda,
         )
         rollout = {
-            "obs": obs_buf, "actions": actions, "logprobs": logprobs, "values": values,
-            "advantages": advantages, "returns": returns,
+            "obs": obs_buf,
+            "actions": actions,
+            "logprobs": logprobs,
+            "values": values,
+            "advantages": advantages,
+            "returns": returns,
         }
         if finished_returns:
             rollout["episode_returns"] = torch.cat(finished_returns)

@@ -184,9 +184,7 @@ class VariableSelectionNetwork(nn.Module):
         processed = torch.stack([grn(xi) for grn, xi in zip(self.variable_grns, embedded.unbind(-2))], dim=-2)
         return (weights.unsqueeze(-1) * processed).sum(dim=-2)
 
-    def select(
-        self, x: Tensor, embeddings: Sequence[VariableEmbedding], context: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def select(self, x: Tensor, embeddings: Sequence[VariableEmbedding], context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``forward(embedded, context)`` for raw inputs x (..., n_vars) whose embedding is
         ``embeddings`` side by side (their variables, in order, make up the n_vars), at a
         fraction of the cost.
@@ -254,10 +252,7 @@ class VariableSelectionNetwork(nn.Module):
         variable_hidden = x.unsqueeze(-1) * scale + offset  # (..., n_vars, out)
         # unbind, not slices: a slice's backward zero-fills a full-size gradient per variable
         processed = torch.stack(
-            [
-                g.finish(h, g.skip(e))
-                for g, h, e in zip(self.variable_grns, variable_hidden.unbind(-2), embedded.unbind(-2))
-            ],
+            [g.finish(h, g.skip(e)) for g, h, e in zip(self.variable_grns, variable_hidden.unbind(-2), embedded.unbind(-2))],
             dim=-2,
         )
         return (weights.unsqueeze(-1) * processed).sum(dim=-2)
@@ -486,9 +481,7 @@ class TemporalFusionTransformer(ForecasterModule):
                     f"{shape} (seq_len {self.seq_len}, horizon {self.horizon})"
                 )
 
-    def forward(
-        self, batch: Mapping[str, Tensor], return_weights: bool = False
-    ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, batch: Mapping[str, Tensor], return_weights: bool = False) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """Quantile forecasts (B, horizon, Q); with `return_weights`, also a dict of
         interpretation weights: `static` (B, static_dim), `encoder` (B, seq_len,
         known_dim + observed_dim; known variables first), `decoder` (B, horizon, known_dim) —

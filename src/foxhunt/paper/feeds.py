@@ -270,7 +270,12 @@ class DatabentoLiveFeed:
             previous = self._volume.get(self._date) if self._date is not None else None
             self._date = date
             leader = max(previous, key=previous.get) if previous else None
-            if leader is not None and self._held is not None and leader != self._held and self._rank(leader) > self._rank(self._held):
+            if (
+                leader is not None
+                and self._held is not None
+                and leader != self._held
+                and self._rank(leader) > self._rank(self._held)
+            ):
                 self._held = leader  # never back to an earlier expiry
                 self._roll_price = self._last_close.get(leader, NAN)
         if self._held is None or (not self._emitted and self._rank(name) < self._rank(self._held)):

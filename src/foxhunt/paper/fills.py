@@ -123,7 +123,9 @@ class FillModel:
             fills.append(self._fill(account, bar.ts_ns, -held, account.mark, "roll_out", account.mark))
             fills.append(self._fill(account, bar.ts_ns, held, bar.roll_price, "roll_in", bar.roll_price))
         account.mark = bar.raw_close
-        check_money(account.equity, f"paper: the equity of {account.symbol} marked at {bar.raw_close:g} ({MONEY_KEYS} out of range)")
+        check_money(
+            account.equity, f"paper: the equity of {account.symbol} marked at {bar.raw_close:g} ({MONEY_KEYS} out of range)"
+        )
         return fills
 
     def _fill(self, account: Account, ts_ns: int, quantity: int, base: float, kind: str, reference: float,

@@ -104,7 +104,20 @@ COMPARED = {
     "accounts": ("symbol", ("symbol", "position", "cash", "mark", "pending_order")),
     "risk": ("id", ("id", "day", "day_start", "peak", "status", "reason")),
 }  # fmt: skip
-BAR_COLUMNS = ("symbol", "ts_ns", "open", "high", "low", "close", "volume", "raw_open", "raw_close", "roll_price", "trade", "contract")
+BAR_COLUMNS = (
+    "symbol",
+    "ts_ns",
+    "open",
+    "high",
+    "low",
+    "close",
+    "volume",
+    "raw_open",
+    "raw_close",
+    "roll_price",
+    "trade",
+    "contract",
+)
 
 
 class LedgerError(UserError):
@@ -299,7 +312,9 @@ class Ledger:
         orders = {row[0]: row for row in c.execute(
             "SELECT id, symbol, ts_ns, target, quantity, reason, reference FROM orders WHERE filled_ts_ns IS NULL")}  # fmt: skip
         accounts = {}
-        for symbol, position, cash, mark, pending in c.execute("SELECT symbol, position, cash, mark, pending_order FROM accounts"):
+        for symbol, position, cash, mark, pending in c.execute(
+            "SELECT symbol, position, cash, mark, pending_order FROM accounts"
+        ):
             order = None
             if pending in orders:
                 _, sym, ts, target, qty, reason, ref = orders[pending]
@@ -334,7 +349,7 @@ class Ledger:
     def stored_versions(self) -> list[str | None]:
         """The versions that decided each stored bar, in their order (None: a priming bar)."""
         found = []
-        for seq, (trade, versions) in enumerate(self.conn.execute("SELECT trade, versions FROM bars ORDER BY seq"), 1):
+        for seq, (versions,) in enumerate(self.conn.execute("SELECT versions FROM bars ORDER BY seq"), 1):
             if versions is not None and not isinstance(versions, str):
                 raise LedgerError(f"{self.where}: bars {seq}: versions is {versions!r}, not the members that decided it; the "
                                   f"ledger was edited: nothing was written ({AGAIN})")  # fmt: skip
@@ -346,7 +361,9 @@ class Ledger:
         beats: dict[int, list[int]] = {}
         for after, ts in self.conn.execute("SELECT after_seq, ts_ns FROM events WHERE after_seq IS NOT NULL ORDER BY id"):
             if not isinstance(ts, int):
-                raise LedgerError(f"{self.where}: events: an event between bars at {ts!r}, not a time; nothing was written ({AGAIN})")
+                raise LedgerError(
+                    f"{self.where}: events: an event between bars at {ts!r}, not a time; nothing was written ({AGAIN})"
+                )
             times = beats.setdefault(after, [])
             if not times or times[-1] != ts:  # one heartbeat writes an event per stale symbol
                 times.append(ts)
@@ -422,13 +439,17 @@ class Ledger:
                 self._order_ids[account.symbol] = self._insert_order(order)
             self._write_state(account, risk)
             if events:
-                c.executemany("INSERT INTO events (ts_ns, symbol, kind, message) VALUES (?,?,?,?)",
-                              [(bar.ts_ns, bar.symbol, kind, message) for kind, message in events])
+                c.executemany(
+                    "INSERT INTO events (ts_ns, symbol, kind, message) VALUES (?,?,?,?)",
+                    [(bar.ts_ns, bar.symbol, kind, message) for kind, message in events],
+                )
             self._maybe_kill("before_commit")
 
     def _insert_order(self, order: Order) -> int:
-        cur = self.conn.execute("INSERT INTO orders (symbol, ts_ns, target, quantity, reason, reference) VALUES (?,?,?,?,?,?)",
-                                (order.symbol, order.ts_ns, order.target, order.quantity, order.reason, order.reference))
+        cur = self.conn.execute(
+            "INSERT INTO orders (symbol, ts_ns, target, quantity, reason, reference) VALUES (?,?,?,?,?,?)",
+            (order.symbol, order.ts_ns, order.target, order.quantity, order.reason, order.reference),
+        )
         return cur.lastrowid
 
     def record_priming(self, bars: list) -> None:
@@ -447,8 +468,10 @@ class Ledger:
         """An event between bars (a stale live feed), with the order it placed, in one transaction;
         it keeps the count of bars stored before it (where a resume replays it)."""
         with self._writes(f"the event at {_when(ts_ns)}"), self._transaction():
-            self.conn.execute("INSERT INTO events (ts_ns, symbol, kind, message, after_seq) VALUES (?,?,?,?,?)",
-                              (ts_ns, symbol, kind, message, self._bars))
+            self.conn.execute(
+                "INSERT INTO events (ts_ns, symbol, kind, message, after_seq) VALUES (?,?,?,?,?)",
+                (ts_ns, symbol, kind, message, self._bars),
+            )
             if order is not None and account is not None:
                 self._order_ids.pop(account.symbol, None)
                 self._order_ids[account.symbol] = self._insert_order(order)
@@ -459,7 +482,9 @@ class Ledger:
         self.conn.execute("INSERT OR REPLACE INTO accounts VALUES (?,?,?,?,?)",
                           (account.symbol, account.position, account.cash, None if math.isnan(account.mark) else account.mark,
                            self._order_ids.get(account.symbol) if account.pending is not None else None))  # fmt: skip
-        self.conn.execute("INSERT OR REPLACE INTO risk VALUES (1,?,?,?,?,?)", (risk.day, risk.day_start, risk.peak, risk.status, risk.reason))
+        self.conn.execute(
+            "INSERT OR REPLACE INTO risk VALUES (1,?,?,?,?,?)", (risk.day, risk.day_start, risk.peak, risk.status, risk.reason)
+        )
 
     @contextmanager
     def _writes(self, what: str):
@@ -497,7 +522,9 @@ class Ledger:
                                  "FROM fills ORDER BY id").fetchall()  # fmt: skip
 
     def equity_rows(self) -> list[tuple]:
-        return self.conn.execute("SELECT ts_ns, position, equity, target, fleet_ns, loop_ns FROM bars WHERE trade = 1 ORDER BY seq").fetchall()
+        return self.conn.execute(
+            "SELECT ts_ns, position, equity, target, fleet_ns, loop_ns FROM bars WHERE trade = 1 ORDER BY seq"
+        ).fetchall()
 
     def version_changes(self) -> list[tuple[int, int, str]]:
         """(seq, ts_ns, versions) of each traded bar decided by other versions than the traded bar before it

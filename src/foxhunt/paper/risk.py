@@ -78,7 +78,9 @@ class RiskLimits:
         state.peak = max(state.peak, equity)
         for symbol, target in targets.items():
             if abs(target) > self.max_position:
-                return f"max position: {symbol} target {target:+d} beyond {self.max_position} contract(s) (paper.risk.max_position)"
+                return (
+                    f"max position: {symbol} target {target:+d} beyond {self.max_position} contract(s) (paper.risk.max_position)"
+                )
         loss = state.day_start - equity
         if self.max_daily_loss is not None and loss > self.max_daily_loss:
             return f"max daily loss: {loss:,.2f} USD lost on {state.day} (paper.risk.max_daily_loss_usd={self.max_daily_loss:g})"

@@ -105,8 +105,8 @@ def session_identity(cfg, asset, fleet, feed, symbol: str) -> dict[str, str]:
 def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
     from hydra.utils import instantiate
 
-    from foxhunt.errors import ConfigError
     from foxhunt.ensemble.fleet import FleetWatcher, fleet_engine, load_fleet, load_member
+    from foxhunt.errors import ConfigError
     from foxhunt.paper.feeds import check_symbol
     from foxhunt.paper.fills import FillModel
     from foxhunt.paper.ledger import Ledger
@@ -231,7 +231,9 @@ def _report(cfg, asset, fleet, session, ledger, feed, ended: str, seconds: float
                "paper/gap_usd": float(sum(f[9] for f in fills))}  # fmt: skip
     result = None
     if len(rows) >= 2:
-        result = from_steps(positions, np.diff(equity), np.zeros(len(rows) - 1), evaluation_annualization(asset, cfg.evaluation).bars_per_year)
+        result = from_steps(
+            positions, np.diff(equity), np.zeros(len(rows) - 1), evaluation_annualization(asset, cfg.evaluation).bars_per_year
+        )
         metrics.update({"paper/max_drawdown": result.metrics["max_drawdown"], "paper/sharpe": result.metrics["sharpe"]})
     fleet_lat, added = _stats(session.fleet_ns), _stats(session.added_ns)
     metrics.update({"latency/fleet_p50_us": fleet_lat["p50"], "latency/fleet_p99_us": fleet_lat["p99"],

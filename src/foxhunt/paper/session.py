@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from foxhunt.data.calendar import MINUTE_NS
-from foxhunt.errors import UserError, one_line_error
 from foxhunt.ensemble.fleet import SwapError
+from foxhunt.errors import UserError, one_line_error
 from foxhunt.paper.fills import Account, FillModel, Order, check_money
 from foxhunt.paper.ledger import LedgerError
 from foxhunt.paper.risk import ACTIVE, STOPPED, RiskLimits, RiskState
@@ -135,7 +135,9 @@ class PaperSession:
                 try:
                     self._swap(first[1])
                 except UserError as exc:
-                    raise LedgerError(f"{real.where}: its bar {first[0]}: {one_line_error(exc, with_type=False)}; nothing was written") from None
+                    raise LedgerError(
+                        f"{real.where}: its bar {first[0]}: {one_line_error(exc, with_type=False)}; nothing was written"
+                    ) from None
             for seq, bar in enumerate(bars, 1):
                 try:
                     self.on_bar(bar, versions[seq - 1] if seq <= len(versions) else None)
@@ -244,7 +246,9 @@ class PaperSession:
             old = self.fleet[found.name]
             try:
                 if (found.holdout or None) != self.holdout:
-                    raise SwapError(f"it was trained keeping evaluation.holdout={found.holdout}, the session keeps {self.holdout}")
+                    raise SwapError(
+                        f"it was trained keeping evaluation.holdout={found.holdout}, the session keeps {self.holdout}"
+                    )
                 warmed = self.engine.swap(found.member, found.inputs, found.value, list(self.streams.values()))
             except SwapError as exc:
                 if self._replaying:
@@ -283,7 +287,9 @@ class PaperSession:
             if account.position:
                 order = Order(symbol, last + MINUTE_NS, 0, -account.position, "stale feed", account.mark)
             account.pending = order
-            self.ledger.record_event(now_ns, symbol, "stale", f"{stale}: flatten at the next bar's open", account, self.state, order)
+            self.ledger.record_event(
+                now_ns, symbol, "stale", f"{stale}: flatten at the next bar's open", account, self.state, order
+            )
             self.latest.events = [stale]
 
     def run(self, feed, should_stop, view=None, clock=time.time_ns) -> str:

@@ -25,7 +25,7 @@ class PaperView:
         self.next_draw = 0.0
         self.live = Live(self._table(None), refresh_per_second=float(refresh_hz), transient=False)
 
-    def __enter__(self) -> "PaperView":
+    def __enter__(self) -> PaperView:
         self.live.__enter__()
         return self
 
@@ -57,7 +57,10 @@ class PaperView:
             table.add_row(f"  {name}", f"{decision.position:+d}")
         table.add_row("ensemble target", f"{latest.position:+d}")
         for symbol, account in session.accounts.items():
-            table.add_row(f"{symbol} position", f"{account.position:+d}" + (f" (order {account.pending.quantity:+d})" if account.pending else ""))
+            table.add_row(
+                f"{symbol} position",
+                f"{account.position:+d}" + (f" (order {account.pending.quantity:+d})" if account.pending else ""),
+            )
         equity = session.equity
         table.add_row("equity USD", f"{equity:,.2f}")
         table.add_row("PnL USD", f"{equity - session.capital:,.2f}")

@@ -65,7 +65,10 @@ def choose(support) -> AutoChoice:
     elif not support.usable:
         (name, lightning), why = FALLBACK_OPTION, "bf16 autocast cannot run here"
     else:
-        (name, lightning), why = FALLBACK_OPTION, "no native bf16 arithmetic (bf16 would be emulated: less activation memory, not faster)"
+        (name, lightning), why = (
+            FALLBACK_OPTION,
+            "no native bf16 arithmetic (bf16 would be emulated: less activation memory, not faster)",
+        )
     return AutoChoice(name, lightning, f"{head}: {name} ({lightning}), {why}")
 
 

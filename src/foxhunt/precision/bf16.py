@@ -224,11 +224,12 @@ def describe(support: Bf16Support, islands: dict[str, str]) -> str:
     """The one line a bf16 run prints: what runs in which dtype on this device, and why."""
     head = f"precision bf16 on {support.device} ({support.hardware})"
     if not support.usable:
-        return (
-            f"{head}: bf16 autocast cannot run here ({support.failed[BASIC_TYPE]}); this run trains in fp32 "
-            "(32-true) instead"
-        )
-    speed = "native bf16 arithmetic" if support.native else "bf16 emulated (no bf16 arithmetic here: saves activation memory, not time)"
+        return f"{head}: bf16 autocast cannot run here ({support.failed[BASIC_TYPE]}); this run trains in fp32 (32-true) instead"
+    speed = (
+        "native bf16 arithmetic"
+        if support.native
+        else "bf16 emulated (no bf16 arithmetic here: saves activation memory, not time)"
+    )
     if not islands:
         return f"{head}: bf16 autocast for every op, {speed}"
     kinds = sorted(set(islands.values()))
@@ -258,7 +259,7 @@ class DtypeRecorder:
 
         return record
 
-    def __enter__(self) -> "DtypeRecorder":
+    def __enter__(self) -> DtypeRecorder:
         for name, module in self.model.named_modules():
             if any(True for _ in module.parameters(recurse=False)):
                 self._handles.append(module.register_forward_hook(self._hook(name or "<root>")))

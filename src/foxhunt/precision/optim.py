@@ -33,6 +33,8 @@ import torch
 from foxhunt.precision.policy import PrecisionPolicy
 
 OPTIMIZER_KINDS = ("adam", "adamw")
+
+
 def make_optimizer(
     params: Iterable[Any],
     kind: str,
@@ -96,8 +98,7 @@ def _eight_bit(optimizer: torch.optim.Optimizer, policy: PrecisionPolicy) -> tor
         kind = "adam"
     else:
         raise ValueError(
-            f"precision {policy.name}: 8-bit optimizer states replace torch's Adam or AdamW, not "
-            f"{type(optimizer).__name__}"
+            f"precision {policy.name}: 8-bit optimizer states replace torch's Adam or AdamW, not {type(optimizer).__name__}"
         )
     if defaults.get("maximize"):
         raise ValueError(f"precision {policy.name}: torchao's 8-bit Adam(W) cannot maximize")
@@ -130,7 +131,9 @@ def _fused_supported(params: list[Any]) -> bool:
     devices = set(_get_fused_kernels_supported_devices())
     tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
     return bool(tensors) and all(
-        isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type in devices
+        isinstance(t, torch.Tensor)
+        and t.is_floating_point()
+        and t.device.type in devices
         and type(t) in (torch.Tensor, torch.nn.Parameter)
         for t in tensors
     )

@@ -80,8 +80,7 @@ class PrecisionPolicy:
                 )
             if self.min_quantized_numel is None or int(self.min_quantized_numel) < 1:
                 raise ValueError(
-                    f"precision.min_quantized_numel={self.min_quantized_numel!r}: int8 weights need "
-                    "a size threshold >= 1"
+                    f"precision.min_quantized_numel={self.min_quantized_numel!r}: int8 weights need a size threshold >= 1"
                 )
             if not self.quantize_types:
                 raise ValueError("precision.quantize_types: int8 weights need at least one of Linear, LSTM")
@@ -92,8 +91,7 @@ class PrecisionPolicy:
                 )
         if self.eight_bit_optimizer and (self.optimizer_block_size is None or int(self.optimizer_block_size) < 1):
             raise ValueError(
-                f"precision.optimizer_block_size={self.optimizer_block_size!r}: 8-bit optimizer "
-                "states need a block size >= 1"
+                f"precision.optimizer_block_size={self.optimizer_block_size!r}: 8-bit optimizer states need a block size >= 1"
             )
 
     @property

@@ -150,7 +150,7 @@ class Int8Linear(_Int8StateDict, nn.Linear):
     """``nn.Linear`` whose weight is an int8 training weight; built by :meth:`from_float`."""
 
     @classmethod
-    def from_float(cls, linear: nn.Linear) -> "Int8Linear":
+    def from_float(cls, linear: nn.Linear) -> Int8Linear:
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
         new.weight = int8_weight(linear.weight)
         new.bias = linear.bias
@@ -160,7 +160,9 @@ class Int8Linear(_Int8StateDict, nn.Linear):
     def to_float(self) -> nn.Linear:
         plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
         weight = self.weight
-        plain.weight = nn.Parameter(weight.dequantize() if is_int8_weight(weight) else weight.detach(), requires_grad=weight.requires_grad)
+        plain.weight = nn.Parameter(
+            weight.dequantize() if is_int8_weight(weight) else weight.detach(), requires_grad=weight.requires_grad
+        )
         plain.bias = self.bias
         plain.train(self.training)
         return plain
@@ -174,7 +176,7 @@ class Int8LSTM(_Int8StateDict, nn.LSTM):
     (3-D tensors) only; built from an ``nn.LSTM`` by :meth:`from_float`."""
 
     @classmethod
-    def from_float(cls, lstm: nn.LSTM, min_numel: int) -> "Int8LSTM":
+    def from_float(cls, lstm: nn.LSTM, min_numel: int) -> Int8LSTM:
         """Weight matrices with at least ``min_numel`` elements become int8."""
         if lstm.proj_size:
             raise ValueError("Int8LSTM: LSTMs with proj_size > 0 are not converted")
@@ -376,8 +378,7 @@ def plan_text(plan: list[LayerDecision], policy: PrecisionPolicy) -> str:
         f"precision: {policy.name} (weights {policy.weights}, optimizer states {policy.optimizer_states})",
         f"rule: types {', '.join(policy.quantize_types) or '-'}; min_quantized_numel "
         f"{policy.min_quantized_numel}; keep_fp32 {', '.join(policy.keep_fp32) or '-'}",
-        f"int8 parameters: {len(int8)} tensors, {int8_numel:,} of {total:,} elements "
-        f"({int8_share(plan)[1]:.1f}%)",
+        f"int8 parameters: {len(int8)} tensors, {int8_numel:,} of {total:,} elements ({int8_share(plan)[1]:.1f}%)",
         "",
         f"# int8 ({len(int8)})",
         *(f"{d.name}\t{d.module_type}\t{list(d.shape)}" for d in int8),
@@ -386,4 +387,3 @@ def plan_text(plan: list[LayerDecision], policy: PrecisionPolicy) -> str:
         *(f"{d.name}\t{d.module_type}\t{list(d.shape)}\t{d.reason}" for d in fp32),
     ]
     return "\n".join(lines) + "\n"
-

@@ -39,7 +39,9 @@ ROLE_TAG = "roll.role"  # run tag in roll.experiment: roll (a step's run), famil
 ROLL_RUN_TAG = "roll.run_id"  # a challenger's and a registered version's tag: the roll run it came from
 
 
-def challenger_config(stored: DictConfig, cfg: DictConfig, window_file: Path, out_dir: Path, champion_weights: Path) -> DictConfig:
+def challenger_config(
+    stored: DictConfig, cfg: DictConfig, window_file: Path, out_dir: Path, champion_weights: Path
+) -> DictConfig:
     """The champion's ``stored`` config training on ``window_file`` into ``out_dir``, its weights
     from ``champion_weights`` with ``roll.init=champion`` (module doc)."""
     from foxhunt.config.schema import resolved_config

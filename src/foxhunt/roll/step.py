@@ -55,7 +55,17 @@ from foxhunt.ensemble.registry import (
 )
 from foxhunt.roll.challenger import ROLE_TAG, ROLL_RUN_TAG, challenger_config, child_tags, prepare_challenger, train_challenger
 from foxhunt.roll.score import CHALLENGER, CHAMPION, SHARPE_PER_STEP, paired_interval, score_block, trials, verdict
-from foxhunt.roll.window import SEEN_TAG, NothingNew, check_windowable, fleet_seen, iso, plan, seen_from_tag, trained_until, write_window
+from foxhunt.roll.window import (
+    SEEN_TAG,
+    NothingNew,
+    check_windowable,
+    fleet_seen,
+    iso,
+    plan,
+    seen_from_tag,
+    trained_until,
+    write_window,
+)
 
 SOURCE = "foxhunt ensemble roll"
 ROLL_LOCK = "roll"  # the store's lock held for a whole step
@@ -180,8 +190,9 @@ def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Pa
                             {**child_tags(champion.family, key), "champion.version": outcome.champion},
                             parent_run_id=run.run_id, source=SOURCE) as child:  # fmt: skip
                 children[champion.family] = child.run_id
-                config = challenger_config(champion.files.cfg, cfg, window, out / champion.family,
-                                           champion.folder / ARTIFACTS_DIR / WEIGHTS_FILE)
+                config = challenger_config(
+                    champion.files.cfg, cfg, window, out / champion.family, champion.folder / ARTIFACTS_DIR / WEIGHTS_FILE
+                )
                 result = train_challenger(config, champion.family, key, child.run_id, run.run_id)
                 outcome.challenger_run = result.run_id
                 if environment is None:  # one wheel for every version of this step
@@ -254,7 +265,9 @@ def _score(cfg, asset, champions, prepared, outcomes, bars, block, store, experi
 
 def _log_child(store, run_id: str, outcome: FamilyOutcome) -> None:
     metrics = {f"{CHAMPION}/{k}": v for k, v in outcome.champion_metrics.items() if k in LOGGED or k.startswith("baseline/")}
-    metrics.update({f"{CHALLENGER}/{k}": v for k, v in outcome.challenger_metrics.items() if k in LOGGED or k.startswith("baseline/")})
+    metrics.update(
+        {f"{CHALLENGER}/{k}": v for k, v in outcome.challenger_metrics.items() if k in LOGGED or k.startswith("baseline/")}
+    )
     if outcome.challenger_metrics:
         metrics.update({"roll/dsr": outcome.dsr, "roll/trials": float(outcome.trials), "roll/diff_mean_pnl_ci_low": outcome.diff_ci[0],
                         "roll/diff_mean_pnl_ci_high": outcome.diff_ci[1]})  # fmt: skip
@@ -278,7 +291,9 @@ def _promote(cfg, store, champions, prepared, outcomes, run_id: str, seen_after:
             if now is None or now.version != champion.version.version:
                 moved.append(f"{champion.name}@{ens.alias} v{champion.version.version} -> v{now.version if now else 'none'}")
         if moved:
-            lines.append(f"{SOURCE}: the champions moved while this step trained ({'; '.join(moved)}): nothing promoted; roll again")
+            lines.append(
+                f"{SOURCE}: the champions moved while this step trained ({'; '.join(moved)}): nothing promoted; roll again"
+            )
             for champion in chosen:
                 outcomes[champion.family].promote = False
                 outcomes[champion.family].reason += " (not promoted: the champions moved meanwhile)"
@@ -293,7 +308,9 @@ def _promote(cfg, store, champions, prepared, outcomes, run_id: str, seen_after:
         kill_point("registered")
         moves = []
         for champion in chosen:
-            moves += promotion_moves(store, champion.name, str(ens.alias), str(roll.previous_alias), registered[champion.family].version)
+            moves += promotion_moves(
+                store, champion.name, str(ens.alias), str(roll.previous_alias), registered[champion.family].version
+            )
         commit_moves(store, run_id, moves)
     for champion in chosen:
         outcomes[champion.family].registered = registered[champion.family].version
@@ -317,7 +334,11 @@ def _text(lines: list[str], outcomes: dict, moves: list, metric) -> str:
         theirs = o.champion_metrics.get("sharpe", float("nan"))
         mine = o.challenger_metrics
         interval = "-" if not mine else f"{mine['sharpe']:.3g} [{mine['sharpe_ci_low']:.3g}, {mine['sharpe_ci_high']:.3g}]"
-        baselines = {k.split("/")[1]: v for k, v in (mine or o.champion_metrics).items() if k.startswith("baseline/") and k.endswith("/sharpe")}
+        baselines = {
+            k.split("/")[1]: v
+            for k, v in (mine or o.champion_metrics).items()
+            if k.startswith("baseline/") and k.endswith("/sharpe")
+        }
         best = max(baselines.items(), key=lambda item: item[1]) if baselines else None
         base = "-" if best is None else f"{best[0]} {best[1]:.3g}"
         dsr = "-" if not mine else f"{o.dsr:.3f} ({o.trials})"

@@ -97,7 +97,9 @@ class CellResult:
     trial: int | None = None  # a search sweep's trial number; None for a grid cell
     overrides: list[str] | None = None  # a trial's Hydra overrides (what the sweeper chose among them)
     objective: float | None = None  # what the job returned to the sweeper (None: nothing, or it failed)
-    scores: dict = field(default_factory=dict, repr=False, compare=False)  # split -> SplitScore of a run trained in this process (not in cell.json)
+    scores: dict = field(
+        default_factory=dict, repr=False, compare=False
+    )  # split -> SplitScore of a run trained in this process (not in cell.json)
 
     @property
     def cell(self) -> str:

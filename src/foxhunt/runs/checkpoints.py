@@ -66,9 +66,7 @@ def artifact_folder(run: StoredRun) -> Path | None:
     return None
 
 
-def resumable_checkpoint(
-    run: StoredRun, list_logged: Callable[[StoredRun], Iterable[str]] | None = None
-) -> Checkpoint | None:
+def resumable_checkpoint(run: StoredRun, list_logged: Callable[[StoredRun], Iterable[str]] | None = None) -> Checkpoint | None:
     """The checkpoint ``run`` continues from (see the module doc), or None.
 
     ``list_logged`` names the run's logged checkpoints when its artifact store is not on this
@@ -98,8 +96,8 @@ def check_folder_owner(tracking_uri: str, path: str | Path, stamped_run: str | N
     lies in a run's ``<output_dir>/checkpoints`` folder but is stamped for another run: it was
     copied there, or written by a run that shared the folder. A checkpoint outside any run's
     folder, or without a run in its stamp, is left to the other checks."""
-    from foxhunt.training.checkpoint import check_stamped_run
     from foxhunt.runs.store import open_reader
+    from foxhunt.training.checkpoint import check_stamped_run
 
     file = Path(str(path)).expanduser().resolve()
     if not stamped_run or file.parent.name != CHECKPOINTS_FOLDER:

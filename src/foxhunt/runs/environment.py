@@ -36,4 +36,4 @@ def store_uri(root: str | os.PathLike) -> str:
 
 def sqlite_path(tracking_uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI; None for any other store (a server)."""
-    return Path(tracking_uri[len(SQLITE_PREFIX):]) if tracking_uri.startswith(SQLITE_PREFIX) else None
+    return Path(tracking_uri[len(SQLITE_PREFIX) :]) if tracking_uri.startswith(SQLITE_PREFIX) else None

@@ -96,7 +96,9 @@ def metric_parts(metric: str) -> tuple[str, str]:
                                f"(e.g. {DEFAULT_METRIC})")  # fmt: skip
     name = rest.rsplit("/", 1)[-1]
     if name not in METRIC_DIRECTIONS:
-        raise LeaderboardError(f"--metric {metric}: unknown direction for {name!r} (known: {', '.join(sorted(METRIC_DIRECTIONS))})")
+        raise LeaderboardError(
+            f"--metric {metric}: unknown direction for {name!r} (known: {', '.join(sorted(METRIC_DIRECTIONS))})"
+        )
     return split, name
 
 
@@ -326,7 +328,7 @@ def best_baseline(metrics: dict[str, float], prefix: str, name: str, direction: 
     for quantity, way in ((name, direction), (BASELINE_FALLBACK, METRIC_DIRECTIONS[BASELINE_FALLBACK])):
         found = []
         for key, value in metrics.items():
-            parts = key[len(prefix):].split("/") if key.startswith(prefix) else []
+            parts = key[len(prefix) :].split("/") if key.startswith(prefix) else []
             if len(parts) == 2 and parts[1] == quantity and _finite(value) is not None:
                 found.append(Baseline(parts[0], key, value))
         if found:

@@ -261,7 +261,9 @@ def uncommitted_diff(tree: Path, package_dir: Path) -> tuple[str | None, str]:
         try:
             lines = path.read_text().splitlines(keepends=True)
         except (OSError, UnicodeDecodeError):
-            parts.append(f"diff --git a/{name} b/{name}\nnew file (not text): sha256 {file_sha256(path) if path.is_file() else '-'}\n")
+            parts.append(
+                f"diff --git a/{name} b/{name}\nnew file (not text): sha256 {file_sha256(path) if path.is_file() else '-'}\n"
+            )
             continue
         parts.append(f"diff --git a/{name} b/{name}\nnew file (untracked)\n")
         parts.append("".join(difflib.unified_diff([], lines, "/dev/null", f"b/{name}")))
@@ -313,7 +315,9 @@ def device_provenance(accelerator: str, trainer_deterministic: Any) -> dict[str,
 
     cuda = torch.cuda.is_available()
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
-    used = "cuda" if cuda and accelerator in ("auto", "gpu", "cuda") else ("cpu" if accelerator in ("auto", "cpu") else accelerator)
+    used = (
+        "cuda" if cuda and accelerator in ("auto", "gpu", "cuda") else ("cpu" if accelerator in ("auto", "cpu") else accelerator)
+    )
     return {
         "version": PROVENANCE_VERSION,
         "device": used,

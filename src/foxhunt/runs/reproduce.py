@@ -202,8 +202,13 @@ def checked_provenance(path: Path, origin: str, name: str) -> dict:
         raise ReproduceError(f"{origin}: not foxhunt's provenance (version {PROVENANCE_VERSION} JSON object)")
     rules = {
         DATA_FILE: {"files": _files_list, "splits": _text_map, "digest": _hex},
-        CODE_FILE: {"files": _text_map, "digest": _hex, "commit": _optional_text, "diff_sha256": _optional_text,
-                    "package_version": _optional_text},  # fmt: skip
+        CODE_FILE: {
+            "files": _text_map,
+            "digest": _hex,
+            "commit": _optional_text,
+            "diff_sha256": _optional_text,
+            "package_version": _optional_text,
+        },  # fmt: skip
         ENVIRONMENT_FILE: {"packages": _text_map, "python": _text_map, "digest": _hex},
         DEVICE_FILE: {"device": _text, "name": _text},
     }[name]
@@ -391,7 +396,9 @@ def _compare_metrics(store, original_id: str, reproduction_id: str, verdict: Ver
     if firsts:
         step, key, x, y = min(firsts, key=lambda f: (f[0], f[1]))
         shown = [("-" if p is None else f"{p[1]!r} at step {p[0]}") for p in (x, y)]
-        verdict.metric_difference = f"metric {key} differs first at step {step}: {shown[0]} (original) -> {shown[1]} (reproduction)"
+        verdict.metric_difference = (
+            f"metric {key} differs first at step {step}: {shown[0]} (original) -> {shown[1]} (reproduction)"
+        )
 
 
 def _run_metrics(store, run_id: str) -> list[str]:
@@ -498,7 +505,9 @@ def determinism(device: dict | None) -> str:
             return (f"CUDA ({device.get('name')}): deterministic algorithms on (torch.use_deterministic_algorithms, "
                     f"CUBLAS_WORKSPACE_CONFIG={workspace}): equal where every kernel has a deterministic implementation")  # fmt: skip
         if device.get("deterministic_algorithms"):
-            return f"CUDA ({device.get('name')}): deterministic algorithms on but CUBLAS_WORKSPACE_CONFIG unset: cuBLAS may differ"
+            return (
+                f"CUDA ({device.get('name')}): deterministic algorithms on but CUBLAS_WORKSPACE_CONFIG unset: cuBLAS may differ"
+            )
         return (f"CUDA ({device.get('name')}): deterministic algorithms off (trainer.deterministic="
                 f"{device.get('trainer_deterministic')}): equal weights are not promised")  # fmt: skip
     return f"{device.get('device')}: not promised"

@@ -62,7 +62,9 @@ class ResumePlan:
         if self.action == BUSY:
             return f"skipped: still running ({self.busy}); not started a second time"
         if self.action == RESUME:
-            source = f"from {self.checkpoint.name}" if self.checkpoint is not None else "(its folds and seeds resume on their own)"
+            source = (
+                f"from {self.checkpoint.name}" if self.checkpoint is not None else "(its folds and seeds resume on their own)"
+            )
             return f"resumed {self.previous_status} run {self.run_id} {source}"
         return f"from scratch: {self.why_fresh}" if self.why_fresh else "from scratch"
 

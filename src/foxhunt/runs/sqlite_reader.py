@@ -138,21 +138,24 @@ class SqliteReader:
             ids = [row[0] for row in runs]
             tags = self._by_run(db, "SELECT run_uuid, key, value FROM tags", ids)
             metrics = self._by_run(db, "SELECT run_uuid, key, value, step, timestamp, is_nan FROM latest_metrics", ids)
-            params = self._by_run(
-                db, "SELECT run_uuid, key, value FROM params", ids, extra=("key", Param.CHECKPOINT_DIRS)
-            )
+            params = self._by_run(db, "SELECT run_uuid, key, value FROM params", ids, extra=("key", Param.CHECKPOINT_DIRS))
         stored = []
         for run_id, name, experiment, status, start, end, artifact_uri in runs:
             run_tags = {k: v for k, v in tags.get(run_id, [])}
             run_metrics = {
-                k: Metric(float("nan") if is_nan else float(v), step, ts)
-                for k, v, step, ts, is_nan in metrics.get(run_id, [])
+                k: Metric(float("nan") if is_nan else float(v), step, ts) for k, v, step, ts, is_nan in metrics.get(run_id, [])
             }
             stored.append(
                 StoredRun(
-                    run_id=run_id, name=name or run_tags.get(Tag.RUN_NAME, run_id[:8]), experiment=experiment,
-                    status=status, start_ms=int(start or 0), end_ms=int(end) if end else None, tags=run_tags,
-                    metrics=run_metrics, params={k: v for k, v in params.get(run_id, [])},
+                    run_id=run_id,
+                    name=name or run_tags.get(Tag.RUN_NAME, run_id[:8]),
+                    experiment=experiment,
+                    status=status,
+                    start_ms=int(start or 0),
+                    end_ms=int(end) if end else None,
+                    tags=run_tags,
+                    metrics=run_metrics,
+                    params={k: v for k, v in params.get(run_id, [])},
                     artifact_uri=artifact_uri or "",
                 )  # fmt: skip
             )
@@ -221,9 +224,15 @@ class SqliteReader:
                        for key, value in zip(metric_keys, values[n_tags:]) if value is not None}  # fmt: skip
             stored.append(
                 StoredRun(
-                    run_id=run_id, name=name or tags.get(Tag.RUN_NAME, run_id[:8]), experiment=experiment,
-                    status=status, start_ms=int(start or 0), end_ms=int(end) if end else None, tags=tags,
-                    metrics=metrics, artifact_uri=artifact_uri or "",
+                    run_id=run_id,
+                    name=name or tags.get(Tag.RUN_NAME, run_id[:8]),
+                    experiment=experiment,
+                    status=status,
+                    start_ms=int(start or 0),
+                    end_ms=int(end) if end else None,
+                    tags=tags,
+                    metrics=metrics,
+                    artifact_uri=artifact_uri or "",
                 )  # fmt: skip
             )
         return stored

@@ -60,7 +60,6 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.errors import TAG_TEXT_LIMIT, FolderError, error_line, is_user_error, one_line, one_line_error
-from foxhunt.runs.cell import CELL_RESULT_FILE
 from foxhunt.runs.environment import JOB_ID_ENV, PARENT_RUN_ENV, SWEEP_PID_ENV
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import RUN_KIND_SWEEP, Tag
@@ -78,7 +77,9 @@ SWEEP_CELLS, SWEEP_CELLS_FAILED, SWEEP_WALL_S = "sweep/cells", "sweep/cells_fail
 SWEEP_BEST_VALUE = "sweep/best_value"  # a search's best trial's value
 SWEEP_TRIALS_PRUNED = "sweep/trials_pruned"  # a search's study: trials its pruner stopped
 SUMMARY_METRICS = (SWEEP_CELLS, SWEEP_CELLS_FAILED, SWEEP_WALL_S, SWEEP_BEST_VALUE, SWEEP_TRIALS_PRUNED)
-OPTUNA_RESULTS = "optimization_results.yaml"  # the sweeper's best trial or Pareto front, in the sweep folder (foxhunt.sweeps.trials)
+OPTUNA_RESULTS = (
+    "optimization_results.yaml"  # the sweeper's best trial or Pareto front, in the sweep folder (foxhunt.sweeps.trials)
+)
 # At exit, when the sweeper raised (a stop, a study database that failed) before Hydra called on_multirun_end.
 UNFINISHED = "the sweeper raised before the end of the sweep (see its error in the log)"
 
@@ -353,7 +354,11 @@ class SweepCallback(Callback):
 
         if view is not None and view.settings.multi_objective:  # the Pareto front's trials, by name
             names = {r.trial: r.cell for r in view.results}
-            return {Tag.BEST_TRIAL: one_line(", ".join(names.get(n, f"trial{n}") for n in view.pareto), TAG_TEXT_LIMIT)} if view.pareto else {}
+            return (
+                {Tag.BEST_TRIAL: one_line(", ".join(names.get(n, f"trial{n}") for n in view.pareto), TAG_TEXT_LIMIT)}
+                if view.pareto
+                else {}
+            )
         if best is None:
             return {}
         overrides = " ".join(searched_overrides(best, search_keys(config)))

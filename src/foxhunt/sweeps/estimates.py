@@ -148,7 +148,9 @@ def estimate_peak(cfg: DictConfig, digest: str) -> PeakEstimate:
     if found is not None:
         return PeakEstimate(name, *found)
     if cfg.model.memory_target_mb is not None:
-        return PeakEstimate(name, float(cfg.model.memory_target_mb), "fallback: model.memory_target_mb (no measurement, no prediction)")
+        return PeakEstimate(
+            name, float(cfg.model.memory_target_mb), "fallback: model.memory_target_mb (no measurement, no prediction)"
+        )
     return PeakEstimate(name, available_mb(cfg), "fallback: no target, measurement or prediction: the whole budget")
 
 
@@ -200,9 +202,9 @@ def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
 
     from omegaconf import OmegaConf
 
-    from foxhunt.training.parts import MEASURE_DATA_DAYS, MEASURING_RUNS
     from foxhunt.config.schema import validate
     from foxhunt.memory.predict import predict_footprint
+    from foxhunt.training.parts import MEASURE_DATA_DAYS, MEASURING_RUNS
 
     probe = copy.deepcopy(cfg)
     OmegaConf.update(probe, "paths.output_dir", str(workdir), merge=False)

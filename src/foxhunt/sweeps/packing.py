@@ -32,6 +32,7 @@ from foxhunt.sweeps.estimates import (
 
 log = logging.getLogger(__name__)
 
+
 def sweep_cells(config: DictConfig) -> list[list[str]]:
     """The override lists of every job, as Hydra's basic sweeper will launch them."""
     from hydra.core.global_hydra import GlobalHydra

@@ -248,10 +248,7 @@ def describe_best(best: CellResult | None, goal: str | None, keys: Sequence[str]
     if best is None:
         return f"best trial: none of {count} trials returned a finite value"
     overrides = " ".join(searched_overrides(best, keys)) or "(no searched key)"
-    return (
-        f"best trial: {best.cell} ({goal}: {best.objective:.6g}), run {best.run_id or '-'}\n"
-        f"  overrides: {overrides}"
-    )
+    return f"best trial: {best.cell} ({goal}: {best.objective:.6g}), run {best.run_id or '-'}\n  overrides: {overrides}"
 
 
 def describe_pareto(results: Sequence[CellResult], pareto: Sequence[int], values: dict[int, tuple[float, ...]],
@@ -268,5 +265,7 @@ def describe_pareto(results: Sequence[CellResult], pareto: Sequence[int], values
         name = result.cell if result is not None else f"trial{number}"
         told = ", ".join(f"{v:.6g}" for v in values.get(number, ()))
         overrides = " ".join(searched_overrides(result, keys)) if result is not None else ""
-        lines.append(f"  {name} ({told}), run {(result.run_id if result is not None else None) or '-'}: {overrides or '(no searched key)'}")
+        lines.append(
+            f"  {name} ({told}), run {(result.run_id if result is not None else None) or '-'}: {overrides or '(no searched key)'}"
+        )
     return "\n".join(lines)

@@ -217,7 +217,9 @@ def settings_from(config: DictConfig) -> StudySettings:
     objectives = [str(o) for o in _as_list(sweeper.get("objectives") or ["val/sharpe"])]
     directions = [_direction_name(d) for d in _as_list(sweeper.get("direction"))]
     if len(directions) != len(objectives):
-        raise _key_error("direction", directions, f"needs one direction per objective ({len(objectives)}: {', '.join(objectives)})")
+        raise _key_error(
+            "direction", directions, f"needs one direction per objective ({len(objectives)}: {', '.join(objectives)})"
+        )
     for objective, goal in zip(objectives, directions):
         if not objective.startswith(SELECTION_PREFIX):
             raise _key_error("objectives", objectives, f"{objective}: a search optimizes validation metrics ({SELECTION_PREFIX}...); "
@@ -265,7 +267,7 @@ def open_storage(url: str, heartbeat: bool = False):
 
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
+        path = Path(url[len("sqlite:///") :])
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -274,7 +276,9 @@ def open_storage(url: str, heartbeat: bool = False):
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     except Exception as exc:  # a driver that is missing, a server that refuses, a file that is no database
-        raise StudyError(f"hydra.sweeper.storage={url}: cannot open the study's database: {one_line_error(exc, limit=300)}") from None
+        raise StudyError(
+            f"hydra.sweeper.storage={url}: cannot open the study's database: {one_line_error(exc, limit=300)}"
+        ) from None
 
 
 def open_study(settings: StudySettings, sampler=None, pruner=None, storage=None):
@@ -373,7 +377,9 @@ def beat(study, trial_ids: Iterable[int]) -> None:
             log.debug("no heartbeat for trial %s", trial_id, exc_info=True)
 
 
-def is_stale(trial, grace_s: float, alive: Callable[[Mapping[str, Any]], bool | None] = owner_alive, now: float | None = None) -> bool:
+def is_stale(
+    trial, grace_s: float, alive: Callable[[Mapping[str, Any]], bool | None] = owner_alive, now: float | None = None
+) -> bool:
     """A RUNNING trial whose owner is gone (module doc); a trial without an owner was asked by
     something else than a foxhunt search, and is left alone."""
     owner = trial.system_attrs.get(OWNER)
@@ -447,7 +453,11 @@ def fail_and_retry(study, trial, reason: str, max_retries: int) -> int | None:
     retry = None
     if retry_depth(trials, trial) < max_retries and trial.params:
         study.enqueue_trial(dict(trial.params), user_attrs={RETRY_OF: trial.number})
-        waiting = [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if t.user_attrs.get(RETRY_OF) == trial.number]
+        waiting = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if t.user_attrs.get(RETRY_OF) == trial.number
+        ]
         retry = waiting[-1].number if waiting else None
     study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
     log.warning("trial %d FAILED (%s)%s", trial.number, reason, f"; retried as trial {retry}" if retry is not None else "")
@@ -472,7 +482,11 @@ def objective_values(result: CellResult, settings: StudySettings) -> tuple[tuple
     across folds (``<metric>_fold_mean``); (None, why) when one is missing or not finite."""
     values = []
     for objective in settings.objectives:
-        key = objective + FOLD_MEAN_SUFFIX if settings.walk_forward or f"{objective}{FOLD_MEAN_SUFFIX}" in result.metrics else objective
+        key = (
+            objective + FOLD_MEAN_SUFFIX
+            if settings.walk_forward or f"{objective}{FOLD_MEAN_SUFFIX}" in result.metrics
+            else objective
+        )
         value = result.metrics.get(key)
         if value is None or not math.isfinite(value):
             return None, f"{key} is {'missing' if value is None else value}"
@@ -553,7 +567,6 @@ def settle_stale(study, settings: StudySettings, alive: Callable[[Mapping[str, A
         done.append(f"trial {trial.number}: {gone}: FAILED" + (f", retried as trial {retry}" if retry is not None else
                                                               f" (not retried: {settings.max_retries} retries along its chain)"))  # fmt: skip
     return done
-
 
 
 # -- the study as the sweep's summary sees it ---------------------------------------------------

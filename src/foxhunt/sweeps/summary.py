@@ -57,8 +57,10 @@ DPI = 100
 DARK_FRACTION = 0.6  # |sharpe| above this share of the colour scale's bound is drawn on a dark cell
 
 
-LEGEND = ("interval: block bootstrap of the test Sharpe; DSR: deflated Sharpe ratio against the best of the"
-          " sweep's cells by chance; flags: CI~0 = the interval contains 0, <=base = does not beat the best baseline")
+LEGEND = (
+    "interval: block bootstrap of the test Sharpe; DSR: deflated Sharpe ratio against the best of the"
+    " sweep's cells by chance; flags: CI~0 = the interval contains 0, <=base = does not beat the best baseline"
+)
 
 
 def failures(results: list[CellResult]) -> list[CellResult]:
@@ -152,7 +154,9 @@ def _row(result: CellResult, dsr: dict[str, float] | None = None, search: bool =
     )
 
 
-def format_table(results: list[CellResult], n_trials: int | None = None, values: dict[int, tuple[float, ...]] | None = None) -> str:
+def format_table(
+    results: list[CellResult], n_trials: int | None = None, values: dict[int, tuple[float, ...]] | None = None
+) -> str:
     """Aligned plain-text table, one line per cell (per trial); ``n_trials`` and ``values``: a
     search's study (every trial tried; each finished trial's values)."""
     header, search = _header(results), is_search(results)
@@ -161,7 +165,9 @@ def format_table(results: list[CellResult], n_trials: int | None = None, values:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
-    lines.append(LEGEND + (f" (N = {max(n_trials, len(dsr))} trials of the study, pruned and failed ones counted)" if n_trials else ""))
+    lines.append(
+        LEGEND + (f" (N = {max(n_trials, len(dsr))} trials of the study, pruned and failed ones counted)" if n_trials else "")
+    )
     return "\n".join(lines)
 
 
@@ -190,10 +196,19 @@ def format_markdown(results: list[CellResult], title: str, best: str | None = No
     failed = failures(results)
     if search or best is not None:
         lines += ["", "```", best or "best trial: -", "```", ""]
-        lines += [f"{len(results) - len(failed)} of {len(results)} trials ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
+        lines += [
+            f"{len(results) - len(failed)} of {len(results)} trials ok"
+            + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")
+        ]
         return "\n".join(lines) + "\n"
     rows, columns, grid = _labels(results)
-    lines += ["", f"## {SHARPE} (model x asset)", "", "| model | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
+    lines += [
+        "",
+        f"## {SHARPE} (model x asset)",
+        "",
+        "| model | " + " | ".join(columns) + " |",
+        "|" + "---|" * (len(columns) + 1),
+    ]
     for row in rows:
         cells = []
         for column in columns:
@@ -205,7 +220,11 @@ def format_markdown(results: list[CellResult], title: str, best: str | None = No
             else:
                 cells.append(result.status)
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    lines += ["", f"{len(results) - len(failed)} of {len(results)} cells ok" + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else "")]
+    lines += [
+        "",
+        f"{len(results) - len(failed)} of {len(results)} cells ok"
+        + (f"; failed: {', '.join(r.cell for r in failed)}" if failed else ""),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -237,7 +256,9 @@ def plot_heatmap(results: list[CellResult], path: str | Path, title: str) -> Pat
         if result.status == Status.SKIPPED:
             text += "\n(earlier run)"
         dark = np.isfinite(sharpe) and abs(sharpe) > DARK_FRACTION * bound  # strong colour: white text
-        axes.text(columns.index(column), rows.index(row), text, ha="center", va="center", fontsize=9, color="white" if dark else "black")
+        axes.text(
+            columns.index(column), rows.index(row), text, ha="center", va="center", fontsize=9, color="white" if dark else "black"
+        )
     figure.colorbar(image, ax=axes, label=SHARPE)
     axes.set_title(title)
     figure.tight_layout()

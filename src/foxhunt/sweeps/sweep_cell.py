@@ -42,7 +42,6 @@ from foxhunt.runs.tags import Tag
 log = logging.getLogger(__name__)
 
 
-
 def in_multirun() -> bool:
     """True inside a job of ``foxhunt-train -m``."""
     from hydra.core.hydra_config import HydraConfig
@@ -110,9 +109,8 @@ def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult
     """:func:`run_sweep_cell`'s body. ``on_stop`` decides, once a stop request has ended the cell,
     what it does to the sweep (:data:`ENDS_SWEEP`, :data:`REQUEUED`, :data:`LEFT_KILLED`); it may
     note why on the cell's result."""
-    from foxhunt.sweeps.search import job_overrides, trial_number
-
     from foxhunt.sweeps.orphans import EXIT_ORPHANED, orphaned, watch_sweep_process
+    from foxhunt.sweeps.search import job_overrides, trial_number
 
     watch_sweep_process(cfg.strategy.get("orphan_grace_s"))  # a worker ends with the sweep's process
     started = time.perf_counter()

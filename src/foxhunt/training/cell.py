@@ -41,7 +41,6 @@ OBJECTIVE = "val/sharpe"
 SOURCE = "foxhunt-train"  # the runs table's Source column (foxhunt.runs.provenance)
 
 
-
 def run_tags(cfg: DictConfig, key: CellKey) -> dict[str, str]:
     from hydra.core.hydra_config import HydraConfig
 
@@ -158,7 +157,9 @@ def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str
     """A cell FINISHED earlier: its result is that run's. Inside a sweep whose parent run is not
     that run's, the skip is recorded on the parent (the cell has no run of its own there, and
     ``foxhunt train status`` shows it SKIPPED from that tag)."""
-    outcome = CellResult(key, Status.SKIPPED, plan.run_id, wall_s=plan.wall_s, note=plan.describe(), metrics=dict(plan.metrics), trial=trial)
+    outcome = CellResult(
+        key, Status.SKIPPED, plan.run_id, wall_s=plan.wall_s, note=plan.describe(), metrics=dict(plan.metrics), trial=trial
+    )
     if parent_run_id and plan.parent_run_id != parent_run_id:
         from foxhunt.runs.store import RunStore
 
@@ -167,4 +168,3 @@ def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str
         except Exception:  # the cell's result stands; only the job display would miss it
             log.warning("could not record the skip of %s on the parent run %s", key.name, parent_run_id, exc_info=True)
     return outcome
-

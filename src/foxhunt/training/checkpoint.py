@@ -289,7 +289,9 @@ def _check_shapes(cfg, state: dict[str, Any], where: str) -> None:
         return
     problems = [f"{k} is {list(found[k])} in the checkpoint, {list(expected[k])} for the config" for k in wrong]
     problems += [f"{k} missing from the checkpoint" for k in missing] + [f"{k} not in the config's model" for k in extra]
-    shown = "; ".join(problems[:_SHOWN_DIFFERENCES]) + (f"; {len(problems) - _SHOWN_DIFFERENCES} more" if len(problems) > _SHOWN_DIFFERENCES else "")
+    shown = "; ".join(problems[:_SHOWN_DIFFERENCES]) + (
+        f"; {len(problems) - _SHOWN_DIFFERENCES} more" if len(problems) > _SHOWN_DIFFERENCES else ""
+    )
     differing = _differing_hyperparameters(cfg, state.get("hyper_parameters") or {})
     hint = f" (the checkpoint has {differing})" if differing else ""
     raise CheckpointError(f"{where}: weights do not fit the config's {cfg.model.name} model: {shown}{hint}")

@@ -15,6 +15,7 @@ from foxhunt.training.scoring import SCORED, interpret_test_split, print_summary
 
 log = logging.getLogger("foxhunt.train")
 
+
 def fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> tuple[dict[str, float], dict]:
     import lightning.pytorch as pl
     from hydra.utils import instantiate
@@ -110,4 +111,3 @@ def checkpoint_files(callbacks, run_id: str) -> list[Path]:
             continue
         kept.append(path)
     return kept
-

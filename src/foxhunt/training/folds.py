@@ -142,7 +142,9 @@ def cell_summary(name: str, cfg: DictConfig, metrics: dict[str, float]) -> str:
     lines = [f"{name}: {describe_protocol(cfg)}: test blocks pooled per seed" + (f", mean of {seeds} seeds" if seeds > 1 else ""),
              *summary_lines({k: v for k, v in metrics.items() if not k.endswith("_std")}, "test/")]  # fmt: skip
     if seeds > 1:
-        lines.append(f"  test/sharpe across seeds: {metrics['test/sharpe']:.4g} +- {metrics.get('test/sharpe_std', float('nan')):.3g} (std)")
+        lines.append(
+            f"  test/sharpe across seeds: {metrics['test/sharpe']:.4g} +- {metrics.get('test/sharpe_std', float('nan')):.3g} (std)"
+        )
     lines.append(f"  {evaluation_annualization(instantiate(cfg.asset), cfg.evaluation).note}")
     return "\n".join(lines)
 

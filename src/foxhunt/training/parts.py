@@ -50,7 +50,9 @@ FORECASTER_BATCH_KEY = "model.window.batch_size"
 
 
 def compose_config(
-    overrides: list[str], root_dir: str | os.PathLike | None = None, output_dir: str | None = None,
+    overrides: list[str],
+    root_dir: str | os.PathLike | None = None,
+    output_dir: str | None = None,
     config_name: str = "train",
 ) -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` (``train``; ``fleet`` for the ensemble commands) with

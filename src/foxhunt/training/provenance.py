@@ -208,4 +208,3 @@ def _source_files(source, path) -> list[Path]:
         return list(listing()) if callable(listing) else resolve_files(path, ("",), "bar files")
     except (BarDataError, OSError):
         return []
-

@@ -75,7 +75,7 @@ def _moved(node: Any, old: str, new: str) -> Any:
     if isinstance(node, list):
         return [_moved(value, old, new) for value in node]
     if isinstance(node, str) and (node == old or node.startswith(old + "/")):
-        return new + node[len(old):]
+        return new + node[len(old) :]
     return copy.deepcopy(node)
 
 

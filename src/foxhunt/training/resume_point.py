@@ -62,7 +62,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     """Put back what :func:`rng_state` saved."""
     torch.set_rng_state(state["torch"])
     numpy = state["numpy"]
-    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"], numpy["gauss"]))
+    np.random.set_state(
+        (numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"], numpy["gauss"])
+    )
     python = state["python"]
     random.setstate((python["version"], tuple(python["words"]), python["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
@@ -107,7 +109,9 @@ class ResumePoint(pl.Callback):
         """Written as the batch after the crossing starts (module doc): the previous batch's
         metrics are logged by then, so a resume from here loses none of them."""
         step = trainer.global_step
-        if batch_idx == 0:  # an epoch's first batch: its counters cannot express the batch before (the epoch's end wrote last.ckpt)
+        if (
+            batch_idx == 0
+        ):  # an epoch's first batch: its counters cannot express the batch before (the epoch's end wrote last.ckpt)
             return
         if step // self.every > self._saved_at // self.every:
             self._saved_at = step

@@ -37,7 +37,6 @@ EPOCH_UNITS = ("s", "ms", "us", "ns")
 MAX_BAR_MINUTES = 1440  # a day: the longest bar whose close label is shifted back to its start
 
 
-
 class CsvBarSource:
     """Bars from OHLCV CSV files with configurable columns, time zone and label convention.
 
@@ -75,9 +74,7 @@ class CsvBarSource:
         if bar_label not in BAR_LABELS:
             raise ValueError(f"bar_label={bar_label!r}: must be one of {', '.join(BAR_LABELS)}")
         if timestamp_unit is not None and timestamp_unit not in EPOCH_UNITS:
-            raise ValueError(
-                f"timestamp_unit={timestamp_unit!r}: must be one of {', '.join(EPOCH_UNITS)} or null"
-            )
+            raise ValueError(f"timestamp_unit={timestamp_unit!r}: must be one of {', '.join(EPOCH_UNITS)} or null")
         if not (isinstance(bar_minutes, int) and not isinstance(bar_minutes, bool) and 1 <= bar_minutes <= MAX_BAR_MINUTES):
             raise ValueError(f"bar_minutes={bar_minutes!r}: must be a whole number of minutes in [1, {MAX_BAR_MINUTES}]")
         try:
@@ -147,9 +144,7 @@ class CsvBarSource:
             raise BarDataError(f"{origin}: no bars (the file has a header but no rows)")
         lines = np.arange(len(raw)) + 2  # line 1 is the header
         index = self._timestamps(raw[ts_name], origin, lines)
-        frame = pd.DataFrame(
-            {column: raw[self.columns[column]].to_numpy() for column in BAR_COLUMNS}, index=index
-        )
+        frame = pd.DataFrame({column: raw[self.columns[column]].to_numpy() for column in BAR_COLUMNS}, index=index)
         return validate_bars(frame, asset.tick_size, origin=origin, rows=lines, row_name="line")
 
     def _timestamps(self, column: pd.Series, origin: str, lines: np.ndarray) -> pd.DatetimeIndex:
@@ -169,16 +164,13 @@ class CsvBarSource:
             try:
                 parsed = pd.to_datetime(text, format=self.timestamp_format or "ISO8601", errors="coerce")
             except (ValueError, TypeError) as exc:  # e.g. naive and offset timestamps mixed
-                raise BarDataError(
-                    f"{origin}: field '{name}': cannot parse timestamps ({one_line(str(exc))})"
-                ) from None
+                raise BarDataError(f"{origin}: field '{name}': cannot parse timestamps ({one_line(str(exc))})") from None
             bad = np.flatnonzero(parsed.isna().to_numpy())
             if bad.size:
                 i = int(bad[0])
                 expected = self.timestamp_format or "ISO-8601"
                 raise BarDataError(
-                    f"{origin}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not a timestamp "
-                    f"(expected {expected})"
+                    f"{origin}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not a timestamp (expected {expected})"
                 )
             index = pd.DatetimeIndex(parsed)
             if index.tz is None:

@@ -140,7 +140,9 @@ class DatabentoBarSource:
     ) -> None:
         self.rule = RollRule.from_config(roll, adjust)
         if self.rule.expiry_sessions is not None and self.rule.expiry_sessions > MAX_EXPIRY_SESSIONS:
-            raise ValueError(f"roll.expiry_sessions={self.rule.expiry_sessions!r}: must be null or an integer in [0, {MAX_EXPIRY_SESSIONS}]")
+            raise ValueError(
+                f"roll.expiry_sessions={self.rule.expiry_sessions!r}: must be null or an integer in [0, {MAX_EXPIRY_SESSIONS}]"
+            )
         if csv_prices not in CSV_PRICE_FORMATS:
             raise ValueError(f"csv_prices={csv_prices!r}: must be one of {', '.join(CSV_PRICE_FORMATS)}")
         self.path = str(path)
@@ -215,9 +217,7 @@ class DatabentoBarSource:
                 mask = mask | (iids == int(self.symbol)).to_numpy()
             if not mask.any():
                 found = sorted(set(symbols.dropna())) or sorted(set(iids.astype(str)))
-                raise BarDataError(
-                    f"{self.path}: symbol {self.symbol!r} not found (contracts found: {', '.join(found)})"
-                )
+                raise BarDataError(f"{self.path}: symbol {self.symbol!r} not found (contracts found: {', '.join(found)})")
             picked = records.loc[mask].copy()
             picked["contract"] = self.symbol
             picked["rank"] = 0.0
@@ -323,9 +323,7 @@ def write_ohlcv_1m(
         raise ValueError(f"{target}: unsupported suffix; use one of {', '.join(DBN_SUFFIXES + DATABENTO_CSV_SUFFIXES)}")
     missing = [c for c in BAR_COLUMNS if c not in bars.columns]
     if missing or not isinstance(bars.index, pd.DatetimeIndex) or bars.index.tz is None:
-        raise ValueError(
-            "bars must be a bars frame: columns open/high/low/close/volume and a UTC DatetimeIndex"
-        )
+        raise ValueError("bars must be a bars frame: columns open/high/low/close/volume and a UTC DatetimeIndex")
     if bars.empty:
         raise ValueError("bars is empty: nothing to write")
     stamps = bars.index.tz_convert("UTC").as_unit("ns").asi8
@@ -336,9 +334,7 @@ def write_ohlcv_1m(
     volume = np.rint(bars["volume"].to_numpy(dtype=np.float64)).astype(np.uint64)
     first_day = np.datetime64(int(stamps[0]), "ns").astype("datetime64[D]").item()
     last_day = np.datetime64(int(stamps[-1]), "ns").astype("datetime64[D]").item()
-    interval = SimpleNamespace(
-        start_date=first_day, end_date=last_day + timedelta(days=1), symbol=str(instrument_id)
-    )
+    interval = SimpleNamespace(start_date=first_day, end_date=last_day + timedelta(days=1), symbol=str(instrument_id))
     metadata = dbn.Metadata(
         dataset=dataset,
         start=int(stamps[0]),
@@ -351,12 +347,8 @@ def write_ohlcv_1m(
     )
     rtype = dbn.RType.OHLCV_1M
     body = b"".join(
-        bytes(
-            dbn.OHLCVMsg(rtype, publisher_id, instrument_id, int(t), int(o), int(h), int(lo), int(c), int(v))
-        )
-        for t, o, h, lo, c, v in zip(
-            stamps, prices["open"], prices["high"], prices["low"], prices["close"], volume, strict=True
-        )
+        bytes(dbn.OHLCVMsg(rtype, publisher_id, instrument_id, int(t), int(o), int(h), int(lo), int(c), int(v)))
+        for t, o, h, lo, c, v in zip(stamps, prices["open"], prices["high"], prices["low"], prices["close"], volume, strict=True)
     )
     raw = metadata.encode() + body
     target.parent.mkdir(parents=True, exist_ok=True)

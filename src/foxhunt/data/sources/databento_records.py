@@ -15,7 +15,6 @@ the decoder stops quietly where a cut stream ends, and neither library checks th
 training series needs.
 """
 
-
 from __future__ import annotations
 
 import math
@@ -66,7 +65,6 @@ _OHLCV_DTYPE = np.dtype(
         ("volume", "<u8"),
     ]
 )  # DBN OhlcvMsg: a 16-byte record header, then the bar; the same in DBN v1-v3
-
 
 
 # ============================================================================ definitions
@@ -126,11 +124,7 @@ _CURRENCY_UNITS = ("USD",)  # unit_of_measure of contracts sized in face value, 
 
 
 def _is_definition(record) -> bool:
-    return (
-        hasattr(record, "raw_symbol")
-        and hasattr(record, "expiration")
-        and hasattr(record, "min_price_increment")
-    )
+    return hasattr(record, "raw_symbol") and hasattr(record, "expiration") and hasattr(record, "min_price_increment")
 
 
 # ============================================================================ DBN reading
@@ -149,9 +143,7 @@ def _decode_dbn(file: Path) -> tuple[object, list]:
                 compression = dbn.Compression.NONE
             else:
                 raise BarDataError(f"{file}: not a DBN file (neither a DBN header nor zstd data)")
-            decoder = dbn.DBNDecoder(
-                compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3
-            )
+            decoder = dbn.DBNDecoder(compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)
             decoder.write(head)
             out: list = []
             while chunk := handle.read(_DECODE_CHUNK):
@@ -414,9 +406,7 @@ def _read_open_interest(file: Path, metadata, records: list, definitions: _Defin
         })  # fmt: skip
 
 
-def _records_frame(
-    file, *, ts, rtype, publisher_id, instrument_id, symbol, prices, fixed, volume, numbers, row_name
-):
+def _records_frame(file, *, ts, rtype, publisher_id, instrument_id, symbol, prices, fixed, volume, numbers, row_name):
     """Assemble the raw-records frame; null prices raise, fixed-point prices become decimals."""
     out = {}
     for name, values in prices.items():
@@ -501,9 +491,7 @@ def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
             bad = np.flatnonzero(numeric.isna().to_numpy() & column.notna().to_numpy())
             if bad.size:
                 i = int(bad[0])
-                raise BarDataError(
-                    f"{file}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not a number"
-                )
+                raise BarDataError(f"{file}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not a number")
             prices[name] = numeric.to_numpy(dtype=np.float64)
 
     for name in ("instrument_id", "volume"):
@@ -511,9 +499,7 @@ def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
         bad = np.flatnonzero(numeric.isna().to_numpy())
         if bad.size:
             i = int(bad[0])
-            raise BarDataError(
-                f"{file}: line {lines[i]}: field '{name}'={raw[name].iloc[i]!r} is not a number"
-            )
+            raise BarDataError(f"{file}: line {lines[i]}: field '{name}'={raw[name].iloc[i]!r} is not a number")
     instrument_id = raw["instrument_id"].to_numpy(dtype=np.int64)
     if "rtype" in raw.columns:
         rtype = pd.to_numeric(raw["rtype"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
@@ -562,26 +548,17 @@ def _infer_rtype(file: Path, ts: np.ndarray, instrument_id: np.ndarray) -> int:
 
 
 # ============================================================================ public reading
-def _read_all(
-    path: str | Path, definitions_path: str | None, csv_prices: str
-) -> tuple[pd.DataFrame, _Definitions, list[Path]]:
+def _read_all(path: str | Path, definitions_path: str | None, csv_prices: str) -> tuple[pd.DataFrame, _Definitions, list[Path]]:
     if csv_prices not in CSV_PRICE_FORMATS:
         raise ValueError(f"csv_prices={csv_prices!r}: must be one of {', '.join(CSV_PRICE_FORMATS)}")
     definitions = _Definitions()
     files = resolve_files(path, DBN_SUFFIXES + DATABENTO_CSV_SUFFIXES, "Databento DBN or CSV files")
-    extra = (
-        resolve_files(definitions_path, DBN_SUFFIXES, "Databento definition files")
-        if definitions_path
-        else []
-    )
+    extra = resolve_files(definitions_path, DBN_SUFFIXES, "Databento definition files") if definitions_path else []
     for file in extra:
         metadata, records = _decode_dbn(file)
         found = [r for r in records if _is_definition(r)]
         if not found:
-            raise BarDataError(
-                f"{file}: no definition records (schema {metadata.schema}); "
-                "definitions= needs definition files"
-            )
+            raise BarDataError(f"{file}: no definition records (schema {metadata.schema}); definitions= needs definition files")
         for record in found:
             definitions.add(record, file)
     frames = []
@@ -592,9 +569,7 @@ def _read_all(
         elif name.endswith(DATABENTO_CSV_SUFFIXES):
             frame = _read_csv(file, csv_prices)
         else:
-            raise BarDataError(
-                f"{file}: not a Databento file (expected {', '.join(DBN_SUFFIXES + DATABENTO_CSV_SUFFIXES)})"
-            )
+            raise BarDataError(f"{file}: not a Databento file (expected {', '.join(DBN_SUFFIXES + DATABENTO_CSV_SUFFIXES)})")
         if frame is not None:
             frames.append(frame)
     if not frames:
@@ -607,9 +582,7 @@ def _read_all(
     return records, definitions, files + extra
 
 
-def read_databento_ohlcv(
-    path: str | Path, definitions: str | None = None, csv_prices: str = "auto"
-) -> pd.DataFrame:
+def read_databento_ohlcv(path: str | Path, definitions: str | None = None, csv_prices: str = "auto") -> pd.DataFrame:
     """Every OHLCV record of the Databento files at ``path`` (any of ohlcv-1s/1m/1h/1d/eod).
 
     Returns one row per record, in file order, with columns :data:`RAW_COLUMNS`:
@@ -621,5 +594,3 @@ def read_databento_ohlcv(
     """
     records, _, _ = _read_all(path, definitions, csv_prices)
     return records
-
-

@@ -49,9 +49,7 @@ from foxhunt.data.roll import ContinuousSeries, RollRule, build_continuous
 from foxhunt.data.sources.databento import MONTH_CODES
 
 LEAN_COLUMNS = ("ms", "open", "high", "low", "close", "volume")
-_MEMBER = re.compile(
-    r"^(?P<date>\d{8})_(?P<root>[a-z0-9]+)_minute_trade_(?P<contract>\d{6})(?:_\d{8})?\.csv$", re.IGNORECASE
-)
+_MEMBER = re.compile(r"^(?P<date>\d{8})_(?P<root>[a-z0-9]+)_minute_trade_(?P<contract>\d{6})(?:_\d{8})?\.csv$", re.IGNORECASE)
 
 
 def lean_contract_symbol(root: str, contract_month: str) -> str:
@@ -142,9 +140,7 @@ class LeanMinuteSource:
         return source_fingerprint("lean", params, asset, self.files())
 
     # ------------------------------------------------------------------ internals
-    def _read_member(
-        self, file: Path, member: str, match: re.Match, handle, asset: AssetSpec
-    ) -> pd.DataFrame:
+    def _read_member(self, file: Path, member: str, match: re.Match, handle, asset: AssetSpec) -> pd.DataFrame:
         origin = f"{file}:{member}"
         try:
             raw = pd.read_csv(handle, header=None)
@@ -153,27 +149,20 @@ class LeanMinuteSource:
         except (ValueError, UnicodeDecodeError) as exc:
             raise BarDataError(f"{origin}: cannot read as CSV ({' '.join(str(exc).split())})") from None
         if raw.shape[1] != len(LEAN_COLUMNS):
-            raise BarDataError(
-                f"{origin}: {raw.shape[1]} columns, expected {len(LEAN_COLUMNS)} ({','.join(LEAN_COLUMNS)})"
-            )
+            raise BarDataError(f"{origin}: {raw.shape[1]} columns, expected {len(LEAN_COLUMNS)} ({','.join(LEAN_COLUMNS)})")
         raw.columns = list(LEAN_COLUMNS)
         lines = np.arange(len(raw), dtype=np.int64) + 1  # no header: the first row is line 1
         ms = pd.to_numeric(raw["ms"], errors="coerce")
         bad = np.flatnonzero(ms.isna().to_numpy())
         if bad.size:
             i = int(bad[0])
-            raise BarDataError(
-                f"{origin}: line {lines[i]}: field 'ms'={raw['ms'].iloc[i]!r} is not milliseconds"
-            )
-        wall = pd.DatetimeIndex(
-            pd.Timestamp(match["date"]) + pd.to_timedelta(ms.to_numpy(dtype=np.int64), unit="ms")
-        )
+            raise BarDataError(f"{origin}: line {lines[i]}: field 'ms'={raw['ms'].iloc[i]!r} is not milliseconds")
+        wall = pd.DatetimeIndex(pd.Timestamp(match["date"]) + pd.to_timedelta(ms.to_numpy(dtype=np.int64), unit="ms"))
         try:  # the count is wall-clock time of day in `timezone`
             index = wall.tz_localize(self.timezone, ambiguous="raise", nonexistent="raise").tz_convert("UTC")
         except Exception as exc:  # noqa: BLE001 - pandas raises several types here
             raise BarDataError(
-                f"{origin}: times do not exist or are ambiguous in {self.timezone} "
-                f"({' '.join(str(exc).split())})"
+                f"{origin}: times do not exist or are ambiguous in {self.timezone} ({' '.join(str(exc).split())})"
             ) from None
         frame = pd.DataFrame({c: raw[c].to_numpy() for c in BAR_COLUMNS}, index=index)
         bars = validate_bars(frame, asset.tick_size, origin=origin, rows=lines, row_name="line")

@@ -192,7 +192,9 @@ class SyntheticBarSource:
             if key == "autocorrelation_after" and arguments[key] is None:
                 continue
             if not _inside(arguments[key], low, high, low_open, high_open):
-                raise ValueError(f"{key}={arguments[key]!r}: must lie in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}")
+                raise ValueError(
+                    f"{key}={arguments[key]!r}: must lie in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+                )
         self.days = days
         self.seed = seed
         self.autocorrelation = float(autocorrelation)
@@ -224,8 +226,14 @@ class SyntheticBarSource:
 
     # ------------------------------------------------------------------ internals
     def _params(self) -> dict:
-        change = {} if self.change_date is None else {  # only when set: the fingerprint of one regime is as before
-            "change_date": self.change_date.isoformat(), "autocorrelation_after": self.autocorrelation_after}
+        change = (
+            {}
+            if self.change_date is None
+            else {  # only when set: the fingerprint of one regime is as before
+                "change_date": self.change_date.isoformat(),
+                "autocorrelation_after": self.autocorrelation_after,
+            }
+        )
         return {
             **change,
             "days": self.days,
