@@ -11,6 +11,8 @@ from pathlib import Path
 
 from omegaconf import read_write
 
+from foxhunt.runs.cell import CELL_RESULT_FILE, CellResult
+
 # Small and fast: one epoch of 8 steps, one torch thread (two jobs share two cores), on a week
 # of synthetic bars (WEEK; not for the CSV source).
 SMOKE = ["trainer=smoke", "strategy.torch_threads=1"]
@@ -63,3 +65,8 @@ def with_task_overrides(cfg, overrides: list[str]):
     with read_write(variant.hydra):
         variant.hydra.overrides.task = overrides
     return variant
+
+
+def written(cfg) -> CellResult:
+    """The cell result a sweep job wrote in its folder (``paths.output_dir``)."""
+    return CellResult.read(Path(cfg.paths.output_dir) / CELL_RESULT_FILE)

@@ -23,29 +23,18 @@ import pytest
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import open_dict
+from sweep_helpers import written
 from torch.utils.data import DataLoader, TensorDataset
 
-from foxhunt.runs.cell import CELL_RESULT_FILE, CellKey, CellResult
+from foxhunt.runs.cell import CellKey, CellResult
 from foxhunt.runs.checkpoints import INTERRUPTED_CHECKPOINT
 from foxhunt.runs.environment import PARENT_RUN_ENV, SWEEP_PID_ENV
 from foxhunt.sweeps import sweep_cell
 from foxhunt.sweeps.slurm import SlurmJob, scontrol_restarts
 from foxhunt.training.graceful_stop import GracefulStop, request_stop
+from tiny_lightning import Regressor
 
 STEPS = 12
-
-
-class Regressor(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 class SignalAt(pl.Callback):
@@ -64,7 +53,7 @@ def fit(tmp_path: Path, *callbacks: pl.Callback) -> pl.Trainer:
     trainer = pl.Trainer(accelerator="cpu", max_steps=STEPS, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks),
                          default_root_dir=tmp_path)  # fmt: skip
-    trainer.fit(Regressor(), data)
+    trainer.fit(Regressor(lr=0.1), data)
     return trainer
 
 
@@ -148,10 +137,6 @@ def slurm_job(sweep_config, tmp_path, monkeypatch, parent_ends):
     with open_dict(sweep_config):
         sweep_config.paths.output_dir = str(tmp_path / "job0")
     return sweep_config
-
-
-def written(cfg) -> CellResult:
-    return CellResult.read(Path(cfg.paths.output_dir) / CELL_RESULT_FILE)
 
 
 def test_the_job_and_its_restarts_are_read_from_slurm(monkeypatch):

@@ -4,12 +4,11 @@ a failure is the sweep's to report (the job returns ``None``), a stop request en
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from omegaconf import open_dict
+from sweep_helpers import written
 
-from foxhunt.runs.cell import CELL_RESULT_FILE, CellKey, CellResult
+from foxhunt.runs.cell import CellKey, CellResult
 from foxhunt.runs.environment import PARENT_RUN_ENV, SWEEP_PID_ENV
 from foxhunt.sweeps.sweep_cell import run_sweep_cell
 
@@ -22,10 +21,6 @@ def job(sweep_config, tmp_path, monkeypatch):
     with open_dict(sweep_config):
         sweep_config.paths.output_dir = str(tmp_path / "job0")
     return sweep_config
-
-
-def written(cfg) -> CellResult:
-    return CellResult.read(Path(cfg.paths.output_dir) / CELL_RESULT_FILE)
 
 
 def test_a_finished_cell_returns_its_metrics_and_writes_its_result(job):

@@ -10,6 +10,7 @@ from lightning.pytorch.loggers.logger import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
 from foxhunt.training.progress import ProgressReporter
+from tiny_lightning import Regressor
 
 
 class Collecting(Logger):
@@ -27,19 +28,6 @@ class Collecting(Logger):
 
     def log_hyperparams(self, params, *args, **kwargs) -> None:
         pass
-
-
-class Regressor(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])

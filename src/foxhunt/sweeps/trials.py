@@ -200,6 +200,15 @@ class TrialPool:
             return st.Outcome("fail", reason=f"stopped ({type(exc).__name__})", retry=True)
         return st.Outcome("fail", reason=f"its launch failed: {error_line(exc)}")
 
+    def _finish(self, number: int, result: Callable[[], tuple[CellResult | None, str | None]]) -> None:
+        """Tell the study how trial ``number`` ended: the outcome of ``result()`` (the launch's
+        return), or of the error it raised (a stop is re-raised by :meth:`run`)."""
+        try:
+            outcome = self._outcome(self.running[number], result())
+        except BaseException as exc:  # noqa: BLE001
+            outcome = self._outcome_of_error(exc)
+        self._tell(number, outcome)
+
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> PoolReport:
         heart = threading.Thread(target=self._heartbeats, name="foxhunt-trial-heartbeat", daemon=True)
@@ -219,11 +228,7 @@ class TrialPool:
     def _run_inline(self) -> None:
         while self.wanted() > 0:
             trial, overrides = self._ask()
-            try:
-                outcome = self._outcome(trial, self.launch(trial.number, overrides))
-            except BaseException as exc:  # noqa: BLE001 (a stop is re-raised by run)
-                outcome = self._outcome_of_error(exc)
-            self._tell(trial.number, outcome)
+            self._finish(trial.number, lambda: self.launch(trial.number, overrides))
 
     def _run_pool(self) -> None:
         futures: dict[Future, int] = {}
@@ -239,22 +244,12 @@ class TrialPool:
                         return
                     done, _ = wait(futures, return_when=FIRST_COMPLETED)
                     for future in done:
-                        number = futures.pop(future)
-                        try:
-                            outcome = self._outcome(self.running[number], future.result())
-                        except BaseException as exc:  # noqa: BLE001
-                            outcome = self._outcome_of_error(exc)
-                        self._tell(number, outcome)
+                        self._finish(futures.pop(future), future.result)
             except BaseException as exc:  # a stop in this process: no new trial; the running ones end and are told
                 self._stop = self._stop or exc
                 self._halted = True
                 for future in list(futures):
-                    number = futures.pop(future)
-                    try:
-                        outcome = self._outcome(self.running[number], future.result())
-                    except BaseException as error:  # noqa: BLE001
-                        outcome = self._outcome_of_error(error)
-                    self._tell(number, outcome)
+                    self._finish(futures.pop(future), future.result)
 
     def _heartbeats(self) -> None:
         while not self._beating.wait(self.settings.heartbeat_s):

@@ -23,6 +23,7 @@ weights, and ``LightningModule.load_from_checkpoint`` builds a new module outsid
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import zipfile
 from pathlib import Path
@@ -35,19 +36,22 @@ log = logging.getLogger(__name__)
 
 KEY = "callbacks.warm_start.path"
 SHA_TAG = "warm_start.sha256"
+WHAT = "a foxhunt .ckpt or a registered version's weights.pt"
 
 
-def read_weights(path: Path, key: str = KEY) -> dict:
-    """The module state dict in ``path`` (a foxhunt ``.ckpt`` or a version's ``weights.pt``)."""
+def read_weights(path: Path, key: str = KEY) -> tuple[dict, str]:
+    """The module state dict in ``path`` (a foxhunt ``.ckpt`` or a version's ``weights.pt``) and
+    the SHA-256 of the bytes it was read from (the file is read once)."""
     import torch
 
     where = f"{key}={path}"
     if not path.is_file():
-        raise ConfigError(f"{where}: no such file (a foxhunt .ckpt or a registered version's weights.pt)")
-    if not zipfile.is_zipfile(path):
-        raise ConfigError(f"{where}: not a torch.save archive (a foxhunt .ckpt or a registered version's weights.pt)")
+        raise ConfigError(f"{where}: no such file ({WHAT})")
+    data = path.read_bytes()
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        raise ConfigError(f"{where}: not a torch.save archive ({WHAT})")
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 (whatever the unpickler refuses: the file is the user's input)
         raise ConfigError(
             f"{where}: not loadable with weights_only=True ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
@@ -55,7 +59,7 @@ def read_weights(path: Path, key: str = KEY) -> dict:
     state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(f"{where}: holds no state dict of tensors")
-    return state
+    return state, hashlib.sha256(data).hexdigest()
 
 
 class WarmStart(pl.Callback):
@@ -65,19 +69,19 @@ class WarmStart(pl.Callback):
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = None if path in (None, "") else Path(path).expanduser()
         if self.path is not None and not self.path.is_file():  # before the data and the model are built
-            raise ConfigError(f"{KEY}={self.path}: no such file (a foxhunt .ckpt or a registered version's weights.pt)")
+            raise ConfigError(f"{KEY}={self.path}: no such file ({WHAT})")
         self.sha256: str | None = None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.path is None or trainer.ckpt_path:  # a resumed fit restored its own weights
             return
-        state = read_weights(self.path)
+        state, digest = read_weights(self.path)
         try:
             pl_module.load_state_dict(state, strict=True)
         except RuntimeError as exc:
             first = " ".join(str(exc).split())[:300]
             raise ConfigError(f"{KEY}={self.path}: the weights do not fit this run's model ({first})") from None
-        self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        self.sha256 = digest
         log.info("warm start: weights from %s (sha256 %s)", self.path, self.sha256[:12])
         from foxhunt.runs.tracked_run import trainer_runs
 
