@@ -201,7 +201,16 @@ def test_pruned_and_failed_trials_are_told_and_counted(tmp_path):
 
 
 def test_a_free_worker_starts_the_next_trial_where_a_batch_waits_for_its_slowest(tmp_path):
-    durations = [0.6, 0.05, 0.05, 0.05, 0.6, 0.05, 0.05, 0.05]  # one slow trial in each pair
+    durations = [
+        2.5,
+        0.25,
+        0.25,
+        0.25,
+        2.5,
+        0.25,
+        0.25,
+        0.25,
+    ]  # one slow trial in each pair; a short one far longer than a tell and an ask
 
     def share(barrier: bool, folder: str) -> float:
         settings = _settings(tmp_path / folder, n_trials=len(durations), n_jobs=2, barrier=barrier)
