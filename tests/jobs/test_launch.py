@@ -8,28 +8,71 @@ import socket
 import pytest
 from omegaconf import OmegaConf
 
-from foxhunt.jobs.launch import LaunchError, load_costs, plan_cells, planned_batches
+from foxhunt.jobs.launch import LaunchError, plan_cells, planned_batches
 
 
 def _cfg(kind, limit, epochs=2, max_steps=-1, steps_per_epoch=1000):
     return OmegaConf.create({
         "model": {"kind": kind, "env": {"steps_per_epoch": steps_per_epoch}},
         "trainer": {"limit_train_batches": limit, "max_epochs": epochs, "max_steps": max_steps},
+        "jobs": {"expected_seconds_per_batch_if_unset": 1.0, "batches_per_epoch_if_unknown": 300},
     })  # fmt: skip
 
 
 def test_planned_batches_follow_the_trainer_and_the_env():
-    costs = load_costs()
-    assert planned_batches(_cfg("agent", 500), costs) == 1000  # 2 epochs x min(500, 1000)
-    assert planned_batches(_cfg("agent", 0.5), costs) == 1000  # 2 x 1000 x 0.5
-    assert planned_batches(_cfg("forecaster", 40, epochs=3), costs) == 120
-    assert planned_batches(_cfg("forecaster", 40, epochs=3, max_steps=100), costs) == 100
-    assert planned_batches(_cfg("forecaster", 1.0), costs) == 2 * costs["batches_per_epoch_if_unknown"]
+    assert planned_batches(_cfg("agent", 500)) == 1000  # 2 epochs x min(500, 1000)
+    assert planned_batches(_cfg("agent", 0.5)) == 1000  # 2 x 1000 x 0.5
+    assert planned_batches(_cfg("forecaster", 40, epochs=3)) == 120
+    assert planned_batches(_cfg("forecaster", 40, epochs=3, max_steps=100)) == 100
+    assert planned_batches(_cfg("forecaster", 1.0)) == 2 * 300  # jobs.batches_per_epoch_if_unknown
+
+
+#: Each family's expected seconds per training batch (conf/model/<family>.yaml), as measured.
+MEASURED_SECONDS_PER_BATCH = {"dqn": 0.066, "ppo": 1.0, "mamba2": 2.4, "tft": 16.0}
+
+
+def test_the_planned_weights_of_the_four_families_are_their_batches_times_their_measured_seconds(tmp_path):
+    """The default trainer, 5 epochs of at most 500 batches: DQN's epoch is its model.env.steps_per_epoch,
+    125 batches; the others run 500. The figures are those cost.yaml held before they moved to conf/model."""
+    plan, _ = plan_cells(["model=dqn,ppo,mamba2,tft"], tmp_path)
+    assert [(c.key.model, c.steps, c.weight) for c in plan] == [
+        ("dqn", 625, 41.25), ("ppo", 2500, 2500.0), ("mamba2", 2500, 6000.0), ("tft", 2500, 40000.0),
+    ]  # fmt: skip
+    for cell in plan:
+        assert cell.weight == pytest.approx(cell.steps * MEASURED_SECONDS_PER_BATCH[cell.key.model])
+
+
+def test_a_family_without_its_own_figure_is_weighed_by_the_jobs_default(tmp_path):
+    plan, _ = plan_cells(
+        ["model=mamba2", "~model.expected_seconds_per_batch", "jobs.expected_seconds_per_batch_if_unset=0.5"], tmp_path
+    )
+    assert [(c.steps, c.weight) for c in plan] == [(2500, 1250.0)]
+    plan, _ = plan_cells(["model=tft", "trainer.limit_train_batches=1.0", "jobs.batches_per_epoch_if_unknown=40"], tmp_path)
+    assert [(c.steps, c.weight) for c in plan] == [(200, 3200.0)]  # 5 epochs x 40, x 16 s
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.expected_seconds_per_batch=-1", "model.expected_seconds_per_batch=-1: Input should be greater than 0"),
+        ("model.expected_seconds_per_batch=fast", "model.expected_seconds_per_batch='fast': Input should be a valid number"),
+        (
+            "jobs.expected_seconds_per_batch_if_unset=0",
+            "jobs.expected_seconds_per_batch_if_unset=0: Input should be greater than 0",
+        ),
+        ("jobs.batches_per_epoch_if_unknown=2.5", "jobs.batches_per_epoch_if_unknown=2.5: Input should be a valid integer"),
+    ],
+)
+def test_a_bad_cost_figure_fails_the_plan_in_one_line_naming_the_key(tmp_path, override, message):
+    with pytest.raises(LaunchError) as error:
+        plan_cells(["model=dqn,tft", override], tmp_path)
+    assert f"config error in cell [model=dqn {override}]: {message}" in str(error.value), str(error.value)
+    assert "\n" not in str(error.value)
 
 
 def test_plan_composes_and_validates_every_cell(tmp_path):
     plan, store = plan_cells(["model=dqn,tft", "asset=es", "trainer=smoke"], tmp_path)
-    costs = load_costs()["seconds_per_batch"]
+    costs = MEASURED_SECONDS_PER_BATCH
     from foxhunt.precision.auto import auto_choice, device_for
 
     tft_precision = auto_choice(device_for("auto")).name  # the TFT's default: precision=auto

@@ -281,6 +281,7 @@ class ModelSection(_Strict):
     name: str = Field(min_length=1)
     kind: Literal["agent", "forecaster"]
     memory_target_mb: MegaBytes | None
+    expected_seconds_per_batch: Seconds | None = None  # a job plan's weight (foxhunt.jobs.launch); none: jobs' default
     monitor: Monitor
     module: Targeted
     env: EnvSettings | None = None
@@ -293,6 +294,13 @@ class ModelSection(_Strict):
         if self.kind == "forecaster" and self.window is None:
             raise _KeyedError("window", None, "forecasters need model.window (seq_len, horizon, batch_size)")
         return self
+
+
+class JobsSection(_Strict):
+    """``jobs`` of conf/train.yaml: how ``foxhunt train start`` weighs a job's cells (foxhunt.jobs.launch)."""
+
+    expected_seconds_per_batch_if_unset: Seconds
+    batches_per_epoch_if_unknown: _int(1, MAX_STEPS)
 
 
 class AssetSection(_Ranged):
@@ -599,6 +607,7 @@ class TrainConfig(_Strict):
     callbacks: CallbacksSection
     logger: LoggerSection
     paths: PathsSection
+    jobs: JobsSection | None = None  # absent in configs stored before it
 
     @model_validator(mode="after")
     def _resume_needs_tracking(self) -> TrainConfig:

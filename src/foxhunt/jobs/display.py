@@ -2,7 +2,7 @@
 
 Each state has its own colour everywhere (RUNNING cyan, FINISHED green, FAILED red, KILLED
 yellow, STALE magenta). The watch view draws one bar per cell and an overall bar weighted by
-each cell's expected cost (planned batches x the model's seconds per batch from cost.yaml), so
+each cell's expected cost (planned batches x its model's ``expected_seconds_per_batch``), so
 a Mamba-2 cell counts for what it costs rather than as one cell among four; its ETA is the
 job's own pace so far (elapsed x remaining / done, in those weights), which needs no absolute
 calibration of the weights. Functions of the job views: no I/O here but the checkpoint lookup.

@@ -40,7 +40,6 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from foxhunt.config.stored import check_stored_overrides
 from foxhunt.errors import one_line_error
@@ -54,7 +53,6 @@ from foxhunt.runs.status import OK_RESULTS, Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Tag
 
-COST_FILE = Path(__file__).with_name("cost.yaml")
 SWEEP_DIR_KEY = "hydra.sweep.dir"
 MULTIRUN_FLAGS = ("-m", "--multirun")
 LAUNCH_SLACK_S = 60.0  # a job's process is created within this of its launch file's time
@@ -74,22 +72,13 @@ class NotTheJobsProcess(LaunchError):
 # --------------------------------------------------------------------------------------------
 # Planning: compose and validate every cell before anything starts
 # --------------------------------------------------------------------------------------------
-def load_costs(path: Path = COST_FILE) -> dict[str, Any]:
-    import yaml
-
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict) or not isinstance(data.get("seconds_per_batch"), dict):
-        raise LaunchError(f"{path}: expected a mapping with 'seconds_per_batch' (model name -> seconds)")
-    return data
-
-
-def planned_batches(cfg, costs: dict[str, Any]) -> int:
+def planned_batches(cfg) -> int:
     """Training batches the cell will run: epochs x batches per epoch, capped by max_steps.
 
     Agents run ``model.env.steps_per_epoch`` batches an epoch (``trainer.limit_train_batches``
     caps it); forecasters run ``limit_train_batches`` when it is a count. A fraction of an
-    epoch of windows cannot be counted before the data is built: cost.yaml's
-    ``batches_per_epoch_if_unknown`` stands in for it.
+    epoch of windows cannot be counted before the data is built: the config's
+    ``jobs.batches_per_epoch_if_unknown`` stands in for it.
     """
     trainer = cfg.trainer
     limit = trainer.get("limit_train_batches")
@@ -102,7 +91,7 @@ def planned_batches(cfg, costs: dict[str, Any]) -> int:
     elif isinstance(limit, int) and not isinstance(limit, bool):
         per_epoch = limit
     else:
-        per_epoch = int(costs["batches_per_epoch_if_unknown"])
+        per_epoch = int(cfg.jobs.batches_per_epoch_if_unknown)
     epochs = trainer.get("max_epochs")
     max_steps = trainer.get("max_steps") or -1
     total = per_epoch * epochs if epochs is not None and epochs > 0 else None
@@ -114,6 +103,9 @@ def planned_batches(cfg, costs: dict[str, Any]) -> int:
 def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dict[str, str]]:
     """Compose and validate each cell; return the plan and the store settings of the job.
 
+    A cell's weight is its planned batches x its model's ``model.expected_seconds_per_batch``
+    (``conf/model/<family>.yaml``; a family that sets none: ``jobs.expected_seconds_per_batch_if_unset``).
+
     Raises :class:`LaunchError` with the first failing cell's overrides and the one-line error.
     """
     from hydra.errors import HydraException
@@ -124,7 +116,6 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dic
     from foxhunt.sweeps.grid import expand_grid
     from foxhunt.training.parts import compose_config
 
-    costs = load_costs()
     try:
         cells = expand_grid(overrides)
     except (HydraException, OmegaConfBaseException) as exc:
@@ -133,12 +124,16 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dic
     for cell in cells:
         try:
             cfg = compose_config(cell, root_dir=root)
-            validate(cfg)
+            checked = validate(cfg)
+            if checked.jobs is None:
+                raise ConfigError("jobs: missing (a job's plan needs it: conf/train.yaml)")
         except (ConfigError, HydraException, OmegaConfBaseException, ValueError) as exc:
             label = " ".join(cell) or "(defaults)"
             raise LaunchError(f"config error in cell [{label}]: {_first_line(exc)}") from None
-        steps = planned_batches(cfg, costs)
-        per_batch = float(costs["seconds_per_batch"].get(str(cfg.model.name), costs["default_seconds_per_batch"]))
+        steps = planned_batches(cfg)
+        per_batch = checked.model.expected_seconds_per_batch
+        if per_batch is None:
+            per_batch = checked.jobs.expected_seconds_per_batch_if_unset
         key = CellKey.from_config(cfg, config_hash(cfg))
         plan.append(PlannedCell(key, steps=steps, weight=round(steps * per_batch, 6), overrides=list(cell)))
         if not store:

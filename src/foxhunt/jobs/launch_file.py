@@ -34,7 +34,7 @@ class PlannedCell:
 
     key: CellKey
     steps: int  # planned training batches
-    weight: float  # expected cost: steps x the model's cost per batch (jobs/cost.yaml)
+    weight: float  # expected cost: steps x the model's expected_seconds_per_batch (conf/model/<family>.yaml)
     overrides: list[str] = field(default_factory=list)
 
     @property
