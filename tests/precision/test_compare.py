@@ -9,9 +9,9 @@ import torch
 from mlflow.tracking import MlflowClient
 from precision_helpers import load_policy
 
-from foxhunt.bench.memory_compare import REPORT_JSON, REPORT_TEXT, run_compare
 from foxhunt.config.schema import ConfigError
 from foxhunt.precision.inference import int8_inference_model
+from foxhunt.training.memory_compare import REPORT_JSON, REPORT_TEXT, run_compare
 
 
 def test_compare_reports_every_field_and_logs_the_report_to_mlflow(tmp_path):

@@ -274,9 +274,9 @@ def compare(
     ),
 ) -> None:
     """Train the same model in fp32 and int8 side by side; print memory, speed, latency, accuracy."""
-    from foxhunt.bench.memory_compare import run_compare
     from foxhunt.config.schema import ConfigError
     from foxhunt.runs.environment import root_dir
+    from foxhunt.training.memory_compare import run_compare
 
     try:
         report = run_compare(list(overrides or []), steps, warmup, latency_calls, latency_warmup, root or root_dir())

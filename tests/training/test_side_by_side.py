@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from foxhunt.bench.side_by_side import Turns, alternating_latency, fit_side_by_side
+from foxhunt.training.side_by_side import Turns, alternating_latency, fit_side_by_side
 
 
 def test_two_fits_take_turns_and_a_finished_one_blocks_nothing():

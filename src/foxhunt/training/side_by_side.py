@@ -1,5 +1,7 @@
 """Two Lightning fits side by side in one process, and batch-1 latency of two models alternating:
-the measurement harness of ``foxhunt memory compare`` (fp32 against int8).
+the measurement harness of ``foxhunt memory compare`` (fp32 against int8,
+:mod:`foxhunt.training.memory_compare`). It lives with the training room because it fits real
+runs; the benchmark sections, above it, may use it.
 
 - :class:`Turns`: two threads take turns step by step, so the two fits alternate and share the
   machine's state (a busy neighbour slows both alike); a finished (or failed) one never blocks
@@ -11,7 +13,9 @@ the measurement harness of ``foxhunt memory compare`` (fp32 against int8).
   steps, and stops its fit after ``steps`` timed ones;
 - :func:`fit_side_by_side`: the two fits in two threads, errors reported to the caller;
 - :func:`alternating_latency`: p50 and p99 of batch-1 calls, the models alternating call by
-  call (:func:`foxhunt.bench.latency.measure` with one call per block).
+  call (:func:`measure` with one call per block);
+- :func:`measure` and :func:`time_calls`: per-call wall-clock and process-CPU latencies of
+  several calls timed in alternating blocks, so a slow spell of the machine hits them all.
 """
 
 from __future__ import annotations
@@ -142,11 +146,46 @@ def alternating_latency(
     calls: Mapping[str, Callable[[], object]], iterations: int, warmup: int
 ) -> dict[str, tuple[float, float]]:
     """(p50, p99) milliseconds of each batch-1 call, the calls alternating call by call."""
-    from foxhunt.bench.latency import measure
-
     synced = {name: _synchronized(call) for name, call in calls.items()}
     timed = measure(synced, warmup, iterations, blocks=iterations, max_seconds=_NO_TIME_LIMIT_S)
     return {name: tuple(percentile(wall, q) / 1e3 for q in LATENCY_PERCENTILES) for name, (wall, _) in timed.items()}
+
+
+def time_calls(call: Callable[[], object], iterations: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-call wall-clock and process-CPU latencies, in microseconds."""
+    wall = np.empty(iterations)
+    cpu = np.empty(iterations)
+    for i in range(iterations):
+        start_cpu = time.process_time_ns()
+        start = time.perf_counter_ns()
+        call()
+        wall[i] = (time.perf_counter_ns() - start) / 1e3
+        cpu[i] = (time.process_time_ns() - start_cpu) / 1e3
+    return wall, cpu
+
+
+def measure(
+    calls: dict[str, Callable[[], object]], warmup: int, iterations: int, blocks: int, max_seconds: float
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(wall, cpu) latencies of each call in ``blocks`` alternating blocks: ``iterations`` in
+    all, fewer when the warm-up says they would take more than ``max_seconds`` per call."""
+    with torch.inference_mode():
+        slowest = 0.0
+        for call in calls.values():
+            start = time.perf_counter()
+            for _ in range(warmup):
+                call()
+            slowest = max(slowest, (time.perf_counter() - start) / max(warmup, 1))
+        if slowest > 0:
+            iterations = max(blocks, min(iterations, int(max_seconds / slowest)))
+        per_block = max(1, iterations // blocks)
+        samples: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in calls}
+        for _ in range(blocks):
+            for name, call in calls.items():
+                samples[name].append(time_calls(call, per_block))
+    return {
+        name: (np.concatenate([w for w, _ in parts]), np.concatenate([c for _, c in parts])) for name, parts in samples.items()
+    }
 
 
 def _synchronized(call: Callable[[], object]) -> Callable[[], object]:

@@ -17,7 +17,7 @@ What is printed, and how each figure is measured:
   ``--steps`` steps after ``--warmup`` such steps (the first compiles torchao's optimizer);
   the two Trainers run in two threads that take turns step by step, so the precisions
   alternate and share the machine's state (a busy neighbour slows both alike); throughput =
-  samples per step / median step time (the harness: :mod:`foxhunt.bench.side_by_side`);
+  samples per step / median step time (the harness: :mod:`foxhunt.training.side_by_side`);
 - **inference latency**: batch 1 (one window or one observation), eval mode, no gradients;
   fp32 = the fp32-trained model, int8 = an int8 inference copy of the int8-trained model
   (:func:`foxhunt.precision.inference.int8_inference_model`, the policy's
@@ -31,7 +31,8 @@ With ``logger.enabled`` (the default config), the figures go to an MLflow run
 ``<model>-<asset>-compare`` of the project's store, with the report (text and JSON), each
 run's memory report and ``quantized_layers.txt`` as artifacts. Written by hand because no
 library compares two Lightning runs step by step; the measuring itself is foxhunt.memory's and
-foxhunt.bench's.
+:mod:`foxhunt.training.side_by_side`'s. A product command's harness that fits two runs: it lives
+in the training room (memory and precision know no model; training never imports the benchmark).
 """
 
 from __future__ import annotations
@@ -179,17 +180,12 @@ def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmu
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
-    from foxhunt.bench.side_by_side import (
-        StepTimer,
-        Turns,
-        fit_side_by_side,
-        percentile,
-    )
     from foxhunt.memory.callback import MemoryBudgetCallback
     from foxhunt.precision.callback import PrecisionCallback
     from foxhunt.precision.plugin import precision_plugin
     from foxhunt.precision.quantize import QUANTIZED_LAYERS_FILE, int8_share
     from foxhunt.training.parts import build_datamodule, build_dataset, build_model
+    from foxhunt.training.side_by_side import StepTimer, Turns, fit_side_by_side, percentile
 
     cfg = configs["fp32"]
     asset = instantiate(cfg.asset)
@@ -343,8 +339,8 @@ def _example_input(run: dict[str, Any]):
 def _latency(runs: dict[str, dict[str, Any]], calls: int, warmup: int) -> dict[str, tuple[float, float]]:
     """(p50, p99) ms of batch-1 eval forwards: the fp32-trained model, and an int8 inference
     copy of the int8-trained one, alternating call by call."""
-    from foxhunt.bench.side_by_side import alternating_latency
     from foxhunt.precision.inference import int8_inference_model
+    from foxhunt.training.side_by_side import alternating_latency
 
     models = {
         "fp32": runs["fp32"]["model"].eval(),
