@@ -5,7 +5,10 @@ functions included): no import loop anywhere, and dependencies point down (READM
 - ``foxhunt.training`` (one cell's run) never imports the entry points, jobs, sweeps, the
   ensemble or the benchmark;
 - ``foxhunt.models`` knows no job, command line, training room, sweep or ensemble;
-- ``foxhunt.data``, ``foxhunt.memory`` and ``foxhunt.precision`` know no model either.
+- ``foxhunt.data``, ``foxhunt.memory`` and ``foxhunt.precision`` know no model either;
+- ``foxhunt.trading`` (the cost and PnL formula, the env) knows none of these, and neither the data
+  room nor the evaluation room, which build on it (the datamodules make envs, the backtest calls
+  the formula).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ RULES = {
     "foxhunt.data": (*ABOVE_MODELS, "foxhunt.models"),
     "foxhunt.memory": (*ABOVE_MODELS, "foxhunt.models"),
     "foxhunt.precision": (*ABOVE_MODELS, "foxhunt.models"),
+    "foxhunt.trading": (*ABOVE_MODELS, "foxhunt.models", "foxhunt.data", "foxhunt.evaluation"),
 }
 
 

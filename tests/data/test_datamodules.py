@@ -10,13 +10,13 @@ from market_bars import load_asset, make_bars
 
 from foxhunt.data.datamodules import EnvDataModule, ForecastDataModule
 from foxhunt.data.dataset import build_market_dataset
-from foxhunt.data.env import TradingEnv
 from foxhunt.data.features import (
     FEATURE_GROUPS,
     compute_features,
     future_known_features,
 )
 from foxhunt.data.splits import SplitError
+from foxhunt.trading.env import TradingEnv
 
 ES = load_asset("es")
 FEATURES_CFG = {

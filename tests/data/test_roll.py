@@ -14,12 +14,13 @@ import pytest
 import torch
 from test_databento import NS, asset, bar, encode, metadata
 
-from foxhunt.data.env import TradingEnv
 from foxhunt.data.errors import BarDataError
-from foxhunt.data.roll import RollRule, held_moves
+from foxhunt.data.roll import RollRule
 from foxhunt.data.sources.databento import DatabentoBarSource
 from foxhunt.data.sources.lean import LeanMinuteSource
 from foxhunt.evaluation.backtest import backtest
+from foxhunt.trading.env import TradingEnv
+from foxhunt.trading.pnl import held_moves
 
 ES = asset("es")
 SESSIONS = pd.date_range("2024-03-04", periods=4, freq="D")  # Monday..Thursday, trading dates

@@ -1,7 +1,8 @@
 """foxhunt.paper.fills: the money adds up. With ``decision_close`` every bar's equity step is the
 shared backtest's step, rolls included; with ``next_open`` it differs by exactly the fills' gaps;
 the cash and the position always equal the capital plus realized and unrealized PnL less the
-commissions; a fill is never at a better price than its bar allows."""
+commissions; a fill is never at a better price than its bar allows; each contract a fill trades
+costs the cash foxhunt.trading.pnl's per-contract cost, the backtest's."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from paper_bars import CAPITAL, ES, bar, bar_paths
 
 from foxhunt.evaluation.backtest import backtest
 from foxhunt.paper.fills import Account, FillModel
+from foxhunt.trading.pnl import contract_costs
 
 COSTS = st.tuples(st.sampled_from([0.0, 2.25]), st.sampled_from([0.0, 0.5, 1.0]))  # (commission USD, slippage ticks)
 
@@ -170,3 +172,22 @@ def test_no_order_for_the_position_held_and_a_bad_fill_price_is_refused():
     assert (order.target, order.quantity, order.reference) == (-1, -3, 4801.0)
     with pytest.raises(ValueError, match="paper.fill_price='mid': must be one of next_open, decision_close"):
         FillModel(ES, 0.0, 0.0, "mid")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.0, 10.0, allow_nan=False).map(lambda c: round(c, 2)), st.sampled_from([0.0, 0.5, 1.0, 1.7, 3.0]),
+       st.integers(-5, 5).filter(bool), st.integers(18_000, 21_000))  # fmt: skip
+def test_a_fills_cost_per_contract_is_the_pnl_modules(commission, slippage, quantity, base_ticks):
+    """The cash a fill of ``quantity`` contracts takes beyond their price is ``|quantity|`` times
+    ``trading.pnl``'s per-contract cost (commission + slippage in ticks x tick value): the paper
+    account and the backtest charge one figure, from one owner."""
+    model = FillModel(ES, commission, slippage, "decision_close")
+    assert model.costs == contract_costs(ES, commission, slippage)
+    account = Account("ES.FUT", cash=CAPITAL, multiplier=ES.multiplier)
+    base = base_ticks * ES.tick_size
+    account.pending = model.order(account, bar(0, base, base), quantity, "signal")
+    (fill,) = model.on_bar(account, bar(1, base, base))
+    paid = CAPITAL - account.cash - quantity * base * ES.multiplier
+    assert paid == pytest.approx(abs(quantity) * model.costs.per_contract_usd, abs=1e-6)
+    assert fill.commission == abs(quantity) * model.costs.commission_usd
+    assert abs(fill.price - base) == pytest.approx(model.costs.slippage_price, abs=1e-9)

@@ -36,7 +36,7 @@ def test_every_global_random_stream_comes_back_from_a_weights_only_checkpoint(tm
 
 def _env(seed: int):
     from foxhunt.assets import AssetSpec
-    from foxhunt.data.env import TradingEnv
+    from foxhunt.trading.env import TradingEnv
 
     asset = AssetSpec(key="es", symbol="ES.FUT", root="ES", description="E-mini S&P 500", currency="USD", tick_size=0.25,
                       multiplier=50.0, tick_value=12.5, session_tz="America/Chicago", session_open="17:00",

@@ -5,9 +5,9 @@ of the same market dataset, interleaved per repeat:
 
 - **foxhunt**: the agent trained by a Lightning ``Trainer`` as ``foxhunt-train`` builds it (the
   model's own logging at ``trainer.log_every_n_steps``), without the MLflow logger and the
-  callbacks (section 4 measures those); its torch-vectorized :class:`~foxhunt.data.env.TradingEnv`.
+  callbacks (section 4 measures those); its torch-vectorized :class:`~foxhunt.trading.env.TradingEnv`.
 - **Stable-Baselines3**: its PPO / DQN on the same environment through the gymnasium wrapper
-  (:class:`~foxhunt.data.env.TradingGymEnv`, one per env, in SB3's ``DummyVecEnv`` with its
+  (:class:`~foxhunt.trading.env.TradingGymEnv`, one per env, in SB3's ``DummyVecEnv`` with its
   ``Monitor``, as ``make_vec_env`` builds them), with the same network sizes and activation,
   rollout (n_envs x n_steps), minibatch, epochs, replay, learning start, target interval (SB3
   counts env steps: interval x n_envs) and gradient steps per env step. Differences SB3 cannot
@@ -122,8 +122,8 @@ def sb3_model(cfg, dataset) -> Any:
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from foxhunt.data.env import TradingEnv, TradingGymEnv
     from foxhunt.models.agent import ACTIVATIONS
+    from foxhunt.trading.env import TradingEnv, TradingGymEnv
     from foxhunt.training.parts import build_datamodule
 
     datamodule = build_datamodule(cfg, dataset)
@@ -256,8 +256,8 @@ def env_run(cfg, dataset, warmup: int, steps: int) -> Timing:
 
 
 def _bare_ppo_update(agent):
-    from foxhunt.data.env import NUM_ACTIONS
     from foxhunt.models.ppo import categorical_log_prob_entropy, ppo_minibatch_losses
+    from foxhunt.trading.env import NUM_ACTIONS
 
     hp = agent.hparams
     optimizer = agent.configure_optimizers()
@@ -296,8 +296,8 @@ def _bare_ppo_update(agent):
 
 
 def _bare_dqn_update(agent):
-    from foxhunt.data.env import NUM_ACTIONS
     from foxhunt.models.dqn import ReplayBuffer, double_dqn_loss
+    from foxhunt.trading.env import NUM_ACTIONS
 
     hp = agent.hparams
     optimizer = agent.configure_optimizers()

@@ -17,7 +17,7 @@
   decide at a bar) end at every bar ``seq_len - 1 .. T - 1``. Windows are index arithmetic
   over per-split tensors; no window is copied until a batch is stacked.
 * :class:`EnvDataModule` serves RL agents (DQN, PPO): it builds
-  :class:`foxhunt.data.env.TradingEnv` objects over a split, and its loaders yield dummy step
+  :class:`foxhunt.trading.env.TradingEnv` objects over a split, and its loaders yield dummy step
   indices only (the agent steps its env inside ``training_step``): ``steps_per_epoch`` items
   for training, one for validation and test (one greedy pass over the split).
 """
@@ -32,10 +32,10 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from foxhunt.data.dataset import MarketDataset
-from foxhunt.data.env import TradingEnv
 from foxhunt.data.features import future_known_features
-from foxhunt.data.roll import entry_prices
 from foxhunt.data.splits import SplitError
+from foxhunt.trading.env import TradingEnv
+from foxhunt.trading.pnl import entry_prices
 
 EPOCH_SEED_STRIDE = 1_000_003  # an epoch's order is seeded seed * stride + epoch: distinct for every (seed, epoch) in use
 
@@ -362,7 +362,7 @@ class EnvDataModule(LightningDataModule):
         seed: int = 0,
         device: torch.device | str | None = None,
     ) -> TradingEnv:
-        """A :class:`~foxhunt.data.env.TradingEnv` of random episodes over ``split``
+        """A :class:`~foxhunt.trading.env.TradingEnv` of random episodes over ``split``
         (``num_envs`` defaults to the module's; ``device`` to CPU)."""
         features, close = self.split_tensors(split, device)
         return TradingEnv(

@@ -21,9 +21,9 @@ that has one (each row of the schedule says which of these happened and why).
 **The roll as a trade.** The held position moves from the old contract to the new one at the
 session boundary: closed at the old contract's last close, reopened at the new contract's
 price at that moment (its last close at or before the old contract's last bar; its first open
-when it had not traded yet). That price is the roll bar's ``roll_price``: a bar's move in the
-contract held is ``close[t] - roll_price[t]`` on a roll bar and ``close[t] - close[t-1]``
-elsewhere, and the backtest and the env charge the roll two contracts' costs.
+when it had not traded yet). That price is the roll bar's ``roll_price``; what a position held
+over a roll bar earns and costs (the move from ``roll_price``, two contracts' costs) is
+:mod:`foxhunt.trading.pnl`'s.
 
 **Back-adjustment** (``adjust``) makes the series features read continuous; the latest
 contract keeps its raw prices and history is shifted:
@@ -239,29 +239,6 @@ def continuous(contracts: Contracts, schedule: pd.DataFrame, adjust: str) -> tup
             "price level): use adjust=ratio"
         )
     return out, pd.DataFrame(rolls, columns=list(SCHEDULE_COLUMNS))
-
-
-def entry_prices(close: np.ndarray, roll_price: np.ndarray | None) -> np.ndarray:
-    """(T - 1,) the price bar t + 1's move in the contract held is measured from: ``close[t]``,
-    or ``roll_price[t+1]`` where bar t + 1 is a roll bar."""
-    close = np.asarray(close, np.float64)
-    if roll_price is None:
-        return close[:-1]
-    roll = np.asarray(roll_price, np.float64)[1:]
-    return np.where(np.isnan(roll), close[:-1], roll)
-
-
-def held_moves(close: np.ndarray, roll_price: np.ndarray | None) -> np.ndarray:
-    """(T - 1,) the move of bar t + 1 in the contract held over it (see :func:`entry_prices`)."""
-    close = np.asarray(close, np.float64)
-    return close[1:] - entry_prices(close, roll_price)
-
-
-def roll_flags(roll_price: np.ndarray | None, num_bars: int) -> np.ndarray:
-    """(T - 1,) True where bar t + 1 is a roll bar (a position held from t to t + 1 is rolled)."""
-    if roll_price is None:
-        return np.zeros(max(num_bars - 1, 0), dtype=bool)
-    return ~np.isnan(np.asarray(roll_price, np.float64)[1:])
 
 
 def schedule_rows(rolls: pd.DataFrame) -> list[dict[str, Any]]:

@@ -2,19 +2,12 @@
 
 Positions are one contract short, flat or long (-1, 0, 1) per bar; ``positions[t]`` is taken at
 the close of bar ``t`` and held to the close of bar ``t + 1`` (the last position has no next
-bar and is ignored). Step ``t`` (``t = 0 .. T - 2``) earns, in USD::
-
-    cost_per_contract = commission_usd + slippage_ticks * tick_value
-    pnl[t] = positions[t] * move[t] * multiplier
-             - cost_per_contract * |positions[t] - positions[t-1]|,   positions[-1] = 0
-             - cost_per_contract * 2 * |positions[t]|   if bar t + 1 is a roll bar
-
-where ``move[t] = close[t+1] - close[t]``, the raw prices of the contract held, except on a
-roll bar (:mod:`foxhunt.data.roll`): there the position is closed in the old contract at its
-last close and reopened in the new one at ``roll_price[t+1]`` (two contracts' costs), so
-``move[t] = close[t+1] - roll_price[t+1]``: the PnL an account would have seen. This is the
-trading environment's reward (:mod:`foxhunt.data.env`) times ``tick_value``: an agent's summed
-reward in ticks equals this PnL divided by the tick value.
+bar and is ignored). Step ``t`` (``t = 0 .. T - 2``) earns :func:`foxhunt.trading.pnl.walk_pnl`'s
+USD: the gross PnL of the contract held (its raw prices, a roll bar's move from its roll price),
+less the commission and slippage of the contracts traded (a roll two contracts), the formula
+written once in :mod:`foxhunt.trading.pnl`. The trading environment's reward
+(:mod:`foxhunt.trading.env`) is the same step's PnL in ticks: an agent's summed reward equals
+this PnL divided by the tick value.
 
 **Annualization** follows the asset's exchange calendar, never the calendar time of the
 window: ``bars_per_year = sessions per year x bars per session`` (:func:`annualization`), both
@@ -48,8 +41,8 @@ import pandas as pd
 
 from foxhunt.assets import AssetSpec
 from foxhunt.data.features import BAR_INTERVAL
-from foxhunt.data.roll import held_moves, roll_flags
 from foxhunt.evaluation.stats import calmar_ratio, sharpe_ratio, sortino_ratio
+from foxhunt.trading.pnl import check_costs, contract_costs, walk_pnl
 
 ALLOWED_POSITIONS = (-1, 0, 1)
 CALENDAR = "calendar"  # evaluation.sessions_per_year: annualize by the asset's exchange calendar
@@ -224,19 +217,14 @@ def backtest(
     pos = _check_positions(positions)
     prices = _check_close(close, len(pos))
     _check_timestamps(timestamps, len(pos))
-    for name, value in (("commission_usd", commission_usd), ("slippage_ticks", slippage_ticks)):
-        if not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
-            raise ValueError(f"backtest {name}={value!r}: must be a finite number >= 0")
+    check_costs("backtest", commission_usd, slippage_ticks)
     if not (isinstance(bars_per_year, numbers.Real) and math.isfinite(bars_per_year) and bars_per_year > 0):
         raise ValueError(f"backtest bars_per_year={bars_per_year!r}: must be a number > 0")
 
-    cost_per_contract = float(commission_usd) + float(slippage_ticks) * asset.tick_value
+    cost_per_contract = contract_costs(asset, commission_usd, slippage_ticks).per_contract_usd
     rolls = None if roll_price is None else _check_roll_price(roll_price, len(pos))
-    traded = _traded(pos)
-    held = pos[:-1].astype(np.float64)
-    gross = held * held_moves(prices, rolls) * asset.multiplier
-    rolled = 2.0 * np.abs(held) * roll_flags(rolls, len(pos))
-    return _result(pos, gross, cost_per_contract * (traded + rolled), float(bars_per_year), traded)
+    step = walk_pnl(pos, prices, rolls, asset.multiplier, cost_per_contract)
+    return _result(pos, step.gross, step.costs, float(bars_per_year), _traded(pos))
 
 
 def pooled(results: list[BacktestResult]) -> BacktestResult:

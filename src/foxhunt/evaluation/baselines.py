@@ -25,7 +25,7 @@ import numbers
 
 import numpy as np
 
-from foxhunt.data.roll import held_moves
+from foxhunt.trading.pnl import held_moves
 
 BASELINES = ("flat", "buy_and_hold", "random", "momentum")
 

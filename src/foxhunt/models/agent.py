@@ -2,7 +2,7 @@
 evaluation pass, positions for the backtest, and the MLP builder.
 
 :class:`TradingAgent` is the LightningModule base of both agents. An agent steps its vectorized
-:class:`foxhunt.data.env.TradingEnv` inside ``training_step`` (never in DataLoader workers);
+:class:`foxhunt.trading.env.TradingEnv` inside ``training_step`` (never in DataLoader workers);
 the datamodule (:class:`foxhunt.data.datamodules.EnvDataModule`) only supplies the environments
 (``make_env(split, num_envs, seed)`` for training, ``make_eval_env(split)`` for the costs of
 the greedy walk) and a dummy batch per training step. The base:
@@ -27,8 +27,8 @@ once, batched, on every bar for each of the three possible positions (a ``(T, 3)
 greedy actions) and the walk itself is a cheap loop over integers. This gives exactly the
 positions a step-by-step walk of ``TradingEnv.sequential`` would produce, at the cost of three
 batched forward passes instead of ``T`` tiny ones. The last bar holds position 0 (no decision
-is evaluated there). Rewards of the walk use the env's formula (see :mod:`foxhunt.data.env`)
-with the commission and slippage of the env the datamodule builds for that split.
+is evaluated there). Rewards of the walk are :func:`foxhunt.trading.pnl.walk_pnl`'s, the env's
+formula, with the commission and slippage of the env the datamodule builds for that split.
 
 Each agent implements ``greedy_action(obs) -> LongTensor`` (argmax of its Q-values or policy
 logits) and its own ``training_step`` / ``configure_optimizers``.
@@ -47,8 +47,8 @@ from lightning import LightningModule
 from torch import Tensor, nn
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.env import NUM_ACTIONS, TradingEnv
-from foxhunt.data.roll import held_moves, roll_flags
+from foxhunt.trading.env import NUM_ACTIONS, TradingEnv
+from foxhunt.trading.pnl import contract_costs, in_ticks, walk_pnl
 
 #: Activation names accepted by :func:`build_mlp` (config key ``model.module.activation``).
 ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -124,22 +124,14 @@ def walk_rewards(
     slippage_ticks: float,
     roll_price: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-step reward (ticks) and PnL (USD) of holding ``positions[t]`` from bar t to t + 1.
-
-    The env's formula, vectorized over a whole walk that starts flat: ``pnl_usd[t] =
-    pos[t] * move[t] * multiplier - cost * |pos[t] - pos[t-1]| - 2 * cost * |pos[t]| * roll[t]``
-    with ``pos[-1] = 0``, ``cost = commission_usd + slippage_ticks * tick_value``, ``move`` and
-    ``roll`` the held contract's move and the roll bars (:mod:`foxhunt.data.roll`); reward =
-    pnl_usd / tick_value. The last position is ignored. Returns two float64 (T - 1,) arrays.
-    """
-    held = np.asarray(positions, dtype=np.float64)[:-1]
-    close = np.asarray(close, dtype=np.float64)
-    previous = np.concatenate([[0.0], held[:-1]])
-    cost_per_contract = commission_usd + slippage_ticks * asset.tick_value
-    pnl_usd = held * held_moves(close, roll_price) * asset.multiplier - cost_per_contract * np.abs(held - previous)
-    if roll_price is not None:
-        pnl_usd = pnl_usd - 2.0 * cost_per_contract * np.abs(held) * roll_flags(roll_price, len(close))
-    return pnl_usd / asset.tick_value, pnl_usd
+    """Per-step reward (ticks) and PnL (USD) of holding ``positions[t]`` from bar t to t + 1, a walk
+    that starts flat (the last position is ignored): :func:`foxhunt.trading.pnl.walk_pnl`'s net PnL
+    at the asset's contract costs, and :func:`~foxhunt.trading.pnl.in_ticks` of it: the env's
+    ``pnl_usd`` step by step, exactly (its reward is these ticks in float32). Returns two float64
+    (T - 1,) arrays."""
+    cost_per_contract = contract_costs(asset, commission_usd, slippage_ticks).per_contract_usd
+    pnl_usd = walk_pnl(positions, close, roll_price, asset.multiplier, cost_per_contract).net
+    return in_ticks(pnl_usd, asset.tick_value), pnl_usd
 
 
 class TradingAgent(LightningModule, ABC):

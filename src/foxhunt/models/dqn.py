@@ -66,9 +66,9 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import Tensor, nn
 
-from foxhunt.data.env import NUM_ACTIONS
 from foxhunt.models.agent import TradingAgent, build_mlp
 from foxhunt.precision.optim import make_optimizer
+from foxhunt.trading.env import NUM_ACTIONS
 
 
 @dataclass

@@ -54,9 +54,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from foxhunt.data.env import NUM_ACTIONS
 from foxhunt.models.agent import TradingAgent, build_mlp, orthogonal_init_
 from foxhunt.precision.optim import make_optimizer
+from foxhunt.trading.env import NUM_ACTIONS
 
 #: Orthogonal-init gains of the PPO reference implementations (not tunables: part of the method).
 HIDDEN_GAIN = math.sqrt(2.0)

@@ -7,8 +7,11 @@ pending order on the next bar and marks the account to that bar's raw close:
 
 * the price: ``paper.fill_price=next_open``: the bar's raw open; ``decision_close``: the raw
   close of the bar the order was decided on (the price :func:`foxhunt.evaluation.backtest.backtest`
-  assumes); either moved ``slippage_ticks`` ticks against the order (``execution``);
-* ``commission_usd`` per contract traded;
+  assumes); either moved ``slippage_ticks`` ticks against the order (``execution``;
+  :attr:`foxhunt.trading.pnl.ContractCosts.slippage_price`);
+* ``commission_usd`` per contract traded: with the slippage, each contract costs
+  :attr:`~foxhunt.trading.pnl.ContractCosts.per_contract_usd`, the backtest's figure (the costs
+  come from :func:`foxhunt.trading.pnl.contract_costs`, the one owner of the formula);
 * a roll bar (``roll_price`` finite, :mod:`foxhunt.data.roll`): the pending order was decided
   on the old contract, which has no next bar in the stream: it fills at the old contract's last
   close; then the position held is closed there and reopened at ``roll_price``, two contracts'
@@ -36,6 +39,7 @@ import math
 from dataclasses import dataclass, field
 
 from foxhunt.errors import ConfigError
+from foxhunt.trading.pnl import contract_costs
 
 FILL_PRICES = ("next_open", "decision_close")
 # the largest money figure booked (about 68.7 billion USD, above the schema's capital bound): below it
@@ -98,8 +102,9 @@ class FillModel:
         if fill_price not in FILL_PRICES:
             raise ValueError(f"paper.fill_price={fill_price!r}: must be one of {', '.join(FILL_PRICES)}")
         self.multiplier = float(asset.multiplier)
-        self.commission = float(commission_usd)
-        self.slip = float(slippage_ticks) * float(asset.tick_size)
+        self.costs = contract_costs(asset, commission_usd, slippage_ticks)
+        self.commission = self.costs.commission_usd
+        self.slip = self.costs.slippage_price
         self.at_open = fill_price == "next_open"
         check_money(self.commission, f"execution.commission_usd={float(commission_usd):g} per contract")
         check_money(self.slip * self.multiplier, f"execution.slippage_ticks={float(slippage_ticks):g} (per contract)")

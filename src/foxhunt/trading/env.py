@@ -9,31 +9,20 @@ step; here the whole batch is one tensor operation on the agent's device.
 in and out) for libraries such as Stable-Baselines3, and :func:`make_gym_vector_env` builds a
 ``gymnasium.vector.SyncVectorEnv`` of such wrappers.
 
-Definitions (shared with :func:`foxhunt.evaluation.backtest.backtest`, which reports the same
-numbers in USD):
+Definitions:
 
 * Actions: integers in ``{0: short, 1: flat, 2: long}``; the position taken is ``action - 1``.
 * Observation at bar ``t`` (float32, ``observation_dim = F + 1``): columns ``0 .. F-1`` are the
   ``F`` features of bar ``t``; column ``F`` is the position currently held (-1, 0 or 1; 0 at the
   start of an episode).
 * Step at bar ``t``: the agent moves from ``pos_old`` to ``pos_new``, pays the trading cost on the
-  change and holds ``pos_new`` from the close of bar ``t`` to the close of bar ``t + 1``. Reward
-  in ticks::
-
-      cost_per_contract = commission_usd + slippage_ticks * tick_value
-      pnl_usd = pos_new * move[t] * multiplier
-                - cost_per_contract * |pos_new - pos_old|
-                - cost_per_contract * 2 * |pos_new|     if bar t + 1 is a roll bar
-      reward  = pnl_usd / tick_value
-
-  ``move[t]`` is the price move of bar ``t + 1`` in the contract held: ``close[t+1] -
-  close[t]``, or ``close[t+1] - roll_price[t+1]`` on a roll bar, where the position is
-  closed in the old contract and reopened in the new one (:mod:`foxhunt.data.roll`): the env
-  trades the raw contract prices, never the back-adjusted series the features read.
-
-  A flip from short to long therefore pays two contracts' cost; flattening pays one. No cost is
-  charged for the position still open when an episode ends (as in the backtest, where the last
-  position is ignored).
+  change and holds ``pos_new`` from the close of bar ``t`` to the close of bar ``t + 1``. Its
+  ``pnl_usd`` and reward (in ticks) are :func:`foxhunt.trading.pnl.step_pnl`'s net PnL and
+  :func:`~foxhunt.trading.pnl.in_ticks` of it, the formula written once in
+  :mod:`foxhunt.trading.pnl` (the backtest's too): the move of the contract held (a roll bar's
+  from its roll price, two contracts' costs), the raw contract prices, never the back-adjusted
+  series the features read. No cost is charged for the position still open when an episode
+  ends (as in the backtest, where the last position is ignored).
 * Episodes: ``episode_len`` steps from a start bar drawn uniformly from
   ``0 .. T - 1 - episode_len`` (so every step has a next bar), flat at the start. The episode
   is ``truncated`` after ``episode_len`` steps; it is never ``terminated`` (no state of the
@@ -44,7 +33,6 @@ numbers in USD):
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any
 
@@ -54,6 +42,7 @@ import torch
 from torch import Tensor
 
 from foxhunt.assets import AssetSpec
+from foxhunt.trading.pnl import check_costs, contract_costs, held_moves, in_ticks, roll_flags, step_pnl
 
 NUM_ACTIONS = 3  # short, flat, long
 ACTION_TO_POSITION_OFFSET = 1  # position = action - 1
@@ -141,9 +130,7 @@ class TradingEnv:
                 f"TradingEnv episode_len={episode_len!r}: must be an integer in "
                 f"[1, {num_bars - 1}] (the split has {num_bars} bars)"
             )
-        for name, value in (("commission_usd", commission_usd), ("slippage_ticks", slippage_ticks)):
-            if not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"TradingEnv {name}={value!r}: must be a finite number >= 0")
+        check_costs("TradingEnv", commission_usd, slippage_ticks)
 
         self.asset = asset
         self.num_envs = int(num_envs)
@@ -153,16 +140,16 @@ class TradingEnv:
         self.auto_reset = auto_reset
         self.commission_usd = float(commission_usd)
         self.slippage_ticks = float(slippage_ticks)
-        self.cost_per_contract_usd = self.commission_usd + self.slippage_ticks * asset.tick_value
-        # USD earned by one long contract held from bar t to bar t + 1, for t = 0 .. T - 2, and
-        # the roll's cost of a position held over bar t + 1 when it is a roll bar.
+        self.cost_per_contract_usd = contract_costs(asset, self.commission_usd, self.slippage_ticks).per_contract_usd
+        # The move of the contract held from bar t to bar t + 1, for t = 0 .. T - 2, and 1.0 where
+        # bar t + 1 is a roll bar (None: the series never rolls), as trading.pnl defines them.
         rolls = None if roll_price is None else _as_tensor("roll_price", roll_price, torch.float64, self.device)
         if rolls is not None and rolls.shape != close_t.shape:
             raise ValueError(f"TradingEnv roll_price: expected shape {tuple(close_t.shape)}, got {tuple(rolls.shape)}")
-        entry = close_t[:-1] if rolls is None else torch.where(torch.isnan(rolls[1:]), close_t[:-1], rolls[1:])
-        self._move_usd = (close_t[1:] - entry) * asset.multiplier
-        self._roll_cost_usd = (
-            None if rolls is None else (~torch.isnan(rolls[1:])).to(torch.float64) * 2.0 * self.cost_per_contract_usd
+        close_np, rolls_np = close_t.cpu().numpy(), None if rolls is None else rolls.cpu().numpy()
+        self._move = torch.as_tensor(held_moves(close_np, rolls_np), dtype=torch.float64, device=self.device)
+        self._rolled = (
+            None if rolls is None else torch.as_tensor(roll_flags(rolls_np, num_bars), dtype=torch.float64, device=self.device)
         )
         self._generator = torch.Generator(device="cpu")
         self._generator.manual_seed(int(seed))
@@ -281,11 +268,10 @@ class TradingEnv:
 
         bar = self._bar
         new_position = actions.to(torch.int64) - ACTION_TO_POSITION_OFFSET
-        traded = (new_position - self._position).abs()
-        pnl_usd = new_position.to(torch.float64) * self._move_usd[bar] - self.cost_per_contract_usd * traded.to(torch.float64)
-        if self._roll_cost_usd is not None:
-            pnl_usd = pnl_usd - new_position.abs().to(torch.float64) * self._roll_cost_usd[bar]
-        reward = (pnl_usd / self.asset.tick_value).to(torch.float32)
+        rolled = None if self._rolled is None else self._rolled[bar]
+        pnl_usd = step_pnl(new_position.to(torch.float64), self._position.to(torch.float64), self._move[bar], rolled,
+                           self.asset.multiplier, self.cost_per_contract_usd).net  # fmt: skip
+        reward = in_ticks(pnl_usd, self.asset.tick_value).to(torch.float32)
 
         self._position = new_position
         self._bar = bar + 1

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.env import TradingEnv, TradingGymEnv, make_gym_vector_env
 from foxhunt.evaluation import backtest
+from foxhunt.trading.env import TradingEnv, TradingGymEnv, make_gym_vector_env
 
 CONF_ASSET = Path(__file__).resolve().parents[2] / "conf" / "asset"
 
