@@ -1,7 +1,7 @@
 """Section ``fleet``: the streaming fleet per bar, each member beside its floor, int8 against
 fp32, many symbols at once, and the capacity.
 
-The four seed-size models (freshly initialized: latency does not depend on the weights' values)
+The four default-size models (freshly initialized: latency does not depend on the weights' values)
 are wrapped as fleet members (:mod:`foxhunt.ensemble.members`, runtime chosen by measurement as
 ``foxhunt ensemble replay`` does) and the bars of the validation split are streamed through one
 :class:`~foxhunt.ensemble.engine.StreamingEngine`, bar by bar (:func:`foxhunt.ensemble.replay.replay_bars`,
@@ -314,4 +314,4 @@ def _capacity_row(ctx: BenchContext, modules, inputs, bars, asset, cfg, settings
     return Row("fleet", f"capacity int8 / fp32 (whole fleets in {budget.name} {budget.available_mb:.0f} MB)", 1, "fleets",
                float(counts["int8"]), float(counts["fp32"]), ratio, "ratio", ">=", float(ctx.settings.goals.fleet.capacity_int8_vs_fp32),
                note=f"fleet footprint fp32 {totals['fp32'] / 2**20:.2f} MB, int8 {totals['int8'] / 2**20:.2f} MB "
-                    "(runtime weights + one stream's state + step peak, seed-size models; torch modules dropped)")  # fmt: skip
+                    "(runtime weights + one stream's state + step peak, default-size models; torch modules dropped)")  # fmt: skip

@@ -8,7 +8,7 @@ and the LSTM encoder-decoder, enrichment, attention and heads of the 50-bar wind
 the LSTM's initial state is the static context at the window's first bar, so the encoder runs
 over the whole window again on every bar; the math allows no shortcut there). In torch eager
 each is a few hundred operators at a few microseconds of dispatch each; ONNX Runtime runs the
-same graph, fused, at fixed dimensions: measured on the seed-size TFT at 1 thread, fuse 3.6 ms
+same graph, fused, at fixed dimensions: measured on the default-size TFT at 1 thread, fuse 3.6 ms
 against 7.5 ms in torch, the encoder selection of one bar 0.2 against 1.3 ms
 (``scripts/benchmark.py --sections fleet`` measures both every run).
 
