@@ -18,6 +18,7 @@ from torch import nn
 from foxhunt.ensemble.kernels import ACTIVATIONS
 from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, UnsupportedModule, mamba2_arrays, mlp_layers, ordered_quantiles
 from foxhunt.models import mamba2 as torch_mamba2
+from foxhunt.models import quantiles as torch_quantiles
 from foxhunt.models.agent import build_mlp
 
 
@@ -84,7 +85,7 @@ def test_a_dynamically_quantized_module_is_left_to_torch():
 def test_ordered_quantiles_equal_the_models_and_are_increasing(raw):
     median = raw.shape[-1] // 2
     got = ordered_quantiles(raw, median)
-    want = torch_mamba2.ordered_quantiles(torch.from_numpy(raw), median).numpy()
+    want = torch_quantiles.ordered_quantiles(torch.from_numpy(raw), median).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)  # softplus above 20 is x itself, as torch's
     np.testing.assert_array_equal(got[..., median], raw[..., median])
     assert np.all(np.diff(got.astype(np.float64), axis=-1) >= 0)

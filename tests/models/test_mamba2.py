@@ -27,11 +27,11 @@ from foxhunt.models.mamba2 import (
     NO_WEIGHT_DECAY_ATTR,
     Mamba2Forecaster,
     Mamba2Mixer,
-    ordered_quantiles,
     segsum,
     ssd_chunked,
     ssd_naive,
 )
+from foxhunt.models.quantiles import ordered_quantiles
 
 # the feature settings of conf/data/pipeline/default.yaml (the future calendar reads them)
 DEFAULT_FEATURES = FeatureConfig(momentum_bars=15, volatility_bars=30, volume_bars=60)

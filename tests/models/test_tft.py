@@ -22,7 +22,8 @@ from foxhunt.data.datamodules import ForecastDataModule
 from foxhunt.data.dataset import MarketDataset, SplitArrays, feature_groups
 from foxhunt.data.features import FEATURE_NAMES, FeatureConfig
 from foxhunt.models.forecaster import quantile_loss
-from foxhunt.models.tft import GatedResidualNetwork, MonotoneQuantileHead, TemporalFusionTransformer
+from foxhunt.models.quantiles import QuantileHead
+from foxhunt.models.tft import GatedResidualNetwork, TemporalFusionTransformer
 
 # the feature settings of conf/data/pipeline/default.yaml (the future calendar reads them)
 DEFAULT_FEATURES = FeatureConfig(momentum_bars=15, volatility_bars=30, volume_bars=60)
@@ -236,7 +237,7 @@ def test_quantile_outputs_ordered_for_extreme_inputs():
 )
 def test_quantile_head_ordered_by_construction(rows, median_index):
     torch.manual_seed(0)
-    head = MonotoneQuantileHead(hidden_size=6, n_quantiles=5, median_index=median_index)
+    head = QuantileHead(in_features=6, n_quantiles=5, median_index=median_index)
     x = torch.tensor(rows, dtype=torch.float64)
     out = head.double()(x)
     assert out.shape == (len(rows), 5)

@@ -39,7 +39,7 @@ def test_mamba2_layer_list_keeps_norms_head_ssm_parameters_and_small_layers_in_f
         assert not by_name[f"backbone.layers.{layer}.norm.weight"].int8
         assert is_int8_weight(model.get_submodule(f"{mixer}.in_proj").weight)
         assert not is_int8_weight(model.get_submodule(mixer).A_log)
-    assert "keep_fp32 pattern '*head*'" in by_name["head.weight"].reason  # 90 x 64: big enough, kept
+    assert "keep_fp32 pattern '*head*'" in by_name["head.linear.weight"].reason  # 90 x 64: big enough, kept
     assert "1024 elements < min_quantized_numel 4096" in by_name["input_proj.weight"].reason
     assert [d.name for d in plan if d.int8] == [
         f"backbone.layers.{i}.mixer.{p}.weight" for i in (0, 1) for p in ("in_proj", "out_proj")

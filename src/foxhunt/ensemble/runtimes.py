@@ -105,7 +105,7 @@ def mamba2_arrays(model: nn.Module, int8: bool = False) -> Mamba2Arrays:
     input_w, input_s = _matrix(model.input_proj.weight, int8)
     in_w, in_s = stacked_matrix(lambda m: m.in_proj.weight)
     out_w, out_s = stacked_matrix(lambda m: m.out_proj.weight)
-    head_w, head_s = _matrix(model.head.weight, int8)
+    head_w, head_s = _matrix(model.head.linear.weight, int8)
     conv_b = stack(lambda m: m.conv1d.bias.detach().numpy() if m.conv1d.bias is not None else np.zeros(m.conv_dim, np.float32))
     weights = (
         input_w, input_s, _array(model.input_proj.bias),
@@ -116,7 +116,7 @@ def mamba2_arrays(model: nn.Module, int8: bool = False) -> Mamba2Arrays:
         stack(lambda m: _array(m.norm.weight)), np.float32(first.norm.eps), int(first.norm.group_size),
         out_w, out_s, stack(lambda m: _array(m.out_proj.bias)),
         _array(model.backbone.norm_f.weight), np.float32(model.backbone.norm_f.eps),
-        head_w, head_s, _array(model.head.bias),
+        head_w, head_s, _array(model.head.linear.bias),
     )  # fmt: skip
     dims = (first.d_inner, first.conv_dim, first.nheads, first.headdim, first.ngroups, first.d_state)
     layers = len(mixers)

@@ -29,7 +29,7 @@ Pieces, bottom-up:
 - `Mamba2Forecaster(ForecasterModule)`: per bar the 16 features (static broadcast over time,
   the past part of the known calendar, observed) -> linear to d_model -> stack -> head on the
   last bar -> (horizon, n_quantiles) forecasts whose quantiles are ordered by construction
-  (the median plus cumulative softplus offsets on both sides).
+  (`foxhunt.models.quantiles.QuantileHead`: the median plus cumulative softplus offsets on both sides).
 
 Streaming inference: every level has ``step(x_t, state) -> (y_t, state)`` that consumes one
 new bar with O(1) work and memory, carrying per layer the last ``d_conv`` conv inputs and the
@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from foxhunt.models.forecaster import ForecasterModule
+from foxhunt.models.quantiles import QuantileHead
 from foxhunt.precision.optim import make_optimizer
 
 #: Attribute set on parameters that must not be weight-decayed (the SSM's dt_bias, A_log, D),
@@ -433,25 +434,13 @@ class Mamba2Stack(nn.Module):
         return self.norm_f(u_t), new_state
 
 
-def ordered_quantiles(raw: Tensor, median_index: int) -> Tensor:
-    """Monotone quantiles from unconstrained head outputs raw: (..., Q).
-
-    raw[..., median_index] is the median; the levels above it add cumulative softplus offsets,
-    the levels below subtract them, so the output is strictly increasing along the last axis.
-    """
-    median = raw[..., median_index : median_index + 1]
-    above = median + torch.cumsum(F.softplus(raw[..., median_index + 1 :]), dim=-1)
-    below_offsets = F.softplus(raw[..., :median_index]).flip(-1).cumsum(dim=-1).flip(-1)
-    return torch.cat([median - below_offsets, median, above], dim=-1)
-
-
 # ------------------------------------------------------------------------------ forecaster
 class Mamba2Forecaster(ForecasterModule):
     """Mamba-2 quantile forecaster of the next `horizon` scaled 1-bar log returns.
 
     Per bar the input is the 16 features in dataset column order (static broadcast over time,
     the past seq_len bars of the known calendar, observed); a linear layer lifts them to
-    d_model, the Mamba-2 stack mixes them causally, and a linear head on the last bar's hidden
+    d_model, the Mamba-2 stack mixes them causally, and a `QuantileHead` on the last bar's hidden
     state gives (horizon, n_quantiles) ordered quantiles. `step` runs the same model one bar
     at a time (streaming); its output after bar t equals `forward` on a window ending at t.
     """
@@ -513,7 +502,7 @@ class Mamba2Forecaster(ForecasterModule):
             A_init_range=A_init_range,
         )
         self.head_dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(d_model, self.horizon * self.n_quantiles)
+        self.head = QuantileHead(d_model, self.n_quantiles, self.median_index, self.horizon)
 
     # ---------------------------------------------------------------- full-window path
     def bar_features(self, batch: Mapping[str, Tensor]) -> Tensor:
@@ -535,9 +524,7 @@ class Mamba2Forecaster(ForecasterModule):
 
     def _forecast(self, hidden: Tensor) -> Tensor:
         """Hidden states (..., d_model) -> ordered quantile forecasts (..., horizon, Q)."""
-        raw = self.head(self.head_dropout(hidden))
-        raw = raw.reshape(*hidden.shape[:-1], self.horizon, self.n_quantiles)
-        return ordered_quantiles(raw, self.median_index)
+        return self.head(self.head_dropout(hidden))
 
     def forecast_sequence(self, features: Tensor) -> Tensor:
         """Forecasts after every bar of features (B, L, input_dim) -> (B, L, horizon, Q)."""

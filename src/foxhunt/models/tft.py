@@ -29,8 +29,9 @@ Architecture, section numbers of the paper in brackets:
     quantile output layer on the decoder positions                       [4.6, eq. 23]
 
 Quantile ordering is guaranteed by construction (a departure from the paper, which leaves the
-outputs free): the head predicts the median and, for the levels on either side of it, positive
-gaps (softplus) that are cumulated outwards, so q_1 <= ... <= q_0.5 <= ... <= q_Q always holds.
+outputs free): the head (`foxhunt.models.quantiles.QuantileHead`, per decoder position) predicts the
+median and, for the levels on either side of it, positive gaps (softplus) that are cumulated
+outwards, so q_1 <= ... <= q_0.5 <= ... <= q_Q always holds.
 
 Causality: every layer is position-wise except the LSTMs (left to right) and the attention
 (causal mask), so the forecast for decoder step t depends on inputs at times <= t only.
@@ -47,6 +48,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from foxhunt.models.forecaster import INPUT_KEYS, ForecasterModule
+from foxhunt.models.quantiles import QuantileHead
 
 if TYPE_CHECKING:
     from foxhunt.evaluation.interpret import Interpretation
@@ -336,28 +338,6 @@ class InterpretableMultiHeadAttention(nn.Module):
         return self.output(heads.mean(dim=1)), attention.mean(dim=1)
 
 
-class MonotoneQuantileHead(nn.Module):
-    """Quantile output layer [eq. 23] whose outputs are ordered by construction.
-
-    A linear layer gives Q raw values per position; the one at the median's index is the median,
-    the others become positive gaps softplus(raw) cumulated away from the median:
-    q_j = median + sum_{median < k <= j} gap_k above it, median - sum_{j <= k < median} gap_k below.
-    """
-
-    def __init__(self, hidden_size: int, n_quantiles: int, median_index: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(hidden_size, n_quantiles)
-        self.median_index = median_index
-
-    def forward(self, x: Tensor) -> Tensor:
-        raw = self.linear(x)
-        m = self.median_index
-        median = raw[..., m : m + 1]
-        above = median + torch.cumsum(F.softplus(raw[..., m + 1 :]), dim=-1)
-        below = median - torch.cumsum(F.softplus(raw[..., :m]).flip(-1), dim=-1).flip(-1)
-        return torch.cat([below, median, above], dim=-1)
-
-
 class StaticContexts(NamedTuple):
     """The static covariate encoders' outputs [4.3]: selection weights of the static variables,
     c_s (variable selection), c_e (enrichment) and (c_h, c_c) (the LSTMs' initial state)."""
@@ -465,7 +445,7 @@ class TemporalFusionTransformer(ForecasterModule):
         self.post_attention_gate = GateAddNorm(d, d, dropout)
         self.positionwise_grn = GatedResidualNetwork(d, d, d, dropout)
         self.pre_output_gate = GateAddNorm(d, d, dropout)
-        self.quantile_head = MonotoneQuantileHead(d, self.n_quantiles, self.median_index)
+        self.quantile_head = QuantileHead(d, self.n_quantiles, self.median_index)
 
     def _check_inputs(self, static: Tensor, known: Tensor, observed: Tensor) -> None:
         batch = static.shape[0]
