@@ -17,11 +17,13 @@ SMALL = {
     "mamba2": ["model.module.d_model=32", "model.module.n_layers=1"],
     "tft": ["model.module.hidden_size=16", "model.module.lstm_layers=1"],
 }  # fmt: skip
+FIFTH = "dlinear"  # a family outside the default fleet (ensemble.models), trained into the store too
 STREAMING_SMALL = {  # the streaming tests' sizes (engine, parity): big enough for two layers, a zero threshold
     "dqn": ["model.module.hidden_sizes=[64,64]"],
     "ppo": ["model.module.policy_hidden_sizes=[64]", "model.module.value_hidden_sizes=[64]"],
     "mamba2": ["model.module.d_model=32", "model.module.n_layers=2", "model.module.position_threshold=0.0"],
     "tft": ["model.module.hidden_size=32", "model.module.lstm_layers=2", "model.module.position_threshold=0.0"],
+    "dlinear": ["model.module.position_threshold=0.0"],
 }  # fmt: skip
 FAST = ["trainer=smoke", "data.source.days=4", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1",
         "trainer.limit_test_batches=1", "evaluation.plot_equity=false"]  # fmt: skip

@@ -18,8 +18,8 @@ from foxhunt.ensemble.members import forecaster_position
 TOLERANCE = 1e-4
 
 
-def _exported(family, parts, tmp_path, fmt="onnx"):
-    step = streaming_step(family, parts.model, parts.dataset.manifest())
+def _exported(parts, tmp_path, fmt="onnx"):
+    step = streaming_step(parts.model, parts.dataset.manifest())
     path = tmp_path / ("step.onnx" if fmt == "onnx" else "step.pt")
     diff = write_step(step, path, fmt)
     assert diff < TOLERANCE
@@ -29,7 +29,7 @@ def _exported(family, parts, tmp_path, fmt="onnx"):
 @pytest.mark.parametrize("family", ["dqn", "ppo"])
 def test_an_exported_agent_walks_the_replay_of_foxhunt(compose_cfg, tmp_path, family):
     cfg, parts = _parts(compose_cfg, family)
-    path = _exported(family, parts, tmp_path)
+    path = _exported(parts, tmp_path)
     streamed = replay_split(cfg, parts, member_of(family, parts.model, parts.dataset, "torch"), "test").positions[family]
     position, walked = 0.0, []
     for row in parts.dataset.splits["test"].features:
@@ -42,7 +42,7 @@ def test_an_exported_agent_walks_the_replay_of_foxhunt(compose_cfg, tmp_path, fa
 
 def test_exported_mamba2_carries_its_state_as_foxhunt_does(compose_cfg, tmp_path):
     cfg, parts = _parts(compose_cfg, "mamba2")
-    model, path = parts.model, _exported("mamba2", parts, tmp_path)
+    model, path = parts.model, _exported(parts, tmp_path)
     replayed = replay_split(cfg, parts, member_of("mamba2", model, parts.dataset, "torch"), "val")
     state = model.allocate_inference_state(1)
     conv, ssm = torch.stack([s.conv for s in state]).numpy(), torch.stack([s.ssm for s in state]).numpy()
@@ -57,11 +57,11 @@ def test_exported_mamba2_carries_its_state_as_foxhunt_does(compose_cfg, tmp_path
     np.testing.assert_allclose(signals, replayed.signals["mamba2"], atol=TOLERANCE, rtol=0)
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
-def test_exported_tft_window_forecasts_as_foxhunt_streams(compose_cfg, tmp_path, fmt):
-    cfg, parts = _parts(compose_cfg, "tft")
-    model, path = parts.model, _exported("tft", parts, tmp_path, fmt)
-    replayed = replay_split(cfg, parts, member_of("tft", model, parts.dataset, "torch"), "test")
+@pytest.mark.parametrize("family,fmt", [("tft", "onnx"), ("tft", "torchscript"), ("dlinear", "onnx")])
+def test_exported_window_forecasts_as_foxhunt_streams(compose_cfg, tmp_path, family, fmt):
+    cfg, parts = _parts(compose_cfg, family)
+    model, path = parts.model, _exported(parts, tmp_path, fmt)
+    replayed = replay_split(cfg, parts, member_of(family, model, parts.dataset, "torch"), "test")
     windows = parts.datamodule.input_windows("test")
     feeds = {k: windows[k].numpy() for k in ("static", "known", "observed")}
     if fmt == "onnx":
@@ -74,9 +74,9 @@ def test_exported_tft_window_forecasts_as_foxhunt_streams(compose_cfg, tmp_path,
     np.testing.assert_allclose(forecast, expected, atol=TOLERANCE, rtol=0)
     signals = forecast[..., model.median_index].sum(-1)
     bars = windows["bar_index"].numpy()
-    np.testing.assert_allclose(signals, replayed.signals["tft"][bars], atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(signals, replayed.signals[family][bars], atol=TOLERANCE, rtol=0)
     positions = [forecaster_position(float(s), float(model.position_threshold)) for s in signals]
-    np.testing.assert_array_equal(positions, replayed.positions["tft"][bars])
+    np.testing.assert_array_equal(positions, replayed.positions[family][bars])
 
 
 def test_export_command_writes_every_member_with_its_spec(store_root, tmp_path):

@@ -51,7 +51,7 @@ def test_the_engine_takes_the_rule_and_the_metric_values_as_weights():
         ([("a", "val/loss", 0.1)], "weighted", "ensemble.rule=weighted: the members were registered on val/loss, better when lower"),
         ([("a", "val/sharpe", -1.0), ("b", "val/sharpe", None)], "weighted",
          "ensemble.rule=weighted: no member has a positive val/sharpe, so every weight would be 0"),
-        ([("a", "val/sharpe", 1.0)], "mean_forecast", "ensemble.rule=mean_forecast: the fleet has no forecaster (mamba2, tft)"),
+        ([("a", "val/sharpe", 1.0)], "mean_forecast", "ensemble.rule=mean_forecast: the fleet has no forecaster (dlinear, mamba2, tft)"),
         ([("a", "val/sharpe", 1.0)], "median", "ensemble.rule='median': must be one of majority, mean_forecast, weighted"),
     ],
 )  # fmt: skip

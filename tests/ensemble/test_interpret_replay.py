@@ -76,4 +76,4 @@ def test_replay_writes_the_tft_members_selection_and_attention(tft_store):
 def test_interpret_without_a_tft_member_is_one_line(tft_store):
     result = cli(tft_store, "ensemble", "replay", "asset=es", "ensemble.models=[dqn]", "--interpret", str(tft_store / "x"))
     assert result.exit_code == 2
-    assert "--interpret" in result.output and "the fleet has no tft member" in result.output
+    assert "--interpret" in result.output and "no member of the fleet can say what its inputs weighed" in result.output

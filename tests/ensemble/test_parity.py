@@ -1,6 +1,7 @@
-"""Replaying a split bar by bar gives the batch path's decisions: identical positions for all
-four families, forecasts within 1e-5 (the members built straight from the models here; the
-registry round trip is tested in test_registry.py)."""
+"""Replaying a split bar by bar gives the batch path's decisions: identical positions for every
+family, forecasts within 1e-5 (the members built straight from the models by ``make_member``,
+which picks each one's member from what its model offers; the registry round trip is tested in
+test_registry.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fleet_helpers import STREAMING_SMALL as SMALL
 from hydra.utils import instantiate
 
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
-from foxhunt.ensemble.members import AgentMember, Mamba2Member, TFTMember
+from foxhunt.ensemble.members import TFTMember, WindowMember, make_member
 from foxhunt.ensemble.replay import replay_bars
 from foxhunt.training.parts import build_parts
 
@@ -27,11 +28,7 @@ def _parts(compose_cfg, model: str, *extra: str):
 
 
 def member_of(family: str, model, dataset, runtime: str = "auto", workdir=None, weights: str = "fp32"):
-    if family in ("dqn", "ppo"):
-        return AgentMember(family, family, model, weights, None, runtime, probe_calls=50)
-    if family == "mamba2":
-        return Mamba2Member(family, model, weights, None, runtime, probe_calls=20)
-    return TFTMember(family, model, weights, None, dataset.groups, runtime, probe_calls=10, workdir=workdir)
+    return make_member(family, family, model, weights, None, runtime, probe_calls=20, groups=dataset.groups, workdir=workdir)
 
 
 def replay_split(cfg, parts, member, split: str):
@@ -80,7 +77,7 @@ def test_tft_reuses_past_encodings_and_matches_the_windows(compose_cfg, tmp_path
     cfg, parts = _parts(compose_cfg, "tft")
     model = parts.model
     member = member_of("tft", model, parts.dataset, runtime, workdir=tmp_path)
-    assert member.runtime == runtime
+    assert isinstance(member, TFTMember) and member.runtime == runtime
     replayed = replay_split(cfg, parts, member, "test")
     batch = model.trading_positions(parts.datamodule, "test")
     np.testing.assert_array_equal(replayed.positions["tft"], batch)
@@ -90,3 +87,19 @@ def test_tft_reuses_past_encodings_and_matches_the_windows(compose_cfg, tmp_path
     expected = forecasts[..., model.median_index].sum(-1).numpy()
     got = replayed.signals["tft"][windows["bar_index"].numpy()]
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def test_dlinear_streams_as_a_window_forecaster_and_matches_the_windows(compose_cfg):
+    """A family with no streaming code of its own (DLinear) streams through the generic window
+    member, bar for bar the batch path's positions and forecasts."""
+    cfg, parts = _parts(compose_cfg, "dlinear")
+    model = parts.model
+    member = member_of("dlinear", model, parts.dataset)
+    assert isinstance(member, WindowMember) and member.family == "dlinear"
+    replayed = replay_split(cfg, parts, member, "test")
+    batch = model.trading_positions(parts.datamodule, "test")
+    np.testing.assert_array_equal(replayed.positions["dlinear"], batch)
+    assert (batch != 0).sum() > len(batch) // 10
+    windows = parts.datamodule.input_windows("test")
+    expected = model.predict_windows(windows, 512)[..., model.median_index].sum(-1).numpy()
+    np.testing.assert_allclose(replayed.signals["dlinear"][windows["bar_index"].numpy()], expected, atol=1e-5, rtol=0)

@@ -123,7 +123,7 @@ NAME_RULES: list[tuple[str, Callable[[Any], str | None]]] = [
     (r"^(min_replay|min_replay_size|warmup_steps)$", _integer(0, MEMORY)),
     (r"^(replay_capacity|capacity)$", _integer(1, MEMORY)),
     (r"^(batch_size|minibatch_size)$", _integer(1, 2**20)),
-    (r"^(horizon|seq_len|chunk_size)$", LENGTH),
+    (r"^(horizon|seq_len|chunk_size|moving_average)$", LENGTH),
     (r"^(num_heads|n_heads|heads|lstm_layers|n_layers|num_layers|expand|d_conv|ngroups|update_epochs)$", LAYERS),
     (r"^(rollout_steps|steps_per_call|.*_every|.*_interval)$", STEPS),
     (
@@ -214,6 +214,15 @@ def _check_relations(module: Mapping[str, Any], model: Mapping[str, Any]) -> Non
     if all(_number(x) for x in (d_model, expand, headdim, ngroups)) and headdim and ngroups:
         nheads = d_model * expand // headdim
         _require(nheads % ngroups == 0, "ngroups", ngroups, f"must divide the number of SSM heads ({nheads})")
+
+    window, seq_len = module.get("moving_average"), module.get("seq_len")
+    if _number(window) and _number(seq_len):
+        _require(
+            window % 2 == 1 and window <= seq_len,
+            "moving_average",
+            window,
+            f"must be odd and <= model.module.seq_len ({seq_len})",
+        )
 
     input_dim = module.get("input_dim")
     for names in (("static_dim", "known_dim", "observed_dim"), ("n_static", "n_known", "n_observed")):

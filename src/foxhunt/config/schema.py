@@ -41,6 +41,7 @@ from pydantic import (
     model_validator,
 )
 
+from foxhunt.config.families import family_names
 from foxhunt.config.model_schemas import rule_problem, shown_bound, validate_model_hyperparameters
 from foxhunt.errors import ConfigError
 from foxhunt.precision.policy import (
@@ -678,7 +679,7 @@ class ServeSection(_Strict):
 class EnsembleSection(_Strict):
     """``conf/ensemble``: the fleet's members, how they load and how they combine."""
 
-    models: list[Literal["dqn", "ppo", "mamba2", "tft"]] = Field(min_length=1)
+    models: list[str] = Field(min_length=1)  # families of conf/model/ (foxhunt.config.families)
     metric: str = Field(min_length=1)
     alias: str = Field(min_length=1)
     gate: Literal["baseline", "interval", "none"]
@@ -697,6 +698,15 @@ class EnsembleSection(_Strict):
     input_example_decided: _int(1, 100_000)
     validate_: EnsembleValidate = Field(alias="validate")
     serve: ServeSection
+
+    @field_validator("models")
+    @classmethod
+    def _registered_families(cls, value: list[str]) -> list[str]:
+        known = family_names()
+        unknown = [name for name in value if name not in known]
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not a model family (conf/model/ has {', '.join(known)})")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> EnsembleSection:

@@ -10,14 +10,15 @@
   offset) / scale`` per column), the feature groups, the asset spec, the inputs and outputs
   (names, shapes, dtype) and the decision rule, and the registered version it was exported from.
 
-The step of each family, as foxhunt's own fleet runs it (:mod:`foxhunt.ensemble.members`):
+The step of each model, by what its class offers (:func:`foxhunt.ensemble.members.stream_of`),
+as foxhunt's own fleet runs it (:mod:`foxhunt.ensemble.members`):
 
-- **DQN, PPO**: ``obs`` (B, n_features + 1): the normalized features of the bar, then the
+- **agents (DQN, PPO)**: ``obs`` (B, n_features + 1): the normalized features of the bar, then the
   position held (-1, 0, 1) -> ``scores`` (B, 3); the new position is ``argmax(scores) - 1``.
-- **Mamba-2**: ``x`` (B, n_features) and the recurrent state ``conv`` (layers, B, conv_dim,
+- **recurrent forecasters (Mamba-2)**: ``x`` (B, n_features) and the recurrent state ``conv`` (layers, B, conv_dim,
   d_conv) and ``ssm`` (layers, B, heads, head_dim, d_state), zeros for a new stream ->
   ``forecast`` (B, horizon, quantiles) and the next ``conv_out``, ``ssm_out``.
-- **TFT**: the window forward: ``static`` (B, n_static), ``known`` (B, seq_len + horizon,
+- **window forecasters (TFT, DLinear)**: the window forward: ``static`` (B, n_static), ``known`` (B, seq_len + horizon,
   n_known: the window's bars then the next minutes' calendar), ``observed`` (B, seq_len,
   n_observed) -> ``forecast`` (B, horizon, quantiles).
 
@@ -50,6 +51,7 @@ from torch import nn
 
 from foxhunt.data.streaming import normalizer
 from foxhunt.ensemble.member_files import RegistryError
+from foxhunt.ensemble.members import NoStreamingMember, stream_of
 from foxhunt.errors import UserError
 
 FORMATS = ("onnx", "torchscript")
@@ -70,20 +72,23 @@ class _AgentStep(nn.Module):
         return self.network(obs)
 
 
-class _Mamba2Step(nn.Module):
+class _RecurrentStep(nn.Module):
+    """A recurrent forecaster's step with its per-layer state stacked into two tensors."""
+
     def __init__(self, model) -> None:
         super().__init__()
         self.model = model
+        self.layer_state = type(model.allocate_inference_state(1)[0])  # (conv, ssm) per layer
 
     def forward(self, x, conv, ssm):
-        from foxhunt.models.mamba2 import Mamba2LayerState
-
-        state = [Mamba2LayerState(conv[i], ssm[i]) for i in range(conv.shape[0])]
+        state = [self.layer_state(conv[i], ssm[i]) for i in range(conv.shape[0])]
         forecast, new = self.model.step(x, state)
         return forecast, torch.stack([s.conv for s in new]), torch.stack([s.ssm for s in new])
 
 
-class _TFTWindow(nn.Module):
+class _Window(nn.Module):
+    """A window forecaster's forward with the window's three inputs as arguments."""
+
     def __init__(self, model) -> None:
         super().__init__()
         self.model = model
@@ -104,10 +109,12 @@ class Step:
     decision: dict[str, Any]
 
 
-def streaming_step(family: str, model, manifest: dict) -> Step:
-    """The batch-1 streaming step of ``model`` (module doc), with inputs of batch CHECK_BATCH."""
+def streaming_step(model, manifest: dict) -> Step:
+    """The batch-1 streaming step of ``model`` (module doc), chosen by what its class offers
+    (:func:`foxhunt.ensemble.members.stream_of`), with inputs of batch CHECK_BATCH."""
     width, b = len(manifest["feature_names"]), CHECK_BATCH
-    if family in ("dqn", "ppo"):
+    stream = stream_of(model)
+    if stream == "greedy":
         return Step(_AgentStep(model.acting_network).eval(), {"obs": torch.randn(b, width + 1)}, ["scores"], {"obs": 0, "scores": 0},
                     {"rule": "argmax", "position": "argmax(scores) - 1", "actions": [-1, 0, 1],
                      "obs": "the normalized features, then the position held before this bar"})  # fmt: skip
@@ -115,20 +122,18 @@ def streaming_step(family: str, model, manifest: dict) -> Step:
                   "horizon": int(model.horizon), "median_index": int(model.median_index),
                   "position": "sign(sum(forecast[:, :, median_index], axis=1)) where its absolute value > threshold, "
                               "else 0; flat until seq_len bars have arrived"}  # fmt: skip
-    if family == "mamba2":
+    if stream == "recurrent":
         state = model.allocate_inference_state(b)
         conv, ssm = torch.stack([s.conv for s in state]), torch.stack([s.ssm for s in state])
-        return Step(_Mamba2Step(model).eval(), {"x": torch.randn(b, width), "conv": torch.randn_like(conv), "ssm": torch.randn_like(ssm)},
+        return Step(_RecurrentStep(model).eval(), {"x": torch.randn(b, width), "conv": torch.randn_like(conv), "ssm": torch.randn_like(ssm)},
                     ["forecast", "conv_out", "ssm_out"], {"x": 0, "conv": 1, "ssm": 1, "forecast": 0, "conv_out": 1, "ssm_out": 1},
                     {**forecaster, "state": "conv and ssm start at zeros for a new stream; each step returns the next"})  # fmt: skip
-    if family == "tft":
-        groups = manifest["groups"]
-        length = int(model.seq_len) + int(model.horizon)
-        inputs = {"static": torch.randn(b, len(groups["static"])), "known": torch.randn(b, length, len(groups["known"])),
-                  "observed": torch.randn(b, int(model.seq_len), len(groups["observed"]))}  # fmt: skip
-        return Step(_TFTWindow(model).eval(), inputs, ["forecast"], {"static": 0, "known": 0, "observed": 0, "forecast": 0},
-                    {**forecaster, "window": "known: the window's bars then the next horizon minutes' calendar rows"})  # fmt: skip
-    raise RegistryError(f"model family {family!r}: no streaming step to export")
+    groups = manifest["groups"]  # the TFT and every window forecaster: the window's forward
+    length = int(model.seq_len) + int(model.horizon)
+    inputs = {"static": torch.randn(b, len(groups["static"])), "known": torch.randn(b, length, len(groups["known"])),
+              "observed": torch.randn(b, int(model.seq_len), len(groups["observed"]))}  # fmt: skip
+    return Step(_Window(model).eval(), inputs, ["forecast"], {"static": 0, "known": 0, "observed": 0, "forecast": 0},
+                {**forecaster, "window": "known: the window's bars then the next horizon minutes' calendar rows"})  # fmt: skip
 
 
 def write_step(step: Step, path: Path, fmt: str) -> float:
@@ -249,7 +254,10 @@ def export_fleet(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
         folder, found = download_version(str(cfg.logger.tracking_uri), name, str(ens.alias), version, workdir / name)
         files = MemberFiles.read(folder / ARTIFACTS_DIR, name)
         model = rebuild_model(files.cfg, files.state, origin=name).cpu().eval()
-        step = streaming_step(str(family), model, files.manifest)
+        try:
+            step = streaming_step(model, files.manifest)
+        except NoStreamingMember as exc:
+            raise RegistryError(f"{name}: no streaming step to export ({exc})") from None
         scratch = workdir / f"{name}-step"
         scratch.mkdir()
         diff = write_step(step, scratch / FILES[fmt], fmt)

@@ -15,7 +15,13 @@ batch path (``trading_positions``) over a split:
   per slot) and the decoder selections of the future minutes already seen (shared: the known
   calendar is the asset's, the same for every stream); a new bar computes one encoder
   selection, the selections of the minutes not seen, then the LSTM encoder-decoder, attention
-  and heads of the window.
+  and heads of the window;
+- :class:`WindowMember`: any other forecaster (DLinear): keeps the last ``seq_len`` input rows
+  of each stream (a ring per slot) and runs the model's own ``forward`` on the window, with the
+  calendar of the next ``horizon`` minutes, exactly the batch path's input.
+
+Which member streams a model is read from what its class offers (:func:`stream_of`), never
+from its family's name: a new family streams as soon as its model is a window forecaster.
 
 Forecasters decide once ``seq_len`` bars have arrived since the slot was reset (flat before),
 as the batch path, whose first ``seq_len - 1`` bars of a split are flat.
@@ -96,11 +102,14 @@ def forecaster_position(signal: float, threshold: float) -> int:
 class Member(ABC):
     """A trained model in the fleet (see the module doc).
 
-    ``name``: its registered name; ``family``: dqn | ppo | mamba2 | tft; ``weights``: fp32 or
-    int8; ``metric``: its value of the selection metric (the weighted rule reads it).
+    ``name``: its registered name; ``family``: its model family (``conf/model/<family>.yaml``,
+    set by :func:`make_member`); ``weights``: fp32 or int8; ``metric``: its value of the
+    selection metric (the weighted rule reads it). ``forecasts``: its decisions carry a
+    quantile forecast and a signal (the forecasters).
     """
 
     family: str = ""
+    forecasts: bool = True
 
     def __init__(self, name: str, module: torch.nn.Module, weights: str, metric: float | None) -> None:
         self.name = name
@@ -197,6 +206,8 @@ def _grow_rows(array: np.ndarray, slots: int) -> np.ndarray:
 class AgentMember(Member):
     """A DQN or PPO agent acting greedily on the features and the position it holds."""
 
+    forecasts = False
+
     def __init__(self, name: str, family: str, module, weights: str, metric: float | None, runtime: str,
                  probe_calls: int) -> None:  # fmt: skip
         super().__init__(name, module, weights, metric)
@@ -276,8 +287,6 @@ class AgentMember(Member):
 # --------------------------------------------------------------------------------- mamba-2
 class Mamba2Member(Member):
     """The Mamba-2 forecaster streaming its recurrent state (one slot of the pool per stream)."""
-
-    family = "mamba2"
 
     def __init__(self, name: str, module, weights: str, metric: float | None, runtime: str, probe_calls: int) -> None:
         super().__init__(name, module, weights, metric)
@@ -378,8 +387,6 @@ def _grow_tensor(tensor: torch.Tensor, slots: int) -> torch.Tensor:
 class TFTMember(Member):
     """The Temporal Fusion Transformer, reusing the per-bar selections of the past bars of each
     stream and the shared selections of the future minutes already seen."""
-
-    family = "tft"
 
     def __init__(self, name: str, module, weights: str, metric: float | None, groups: dict[str, list[int]],
                  runtime: str = "auto", probe_calls: int = 20, workdir: Path | None = None,
@@ -541,6 +548,63 @@ class TFTMember(Member):
         return np.stack([self._future[m] for m in minutes])
 
 
+# ------------------------------------------------------------------------ any forecaster
+class WindowMember(Member):
+    """A forecaster run on its window as the batch path runs it: the last ``seq_len`` input rows
+    of each stream (a ring per slot, written twice so a window is one slice) and the known
+    calendar of the next ``horizon`` minutes, through the model's own ``forward`` (torch)."""
+
+    def __init__(self, name: str, module, weights: str, metric: float | None, groups: dict[str, list[int]]) -> None:
+        super().__init__(name, module, weights, metric)
+        self.seq_len, self.horizon = int(module.seq_len), int(module.horizon)
+        self.median, self.threshold = int(module.median_index), float(module.position_threshold)
+        self.groups = {k: np.asarray(v) for k, v in groups.items()}
+        width = sum(len(v) for v in self.groups.values())
+        self.past = np.zeros((1, 2 * self.seq_len, width), np.float32)
+        self.head = np.zeros(1, np.int64)  # per slot: where its next bar goes
+        self.count = np.zeros(1, np.int64)  # per slot: bars since the reset
+        self._model = int8_torch_copy(module) if weights == "int8" else module
+        self.runtime_note = "torch (the model's own forward on the window: the only runtime of this member)"
+
+    def _capacity(self) -> int:
+        return len(self.head)
+
+    def _grow(self, slots: int) -> None:
+        self.past, self.head, self.count = (_grow_rows(a, slots) for a in (self.past, self.head, self.count))
+
+    def reset(self, slot: int) -> None:
+        self.past[slot] = 0
+        self.head[slot] = 0
+        self.count[slot] = 0
+
+    def state_bytes(self) -> int:
+        return int(self.past[0].nbytes + self.head.itemsize + self.count.itemsize)
+
+    def step(self, rows: np.ndarray, slots: np.ndarray, ts_ns: np.ndarray, future: Future) -> list[Decision]:
+        head = self.head[slots]
+        self.past[slots, head] = rows
+        self.past[slots, head + self.seq_len] = rows
+        self.head[slots] = (head + 1) % self.seq_len
+        self.count[slots] += 1
+        ready = np.flatnonzero(self.count[slots] >= self.seq_len)
+        decisions = [Decision(0)] * len(slots)
+        if not len(ready):
+            return decisions
+        start = (head[ready] + 1)[:, None] + np.arange(self.seq_len)  # the window, oldest bar first
+        window = self.past[slots[ready][:, None], start]  # (n, seq_len, F)
+        calendar = np.stack([future(i, self.horizon) for i in ready.tolist()]).astype(np.float32)
+        t = _tensors(self._model)
+        batch = {"static": t(rows[ready][:, self.groups["static"]]),
+                 "known": t(np.concatenate([window[:, :, self.groups["known"]], calendar], axis=1)),
+                 "observed": t(window[:, :, self.groups["observed"]])}  # fmt: skip
+        with torch.inference_mode():
+            forecasts = self._model(batch).float().cpu().numpy()
+        signals = forecasts[:, :, self.median].sum(axis=1).tolist()
+        for i, forecast, signal in zip(ready.tolist(), forecasts, signals):
+            decisions[i] = Decision(forecaster_position(signal, self.threshold), forecast, signal)
+        return decisions
+
+
 def _device(module) -> torch.device:
     """Where a module's weights are (a dynamically quantized copy has no parameters: the CPU)."""
     first = next(iter(module.parameters()), None)
@@ -561,20 +625,48 @@ def _static_contexts(model, static: np.ndarray) -> dict[str, np.ndarray]:
             "state_h": c.state[0].float().cpu().numpy(), "state_c": c.state[1].float().cpu().numpy()}  # fmt: skip
 
 
-AGENTS = ("dqn", "ppo")
+class NoStreamingMember(ValueError):
+    """A model that offers none of the streaming members' interfaces (:func:`stream_of`)."""
+
+
+#: How a model streams, by what its class offers (:func:`stream_of`).
+STREAMS = ("greedy", "recurrent", "tft", "window")
+
+
+def stream_of(module) -> str:
+    """How ``module`` streams one bar at a time, read from what its class offers: ``greedy`` (an
+    agent's ``acting_network`` on the features and the position held), ``recurrent`` (a
+    forecaster with ``allocate_inference_state`` and ``step``: Mamba-2), ``tft`` (the TFT's
+    split forward: ``static_contexts``, ``select_past``, ``select_future``, ``fuse``, whose
+    per-bar selections a stream reuses), else ``window`` (any forecaster's ``forward`` on the
+    window). A module that is none of these (no ``median_index``) has no streaming member."""
+    if hasattr(module, "acting_network"):
+        return "greedy"
+    if not hasattr(module, "median_index"):
+        raise NoStreamingMember(f"{type(module).__name__}: neither an agent (acting_network) nor a forecaster (median_index)")
+    if hasattr(module, "allocate_inference_state") and hasattr(module, "step"):
+        return "recurrent"
+    if all(hasattr(module, part) for part in ("static_contexts", "select_past", "select_future", "fuse")):
+        return "tft"
+    return "window"
 
 
 def make_member(family: str, name: str, module, weights: str, metric_value: float | None, runtime: str,
                 probe_calls: int, groups: dict[str, list[int]], workdir: Path | None = None,
-                threads: int = 1) -> Member | None:  # fmt: skip
-    """The streaming member of a model family around its fp32 ``module`` (``None`` for a family
-    that has none): agents and Mamba-2 with their runtime (``runtime``, probed ``probe_calls``
-    times when ``auto``), the TFT with its feature ``groups`` (its ONNX graphs exported under
-    ``workdir``; ``threads``: ONNX Runtime's threads); ``weights``: fp32 or int8."""
-    if family in AGENTS:
-        return AgentMember(name, family, module, weights, metric_value, runtime, probe_calls)
-    if family == "mamba2":
-        return Mamba2Member(name, module, weights, metric_value, runtime, probe_calls)
-    if family == "tft":
-        return TFTMember(name, module, weights, metric_value, groups, runtime, probe_calls, workdir, threads)
-    return None
+                threads: int = 1) -> Member:  # fmt: skip
+    """The streaming member of ``module`` (its fp32 model, of model family ``family``), chosen by
+    :func:`stream_of`: agents and Mamba-2 with their runtime (``runtime``, probed
+    ``probe_calls`` times when ``auto``), the TFT and the window forecasters with their feature
+    ``groups`` (the TFT's ONNX graphs exported under ``workdir``; ``threads``: ONNX Runtime's
+    threads); ``weights``: fp32 or int8."""
+    stream = stream_of(module)
+    if stream == "greedy":
+        member: Member = AgentMember(name, family, module, weights, metric_value, runtime, probe_calls)
+    elif stream == "recurrent":
+        member = Mamba2Member(name, module, weights, metric_value, runtime, probe_calls)
+    elif stream == "tft":
+        member = TFTMember(name, module, weights, metric_value, groups, runtime, probe_calls, workdir, threads)
+    else:
+        member = WindowMember(name, module, weights, metric_value, groups)
+    member.family = family
+    return member

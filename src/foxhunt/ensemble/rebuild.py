@@ -15,7 +15,7 @@ import numpy as np
 
 from foxhunt.ensemble.engine import MemberInputs
 from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles, RegistryError
-from foxhunt.ensemble.members import Member, make_member
+from foxhunt.ensemble.members import Member, NoStreamingMember, make_member
 
 
 def rebuild_model(cfg, state: dict, origin: str):
@@ -70,8 +70,9 @@ def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime:
         groups={g: list(v) for g, v in manifest["groups"].items()},
     )
     family = str(cfg.model.name)
-    member = make_member(family, name, model, weights, info.get("value"), runtime, probe_calls, inputs.groups,
-                         workdir=workdir or folder.parent, threads=threads)  # fmt: skip
-    if member is None:
-        raise RegistryError(f"{name}: model family {family!r} has no streaming member")
+    try:
+        member = make_member(family, name, model, weights, info.get("value"), runtime, probe_calls, inputs.groups,
+                             workdir=workdir or folder.parent, threads=threads)  # fmt: skip
+    except NoStreamingMember as exc:
+        raise RegistryError(f"{name}: model family {family!r} has no streaming member ({exc})") from None
     return member, inputs, {**info, "holdout": cfg.evaluation.get("holdout")}

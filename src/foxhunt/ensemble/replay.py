@@ -61,7 +61,7 @@ def replay_bars(engine: StreamingEngine, bars: pd.DataFrame, start_ns: int | Non
     names = [m.name for m in engine.members]
     count = last - first
     positions = {name: np.zeros(count, np.int8) for name in [*names, ENSEMBLE]}
-    signals = {m.name: np.full(count, np.nan) for m in engine.members if m.family in ("mamba2", "tft")}
+    signals = {m.name: np.full(count, np.nan) for m in engine.members if m.forecasts}
     member_ns = {name: np.zeros(count, np.int64) for name in names}
     total_ns = np.zeros(count, np.int64)
     warm_bars = 0

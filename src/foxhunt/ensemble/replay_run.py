@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from foxhunt.config.families import model_class
 from foxhunt.data.features import FEATURE_NAMES
 from foxhunt.ensemble.fleet import fleet_engine, load_fleet
 from foxhunt.ensemble.replay import ENSEMBLE, latency_us, replay_bars, score_replay
@@ -40,7 +41,12 @@ FLEET = "fleet"
 SOURCE = "foxhunt ensemble replay"  # the runs table's Source column
 REPORT_FILE = "replay.md"
 EQUITY_FILE = "equity_replay.png"
-INTERPRETED = "tft"  # the family whose selection weights and attention --interpret writes
+
+
+def interprets(family: str) -> bool:
+    """Whether family ``family``'s model can say what its inputs weighed on a window
+    (``interpret_windows``: the TFT's variable selections and attention)."""
+    return hasattr(model_class(family), "interpret_windows")
 
 
 @dataclass
@@ -78,9 +84,9 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
 
     from foxhunt.config.schema import ConfigError
 
-    if interpret is not None and INTERPRETED not in [str(m) for m in cfg.ensemble.models]:
-        raise ConfigError(f"--interpret {interpret}: the fleet has no {INTERPRETED} member (ensemble.models="
-                          f"[{','.join(str(m) for m in cfg.ensemble.models)}]); only the TFT's selection and attention are written")  # fmt: skip
+    if interpret is not None and not any(interprets(str(m)) for m in cfg.ensemble.models):
+        raise ConfigError(f"--interpret {interpret}: no member of the fleet can say what its inputs weighed (ensemble.models="
+                          f"[{','.join(str(m) for m in cfg.ensemble.models)}]; the TFT's selection and attention are written)")  # fmt: skip
     asset = instantiate(cfg.asset)
     fleet = load_fleet(cfg, workdir)
     for member in fleet:  # the bars a member's run kept in its lockbox stay closed here too
@@ -141,7 +147,7 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     interpreted: list[Path] = []
     if interpret is not None:
         for f in fleet:
-            if f.member.family == INTERPRETED:
+            if interprets(f.member.family):
                 line, paths = _interpret_member(cfg, f, asset, bars, start, stop, replayed, window, Path(interpret), workdir)
                 lines.append(line)
                 interpreted += paths

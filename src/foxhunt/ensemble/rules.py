@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from foxhunt.config.families import family_names
 from foxhunt.config.schema import ConfigError
 from foxhunt.ensemble.members import Decision, forecaster_position
 
@@ -60,8 +61,9 @@ def check_rule(rule: str, families: list[str], weights: Mapping[str, float | Non
     any bar is read. ``metric``: what the members were registered on (their weights)."""
     if rule not in RULES:
         raise ConfigError(f"ensemble.rule={rule!r}: must be one of {', '.join(RULES)}")
-    if rule == "mean_forecast" and not any(f in ("mamba2", "tft") for f in families):
-        raise ConfigError("ensemble.rule=mean_forecast: the fleet has no forecaster (mamba2, tft)")
+    forecasters = family_names("forecaster")
+    if rule == "mean_forecast" and not any(f in forecasters for f in families):
+        raise ConfigError(f"ensemble.rule=mean_forecast: the fleet has no forecaster ({', '.join(forecasters)})")
     if rule == "weighted":
         if not higher_is_better:
             raise ConfigError(

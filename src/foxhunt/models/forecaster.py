@@ -67,6 +67,21 @@ def validate_quantiles(quantiles: Sequence[float]) -> list[float]:
     return levels
 
 
+def bar_features(batch: Mapping[str, Tensor], seq_len: int) -> Tensor:
+    """The window's bars as rows of every input (B, seq_len, static + known + observed): the
+    static features broadcast over time, the known calendar of the past bars (the next
+    ``horizon`` minutes' calendar is left out) and the observed features, in that order (the
+    dataset's column order, which the streaming members' input rows also follow)."""
+    observed, known = batch["observed"], batch["known"]
+    if observed.shape[1] != seq_len or known.shape[1] < seq_len:
+        raise ValueError(
+            f"window batch: observed has {observed.shape[1]} bars and known {known.shape[1]}, "
+            f"model.module.seq_len is {seq_len} (known needs at least that)"
+        )
+    static = batch["static"].unsqueeze(1).expand(-1, seq_len, -1)
+    return torch.cat([static, known[:, :seq_len], observed], dim=-1)
+
+
 def quantile_loss(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[float]) -> Tensor:
     """Pinball loss averaged over quantiles, horizon steps and batch.
 
