@@ -121,3 +121,25 @@ def test_mamba2_step_with_int8_weights_stays_near_fp32():
         gaps.append(np.abs(outs["fp32"] - outs["int8"]).max())
         sizes.append(np.abs(outs["fp32"]).max())
     assert 0 < max(gaps) <= 0.05 * max(sizes)
+
+
+def test_mamba2_steps_quantiles_past_the_softplus_threshold_are_the_models():
+    """Head outputs far past softplus's threshold (the head scaled 40-fold: raw values beyond 60): the kernel's
+    ordered quantiles (foxhunt.models.quantiles' numba form) are the module's (its torch form)."""
+    model = _mamba2(4)
+    with torch.no_grad():
+        model.head.linear.weight.mul_(40.0)
+    arrays_ = mamba2_arrays(model)
+    conv, ssm = arrays_.zero_state(2)
+    state = model.init_state(2)
+    bars = torch.randn(12, 2, 16, generator=torch.Generator().manual_seed(4)) * 2.0
+    peaks = []
+    model.head.linear.register_forward_hook(lambda _, __, raw: peaks.append(float(raw.abs().max())))
+    for x in bars:
+        with torch.no_grad():
+            want, state = model.step(x, state)
+        out = np.empty((2, 3, 5), np.float32)
+        mamba2_step(x.numpy(), np.arange(2), *arrays_.weights, conv, ssm, *arrays_.dims, 3, 5, model.median_index, out)
+        np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-4)
+        assert np.all(np.diff(out, axis=-1) >= 0)
+    assert max(peaks) > 3 * 20.0  # the head's raw values did pass the threshold

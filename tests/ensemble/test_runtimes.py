@@ -1,6 +1,6 @@
 """foxhunt.ensemble.runtimes: the weights copied out of a torch module run the same math in numpy
-(the agents' network for every activation the kernels know, the forecasters' ordered quantiles);
-a layer they do not implement is refused, so the member falls back to torch."""
+(the agents' network for every activation the kernels know); a layer they do not implement is
+refused, so the member falls back to torch. (The forecasters' ordered quantiles: tests/models/test_quantiles.)"""
 
 from __future__ import annotations
 
@@ -11,14 +11,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
 from test_kernels import MAMBA2
 from torch import nn
 
 from foxhunt.ensemble.kernels import ACTIVATIONS
-from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, UnsupportedModule, mamba2_arrays, mlp_layers, ordered_quantiles
+from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, UnsupportedModule, mamba2_arrays, mlp_layers
 from foxhunt.models import mamba2 as torch_mamba2
-from foxhunt.models import quantiles as torch_quantiles
 from foxhunt.models.agent import build_mlp
 
 
@@ -77,18 +75,6 @@ def test_a_dynamically_quantized_module_is_left_to_torch():
     model = torch_mamba2.Mamba2Forecaster(**MAMBA2)
     with pytest.raises(UnsupportedModule, match="quantized"):
         mamba2_arrays(torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8))
-
-
-@settings(max_examples=100, deadline=None)
-@given(raw=arrays(np.float32, st.tuples(st.integers(1, 4), st.sampled_from([3, 5, 9])),
-                  elements=st.floats(-60.0, 60.0, width=32)))  # fmt: skip
-def test_ordered_quantiles_equal_the_models_and_are_increasing(raw):
-    median = raw.shape[-1] // 2
-    got = ordered_quantiles(raw, median)
-    want = torch_quantiles.ordered_quantiles(torch.from_numpy(raw), median).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)  # softplus above 20 is x itself, as torch's
-    np.testing.assert_array_equal(got[..., median], raw[..., median])
-    assert np.all(np.diff(got.astype(np.float64), axis=-1) >= 0)
 
 
 def test_mamba2_arrays_hold_the_models_dims_and_state_shapes():

@@ -26,12 +26,15 @@ from foxhunt.models.quantiles import (
     upgrade_state_dict,
 )
 
+#: Raw values around the softplus threshold, and far past it where exp overflows (float32 past 88.7).
+VALUES = st.one_of(st.floats(-60.0, 60.0, width=32), st.floats(-1000.0, 1000.0, width=32))
+
 
 @st.composite
 def raw_and_median(draw):
     """float32 raw values (rows, Q) reaching well past the softplus threshold on both sides, and a median index."""
     q = draw(st.integers(1, 9))
-    raw = draw(arrays(np.float32, st.tuples(st.integers(1, 4), st.just(q)), elements=st.floats(-60.0, 60.0, width=32)))
+    raw = draw(arrays(np.float32, st.tuples(st.integers(1, 4), st.just(q)), elements=VALUES))
     return raw, draw(st.integers(0, q - 1))
 
 
@@ -41,14 +44,17 @@ def test_torch_and_numba_forms_agree_and_are_ordered(case):
     raw, median = case
     want = ordered_quantiles(torch.from_numpy(raw), median).numpy()
     got = np.stack([ordered_quantiles_row(row, median, np.empty_like(row)) for row in raw])
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+    # torch subtracts the cumulated gaps from the median, the row form each gap in turn: the same sums
+    # rounded in another order, within a few float32 steps of the largest partial sum
+    largest = np.abs(raw).sum(axis=-1, keepdims=True) + raw.shape[-1]  # >= |median| + every gap (softplus(x) <= |x| + ln 2)
+    assert np.all(np.abs(got - want) <= 1e-5 + raw.shape[-1] * np.finfo(np.float32).eps * largest)
     for out in (got, want):
         np.testing.assert_array_equal(out[:, median], raw[:, median])  # the median is the raw value itself
         assert np.all(np.diff(out.astype(np.float64), axis=-1) >= 0)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.floats(-60.0, 60.0, width=32))
+@given(VALUES)
 def test_numba_softplus_is_torchs_in_float32(v):
     want = F.softplus(torch.tensor([v], dtype=torch.float32)).item()
     got = softplus(np.float32(v))

@@ -13,8 +13,9 @@ checked by the parity tests).
 Written here rather than taken from a library: ONNX Runtime (which the TFT uses,
 :mod:`foxhunt.ensemble.onnx_runtime`) costs tens of microseconds per call at batch 1, more than
 these networks' whole arithmetic; these are the arithmetic of :func:`foxhunt.models.agent.build_mlp`
-and :meth:`foxhunt.models.mamba2.Mamba2Mixer.step`, operator for operator. Compiled once per
-machine (seconds; cached on disk beside this module).
+and :meth:`foxhunt.models.mamba2.Mamba2Mixer.step`, operator for operator, with the head's ordered
+quantiles and the softplus from :mod:`foxhunt.models.quantiles` (their one numba form). Compiled
+once per machine (seconds; cached on disk beside the modules).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import math
 import numba
 import numpy as np
 
-SOFTPLUS_THRESHOLD = 20.0  # torch's softplus returns x itself above this
+from foxhunt.models.quantiles import ordered_quantiles_row, softplus
+
 ACTIVATIONS = {"identity": 0, "relu": 1, "tanh": 2, "silu": 3, "elu": 4}
 
 
@@ -56,11 +58,6 @@ def _rms_scale(v, n, eps):  # pragma: no cover (compiled)
     for i in range(n):
         squares += v[i] * v[i]
     return np.float32(1.0 / math.sqrt(squares / n + eps))
-
-
-@numba.njit(cache=True, fastmath=True)
-def _softplus(v):  # pragma: no cover (compiled)
-    return v if v > SOFTPLUS_THRESHOLD else np.float32(math.log1p(math.exp(v)))
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -107,7 +104,7 @@ def mamba2_step(x, slots, input_w, input_s, input_b, norm, norm_eps, in_w, in_s,
                     acc += conv[layer, c, k] * conv_w[layer, c, k]
                 xbc[c] = acc / (np.float32(1.0) + np.float32(math.exp(-acc)))
             for head in range(nheads):
-                dt = _softplus(zx[d_inner + conv_dim + head] + dt_bias[layer, head])
+                dt = softplus(zx[d_inner + conv_dim + head] + dt_bias[layer, head])
                 decay = np.float32(math.exp(dt * A[layer, head]))
                 g = head // per_group
                 b0 = d_inner + g * d_state
@@ -144,18 +141,8 @@ def mamba2_step(x, slots, input_w, input_s, input_b, norm, norm_eps, in_w, in_s,
             for j in range(d_model):
                 acc += np.float32(head_w[i, j]) * h[j]
             raw[i] = acc * head_s[i] + head_b[i]
-        for t in range(horizon):  # ordered quantiles: the median, softplus gaps cumulated away from it
-            base = t * n_quantiles
-            m = raw[base + median]
-            out[b, t, median] = m
-            level = m
-            for q in range(median + 1, n_quantiles):
-                level += _softplus(raw[base + q])
-                out[b, t, q] = level
-            level = m
-            for q in range(median - 1, -1, -1):
-                level -= _softplus(raw[base + q])
-                out[b, t, q] = level
+        for t in range(horizon):
+            ordered_quantiles_row(raw[t * n_quantiles : (t + 1) * n_quantiles], median, out[b, t])
     return out
 
 

@@ -22,9 +22,6 @@ from torch import nn
 
 from foxhunt.ensemble.kernels import ACTIVATIONS, quantize_rows
 
-#: torch's softplus returns x itself above this (F.softplus threshold=20).
-SOFTPLUS_THRESHOLD = 20.0
-
 
 class UnsupportedModule(ValueError):
     """The module holds a layer these runtimes do not implement (the torch runtime runs it)."""
@@ -122,15 +119,3 @@ def mamba2_arrays(model: nn.Module, int8: bool = False) -> Mamba2Arrays:
     layers = len(mixers)
     return Mamba2Arrays(weights, dims, (layers, first.conv_dim, first.d_conv),
                         (layers, first.nheads, first.headdim, first.d_state))  # fmt: skip
-
-
-def softplus(x: np.ndarray) -> np.ndarray:
-    return np.where(x > SOFTPLUS_THRESHOLD, x, np.log1p(np.exp(np.minimum(x, SOFTPLUS_THRESHOLD))))
-
-
-def ordered_quantiles(raw: np.ndarray, median_index: int) -> np.ndarray:
-    """:func:`foxhunt.models.mamba2.ordered_quantiles` in numpy: (..., Q) raw -> ordered."""
-    median = raw[..., median_index : median_index + 1]
-    above = median + np.cumsum(softplus(raw[..., median_index + 1 :]), axis=-1)
-    below = np.flip(np.cumsum(np.flip(softplus(raw[..., :median_index]), -1), axis=-1), -1)
-    return np.concatenate([median - below, median, above], axis=-1)
