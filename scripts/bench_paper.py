@@ -3,7 +3,7 @@ over the fleet's own (goal: <= 0.2 ms), measured through the real command.
 
 Usage: ``python scripts/bench_paper.py [--root DIR] [--repeats 3] [--models dqn,mamba2]``.
 
-Without a store under ``--root`` it trains the ``--models`` at their seed sizes with
+Without a store under ``--root`` it trains the ``--models`` at their default sizes with
 ``trainer=smoke`` on ``--days`` synthetic ES days and registers them (``ensemble.gate=none``);
 then it runs ``foxhunt ensemble paper paper.speed=0 paper.view=never`` ``--repeats`` times, each
 with a fresh ledger, as a subprocess, and reads each session's figures from its MLflow run
@@ -51,7 +51,7 @@ def _store(root: Path, models: list[str], days: int) -> None:
     for model in models:
         started = time.perf_counter()
         _run([_bin("foxhunt-train"), f"model={model}", *TRAIN, f"data.source.days={days}"], root)
-        print(f"trained {model} (seed size, trainer=smoke, {days} synthetic days): {time.perf_counter() - started:.0f} s")
+        print(f"trained {model} (default size, trainer=smoke, {days} synthetic days): {time.perf_counter() - started:.0f} s")
     _run([_bin("foxhunt"), "ensemble", "register", "asset=es", f"ensemble.models=[{','.join(models)}]", "ensemble.gate=none",
           f"data.source.days={days}"], root)  # fmt: skip
 

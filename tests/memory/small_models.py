@@ -1,4 +1,4 @@
-"""Reduced sizes of the four models for fast memory tests (same code paths as the seed sizes)."""
+"""Reduced sizes of the four models for fast memory tests (same code paths as the default sizes)."""
 
 from __future__ import annotations
 

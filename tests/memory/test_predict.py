@@ -24,10 +24,10 @@ from foxhunt.memory.training_run import measure_run
 from foxhunt.training.parts import MEASURING_RUNS, measuring_config
 
 TOLERANCE = 0.10  # the issue's bar: prediction within 10 % of the measurement
-# The agents at their seed network sizes (a step still takes about a millisecond): with 16-unit
+# The agents at their default network sizes (a step still takes about a millisecond): with 16-unit
 # layers and a 256-transition replay buffer, a peak that does not grow with the batch (the env
 # step) sets the tiny step's allocator peak at the probes' batches, and no line through two probes
-# predicts it (measured: 10.8% off at batch 48); at seed sizes prediction and measurement agree
+# predicts it (measured: 10.8% off at batch 48); at default sizes prediction and measurement agree
 # to the byte.
 SIZES = {**SMALL, "dqn": [o for o in SMALL["dqn"] if "hidden" not in o and "replay_capacity" not in o],
          "ppo": [o for o in SMALL["ppo"] if "hidden" not in o]}  # fmt: skip

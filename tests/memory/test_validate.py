@@ -1,7 +1,7 @@
 """``foxhunt memory validate``: the report, its verdict and exit code, and its MLflow run.
 
-The command runs in-process through typer's CliRunner with the four models at reduced sizes
-(tests/memory/small_models.py); the verdict logic and the bars are also checked on hand-made
+The command runs in-process through typer's CliRunner with every family, the four large ones at
+reduced sizes (tests/memory/small_models.py); the verdict logic and the bars are also checked on hand-made
 measurements."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import json
 
 import pytest
 from mlflow.tracking import MlflowClient
-from small_models import CPU, SMALL, prefixed
+from small_models import CPU, prefixed
 from typer.testing import CliRunner
 
 from foxhunt.cli import app
+from foxhunt.config.families import family_names
 from foxhunt.memory.accounting import BYTES_PER_MB, MemoryBreakdown
 from foxhunt.memory.budget import MemoryBudget
 from foxhunt.memory.card import judge
@@ -21,7 +22,7 @@ from foxhunt.memory.card_report import bar, render_text, stacked_bar
 from foxhunt.memory.report import MeasuredFigure
 from foxhunt.memory.training_run import RunMeasurement
 
-MODELS = list(SMALL)
+MODELS = list(family_names())  # the default --models: every family of conf/model/
 
 
 def validate(*args: str):
@@ -30,7 +31,7 @@ def validate(*args: str):
 
 @pytest.fixture(scope="module")
 def card_run(tmp_path_factory):
-    """One validate run of the four small models against the default budget (rtx3050ti)."""
+    """One validate run of every family (the four large ones small) against the default budget (rtx3050ti)."""
     root = tmp_path_factory.mktemp("validate")
     result = validate("--root", str(root), *CPU, "precision=fp32", *prefixed())  # fp32: the TFT defaults to auto
     return root, result
@@ -69,7 +70,8 @@ def test_the_report_figures_add_up(card_run):
         assert model["pct_of_budget"] == pytest.approx(100 * model["memory_mb"] / 4096)
         assert model["pct_of_target"] == pytest.approx(100 * model["memory_mb"] / model["target_mb"])
         assert model["components_bytes"]["activations"] > 0 and model["components_bytes"]["params"] > 0
-    assert data["models"][0]["components_bytes"]["model_state"] >= 256 * (2 * 17 * 4 + 8 + 4 + 4)  # DQN's replay
+    (dqn,) = [m for m in data["models"] if m["name"] == "dqn"]
+    assert dqn["components_bytes"]["model_state"] >= 256 * (2 * 17 * 4 + 8 + 4 + 4)  # DQN's replay
     ensemble = data["ensemble"]
     assert ensemble["memory_bytes"] == sum(m["memory_bytes"] for m in data["models"])
     assert ensemble["headroom_left_mb"] == pytest.approx(4096 - ensemble["memory_mb"])
@@ -95,7 +97,7 @@ def test_the_run_lands_in_mlflow_with_metrics_and_artifacts(card_run):
 
 
 def test_a_1_mb_budget_fails_with_one_clear_line(tmp_path):
-    # DQN at its seed size (about 2.9 MB) on a 1 MB card with no headroom required
+    # DQN at its default size (about 2.9 MB) on a 1 MB card with no headroom required
     result = validate(
         "--root", str(tmp_path), "--models", "dqn", "budget.total_mb=1", "budget.headroom_mb=0", "logger=none", *CPU
     )
@@ -123,7 +125,7 @@ def test_a_1_mb_budget_below_its_own_headroom_is_a_config_error(tmp_path):
         (["tft:model.module.hidden_size=0"], "config error (tft): model.module.hidden_size=0: must be an integer >= 1"),
         (["model=tft"], "the models are picked with --models"),
         (["--models", "dqn", "ppo:model.module.rollout_steps=4"], "model 'ppo' is not among --models (dqn)"),
-        (["--models", "dqn,lstm"], "--models: unknown model 'lstm' (available: dqn, mamba2, ppo, tft)"),
+        (["--models", "dqn,lstm"], "--models: unknown model 'lstm' (available: dlinear, dqn, mamba2, ppo, tft)"),
         (["seed"], "Error parsing override 'seed'"),
     ],
 )

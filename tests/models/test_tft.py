@@ -117,7 +117,7 @@ def test_seed_config_shapes_and_parameter_count(capsys):
     assert weights["attention"].shape == (2, 60, 60)
     n_params = sum(p.numel() for p in model.parameters())
     with capsys.disabled():
-        print(f"\nTFT seed config (hidden 256, 4 heads, 3 LSTM layers): {n_params:,} parameters")
+        print(f"\nTFT default config (hidden 256, 4 heads, 3 LSTM layers): {n_params:,} parameters")
     assert n_params > 0
 
 

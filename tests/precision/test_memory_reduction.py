@@ -1,5 +1,5 @@
 """Per-component memory of int8 vs fp32 on a model big enough for quantization to apply (the
-DQN at its seed size: 256-wide layers), measured by foxhunt.memory after one real update and
+DQN at its default size: 256-wide layers), measured by foxhunt.memory after one real update and
 checked against the bytes computed by hand from the quantization plan."""
 
 from __future__ import annotations

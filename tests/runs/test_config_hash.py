@@ -42,6 +42,8 @@ BASE = ["model=dqn", "trainer=smoke"]
         ("callbacks.progress.every_n_steps=3", True),
         ("callbacks.memory_budget.sample_every_n_steps=5", True),
         ("evaluation.plot_equity=false", True),
+        ("model.expected_seconds_per_batch=3", True),
+        ("jobs.batches_per_epoch_if_unknown=7", True),
         # what changes the result: another training
         ("trainer.max_epochs=2", False),
         ("+trainer.max_steps=5", False),

@@ -111,7 +111,7 @@ def test_checkpoint_loads_with_weights_only(compose_cfg, tmp_path):
 # times as much and checks nothing more; every model x precision through the CLI: test_run_records).
 PAIRS = [*zip(MODELS, ASSETS), *zip(MODELS, [*ASSETS[1:], ASSETS[0]])]
 # The TFT at a small width: what is checked is that each asset's data reaches the model and the
-# scores, not the seed size (which test_run_records trains through the CLI).
+# scores, not the default size (which test_run_records trains through the CLI).
 SMALLER = {"tft": ["model.module.hidden_size=16", "model.module.lstm_layers=1"]}
 
 

@@ -1,7 +1,7 @@
 """Section 3: batch-1 CPU inference latency of the four models, fp32 and int8, p50 and p99.
 
 What is timed, per call, under ``torch.inference_mode`` on a module in eval mode built from its
-seed config (``conf/model/<name>.yaml``; latency does not depend on the weights' values, so the
+default config (``conf/model/<name>.yaml``; latency does not depend on the weights' values, so the
 modules are freshly initialized rather than trained):
 
 - ``dqn``, ``ppo``: ``greedy_action(obs)`` for one observation (16 features + position): the
@@ -26,7 +26,6 @@ p99 are over all timed calls.
 from __future__ import annotations
 
 import copy
-import time
 import warnings
 from collections.abc import Callable
 
@@ -37,6 +36,7 @@ from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import torch_threads
 from foxhunt.bench.report import Row
 from foxhunt.errors import one_line_error
+from foxhunt.training.side_by_side import measure
 
 TARGETS = ("dqn", "ppo", "mamba2_step", "mamba2", "tft")
 GOAL_KEYS = {"dqn": "dqn", "ppo": "ppo", "mamba2_step": "mamba2_step", "tft": "tft"}
@@ -80,43 +80,6 @@ def call_for(target: str, module: torch.nn.Module, cfg, dataset) -> Callable[[],
         last = features[:, -1]
         return lambda: module.step(last, state)
     return lambda: module(batch)
-
-
-def time_calls(call: Callable[[], object], iterations: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-call wall-clock and process-CPU latencies, in microseconds."""
-    wall = np.empty(iterations)
-    cpu = np.empty(iterations)
-    for i in range(iterations):
-        start_cpu = time.process_time_ns()
-        start = time.perf_counter_ns()
-        call()
-        wall[i] = (time.perf_counter_ns() - start) / 1e3
-        cpu[i] = (time.process_time_ns() - start_cpu) / 1e3
-    return wall, cpu
-
-
-def measure(
-    calls: dict[str, Callable[[], object]], warmup: int, iterations: int, blocks: int, max_seconds: float
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """(wall, cpu) latencies of each call in ``blocks`` alternating blocks: ``iterations`` in
-    all, fewer when the warm-up says they would take more than ``max_seconds`` per call."""
-    with torch.inference_mode():
-        slowest = 0.0
-        for call in calls.values():
-            start = time.perf_counter()
-            for _ in range(warmup):
-                call()
-            slowest = max(slowest, (time.perf_counter() - start) / max(warmup, 1))
-        if slowest > 0:
-            iterations = max(blocks, min(iterations, int(max_seconds / slowest)))
-        per_block = max(1, iterations // blocks)
-        samples: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in calls}
-        for _ in range(blocks):
-            for name, call in calls.items():
-                samples[name].append(time_calls(call, per_block))
-    return {
-        name: (np.concatenate([w for w, _ in parts]), np.concatenate([c for _, c in parts])) for name, parts in samples.items()
-    }
 
 
 def compiled(call: Callable[[], object]) -> Callable[[], object]:

@@ -1,6 +1,6 @@
 """Section 1: RL training throughput of foxhunt's PPO and DQN against Stable-Baselines3 and the limit.
 
-Three sides, at the seed's hyperparameters (``conf/model/{ppo,dqn}.yaml``), on the training split
+Three sides, at the default config's hyperparameters (``conf/model/{ppo,dqn}.yaml``), on the training split
 of the same market dataset, interleaved per repeat:
 
 - **foxhunt**: the agent trained by a Lightning ``Trainer`` as ``foxhunt-train`` builds it (the

@@ -13,8 +13,8 @@ out-of-sample test blocks of the folds). What is judged, per family:
 
 A pass on both is the evidence that features, labels, training, positions and the backtest line
 up, and that no label or future bar leaks into a test block (a leak finds "skill" in noise).
-The TFT trains at the small size of ``system.tft_overrides`` (the default size takes an hour of
-CPU per walk-forward); every other family at its ``conf/model`` size.
+A family may train at its own size (``system.family_overrides``: the TFT's default size takes an
+hour of CPU per walk-forward); every other family at its ``conf/model`` size.
 """
 
 from __future__ import annotations
@@ -59,9 +59,11 @@ def run_grid(ctx: BenchContext) -> dict[str, list]:
 
 
 def _sweeps(s) -> list[tuple[list[str], list[str]]]:
-    """The sweeps of a pattern: the families at their own size, the TFT at its small one."""
-    others = [str(m) for m in s.models if m != "tft"]
-    return [*([(others, [])] if others else []), *([(["tft"], list(s.tft_overrides))] if "tft" in s.models else [])]
+    """The sweeps of a pattern: the families at their own size in one, each family with
+    ``system.family_overrides`` in its own."""
+    own = {str(family): list(extra) for family, extra in s.family_overrides.items()}
+    plain = [str(m) for m in s.models if str(m) not in own]
+    return [*([(plain, [])] if plain else []), *(([str(m)], own[str(m)]) for m in s.models if str(m) in own)]
 
 
 def _train_command() -> list[str]:
@@ -107,6 +109,7 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
         f"foxhunt-train -m walk-forward sweeps through the CLI ({', '.join(map(str, s.models))}), synthetic ES bars "
         f"{', '.join(f'{k}: autocorrelation {v}' for k, v in s.patterns.items())}; figures from each cell's pooled test "
         "blocks; DSR against the same pattern's cells",
-        f"extra overrides: {' '.join(map(str, s.train_overrides))}; the TFT: {' '.join(map(str, s.tft_overrides))}",
+        f"extra overrides: {' '.join(map(str, s.train_overrides))}"
+        + "".join(f"; {family}: {' '.join(map(str, extra))}" for family, extra in s.family_overrides.items()),
     ]
     return judge(run_grid(ctx), float(s.max_dsr_noise)), notes

@@ -25,18 +25,18 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from importlib import resources
 from pathlib import Path
 
 import typer
 
+from foxhunt.config.families import family_names
 from foxhunt.errors import EXIT_USER_ERROR, one_line_error
 
 memory_app = typer.Typer(help="Measured training memory of the models against a device budget.", no_args_is_help=True)
 
 EXPERIMENT = "memory"
 SOURCE = "foxhunt memory validate"  # the runs table's Source column
-DEFAULT_MODELS = "dqn,ppo,mamba2,tft"
+DEFAULT_MODELS = ",".join(family_names())  # every family of conf/model/
 EXIT_FAIL = 1
 
 
@@ -45,9 +45,8 @@ class UsageError(ValueError):
 
 
 def available_models() -> list[str]:
-    """The options of the ``model`` config group (``conf/model/*.yaml``)."""
-    folder = resources.files("foxhunt.conf").joinpath("model")
-    return sorted(item.name[: -len(".yaml")] for item in folder.iterdir() if item.name.endswith(".yaml"))
+    """The model families (``conf/model/*.yaml``: :mod:`foxhunt.config.families`)."""
+    return list(family_names())
 
 
 def parse_models(models: str) -> list[str]:

@@ -1,7 +1,7 @@
 """What the trained fleet costs to hold and run, member by member, in fp32 and int8, and how many
 instances fit a budget (``foxhunt ensemble validate``).
 
-The method is the seed's: take a baseline, load the registered members one by one, and measure
+The method: take a baseline, load the registered members one by one, and measure
 what each adds. Per member, after it has streamed ``ensemble.validate.warm_bars`` bars (so its
 streaming state is full: the TFT's 50 encodings, Mamba-2's state):
 

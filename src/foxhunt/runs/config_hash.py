@@ -9,7 +9,8 @@ is the SHA-256 (:data:`HASH_LENGTH` hex digits kept) of the resolved config
 - without what does not change the result (:data:`HASH_IGNORED`): how the run is launched
   (``strategy``, Hydra's node) or recorded (``logger``), the ``resume`` switch itself, and what
   only displays or samples it: progress bars and the progress metric, the logging cadence, the
-  model summary, the memory callback's sampling cadence, the equity plot, and
+  model summary, the memory callback's sampling cadence, the equity plot, the jobs' progress
+  weights (``model.expected_seconds_per_batch``, ``jobs``), and
   ``precision=auto``'s explanation of its choice (the precision it chose counts: an auto run that
   chose bf16 hashes as a ``precision=bf16`` one).
 
@@ -41,6 +42,8 @@ HASH_IGNORED = (
     "callbacks.memory_budget.max_overhead_pct",
     "evaluation.plot_equity",
     "precision.choice",  # precision=auto's explanation (names the hardware); what it chose counts
+    "model.expected_seconds_per_batch",  # the jobs' progress weights: how a plan is displayed
+    "jobs",
 )
 HASH_MASKED = ("paths",)
 
