@@ -9,8 +9,8 @@ median's index (``median_index``)::
 
 so q_0 <= q_1 <= ... <= q_{Q-1} whatever the weights: ordered by construction, no crossing
 quantiles (strictly increasing unless a gap underflows to 0 for very negative r_j). softplus(x) is
-log(1 + e^x), and x itself above :data:`SOFTPLUS_THRESHOLD` (torch's ``F.softplus`` threshold,
-where log(1 + e^x) equals x in float32 and exp would overflow soon after).
+log(1 + e^x), and x itself above :data:`SOFTPLUS_THRESHOLD` (torch's ``F.softplus`` threshold: above
+it log(1 + e^x) rounds to x in float32, and e^x overflows float32 past 88.7).
 
 Forms, all of this one formula:
 
@@ -20,7 +20,10 @@ Forms, all of this one formula:
   :class:`foxhunt.models.tft.TemporalFusionTransformer` and every later forecaster;
 - :func:`softplus` and :func:`ordered_quantiles_row` (numba), the scalar form the numba Mamba-2 step
   (:func:`foxhunt.ensemble.kernels.mamba2_step`) calls once per forecast step, in float32 as torch's
-  float32 (callable from Python on numpy arrays too, as the parity tests do).
+  float32 (it adds the gaps one at a time where torch subtracts their cumulated sums below the
+  median: the same sums rounded in another order); callable from Python on numpy arrays too, as
+  the parity tests do. There is no numpy form besides: no runtime needs one (the Mamba-2 member
+  runs numba or torch, the TFT's ONNX graph holds the head).
 
 The numba form lives here, beside the torch one, rather than in :mod:`foxhunt.ensemble.kernels`:
 numba is a dependency of the package (not of the ensemble alone), importing it costs about 0.3 s
