@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from foxhunt.config.families import family_names
 from foxhunt.training.checkpoint import STAMP_KEY, CheckpointError, check_checkpoint
 
-MODELS = ["dqn", "ppo", "mamba2", "tft"]
+MODELS = list(family_names())
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -33,6 +34,27 @@ def test_a_stamped_checkpoint_of_the_configs_model_passes_the_check(compose_cfg,
     assert check_checkpoint(compose_cfg([f"model={model}", "precision=bf16"]), path).stamp == stamp  # fp32 weights
     with pytest.raises(CheckpointError, match="precision=int8"):
         check_checkpoint(compose_cfg([f"model={model}", "precision=int8"]), path)
+
+
+def test_a_mamba2_checkpoint_from_before_the_shared_quantile_head_still_passes(compose_cfg, tmp_path):
+    """Mamba-2 checkpoints written before foxhunt.models.quantiles held the head as ``head.weight``
+    / ``head.bias`` (now ``head.linear.*``): ``ckpt=`` and resume still take them, and the weights
+    load into the model (seen failing before: 'head.linear.bias missing from the checkpoint')."""
+    import torch
+
+    from foxhunt.training.parts import build_model
+
+    cfg = compose_cfg(["model=mamba2", "model.module.d_model=32", "model.module.n_layers=1"])
+    built = build_model(cfg)
+    old = {k.replace("head.linear.", "head."): v for k, v in built.state_dict().items()}
+    assert "head.weight" in old and not any(k.startswith("head.linear.") for k in old)
+    path = tmp_path / "old.ckpt"
+    stamp = {"format": 1, "model": "mamba2", "module": cfg.model.module._target_, "precision": "fp32"}
+    torch.save({"state_dict": old, "hyper_parameters": dict(built.hparams), STAMP_KEY: stamp}, path)
+    assert check_checkpoint(cfg, path).stamp == stamp
+    fresh = build_model(cfg)
+    fresh.load_state_dict(torch.load(path, weights_only=True)["state_dict"])
+    assert torch.equal(fresh.head.linear.weight, built.head.linear.weight)
 
 
 def test_a_run_stamps_its_checkpoints_and_starts_again_from_one(compose_cfg, tmp_path):

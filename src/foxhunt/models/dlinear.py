@@ -89,9 +89,7 @@ class DLinearForecaster(ForecasterModule):
         self.head = QuantileHead(self.input_dim, self.n_quantiles, self.median_index)
 
     def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
-        x = bar_features(batch, self.seq_len)  # (B, L, C)
-        if x.shape[-1] != self.input_dim:
-            raise ValueError(f"DLinearForecaster: {x.shape[-1]} features per bar, model.module.input_dim is {self.input_dim}")
+        x = bar_features(batch, self.seq_len, self.input_dim)  # (B, L, C)
         trend = moving_average(x, self.moving_average)
         remainder = x - trend
         steps = self.remainder_map(remainder.transpose(1, 2)) + self.trend_map(trend.transpose(1, 2))  # (B, C, H)

@@ -67,11 +67,11 @@ def validate_quantiles(quantiles: Sequence[float]) -> list[float]:
     return levels
 
 
-def bar_features(batch: Mapping[str, Tensor], seq_len: int) -> Tensor:
-    """The window's bars as rows of every input (B, seq_len, static + known + observed): the
-    static features broadcast over time, the known calendar of the past bars (the next
-    ``horizon`` minutes' calendar is left out) and the observed features, in that order (the
-    dataset's column order, which the streaming members' input rows also follow)."""
+def bar_features(batch: Mapping[str, Tensor], seq_len: int, input_dim: int) -> Tensor:
+    """The window's bars as rows of every input (B, seq_len, input_dim): the static features
+    broadcast over time, the known calendar of the past bars (the next ``horizon`` minutes'
+    calendar is left out) and the observed features, in that order (the dataset's column order,
+    which the streaming members' input rows also follow)."""
     observed, known = batch["observed"], batch["known"]
     if observed.shape[1] != seq_len or known.shape[1] < seq_len:
         raise ValueError(
@@ -79,7 +79,12 @@ def bar_features(batch: Mapping[str, Tensor], seq_len: int) -> Tensor:
             f"model.module.seq_len is {seq_len} (known needs at least that)"
         )
     static = batch["static"].unsqueeze(1).expand(-1, seq_len, -1)
-    return torch.cat([static, known[:, :seq_len], observed], dim=-1)
+    features = torch.cat([static, known[:, :seq_len], observed], dim=-1)
+    if features.shape[-1] != input_dim:
+        raise ValueError(
+            f"window batch: {features.shape[-1]} features per bar (static+known+observed), model.module.input_dim is {input_dim}"
+        )
+    return features
 
 
 def quantile_loss(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[float]) -> Tensor:

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from foxhunt.models.forecaster import ForecasterModule
+from foxhunt.models.forecaster import ForecasterModule, bar_features
 from foxhunt.models.quantiles import QuantileHead
 from foxhunt.precision.optim import make_optimizer
 
@@ -506,21 +506,8 @@ class Mamba2Forecaster(ForecasterModule):
 
     # ---------------------------------------------------------------- full-window path
     def bar_features(self, batch: Mapping[str, Tensor]) -> Tensor:
-        """(B, seq_len, input_dim): concat(static broadcast, known[:, :seq_len], observed)."""
-        observed, known = batch["observed"], batch["known"]
-        if observed.shape[1] != self.seq_len or known.shape[1] < self.seq_len:
-            raise ValueError(
-                f"Mamba2Forecaster: batch observed has {observed.shape[1]} bars and known "
-                f"{known.shape[1]}, model.module.seq_len is {self.seq_len} (known needs at least that)"
-            )
-        static = batch["static"].unsqueeze(1).expand(-1, self.seq_len, -1)
-        features = torch.cat([static, known[:, : self.seq_len], observed], dim=-1)
-        if features.shape[-1] != self.input_dim:
-            raise ValueError(
-                f"Mamba2Forecaster: batch has {features.shape[-1]} features per bar "
-                f"(static+known+observed), model.module.input_dim is {self.input_dim}"
-            )
-        return features
+        """(B, seq_len, input_dim): the window's bars (:func:`foxhunt.models.forecaster.bar_features`)."""
+        return bar_features(batch, self.seq_len, self.input_dim)
 
     def _forecast(self, hidden: Tensor) -> Tensor:
         """Hidden states (..., d_model) -> ordered quantile forecasts (..., horizon, Q)."""

@@ -277,11 +277,14 @@ def _first_line(exc: BaseException) -> str:
 def _check_shapes(cfg, state: dict[str, Any], where: str) -> None:
     import torch
 
+    from foxhunt.models.quantiles import upgrade_state_dict
     from foxhunt.training.parts import build_model
 
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}
-    found = {k: tuple(v.shape) for k, v in state["state_dict"].items() if hasattr(v, "shape")}
+        model = build_model(cfg)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    # a checkpoint written before the forecasters shared one quantile head names it as it was then
+    found = {k: tuple(v.shape) for k, v in upgrade_state_dict(model, state["state_dict"]).items() if hasattr(v, "shape")}
     missing = sorted(expected.keys() - found.keys())
     extra = sorted(found.keys() - expected.keys())
     wrong = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
