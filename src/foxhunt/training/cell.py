@@ -1,7 +1,8 @@
 """One cell of the model x asset grid, through one door: :func:`run_cell`.
 
-Data flow (docs, "Data flow of a run"): validate -> resume plan -> MLflow run -> data -> model ->
-fit -> test -> shared backtest -> MLflow. :func:`run_cell` returns the run's outcome
+Data flow (docs, "Data flow of a run"), as :func:`run_cell` reads top to bottom: validate ->
+starting checkpoint -> resume plan -> (folds and seeds: each child a cell of its own, then their
+aggregate) or MLflow run -> data -> model -> fit -> test -> shared backtest -> MLflow. :func:`run_cell` returns the run's outcome
 (:func:`train`: its metrics). The value a sweeper optimizes is ``val/sharpe`` (:data:`OBJECTIVE`):
 the shared backtest of the validation split, comparable across all four model families (their
 own validation losses are not), and never the test split.
@@ -28,9 +29,10 @@ from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, check_folder_owner
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, rewind_run
 from foxhunt.runs.status import Status
-from foxhunt.runs.tags import Tag
+from foxhunt.runs.tags import ROLE_CELL, Tag
 from foxhunt.training.checkpoint import check_checkpoint
 from foxhunt.training.fit import checkpoint_files, fit_and_score
+from foxhunt.training.folds import ChildResult, child_tags, children, describe_protocol, needs_protocol, record_protocol
 from foxhunt.training.provenance import opened_run
 
 log = logging.getLogger("foxhunt.train")
@@ -70,8 +72,9 @@ def run_cell(
     extra_tags: dict[str, str] | None = None,
     run_name: str | None = None,
 ) -> CellResult:
-    """Validate, apply ``resume=true``, train and score one run in its MLflow run (a cell with
-    folds or seeds: its children under the cell's run, :mod:`foxhunt.training.folds`).
+    """Validate, plan ``resume=true``, then train and score one run in its MLflow run, or, for a
+    cell with folds or seeds, run each child as a cell under the cell's run and record their
+    aggregate (:mod:`foxhunt.training.folds`).
 
     ``parent_run_id`` nests the run under a sweep's parent run; ``before_fit`` runs once the
     config is valid and the run exists, before the data and the model are built (a sweep job
@@ -79,16 +82,8 @@ def run_cell(
     search sweep's trial number, names the run ``<cell>-trial<N>`` and tags it; ``extra_tags``
     and ``run_name`` are a protocol child's."""
     validate(cfg)  # before anything heavy: one clear line on a bad value
-    lineage = {}
-    if cfg.ckpt:  # and a checkpoint that cannot start this run, before the data and the model
-        started_from = check_checkpoint(cfg, cfg.ckpt)
-        if cfg.logger.enabled:
-            check_folder_owner(cfg.logger.tracking_uri, cfg.ckpt, started_from.run_id)
-        if started_from.run_id:
-            lineage[Tag.CKPT_RUN] = started_from.run_id
+    lineage = _starting_checkpoint(cfg)  # a ckpt= that cannot start this run fails here too
     key = CellKey.from_config(cfg, config_hash(cfg))
-    from foxhunt.training.folds import needs_protocol, run_cell_protocol
-
     protocol = needs_protocol(cfg)
     plan = _resume_plan(cfg, key, needs_checkpoint=not protocol) if cfg.resume else None
     if plan is not None and plan.action == SKIP:
@@ -96,37 +91,76 @@ def run_cell(
     if plan is not None and plan.action == BUSY:  # never a second process on one cell
         return CellResult(key, Status.SKIPPED, plan.run_id, note=plan.describe())
     resumed = plan is not None and plan.action == RESUME
-    if resumed and plan.folder is not None:  # the fit continues in its own folder: its best checkpoint and score stay its own
-        cfg = continued_in(cfg, plan.folder)
-    if resumed and plan.checkpoint is not None:  # the steps logged after its checkpoint died with it
-        checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint", run_id=plan.run_id)
-        rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.logging_step, checked.saved_at_ms)
-    elif resumed:  # a cell run of folds and seeds logs only its aggregate, recomputed now
-        rewind_run(cfg.logger.tracking_uri, plan.run_id, 0, 0)
+    cfg = _resumed(cfg, plan) if resumed else cfg
     name = run_name or cell_name(key, trial)
     tags = {**run_tags(cfg, key), **({Tag.TRIAL: str(trial)} if trial is not None else {}), **lineage, **(extra_tags or {})}
-
+    note = plan.describe() if plan is not None else None
+    reopened = plan.run_id if resumed else None
     if protocol:
-        metrics, run_id = run_cell_protocol(cfg, name, run_cell, tags, parent_run_id, before_fit, SOURCE,
-                                            resume_run_id=plan.run_id if resumed else None)  # fmt: skip
-        note = plan.describe() if plan is not None else None
+        metrics, run_id = _run_children(cfg, name, tags, parent_run_id, reopened, before_fit)
         return CellResult(key, Status.FINISHED, run_id, note=note, metrics=metrics)
+    metrics, scores, run_id = _fit(cfg, name, tags, parent_run_id, reopened, before_fit, plan.checkpoint if resumed else None)
+    return CellResult(key, Status.FINISHED, run_id, note=note, metrics=metrics, scores=scores)
 
+
+def _starting_checkpoint(cfg: DictConfig) -> dict[str, str]:
+    """``ckpt=``'s checkpoint checked against the config (and its folder's owner); the tag of the
+    run it came from."""
+    if not cfg.ckpt:
+        return {}
+    started_from = check_checkpoint(cfg, cfg.ckpt)
+    if cfg.logger.enabled:
+        check_folder_owner(cfg.logger.tracking_uri, cfg.ckpt, started_from.run_id)
+    return {Tag.CKPT_RUN: started_from.run_id} if started_from.run_id else {}
+
+
+def _resumed(cfg: DictConfig, plan: ResumePlan) -> DictConfig:
+    """The config of an interrupted run resumed: in its own folder (its best checkpoint and score
+    stay its own), its MLflow run rewound to its checkpoint (the steps logged after it died with
+    it; a cell of folds and seeds logs only its aggregate, recomputed now)."""
+    if plan.folder is not None:
+        cfg = continued_in(cfg, plan.folder)
+    if plan.checkpoint is not None:
+        checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint", run_id=plan.run_id)
+        rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.logging_step, checked.saved_at_ms)
+    else:
+        rewind_run(cfg.logger.tracking_uri, plan.run_id, 0, 0)
+    return cfg
+
+
+def _run_children(cfg: DictConfig, name: str, tags: dict[str, str], parent_run_id: str | None, reopened: str | None,
+                  before_fit: Callable[[], None] | None) -> tuple[dict[str, float], str | None]:  # fmt: skip
+    """Each fold and seed of the cell as a cell of its own, nested under the cell's run
+    (``reopened``: the interrupted cell run), and their aggregate recorded on it."""
+    tags = {**tags, Tag.ROLE: ROLE_CELL, Tag.PROTOCOL: describe_protocol(cfg)}
+    with opened_run(cfg, name, tags, parent_run_id, reopened, SOURCE, before_fit) as (out_dir, run):
+        results = []
+        for child in children(cfg, out_dir):
+            log.info("%s: %s (%s)", name, child.label, describe_protocol(cfg))
+            outcome = run_cell(child.cfg, parent_run_id=run.run_id if run is not None else None,
+                               extra_tags=child_tags(child), run_name=f"{name} {child.label}")  # fmt: skip
+            results.append(ChildResult.of(child, outcome, cfg))
+        metrics = record_protocol(results, cfg, name, out_dir, run)
+    return metrics, (run.run_id if run is not None else None)
+
+
+def _fit(cfg: DictConfig, name: str, tags: dict[str, str], parent_run_id: str | None, reopened: str | None,
+         before_fit: Callable[[], None] | None, checkpoint: Path | None) -> tuple[dict[str, float], dict, str | None]:  # fmt: skip
+    """Fit, test and score one run in its MLflow run (``reopened``: the interrupted run, resumed
+    from ``checkpoint``); its checkpoints reach the run whatever happened."""
     import lightning.pytorch as pl
     from hydra.utils import instantiate
 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    with opened_run(cfg, name, tags, parent_run_id, plan.run_id if resumed else None, SOURCE, before_fit) as (out_dir, run):
-        ckpt_path = str(plan.checkpoint) if resumed else cfg.ckpt
+    with opened_run(cfg, name, tags, parent_run_id, reopened, SOURCE, before_fit) as (out_dir, run):
         callbacks = [instantiate(node) for node in cfg.callbacks.values()]
         try:
-            metrics, scores = fit_and_score(cfg, callbacks, run, out_dir, ckpt_path)
-        finally:  # checkpoints reach the run whatever happened (an interrupted run's too)
+            metrics, scores = fit_and_score(cfg, callbacks, run, out_dir, str(checkpoint) if checkpoint is not None else cfg.ckpt)
+        finally:  # an interrupted run's checkpoints too
             if run is not None and cfg.logger.log_checkpoints:
                 for path in checkpoint_files(callbacks, run.run_id):
                     run.log_artifact(path, CHECKPOINT_ARTIFACTS)
-    note = plan.describe() if plan is not None else None
-    return CellResult(key, Status.FINISHED, run.run_id if run is not None else None, note=note, metrics=metrics, scores=scores)
+    return metrics, scores, (run.run_id if run is not None else None)
 
 
 def continued_in(cfg: DictConfig, folder: Path) -> DictConfig:

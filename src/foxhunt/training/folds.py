@@ -1,9 +1,11 @@
 """A cell evaluated several times: walk-forward folds and seeds, nested under the cell's run.
 
 With ``evaluation.protocol=walk_forward`` or ``evaluation.seeds=[...]``, a cell is no longer one
-training: :func:`run_cell_protocol` opens the cell's MLflow run (the one a sweep nests under its
-parent, with the cell's tags and config hash) and trains one child run per seed and fold,
-nested under it (``foxhunt.role`` = ``fold``), each in its own folder ``<cell>/seed<s>_fold<k>``.
+training: :func:`foxhunt.training.cell.run_cell` opens the cell's MLflow run (the one a sweep
+nests under its parent, with the cell's tags and config hash) and runs each of its
+:func:`children` as a cell of its own (one child run per seed and fold, nested under it,
+``foxhunt.role`` = ``fold``, each in its own folder ``<cell>/seed<s>_fold<k>``); this module
+makes the children and records their aggregate (:func:`record_protocol`), and calls no cell.
 
 - **Folds** (:class:`foxhunt.data.splits.WalkForwardConfig`): each child trains and scores on
   its fold's blocks, its features normalized with its own training window's statistics.
@@ -35,14 +37,13 @@ import copy
 import json
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
+from foxhunt.runs.tags import ROLE_FOLD, Tag
 
 log = logging.getLogger("foxhunt.protocol")
 
@@ -99,36 +100,20 @@ def child_tags(child: Child) -> dict[str, str]:
     return tags
 
 
-def run_cell_protocol(cfg: DictConfig, name: str, run_single: Callable, run_tags: dict[str, str],
-                      parent_run_id: str | None, before_fit: Callable[[], None] | None, source: str,
-                      resume_run_id: str | None = None):  # fmt: skip
-    """Train every child of the cell under one cell run (``resume_run_id``: the interrupted cell
-    run, reopened) and aggregate (module doc).
-
-    ``run_single(child_cfg, parent_run_id=..., extra_tags=..., run_name=...)`` trains one child and returns
-    its :class:`foxhunt.runs.cell.CellResult` (with ``scores``); returns the cell's metrics and its
-    run id."""
-    from foxhunt.training.provenance import opened_run
-
-    tags = {**run_tags, Tag.ROLE: ROLE_CELL, Tag.PROTOCOL: describe_protocol(cfg)}
-    with opened_run(cfg, name, tags, parent_run_id, resume_run_id, source, before_fit) as (out_dir, run):
-        results = []
-        for child in children(cfg, out_dir):
-            log.info("%s: %s (%s)", name, child.label, describe_protocol(cfg))
-            outcome = run_single(child.cfg, parent_run_id=run.run_id if run is not None else None,
-                                 extra_tags=child_tags(child), run_name=f"{name} {child.label}")  # fmt: skip
-            results.append(ChildResult.of(child, outcome, cfg))
-        metrics = aggregate(results, cfg)
-        table = folds_table(results)
-        (out_dir / FOLDS_TABLE).write_text(table)
-        png = plot_walk_forward(results, cfg, out_dir / EQUITY_PNG, title=f"{name}: {describe_protocol(cfg)}")
-        if run is not None:
-            run.log_metrics(metrics)
-            run.log_artifact(out_dir / FOLDS_TABLE)
-            if png is not None:
-                run.log_artifact(png)
-        print(table + cell_summary(name, cfg, metrics))
-    return metrics, (run.run_id if run is not None else None)
+def record_protocol(results: list[ChildResult], cfg: DictConfig, name: str, out_dir: Path, run) -> dict[str, float]:
+    """The cell's aggregate of its children's ``results`` (module doc), its folds table and
+    walk-forward equity in ``out_dir`` and on the cell's ``run`` (None: no store), printed."""
+    metrics = aggregate(results, cfg)
+    table = folds_table(results)
+    (out_dir / FOLDS_TABLE).write_text(table)
+    png = plot_walk_forward(results, cfg, out_dir / EQUITY_PNG, title=f"{name}: {describe_protocol(cfg)}")
+    if run is not None:
+        run.log_metrics(metrics)
+        run.log_artifact(out_dir / FOLDS_TABLE)
+        if png is not None:
+            run.log_artifact(png)
+    print(table + cell_summary(name, cfg, metrics))
+    return metrics
 
 
 def cell_summary(name: str, cfg: DictConfig, metrics: dict[str, float]) -> str:
