@@ -55,6 +55,13 @@ def _as_tensor(name: str, value: Any, dtype: torch.dtype, device: torch.device) 
         raise ValueError(f"TradingEnv {name}: cannot be read as a tensor ({err})") from None
 
 
+def _is_integer(value: object) -> bool:
+    """An integral number that is not a bool (numpy's integers too). Takes ``object``: typeshed's
+    ``int`` is no ``numbers.Integral``, so the check on an ``int`` argument would read as
+    unreachable to the type checker, and the rest of the function would go unchecked."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _first_bad_row(mask: Tensor) -> int:
     return int(torch.nonzero(mask.reshape(mask.shape[0], -1).any(dim=1))[0, 0])
 
@@ -123,9 +130,9 @@ class TradingEnv:
         if not bool(torch.isfinite(self.features).all()):
             row = _first_bad_row(~torch.isfinite(self.features))
             raise ValueError(f"TradingEnv features row {row}: contains NaN or inf")
-        if isinstance(num_envs, bool) or not isinstance(num_envs, numbers.Integral) or num_envs < 1:
+        if not _is_integer(num_envs) or num_envs < 1:
             raise ValueError(f"TradingEnv num_envs={num_envs!r}: must be an integer >= 1")
-        if isinstance(episode_len, bool) or not isinstance(episode_len, numbers.Integral) or not 1 <= episode_len <= num_bars - 1:
+        if not _is_integer(episode_len) or not 1 <= episode_len <= num_bars - 1:
             raise ValueError(
                 f"TradingEnv episode_len={episode_len!r}: must be an integer in "
                 f"[1, {num_bars - 1}] (the split has {num_bars} bars)"
@@ -197,14 +204,12 @@ class TradingEnv:
     @property
     def position(self) -> Tensor:
         """(N,) int64 position held now (after the last step, or 0 after a reset)."""
-        self._require_reset()
-        return self._position
+        return self._episodes()[1]
 
     @property
     def bar(self) -> Tensor:
         """(N,) int64 index of the bar each episode observes now."""
-        self._require_reset()
-        return self._bar
+        return self._episodes()[0]
 
     def reset(self, seed: int | None = None, starts: Tensor | None = None) -> Tensor:
         """Start all N episodes flat; returns obs (N, F + 1).
@@ -234,7 +239,7 @@ class TradingEnv:
         """Where every episode stands and the start generator's state: with :meth:`load_state_dict`
         a resumed fit steps on exactly as the env never stopped (plain tensors: a checkpoint
         loads with ``torch.load(weights_only=True)``)."""
-        episodes = {} if self._bar is None else {"bar": self._bar, "position": self._position, "steps": self._steps}
+        episodes = {} if self._bar is None else dict(zip(("bar", "position", "steps"), self._episodes()))
         return {"generator": self._generator.get_state(), **{k: v.detach().cpu().clone() for k, v in episodes.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -252,7 +257,7 @@ class TradingEnv:
 
     def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]:
         """Apply one action per episode; returns (obs, reward, terminated, truncated, info)."""
-        self._require_reset()
+        bar, position, steps = self._episodes()
         actions = torch.as_tensor(actions, device=self.device)
         if actions.shape != (self.num_envs,) or actions.is_floating_point() or actions.is_complex():
             raise ValueError(
@@ -263,19 +268,18 @@ class TradingEnv:
             raise ValueError(
                 f"TradingEnv.step actions: each must be 0 (short), 1 (flat) or 2 (long), got {actions.unique().tolist()}"
             )
-        if not self.auto_reset and bool((self._steps >= self.episode_len).any()):
+        if not self.auto_reset and bool((steps >= self.episode_len).any()):
             raise RuntimeError("TradingEnv.step: the episode has ended (auto_reset is off); call reset()")
 
-        bar = self._bar
         new_position = actions.to(torch.int64) - ACTION_TO_POSITION_OFFSET
         rolled = None if self._rolled is None else self._rolled[bar]
-        pnl_usd = step_pnl(new_position.to(torch.float64), self._position.to(torch.float64), self._move[bar], rolled,
+        pnl_usd = step_pnl(new_position.to(torch.float64), position.to(torch.float64), self._move[bar], rolled,
                            self.asset.multiplier, self.cost_per_contract_usd).net  # fmt: skip
         reward = in_ticks(pnl_usd, self.asset.tick_value).to(torch.float32)
 
         self._position = new_position
         self._bar = bar + 1
-        self._steps = self._steps + 1
+        self._steps = steps + 1
         truncated = self._steps >= self.episode_len
         terminated = torch.zeros_like(truncated)
         final_obs = self._observe()
@@ -287,9 +291,11 @@ class TradingEnv:
         info = {"final_obs": final_obs, "pnl_usd": pnl_usd, "position": new_position, "bar": bar}
         return obs, reward, terminated, truncated, info
 
-    def _require_reset(self) -> None:
-        if self._bar is None:
+    def _episodes(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(bar, position, steps) of the N episodes; RuntimeError before the first reset."""
+        if self._bar is None or self._position is None or self._steps is None:
             raise RuntimeError("TradingEnv: call reset() before step() or reading the state")
+        return self._bar, self._position, self._steps
 
     def _draw_starts(self) -> Tensor:
         # Drawn on a CPU generator so that a seed gives the same episodes on every device.
@@ -297,13 +303,14 @@ class TradingEnv:
         return starts.to(self.device)
 
     def _reset_where(self, done: Tensor) -> None:
-        self._bar = torch.where(done, self._draw_starts(), self._bar)
-        self._position = torch.where(done, torch.zeros_like(self._position), self._position)
-        self._steps = torch.where(done, torch.zeros_like(self._steps), self._steps)
+        bar, position, steps = self._episodes()
+        self._bar = torch.where(done, self._draw_starts(), bar)
+        self._position = torch.where(done, torch.zeros_like(position), position)
+        self._steps = torch.where(done, torch.zeros_like(steps), steps)
 
     def _observe(self) -> Tensor:
-        position = self._position.to(torch.float32).unsqueeze(1)
-        return torch.cat([self.features[self._bar], position], dim=1)
+        bar, position, _ = self._episodes()
+        return torch.cat([self.features[bar], position.to(torch.float32).unsqueeze(1)], dim=1)
 
 
 class TradingGymEnv(gymnasium.Env):

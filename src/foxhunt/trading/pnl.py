@@ -68,7 +68,7 @@ def contract_costs(asset: AssetSpec, commission_usd: float, slippage_ticks: floa
 def check_costs(who: str, commission_usd: Any, slippage_ticks: Any) -> None:
     """ValueError ``"<who> <name>=<value>: must be a finite number >= 0"`` unless both costs are."""
     for name, value in (("commission_usd", commission_usd), ("slippage_ticks", slippage_ticks)):
-        if not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
+        if not (isinstance(value, numbers.Real) and math.isfinite(value) and float(value) >= 0):
             raise ValueError(f"{who} {name}={value!r}: must be a finite number >= 0")
 
 
