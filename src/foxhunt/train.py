@@ -15,7 +15,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from foxhunt.errors import EXIT_ON_SIGTERM, FolderError, debug_requested, is_user_error, reported, strip_debug_flag
+from foxhunt.errors import EXIT_ON_SIGTERM, ConfigError, FolderError, debug_requested, is_user_error, reported, strip_debug_flag
 from foxhunt.training.cell import OBJECTIVE, run_cell
 
 PROG = "foxhunt-train"
@@ -45,12 +45,31 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
         return None if metrics is None else metrics.get(OBJECTIVE)
     try:  # an input error: one line and exit 2 from here (Hydra would print its job line first)
         with reported(PROG, debug=_DEBUG):
+            _refuse_a_sweep_without_multirun()
             outcome = run_cell(cfg, before_fit=lambda: _use_configured_threads(cfg))
     except SystemExit as exc:
         if not exc.code:  # Lightning's SIGTERMException carries no code, which would exit 0
             raise SystemExit(EXIT_ON_SIGTERM) from exc
         raise
     return outcome.metrics.get(OBJECTIVE)
+
+
+def _refuse_a_sweep_without_multirun() -> None:
+    """A preset that sweeps (``experiment=grid``, ``hparams_search=...``: it sets
+    ``hydra.sweeper.params``) run without ``-m`` would silently train one default cell: one line."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    params = hydra_cfg.sweeper.get("params")
+    if not params:
+        return
+    choices = hydra_cfg.runtime.choices
+    preset = next(
+        (f"{group}={choices[group]}" for group in ("experiment", "hparams_search") if choices.get(group)), "this config"
+    )
+    swept = ", ".join(str(key) for key in params)
+    raise ConfigError(f"{preset} sweeps {swept}: run it with -m (foxhunt-train -m {preset}); "
+                      "without it one default cell would train")  # fmt: skip
 
 
 def _use_configured_threads(cfg: DictConfig) -> None:

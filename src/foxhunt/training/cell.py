@@ -31,7 +31,7 @@ from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, rewind_ru
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import ROLE_CELL, Tag
 from foxhunt.training.checkpoint import check_checkpoint
-from foxhunt.training.fit import checkpoint_files, fit_and_score
+from foxhunt.training.fit import build_callbacks, check_accelerator, checkpoint_files, fit_and_score
 from foxhunt.training.folds import ChildResult, child_tags, children, describe_protocol, needs_protocol, record_protocol
 from foxhunt.training.provenance import opened_run
 
@@ -82,6 +82,7 @@ def run_cell(
     search sweep's trial number, names the run ``<cell>-trial<N>`` and tags it; ``extra_tags``
     and ``run_name`` are a protocol child's."""
     validate(cfg)  # before anything heavy: one clear line on a bad value
+    check_accelerator(cfg)  # ... and on a device this machine lacks
     lineage = _starting_checkpoint(cfg)  # a ckpt= that cannot start this run fails here too
     key = CellKey.from_config(cfg, config_hash(cfg))
     protocol = needs_protocol(cfg)
@@ -149,11 +150,10 @@ def _fit(cfg: DictConfig, name: str, tags: dict[str, str], parent_run_id: str | 
     """Fit, test and score one run in its MLflow run (``reopened``: the interrupted run, resumed
     from ``checkpoint``); its checkpoints reach the run whatever happened."""
     import lightning.pytorch as pl
-    from hydra.utils import instantiate
 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     with opened_run(cfg, name, tags, parent_run_id, reopened, SOURCE, before_fit) as (out_dir, run):
-        callbacks = [instantiate(node) for node in cfg.callbacks.values()]
+        callbacks = build_callbacks(cfg)
         try:
             metrics, scores = fit_and_score(cfg, callbacks, run, out_dir, str(checkpoint) if checkpoint is not None else cfg.ckpt)
         finally:  # an interrupted run's checkpoints too

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from foxhunt.errors import ConfigError
 from foxhunt.runs.steps import logging_step
 from foxhunt.training.provenance import bars_datasets, log_dataset_manifest
 from foxhunt.training.scoring import SCORED, interpret_test_split, print_summary, score_split, scoring_datamodule
@@ -16,9 +17,47 @@ from foxhunt.training.scoring import SCORED, interpret_test_split, print_summary
 log = logging.getLogger("foxhunt.train")
 
 
+def build_callbacks(cfg: DictConfig, terminal: bool | None = None) -> list:
+    """The configured callbacks (``cfg.callbacks``) as Lightning's switches expect them: no
+    progress bar with ``trainer.enable_progress_bar=false`` (Lightning refuses a bar it was told
+    not to show), and, when the output is not a terminal (``terminal``: ``sys.stdout.isatty()``),
+    plain progress lines (:class:`foxhunt.training.progress.LineProgress`) in place of the bar."""
+    import sys
+
+    from hydra.utils import instantiate
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from foxhunt.training.progress import LineProgress
+
+    terminal = sys.stdout.isatty() if terminal is None else terminal
+    shown = cfg.trainer.get("enable_progress_bar", True) is not False
+    callbacks = []
+    for node in cfg.callbacks.values():
+        callback = instantiate(node)
+        if isinstance(callback, ProgressBar):
+            if not shown:
+                continue
+            if not terminal:
+                callback = LineProgress(int(getattr(callback, "refresh_rate", 1) or 1))
+        callbacks.append(callback)
+    return callbacks
+
+
+def check_accelerator(cfg: DictConfig) -> None:
+    """``trainer.accelerator`` asks for a device this machine has, or one line (before the data
+    and the model are built; Lightning's own refusal comes later, as a traceback)."""
+    import torch
+
+    accelerator = str(cfg.trainer.get("accelerator") or "auto")
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.accelerator={accelerator}: this machine has no CUDA device that torch "
+                          f"{torch.__version__} can use; use trainer.accelerator=cpu (or auto)")  # fmt: skip
+
+
 def fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> tuple[dict[str, float], dict]:
     import lightning.pytorch as pl
     from hydra.utils import instantiate
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from foxhunt.training.parts import build_parts
 
@@ -27,13 +66,19 @@ def fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str
         run.log_datasets(bars_datasets(cfg, parts))
     model, datamodule, asset = parts.model, parts.datamodule, parts.asset
     log_dataset_manifest(parts.dataset, out_dir, run)
-    trainer: pl.Trainer = instantiate(
-        cfg.trainer,
-        callbacks=callbacks,
-        logger=run.logger() if run is not None else False,
-        plugins=[parts.precision],
-        default_root_dir=str(out_dir),
-    )
+    try:
+        trainer: pl.Trainer = instantiate(
+            cfg.trainer,
+            callbacks=callbacks,
+            logger=run.logger() if run is not None else False,
+            plugins=[parts.precision],
+            default_root_dir=str(out_dir),
+        )
+    except Exception as exc:  # Lightning refusing a combination of its switches: the user's config
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        if isinstance(cause, MisconfigurationException):
+            raise ConfigError(f"trainer: Lightning refuses these settings: {str(cause).splitlines()[0]}") from None
+        raise
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     if trainer.interrupted:  # Lightning turned a stop request into a clean return
         raise KeyboardInterrupt("training interrupted")

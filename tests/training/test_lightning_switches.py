@@ -1,0 +1,69 @@
+"""Lightning's and Hydra's own switches as their users type them: ``trainer.enable_progress_bar=false``
+trains (Lightning refused it: the config's bar was in the callbacks), a log file gets plain
+progress lines instead of carriage returns, a device the machine lacks and a sweeping preset
+without ``-m`` are one line each, before any run is made."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+from foxhunt.errors import EXIT_USER_ERROR, ConfigError
+from foxhunt.training.cell import train
+from foxhunt.training.fit import build_callbacks
+from foxhunt.training.progress import LineProgress
+
+QUICK = ["trainer=smoke", "data.source.days=3", "logger=none", "evaluation.plot_equity=false"]
+
+
+def _bars(callbacks) -> list[type]:
+    return [type(c) for c in callbacks if isinstance(c, (TQDMProgressBar, LineProgress))]
+
+
+def test_the_bar_is_a_terminals_plain_lines_elsewhere_and_none_when_switched_off(compose_cfg):
+    assert _bars(build_callbacks(compose_cfg(QUICK), terminal=True)) == [TQDMProgressBar]
+    assert _bars(build_callbacks(compose_cfg(QUICK), terminal=False)) == [LineProgress]
+    assert _bars(build_callbacks(compose_cfg([*QUICK, "+trainer.enable_progress_bar=false"]), terminal=True)) == []
+
+
+def test_enable_progress_bar_false_trains_and_a_log_gets_no_carriage_return(compose_cfg, capsys):
+    """Seen failing before: MisconfigurationException 'Trainer was configured with
+    enable_progress_bar=False but found TQDMProgressBar in callbacks list', a 70-line traceback."""
+    metrics = train(compose_cfg([*QUICK, "+trainer.enable_progress_bar=false"]))
+    assert "val/sharpe" in metrics
+    train(compose_cfg(QUICK))  # captured output is not a terminal: plain lines
+    out = capsys.readouterr().out
+    assert "\r" not in out and "epoch 0: batch " in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a CUDA device")
+def test_a_gpu_accelerator_without_cuda_is_one_line_before_any_run(compose_cfg, tmp_path):
+    cfg = compose_cfg([*QUICK[:2], "trainer.accelerator=gpu", f"logger.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    with pytest.raises(ConfigError, match=r"^trainer.accelerator=gpu: this machine has no CUDA device"):
+        train(cfg)
+    assert not (tmp_path / "mlflow.db").exists()  # no run was made
+
+
+@pytest.mark.parametrize(
+    ("preset", "line"),
+    [("experiment=grid", "experiment=grid sweeps model, asset: run it with -m (foxhunt-train -m experiment=grid)"),
+     ("hparams_search=dqn_optuna", "hparams_search=dqn_optuna sweeps model.module.lr, ")],
+)  # fmt: skip
+def test_a_sweeping_preset_without_multirun_is_one_line(tmp_path, monkeypatch, capsys, preset, line):
+    """Seen failing before: ``foxhunt-train experiment=grid`` trained one default DQN cell."""
+    from foxhunt import train as entry
+
+    monkeypatch.setenv("FOXHUNT_ROOT", str(tmp_path))
+    for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR"):  # main() sets HYDRA_FULL_ERROR=1, which asks for tracebacks
+        monkeypatch.setenv(name, "0")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["foxhunt-train", preset, *QUICK])
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert stopped.value.code == EXIT_USER_ERROR and len(err) == 1
+    assert err[0].startswith("foxhunt-train: config error: ") and line in err[0]
+    assert not (tmp_path / "mlruns").exists()
