@@ -8,19 +8,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from foxhunt.config.families import families, family_names
 from foxhunt.config.schema import resolved_config
 from foxhunt.config.stored import check_stored_config, check_stored_overrides, conf_targets, load_stored_config
 from foxhunt.errors import ConfigError
 
-MODELS = ("dqn", "ppo", "mamba2", "tft")
+MODELS = family_names()
 
 
 def test_the_allowlist_is_read_from_conf():
     """Every model family, source, callback and the budget a callback holds by interpolation."""
     allowed = conf_targets()
     models = {target for key, target in allowed if key == "model.module"}
-    assert models == {"foxhunt.models.dqn.DQNAgent", "foxhunt.models.ppo.PPOAgent",
-                      "foxhunt.models.mamba2.Mamba2Forecaster", "foxhunt.models.tft.TemporalFusionTransformer"}  # fmt: skip
+    assert models == {family.module for family in families().values()}
+    assert {"foxhunt.models.dqn.DQNAgent", "foxhunt.models.dlinear.DLinearForecaster"} <= models
     assert ("callbacks.memory_budget.budget", "foxhunt.memory.budget.MemoryBudget") in allowed  # budget: ${budget}
     assert {target for key, target in allowed if key == "data.source"} >= {"foxhunt.data.sources.synthetic.SyntheticBarSource"}
     assert not any(target.startswith(("os.", "subprocess.", "builtins.")) for _, target in allowed)
