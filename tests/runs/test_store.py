@@ -54,3 +54,22 @@ def test_model_versions_from_run_artifacts_with_aliases(store):
     assert runs.get_version_by_alias("dqn-es", "champion").run_id == ids["c"]
     assert runs.get_version_by_alias("dqn-es", "challenger") is None
     assert runs.get_version_by_alias("no-such-model", "champion") is None
+
+
+def test_a_version_of_a_logged_model_is_linked_to_it_as_register_model_links_it(store, tmp_path):
+    """The logged model's page lists its versions (MLflow's ``mlflow.modelVersions`` tag, which
+    ``mlflow.register_model`` writes and raw ``create_model_version`` does not; seen failing
+    before: the page said "Not registered")."""
+    import json
+
+    runs, ids = store
+    model_id, _ = runs.create_logged_model(ids["a"], "dqn", "foxhunt-member", {"family": "dqn"})
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "MLmodel").write_text("artifact_path: model\n")
+    runs.complete_logged_model(model_id, ids["a"], folder, ("val/",))
+    first = runs.register_model_version("foxhunt-dqn-es", ids["a"], f"models:/{model_id}", model_id=model_id)
+    second = runs.register_model_version("foxhunt-dqn-nq", ids["a"], f"models:/{model_id}", model_id=model_id)
+    linked = json.loads(runs.logged_model_tags(model_id)["mlflow.modelVersions"])
+    assert linked == [{"name": "foxhunt-dqn-es", "version": first.version}, {"name": "foxhunt-dqn-nq", "version": second.version}]
+    assert runs.logged_model_tags(model_id)["family"] == "dqn"  # its own tags kept

@@ -496,7 +496,8 @@ class RunStore:
     ) -> ModelVersion:
         """A new version of registered model ``name`` (created when missing) from ``source``, an
         artifact path of run ``run_id`` or a URI (``models:/<model_id>``: a logged model, given
-        as ``model_id`` too); ``alias`` then points at it."""
+        as ``model_id`` too, which then lists the version as ``mlflow.register_model`` links
+        it); ``alias`` then points at it."""
         from mlflow.exceptions import MlflowException
 
         try:
@@ -509,9 +510,22 @@ class RunStore:
             created = self.client.create_model_version(
                 name, uri, run_id=run_id, tags={k: str(v) for k, v in (tags or {}).items()}, model_id=model_id
             )
+        if model_id is not None:
+            self._link_version(model_id, name, str(created.version))
         if alias:
             self.set_alias(name, alias, created.version)
         return self._version(self.client.get_model_version(name, created.version))
+
+    def _link_version(self, model_id: str, name: str, version: str) -> None:
+        """List the version on its logged model (the ``mlflow.modelVersions`` tag, as
+        ``mlflow.register_model`` writes it: the model's page in the UI shows its versions)."""
+        import json
+
+        from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+        existing = self.client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS)
+        linked = [*(json.loads(existing) if existing else []), {"name": name, "version": version}]
+        self.client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(linked)})
 
     @contextmanager
     def _as_global_store(self):
