@@ -106,7 +106,7 @@ class CellResult:
         return cell_name(self.key, self.trial)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {**self.key.to_dict(), "status": str(self.status), "run_id": self.run_id, "error": self.error,
+        data: dict[str, Any] = {**self.key.to_dict(), "status": str(self.status), "run_id": self.run_id, "error": self.error,
                 "wall_s": self.wall_s, "note": self.note, "metrics": dict(self.metrics)}  # fmt: skip
         if self.trial is not None:
             data.update(trial=self.trial, overrides=self.overrides, objective=self.objective)

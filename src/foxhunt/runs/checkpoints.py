@@ -31,8 +31,26 @@ CHECKPOINTS_FOLDER = "checkpoints"  # a run's checkpoints, in its output folder 
 
 INTERRUPTED_CHECKPOINT = "interrupted.ckpt"
 LAST_CHECKPOINT = "last.ckpt"
+BEST_CHECKPOINT = "best.ckpt"  # conf/callbacks/default.yaml: model_checkpoint.filename
 RESUMABLE_CHECKPOINTS = (INTERRUPTED_CHECKPOINT, LAST_CHECKPOINT)
 CHECKPOINT_ARTIFACTS = "checkpoints"  # the artifact folder checkpoints are logged to
+#: ``logger.log_checkpoints``: which of a run's checkpoint files go to the store.
+RETENTIONS = ("best", "all", "none")
+
+
+def stored_checkpoints(files: list[Path], retention: str | bool, finished: bool) -> list[Path]:
+    """Which of the checkpoint ``files`` a run wrote go to its store (``logger.log_checkpoints``):
+    ``all`` every one; ``none`` none; ``best`` (the default) ``best.ckpt`` only once the run
+    finished (its ``last.ckpt`` stays in its folder: a finished run is not resumed), and every
+    file when it did not (an interrupted run resumes from its ``interrupted.ckpt`` or
+    ``last.ckpt``, on this machine or another). ``true`` / ``false``, as configs stored before
+    the setting say it, are ``all`` / ``none``."""
+    kept = {True: "all", False: "none"}.get(retention, retention) if isinstance(retention, bool) else retention
+    if kept == "none":
+        return []
+    if kept == "all" or not finished:
+        return list(files)
+    return [path for path in files if path.name == BEST_CHECKPOINT]
 
 
 @dataclass(frozen=True)

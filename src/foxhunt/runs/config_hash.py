@@ -53,6 +53,7 @@ def config_hash(cfg: Any) -> str:
     from omegaconf import OmegaConf
 
     container = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(container, dict), type(container)  # a run's config is a mapping
     for dotted in HASH_IGNORED:
         _drop(container, dotted.split("."))
     for section in HASH_MASKED:
@@ -65,7 +66,8 @@ def config_hash(cfg: Any) -> str:
 
 def _drop(node: dict, path: list[str]) -> None:
     for key in path[:-1]:
-        node = node.get(key)
-        if not isinstance(node, dict):
+        child = node.get(key)
+        if not isinstance(child, dict):
             return
+        node = child
     node.pop(path[-1], None)

@@ -293,13 +293,13 @@ def top(source: Source, query: Query) -> Leaderboard:
     sign = 1.0 if direction == MAX else -1.0
     winners = []
     for key, members in groups.items():
-        scored = [r for r in members if _finite(r.metric(query.metric)) is not None]
+        scored = [(r, v) for r in members if (v := _finite(r.metric(query.metric))) is not None]
         if not scored:
             continue
-        best = min(scored, key=lambda r: (-sign * r.metric(query.metric), -r.start_ms, r.run_id))
+        best, value = min(scored, key=lambda rv: (-sign * rv[1], -rv[0].start_ms, rv[0].run_id))
         trials = [v for r in members if (v := _finite(r.metric(trial_key))) is not None]
-        winners.append((key, best, len(members), len(scored), trials, dsr_trial_count(members, trial_key)))
-    winners.sort(key=lambda w: (-sign * w[1].metric(query.metric), w[0]))
+        winners.append((key, best, value, len(members), len(scored), trials, dsr_trial_count(members, trial_key)))
+    winners.sort(key=lambda w: (-sign * w[2], w[0]))
     if query.limit is not None:
         winners = winners[: query.limit]
     ci_keys = (query.metric + CI_LOW_SUFFIX, query.metric + CI_HIGH_SUFFIX)
@@ -307,10 +307,10 @@ def top(source: Source, query: Query) -> Leaderboard:
     details = source.run_metrics([w[1].run_id for w in winners],
                                  (*ci_keys, *(query.split_key(n) for n in DSR_INPUTS)), baseline_prefix)  # fmt: skip
     rows = []
-    for key, best, n_runs, n_scored, trials, n_trials in winners:
+    for key, best, value, n_runs, n_scored, trials, n_trials in winners:
         metrics = details.get(best.run_id, {})
         rows.append(Row(
-            group=dict(zip(query.by, key)), metric=query.metric, value=best.metric(query.metric),
+            group=dict(zip(query.by, key)), metric=query.metric, value=value,
             ci_low=_finite(metrics.get(ci_keys[0])), ci_high=_finite(metrics.get(ci_keys[1])),
             baseline=best_baseline(metrics, baseline_prefix, metric_parts(query.metric)[1], direction),
             dsr=_winner_dsr(metrics, query, trials, n_trials), dsr_trials=n_trials, runs=n_runs, scored=n_scored,
@@ -342,7 +342,8 @@ def dsr_trial_count(members: Sequence[StoredRun], trial_key: str) -> int:
     counts once, except a search's trials: those of one study and cell (tag ``study``, the cell
     tags) count as the study's trials in that cell (:data:`SEARCH_TRIALS_TAG`, the largest
     written), pruned and failed ones included, which have no run to count here."""
-    plain, searches = 0, {}
+    plain = 0
+    searches: dict[tuple[str, tuple[str, ...]], list[int]] = {}
     for run in members:
         scored = _finite(run.metric(trial_key)) is not None
         study, count = run.tags.get(Tag.STUDY), str(run.tags.get(SEARCH_TRIALS_TAG) or "")
@@ -355,10 +356,9 @@ def dsr_trial_count(members: Sequence[StoredRun], trial_key: str) -> int:
 
 
 def _winner_dsr(metrics: dict[str, float], query: Query, trials: list[float], n_trials: int | None = None) -> float | None:
-    values = [_finite(metrics.get(query.split_key(name))) for name in DSR_INPUTS]
-    if any(v is None for v in values) or not trials:
+    sr, steps, skew, kurtosis = (_finite(metrics.get(query.split_key(name))) for name in DSR_INPUTS)
+    if sr is None or steps is None or skew is None or kurtosis is None or not trials:
         return None
-    sr, steps, skew, kurtosis = values
     return deflated_sharpe(sr, trials, int(steps), skew, kurtosis, n_trials)
 
 

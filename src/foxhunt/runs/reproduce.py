@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from foxhunt.errors import UserError
-from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, LAST_CHECKPOINT
+from foxhunt.runs.checkpoints import BEST_CHECKPOINT, CHECKPOINT_ARTIFACTS, LAST_CHECKPOINT
 from foxhunt.runs.provenance import (
     CODE_FILE,
     DATA_FILE,
@@ -73,7 +73,6 @@ from foxhunt.runs.tags import REPRODUCTIONS_EXPERIMENT, ROLE_CELL, Tag
 from foxhunt.runs.tracked_run import CONFIG_ARTIFACT
 
 VERDICT_ARTIFACT = "reproduction.txt"  # the verdict's lines, on the reproduction's run
-BEST_CHECKPOINT = "best.ckpt"  # conf/callbacks/default.yaml: model_checkpoint.filename
 COMPARED_CHECKPOINTS = (BEST_CHECKPOINT, LAST_CHECKPOINT)
 EXCLUDED_PREFIXES = ("memory/",)  # memory: the process's RSS, the device's peaks, the callback's overhead
 EXCLUDED_NAMES = ("progress",)  # the progress callback's fraction (what foxhunt train watch draws)

@@ -22,7 +22,7 @@ import os
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lightning.pytorch.loggers import MLFlowLogger
 
@@ -119,20 +119,29 @@ class TrackedRun:
         if parent_run_id:
             self.tags[Tag.PARENT] = parent_run_id
         self.resume_run_id = resume_run_id
-        self.run_id: str | None = None
+        self._run_id: str | None = None
         self.status: Status | None = None
+
+    @property
+    def run_id(self) -> str:
+        """The run's id, once entered (created or reopened); RuntimeError before (a bug)."""
+        if self._run_id is None:
+            raise RuntimeError(
+                f"TrackedRun {self.run_name}: the run has no id before it is entered (with TrackedRun(...) as run)"
+            )
+        return self._run_id
 
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> TrackedRun:
         if self.resume_run_id:
             self.store.reopen(self.resume_run_id, self.tags)
-            self.run_id = self.resume_run_id
+            self._run_id = self.resume_run_id
         else:
-            self.run_id = self.store.create(self.experiment_id, self.run_name, self.tags)
+            self._run_id = self.store.create(self.experiment_id, self.run_name, self.tags)
         log.info("MLflow run %s (%s) in %s", self.run_name, self.run_id, self.tracking_uri)
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         self.status = ending_status(exc)
         tags = {}
         if self.status == Status.KILLED:
