@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol, TypeGuard
 
 import typer
 from typer.core import TyperGroup
@@ -49,7 +50,13 @@ class OneLineUsageErrors(TyperGroup):
             return super().invoke(ctx)
 
 
-def _is_usage_error(exc: BaseException) -> bool:
+class _UsageError(Protocol):
+    """What foxhunt reads of click's ``UsageError`` (typer's copy of click, told by class name)."""
+
+    def format_message(self) -> str: ...
+
+
+def _is_usage_error(exc: BaseException) -> TypeGuard[_UsageError]:
     """Click's ``UsageError`` (``BadParameter``, ``NoSuchOption``, ``MissingParameter``, ...) but
     not ``NoArgsIsHelpError``; by class name, as typer's own handler tells the latter (typer
     carries its own copy of click, whose classes are not ``click``'s)."""
@@ -106,7 +113,7 @@ def runs_table_url(host: str, port: int, experiment_id: str | None) -> str:
 
 @app.command()
 def ui(
-    root: Path = typer.Option(None, help="Folder holding mlruns/ (default: $FOXHUNT_ROOT or the current folder)."),
+    root: Path | None = typer.Option(None, help="Folder holding mlruns/ (default: $FOXHUNT_ROOT or the current folder)."),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(5000, help="Port to listen on."),
     experiment: str = typer.Option("foxhunt", help="Experiment whose runs table URL is printed."),
@@ -116,6 +123,7 @@ def ui(
 
     uri = store_uri(Path(root) if root else root_dir())
     database = sqlite_path(uri)
+    assert database is not None, uri  # store_uri names a sqlite:/// store
     if not database.is_file():
         typer.echo(f"foxhunt ui: no MLflow store at {database}: run foxhunt-train first (or pass --root)", err=True)
         raise typer.Exit(2)

@@ -29,10 +29,10 @@ def run_foreground(command: Sequence[str], env: dict[str, str], grace_s: float) 
 
     previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
-        while True:
+        code: int | None = None
+        while code is None:
             try:
                 code = child.wait(timeout=grace_s if stopped else None)
-                break
             except subprocess.TimeoutExpired:  # asked to stop and still there after the grace
                 _signal_group(child.pid, signal.SIGKILL)
     finally:

@@ -36,9 +36,11 @@ def _group() -> None:
 
 @data_app.command()
 def show(
-    overrides: list[str] = OVERRIDES,
+    overrides: list[str] | None = OVERRIDES,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the report."),
-    png: Path = typer.Option(None, "--png", help="Where to write the price chart (default outputs/data/<asset>-continuous.png)."),
+    png: Path | None = typer.Option(
+        None, "--png", help="Where to write the price chart (default outputs/data/<asset>-continuous.png)."
+    ),
     min_gap: int = typer.Option(5, "--min-gap", min=1, help="List runs of at least this many open-market minutes without a bar."),
 ) -> None:
     """Load the bars of a data config and report what they hold (no training)."""

@@ -99,7 +99,7 @@ def validate(
     ),
     models: str = typer.Option(DEFAULT_MODELS, "--models", help="Comma-separated models to build and measure."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
-    root: Path = typer.Option(
+    root: Path | None = typer.Option(
         None, "--root", help="Folder holding mlruns/ and the feature cache (default $FOXHUNT_ROOT or the current folder)."
     ),
 ) -> None:
@@ -175,8 +175,8 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
     run = _tracked_run(first, precision, budget, list(configs), overrides)
     measurements, predictions = [], {}
     with run if run is not None else contextlib.nullcontext():
-        try:
-            for name, cfg in configs.items():
+        for name, cfg in configs.items():
+            try:
                 if predict:
                     predictions[name] = predict_footprint(cfg, MEASURING_RUNS, workdir=out_dir / name)
                     typer.echo(
@@ -188,16 +188,16 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
                     f"{name}: measured {measured.footprint_mb:.2f} MB ({measured.seconds:.1f} s, {measured.steps} steps on {measured.device})",
                     err=True,
                 )
-        except MeasurementError as exc:
-            typer.echo(f"foxhunt memory validate: FAIL: {exc}", err=True)
-            if run is not None:
-                run.set_tags({Tag.VERDICT: "FAIL", Tag.ERROR: str(exc)})
-            return EXIT_FAIL
-        except ValueError as exc:  # a value only the model or the data source rejects
-            typer.echo(f"foxhunt memory validate: config error ({name}): {one_line_error(exc, with_type=False)}", err=True)
-            if run is not None:
-                run.set_tags({Tag.VERDICT: "ERROR", Tag.ERROR: one_line_error(exc, with_type=False)})
-            return EXIT_USER_ERROR
+            except MeasurementError as exc:
+                typer.echo(f"foxhunt memory validate: FAIL: {exc}", err=True)
+                if run is not None:
+                    run.set_tags({Tag.VERDICT: "FAIL", Tag.ERROR: str(exc)})
+                return EXIT_FAIL
+            except ValueError as exc:  # a value only the model or the data source rejects
+                typer.echo(f"foxhunt memory validate: config error ({name}): {one_line_error(exc, with_type=False)}", err=True)
+                if run is not None:
+                    run.set_tags({Tag.VERDICT: "ERROR", Tag.ERROR: one_line_error(exc, with_type=False)})
+                return EXIT_USER_ERROR
         verdict = judge(measurements, budget, data=data_description(first), predictions=predictions)
         extra = {"overrides": overrides, "models_measured": list(configs)}
         paths = card_report.write_all(verdict, out_dir, extra)
@@ -268,7 +268,7 @@ def compare(
     warmup: int = typer.Option(3, min=1, help="Optimizer steps per precision before timing (compiles, caches)."),
     latency_calls: int = typer.Option(200, min=1, help="Timed batch-1 inference calls per precision."),
     latency_warmup: int = typer.Option(20, min=0, help="Untimed inference calls per precision first."),
-    root: Path = typer.Option(
+    root: Path | None = typer.Option(
         None, help="Project folder: mlruns/, data cache, outputs/ (default: $FOXHUNT_ROOT or the current folder)."
     ),
 ) -> None:

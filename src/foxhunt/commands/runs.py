@@ -75,10 +75,10 @@ def top(
     ),
     metric: str = typer.Option(lb.DEFAULT_METRIC, help="What ranks the runs: <split>/<name>, e.g. val/sharpe, val/loss."),
     by: str = typer.Option(",".join(lb.DEFAULT_BY), help="Group by these tags (commas): " + ", ".join(lb.GROUP_TAGS) + "."),
-    limit: int = typer.Option(None, min=1, help="Show the best N groups only."),
+    limit: int | None = typer.Option(None, min=1, help="Show the best N groups only."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of the rows (null for a missing number)."),
-    root: Path = typer.Option(None, help=ROOT_HELP),
-    tracking_uri: str = typer.Option(None, help=URI_HELP),
+    root: Path | None = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str | None = typer.Option(None, help=URI_HELP),
 ) -> None:
     """The best FINISHED cell per group (default: per model and asset) by a metric, in its direction."""
     try:
@@ -117,8 +117,8 @@ def top(
 def reproduce(
     target: str = typer.Argument(..., help="A run id, or a registered version: models:/NAME@ALIAS or models:/NAME/VERSION."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as one JSON object."),
-    root: Path = typer.Option(None, help=ROOT_HELP),
-    tracking_uri: str = typer.Option(None, help=URI_HELP),
+    root: Path | None = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str | None = typer.Option(None, help=URI_HELP),
 ) -> None:
     """Retrain a run from its stored config; say identical (exit 0) or the first input that differs (exit 1)."""
     import sys

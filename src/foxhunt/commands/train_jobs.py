@@ -94,10 +94,10 @@ def start(
     overrides: list[str] = typer.Argument(
         None, help="Hydra overrides; comma lists make the grid: model=dqn,tft asset=es,nq precision=bf16."
     ),
-    resume: str = typer.Option(None, "--resume", metavar="JOB", help="Continue a stopped, failed or stale job."),
+    resume: str | None = typer.Option(None, "--resume", metavar="JOB", help="Continue a stopped, failed or stale job."),
     watch: bool = typer.Option(False, "--watch", help="Watch the job after starting it."),
-    root: Path = typer.Option(None, help=ROOT_HELP),
-    tracking_uri: str = typer.Option(None, help=URI_HELP + " Used to find the job to --resume."),
+    root: Path | None = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str | None = typer.Option(None, help=URI_HELP + " Used to find the job to --resume."),
 ) -> None:
     """Validate the grid, then train it in the background (it survives the terminal closing)."""
     from foxhunt.jobs import launch
@@ -141,8 +141,8 @@ def _relative(path: Path) -> str:
 def watch(
     job: str = typer.Argument(..., help="Job id (or a unique prefix of it)."),
     interval: float = typer.Option(WATCH_INTERVAL_S, min=0.1, help="Seconds between reads of the store."),
-    root: Path = typer.Option(None, help=ROOT_HELP),
-    tracking_uri: str = typer.Option(None, help=URI_HELP),
+    root: Path | None = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str | None = typer.Option(None, help=URI_HELP),
 ) -> None:
     """Live progress of a job until it ends; exits with its final state (0 FINISHED, 1 FAILED,
     3 KILLED, 4 STALE). Ctrl-C leaves the job running."""
@@ -179,8 +179,8 @@ def _watch(key: str, root: Path, uri: str, interval: float) -> None:
 def status(
     job: str = typer.Argument(..., help="Job id (or a unique prefix of it)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    root: Path = typer.Option(None, help=ROOT_HELP),
-    tracking_uri: str = typer.Option(None, help=URI_HELP),
+    root: Path | None = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str | None = typer.Option(None, help=URI_HELP),
 ) -> None:
     """A job's state and each cell's step, metrics, peak memory, duration, error or checkpoint."""
     from foxhunt.jobs.display import status_view
@@ -205,9 +205,9 @@ def list_jobs(
     status_: list[str] = typer.Option(
         None, "--status", help="Only jobs in these states (repeatable, commas): " + ", ".join(LIST_STATES) + "."
     ),
-    model: list[str] = typer.Option(None, "--model", help="Only jobs with a cell of this model (repeatable, commas)."),
-    asset: list[str] = typer.Option(None, "--asset", help="Only jobs with a cell on this asset (repeatable, commas)."),
-    since: str = typer.Option(None, help="Only jobs started since: an age (30m, 2h, 7d, 1w) or an ISO date/time."),
+    model: list[str] | None = typer.Option(None, "--model", help="Only jobs with a cell of this model (repeatable, commas)."),
+    asset: list[str] | None = typer.Option(None, "--asset", help="Only jobs with a cell on this asset (repeatable, commas)."),
+    since: str | None = typer.Option(None, help="Only jobs started since: an age (30m, 2h, 7d, 1w) or an ISO date/time."),
     sort: str = typer.Option(
         "started", help="started (newest first), duration (longest first) or sharpe (best val/sharpe first)."
     ),
@@ -215,8 +215,8 @@ def list_jobs(
     limit: int = typer.Option(20, min=1, help="Jobs per page."),
     page: int = typer.Option(1, min=1, help="Page to show, from 1."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (the page, its jobs and their cells), not a table."),
-    root: Path = typer.Option(None, help=ROOT_HELP),
-    tracking_uri: str = typer.Option(None, help=URI_HELP),
+    root: Path | None = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str | None = typer.Option(None, help=URI_HELP),
 ) -> None:
     """Jobs in the store, newest first, with filters, sorting and pages."""
     from foxhunt.jobs.display import list_table
@@ -267,8 +267,8 @@ def stop(
     job: str = typer.Argument(..., help="Job id (or a unique prefix of it)."),
     force: bool = typer.Option(False, "--force", help="SIGKILL the job's processes if still there after --timeout."),
     timeout: float = typer.Option(60.0, min=0.0, help="Seconds to wait for a graceful stop."),
-    root: Path = typer.Option(None, help=ROOT_HELP),
-    tracking_uri: str = typer.Option(None, help=URI_HELP),
+    root: Path | None = typer.Option(None, help=ROOT_HELP),
+    tracking_uri: str | None = typer.Option(None, help=URI_HELP),
 ) -> None:
     """Stop a job gracefully: SIGTERM to its process group; each cell in training saves a
     checkpoint and ends KILLED; resume with foxhunt train start --resume JOB."""
