@@ -31,6 +31,7 @@ PRESETS = [
     ("train", ["model=ppo"]),
     ("train", ["model=mamba2"]),
     ("train", ["model=tft"]),
+    ("train", ["model=dlinear"]),
     ("train", ["strategy=slurm"]),
     ("train", ["strategy=parallel"]),
     ("train", ["precision=int8"]),
@@ -46,6 +47,7 @@ PRESETS = [
 FLOORS = {
     "trainer.max_epochs": -1,  # -1: no limit
     "trainer.max_steps": -1,
+    "trainer.devices": -1,  # -1: every device
     "trainer.num_sanity_val_steps": -1,  # -1: every validation batch
     "callbacks.model_checkpoint.save_top_k": -1,  # -1: keep every checkpoint
     "data.source.autocorrelation": -1.0,  # (-1, 1)

@@ -575,7 +575,7 @@ class LoggerSection(_Strict):
     tracking_uri: str | None
     artifact_location: str | None
     experiment: str = Field(min_length=1)
-    log_checkpoints: bool
+    log_checkpoints: Literal["best", "all", "none"] | bool  # bool: configs stored before the setting (all / none)
 
     @model_validator(mode="after")
     def _uri_when_enabled(self) -> LoggerSection:
