@@ -110,7 +110,7 @@ def annualization(asset: AssetSpec, sessions_per_year: Any = CALENDAR, span: Any
         )
         return Annualization(float(bars), note)
     if not (isinstance(sessions_per_year, numbers.Real) and not isinstance(sessions_per_year, bool)
-            and math.isfinite(sessions_per_year) and sessions_per_year > 0):  # fmt: skip
+            and math.isfinite(sessions_per_year) and float(sessions_per_year) > 0):  # fmt: skip
         raise ValueError(f"evaluation.sessions_per_year={sessions_per_year!r}: must be 'calendar' or a number > 0")
     per_session = asset.session_minutes / per_bar
     bars = float(per_session * sessions_per_year)

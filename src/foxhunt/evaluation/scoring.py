@@ -94,8 +94,8 @@ class SplitScore:
     bar times (``len(steps) + 1``: the first bar's, then each step's end)."""
 
     model: BacktestResult
+    timestamps: np.ndarray
     baselines: dict[str, BacktestResult] = field(default_factory=dict)
-    timestamps: np.ndarray | None = None
 
     def metrics(self, settings: ScoringSettings) -> dict[str, float]:
         """Every metric of the module doc, unprefixed."""
@@ -108,12 +108,15 @@ class SplitScore:
     def save(self, path: Path) -> Path:
         """One ``.npz`` of a scored stretch that started flat (what a run saves per split; a
         pooled score is rebuilt from its parts, not saved)."""
-        arrays = {"timestamps": self.timestamps, "bars_per_year": np.float64(self.model.bars_per_year)}
+        arrays: dict[str, np.ndarray | np.float64] = {
+            "timestamps": self.timestamps,
+            "bars_per_year": np.float64(self.model.bars_per_year),
+        }
         for name, result in {MODEL: self.model, **self.baselines}.items():
             arrays.update(
                 {f"{name}.positions": result.positions, f"{name}.gross": result.gross_pnl, f"{name}.costs": result.costs}
             )
-        np.savez_compressed(path, **arrays)
+        np.savez_compressed(path, allow_pickle=True, **arrays)  # named: numpy's stubs would read the ** as allow_pickle
         return path
 
     @classmethod

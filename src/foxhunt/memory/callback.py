@@ -419,6 +419,7 @@ class MemoryBudgetCallback(pl.Callback):
         metrics = {f"{METRIC_PREFIX}{name}_mb": to_mb(nbytes) for name, nbytes in self.breakdown.components().items()}
         metrics[f"{METRIC_PREFIX}accounted_mb"] = self.breakdown.total_training_mb
         peak, device_peak = self.peak_figure(), self.device_peak_figure()
+        assert peak.mb is not None and device_peak.mb is not None  # each falls back on the accounted sum
         metrics[f"{METRIC_PREFIX}peak_mb"] = peak.mb
         metrics[f"{METRIC_PREFIX}device_peak_mb"] = device_peak.mb
         if self.budget is not None:
@@ -468,6 +469,7 @@ class MemoryBudgetCallback(pl.Callback):
 
     def _check(self, trainer: pl.Trainer) -> None:
         peak, device_peak = self.peak_figure(), self.device_peak_figure()
+        assert peak.mb is not None and device_peak.mb is not None  # each falls back on the accounted sum
         for breach in find_breaches(peak.mb, peak.method, device_peak.mb, device_peak.method, self.budget, self.target_mb):
             if breach.limit in self.breaches:
                 continue

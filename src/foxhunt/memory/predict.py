@@ -65,6 +65,8 @@ MIN_PROBE_BATCH = 4
 MAX_PROBE_BATCH = 4096
 
 OptimizerRule = Callable[[torch.Tensor, Mapping[str, Any]], int]  # (parameter, its param group) -> bytes
+#: A probe fit: (batch, activations, model state, allocator peak beyond the static parts or None), bytes.
+ProbeFit = tuple[int, int, int, int | None]
 OPTIMIZER_STATE_RULES: dict[type, OptimizerRule] = {}
 
 COMPONENT_PREDICTIONS = {
@@ -279,7 +281,7 @@ class Prediction:
     breakdown: MemoryBreakdown
     batch_key: str | None
     batch_size: int | None
-    probes: tuple[tuple[int, ...], ...] = ()  # (batch, activations, model state, allocator peak beyond the static parts)
+    probes: tuple[ProbeFit, ...] = ()
     seconds: float = 0.0
     notes: tuple[str, ...] = ()
     methods: Mapping[str, str] = field(default_factory=lambda: dict(COMPONENT_PREDICTIONS))
@@ -311,7 +313,7 @@ def predict_footprint(
     cfg: DictConfig,
     factory: RunFactory,
     workdir: str | Path | None = None,
-    probe_cache: dict[str, tuple[int, int]] | None = None,
+    probe_cache: dict[str, tuple[int, int, int | None]] | None = None,
 ) -> Prediction:
     """Predict the training footprint of the run ``cfg`` (composed and validated, e.g. by
     :func:`foxhunt.training.parts.measuring_config`; built by ``factory``) without running its
@@ -338,12 +340,12 @@ def predict_footprint(
         measured = measure_run(cfg, factory, extra_steps=0, workdir=workdir)
         activations, state = measured.breakdown.activations_bytes, measured.breakdown.model_state_bytes
         temporaries = measured.breakdown.temporaries_bytes
-        probes: tuple[tuple[int, ...], ...] = ()
+        probes: tuple[ProbeFit, ...] = ()
         allocator = None
         notes.append("no batch key known for this model: activations and model state measured at the configured batch")
     else:
         batch = int(batch)
-        points = []
+        points: list[ProbeFit] = []
         for probe_batch, probe in probe_configs(cfg, key, batch):
             cache_key = OmegaConf.to_yaml(resolved_config(probe))
             if probe_cache is None or cache_key not in probe_cache:

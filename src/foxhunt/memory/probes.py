@@ -114,15 +114,17 @@ class DeviceProbes:
 
     # -- set-up: each returns the probe's status -----------------------------------------
     def _init_cuda(self) -> ProbeStatus:
-        if self.device.type != "cuda":
-            return ProbeStatus("cuda", False, f"device is {self.device.type}")
+        device = torch.device(self.device)  # one since __post_init__
+        if device.type != "cuda":
+            return ProbeStatus("cuda", False, f"device is {device.type}")
         if not torch.cuda.is_available():
             return ProbeStatus("cuda", False, "CUDA is not available in this torch build or machine")
         return ProbeStatus("cuda", True, f"allocator peaks of {self.device}")
 
     def _init_nvml(self) -> ProbeStatus:
-        if self.device.type != "cuda":
-            return ProbeStatus("nvml", False, f"device is {self.device.type}")
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            return ProbeStatus("nvml", False, f"device is {device.type}")
         try:
             nvml = importlib.import_module("pynvml")
         except ImportError as exc:
@@ -143,7 +145,7 @@ class DeviceProbes:
     def _nvml_device_handle(self, nvml: Any) -> Any:
         """NVML's handle of the torch device: by UUID (respects CUDA_VISIBLE_DEVICES), else by
         the index."""
-        index = self.device.index or 0
+        index = torch.device(self.device).index or 0
         if torch.cuda.is_available():
             uuid = str(torch.cuda.get_device_properties(index).uuid)
             for candidate in (uuid, f"GPU-{uuid}"):

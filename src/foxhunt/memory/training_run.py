@@ -35,6 +35,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
@@ -189,9 +190,10 @@ def measure_run(
     figures: list[MeasuredFigure] = []
     if device.type == "cuda" and sample is not None and sample.cuda_allocated_peak_bytes is not None:
         footprint = MeasuredFigure("footprint", sample.cuda_allocated_peak_bytes - baseline[0], CUDA_FOOTPRINT_METHOD)
+        reserved = sample.cuda_reserved_peak_bytes
         figures.append(
             MeasuredFigure(
-                "CUDA reserved peak", sample.cuda_reserved_peak_bytes - baseline[1],
+                "CUDA reserved peak", None if reserved is None else reserved - baseline[1],
                 "torch.cuda.max_memory_reserved over the fit minus memory_reserved before it (allocator cache included)",
             )
         )  # fmt: skip
@@ -262,7 +264,7 @@ class quiet_lightning:
         self._warnings.__enter__()
         warnings.filterwarnings("ignore", module=r"lightning\..*")
 
-    def __exit__(self, *exc: object) -> None:
-        self._warnings.__exit__(*exc)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._warnings.__exit__(exc_type, exc, tb)
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
