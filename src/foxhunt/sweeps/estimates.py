@@ -214,7 +214,7 @@ def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
     prediction = predict_footprint(probe, MEASURING_RUNS, workdir=workdir)
     how = (
         f"predict_footprint: training footprint, {len(prediction.probes)} probe fits at "
-        f"{prediction.batch_key}={[b for b, _, _ in prediction.probes]} extrapolated to {prediction.batch_size}, "
+        f"{prediction.batch_key}={[fit[0] for fit in prediction.probes]} extrapolated to {prediction.batch_size}, "
         f"{prediction.seconds:.1f} s"
     )
     return prediction.total_mb, how
