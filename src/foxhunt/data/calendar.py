@@ -34,7 +34,7 @@ import functools
 import importlib.metadata
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -326,7 +326,7 @@ def _open_before(t: np.ndarray, starts: np.ndarray, ends: np.ndarray, cum: np.nd
 def _at_open_time(c: np.ndarray, starts: np.ndarray, cum: np.ndarray, after: bool) -> np.ndarray:
     """The instant at which ``c`` open ns have elapsed: the first open instant at or after it
     (``after``), or the end of open time at it (the last open instant's end, else)."""
-    side = "right" if after else "left"
+    side: Literal["left", "right"] = "right" if after else "left"
     j = np.clip(np.searchsorted(cum, c, side=side) - 1, 0, len(starts) - 1)
     return starts[j] + (c - cum[j])
 

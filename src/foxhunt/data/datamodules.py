@@ -327,9 +327,9 @@ class EnvDataModule(LightningDataModule):
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"model.env.{name}={value!r}: must be an integer >= 1")
-        for name, value in (("commission_usd", commission_usd), ("slippage_ticks", slippage_ticks)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"execution.{name}={value!r}: must be a number >= 0")
+        for name, cost in (("commission_usd", commission_usd), ("slippage_ticks", slippage_ticks)):
+            if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not cost >= 0:
+                raise ValueError(f"execution.{name}={cost!r}: must be a number >= 0")
         train_bars = len(dataset.split("train"))
         if episode_len > train_bars - 1:
             raise SplitError(

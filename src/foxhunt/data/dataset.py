@@ -275,7 +275,7 @@ def _write_cache(path: Path, dataset: MarketDataset) -> None:
         raise OSError(f"cache_dir={str(path.parent)!r}: cannot write the cache ({err})") from err
     try:
         with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
+            np.savez(handle, allow_pickle=True, **arrays)  # named: numpy's stubs would read the ** as allow_pickle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -147,15 +147,17 @@ def _splits(bars: pd.DataFrame, asset: AssetSpec, features_cfg: Any, split_cfg: 
     walk-forward, and the lockbox's (``evaluation.holdout``). Bars too few for the splits are
     said (``error``), never refused: an inspection shows what is there."""
     warmup = FeatureConfig.from_config(features_cfg).warmup_bars
-    lockbox = {"holdout": float(holdout or 0.0), "open_holdout": bool(holdout)}
+    fraction, open_holdout = float(holdout or 0.0), bool(holdout)
     protocol = "walk_forward" if walk_forward is not None else "single"
     try:
         if walk_forward is None:
-            dataset = build_market_dataset(bars, asset, features_cfg, dataclasses.replace(as_split(split_cfg), **lockbox))
+            dataset = build_market_dataset(
+                bars, asset, features_cfg, dataclasses.replace(as_split(split_cfg), holdout=fraction, open_holdout=open_holdout)
+            )
             return {"protocol": protocol, "warmup_bars": warmup, **dataset.manifest()["splits"]}
         folds = []
         for k in range(walk_forward.folds):
-            dataset = build_market_dataset(bars, asset, features_cfg, FoldSplit(walk_forward, k, **lockbox))
+            dataset = build_market_dataset(bars, asset, features_cfg, FoldSplit(walk_forward, k, fraction, open_holdout))
             folds.append({"fold": k, **dataset.manifest()["splits"]})
         return {"protocol": protocol, "warmup_bars": warmup, "folds": folds}
     except (UserError, ValueError) as exc:  # too few bars for the splits (or the warm-up): what is there still shows

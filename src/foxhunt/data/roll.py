@@ -376,6 +376,7 @@ def _stats_before(contracts: Contracts, rule: RollRule, volume: pd.DataFrame, se
         return ({c: float(v) for c, v in row.items() if v > 0}, "outtraded",
                 f"in session {pd.Timestamp(previous):%Y-%m-%d}")  # fmt: skip
     oi = contracts.open_interest
+    assert oi is not None  # by open_interest: checked present before the roll is built
     known = oi.loc[oi["published"] < opens].sort_values("published")
     latest = known.groupby("contract")["value"].last()
     return {c: float(v) for c, v in latest.items()}, "had more open interest than", f"published before {opens:%Y-%m-%d %H:%M} UTC"

@@ -102,11 +102,11 @@ class KnownCalendar:
 
     def _session(self, ts_ns: int) -> tuple[int, int, int]:
         """(open ns, close ns, trade weekday) of the session last opened at or before ``ts_ns``."""
-        if not (self._span[0] <= ts_ns <= self._span[1]):
-            self._arrays = self.sessions.stream_cover(ts_ns)
-            opens = self._arrays["open"]
-            self._span = (int(opens[0]), int(opens[-1]))
         arrays = self._arrays
+        if arrays is None or not (self._span[0] <= ts_ns <= self._span[1]):
+            arrays = self._arrays = self.sessions.stream_cover(ts_ns)
+            opens = arrays["open"]
+            self._span = (int(opens[0]), int(opens[-1]))
         i = max(int(np.searchsorted(arrays["open"], ts_ns, side="right")) - 1, 0)
         weekday = (int(arrays["date"][i].astype(np.int64)) + EPOCH_WEEKDAY) % DAYS_PER_WEEK
         return int(arrays["open"][i]), int(arrays["close"][i]), weekday

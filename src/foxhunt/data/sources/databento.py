@@ -231,10 +231,10 @@ class DatabentoBarSource:
                 if rank is not None:
                     rank_of[symbol] = rank
             if not rank_of:
-                found = ", ".join(sorted(map(str, first_year.index)))
+                seen = ", ".join(sorted(map(str, first_year.index)))
                 raise BarDataError(
                     f"{self.path}: no outright {asset.root} futures contract among the symbols found "
-                    f"({found}); spreads, options and other roots are dropped"
+                    f"({seen}); spreads, options and other roots are dropped"
                 )
             picked = records.loc[symbols.isin(list(rank_of)).to_numpy()].copy()
             expirations = picked["instrument_id"].map(definitions.expiration)
@@ -339,9 +339,9 @@ def write_ohlcv_1m(
         dataset=dataset,
         start=int(stamps[0]),
         end=int(stamps[-1]) + 60 * 1_000_000_000,
-        stype_in=dbn.SType.RAW_SYMBOL,
-        stype_out=dbn.SType.INSTRUMENT_ID,
-        schema=dbn.Schema.OHLCV_1M,
+        stype_in=dbn.SType.RAW_SYMBOL,  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
+        stype_out=dbn.SType.INSTRUMENT_ID,  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
+        schema=dbn.Schema.OHLCV_1M,  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
         symbols=[symbol],
         mappings=[SimpleNamespace(raw_symbol=symbol, intervals=[interval])],
     )
@@ -357,10 +357,15 @@ def write_ohlcv_1m(
         return target
     buffer = io.BytesIO()
     if name.endswith(".dbn.zst"):
-        transcoder = dbn.Transcoder(buffer, dbn.Encoding.DBN, dbn.Compression.ZSTD)
+        transcoder = dbn.Transcoder(buffer, dbn.Encoding.DBN, dbn.Compression.ZSTD)  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
     else:
         transcoder = dbn.Transcoder(
-            buffer, dbn.Encoding.CSV, dbn.Compression.NONE, pretty_px=True, pretty_ts=True, map_symbols=True
+            buffer,
+            dbn.Encoding.CSV,
+            dbn.Compression.NONE,
+            pretty_px=True,
+            pretty_ts=True,
+            map_symbols=True,  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
         )
     transcoder.write(raw)
     transcoder.finish()

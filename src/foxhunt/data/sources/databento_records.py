@@ -128,7 +128,7 @@ def _is_definition(record) -> bool:
 
 
 # ============================================================================ DBN reading
-def _decode_dbn(file: Path) -> tuple[object, list]:
+def _decode_dbn(file: Path) -> tuple[dbn.Metadata, list]:
     """(metadata, records) of a DBN file, zstd-compressed or not."""
     try:
         with open(file, "rb") as handle:
@@ -143,7 +143,7 @@ def _decode_dbn(file: Path) -> tuple[object, list]:
                 compression = dbn.Compression.NONE
             else:
                 raise BarDataError(f"{file}: not a DBN file (neither a DBN header nor zstd data)")
-            decoder = dbn.DBNDecoder(compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)
+            decoder = dbn.DBNDecoder(compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
             decoder.write(head)
             out: list = []
             while chunk := handle.read(_DECODE_CHUNK):
@@ -174,7 +174,7 @@ def _dbn_metadata(file: Path, head_bytes: int = 1 << 16):
     with open(file, "rb") as handle:
         head = handle.read(head_bytes)
     compression = dbn.Compression.ZSTD if head[:4] == _ZSTD_MAGIC else dbn.Compression.NONE
-    decoder = dbn.DBNDecoder(compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)
+    decoder = dbn.DBNDecoder(compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
     try:
         decoder.write(head)
         decoded = decoder.decode()
@@ -212,10 +212,10 @@ def _zstd_problem(handle) -> str | None:
             return cut.format(pos, size)
         number = int.from_bytes(magic, "little")
         if number in _ZSTD_SKIPPABLE:
-            length = read(pos + 4, 4)
-            if length is None or pos + 8 + int.from_bytes(length, "little") > size:
+            skipped = read(pos + 4, 4)
+            if skipped is None or pos + 8 + int.from_bytes(skipped, "little") > size:
                 return cut.format(pos, size)
-            pos += 8 + int.from_bytes(length, "little")
+            pos += 8 + int.from_bytes(skipped, "little")
             continue
         if number != _ZSTD_FRAME_MAGIC:
             return f"corrupt zstd data: no zstd frame at byte {pos} of {size}"
@@ -312,12 +312,14 @@ def _ohlcv_arrays(records: list) -> np.ndarray:
         return np.empty(0, dtype=_OHLCV_DTYPE)
     blob = b"".join(bytes(r) for r in records)
     size = len(blob) // len(records)
+    names, fields = _OHLCV_DTYPE.names, _OHLCV_DTYPE.fields
+    assert names is not None and fields is not None  # a structured dtype
     if size * len(records) == len(blob) and size >= _OHLCV_DTYPE.itemsize:
         padded = np.dtype(
             {
-                "names": _OHLCV_DTYPE.names,
-                "formats": [_OHLCV_DTYPE.fields[n][0] for n in _OHLCV_DTYPE.names],
-                "offsets": [_OHLCV_DTYPE.fields[n][1] for n in _OHLCV_DTYPE.names],
+                "names": names,
+                "formats": [fields[n][0] for n in names],
+                "offsets": [fields[n][1] for n in names],
                 "itemsize": size,
             }
         )

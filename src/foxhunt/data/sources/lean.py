@@ -112,8 +112,7 @@ class LeanMinuteSource:
             try:
                 with zipfile.ZipFile(file) as archive:
                     members = archive.namelist()
-                    usable = [(m, _MEMBER.match(Path(m).name)) for m in members]
-                    usable = [(m, match) for m, match in usable if match is not None]
+                    usable = [(m, match) for m in members if (match := _MEMBER.match(Path(m).name)) is not None]
                     if not usable:
                         if named_directly:
                             raise BarDataError(

@@ -355,13 +355,12 @@ class SyntheticBarSource:
         """The AR(1) returns of ``shocks`` (sigma x z): coefficient ``autocorrelation``, and from
         ``change_date``'s first bar on ``autocorrelation_after``, the recursion carried across the
         change (each regime's innovations scaled by (1 - its coefficient), as the module doc says)."""
-        a = self.autocorrelation
-        if self.change_date is None:
+        a, b = self.autocorrelation, self.autocorrelation_after
+        if self.change_date is None or b is None:  # one regime (__init__ sets both or neither)
             return ar1_filter(shocks * (1.0 - a), a)
         change = pd.Timestamp(self.change_date, tz="UTC").as_unit("ns").value
         cut = int(np.searchsorted(index.as_unit("ns").asi8, change, side="left"))
         before = ar1_filter(shocks[:cut] * (1.0 - a), a)
-        b = self.autocorrelation_after
         after = ar1_filter(shocks[cut:] * (1.0 - b), b, initial=float(before[-1]) if cut else 0.0)
         return np.concatenate([before, after])
 
