@@ -12,18 +12,19 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from rich.console import Group, RenderableType
+from rich.console import Group, JustifyMethod, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
 from foxhunt.jobs.listing import Page
 from foxhunt.jobs.views import METRIC_LOSS, METRIC_PEAK_MB, METRIC_SHARPE, Job, JobCell, resumable_checkpoint_of
+from foxhunt.runs.cell import CellResult
 from foxhunt.runs.resume import skip_note
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import Tag
 
-STATE_STYLES = {
+STATE_STYLES: dict[str, str] = {
     Status.RUNNING: "bold cyan",
     Status.FINISHED: "bold green",
     Status.FAILED: "bold red",
@@ -124,10 +125,11 @@ def job_header(job: Job, now_ms: int) -> Table:
 
 def status_table(job: Job, now_ms: int) -> Table:
     table = Table(title=f"cells of job {job.job_id}", title_justify="left", expand=False)
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("cell", "left"), ("state", "left"), ("step", "right"), ("progress", "right"), ("loss", "right"),
         ("val/sharpe", "right"), ("peak mem", "right"), ("duration", "right"), ("error / checkpoint", "left"),
-    ):  # fmt: skip
+    )  # fmt: skip
+    for name, justify in columns:
         table.add_column(name, justify=justify, overflow="fold")
     for cell in job.cells():
         run = cell.run
@@ -138,7 +140,7 @@ def status_table(job: Job, now_ms: int) -> Table:
         elif checkpoint is not None:
             note = Text(short_path(checkpoint.path) if checkpoint.path else str(checkpoint), style="dim")
         elif cell.skipped is not None and run is None:
-            note = Text(skipped_note(cell), style="dim")
+            note = Text(skipped_note(cell.skipped), style="dim")
         table.add_row(
             cell.name,
             state_text(cell.state),
@@ -153,9 +155,9 @@ def status_table(job: Job, now_ms: int) -> Table:
     return table
 
 
-def skipped_note(cell: JobCell) -> str:
+def skipped_note(skipped: CellResult) -> str:
     """Where a skipped cell's result is: the earlier FINISHED run (its metrics are that run's)."""
-    return skip_note(cell.skipped.run_id)
+    return skip_note(skipped.run_id)
 
 
 def status_view(job: Job, now_ms: int, log_excerpt: str = "") -> RenderableType:
@@ -170,10 +172,11 @@ def status_view(job: Job, now_ms: int, log_excerpt: str = "") -> RenderableType:
 # --------------------------------------------------------------------------------------------
 def list_table(page: Page, now_ms: int) -> RenderableType:
     table = Table(expand=False)
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("job", "left"), ("state", "left"), ("started", "left"), ("duration", "right"), ("cells", "left"),
         ("models", "left"), ("assets", "left"), ("best val/sharpe", "right"),
-    ):  # fmt: skip
+    )  # fmt: skip
+    for name, justify in columns:
         table.add_column(name, justify=justify)
     for job in page.jobs:
         table.add_row(
@@ -194,7 +197,8 @@ def list_table(page: Page, now_ms: int) -> RenderableType:
 # watch
 # --------------------------------------------------------------------------------------------
 def _bar(fraction: float, state: str) -> ProgressBar:
-    style = {Status.FAILED: "red", Status.KILLED: "yellow", Status.STALE: "magenta"}.get(state)
+    styles: dict[str, str] = {Status.FAILED: "red", Status.KILLED: "yellow", Status.STALE: "magenta"}
+    style = styles.get(state)
     bar = ProgressBar(total=1.0, completed=fraction)  # as wide as its column lets it
     if style:
         bar.complete_style = style
@@ -211,8 +215,8 @@ def _cell_eta(cell: JobCell, now_ms: int) -> str:
 def watch_view(job: Job, now_ms: int) -> RenderableType:
     table = Table(expand=False, title_justify="left",
                   title=Text.assemble("job ", Text(job.job_id, style="bold"), "  ", state_text(job.state)))  # fmt: skip
-    for name, justify in (("cell", "left"), ("state", "left")):
-        table.add_column(name, justify=justify, no_wrap=True)
+    for name in ("cell", "state"):
+        table.add_column(name, justify="left", no_wrap=True)
     table.add_column("progress", min_width=BAR_MIN_WIDTH, max_width=BAR_WIDTH)  # shrinks on a narrow terminal
     for name in ("", "step", "loss", "peak MB", "eta"):
         table.add_column(name, justify="right", no_wrap=True)

@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from foxhunt.config.stored import check_stored_overrides
 from foxhunt.errors import one_line_error
@@ -120,7 +121,8 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dic
         cells = expand_grid(overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise LaunchError(f"overrides {' '.join(overrides)}: {_first_line(exc)}") from None
-    plan, store = [], {}
+    plan: list[PlannedCell] = []
+    store: dict[str, Any] = {}
     for cell in cells:
         try:
             cfg = compose_config(cell, root_dir=root)
@@ -285,8 +287,8 @@ class StopResult:
     waited_s: float
 
 
-def check_stoppable(job: Job) -> None:
-    """Raise :class:`LaunchError` unless the job runs, on this host, with a live process."""
+def check_stoppable(job: Job) -> int:
+    """The job's process id; :class:`LaunchError` unless the job runs, on this host, with a live process."""
     if job.state not in (Status.RUNNING, Status.STARTING):
         raise LaunchError(f"job {job.job_id} is {job.state}: nothing to stop")
     if job.host and job.host != socket.gethostname():
@@ -299,6 +301,7 @@ def check_stoppable(job: Job) -> None:
     )
     if problem:
         raise NotTheJobsProcess(f"job {job.job_id}: pid {pid} is not the job's process ({problem}): not signalled")
+    return pid
 
 
 def _not_the_jobs_process(pid: int, started_ms: int | None) -> str:
@@ -325,8 +328,7 @@ def _not_the_jobs_process(pid: int, started_ms: int | None) -> str:
 def stop(job: Job, tracking_uri: str, timeout_s: float, force: bool, poll_s: float) -> StopResult:
     """SIGTERM to the job's process group, wait for it to exit; SIGKILL after ``timeout_s``
     with ``force``. Runs left RUNNING by a killed or unsupervised process are marked KILLED."""
-    check_stoppable(job)
-    pid = job.pid
+    pid = check_stoppable(job)
     started = time.monotonic()
     _signal(pid, signal.SIGTERM)
     forced = False

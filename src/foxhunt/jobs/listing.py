@@ -69,9 +69,9 @@ def sort_jobs(jobs: list[Job], key: str, now_ms: int, reverse: bool = False) -> 
     if key not in SORT_KEYS:
         raise ValueError(f"--sort {key!r}: expected one of {', '.join(SORT_KEYS)}")
     if key == "sharpe":
-        scored = [j for j in jobs if j.best_sharpe() is not None]
+        scored = [(sharpe, j) for j in jobs if (sharpe := j.best_sharpe()) is not None]
         unscored = [j for j in jobs if j.best_sharpe() is None]
-        return sorted(scored, key=lambda j: j.best_sharpe(), reverse=not reverse) + sorted(
+        return [j for _, j in sorted(scored, key=lambda sj: sj[0], reverse=not reverse)] + sorted(
             unscored, key=lambda j: j.start_ms, reverse=True
         )
     value = (lambda j: j.start_ms) if key == "started" else (lambda j: j.duration_s(now_ms))

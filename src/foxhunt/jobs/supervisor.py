@@ -82,10 +82,10 @@ class Supervisor:
         # (two processes creating one SQLite store crash).
         import mlflow.tracking  # noqa: F401
 
-        while True:
+        rc: int | None = None
+        while rc is None:
             try:
                 rc = child.wait(timeout=POLL_S)
-                break
             except subprocess.TimeoutExpired:
                 self._tag_parent()
         self._tag_parent()

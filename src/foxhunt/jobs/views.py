@@ -27,7 +27,7 @@ from pathlib import Path
 
 from foxhunt.errors import ConfigError
 from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
-from foxhunt.runs.cell import CellResult, skipped_cells
+from foxhunt.runs.cell import CellKey, CellResult, skipped_cells
 from foxhunt.runs.checkpoints import Checkpoint, resumable_checkpoint
 from foxhunt.runs.liveness import process_alive, run_state
 from foxhunt.runs.status import TERMINAL, Status
@@ -210,19 +210,22 @@ class Job:
 
     @property
     def models(self) -> list[str]:
-        names = [r.tags.get(Tag.MODEL, "") for r in self.runs] + [c.key.model for c in [*self.plan, *self.skipped]]
+        names = [r.tags.get(Tag.MODEL, "") for r in self.runs] + [key.model for key in self._cell_keys()]
         return sorted({n for n in names if n})
 
     @property
     def assets(self) -> list[str]:
-        names = [r.tags.get(Tag.ASSET, "") for r in self.runs] + [c.key.asset for c in [*self.plan, *self.skipped]]
+        names = [r.tags.get(Tag.ASSET, "") for r in self.runs] + [key.asset for key in self._cell_keys()]
         return sorted({n for n in names if n})
+
+    def _cell_keys(self) -> list[CellKey]:
+        return [c.key for c in self.plan] + [c.key for c in self.skipped]
 
     def best_sharpe(self) -> float | None:
         """The best ``val/sharpe`` of the job's cells (a skipped cell's from its earlier run)."""
         values = [r.metric(METRIC_SHARPE) for r in self.runs] + [s.metrics.get(METRIC_SHARPE) for s in self.skipped]
-        values = [v for v in values if v is not None and v == v]
-        return max(values) if values else None
+        finite = [v for v in values if v is not None and v == v]
+        return max(finite) if finite else None
 
     def cells(self) -> list[JobCell]:
         """The plan's cells matched to their runs (model, asset, precision, seed), else to the
@@ -382,9 +385,10 @@ def attach_launch_file(job: Job, launch_file: LaunchFile | None, host: str | Non
         job.plan = list(launch_file.plan)
     here = launch_file.host == (host or socket.gethostname())
     leader_alive = here and process_alive(launch_file.pid, launch_file.started_ms)
-    untagged = job.parent is not None and Tag.PID not in job.parent.tags
-    if job.state == Status.RUNNING and untagged and here and not leader_alive:
-        job.state = job.parent.state = Status.STALE  # killed before the supervisor could tag the parent
+    parent = job.parent
+    untagged = parent is not None and Tag.PID not in parent.tags
+    if parent is not None and job.state == Status.RUNNING and untagged and here and not leader_alive:
+        job.state = parent.state = Status.STALE  # killed before the supervisor could tag the parent
     end = job.end_ms()
     if job.state != Status.RUNNING and leader_alive and (end is None or end < launch_file.started_ms):
         job.state = Status.STARTING  # what the store shows is the previous launch's ending
