@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -171,8 +171,11 @@ def _device_type(args: tuple, kwargs: dict) -> str:
     return "cpu"
 
 
-class Fp32Island:
-    """Mixin: the module's forward runs in fp32 with autocast off (inputs cast up to fp32)."""
+class Fp32Island(nn.Module):
+    """Mixin: the module's forward runs in fp32 with autocast off (inputs cast up to fp32).
+    Put before the module type it computes (``base``), which supplies the forward it wraps."""
+
+    base: ClassVar[type[nn.Module]]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device_type=_device_type(args, kwargs), enabled=False):

@@ -27,7 +27,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 from foxhunt.precision.bf16 import PRECISION_DTYPES_FILE, DtypeRecorder
-from foxhunt.precision.plugin import policy_of
+from foxhunt.precision.plugin import policy_of, policy_plugin
 from foxhunt.runs.tracked_run import trainer_runs
 
 log = logging.getLogger(__name__)
@@ -43,11 +43,10 @@ class PrecisionCallback(pl.Callback):
         self._recorder: DtypeRecorder | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        policy_of(trainer)  # a Trainer without foxhunt's plugin fails here, naming the fix
-        trainer.precision_plugin.quantize(pl_module)
+        policy_plugin(trainer).quantize(pl_module)  # a Trainer without foxhunt's plugin fails here, naming the fix
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
-        plugin = trainer.precision_plugin
+        plugin = policy_plugin(trainer)
         if plugin.bf16_line is not None and self.dtypes_path is None and self._recorder is None:
             self._recorder = DtypeRecorder(pl_module).__enter__()
 
@@ -56,7 +55,8 @@ class PrecisionCallback(pl.Callback):
         if recorder is None:
             return
         recorder.__exit__(None, None, None)
-        plugin = trainer.precision_plugin
+        plugin = policy_plugin(trainer)
+        assert plugin.bf16_line is not None  # the recorder starts only once the line is said
         self.dtypes_path = self._folder(trainer) / PRECISION_DTYPES_FILE
         self.dtypes_path.write_text(recorder.text(plugin.bf16_line, plugin.islands))
         counts = ",".join(f"{dtype}:{n}" for dtype, n in sorted(recorder.counts().items()))
@@ -75,7 +75,7 @@ class PrecisionCallback(pl.Callback):
             return
         from foxhunt.precision.quantize import QUANTIZED_LAYERS_FILE, int8_share, plan_text
 
-        plan = trainer.precision_plugin.plan
+        plan = policy_plugin(trainer).plan
         self.report_path = self._folder(trainer) / QUANTIZED_LAYERS_FILE
         self.report_path.write_text(plan_text(plan, policy))
         count, share = int8_share(plan)

@@ -82,7 +82,7 @@ def int8_inference_model(model: nn.Module, policy: PrecisionPolicy, config: str 
         if name in selected and isinstance(module, nn.LSTM):
             parent, _, child = name.rpartition(".")
             setattr(copied.get_submodule(parent) if parent else copied, child,
-                    Int8LSTM.from_float(module, int(policy.min_quantized_numel)).eval())  # fmt: skip
+                    Int8LSTM.from_float(module, policy.int8_min_numel).eval())  # fmt: skip
     torchao_config = (
         Int8WeightOnlyConfig(set_inductor_config=False)
         if config == "weight_only"
@@ -92,7 +92,7 @@ def int8_inference_model(model: nn.Module, policy: PrecisionPolicy, config: str 
         quantize_(copied, torchao_config, filter_fn=lambda module, fqn: fqn in linears)
     for param in copied.parameters():
         param.requires_grad_(False)
-    copied.int8_config = config
+    copied.int8_config = config  # type: ignore[assignment]  # torch types Module.__setattr__'s value Tensor | Module; any is kept
     return copied
 
 

@@ -114,7 +114,7 @@ def _eight_bit(optimizer: torch.optim.Optimizer, policy: PrecisionPolicy) -> tor
         cls = type(f"Eager{cls.__name__}", (_EagerStep, cls), {})
     torch_only = [key for key in defaults if key not in _SHARED_KEYS]
     options = {key: defaults[key] for key in _SHARED_KEYS if key in defaults}
-    converted = cls(_groups(optimizer, drop=torch_only), block_size=int(policy.optimizer_block_size), **options)
+    converted = cls(_groups(optimizer, drop=torch_only), block_size=policy.eight_bit_block_size, **options)
     converted.register_state_dict_post_hook(_plain_states)
     converted.register_load_state_dict_pre_hook(_subclass_states)
     return converted
@@ -172,6 +172,12 @@ class _FusedFp32States:
     update per tensor, each with its guard checks and call overhead. Same states (``step``,
     ``exp_avg``, ``exp_avg_sq``, fp32 tensors), so the same memory and checkpoints; the tensors
     with 8-bit states and the int8 weights go through torchao's update as before."""
+
+    # what it reads of the torchao optimizer it is mixed into
+    block_size: int
+    is_adamw: bool
+    state: dict[torch.Tensor, dict[str, Any]]
+    param_groups: list[dict[str, Any]]
 
     def _fp32_states(self, p: torch.Tensor) -> bool:
         return (type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_floating_point()

@@ -32,8 +32,9 @@ matrices as int8 on CPU and CUDA or picks the optimizer's state format.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
@@ -45,8 +46,8 @@ from foxhunt.precision.policy import PrecisionPolicy
 log = logging.getLogger(__name__)
 
 
-class _PolicyHooks:
-    """What a foxhunt plugin adds to Lightning's plugin of the same precision."""
+class _PolicyHooks(Precision):
+    """What a foxhunt plugin adds to Lightning's plugin of the same precision (put before it)."""
 
     def _attach(self, policy: PrecisionPolicy, device: str) -> None:
         if not isinstance(policy, PrecisionPolicy):
@@ -111,7 +112,7 @@ class PolicyMixedPrecision(_PolicyHooks, MixedPrecision):
     """``bf16-mixed`` / ``16-mixed`` autocast under a policy."""
 
     def __init__(self, policy: PrecisionPolicy, device: str = "cpu") -> None:
-        super().__init__(policy.trainer_precision, device)
+        super().__init__(_MIXED[policy.trainer_precision], device)
         self._attach(policy, device)
 
     @contextmanager
@@ -127,11 +128,13 @@ class PolicyHalfPrecision(_PolicyHooks, HalfPrecision):
     """``bf16-true`` (the whole module in bf16) under a policy."""
 
     def __init__(self, policy: PrecisionPolicy, device: str = "cpu") -> None:
-        super().__init__(policy.trainer_precision)
+        super().__init__(_HALF[policy.trainer_precision])
         self._attach(policy, device)
 
 
-PLUGINS: dict[str, type[_PolicyHooks]] = {
+_MIXED: dict[str, Literal["16-mixed", "bf16-mixed"]] = {"bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
+_HALF: dict[str, Literal["bf16-true", "16-true"]] = {"bf16-true": "bf16-true"}
+PLUGINS: dict[str, Callable[[PrecisionPolicy, str], _PolicyHooks]] = {
     "32-true": PolicyPrecision,
     "bf16-mixed": PolicyMixedPrecision,
     "16-mixed": PolicyMixedPrecision,
@@ -148,13 +151,18 @@ def precision_plugin(policy: PrecisionPolicy, accelerator: str = "auto") -> Prec
 def policy_of(trainer) -> PrecisionPolicy:
     """The policy ``trainer`` trains under; a Trainer built without :func:`precision_plugin` is a
     bug of the code that built it."""
+    return policy_plugin(trainer).policy
+
+
+def policy_plugin(trainer) -> _PolicyHooks:
+    """The foxhunt precision plugin of ``trainer`` (TypeError for Lightning's own: see :func:`policy_of`)."""
     plugin = trainer.precision_plugin
     if not isinstance(plugin, _PolicyHooks):
         raise TypeError(
             f"the Trainer's precision plugin is Lightning's {type(plugin).__name__}: build it with "
             "plugins=[foxhunt.precision.plugin.precision_plugin(policy, accelerator)]"
         )
-    return plugin.policy
+    return plugin
 
 
 def _device_type(accelerator: str) -> str:

@@ -102,6 +102,18 @@ class PrecisionPolicy:
     def eight_bit_optimizer(self) -> bool:
         return self.optimizer_states in ("8bit", "fp8")
 
+    @property
+    def int8_min_numel(self) -> int:
+        """``min_quantized_numel`` of a policy that quantizes weights (``__post_init__`` checked it is set)."""
+        assert self.min_quantized_numel is not None, f"precision {self.name} quantizes no weights"
+        return int(self.min_quantized_numel)
+
+    @property
+    def eight_bit_block_size(self) -> int:
+        """``optimizer_block_size`` of a policy with 8-bit optimizer states (``__post_init__`` checked it is set)."""
+        assert self.optimizer_block_size is not None, f"precision {self.name} has no 8-bit optimizer states"
+        return int(self.optimizer_block_size)
+
 
 def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:

@@ -75,11 +75,11 @@ class _DequantizeStraightThrough(torch.autograd.Function):
     """int8 weight -> float matrix; the matrix's gradient is the weight's gradient."""
 
     @staticmethod
-    def forward(ctx, weight: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, weight: Tensor) -> Tensor:
         return weight.dequantize()
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> Tensor:
         return grad
 
 
@@ -90,13 +90,13 @@ def dequantized(weight: Tensor) -> Tensor:
 
 class _Int8Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(input, weight)
         ctx.has_bias = bias is not None
         return F.linear(input, weight.dequantize().to(input.dtype), bias)
 
     @staticmethod
-    def backward(ctx, grad_output: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_output: Tensor):
         input, weight = ctx.saved_tensors
         need_input, need_weight, need_bias = ctx.needs_input_grad
         grad_input = grad_weight = grad_bias = None
@@ -320,7 +320,7 @@ def _decide(param_name: str, param: Tensor, matrices: list[str], pattern: str | 
         return {"storage": FP32, "reason": what}
     if pattern is not None:
         return {"storage": FP32, "reason": f"kept: module name matches keep_fp32 pattern {pattern!r}"}
-    if param.numel() < policy.min_quantized_numel:
+    if param.numel() < policy.int8_min_numel:
         return {
             "storage": FP32,
             "reason": f"kept: {param.numel()} elements < min_quantized_numel {policy.min_quantized_numel}",
@@ -348,7 +348,7 @@ def quantize_model(model: nn.Module, policy: PrecisionPolicy) -> list[LayerDecis
     if targets:
         quantize_(
             model,
-            Int8WeightTrainingConfig(min_numel=int(policy.min_quantized_numel)),
+            Int8WeightTrainingConfig(min_numel=policy.int8_min_numel),
             filter_fn=lambda module, fqn: fqn in targets,
         )
     return plan
