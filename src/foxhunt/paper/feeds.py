@@ -113,7 +113,8 @@ class FileFeed:
         self.roll = bars[ROLL_PRICE].to_numpy(np.float64) if ROLL_PRICE in bars else np.full(len(bars), np.nan)
         self.first_traded, self.end_index = int(start), int(stop)
         self.after_ns: int | None = None
-        self.tick = None
+        self.tick: float | None = None
+        self.identity = description  # what the session's identity names the feed by (run.file_feed: source and split)
         self.should_stop: Callable[[], bool] = _never
 
     def __len__(self) -> int:
@@ -269,7 +270,7 @@ class DatabentoLiveFeed:
         if date != self._date:
             previous = self._volume.get(self._date) if self._date is not None else None
             self._date = date
-            leader = max(previous, key=previous.get) if previous else None
+            leader = max(previous, key=previous.__getitem__) if previous else None
             if (
                 leader is not None
                 and self._held is not None
@@ -296,7 +297,9 @@ class DatabentoLiveFeed:
     def _rank(self, name: str) -> int:
         from foxhunt.data.sources.databento import outright_expiry_rank
 
-        return int(outright_expiry_rank(name, str(self.asset.root), self._first_year or 2000))
+        rank = outright_expiry_rank(name, str(self.asset.root), self._first_year or 2000)
+        assert rank is not None, name  # only outrights are held or lead: _bar drops the rest
+        return rank
 
 
 class _End:

@@ -161,6 +161,13 @@ class Ledger:
     def where(self) -> str:
         return f"paper.ledger={self.path}"
 
+    @property
+    def _db(self) -> sqlite3.Connection:
+        """The open connection (RuntimeError when the ledger is not open: a bug of its caller)."""
+        if self.conn is None:
+            raise RuntimeError(f"{self.where}: the ledger is not open")
+        return self.conn
+
     @classmethod
     def scratch(cls, identity: dict[str, str]) -> Ledger:
         """A ledger in memory: where a resume replays the stored bars (never killed, never locked)."""
@@ -234,9 +241,10 @@ class Ledger:
             raise LedgerError(f"{self.where}: in use by another paper session ({held.holder}); one ledger is one session's: "
                               f"stop that one, or {AGAIN}") from None  # fmt: skip
         except OSError as exc:
-            why = {errno.ELOOP: "is a symbolic link; name the ledger file itself", errno.EISDIR: "is a folder, not a ledger file",
+            reasons: dict[int | None, str] = {errno.ELOOP: "is a symbolic link; name the ledger file itself", errno.EISDIR: "is a folder, not a ledger file",
                    errno.EACCES: "cannot be written (read-only to this user)", errno.EPERM: "cannot be written (not permitted)",
-                   errno.EROFS: "cannot be written (a read-only file system)"}.get(exc.errno, f"cannot be opened ({exc.strerror})")  # fmt: skip
+                   errno.EROFS: "cannot be written (a read-only file system)"}  # fmt: skip
+            why = reasons.get(exc.errno, f"cannot be opened ({exc.strerror})")
             raise LedgerError(f"{self.where}: {why}") from None
         self._lock = lock
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
@@ -248,17 +256,17 @@ class Ledger:
 
     def _check_contents(self) -> None:
         """An existing ledger, read only: its pages whole, its tables foxhunt's, its identity this session's."""
-        problems = [row[0] for row in self.conn.execute("PRAGMA quick_check").fetchall()]
+        problems = [row[0] for row in self._db.execute("PRAGMA quick_check").fetchall()]
         if problems != ["ok"]:
             more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
             raise LedgerError(f"{self.where}: a damaged paper ledger ({problems[0]}{more}); nothing was written: restore it "
                               f"from a copy, or {AGAIN}")  # fmt: skip
-        tables = set(self.conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall())
+        tables = set(self._db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall())
         if tables != _schema_rows():
             differ = sorted({row[1] for row in tables ^ _schema_rows()})
             raise LedgerError(f"{self.where}: not a paper ledger of this foxhunt (against format {FORMAT}, these differ: "
                               f"{', '.join(differ)}); {AGAIN}")  # fmt: skip
-        stored = dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
+        stored = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
         if stored.get("format") != FORMAT:
             raise LedgerError(f"{self.where}: a ledger of format {stored.get('format', '(none)')}, this foxhunt keeps format "
                               f"{FORMAT}; {AGAIN}")  # fmt: skip
@@ -308,7 +316,7 @@ class Ledger:
     # -- reading ---------------------------------------------------------------------------
     def load(self, multiplier: float) -> Loaded:
         """The state as stored (what a report shows; a resume replays the bars instead)."""
-        c = self.conn
+        c = self._db
         orders = {row[0]: row for row in c.execute(
             "SELECT id, symbol, ts_ns, target, quantity, reason, reference FROM orders WHERE filled_ts_ns IS NULL")}  # fmt: skip
         accounts = {}
@@ -331,13 +339,13 @@ class Ledger:
     def stored_bars(self) -> list[FeedBar]:
         """The bars stored, in their order, as the feed gave them (a value of a wrong kind: one line)."""
         bars = []
-        for seq, row in enumerate(self.conn.execute(f"SELECT {', '.join(BAR_COLUMNS)} FROM bars ORDER BY seq"), 1):
+        for seq, row in enumerate(self._db.execute(f"SELECT {', '.join(BAR_COLUMNS)} FROM bars ORDER BY seq"), 1):
             values = dict(zip(BAR_COLUMNS, row))
             for name, value in values.items():
                 nullable = name in ("roll_price", "contract")
                 kind = str if name in ("symbol", "contract") else int if name in ("ts_ns", "trade") else float
                 if (value is None and not nullable) or (value is not None and not isinstance(value, kind)) or (
-                        kind is float and value is not None and not math.isfinite(value)):  # fmt: skip
+                        isinstance(value, float) and not math.isfinite(value)):  # fmt: skip
                     raise LedgerError(f"{self.where}: bars {seq}: {name} is {value!r}, not a {kind.__name__}; the ledger was "
                                       f"edited: nothing was written ({AGAIN})")  # fmt: skip
             values["roll_price"] = math.nan if values["roll_price"] is None else values["roll_price"]
@@ -349,7 +357,7 @@ class Ledger:
     def stored_versions(self) -> list[str | None]:
         """The versions that decided each stored bar, in their order (None: a priming bar)."""
         found = []
-        for seq, (versions,) in enumerate(self.conn.execute("SELECT versions FROM bars ORDER BY seq"), 1):
+        for seq, (versions,) in enumerate(self._db.execute("SELECT versions FROM bars ORDER BY seq"), 1):
             if versions is not None and not isinstance(versions, str):
                 raise LedgerError(f"{self.where}: bars {seq}: versions is {versions!r}, not the members that decided it; the "
                                   f"ledger was edited: nothing was written ({AGAIN})")  # fmt: skip
@@ -359,7 +367,7 @@ class Ledger:
     def between_events(self) -> dict[int, list[int]]:
         """The times of the events written between bars (heartbeats), by the count of bars stored then."""
         beats: dict[int, list[int]] = {}
-        for after, ts in self.conn.execute("SELECT after_seq, ts_ns FROM events WHERE after_seq IS NOT NULL ORDER BY id"):
+        for after, ts in self._db.execute("SELECT after_seq, ts_ns FROM events WHERE after_seq IS NOT NULL ORDER BY id"):
             if not isinstance(ts, int):
                 raise LedgerError(
                     f"{self.where}: events: an event between bars at {ts!r}, not a time; nothing was written ({AGAIN})"
@@ -374,7 +382,7 @@ class Ledger:
         naming the first difference."""
         for table, (key, columns) in COMPARED.items():
             query = f"SELECT {', '.join(columns)} FROM {table} ORDER BY {key}"
-            have, want = self.conn.execute(query).fetchall(), replayed.conn.execute(query).fetchall()
+            have, want = self._db.execute(query).fetchall(), replayed._db.execute(query).fetchall()
             for stored, booked in zip(have, want):
                 for column, a, b in zip(columns, stored, booked):
                     if type(a) is not type(b) or a != b:
@@ -405,7 +413,7 @@ class Ledger:
 
     def _record_bar(self, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced,
                     versions) -> None:  # fmt: skip
-        c = self.conn
+        c = self._db
         self._bars += 1
         try:
             self._bar_transaction(c, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced,
@@ -446,17 +454,18 @@ class Ledger:
             self._maybe_kill("before_commit")
 
     def _insert_order(self, order: Order) -> int:
-        cur = self.conn.execute(
+        cur = self._db.execute(
             "INSERT INTO orders (symbol, ts_ns, target, quantity, reason, reference) VALUES (?,?,?,?,?,?)",
             (order.symbol, order.ts_ns, order.target, order.quantity, order.reason, order.reference),
         )
+        assert cur.lastrowid is not None  # set by the INSERT
         return cur.lastrowid
 
     def record_priming(self, bars: list) -> None:
         """Bars that only prime the features, in one transaction (killed before it, a file
         feed primes them again)."""
         with self._writes(f"the {len(bars)} priming bars"), self._transaction():
-            self.conn.executemany(
+            self._db.executemany(
                 "INSERT INTO bars (symbol, ts_ns, open, high, low, close, volume, raw_open, raw_close, roll_price, trade, contract, "
                 "position, cash, equity) VALUES (?,?,?,?,?,?,?,?,?,?,0,?,0,0,0)",
                 [(b.symbol, b.ts_ns, b.open, b.high, b.low, b.close, b.volume, b.raw_open, b.raw_close,
@@ -468,7 +477,7 @@ class Ledger:
         """An event between bars (a stale live feed), with the order it placed, in one transaction;
         it keeps the count of bars stored before it (where a resume replays it)."""
         with self._writes(f"the event at {_when(ts_ns)}"), self._transaction():
-            self.conn.execute(
+            self._db.execute(
                 "INSERT INTO events (ts_ns, symbol, kind, message, after_seq) VALUES (?,?,?,?,?)",
                 (ts_ns, symbol, kind, message, self._bars),
             )
@@ -479,10 +488,10 @@ class Ledger:
                 self._write_state(account, risk)
 
     def _write_state(self, account: Account, risk: RiskState) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO accounts VALUES (?,?,?,?,?)",
+        self._db.execute("INSERT OR REPLACE INTO accounts VALUES (?,?,?,?,?)",
                           (account.symbol, account.position, account.cash, None if math.isnan(account.mark) else account.mark,
                            self._order_ids.get(account.symbol) if account.pending is not None else None))  # fmt: skip
-        self.conn.execute(
+        self._db.execute(
             "INSERT OR REPLACE INTO risk VALUES (1,?,?,?,?,?)", (risk.day, risk.day_start, risk.peak, risk.status, risk.reason)
         )
 
@@ -518,11 +527,11 @@ class Ledger:
 
     # -- reports ---------------------------------------------------------------------------
     def fills_rows(self) -> list[tuple]:
-        return self.conn.execute("SELECT id, order_id, symbol, ts_ns, quantity, price, commission, kind, reference, gap_usd "
+        return self._db.execute("SELECT id, order_id, symbol, ts_ns, quantity, price, commission, kind, reference, gap_usd "
                                  "FROM fills ORDER BY id").fetchall()  # fmt: skip
 
     def equity_rows(self) -> list[tuple]:
-        return self.conn.execute(
+        return self._db.execute(
             "SELECT ts_ns, position, equity, target, fleet_ns, loop_ns FROM bars WHERE trade = 1 ORDER BY seq"
         ).fetchall()
 
@@ -530,14 +539,14 @@ class Ledger:
         """(seq, ts_ns, versions) of each traded bar decided by other versions than the traded bar before it
         (the first traded bar included): where the session started and where it swapped."""
         changes, last = [], None
-        for seq, ts, versions in self.conn.execute("SELECT seq, ts_ns, versions FROM bars WHERE trade = 1 ORDER BY seq"):
+        for seq, ts, versions in self._db.execute("SELECT seq, ts_ns, versions FROM bars WHERE trade = 1 ORDER BY seq"):
             if versions != last:
                 changes.append((seq, ts, versions))
                 last = versions
         return changes
 
     def meta(self) -> dict[str, str]:
-        return dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
+        return dict(self._db.execute("SELECT key, value FROM meta").fetchall())
 
 
 def _when(ts_ns: int) -> str:

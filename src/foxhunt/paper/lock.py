@@ -70,7 +70,8 @@ class FileLock:
     def release(self) -> None:
         """Drop the lock (closing the descriptor); the file stays."""
         if self.fd is not None:
-            _HELD.pop(self.key, None)
+            if self.key is not None:  # set with fd
+                _HELD.pop(self.key, None)
             os.close(self.fd)
             self.fd = self.key = None
 

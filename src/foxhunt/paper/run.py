@@ -135,7 +135,7 @@ def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
     session = PaperSession(engine, ledger, fills, risk, float(paper.capital_usd), float(asset.multiplier), fleet=fleet,
                            loader=loader, holdout=holdout)  # fmt: skip
     ledger.open()
-    watcher = None
+    watcher: FleetWatcher | None = None
     try:
         last = session.resume(getattr(feed, "history", None))
         swap = cfg.roll.swap if cfg.get("roll") is not None else None

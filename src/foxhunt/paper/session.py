@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from foxhunt.data.calendar import MINUTE_NS
-from foxhunt.ensemble.fleet import SwapError
+from foxhunt.ensemble.fleet import FleetWatcher, SwapError
 from foxhunt.errors import UserError, one_line_error
 from foxhunt.paper.fills import Account, FillModel, Order, check_money
 from foxhunt.paper.ledger import LedgerError
@@ -73,7 +73,7 @@ class PaperSession:
         self.engine = engine
         self.fleet = {f.name: f for f in fleet or []}
         self.loader = loader
-        self.watcher = None
+        self.watcher: FleetWatcher | None = None
         self.holdout = holdout or None
         self._replaying = False
         self.ledger = ledger
@@ -233,12 +233,13 @@ class PaperSession:
         the watcher loaded (live); one line per member swapped."""
         if not self.fleet:
             return []
+        watcher = self.watcher
         if self._replaying:
             wanted = self._parse(recorded)
             todo = [self.loader(name, version, weights) for name, version, weights in wanted
                     if self.fleet[name].label != f"{name}:{version}:{weights}"]  # fmt: skip
-        elif self.watcher is not None:
-            todo = self.watcher.take()
+        elif watcher is not None:
+            todo = watcher.take()
         else:
             return []
         lines = []
@@ -251,13 +252,13 @@ class PaperSession:
                     )
                 warmed = self.engine.swap(found.member, found.inputs, found.value, list(self.streams.values()))
             except SwapError as exc:
-                if self._replaying:
+                if self._replaying or watcher is None:  # not replaying: the watcher found it
                     raise
-                self.watcher.refused(found, str(exc))
+                watcher.refused(found, str(exc))
                 continue
             self.fleet[found.name] = found
-            if not self._replaying and self.watcher is not None:
-                self.watcher.swapped(found)
+            if not self._replaying and watcher is not None:
+                watcher.swapped(found)
             lines.append(f"{found.name} v{old.version} -> v{found.version} ({found.member.weights}), warmed on {warmed} bars")
         return lines
 
