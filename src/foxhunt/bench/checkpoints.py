@@ -50,7 +50,7 @@ class WriteTimer(pl.Callback):
                 self.seconds += time.perf_counter() - started
                 self.writes += 1
 
-        trainer.save_checkpoint = timed
+        trainer.save_checkpoint = timed  # type: ignore[method-assign]  # this Trainer's own writes, timed on the instance
 
 
 def measure(ctx: BenchContext, model: str) -> dict[str, float]:

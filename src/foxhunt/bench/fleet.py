@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,7 +78,7 @@ def _loop_us(call, calls: int) -> np.ndarray:
     return times
 
 
-def _numpy_floor(module) -> callable:
+def _numpy_floor(module) -> Callable[[], np.ndarray]:
     from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, mlp_layers
 
     layers = mlp_layers(module.acting_network)
@@ -186,7 +188,7 @@ def _cold_floor_rows(members, modules, inputs, asset, bars, stamps, stop, replay
     values = bars[["open", "high", "low", "close", "volume"]].to_numpy(np.float64)
     all_stamps = bars.index.as_unit("ns").asi8
     floors = {f: _numpy_floor(modules[f]) for f in ("dqn", "ppo")}
-    cold = {f: [] for f in floors}
+    cold: dict[str, list[float]] = {f: [] for f in floors}
     start = int(stamps[0])
     for ts, row in zip(all_stamps.tolist(), values.tolist()):
         if ts >= start:
@@ -274,7 +276,8 @@ def _variant_rows(ctx, modules, inputs, asset, bars, stamps, stop, settings, wor
         "int8 torchao weight-only (torch)": lambda f: make_member(f, f, modules[f], "int8", None, "torch", 1, inputs[f].groups),
         "int8 torch quantize_dynamic (fbgemm)": lambda f: make_member(f, f, dynamic(modules[f]), "fp32", None, "torch", 1, inputs[f].groups),
     }  # fmt: skip
-    rows, base = [], {}
+    rows: list[Row] = []
+    base: dict[str, Any] = {}
     for variant, build in variants.items():
         for family in FAMILIES:
             try:

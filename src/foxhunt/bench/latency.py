@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,8 +66,8 @@ def window_batch(cfg, dataset) -> dict[str, torch.Tensor]:
     return {key: windows[key][:1].clone() for key in ("static", "known", "observed")}
 
 
-def call_for(target: str, module: torch.nn.Module, cfg, dataset) -> Callable[[], object]:
-    """The batch-1 inference call of ``target`` on ``module``."""
+def call_for(target: str, module: Any, cfg, dataset) -> Callable[[], object]:
+    """The batch-1 inference call of ``target`` on ``module`` (the family's model: its methods by ``target``)."""
     if target in ("dqn", "ppo"):
         features = torch.from_numpy(dataset.splits["val"].features[:1]).float()
         obs = torch.cat([features, torch.zeros(1, 1)], dim=1)  # flat position

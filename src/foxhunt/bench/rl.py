@@ -277,10 +277,17 @@ def _bare_ppo_update(agent):
             order = torch.randperm(size)
             shuffled = [tensor[order] for tensor in batch]
             for start in range(0, size, hp.minibatch_size):
+                obs_b, actions_b, logprobs_b, advantages_b, returns_b = (
+                    tensor[start : start + hp.minibatch_size] for tensor in shuffled
+                )
                 loss, _ = ppo_minibatch_losses(
                     agent.policy_net,
                     agent.value_net,
-                    *(tensor[start : start + hp.minibatch_size] for tensor in shuffled),
+                    obs_b,
+                    actions_b,
+                    logprobs_b,
+                    advantages_b,
+                    returns_b,
                     clip_coef=hp.clip_coef,
                     vf_coef=hp.vf_coef,
                     ent_coef=hp.ent_coef,
@@ -385,7 +392,7 @@ def _decomposition_rows(algo: str, threads: int, results: dict[str, list[Timing]
     ceiling = median([b / (b + e) for b, e in zip(per_step["bare"], per_step["env"])])
     rest = median([(f - b - e) / f for f, b, e in zip(per_step["foxhunt"], per_step["bare"], per_step["env"])])
     env_share = median([e / f for f, e in zip(per_step["foxhunt"], per_step["env"])])
-    base = {
+    base: dict[str, Any] = {
         "section": "rl",
         "threads": threads,
         "unit": "ratio",

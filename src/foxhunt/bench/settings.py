@@ -30,9 +30,13 @@ def load_settings(path: str | Path | None = None, quick: bool = False, overrides
     if not source.is_file():
         raise BenchSettingsError(f"benchmark settings {source}: no such file")
     base = OmegaConf.load(source)
+    if not isinstance(base, DictConfig):
+        raise BenchSettingsError(f"benchmark settings {source}: expected a mapping of sections, got a list")
     quick_node = base.pop(QUICK_KEY, None)
     if quick and quick_node is not None:
-        base = OmegaConf.merge(base, quick_node)
+        merged = OmegaConf.merge(base, quick_node)
+        assert isinstance(merged, DictConfig)  # a mapping merged with a node stays one (a list node raises)
+        base = merged
     for item in overrides:
         if "=" not in item:
             raise BenchSettingsError(f"benchmark setting {item!r}: expected key=value ({source})")
