@@ -166,8 +166,20 @@ TRAIN_CASES = [
     (
         "unknown-option",
         ["model=nope"],
-        "config error: In 'train': Could not find 'model/nope' Available options in 'model': dqn, mamba2, ppo, tft",
+        "config error: In 'train': Could not find 'model/nope' Available options in 'model': dlinear, dqn, mamba2, ppo, tft",
     ),
+    # a model hyperparameter: its family's definition (foxhunt.config.model_schemas), before anything is built
+    (
+        "model-range",
+        ["model=ppo", "model.module.gamma=1.0"],
+        "config error: model.module.gamma=1.0: must be a number >= 0 and < 1",
+    ),
+    (
+        "model-relation",
+        ["model=tft", "model.module.num_heads=3"],
+        "config error: model.module.num_heads=3: must divide model.module.hidden_size (256)",
+    ),
+    ("model-key", ["+model.module.hidden_sise=64"], "config error: model.module.hidden_sise: not a parameter of DQNAgent"),
     ("unknown-key", ["learning_rate=3"], "config error: Could not override 'learning_rate'"),
     (
         "bad-override",

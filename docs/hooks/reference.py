@@ -6,9 +6,11 @@ the data-flow page) that :func:`on_page_markdown` replaces with Markdown built h
 
 - **config**: the default config composed with Hydra's compose API (``conf/fleet.yaml``: the
   training config plus the ``ensemble`` group), every key with its default, the rule of the
-  pydantic schema (``foxhunt.config.schema``; ``model.module.*`` by
-  ``foxhunt.config.model_schemas``) and the comment that documents it in the YAML file or the
-  schema; then every config group with its options (the YAML files of ``conf/<group>/``).
+  pydantic schema (``foxhunt.config.schema``; ``model.module.*`` by the family's hyperparameter
+  definition, see ``foxhunt.config.model_schemas``) and the comment that documents it in the
+  YAML file or the schema; then every model family's hyperparameters (type, range, default of
+  ``conf/model/<family>.yaml``, one line of doc, the rules between them: from its definition);
+  then every config group with its options (the YAML files of ``conf/<group>/``).
 - **cli**: the ``foxhunt`` typer app as click commands (help, usage, arguments, options),
   recursively.
 - **mlflow**: the tag names of ``foxhunt.runs.tags`` and other modules, and the metric names
@@ -373,6 +375,8 @@ def _raised_rules(function: Any) -> list[tuple[str | None, str]]:
         args = node.exc.args
         if name == "_KeyedError" and len(args) == 3:
             rules.append((text(args[0]), text(args[2])))
+        elif name == "Related" and len(args) == 2:  # a model definition's rule between keys
+            rules.append((text(args[0]), text(args[1])))
         elif name == "ValueError" and args:
             rules.append((None, text(args[0])))
     return list(dict.fromkeys(rules))
@@ -393,7 +397,7 @@ def validator_rules() -> tuple[dict[tuple[str, ...], list[str]], dict[tuple[str,
     for path, cls in sections.items():
         decorators = cls.__pydantic_decorators__
         for info in decorators.field_validators.values():
-            for field, message in _raised_rules(info.func):
+            for _field, message in _raised_rules(info.func):
                 for name in info.info.fields:
                     per_key.setdefault((*path, name), []).append(message)
         for info in decorators.model_validators.values():
@@ -451,32 +455,36 @@ def schema_comments() -> dict[tuple[str, ...], str]:
     return out
 
 
-@functools.cache
-def module_name_rules() -> list[tuple[str, str]]:
-    """``model.module.*``: (name pattern, rule) of foxhunt.config.model_schemas, first match wins."""
-    from foxhunt.config.model_schemas import NAME_RULES
+def definition_of(target: str) -> Any:
+    """The hyperparameters' definition of the model class a ``model.module._target_`` names."""
+    import importlib
 
-    return [(pattern, rule(None) or "") for pattern, rule in NAME_RULES]
-
-
-def module_rule(name: str) -> str | None:
-    for pattern, rule in module_name_rules():
-        if re.match(pattern, name):
-            return rule
-    return None
+    module, _, name = str(target).rpartition(".")
+    return getattr(importlib.import_module(module), name).hyperparameters
 
 
-@functools.cache
-def relation_rules() -> list[str]:
-    """Messages of the rules between model hyperparameters (model_schemas._check_relations)."""
-    from foxhunt.config import model_schemas
+def field_cell(definition: Any, name: str) -> str:
+    """A definition's field as the rule column says it: type and range."""
+    from foxhunt.config.model_schemas import field_rule
 
-    tree = ast.parse(_dedent(inspect.getsource(model_schemas._check_relations)))
+    return esc(field_rule(definition, name).shown) if name in definition.model_fields else ""
+
+
+def hyperparameter_doc(path: tuple[str, ...], container: dict[str, Any]) -> str:
+    """The one line of doc of a ``model.module`` key, from the family's definition ("" elsewhere)."""
+    if path[:2] != ("model", "module") or len(path) != 3:
+        return ""
+    field = definition_of(container["model"]["module"]["_target_"]).model_fields.get(path[2])
+    return (field.description or "") if field is not None else ""
+
+
+def relation_rules(definition: Any) -> list[str]:
+    """Messages of the rules between a family's hyperparameters (its definition's model
+    validators, the inherited ones first)."""
     rules = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_require" and len(node.args) == 4:
-            key = node.args[1].value if isinstance(node.args[1], ast.Constant) else _fstring(node.args[1])
-            rules.append(f"model.module.{key}: {_fstring(node.args[3])}")
+    for info in definition.__pydantic_decorators__.model_validators.values():
+        for key, message in _raised_rules(info.func):
+            rules.append(f"model.module.{key}: {message}")
     return rules
 
 
@@ -506,8 +514,7 @@ def rule_cell(path: tuple[str, ...], container: dict[str, Any]) -> str:
         target = _get(container, (*section, "_target_"))
         name = path[len(section)] if len(path) > len(section) else path[-1]
         if section == ("model", "module"):
-            rule = module_rule(name)
-            parts.append(esc(rule) if rule else "")
+            parts.append(field_cell(definition_of(target), name) if target else "")
             parts.append(f"an argument of {code(str(target).rsplit('.', 1)[-1])}" if target else "")
         elif target:
             parts.append(f"passed to {code(str(target).rsplit('.', 1)[-1])}")
@@ -564,7 +571,10 @@ def config_reference() -> str:
         else:
             notes = list(per_section.get((), []))
         if section == "model":
-            notes += relation_rules()
+            notes += relation_rules(definition_of(container["model"]["module"]["_target_"]))
+        if section == "model":
+            out.append("`model.module.*` is the chosen family's: every family's keys are listed in "
+                       "[Model hyperparameters](#model-hyperparameters).\n")  # fmt: skip
         if notes:
             out.append("Checks across keys (the message of each refusal, `<...>`: a value filled in):\n")
             out += [f"- {esc(n)}" for n in dict.fromkeys(notes)]
@@ -573,13 +583,52 @@ def config_reference() -> str:
         for path, value in rows:
             dotted = ".".join(path)
             text = comments.get(path, (field_comments.get(path, ""), ""))[0] or field_comments.get(path, "")
+            doc = hyperparameter_doc(path, container)
+            text = f"{doc}; {text}" if doc and text else doc or text
             body.append((code(dotted), code(yaml_value(value)), rule_cell(path, container), prose(text)))
         for path, field in unset_fields(section, {p for p, _ in rows}):
             default = "" if field.is_required() else code(yaml_value(field.get_default(call_default_factory=True)))
             body.append((code(".".join(path)), "*unset*" + (f", schema default {default}" if default else ""),
                          rule_cell(path, container), prose(field_comments.get(path, ""))))  # fmt: skip
         out.append(table(("key", "default", "rule", "description"), body) + "\n")
+    out.append(model_hyperparameters_reference())
     out.append(groups_reference())
+    return "\n".join(out)
+
+
+def model_hyperparameters_reference() -> str:
+    """Every family's ``model.module`` keys from its definition: type, range, one line of doc, the
+    default of ``conf/model/<family>.yaml`` and the rules between keys."""
+    import yaml
+
+    from foxhunt.config.families import families
+    from foxhunt.config.model_schemas import field_rule
+
+    out = ["## Model hyperparameters\n",
+           "Each family defines its `model.module` keys once, beside its model: a typed class (type, range, "
+           "one line of doc, no default) whose rules between keys are validators "
+           "([Add a model family](../how-to/add-a-model-family.md#2-the-config-file)). The config schema validates "
+           "`model.module` with it, the model's constructor too; the defaults are those of "
+           "`conf/model/<family>.yaml` (shown before interpolation). A refusal is one line, "
+           "`model.module.<key>=<value>: must be ...`.\n"]  # fmt: skip
+    for name, family in families().items():
+        definition = definition_of(family.module)
+        module = (yaml.safe_load((conf_dir() / "model" / f"{name}.yaml").read_text()) or {}).get("module", {})
+        out.append(f"### `model={name}`\n")
+        doc = inspect.getdoc(definition) or ""
+        out.append(f"{code(family.module)} ({family.kind}), defined by {code(definition.__module__ + '.' + definition.__name__)}: "
+                   + prose(doc.split("\n\n")[0]) + "\n")  # fmt: skip
+        rows = []
+        for key, field in definition.model_fields.items():
+            rule = field_rule(definition, key)
+            default = code(yaml_value(module[key])) if key in module else "*not in conf*"
+            rows.append((code(key), esc(rule.kind), esc(rule.interval), default, prose(field.description or "")))
+        out.append(table(("key", "type", "range", "default", "description"), rows) + "\n")
+        relations = relation_rules(definition)
+        if relations:
+            out.append("Rules between keys (the message of each refusal, `<...>`: a value filled in):\n")
+            out += [f"- {esc(rule)}" for rule in relations]
+            out.append("")
     return "\n".join(out)
 
 
@@ -740,7 +789,9 @@ def module_strings() -> list[tuple[str, set[str], set[str]]]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 80:
                 strings.add(node.value)
             elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "set_tag" and len(node.args) >= 2:
-                arg = node.args[1] if len(node.args) >= 3 else node.args[0]  # client.set_tag(run_id, name, value) | run.set_tag(name, value)
+                arg = (
+                    node.args[1] if len(node.args) >= 3 else node.args[0]
+                )  # client.set_tag(run_id, name, value) | run.set_tag(name, value)
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     tags.add(arg.value)
         out.append((module, strings, tags))
@@ -795,7 +846,14 @@ def tags_reference() -> str:
     values = []
     for name in ("RUN_KIND_SWEEP", "ROLE_CELL", "ROLE_FOLD", "SOURCE_TYPE_LOCAL", "EXPERIMENT_KIND", "CELL_TAGS"):
         if hasattr(tags, name):
-            values.append((code(name), code(yaml_value(list(getattr(tags, name))) if isinstance(getattr(tags, name), tuple) else getattr(tags, name))))
+            values.append(
+                (
+                    code(name),
+                    code(
+                        yaml_value(list(getattr(tags, name))) if isinstance(getattr(tags, name), tuple) else getattr(tags, name)
+                    ),
+                )
+            )
     if values:
         out += ["Values and sets of tags (`foxhunt.runs.tags`):\n", table(("name", "value"), values) + "\n"]
     params = [(code(yaml_value(list(v)) if isinstance(v, tuple) else v), code(f"Param.{k}"))

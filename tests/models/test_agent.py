@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,7 @@ from agent_data import (
 )
 from torch import nn
 
-from foxhunt.models.agent import build_mlp, walk_positions, walk_rewards
+from foxhunt.models.agent import ACTIVATIONS, Activation, build_mlp, walk_positions, walk_rewards
 from foxhunt.trading.env import TradingEnv
 
 
@@ -30,11 +32,12 @@ def test_build_mlp_layers_and_shapes():
     assert [type(m) for m in build_mlp(17, [], 3, "relu")] == [nn.Linear]
 
 
-def test_build_mlp_rejects_unknown_activation_and_bad_sizes():
-    with pytest.raises(ValueError, match="model.module.activation='swish'"):
-        build_mlp(17, [8], 3, "swish")
-    with pytest.raises(ValueError, match="must be >= 1"):
-        build_mlp(17, [0], 3, "relu")
+def test_the_agents_activations_are_those_build_mlp_builds():
+    """The definition's choices (Activation) and build_mlp's layers (ACTIVATIONS) name the same
+    activations: a name added to one only is found here."""
+    assert typing.get_args(Activation) == tuple(ACTIVATIONS)
+    for name in ACTIVATIONS:
+        assert type(build_mlp(17, [8], 3, name)[1]) is ACTIVATIONS[name]
 
 
 def test_walk_positions_follows_the_held_position():

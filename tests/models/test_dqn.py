@@ -283,7 +283,7 @@ def test_lightning_fit_takes_the_updates_of_the_plain_one_step_loop():
 
 
 def test_steps_per_call_must_be_positive():
-    with pytest.raises(Exception, match=r"model\.module\.steps_per_call=0: must be >= 1"):
+    with pytest.raises(Exception, match=r"model\.module\.steps_per_call=0: must be an integer >= 1 and <= 10000000"):
         build_agent(model_config("dqn", seed=0, steps_per_call=0))
 
 

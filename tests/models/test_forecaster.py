@@ -1,5 +1,5 @@
-"""Tests of the shared forecaster base: pinball loss, quantile validation, logged metrics,
-optimizer and the forecast -> position mapping."""
+"""Tests of the shared forecaster base: pinball loss, the forecasters' shared hyperparameters,
+logged metrics, optimizer and the forecast -> position mapping."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from lightning import Trainer
 from torch import nn
 from torch.utils.data import DataLoader
 
-from foxhunt.models.forecaster import ForecasterModule, quantile_loss, validate_quantiles
+from foxhunt.config.model_schemas import HyperparameterError
+from foxhunt.models.forecaster import ForecasterHyperparameters, ForecasterModule, quantile_loss
 
 QUANTILES = [0.1, 0.5, 0.9]
 
@@ -89,27 +90,30 @@ def test_quantile_loss_minimised_by_empirical_quantile():
     assert min(losses, key=losses.get) == 2.5  # any point in [2, 3] is a 0.2-quantile of 1..10
 
 
+SHARED = {"input_dim": 16, "seq_len": 50, "horizon": 10, "dropout": 0.1, "quantiles": QUANTILES, "learning_rate": 1e-3,
+          "weight_decay": 0.0, "position_threshold": 0.0}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("levels", "message"),
     [
-        ([0.1, 0.9], "must contain 0.5"),
+        ([0.1, 0.9], "must include the median 0.5"),
         ([0.5, 0.1, 0.9], "strictly increasing"),
         ([0.1, 0.5, 0.5], "strictly increasing"),
-        ([0.0, 0.5], "outside"),
-        ([0.5, 1.0], "outside"),
-        ([], "empty"),
+        ([0.0, 0.5], "numbers > 0 and < 1"),
+        ([0.5, 1.0], "numbers > 0 and < 1"),
+        ([], "non-empty"),
     ],
 )
-def test_validate_quantiles_rejects(levels, message):
-    with pytest.raises(ValueError, match=message):
-        validate_quantiles(levels)
+def test_the_shared_definition_refuses_bad_quantiles(levels, message):
+    with pytest.raises(HyperparameterError, match=rf"^model\.module\.quantiles=.*{message}"):
+        ForecasterHyperparameters.check({**SHARED, "quantiles": levels})
 
 
-def test_base_validates_hyperparameters():
-    with pytest.raises(ValueError, match="model.module.quantiles"):
-        EchoForecaster(quantiles=[0.2, 0.8], horizon=2, learning_rate=1e-3, weight_decay=0.0, position_threshold=0)
-    with pytest.raises(ValueError, match="model.module.position_threshold"):
-        make_echo(threshold=-1.0)
+def test_the_shared_definition_refuses_a_negative_threshold_and_keeps_good_values():
+    with pytest.raises(HyperparameterError, match=r"^model\.module\.position_threshold=-1\.0: must be a number >= 0 and <= 1e6$"):
+        ForecasterHyperparameters.check({**SHARED, "position_threshold": -1.0})
+    assert ForecasterHyperparameters.check(SHARED) == SHARED
 
 
 def test_configure_optimizers_is_adamw_with_l2():

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from foxhunt.assets import AssetSpec
+from foxhunt.config.model_schemas import HyperparameterError
 from foxhunt.data.datamodules import ForecastDataModule
 from foxhunt.data.dataset import MarketDataset, SplitArrays, feature_groups
 from foxhunt.data.features import FEATURE_NAMES, FeatureConfig
@@ -263,15 +264,15 @@ def test_dt_init_floor_applies():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        (dict(headdim=5), "headdim"),
-        (dict(ngroups=3), "ngroups"),
-        (dict(dt_min=0.2), "dt_min"),
-        (dict(A_init_range=[0.0, 16.0]), "A_init_range"),
+        (dict(headdim=5), r"^model\.module\.headdim=5: must divide d_model x expand \(32\)$"),
+        (dict(ngroups=3), r"^model\.module\.ngroups=3: must divide the number of SSM heads \(4\)$"),
+        (dict(dt_min=0.2), r"^model\.module\.dt_max=0\.1: must be >= model\.module\.dt_min \(0\.2\)$"),
+        (dict(A_init_range=[0.0, 16.0]), r"^model\.module\.A_init_range=\[0\.0, 16\.0\]: must be a list of 2 numbers > 0"),
     ],
 )
-def test_mixer_rejects_bad_hyperparameters(override, message):
-    with pytest.raises(ValueError, match=message):
-        Mamba2Mixer(**dict(SMALL_MIXER, **override))
+def test_the_model_refuses_bad_ssm_hyperparameters_in_one_line(override, message):
+    with pytest.raises(HyperparameterError, match=message):
+        Mamba2Forecaster(**dict(SMALL_MODEL, **override))
 
 
 def test_config_model_has_no_nan_after_construction():

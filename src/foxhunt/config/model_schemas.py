@@ -1,23 +1,49 @@
-"""Value rules for model hyperparameters (``model.module.*``).
+"""The form of a model family's hyperparameter definition (``model.module.*``) and the one line
+of a refusal.
 
-The four model families share a vocabulary (``lr``, ``gamma``, ``dropout``, ``hidden_sizes``,
-``quantiles``, ...): one rule per parameter name covers them all, so a new model is checked
-as soon as it uses the common names. Every rule has a range with both ends (the upper ones
-generous but finite: past them a size exhausts memory or a rate overflows), and a number
-under a name no rule matches is refused: every numeric hyperparameter has a range. Rules
-that relate several parameters of one model (heads dividing the hidden size, a batch no
-larger than the replay buffer) follow per model. Each violation raises
-:class:`~foxhunt.config.schema.ConfigError` with one line.
+Each family defines its hyperparameters once, next to its model (``DQNHyperparameters`` in
+:mod:`foxhunt.models.dqn`, ...): a :class:`Hyperparameters` class with one field per key of
+``model.module``, each annotated with its type, its range (both ends: generous but finite, past
+them a size exhausts memory or a rate overflows) and one line of doc (``description``), none
+with a default (the defaults live only in ``conf/model/<family>.yaml``). The rules between
+fields are the class's ``model_validator``\\ s, raising :class:`Related`. What families share
+(the forecasters' ``quantiles``, ``learning_rate``, ...; the agents' ``gamma``, ``seed``, ...) is
+defined once, in :class:`foxhunt.models.forecaster.ForecasterHyperparameters` and
+:class:`foxhunt.models.agent.AgentHyperparameters`, and inherited.
+
+The model class names its definition with :func:`defined_by`, which sets the class's
+``hyperparameters`` and makes its constructor validate its arguments through it (a model built
+directly is checked as one built from a config). :mod:`foxhunt.config.schema` validates a
+config's ``model.module`` with the definition of the class its ``_target_`` names, and the
+configuration reference (``docs/hooks/reference.py``) lists every family's fields from it
+(:func:`field_rule`). A refusal is one line, ``model.module.<key>=<value>: <what is allowed>``
+(:class:`HyperparameterError`, a ValueError; the schema turns it into a ConfigError).
 """
 
 from __future__ import annotations
 
-import math
-import re
+import functools
+import inspect
+import types
+import typing
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, Union
 
-from foxhunt.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+# The shared upper bounds: widths and replay memories are bounded by what a machine's memory
+# holds, steps by what finishes, rates and coefficients far above any value that trains.
+MAX_WIDTH = 65_536  # features, hidden units, state sizes
+MAX_LAYERS = 1024  # layers, heads, groups, expansion, convolution width, epochs per update
+MAX_LENGTH = 100_000  # bars in a window or a chunk (as model.window in foxhunt.config.schema)
+MAX_STEPS = 10_000_000  # steps between events, steps per rollout or per call
+MAX_MEMORY = 100_000_000  # transitions a replay buffer holds
+MAX_BATCH = 2**20  # samples in one batch
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds (np.random.seed takes < 2**32)
+
+#: Where a family's hyperparameters sit in the config: the prefix of every refusal's key.
+SECTION = "model.module"
 
 
 def shown_bound(bound: int | float) -> str:
@@ -28,214 +54,178 @@ def shown_bound(bound: int | float) -> str:
     return mantissa + (f"e{int(exponent)}" if exponent else "")
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+class Related(ValueError):
+    """A rule between fields, broken: raised by a definition's ``model_validator`` naming the key
+    it refuses (``Related("epsilon_end", "must be <= model.module.epsilon_start (0.5)")``)."""
+
+    def __init__(self, key: str, rule: str) -> None:
+        super().__init__(rule)
+        self.key = key
 
 
-def _integer(low: int, high: int) -> Callable[[Any], str | None]:
-    """An integer in [low, high]."""
-    rule = f"must be an integer >= {low} and <= {high}"
-    return lambda v: None if isinstance(v, int) and not isinstance(v, bool) and low <= v <= high else rule
+class HyperparameterError(ValueError):
+    """A hyperparameter refused: ``model.module.<key>=<value>: <rule>`` (without ``=<value>`` for a
+    missing key)."""
+
+    def __init__(self, key: str, value: Any, rule: str, *, missing: bool = False) -> None:
+        shown = "" if missing else f"={value!r}"
+        super().__init__(f"{SECTION}.{key}{shown}: {rule}")
+        self.key = key
 
 
-def _real(low: float, high: float, *, low_open: bool = False) -> Callable[[Any], str | None]:
-    """A finite number in [low, high] (``low_open``: in (low, high])."""
-    rule = f"must be a number {'>' if low_open else '>='} {shown_bound(low)} and <= {shown_bound(high)}"
+@dataclass(frozen=True)
+class FieldRule:
+    """What a field allows, from its annotation: ``kind`` (``int``, ``number or null``, ``list of
+    int (non-empty)``, ``one of relu, tanh``, ...), ``interval`` (``[1, 1024]``, ``(0, 1)``: a
+    list's items'; empty for a flag or a choice), ``phrase``, the words a refusal ends with (``an
+    integer >= 1 and <= 1024``), and ``shown``, the two together as the reference says them
+    (``int in [1, 1024]``, ``list of int (non-empty), each in [1, 65536]``)."""
 
-    def check(v: Any) -> str | None:
-        return None if _number(v) and (v > low if low_open else v >= low) and v <= high else rule
-
-    return check
-
-
-def _integer_list(low: int, high: int) -> Callable[[Any], str | None]:
-    """A non-empty list of integers in [low, high] (layer widths)."""
-    element, rule = _integer(low, high), f"must be a non-empty list of integers >= {low} and <= {high}"
-    return lambda v: None if isinstance(v, (list, tuple)) and len(v) > 0 and all(element(x) is None for x in v) else rule
+    kind: str
+    interval: str
+    phrase: str
+    shown: str
 
 
-def _unit_open_closed(v: Any) -> str | None:
-    return None if _number(v) and 0 < v <= 1 else "must be in (0, 1]"
+def _bounds(metadata: list[Any]) -> tuple[tuple[str, int | float] | None, tuple[str, int | float] | None]:
+    low = high = None
+    for item in metadata:
+        for name, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            bound = getattr(item, name, None)
+            if bound is not None:
+                if name in ("ge", "gt"):
+                    low = (sign, bound)
+                else:
+                    high = (sign, bound)
+    return low, high
 
 
-def _unit_closed(v: Any) -> str | None:
-    return None if _number(v) and 0 <= v <= 1 else "must be in [0, 1]"
+def _lengths(metadata: list[Any]) -> tuple[int, int | None]:
+    low = next((item.min_length for item in metadata if getattr(item, "min_length", None) is not None), 0)
+    high = next((item.max_length for item in metadata if getattr(item, "max_length", None) is not None), None)
+    return low, high
 
 
-def _dropout(v: Any) -> str | None:
-    return None if _number(v) and 0 <= v < 1 else "must be in [0, 1)"
-
-
-def _quantiles(v: Any) -> str | None:
-    if not (isinstance(v, (list, tuple)) and v and all(_number(q) and 0 < q < 1 for q in v)):
-        return "must be a non-empty list of numbers in (0, 1)"
-    if list(v) != sorted(set(v)):
-        return "must be strictly increasing"
-    if not any(math.isclose(q, 0.5) for q in v):
-        return "must include the median 0.5 (positions follow the median forecast)"
-    return None
-
-
-def _boolean(v: Any) -> str | None:
-    return None if isinstance(v, bool) else "must be true or false"
-
-
-MAX_INIT_RANGE = 1e4  # the SSM's A = -exp(A_log), A_log = log(U[low, high])
-
-
-def _range_pair(v: Any) -> str | None:
-    ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(x) and x > 0 for x in v) and v[0] <= v[1] <= MAX_INIT_RANGE
-    return None if ok else f"must be [low, high] with 0 < low <= high <= {shown_bound(MAX_INIT_RANGE)}"
-
-
-def _holds_number(value: Any) -> bool:
-    if isinstance(value, (list, tuple)):
-        return any(_holds_number(v) for v in value)
-    if isinstance(value, Mapping):
-        return any(_holds_number(v) for v in value.values())
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-# The upper bounds: generous, finite. Widths (features, hidden units) and replay memories are
-# bounded by what a machine's memory holds, steps by what finishes, rates and coefficients far
-# above any value that trains (a larger one overflows the loss or the weights).
-WIDTH = _integer(1, 65_536)  # features, hidden units, state sizes
-LAYERS = _integer(1, 1024)  # layers, heads, groups, expansion, convolution width, epochs per update
-LENGTH = _integer(1, 100_000)  # bars in a window or a chunk (as model.window in foxhunt.config.schema)
-STEPS = _integer(1, 10_000_000)  # steps between events, steps per rollout or call
-MEMORY = 100_000_000  # transitions a replay buffer holds
-
-# (pattern on the parameter name, rule). First match wins; a name that matches nothing and
-# holds a number is refused (no range known), any other value is left to the constructor.
-NAME_RULES: list[tuple[str, Callable[[Any], str | None]]] = [
-    (r"^(lr|.*_lr|learning_rate)$", _real(0, 10, low_open=True)),
-    (r"^(gamma|gae_lambda|lam|lambda_)$", _unit_open_closed),
-    (r"^dropout$", _dropout),
-    (r"^epsilon_decay$", _unit_open_closed),
-    (r"^epsilon_(start|end|min|final)$", _unit_closed),
-    (r"^quantiles$", _quantiles),
-    (r"^A_init_range$", _range_pair),
-    (r"^activation_checkpointing$", _boolean),
-    (r"^(dt_min|dt_max|dt_init_floor)$", _real(0, 10, low_open=True)),
-    (r"^(eps|.*_eps)$", _real(0, 1, low_open=True)),  # the epsilons of norms and optimizers
-    (r"^hidden_sizes$|^.*_hidden_sizes$", _integer_list(1, 65_536)),
-    (r"^(seed)$", _integer(0, 2**32 - 1)),  # numpy's and torch's seeds
-    (r"^(min_replay|min_replay_size|warmup_steps)$", _integer(0, MEMORY)),
-    (r"^(replay_capacity|capacity)$", _integer(1, MEMORY)),
-    (r"^(batch_size|minibatch_size)$", _integer(1, 2**20)),
-    (r"^(horizon|seq_len|chunk_size|moving_average)$", LENGTH),
-    (r"^(num_heads|n_heads|heads|lstm_layers|n_layers|num_layers|expand|d_conv|ngroups|update_epochs)$", LAYERS),
-    (r"^(rollout_steps|steps_per_call|.*_every|.*_interval)$", STEPS),
-    (
-        r"^(.*_dim|dim|d_model|d_state|headdim|hidden|hidden_size|num_actions|n_actions|num_envs|"
-        r"n_static|n_known|n_observed|num_static|num_known|num_observed)$",
-        WIDTH,
-    ),
-    (r"^(weight_decay|l2)$", _real(0, 10)),
-    (r"^(clip.*|.*_coef|target_kl)$", _real(0, 100)),
-    (r"^(max_grad_norm|grad_clip.*|huber_delta)$", _real(0, 1e6)),
-    (r"^position_threshold$", _real(0, 1e6)),  # target-scale units: the summed median forecast
-]
-
-
-def rule_problem(name: str, value: Any) -> str | None:
-    """What is wrong with ``value`` for the hyperparameter ``name`` (None: nothing): the first rule
-    of :data:`NAME_RULES` whose pattern matches; a number under a name no rule matches has no range."""
-    for pattern, rule in NAME_RULES:
-        if re.match(pattern, name):
-            return rule(value)
-    if _holds_number(value):
-        return "no range is known for a numeric hyperparameter of this name (foxhunt.config.model_schemas.NAME_RULES holds one rule per name)"
-    return None
-
-
-def _check_names(module: Mapping[str, Any]) -> None:
-    for name, value in module.items():
-        if name.startswith("_") or value is None:
-            continue
-        problem = rule_problem(name, value)
-        if problem:
-            raise ConfigError(f"model.module.{name}={value!r}: {problem}")
-
-
-def _require(condition: bool, key: str, value: Any, rule: str) -> None:
-    if not condition:
-        raise ConfigError(f"model.module.{key}={value!r}: {rule}")
-
-
-def _first(module: Mapping[str, Any], *names: str) -> tuple[str | None, Any]:
-    for name in names:
-        if name in module:
-            return name, module[name]
-    return None, None
-
-
-def _check_relations(module: Mapping[str, Any], model: Mapping[str, Any]) -> None:
-    """Rules between parameters, by the names the model families use."""
-    hidden_key, hidden = _first(module, "hidden_size", "hidden", "d_model")
-    heads_key, heads = _first(module, "num_heads", "n_heads", "heads")
-    if hidden_key and heads_key and _number(hidden) and _number(heads) and heads:
-        _require(hidden % heads == 0, heads_key, heads, f"must divide model.module.{hidden_key} ({hidden})")
-
-    start_key, start = _first(module, "epsilon_start")
-    end_key, end = _first(module, "epsilon_end", "epsilon_min", "epsilon_final")
-    if start_key and end_key and _number(start) and _number(end):
-        _require(end <= start, end_key, end, f"must be <= model.module.{start_key} ({start})")
-
-    cap_key, cap = _first(module, "replay_capacity", "capacity")
-    batch_key, batch = _first(module, "batch_size")
-    if cap_key and batch_key and _number(cap) and _number(batch):
-        _require(batch <= cap, batch_key, batch, f"must be <= model.module.{cap_key} ({cap})")
-    min_key, min_replay = _first(module, "min_replay", "min_replay_size")
-    if cap_key and min_key and _number(cap) and _number(min_replay):
-        _require(min_replay <= cap, min_key, min_replay, f"must be <= model.module.{cap_key} ({cap})")
-
-    mini_key, mini = _first(module, "minibatch_size")
-    envs = (model.get("env") or {}).get("num_envs")
-    steps_key, steps = _first(module, "rollout_steps")
-    if mini_key and steps_key and _number(mini) and _number(steps) and _number(envs):
-        rollout = steps * envs
-        _require(
-            rollout % mini == 0 and mini <= rollout,
-            mini_key,
-            mini,
-            f"must divide the rollout batch model.env.num_envs x model.module.{steps_key} ({rollout})",
-        )
-
-    d_model, expand, headdim = module.get("d_model"), module.get("expand"), module.get("headdim")
-    if all(_number(x) for x in (d_model, expand, headdim)) and headdim:
-        _require(
-            (d_model * expand) % headdim == 0,
-            "headdim",
-            headdim,
-            f"must divide d_model x expand ({d_model * expand})",
-        )
-    ngroups, nheads = module.get("ngroups"), None
-    if all(_number(x) for x in (d_model, expand, headdim, ngroups)) and headdim and ngroups:
-        nheads = d_model * expand // headdim
-        _require(nheads % ngroups == 0, "ngroups", ngroups, f"must divide the number of SSM heads ({nheads})")
-
-    window, seq_len = module.get("moving_average"), module.get("seq_len")
-    if _number(window) and _number(seq_len):
-        _require(
-            window % 2 == 1 and window <= seq_len,
-            "moving_average",
-            window,
-            f"must be odd and <= model.module.seq_len ({seq_len})",
-        )
-
-    input_dim = module.get("input_dim")
-    for names in (("static_dim", "known_dim", "observed_dim"), ("n_static", "n_known", "n_observed")):
-        counts = [module.get(k) for k in names]
-        if input_dim is not None and all(_number(c) for c in counts):
-            _require(
-                sum(counts) == input_dim,
-                "input_dim",
-                input_dim,
-                f"must equal {' + '.join(names)} ({sum(counts)})",
+def _rule(annotation: Any, metadata: list[Any]) -> FieldRule:
+    """The rule of a type with its constraints (``metadata``: annotated-types bounds, lengths)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _rule(args[0], [*metadata, *(m for info in args[1:] for m in getattr(info, "metadata", [info]))])
+    if origin in (Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        rule = _rule(inner, metadata)
+        return FieldRule(f"{rule.kind} or null", rule.interval, f"{rule.phrase} or null", f"{rule.shown}, or null")
+    if origin is Literal:
+        choices = ", ".join(str(a) for a in args)
+        return FieldRule(f"one of {choices}", "", f"one of {choices}", f"one of {choices}")
+    if origin is list:
+        item = _rule(args[0], [])
+        fewest, most = _lengths(metadata)
+        plural = item.phrase.replace("an integer", "integers").replace("a number", "numbers")
+        if most is not None and fewest == most:
+            size, words = f" ({fewest} items)", f"a list of {fewest} {plural}"
+        else:
+            size, words = (" (non-empty)" if fewest else ""), f"a {'non-empty ' if fewest else ''}list of {plural}"
+        kind = f"list of {item.kind}{size}"
+        return FieldRule(kind, item.interval, words, f"{kind}, each in {item.interval}" if item.interval else kind)
+    if annotation is bool:
+        return FieldRule("bool", "", "true or false", "bool")
+    if annotation in (int, float):
+        low, high = _bounds(metadata)
+        kind, article = ("int", "an integer") if annotation is int else ("number", "a number")
+        parts = [f"{end[0]} {shown_bound(end[1])}" for end in (low, high) if end is not None]
+        interval = ""
+        if low is not None and high is not None:
+            interval = (
+                f"{'[' if low[0] == '>=' else '('}{shown_bound(low[1])}, {shown_bound(high[1])}{']' if high[0] == '<=' else ')'}"
             )
+        phrase = " ".join([article, " and ".join(parts)]).strip()
+        return FieldRule(kind, interval, phrase, f"{kind} in {interval}" if interval else kind)
+    raise TypeError(f"no rule text for the hyperparameter type {annotation!r}")
 
 
-def validate_model_hyperparameters(cls: type, module: Mapping[str, Any], model: Mapping[str, Any]) -> None:
-    _check_names(module)
-    _check_relations(module, model)
+def field_rule(definition: type[Hyperparameters], name: str) -> FieldRule:
+    """What field ``name`` of ``definition`` allows (its type and range, as the refusal and the
+    reference docs say it)."""
+    info = definition.model_fields[name]
+    return _rule(info.annotation, list(info.metadata))
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (Hydra passes them to a constructor) as plain lists and dicts."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+class Hyperparameters(BaseModel):
+    """Base of a family's definition (see the module doc). Strict: an integer is an int (not
+    1.0, not true), a number is finite, a flag is a bool, an unknown key is refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @classmethod
+    def check(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` (every hyperparameter, by key) validated: plain Python values (lists, floats
+        for numbers); the first problem raises :class:`HyperparameterError`."""
+        plain = {key: _plain(value) for key, value in values.items()}
+        try:
+            return cls.model_validate(plain).model_dump()
+        except ValidationError as exc:
+            raise cls._refusal(exc.errors()[0], plain) from None
+
+    @classmethod
+    def refused_keys(cls, values: Mapping[str, Any]) -> set[str]:
+        """The keys whose own value (its type or range, not a rule between keys) is refused."""
+        try:
+            cls.model_validate({key: _plain(value) for key, value in values.items()})
+        except ValidationError as exc:
+            return {str(error["loc"][0]) for error in exc.errors() if error["loc"] and error["type"] != "missing"}
+        return set()
+
+    @classmethod
+    def _refusal(cls, error: Any, values: Mapping[str, Any]) -> HyperparameterError:
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, Related):
+            return HyperparameterError(cause.key, values.get(cause.key), str(cause))
+        key = str(error["loc"][0])
+        if error["type"] == "missing":
+            return HyperparameterError(key, None, f"missing (required by {cls.__name__})", missing=True)
+        if error["type"] == "extra_forbidden":
+            return HyperparameterError(
+                key, values[key], f"not a hyperparameter of {cls.__name__} (allowed: {', '.join(cls.model_fields)})"
+            )
+        if isinstance(cause, ValueError):  # a field's own validator (the quantiles' order)
+            return HyperparameterError(key, values[key], str(cause))
+        return HyperparameterError(key, values[key], f"must be {field_rule(cls, key).phrase}")
+
+
+M = TypeVar("M", bound=type)
+
+
+def defined_by(definition: type[Hyperparameters]) -> Callable[[M], M]:
+    """Class decorator of a model: ``definition`` is its hyperparameters (the class's
+    ``hyperparameters``), and its constructor validates its arguments through it, in one call,
+    before its body runs (which then gets the validated, plain values: lists, not OmegaConf's).
+    The constructor's parameters must be the definition's fields, no more, no fewer."""
+
+    def decorate(cls: M) -> M:
+        init = cls.__dict__.get("__init__")  # the class's own constructor
+        if init is None:
+            raise TypeError(f"{cls.__name__} defines no __init__ of its own: nothing takes its hyperparameters")
+        signature = inspect.signature(init)
+        parameters = [name for name in signature.parameters][1:]  # after self
+        if set(parameters) != set(definition.model_fields):
+            raise TypeError(f"{cls.__name__}.__init__ takes {sorted(parameters)}, {definition.__name__} defines "
+                            f"{sorted(definition.model_fields)}: a hyperparameter must be in both")  # fmt: skip
+
+        @functools.wraps(init)
+        def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            arguments = signature.bind(self, *args, **kwargs).arguments  # a TypeError, as any call, for a missing one
+            init(self, **definition.check({name: arguments[name] for name in parameters}))
+
+        setattr(cls, "__init__", checked_init)  # noqa: B010 - a method assigned to its class
+        setattr(cls, "hyperparameters", definition)  # noqa: B010
+        return cls
+
+    return decorate

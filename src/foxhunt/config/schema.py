@@ -9,9 +9,10 @@ naming the dotted key, the value and what is allowed, e.g.::
 pydantic does the type and range checks (a well-kept library with precise error locations);
 the cross-field rules pydantic cannot express per field are the ``model_validator``s below.
 Model hyperparameters are checked twice: against the constructor signature of the class the
-config's ``_target_`` names (unknown or missing keys), and against the model's own
-hyperparameter schema in :mod:`foxhunt.config.model_schemas` (values). The bar source's
-settings are checked by the source's constructor (:func:`check_source_settings`).
+config's ``_target_`` names (unknown or missing keys), and against that family's definition of
+its hyperparameters, the class's ``hyperparameters`` (values and the rules between them; see
+:mod:`foxhunt.config.model_schemas`). The bar source's settings are checked by the source's
+constructor (:func:`check_source_settings`).
 
 Every number of the config has a range (:func:`_int`, :func:`_real`): a value out of it is
 refused here, naming the key, the value and the range, instead of reaching numpy, torch or
@@ -42,7 +43,7 @@ from pydantic import (
 )
 
 from foxhunt.config.families import family_names
-from foxhunt.config.model_schemas import rule_problem, shown_bound, validate_model_hyperparameters
+from foxhunt.config.model_schemas import MAX_BATCH, MAX_SEED, HyperparameterError, Hyperparameters, shown_bound
 from foxhunt.errors import ConfigError
 from foxhunt.precision.policy import (
     INFERENCE_CONFIGS,
@@ -53,11 +54,10 @@ from foxhunt.precision.policy import (
 )
 
 # ---------------------------------------------------------------------------------- ranges
-MAX_SEED = 2**32 - 1  # numpy's and torch's seeds (np.random.seed takes < 2**32)
+# MAX_SEED (numpy's and torch's seeds) and MAX_BATCH (samples in one batch): foxhunt.config.model_schemas
 MAX_BARS = 10**9  # bar counts (windows, purges, gaps, bars scored): 1,900 years of 1-minute bars
 MAX_STEPS = 10**9  # optimizer or agent steps, batches
 MAX_EPOCHS = 10**6
-MAX_BATCH = 2**20  # samples in one batch
 MAX_CORES = 1024  # processes, threads, CPUs, devices
 MAX_MB = 1e8  # memory sizes in MB (100 TB)
 MAX_SECONDS = 365 * 86_400.0  # waits, timeouts, evictions (a year)
@@ -644,9 +644,12 @@ def label_reach(model: ModelSection) -> tuple[int, str]:
     if model.window is not None:
         return model.window.horizon, "model.window.horizon"
 
-    rollout = (model.module.model_extra or {}).get("rollout_steps")
-    if rollout is not None:  # out of its range: no reach (model_schemas refuses it, naming it, after the schema)
-        return (0 if rule_problem("rollout_steps", rollout) else rollout), "model.module.rollout_steps"
+    module = model.module.model_extra or {}
+    rollout = module.get("rollout_steps")
+    if rollout is not None:  # refused by its family's definition: no reach (refused, naming it, after the schema)
+        definition = _definition(model.module.target)
+        refused = definition is None or "rollout_steps" in definition.refused_keys(module)
+        return (0 if refused else rollout), "model.module.rollout_steps"
     return 1, "a one-step target"
 
 
@@ -832,14 +835,43 @@ def _format(error: ValidationError) -> str:
     return text + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
 
 
+def _target_class(target: str) -> Any:
+    """The class (or other callable) a ``_target_`` names, imported; None where there is none."""
+    module_name, _, attr = target.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return found if callable(found) else None
+
+
+def _definition(target: str) -> type[Hyperparameters] | None:
+    """The hyperparameters' definition of the model class ``target`` names (``hyperparameters``,
+    set by :func:`foxhunt.config.model_schemas.defined_by`), or None for a class without one."""
+    definition = getattr(_target_class(target), "hyperparameters", None)
+    return definition if isinstance(definition, type) and issubclass(definition, Hyperparameters) else None
+
+
+def check_model_hyperparameters(module: dict[str, Any]) -> None:
+    """Validate ``model.module`` through the definition of the class its ``_target_`` names (a
+    foxhunt model: one that has a definition); its first problem is one line naming the key."""
+    definition = _definition(module["_target_"])
+    if definition is None:
+        raise ConfigError(f"model.module._target_={module['_target_']!r}: not a foxhunt model (its class defines no "
+                          "hyperparameters: foxhunt.config.model_schemas.defined_by)")  # fmt: skip
+    try:
+        definition.check({key: value for key, value in module.items() if not key.startswith("_")})
+    except HyperparameterError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def check_constructor_args(section: str, node: dict[str, Any]) -> type:
     """Import ``node['_target_']`` and check the keys against its constructor signature."""
     target = node["_target_"]
-    module_name, _, attr = target.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError):
-        raise ConfigError(f"{section}._target_={target!r}: no such class") from None
+    attr = target.rpartition(".")[2]
+    cls = _target_class(target)
+    if cls is None:
+        raise ConfigError(f"{section}._target_={target!r}: no such class")
     parameters = inspect.signature(cls).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     given = {k for k in node if not k.startswith("_")}
@@ -876,8 +908,8 @@ def validate_resolved(resolved: dict[str, Any]) -> TrainConfig:
 
     check_constructor_args("trainer", resolved["trainer"])
     module = resolved["model"]["module"]
-    cls = check_constructor_args("model.module", module)
-    validate_model_hyperparameters(cls, module, resolved["model"])
+    check_constructor_args("model.module", module)
+    check_model_hyperparameters(module)
     source = resolved["data"]["source"]
     check_source_settings(check_constructor_args("data.source", source), source)
     return parsed

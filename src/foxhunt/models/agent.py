@@ -32,6 +32,9 @@ formula, with the commission and slippage of the env the datamodule builds for t
 
 Each agent implements ``greedy_action(obs) -> LongTensor`` (argmax of its Q-values or policy
 logits) and its own ``training_step`` / ``configure_optimizers``.
+
+The hyperparameters both agents take are defined once here (:class:`AgentHyperparameters`);
+each agent's definition inherits them (:mod:`foxhunt.config.model_schemas`).
 """
 
 from __future__ import annotations
@@ -39,19 +42,22 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from lightning import LightningModule
+from pydantic import Field
 from torch import Tensor, nn
 
 from foxhunt.assets import AssetSpec
+from foxhunt.config.model_schemas import MAX_SEED, MAX_WIDTH, Hyperparameters
 from foxhunt.trading.env import NUM_ACTIONS, TradingEnv
 from foxhunt.trading.pnl import contract_costs, in_ticks, walk_pnl
 
-#: Activation names accepted by :func:`build_mlp` (config key ``model.module.activation``).
-ACTIVATIONS: dict[str, type[nn.Module]] = {
+#: The hidden activations of :func:`build_mlp` (config key ``model.module.activation``).
+Activation = Literal["relu", "tanh", "gelu", "silu", "elu"]
+ACTIVATIONS: dict[Activation, type[nn.Module]] = {
     "relu": nn.ReLU,
     "tanh": nn.Tanh,
     "gelu": nn.GELU,
@@ -67,17 +73,13 @@ AGENT_STATE_KEY = "foxhunt_agent_state"
 GREEDY_CHUNK_BARS = 32768
 
 
-def build_mlp(input_dim: int, hidden_sizes: Sequence[int], output_dim: int, activation: str) -> nn.Sequential:
+def build_mlp(input_dim: int, hidden_sizes: Sequence[int], output_dim: int, activation: Activation) -> nn.Sequential:
     """``Linear -> activation`` for each hidden size, then a final ``Linear`` to ``output_dim``.
 
-    ``hidden_sizes`` may be empty (a linear model). Raises ValueError naming the config key for
-    an unknown activation or a non-positive size.
+    ``hidden_sizes`` may be empty (a linear model). The sizes and the activation are the agents'
+    validated hyperparameters (:class:`AgentHyperparameters`): positive, one of :data:`ACTIVATIONS`.
     """
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"model.module.activation={activation!r}: unknown, use one of {sorted(ACTIVATIONS)}")
     sizes = [int(input_dim), *(int(h) for h in hidden_sizes), int(output_dim)]
-    if any(s < 1 for s in sizes):
-        raise ValueError(f"MLP sizes {sizes} (input, model.module hidden sizes, output): each must be >= 1")
     layers: list[nn.Module] = []
     for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
         layers.append(nn.Linear(n_in, n_out))
@@ -134,8 +136,30 @@ def walk_rewards(
     return in_ticks(pnl_usd, asset.tick_value), pnl_usd
 
 
+class AgentHyperparameters(Hyperparameters):
+    """What both agents take (``model.module.*`` of conf/model/dqn.yaml and ppo.yaml).
+
+    ``gamma`` has one meaning for both, the discount of the return they estimate, and one range,
+    [0, 1). The env never terminates an episode, it only truncates it (a time limit), and both
+    agents bootstrap through a truncation (DQN's target from ``Q(final_obs)``, PPO's TD target from
+    ``V(final_obs)``): the return never ends, so it, and the fixed point of their Bellman updates,
+    exist only for gamma < 1 (at 1 the value of holding a position grows without bound). At 0 the
+    target is the one-step reward: DQN's ``r``, PPO's advantage ``r - V(s)``.
+    """
+
+    state_dim: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="features per bar; the networks take state_dim + 1 inputs (the position held last)")]  # fmt: skip
+    activation: Annotated[Activation, Field(description="hidden activation of the networks")]
+    num_envs: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="training envs, each stepped once per agent step (model.env.num_envs)")]  # fmt: skip
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED, description="seeds the training env's episode starts and the agent's own sampling")]  # fmt: skip
+    gamma: Annotated[float, Field(ge=0, lt=1, description="discount factor of the return (< 1: the episodes never terminate)")]
+    max_grad_norm: Annotated[Annotated[float, Field(gt=0, le=1e6)] | None,
+                             Field(description="total-norm gradient clipping of each network (null: none)")]  # fmt: skip
+
+
 class TradingAgent(LightningModule, ABC):
-    """LightningModule base of the RL agents (see the module docstring).
+    """LightningModule base of the RL agents (see the module docstring). Its arguments are the
+    agent's validated hyperparameters (:class:`AgentHyperparameters`: each agent's class is
+    :func:`~foxhunt.config.model_schemas.defined_by` its own definition).
 
     Args:
         state_dim: features per bar (16); the networks take ``state_dim + 1`` inputs.
@@ -145,13 +169,10 @@ class TradingAgent(LightningModule, ABC):
 
     monitor_metric = "val/mean_reward"
     monitor_mode = "max"
+    hyperparameters: ClassVar[type[AgentHyperparameters]]
 
     def __init__(self, state_dim: int, num_envs: int, seed: int) -> None:
         super().__init__()
-        if int(state_dim) < 1:
-            raise ValueError(f"model.module.state_dim={state_dim!r}: must be >= 1")
-        if int(num_envs) < 1:
-            raise ValueError(f"model.module.num_envs={num_envs!r}: must be >= 1")
         self.state_dim = int(state_dim)
         self.obs_dim = self.state_dim + 1  # the features, then the position held
         self.num_envs = int(num_envs)

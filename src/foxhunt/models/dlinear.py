@@ -29,12 +29,15 @@ loss, the steps and the positions).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from foxhunt.models.forecaster import ForecasterModule, bar_features
+from foxhunt.config.model_schemas import MAX_LENGTH, Related, defined_by
+from foxhunt.models.forecaster import ForecasterHyperparameters, ForecasterModule, bar_features
 from foxhunt.models.quantiles import QuantileHead
 
 
@@ -46,13 +49,24 @@ def moving_average(x: Tensor, window: int) -> Tensor:
     return F.avg_pool1d(padded.transpose(1, 2), kernel_size=window, stride=1).transpose(1, 2)
 
 
-class DLinearForecaster(ForecasterModule):
-    """DLinear quantile forecaster of the next ``horizon`` scaled one-bar log returns (module doc).
+class DLinearHyperparameters(ForecasterHyperparameters):
+    """DLinear's ``model.module`` (conf/model/dlinear.yaml): the forecasters' shared keys (its
+    dropout acts on the features' contributions before the head) and the trend's window."""
 
-    Hyperparameters (conf/model/dlinear.yaml, ``module``): input_dim (features per bar);
-    seq_len; horizon; moving_average (odd window of the trend, at most seq_len); dropout (on the
-    features' contributions before the head); quantiles, learning_rate, weight_decay and
-    position_threshold (see ForecasterModule).
+    moving_average: Annotated[int, Field(ge=1, le=MAX_LENGTH, description="bars in the trend's centred moving average (odd, <= seq_len)")]  # fmt: skip
+
+    @model_validator(mode="after")
+    def _window_centred_in_the_sequence(self) -> DLinearHyperparameters:
+        if self.moving_average % 2 != 1 or self.moving_average > self.seq_len:
+            raise Related("moving_average", f"must be odd and <= model.module.seq_len ({self.seq_len})")
+        return self
+
+
+@defined_by(DLinearHyperparameters)
+class DLinearForecaster(ForecasterModule):
+    """DLinear quantile forecaster of the next ``horizon`` scaled one-bar log returns (module
+    doc). Its arguments are ``model.module`` of conf/model/dlinear.yaml, defined (type, range,
+    doc) by :class:`DLinearHyperparameters`.
     """
 
     def __init__(
@@ -76,8 +90,6 @@ class DLinearForecaster(ForecasterModule):
             position_threshold=position_threshold,
         )
         self.save_hyperparameters()
-        if moving_average % 2 != 1 or moving_average > seq_len:
-            raise ValueError(f"model.module.moving_average={moving_average}: must be odd and <= model.module.seq_len ({seq_len})")
         self.input_dim = int(input_dim)
         self.seq_len = int(seq_len)
         self.moving_average = int(moving_average)

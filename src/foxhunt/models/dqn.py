@@ -59,14 +59,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from foxhunt.models.agent import TradingAgent, build_mlp
+from foxhunt.config.model_schemas import MAX_BATCH, MAX_MEMORY, MAX_STEPS, MAX_WIDTH, Related, defined_by
+from foxhunt.models.agent import Activation, AgentHyperparameters, TradingAgent, build_mlp
 from foxhunt.precision.optim import make_optimizer
 from foxhunt.trading.env import NUM_ACTIONS
 
@@ -91,8 +93,6 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity: int, obs_dim: int, device: torch.device | str, seed: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"model.module.replay_capacity={capacity!r}: must be >= 1")
         self.capacity = int(capacity)
         self.device = torch.device(device)
         self.obs = torch.zeros(self.capacity, obs_dim, dtype=torch.float32, device=self.device)
@@ -202,31 +202,50 @@ def double_dqn_loss(q_net: nn.Module, target_net: nn.Module, sample: Transitions
     return F.smooth_l1_loss(q_taken, targets), q_taken
 
 
-class DQNAgent(TradingAgent):
-    """Double DQN with experience replay and a hard-updated target network.
+# ------------------------------------------------------------------------- hyperparameters
+class DQNHyperparameters(AgentHyperparameters):
+    """DQN's ``model.module`` (conf/model/dqn.yaml): the agents' shared keys and these."""
 
-    Args (all from ``conf/model/dqn.yaml``, ``model.module``):
-        state_dim: features per bar; the Q-network takes ``state_dim + 1`` inputs.
-        hidden_sizes: widths of the Q-network's hidden layers.
-        activation: hidden activation (see :data:`foxhunt.models.agent.ACTIVATIONS`).
-        num_envs: parallel training envs, each stepped once per agent step.
-        steps_per_call: agent steps (env step + gradient step) per ``training_step`` call.
-        seed: seeds the env starts, the exploration and the replay sampling.
-        gamma: discount factor.
-        lr: Adam learning rate.
-        batch_size: transitions per update.
-        replay_capacity: replay buffer size (transitions).
-        min_replay_size: transitions stored before learning starts.
-        target_update_interval: agent steps between hard target updates.
-        epsilon_start, epsilon_end, epsilon_decay: ``max(end, start * decay ** step)``.
-        max_grad_norm: total-norm gradient clipping; None disables it.
-    """
+    hidden_sizes: Annotated[list[Annotated[int, Field(ge=1, le=MAX_WIDTH)]],
+                            Field(min_length=1, strict=False, description="widths of the Q-network's hidden layers")]  # fmt: skip
+    steps_per_call: Annotated[int, Field(ge=1, le=MAX_STEPS, description="agent steps (an env step and a gradient step) per training_step call")]  # fmt: skip
+    lr: Annotated[float, Field(gt=0, le=10, description="Adam learning rate")]
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH, description="transitions per update")]
+    replay_capacity: Annotated[int, Field(ge=1, le=MAX_MEMORY, description="transitions the replay buffer holds (a ring)")]
+    min_replay_size: Annotated[int, Field(ge=1, le=MAX_MEMORY, description="transitions stored before the first update")]
+    target_update_interval: Annotated[int, Field(ge=1, le=MAX_STEPS, description="agent steps between hard target-network updates")]  # fmt: skip
+    epsilon_start: Annotated[float, Field(ge=0, le=1, description="exploration rate at step 0")]
+    epsilon_end: Annotated[float, Field(ge=0, le=1, description="the exploration rate's floor")]
+    epsilon_decay: Annotated[float, Field(gt=0, le=1, description="epsilon = max(epsilon_end, epsilon_start x epsilon_decay ^ agent step)")]  # fmt: skip
+
+    @model_validator(mode="after")
+    def _exploration_decays(self) -> DQNHyperparameters:
+        if self.epsilon_end > self.epsilon_start:
+            raise Related("epsilon_end", f"must be <= model.module.epsilon_start ({self.epsilon_start})")
+        return self
+
+    @model_validator(mode="after")
+    def _replay_holds_a_step_and_a_batch(self) -> DQNHyperparameters:
+        if self.replay_capacity < self.num_envs:
+            raise Related("replay_capacity", f"must be >= model.module.num_envs ({self.num_envs})")
+        if self.batch_size > self.replay_capacity:
+            raise Related("batch_size", f"must be <= model.module.replay_capacity ({self.replay_capacity})")
+        if self.min_replay_size > self.replay_capacity:
+            raise Related("min_replay_size", f"must be <= model.module.replay_capacity ({self.replay_capacity})")
+        return self
+
+
+@defined_by(DQNHyperparameters)
+class DQNAgent(TradingAgent):
+    """Double DQN with experience replay and a hard-updated target network. Its arguments are
+    ``model.module`` of ``conf/model/dqn.yaml``, defined (type, range, doc) by
+    :class:`DQNHyperparameters`."""
 
     def __init__(
         self,
         state_dim: int,
         hidden_sizes: Sequence[int],
-        activation: str,
+        activation: Activation,
         num_envs: int,
         steps_per_call: int,
         seed: int,
@@ -242,34 +261,8 @@ class DQNAgent(TradingAgent):
         max_grad_norm: float | None,
     ) -> None:
         super().__init__(state_dim=state_dim, num_envs=num_envs, seed=seed)
-        # plain ints, not an OmegaConf ListConfig: checkpoints must load with weights_only=True
-        hidden_sizes = [int(h) for h in hidden_sizes]
-        self.save_hyperparameters()
+        self.save_hyperparameters()  # plain values (defined_by): checkpoints load with weights_only=True
         self.automatic_optimization = False  # several gradient steps per training_step
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"model.module.gamma={gamma!r}: must be in [0, 1]")
-        if not 0.0 <= epsilon_end <= epsilon_start <= 1.0:
-            raise ValueError(
-                f"model.module.epsilon_start={epsilon_start!r} / epsilon_end={epsilon_end!r}: "
-                "need 0 <= epsilon_end <= epsilon_start <= 1"
-            )
-        if not 0.0 < epsilon_decay <= 1.0:
-            raise ValueError(f"model.module.epsilon_decay={epsilon_decay!r}: must be in (0, 1]")
-        for name, value in (
-            ("steps_per_call", steps_per_call),
-            ("batch_size", batch_size),
-            ("target_update_interval", target_update_interval),
-            ("min_replay_size", min_replay_size),
-        ):
-            if int(value) < 1:
-                raise ValueError(f"model.module.{name}={value!r}: must be >= 1")
-        if replay_capacity < max(min_replay_size, num_envs):
-            raise ValueError(
-                f"model.module.replay_capacity={replay_capacity}: must be >= min_replay_size "
-                f"({min_replay_size}) and >= num_envs ({num_envs})"
-            )
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ValueError(f"model.module.max_grad_norm={max_grad_norm!r}: must be > 0 or null")
         self.q_net = build_mlp(self.obs_dim, hidden_sizes, NUM_ACTIONS, activation)
         self.target_net = copy.deepcopy(self.q_net)
         self.target_net.requires_grad_(False)

@@ -16,21 +16,26 @@ call this base's constructor with the hyperparameters it owns; everything else l
 - `trading_positions`, which turns forecasts into positions for the shared backtest: at every
   bar with `seq_len` bars of history, the sign of the median forecast summed over the horizon
   when its magnitude exceeds `position_threshold` (target-scale units), flat otherwise.
+
+The hyperparameters every forecaster takes are defined once here
+(:class:`ForecasterHyperparameters`); each forecaster's definition inherits them
+(:mod:`foxhunt.config.model_schemas`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
 from lightning import LightningModule
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from pydantic import Field, field_validator
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from foxhunt.config.model_schemas import MAX_LENGTH, MAX_WIDTH, Hyperparameters
 from foxhunt.precision.optim import make_optimizer
 
 #: Keys of a window batch that the forecasters read as inputs (``target`` is the label).
@@ -42,29 +47,27 @@ TRAIN_LOSS_KEY = "foxhunt_train_loss"  # a checkpoint's key of the epoch's runni
 _LEVEL_TOLERANCE = 1e-9
 
 
-def validate_quantiles(quantiles: Sequence[float]) -> list[float]:
-    """Return `quantiles` as a list of floats after checking they are sorted, in (0, 1) and hold 0.5.
+class ForecasterHyperparameters(Hyperparameters):
+    """What every forecaster takes (``model.module.*`` of conf/model/<forecaster>.yaml)."""
 
-    Raises ValueError naming the offending value; the message refers to the config key
-    ``model.module.quantiles``.
-    """
-    if isinstance(quantiles, (str, bytes)) or not isinstance(quantiles, Sequence):
-        try:
-            quantiles = list(quantiles)  # omegaconf ListConfig and other iterables
-        except TypeError as exc:
-            raise ValueError(f"model.module.quantiles must be a list of floats, got {quantiles!r}") from exc
-    levels = [float(q) for q in quantiles]
-    if not levels:
-        raise ValueError("model.module.quantiles is empty; give a sorted list in (0, 1) containing 0.5")
-    for q in levels:
-        if not (0.0 < q < 1.0) or math.isnan(q):
-            raise ValueError(f"model.module.quantiles: level {q} is outside the open interval (0, 1)")
-    for lo, hi in zip(levels, levels[1:]):
-        if not lo < hi:
-            raise ValueError(f"model.module.quantiles must be strictly increasing, got {lo} before {hi}")
-    if not any(abs(q - MEDIAN_LEVEL) <= _LEVEL_TOLERANCE for q in levels):
-        raise ValueError(f"model.module.quantiles must contain 0.5 (the point forecast), got {levels}")
-    return levels
+    input_dim: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="features per bar: static (broadcast over time) + known past + observed")]  # fmt: skip
+    seq_len: Annotated[int, Field(ge=1, le=MAX_LENGTH, description="past bars in a window (model.window.seq_len)")]
+    horizon: Annotated[int, Field(ge=1, le=MAX_LENGTH, description="future one-bar returns forecast (model.window.horizon)")]
+    dropout: Annotated[float, Field(ge=0, lt=1, description="dropout probability")]
+    quantiles: Annotated[list[Annotated[float, Field(gt=0, lt=1)]],
+                         Field(min_length=1, strict=False, description="forecast quantile levels, increasing, holding the median 0.5")]  # fmt: skip
+    learning_rate: Annotated[float, Field(gt=0, le=10, description="AdamW learning rate")]
+    weight_decay: Annotated[float, Field(ge=0, le=10, description="AdamW weight decay (the L2 coefficient)")]
+    position_threshold: Annotated[float, Field(ge=0, le=1e6, description="|median forecast summed over the horizon| (target-scale units) above which a position is taken")]  # fmt: skip
+
+    @field_validator("quantiles")
+    @classmethod
+    def _ordered_around_the_median(cls, levels: list[float]) -> list[float]:
+        if any(not low < high for low, high in zip(levels, levels[1:])):
+            raise ValueError("must be strictly increasing")
+        if not any(abs(q - MEDIAN_LEVEL) <= _LEVEL_TOLERANCE for q in levels):
+            raise ValueError("must include the median 0.5 (positions follow the median forecast)")
+        return levels
 
 
 def bar_features(batch: Mapping[str, Tensor], seq_len: int, input_dim: int) -> Tensor:
@@ -114,16 +117,15 @@ def _plain(value: Any) -> Any:
 class ForecasterModule(LightningModule):
     """Base for quantile forecasters; subclasses implement `forward(batch) -> (B, horizon, Q)`.
 
-    Constructor arguments (all from ``conf/model/<name>.yaml`` under ``module``):
-    quantiles: sorted levels in (0, 1) containing 0.5; horizon: forecast steps;
-    learning_rate: AdamW learning rate; weight_decay: AdamW weight decay (the L2 coefficient);
-    position_threshold: |sum of the median forecast over the horizon| (target-scale units)
-    above which `trading_positions` takes a position.
+    Constructor arguments: the forecaster's validated hyperparameters that this base uses
+    (:class:`ForecasterHyperparameters`: each forecaster's class is
+    :func:`~foxhunt.config.model_schemas.defined_by` its own definition, which inherits it).
     Subclasses call ``self.save_hyperparameters()`` after ``super().__init__``.
     """
 
     monitor_metric: str = "val/loss"
     monitor_mode: str = "min"
+    hyperparameters: ClassVar[type[ForecasterHyperparameters]]
 
     def __init__(
         self,
@@ -135,15 +137,7 @@ class ForecasterModule(LightningModule):
         position_threshold: float,
     ) -> None:
         super().__init__()
-        self.quantiles = validate_quantiles(quantiles)
-        if int(horizon) < 1:
-            raise ValueError(f"model.module.horizon must be >= 1, got {horizon}")
-        if learning_rate <= 0:
-            raise ValueError(f"model.module.learning_rate must be > 0, got {learning_rate}")
-        if weight_decay < 0:
-            raise ValueError(f"model.module.weight_decay must be >= 0, got {weight_decay}")
-        if position_threshold < 0:
-            raise ValueError(f"model.module.position_threshold must be >= 0, got {position_threshold}")
+        self.quantiles = [float(q) for q in quantiles]
         self.horizon = int(horizon)
         self.learning_rate = float(learning_rate)
         self.weight_decay = float(weight_decay)

@@ -48,14 +48,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from foxhunt.models.forecaster import ForecasterModule, bar_features
+from foxhunt.config.model_schemas import MAX_LAYERS, MAX_LENGTH, MAX_WIDTH, Related, defined_by
+from foxhunt.models.forecaster import ForecasterHyperparameters, ForecasterModule, bar_features
 from foxhunt.models.quantiles import QuantileHead
 from foxhunt.precision.optim import make_optimizer
 
@@ -231,7 +233,9 @@ class Mamba2Mixer(nn.Module):
     """The Mamba-2 sequence mixer: (batch, L, d_model) -> (batch, L, d_model), causal.
 
     d_inner = expand * d_model channels split into nheads = d_inner / headdim heads; B and C
-    (d_state each) are shared by the heads of each of ngroups groups.
+    (d_state each) are shared by the heads of each of ngroups groups. Its arguments are the
+    forecaster's validated hyperparameters (:class:`Mamba2Hyperparameters`: headdim divides
+    d_inner, ngroups divides nheads, dt_min <= dt_max, 0 < A's low <= high).
     """
 
     def __init__(
@@ -252,18 +256,8 @@ class Mamba2Mixer(nn.Module):
     ) -> None:
         super().__init__()
         d_inner = expand * d_model
-        if d_inner % headdim != 0:
-            raise ValueError(f"Mamba2Mixer: expand * d_model = {d_inner} is not a multiple of headdim={headdim}")
         nheads = d_inner // headdim
-        if nheads % ngroups != 0:
-            raise ValueError(f"Mamba2Mixer: nheads={nheads} is not a multiple of ngroups={ngroups}")
-        if not 0 < dt_min <= dt_max:
-            raise ValueError(f"Mamba2Mixer: need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
         a_low, a_high = (float(v) for v in A_init_range)
-        if not 0 < a_low <= a_high:
-            raise ValueError(f"Mamba2Mixer: A_init_range must satisfy 0 < low <= high, got {list(A_init_range)}")
-        if d_conv < 1 or chunk_size < 1:
-            raise ValueError(f"Mamba2Mixer: d_conv and chunk_size must be >= 1, got {d_conv} and {chunk_size}")
         self.d_model, self.d_state, self.d_conv = d_model, d_state, d_conv
         self.d_inner, self.headdim, self.nheads, self.ngroups = d_inner, headdim, nheads, ngroups
         self.chunk_size = chunk_size
@@ -398,8 +392,6 @@ class Mamba2Stack(nn.Module):
 
     def __init__(self, *, n_layers: int, d_model: int, norm_eps: float, **block_kwargs) -> None:
         super().__init__()
-        if n_layers < 1:
-            raise ValueError(f"Mamba2Stack: n_layers must be >= 1, got {n_layers}")
         self.layers = nn.ModuleList(Mamba2Block(d_model=d_model, norm_eps=norm_eps, **block_kwargs) for _ in range(n_layers))
         self.norm_f = nn.RMSNorm(d_model, eps=norm_eps)
 
@@ -434,7 +426,46 @@ class Mamba2Stack(nn.Module):
         return self.norm_f(u_t), new_state
 
 
+# ------------------------------------------------------------------------- hyperparameters
+class Mamba2Hyperparameters(ForecasterHyperparameters):
+    """Mamba-2's ``model.module`` (conf/model/mamba2.yaml): the forecasters' shared keys and these."""
+
+    d_model: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="residual stream width")]
+    n_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS, description="Mamba-2 residual blocks")]
+    d_state: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="SSM state size N per head")]
+    d_conv: Annotated[int, Field(ge=1, le=MAX_LAYERS, description="width of the depthwise causal convolution over (x, B, C)")]
+    expand: Annotated[int, Field(ge=1, le=MAX_LAYERS, description="d_inner = expand x d_model")]
+    headdim: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="channels per SSM head P (nheads = d_inner / headdim)")]
+    ngroups: Annotated[int, Field(ge=1, le=MAX_LAYERS, description="groups of heads sharing B and C")]
+    chunk_size: Annotated[int, Field(ge=1, le=MAX_LENGTH, description="SSD chunk length (a sequence is padded to a multiple)")]
+    dt_min: Annotated[float, Field(gt=0, le=10, description="dt is initialised log-uniform in [dt_min, dt_max]")]
+    dt_max: Annotated[float, Field(gt=0, le=10, description="the upper end of dt's initial range")]
+    dt_init_floor: Annotated[float, Field(gt=0, le=10, description="the initial dt's floor (dt_bias = softplus^-1(dt))")]
+    A_init_range: Annotated[list[Annotated[float, Field(gt=0, le=1e4)]],
+                            Field(min_length=2, max_length=2, strict=False, description="[low, high]: A = -exp(A_log), A_log = log(U[low, high])")]  # fmt: skip
+    norm_eps: Annotated[float, Field(gt=0, le=1, description="epsilon of every RMSNorm (pre-norm, gated, final)")]
+
+    @model_validator(mode="after")
+    def _heads_fit(self) -> Mamba2Hyperparameters:
+        d_inner = self.d_model * self.expand
+        if d_inner % self.headdim:
+            raise Related("headdim", f"must divide d_model x expand ({d_inner})")
+        if (d_inner // self.headdim) % self.ngroups:
+            raise Related("ngroups", f"must divide the number of SSM heads ({d_inner // self.headdim})")
+        return self
+
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> Mamba2Hyperparameters:
+        if self.dt_max < self.dt_min:
+            raise Related("dt_max", f"must be >= model.module.dt_min ({self.dt_min})")
+        low, high = self.A_init_range
+        if high < low:
+            raise Related("A_init_range", "must be [low, high] with low <= high")
+        return self
+
+
 # ------------------------------------------------------------------------------ forecaster
+@defined_by(Mamba2Hyperparameters)
 class Mamba2Forecaster(ForecasterModule):
     """Mamba-2 quantile forecaster of the next `horizon` scaled 1-bar log returns.
 
@@ -443,6 +474,8 @@ class Mamba2Forecaster(ForecasterModule):
     d_model, the Mamba-2 stack mixes them causally, and a `QuantileHead` on the last bar's hidden
     state gives (horizon, n_quantiles) ordered quantiles. `step` runs the same model one bar
     at a time (streaming); its output after bar t equals `forward` on a window ending at t.
+    Its arguments are ``model.module`` of conf/model/mamba2.yaml, defined (type, range, doc) by
+    :class:`Mamba2Hyperparameters`.
     """
 
     def __init__(
@@ -478,10 +511,6 @@ class Mamba2Forecaster(ForecasterModule):
             position_threshold=position_threshold,
         )
         self.save_hyperparameters()
-        if seq_len < 1:
-            raise ValueError(f"model.module.seq_len must be >= 1, got {seq_len}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"model.module.dropout must be in [0, 1), got {dropout}")
         self.input_dim = int(input_dim)
         self.seq_len = int(seq_len)
         self.input_proj = nn.Linear(self.input_dim, d_model)

@@ -26,7 +26,7 @@ head 0.01, value head 1.0), updated by one Adam with two parameter groups, the p
 per parameter, so this is the same update as two optimizers, in one optimizer step: Lightning's
 wrapper around each step costs about as much as a small network's fused Adam step. Gradients
 are clipped to ``max_grad_norm`` per network (each parameter group by its own norm; CleanRL
-clips the two jointly), in ``on_before_optimizer_step``: after Lightning has unscaled them
+clips the two jointly; null: no clipping, as DQN's), in ``on_before_optimizer_step``: after Lightning has unscaled them
 under a grad scaler (16-mixed), before the step.
 
 Lightning counts every optimizer step in ``trainer.global_step``: one training step advances it
@@ -49,12 +49,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field, model_validator
 from torch import Tensor
 
-from foxhunt.models.agent import TradingAgent, build_mlp, orthogonal_init_
+from foxhunt.config.model_schemas import MAX_BATCH, MAX_LAYERS, MAX_STEPS, MAX_WIDTH, Related, defined_by
+from foxhunt.models.agent import Activation, AgentHyperparameters, TradingAgent, build_mlp, orthogonal_init_
 from foxhunt.precision.optim import make_optimizer
 from foxhunt.trading.env import NUM_ACTIONS
 
@@ -210,31 +212,46 @@ def ppo_minibatch_losses(
     return loss, stats
 
 
-class PPOAgent(TradingAgent):
-    """Proximal Policy Optimization with GAE, separate policy and value networks.
+# ------------------------------------------------------------------------- hyperparameters
+class PPOHyperparameters(AgentHyperparameters):
+    """PPO's ``model.module`` (conf/model/ppo.yaml): the agents' shared keys and these."""
 
-    Args (all from ``conf/model/ppo.yaml``, ``model.module``):
-        state_dim: features per bar; the networks take ``state_dim + 1`` inputs.
-        policy_hidden_sizes, value_hidden_sizes: hidden widths of the two MLPs.
-        activation: hidden activation (see :data:`foxhunt.models.agent.ACTIVATIONS`).
-        num_envs: parallel envs of a rollout.
-        seed: seeds the env's episode starts.
-        rollout_steps: steps per env per rollout (batch = num_envs x rollout_steps).
-        minibatch_size: transitions per gradient step (must divide the batch).
-        update_epochs: passes over the rollout batch per training step.
-        gamma, gae_lambda: discount and GAE lambda.
-        clip_coef: surrogate clipping range.
-        vf_coef, ent_coef: weights of the value loss and the entropy bonus.
-        max_grad_norm: gradient clipping (total norm, per network).
-        policy_lr, value_lr, adam_eps: the two Adam optimizers.
-    """
+    policy_hidden_sizes: Annotated[list[Annotated[int, Field(ge=1, le=MAX_WIDTH)]],
+                                   Field(min_length=1, strict=False, description="hidden widths of the policy network")]  # fmt: skip
+    value_hidden_sizes: Annotated[list[Annotated[int, Field(ge=1, le=MAX_WIDTH)]],
+                                  Field(min_length=1, strict=False, description="hidden widths of the value network")]  # fmt: skip
+    rollout_steps: Annotated[int, Field(ge=1, le=MAX_STEPS, description="steps of each env per rollout (the batch: num_envs x rollout_steps)")]  # fmt: skip
+    minibatch_size: Annotated[int, Field(ge=1, le=MAX_BATCH, description="transitions per gradient step (divides the rollout batch)")]  # fmt: skip
+    update_epochs: Annotated[int, Field(ge=1, le=MAX_LAYERS, description="passes over the rollout batch per training step")]
+    gae_lambda: Annotated[float, Field(ge=0, le=1, description="GAE lambda (0: one-step TD advantages, 1: the rollout's returns)")]  # fmt: skip
+    clip_coef: Annotated[float, Field(gt=0, le=100, description="the surrogate's clipping range of the probability ratio")]
+    vf_coef: Annotated[float, Field(ge=0, le=100, description="weight of the value loss")]
+    ent_coef: Annotated[float, Field(ge=0, le=100, description="weight of the entropy bonus")]
+    policy_lr: Annotated[float, Field(gt=0, le=10, description="Adam learning rate of the policy network")]
+    value_lr: Annotated[float, Field(gt=0, le=10, description="Adam learning rate of the value network")]
+    adam_eps: Annotated[float, Field(gt=0, le=1, description="Adam's epsilon")]
+
+    @model_validator(mode="after")
+    def _minibatches_split_the_rollout(self) -> PPOHyperparameters:
+        rollout = self.num_envs * self.rollout_steps
+        if rollout % self.minibatch_size:
+            raise Related("minibatch_size",
+                          f"must divide the rollout batch model.env.num_envs x model.module.rollout_steps ({rollout})")  # fmt: skip
+        return self
+
+
+@defined_by(PPOHyperparameters)
+class PPOAgent(TradingAgent):
+    """Proximal Policy Optimization with GAE, separate policy and value networks. Its arguments
+    are ``model.module`` of ``conf/model/ppo.yaml``, defined (type, range, doc) by
+    :class:`PPOHyperparameters`."""
 
     def __init__(
         self,
         state_dim: int,
         policy_hidden_sizes: Sequence[int],
         value_hidden_sizes: Sequence[int],
-        activation: str,
+        activation: Activation,
         num_envs: int,
         seed: int,
         rollout_steps: int,
@@ -245,37 +262,15 @@ class PPOAgent(TradingAgent):
         clip_coef: float,
         vf_coef: float,
         ent_coef: float,
-        max_grad_norm: float,
+        max_grad_norm: float | None,
         policy_lr: float,
         value_lr: float,
         adam_eps: float,
     ) -> None:
         super().__init__(state_dim=state_dim, num_envs=num_envs, seed=seed)
-        # plain ints, not an OmegaConf ListConfig: checkpoints must load with weights_only=True
-        policy_hidden_sizes = [int(h) for h in policy_hidden_sizes]
-        value_hidden_sizes = [int(h) for h in value_hidden_sizes]
-        self.save_hyperparameters()
+        self.save_hyperparameters()  # plain values (defined_by): checkpoints load with weights_only=True
         self.automatic_optimization = False
-        for name, value in (
-            ("rollout_steps", rollout_steps),
-            ("minibatch_size", minibatch_size),
-            ("update_epochs", update_epochs),
-        ):
-            if int(value) < 1:
-                raise ValueError(f"model.module.{name}={value!r}: must be >= 1")
-        self.batch_size = int(num_envs) * int(rollout_steps)
-        if self.batch_size % int(minibatch_size) != 0:
-            raise ValueError(
-                f"model.module.minibatch_size={minibatch_size}: must divide the rollout batch "
-                f"num_envs x rollout_steps = {num_envs} x {rollout_steps} = {self.batch_size}"
-            )
-        for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"model.module.{name}={value!r}: must be in [0, 1]")
-        if not clip_coef > 0:
-            raise ValueError(f"model.module.clip_coef={clip_coef!r}: must be > 0")
-        if not max_grad_norm > 0:
-            raise ValueError(f"model.module.max_grad_norm={max_grad_norm!r}: must be > 0")
+        self.batch_size = num_envs * rollout_steps
         self.policy_net = orthogonal_init_(
             build_mlp(self.obs_dim, policy_hidden_sizes, NUM_ACTIONS, activation),
             HIDDEN_GAIN,

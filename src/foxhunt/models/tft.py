@@ -40,14 +40,16 @@ Causality: every layer is position-wise except the LSTMs (left to right) and the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from foxhunt.models.forecaster import INPUT_KEYS, ForecasterModule
+from foxhunt.config.model_schemas import MAX_LAYERS, MAX_WIDTH, Related, defined_by
+from foxhunt.models.forecaster import INPUT_KEYS, ForecasterHyperparameters, ForecasterModule
 from foxhunt.models.quantiles import QuantileHead
 
 if TYPE_CHECKING:
@@ -311,8 +313,6 @@ class InterpretableMultiHeadAttention(nn.Module):
 
     def __init__(self, hidden_size: int, num_heads: int, dropout: float) -> None:
         super().__init__()
-        if hidden_size % num_heads:
-            raise ValueError(f"model.module.hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads
         self.head_size = hidden_size // num_heads
         self.query = nn.Linear(hidden_size, self.head_size * num_heads)  # W_Q^(h) for every head
@@ -348,15 +348,40 @@ class StaticContexts(NamedTuple):
     state: tuple[Tensor, Tensor]
 
 
+class TFTHyperparameters(ForecasterHyperparameters):
+    """The TFT's ``model.module`` (conf/model/tft.yaml): the forecasters' shared keys and these."""
+
+    static_dim: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="static features per window (the asset's)")]
+    known_dim: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="known features per bar (the calendar, past and future)")]
+    observed_dim: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="observed features per bar (the market's, past only)")]
+    hidden_size: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="d_model of every layer")]
+    num_heads: Annotated[int, Field(ge=1, le=MAX_LAYERS, description="interpretable attention heads")]
+    lstm_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS, description="layers of the LSTM encoder and of the LSTM decoder")]
+    activation_checkpointing: Annotated[bool, Field(description="recompute the encoder and decoder variable selections' GRNs in the backward pass instead of keeping their activations")]  # fmt: skip
+
+    @model_validator(mode="after")
+    def _heads_split_the_hidden_size(self) -> TFTHyperparameters:
+        if self.hidden_size % self.num_heads:
+            raise Related("num_heads", f"must divide model.module.hidden_size ({self.hidden_size})")
+        return self
+
+    @model_validator(mode="after")
+    def _inputs_add_up(self) -> TFTHyperparameters:
+        total = self.static_dim + self.known_dim + self.observed_dim
+        if self.input_dim != total:
+            raise Related("input_dim", f"must equal static_dim + known_dim + observed_dim ({total})")
+        return self
+
+
+@defined_by(TFTHyperparameters)
 class TemporalFusionTransformer(ForecasterModule):
     """Temporal Fusion Transformer quantile forecaster over ForecastDataModule windows.
 
-    Hyperparameters (conf/model/tft.yaml, `module`): input_dim = static_dim + known_dim +
-    observed_dim; hidden_size (d_model); num_heads; lstm_layers; dropout; seq_len (encoder
-    steps); horizon (decoder steps); quantiles; learning_rate; weight_decay (L2);
-    position_threshold (see ForecasterModule); activation_checkpointing (recompute the
-    encoder and decoder variable selections' per-variable GRNs in the backward pass instead of
-    keeping their activations: the same gradients for less memory and some extra compute).
+    Its arguments are ``model.module`` of conf/model/tft.yaml, defined (type, range, doc) by
+    :class:`TFTHyperparameters`: seq_len is the encoder's steps, horizon the decoder's;
+    activation_checkpointing recomputes the encoder and decoder variable selections'
+    per-variable GRNs in the backward pass instead of keeping their activations (the same
+    gradients for less memory and some extra compute).
     """
 
     def __init__(
@@ -386,24 +411,6 @@ class TemporalFusionTransformer(ForecasterModule):
             position_threshold=position_threshold,
         )
         self.save_hyperparameters()
-        for key, value in (
-            ("static_dim", static_dim),
-            ("known_dim", known_dim),
-            ("observed_dim", observed_dim),
-            ("hidden_size", hidden_size),
-            ("num_heads", num_heads),
-            ("lstm_layers", lstm_layers),
-            ("seq_len", seq_len),
-        ):
-            if int(value) < 1:
-                raise ValueError(f"model.module.{key} must be >= 1, got {value}")
-        if static_dim + known_dim + observed_dim != input_dim:
-            raise ValueError(
-                f"model.module: static_dim {static_dim} + known_dim {known_dim} + observed_dim "
-                f"{observed_dim} != input_dim {input_dim}"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"model.module.dropout must be in [0, 1), got {dropout}")
         self.static_dim = static_dim
         self.known_dim = known_dim
         self.observed_dim = observed_dim
