@@ -269,3 +269,14 @@ def test_a_constructor_and_its_definition_must_name_the_same_keys():
         class Model:
             def __init__(self, width: int, depth: int) -> None:
                 self.width, self.depth = width, depth
+
+
+def test_a_target_that_is_not_a_foxhunt_model_is_one_line():
+    """A class that takes any keyword (its signature cannot refuse a key) but defines no
+    hyperparameters is not a model family: the schema says so instead of building it."""
+    config = copy.deepcopy(default_config("dqn"))
+    config["model"]["module"]["_target_"] = "argparse.Namespace"
+    with pytest.raises(ConfigError) as error:
+        validate_resolved(config)
+    assert str(error.value) == ("model.module._target_='argparse.Namespace': not a foxhunt model (its class defines no "
+                                "hyperparameters: foxhunt.config.model_schemas.defined_by)")  # fmt: skip
