@@ -361,11 +361,11 @@ def write_ohlcv_1m(
     else:
         transcoder = dbn.Transcoder(
             buffer,
-            dbn.Encoding.CSV,
-            dbn.Compression.NONE,
+            dbn.Encoding.CSV,  # type: ignore[arg-type]  # as above
+            dbn.Compression.NONE,  # type: ignore[arg-type]  # as above
             pretty_px=True,
             pretty_ts=True,
-            map_symbols=True,  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
+            map_symbols=True,
         )
     transcoder.write(raw)
     transcoder.finish()
