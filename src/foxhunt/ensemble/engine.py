@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -74,6 +75,8 @@ class Stream:
     slots: dict[str, int]
     last_bar_ns: int | None = None  # the start of the last bar it read (UTC ns)
     seen_monotonic: float = 0.0  # time.monotonic() of its last bar (idle eviction)
+    #: the latest bars a SwappableEngine keeps for a member swapped in (foxhunt.ensemble.fleet._Recent)
+    recent: Any = field(default=None, repr=False, compare=False)
 
 
 class StreamingEngine:

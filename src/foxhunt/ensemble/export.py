@@ -184,12 +184,12 @@ def _jit_scripting(module: nn.Module):
     without it, tracing reads ``.trainer`` of a module no trainer holds, which raises."""
     flagged = [m for m in module.modules() if hasattr(m, "_jit_is_scripting")]
     for m in flagged:
-        m._jit_is_scripting = True
+        m._jit_is_scripting = True  # type: ignore[assignment]  # torch types Module.__setattr__'s value Tensor | Module; any is kept
     try:
         yield
     finally:
         for m in flagged:
-            m._jit_is_scripting = False
+            m._jit_is_scripting = False  # type: ignore[assignment]  # as above
 
 
 def run_onnx(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -268,10 +268,10 @@ def export_fleet(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
         built.append(
             (f"{name}-v{found.version}", written, Exported(name, str(found.version), out / f"{name}-v{found.version}", diff, fmt))
         )
-    for folder, _, _ in built:  # a link or a file where a member's folder goes: refused before anything is written
-        _check_folder(out, folder)
-    for folder, written, _ in built:
-        write_inside(out, folder, written)
+    for member_folder, _, _ in built:  # a link or a file where a member's folder goes: refused before anything is written
+        _check_folder(out, member_folder)
+    for member_folder, written, _ in built:
+        write_inside(out, member_folder, written)
     return [exported for _, _, exported in built]
 
 
@@ -280,6 +280,15 @@ def _check_folder(out: Path, folder: str) -> None:
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise ExportError(f"--out {out}: {folder} is {'a symbolic link' if target.is_symlink() else 'not a folder'}; "
                           "refused (export writes only inside --out, never through a link)")  # fmt: skip
+
+
+def _open_folder(out: Path, out_fd: int, folder: str) -> int:
+    """``out/folder`` opened without following a link (ExportError for a link or a file)."""
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=out_fd)
+    except OSError as exc:  # ELOOP: a link; ENOTDIR: a file
+        raise ExportError(f"--out {out}: {folder} is a symbolic link or not a folder ({exc.strerror}); refused "
+                          "(export writes only inside --out, never through a link)") from None  # fmt: skip
 
 
 def write_inside(out: Path, folder: str, files: dict[str, bytes]) -> Path:
@@ -298,11 +307,7 @@ def write_inside(out: Path, folder: str, files: dict[str, bytes]) -> Path:
             os.mkdir(folder, 0o755, dir_fd=out_fd)
         except FileExistsError:
             pass
-        try:
-            folder_fd = os.open(folder, directory | os.O_NOFOLLOW, dir_fd=out_fd)
-        except OSError as exc:  # ELOOP: a link; ENOTDIR: a file
-            raise ExportError(f"--out {out}: {folder} is a symbolic link or not a folder ({exc.strerror}); refused "
-                              "(export writes only inside --out, never through a link)") from None  # fmt: skip
+        folder_fd = _open_folder(out, out_fd, folder)
         try:
             for name, data in files.items():
                 temporary = f".{name}.{os.getpid()}{_TMP_SUFFIX}"

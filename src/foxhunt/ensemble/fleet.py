@@ -127,7 +127,7 @@ def load_member(cfg, name: str, version: int | None, weights: str | None, workdi
                        info["precision"], info["holdout"])  # fmt: skip
 
 
-def fleet_engine(fleet: list[FleetMember], asset, cfg, origin: str) -> StreamingEngine:
+def fleet_engine(fleet: list[FleetMember], asset, cfg, origin: str) -> SwappableEngine:
     """The streaming engine of a loaded fleet with the configured rule."""
     from foxhunt.config.schema import ConfigError
     from foxhunt.ensemble.registry import metric_direction
@@ -173,7 +173,11 @@ class _Recent:
         size = len(self.ts)
         kept = min(self.count, size)
         order = [(self.count - kept + i) % size for i in range(kept)]
-        return [(int(self.ts[i]), *map(float, self.values[i])) for i in order]
+        bars: list[Bar] = []
+        for i in order:
+            open_, high, low, close, volume = map(float, self.values[i])
+            bars.append((int(self.ts[i]), open_, high, low, close, volume))
+        return bars
 
     def nbytes(self) -> int:
         return int(self.ts.nbytes + self.values.nbytes)
@@ -238,7 +242,7 @@ class SwappableEngine(StreamingEngine):
         offset, scale = inputs.normalizer()
         histories = []  # per stream: (rows (n, F) float32, ts (n,), calendar)
         for stream in streams:
-            bars = stream.recent.bars()
+            bars: list[Bar] = stream.recent.bars()
             stepped = min(stream.recent.since_start, self.warm_bars, len(bars))
             pipeline = StreamingFeatures(self.asset, config, f"{self.origin} {stream.symbol} (swap)", self._calendars[config])
             rows, stamps = [], []
@@ -256,10 +260,10 @@ class SwappableEngine(StreamingEngine):
         for round_ in range(longest):  # the streams' bars aligned at their last: one batched call per round
             index = [j for j, h in enumerate(histories) if len(h[0]) >= longest - round_]
             at = [len(histories[j][0]) - (longest - round_) for j in index]
-            rows = np.stack([histories[j][0][k] for j, k in zip(index, at)])
+            batch = np.stack([histories[j][0][k] for j, k in zip(index, at)])
             ts = np.asarray([histories[j][1][k] for j, k in zip(index, at)], np.int64)
             calendars = [histories[j][2] for j in index]
-            member.step(rows, np.asarray([slots[j] for j in index], np.int64), ts,
+            member.step(batch, np.asarray([slots[j] for j in index], np.int64), ts,
                         lambda b, horizon: calendars[b].future(int(ts[b]), horizon))  # fmt: skip
         position = names.index(member.name)
         old = self.members[position]

@@ -33,11 +33,15 @@ import math
 import time
 import tracemalloc
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from foxhunt.memory.accounting import ByteCounter, to_mb
+
+if TYPE_CHECKING:
+    from foxhunt.data.streaming import KnownCalendar
 
 MB = 1024 * 1024
 
@@ -140,7 +144,7 @@ class LoadProbe:
         nvml = _nvml_used(self.device) if self.cuda else None
         return LoadDelta(
             rss=None if rss is None or self.rss is None else rss - self.rss,
-            cuda_allocated=torch.cuda.memory_allocated() - self.allocated if self.cuda else None,
+            cuda_allocated=None if self.allocated is None else torch.cuda.memory_allocated() - self.allocated,
             nvml=None if nvml is None or self.nvml is None else nvml - self.nvml,
         )
 
@@ -152,7 +156,7 @@ class MemberBars:
 
     rows: np.ndarray
     ts: np.ndarray
-    calendar: object
+    calendar: KnownCalendar
 
     def step(self, member, slot: int, i: int):
         """Bar ``i`` into ``member``'s stream in ``slot``."""
@@ -387,8 +391,10 @@ def model_memory_target(family: str) -> float | None:
     """The model's own memory target (``conf/model/<family>.yaml``: ``memory_target_mb``)."""
     from importlib import resources
 
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     text = resources.files("foxhunt.conf").joinpath("model", f"{family}.yaml").read_text()
-    value = OmegaConf.create(text).get("memory_target_mb")
+    config = OmegaConf.create(text)
+    assert isinstance(config, DictConfig)  # a model config is a mapping
+    value = config.get("memory_target_mb")
     return None if value is None else float(value)

@@ -18,6 +18,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -69,9 +70,16 @@ def expected_answers(replayed, names: list[str]) -> list[dict]:
     return answers
 
 
-def _client(url: str, symbol: str, bars: list[dict], expected: list[dict], out: dict, lock) -> None:
+def _connect(url: str, timeout: float) -> http.client.HTTPConnection:
+    """A connection to the server at ``url`` (``http://host:port``)."""
     parsed = urlparse(url)
-    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
+    if parsed.hostname is None:
+        raise ValueError(f"load test url {url!r}: no host")
+    return http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
+
+
+def _client(url: str, symbol: str, bars: list[dict], expected: list[dict], out: dict, lock) -> None:
+    conn = _connect(url, 120)
     latencies, answered, errors, wrong, notes, timings = [], 0, 0, 0, [], []
     for bar, want in zip(bars, expected):
         body = json.dumps({"symbol": symbol, "bar": bar})
@@ -84,7 +92,7 @@ def _client(url: str, symbol: str, bars: list[dict], expected: list[dict], out: 
             errors += 1
             notes.append(f"{symbol} ts {bar['ts']}: {type(exc).__name__}: {exc}")
             conn.close()
-            conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
+            conn = _connect(url, 120)
             continue
         latencies.append((time.perf_counter_ns() - started) / 1e6)
         if response.status != 200:
@@ -118,7 +126,7 @@ def run_load(url: str, bars_frame, replayed, member_names: list[str], clients: i
     bars = [{"ts": int(ts), "open": v[0], "high": v[1], "low": v[2], "close": v[3], "volume": v[4]}
             for ts, v in zip(stamps.tolist(), values.tolist())]  # fmt: skip
     expected = expected_answers(replayed, member_names)
-    out = {"latencies": [], "answered": 0, "errors": 0, "wrong": 0, "notes": [], "timings": []}
+    out: dict[str, Any] = {"latencies": [], "answered": 0, "errors": 0, "wrong": 0, "notes": [], "timings": []}
     lock = threading.Lock()
     threads = [threading.Thread(target=_client, args=(url, f"LOAD{i}", bars, expected, out, lock)) for i in range(clients)]
     started = time.perf_counter()
@@ -136,13 +144,12 @@ def run_load(url: str, bars_frame, replayed, member_names: list[str], clients: i
 def wait_healthy(url: str, timeout_s: float, process=None) -> float:
     """Seconds until ``GET /health`` answers 200; raises TimeoutError (or RuntimeError when the
     server process exits first)."""
-    parsed = urlparse(url)
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"the server exited with status {process.returncode} before it was healthy")
         try:
-            conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=5)
+            conn = _connect(url, 5)
             conn.request("GET", "/health")
             if conn.getresponse().status == 200:
                 return time.monotonic() - started

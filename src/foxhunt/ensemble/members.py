@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from foxhunt.ensemble.kernels import linear, mamba2_step, quantize_rows
-from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, UnsupportedModule, mamba2_arrays, mlp_layers
+from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, Mamba2Arrays, UnsupportedModule, mamba2_arrays, mlp_layers
 
 RUNTIMES = ("auto", "numba", "numpy", "onnx", "torch")
 NS_PER_MINUTE = 60_000_000_000
@@ -186,7 +186,7 @@ class Member(ABC):
         for call in usable.values():  # compiled kernels and graphs warm up before they are timed
             call()
         times = {name: _median_us(call, probe_calls) for name, call in usable.items()}
-        choice = min(times, key=times.get)
+        choice = min(times, key=times.__getitem__)
         measured = ", ".join(f"{name} {us:.1f} us" for name, us in times.items())
         self.runtime_note = f"{choice} (auto: median of {probe_calls} timed calls at load: {measured})"
         return choice
@@ -238,12 +238,14 @@ class AgentMember(Member):
         self._obs = np.zeros((1, self.obs_dim), np.float32)
 
     def _numba_scores(self, obs: np.ndarray) -> np.ndarray:
+        assert self._numba is not None  # chosen (or probed) only with its layers
         x = obs
         for w, scale, b, act in self._numba:
             x = linear(x, w, scale, b, act, np.empty((len(x), len(w)), np.float32))
         return x
 
     def _numpy_scores(self, obs: np.ndarray) -> np.ndarray:
+        assert self._numpy is not None  # chosen (or probed) only with its layers
         x = obs
         for w, b, act in self._numpy:
             x = x @ w.T + b
@@ -294,6 +296,7 @@ class Mamba2Member(Member):
         self.n_quantiles, self.median = int(module.n_quantiles), int(module.median_index)
         self.threshold = float(module.position_threshold)
         self.bars = np.zeros(1, np.int64)
+        self._arrays: Mamba2Arrays | None
         try:
             self._arrays = mamba2_arrays(module, int8=weights == "int8")
         except UnsupportedModule:
@@ -307,18 +310,24 @@ class Mamba2Member(Member):
         self.runtime = self._choose_runtime(runtime, candidates, probe_calls)
         if self.runtime == "numba":
             self.module = self._model = None  # the kernel's arrays hold the weights
-            self.conv, self.ssm = self._arrays.zero_state(1)
+            self.conv, self.ssm = self._kernel().zero_state(1)
         else:
             self._arrays = None
             self._state = self._model.allocate_inference_state(1)
 
+    def _kernel(self) -> Mamba2Arrays:
+        """The numba kernel's arrays (the runtime is numba, or is being probed)."""
+        assert self._arrays is not None, self.runtime
+        return self._arrays
+
     def _numba_forecasts(self, rows: np.ndarray, slots: np.ndarray, conv: np.ndarray, ssm: np.ndarray) -> np.ndarray:
         out = np.empty((len(slots), self.horizon, self.n_quantiles), np.float32)
-        return mamba2_step(np.ascontiguousarray(rows, np.float32), slots, *self._arrays.weights, conv, ssm,
-                           *self._arrays.dims, self.horizon, self.n_quantiles, self.median, out)  # fmt: skip
+        arrays = self._kernel()
+        return mamba2_step(np.ascontiguousarray(rows, np.float32), slots, *arrays.weights, conv, ssm,  # type: ignore[call-arg]  # the weights' tuple fills the kernel's 23 parameters
+                           *arrays.dims, self.horizon, self.n_quantiles, self.median, out)  # fmt: skip
 
     def _numba_probe(self, rows: np.ndarray) -> np.ndarray:
-        conv, ssm = self._arrays.zero_state(1)
+        conv, ssm = self._kernel().zero_state(1)
         return self._numba_forecasts(rows, np.zeros(1, np.int64), conv, ssm)
 
     def _torch_forecasts(self, rows: np.ndarray, state):
@@ -357,7 +366,7 @@ class Mamba2Member(Member):
         return int(sum(s.conv[0].nbytes + s.ssm[0].nbytes for s in self._state) + self.bars.itemsize)
 
     def runtime_bytes(self) -> int:
-        return _array_bytes(*self._arrays.weights) if self.runtime == "numba" else 0
+        return _array_bytes(*self._kernel().weights) if self.runtime == "numba" else 0
 
     def step(self, rows: np.ndarray, slots: np.ndarray, ts_ns: np.ndarray, future: Future) -> list[Decision]:
         if self.runtime == "numba":
@@ -440,7 +449,7 @@ class TFTMember(Member):
         from foxhunt.models.tft import StaticContexts
 
         batch, t = len(past), _tensors(self._model)
-        expanded = StaticContexts(None, None, t(np.repeat(contexts["enrichment"], batch, axis=0)),
+        expanded = StaticContexts(None, None, t(np.repeat(contexts["enrichment"], batch, axis=0)),  # type: ignore[arg-type]  # models.tft.StaticContexts types each field Tensor; fuse reads only those given
                                   (t(np.repeat(contexts["state_h"], batch, axis=1)), t(np.repeat(contexts["state_c"], batch, axis=1))))  # fmt: skip
         with torch.inference_mode():
             return self._model.fuse(expanded, t(past), t(future))[0].float().cpu().numpy()
@@ -448,7 +457,7 @@ class TFTMember(Member):
     def _select_past(self, rows: np.ndarray, ts_ns: np.ndarray, future: Future) -> np.ndarray:
         known = np.ascontiguousarray(rows[:, self.groups["known"]][:, None])
         observed = np.ascontiguousarray(rows[:, self.groups["observed"]][:, None])
-        selection = np.repeat(self._contexts["selection"], len(rows), axis=0)
+        selection = np.repeat(self._static()["selection"], len(rows), axis=0)
         if self.runtime == "onnx":
             outputs = np.stack([self._known_outputs(known[i, 0], future, i, int(ts)) for i, ts in enumerate(ts_ns.tolist())])
             return self._graphs["select_past"](known=known, observed=observed, known_outputs=outputs[:, None],
@@ -457,8 +466,13 @@ class TFTMember(Member):
 
         t = _tensors(self._model)
         with torch.inference_mode():
-            selected = self._model.select_past(t(known), t(observed), StaticContexts(None, t(selection), None, None))[0]
+            selected = self._model.select_past(t(known), t(observed), StaticContexts(None, t(selection), None, None))[0]  # type: ignore[arg-type]  # models.tft.StaticContexts types each field Tensor; this call reads only those given
         return selected[:, 0].float().cpu().numpy()
+
+    def _static(self) -> dict[str, np.ndarray]:
+        """The static contexts, computed at the first bar (step)."""
+        assert self._contexts is not None
+        return self._contexts
 
     def _known_outputs(self, known: np.ndarray, future: Future, i: int, ts_ns: int) -> np.ndarray:
         """(K, d): the encoder's outputs of the known variables of stream i's bar at ``ts_ns``,
@@ -479,14 +493,14 @@ class TFTMember(Member):
     def _select_future(self, calendar: np.ndarray) -> np.ndarray:
         """(M, 8) known rows of M minutes -> their decoder selections (M, d)."""
         known = np.ascontiguousarray(calendar[:, None], np.float32)
-        selection = np.repeat(self._contexts["selection"], len(calendar), axis=0)
+        selection = np.repeat(self._static()["selection"], len(calendar), axis=0)
         if self.runtime == "onnx":
             return self._graphs["select_future"](known=known, selection=selection)[:, 0]
         from foxhunt.models.tft import StaticContexts
 
         t = _tensors(self._model)
         with torch.inference_mode():
-            selected = self._model.select_future(t(known), StaticContexts(None, t(selection), None, None))[0]
+            selected = self._model.select_future(t(known), StaticContexts(None, t(selection), None, None))[0]  # type: ignore[arg-type]  # models.tft.StaticContexts types each field Tensor; this call reads only those given
         return selected[:, 0].float().cpu().numpy()
 
     def _capacity(self) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -129,7 +130,7 @@ def quantize(path: Path, target: Path) -> Path:
 class Graph:
     """One ONNX Runtime session (CPU) and the bytes of the weights its graph holds."""
 
-    session: object
+    session: Any  # an onnxruntime.InferenceSession (the package ships no types)
     inputs: tuple[str, ...]
     weight_bytes: int
 

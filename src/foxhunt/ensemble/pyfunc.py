@@ -38,13 +38,17 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 import mlflow.pyfunc
 import pandas as pd
+from mlflow.pyfunc import PythonModel
 
 from foxhunt.ensemble.member_files import CODE_FILE, DATASET_FILE, MEMBER_FILE
+
+if TYPE_CHECKING:
+    from foxhunt.ensemble.engine import StreamingEngine
 
 BAR_FIELDS = ("ts", "open", "high", "low", "close", "volume")
 WHEEL_ARTIFACT = "foxhunt_wheel"
@@ -59,7 +63,7 @@ def _signature():
     return ModelSignature(inputs=inputs, outputs=outputs)
 
 
-class FoxhuntMember(mlflow.pyfunc.PythonModel):
+class FoxhuntMember(PythonModel):
     """pyfunc wrapper of one fleet member (see the module doc)."""
 
     def load_context(self, context) -> None:
@@ -83,7 +87,7 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
             probe_calls=50, workdir=scratch,
         )  # fmt: skip
         self.asset = AssetSpec(**json.loads(Path(context.artifacts["dataset"]).read_text())["asset"])
-        self.engine = None
+        self.engine: StreamingEngine | None = None
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         import numpy as np
@@ -95,25 +99,26 @@ class FoxhuntMember(mlflow.pyfunc.PythonModel):
         if self.engine is None:
             self.engine = StreamingEngine([self.member], {self.member.name: self.inputs}, self.asset, rule="majority",
                                           origin="pyfunc input")  # fmt: skip
+        engine = self.engine
         frame = pd.DataFrame(model_input)
         missing = [c for c in BAR_FIELDS if c not in frame.columns]
         if missing:
             raise MlflowException(
                 f"bars lack the column(s) {', '.join(missing)} (need {', '.join(BAR_FIELDS)})", INVALID_PARAMETER_VALUE
             )
-        stream = self.engine.open_stream("request")  # a fresh stream per request: its bars carry their history
+        stream = engine.open_stream("request")  # a fresh stream per request: its bars carry their history
         positions, signals = [], []
         try:
             for row in frame[list(BAR_FIELDS)].itertuples(index=False):
                 bar = (int(row.ts), float(row.open), float(row.high), float(row.low), float(row.close), float(row.volume))
-                result = self.engine.step_many([(stream, bar)])[0]
+                result = engine.step_many([(stream, bar)])[0]
                 if isinstance(result, Exception):  # a bad bar (foxhunt.data.errors.BarDataError): one line naming it
                     raise MlflowException(str(result), INVALID_PARAMETER_VALUE) from None
                 decision = result.decisions.get(self.member.name)
                 positions.append(0 if decision is None else decision.position)
                 signals.append(None if decision is None or decision.signal is None else float(decision.signal))
         finally:
-            self.engine.close_stream(stream)
+            engine.close_stream(stream)
         return pd.DataFrame({"position": np.asarray(positions, dtype=np.int64), "signal": pd.Series(signals, dtype=object)})
 
 
@@ -152,7 +157,9 @@ def _packaged(group: str, name: str) -> dict:
 
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.load(files("foxhunt.conf").joinpath(group, f"{name}.yaml")))
+    plain = OmegaConf.to_container(OmegaConf.create(files("foxhunt.conf").joinpath(group, f"{name}.yaml").read_text()))
+    assert isinstance(plain, dict)  # a config group's file is a mapping
+    return plain
 
 
 def save_member_model(folder: Path, weights: Path, config: Path, manifest: dict, member: dict, environment,
@@ -160,8 +167,8 @@ def save_member_model(folder: Path, weights: Path, config: Path, manifest: dict,
     """Write the pyfunc model folder of one member (nothing is logged anywhere): the code file,
     the member's files, ``environment`` (:class:`foxhunt.ensemble.model_env.ModelEnvironment`)
     and ``input_example`` (a frame of bars)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        scratch = Path(scratch)
+    with tempfile.TemporaryDirectory() as scratch_dir:
+        scratch = Path(scratch_dir)
         (scratch / DATASET_FILE).write_text(json.dumps(manifest, indent=1))
         (scratch / MEMBER_FILE).write_text(json.dumps(member, indent=1))
         artifacts = {"weights": str(weights), "config": str(config), "dataset": str(scratch / DATASET_FILE),

@@ -133,6 +133,12 @@ class Choice:
     start_ms: int | None = None
     selection: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def found_run_id(self) -> str:
+        """``run_id`` of a family with a run (the registration refuses families without one first)."""
+        assert self.run_id is not None, f"{self.family}: no run chosen"
+        return self.run_id
+
 
 def choose_champions(store, experiment: str, asset: str, families: list[str], metric: str,
                      incumbents: dict[str, str] | None = None) -> list[Choice]:  # fmt: skip
@@ -237,10 +243,10 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
     weights = workdir / f"{choice.family}-weights" / WEIGHTS_FILE  # the pyfunc folder keeps file names
     weights.parent.mkdir()
     torch.save(state, weights)
-    member = {
+    member: dict[str, Any] = {
         "family": choice.family, "asset": str(cfg.asset.key), "run_id": run_id, "run_name": choice.run_name,
         "metric": metric, "value": choice.value, "checkpoint": checkpoint, "precision": str(cfg.precision.name),
-        "cell_run_id": choice.run_id,
+        "cell_run_id": choice.found_run_id,
     }  # fmt: skip
     folder = workdir / f"{choice.family}-model"
     example = input_example(cfg, manifest, example_decided, origin=f"run {run_id} ({choice.run_name})")
@@ -251,7 +257,7 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
     except Exception as exc:  # noqa: BLE001 (whatever stops MLflow loading or answering: never registered)
         raise RegistryError(f"run {run_id} ({choice.run_name}): its saved MLflow model does not answer its input example "
                             f"({one_line_error(exc, first_line=True, limit=200)})") from None  # fmt: skip
-    tags = {"run_id": choice.run_id, "weights_run_id": run_id, "metric": metric, "metric_value": f"{choice.value:.6g}", "family": choice.family,
+    tags = {"run_id": choice.found_run_id, "weights_run_id": run_id, "metric": metric, "metric_value": f"{choice.value:.6g}", "family": choice.family,
             "asset": member["asset"], "precision": member["precision"], "checkpoint": checkpoint}  # fmt: skip
     return Prepared(choice=choice, name=name, folder=folder, tags=tags)
 
@@ -259,13 +265,15 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
 def deployed_run(store, choice: Choice, metric: str) -> str:
     """The run whose weights a choice registers: itself, or for a cell made of folds and seeds
     its last fold's child best on ``metric`` (module doc)."""
-    run = store.get(choice.run_id)
+    run = store.get(choice.found_run_id)
     if run.tags.get(Tag.ROLE) != ROLE_CELL:
-        return choice.run_id
-    found = store.search(run.experiment, tags={Tag.PARENT: choice.run_id, Tag.ROLE: ROLE_FOLD}, status=Status.FINISHED)
+        return choice.found_run_id
+    found = store.search(run.experiment, tags={Tag.PARENT: choice.found_run_id, Tag.ROLE: ROLE_FOLD}, status=Status.FINISHED)
     kids = list(found)
     if not kids:
-        raise RegistryError(f"run {choice.run_id} ({choice.run_name}): a cell run without FINISHED folds to take weights from")
+        raise RegistryError(
+            f"run {choice.found_run_id} ({choice.run_name}): a cell run without FINISHED folds to take weights from"
+        )
     last = max(int(r.tags.get(Tag.FOLD) or 0) for r in kids)
     direction = metric_direction(metric)
     candidates = [r for r in kids if int(r.tags.get(Tag.FOLD) or 0) == last and r.metric(metric) is not None] or kids
@@ -333,7 +341,7 @@ def weights_to_load(configured: str, version) -> tuple[str, str]:
 @dataclass(frozen=True)
 class Registered:
     name: str
-    version: str | None
+    version: str
     run_id: str
     unchanged: bool
     gate: str = ""  # the gate it passed, or "forced"
@@ -345,7 +353,7 @@ def register_prepared(store, prepared: Prepared, alias: str | None, gate: str) -
     before its promotion is committed)."""
     from foxhunt.ensemble.pyfunc import stamp_logged_model
 
-    run_id = prepared.choice.run_id
+    run_id = prepared.choice.found_run_id
     tags = {**prepared.tags, GATE_TAG: gate}
     model_id, location = store.create_logged_model(run_id, prepared.name, MODEL_TYPE, tags)
     try:
@@ -371,7 +379,11 @@ def download_version(tracking_uri: str, name: str, alias: str | None, version: i
 
     store = RunStore(tracking_uri)
     uri = f"models:/{name}/{version}" if version is not None and not via_alias else f"models:/{name}@{alias}"
-    found = store.get_version(name, version) if version is not None else store.get_version_by_alias(name, alias)
+    if version is not None:
+        found = store.get_version(name, version)
+    else:
+        assert alias is not None, name  # a version or an alias names what to download
+        found = store.get_version_by_alias(name, alias)
     if found is None:
         raise RegistryError(f"{uri}: not in the registry of {tracking_uri}; run foxhunt ensemble register first")
     dst.mkdir(parents=True, exist_ok=True)
@@ -455,7 +467,7 @@ def _register_locked(store, experiment: str, asset: str, families: list[str], me
             current = store.get_version_by_alias(name, alias) if incumbents.get(choice.family) == choice.run_id else None
             if current is not None and DIGESTS_TAG in current.tags:  # registered before digests: registered again
                 results.append(
-                    Registered(name, current.version, choice.run_id, unchanged=True, gate=current.tags.get(GATE_TAG, ""))
+                    Registered(name, current.version, choice.found_run_id, unchanged=True, gate=current.tags.get(GATE_TAG, ""))
                 )
                 continue
             if environment is None:  # one wheel for every version of this register

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,12 +63,10 @@ def scored_window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
     from foxhunt.training.parts import build_dataset
 
     split = str(cfg.ensemble.split)
-    dataset = None
-    if split != "all" or cfg.evaluation.get("holdout"):
-        dataset = build_dataset(cfg, asset)
+    if split == "all" and not cfg.evaluation.get("holdout"):
+        return None, None, f"all {len(bars)} bars"
+    dataset = build_dataset(cfg, asset)
     if split == "all":
-        if dataset is None:
-            return None, None, f"all {len(bars)} bars"
         last = max(int(arrays.timestamps[-1].astype("datetime64[ns]").astype(np.int64)) for arrays in dataset.splits.values())
         kept = int(np.searchsorted(bars.index.as_unit("ns").asi8, last, side="right"))
         return None, last + 1, f"the first {kept} of {len(bars)} bars (the lockbox after them stays closed: evaluation.holdout)"
@@ -245,7 +244,7 @@ def _progress(what: str):
         yield update
 
 
-def _log(cfg, fleet, metrics: dict[str, float], artifacts: list[Path], window: str, interpreted: list[Path] = ()) -> str:
+def _log(cfg, fleet, metrics: dict[str, float], artifacts: list[Path], window: str, interpreted: Sequence[Path] = ()) -> str:
     from omegaconf import OmegaConf
 
     from foxhunt.config.schema import resolved_config

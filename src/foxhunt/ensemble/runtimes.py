@@ -15,12 +15,16 @@ module's own outputs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from foxhunt.ensemble.kernels import ACTIVATIONS, quantize_rows
+
+if TYPE_CHECKING:
+    from foxhunt.models.mamba2 import Mamba2Forecaster
 
 
 class UnsupportedModule(ValueError):
@@ -83,12 +87,12 @@ class Mamba2Arrays:
         return np.zeros((slots, *self.conv_shape), np.float32), np.zeros((slots, *self.ssm_shape), np.float32)
 
 
-def mamba2_arrays(model: nn.Module, int8: bool = False) -> Mamba2Arrays:
+def mamba2_arrays(model: Mamba2Forecaster, int8: bool = False) -> Mamba2Arrays:
     """The weights of a :class:`foxhunt.models.mamba2.Mamba2Forecaster` for the numba step;
     ``int8``: its input, block and head projections as int8 rows with scales."""
     if not _plain(model.parameters()):
         raise UnsupportedModule("runtime: quantized weights (an int8 torch copy runs in torch)")
-    blocks = list(model.backbone.layers)
+    blocks: list[Any] = list(model.backbone.layers)  # Mamba2Blocks (a ModuleList yields nn.Modules)
     mixers = [b.mixer for b in blocks]
     first = mixers[0]
 

@@ -91,9 +91,12 @@ from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from foxhunt.errors import ConfigError, UserError
+
+if TYPE_CHECKING:
+    from foxhunt.ensemble.fleet import FleetWatcher
 
 log = logging.getLogger(__name__)
 SYMBOL = re.compile(r"[A-Za-z0-9._:-]{1,32}")  # the whole symbol (fullmatch: re's $ matches before a trailing newline)
@@ -289,7 +292,7 @@ class FleetService:
         self.stream_bytes = self.engine.stream_bytes()
         self.answered = 0
         self.workdir = workdir
-        self.watcher = None
+        self.watcher: FleetWatcher | None = None
         self.swaps: list[str] = []  # one line per member swapped in
 
     def watch(self) -> None:
@@ -305,20 +308,20 @@ class FleetService:
         if self.watcher is not None:
             self.watcher.stop()
 
-    def _swap(self) -> None:
+    def _swap(self, watcher: FleetWatcher) -> None:
         """Swap in what the watcher loaded, between two batches (on the compute thread)."""
         from foxhunt.ensemble.fleet import SwapError
 
-        for found in self.watcher.take():
+        for found in watcher.take():
             index = next(i for i, f in enumerate(self.fleet) if f.name == found.name)
             old = self.fleet[index]
             try:
                 warmed = self.engine.swap(found.member, found.inputs, found.value, list(self.streams.values()))
             except SwapError as exc:
-                self.watcher.refused(found, str(exc))
+                watcher.refused(found, str(exc))
                 continue
             self.fleet[index] = found
-            self.watcher.swapped(found)
+            watcher.swapped(found)
             line = (f"{found.name} v{old.version} -> v{found.version} ({found.member.weights}), warmed on up to {warmed} bars "
                     f"of {len(self.streams)} symbol(s)")  # fmt: skip
             self.swaps.append(line)
@@ -374,7 +377,7 @@ class FleetService:
         from foxhunt.data.errors import BarDataError
 
         if self.watcher is not None:
-            self._swap()
+            self._swap(self.watcher)
         now = time.monotonic()
         began = time.perf_counter_ns()
         for pending in batch:
@@ -433,19 +436,24 @@ class Batcher:
             self.task.cancel()
         self.pool.shutdown(wait=True)
 
+    def _started(self) -> asyncio.Queue:
+        assert self.queue is not None, "Batcher.start() makes the queue"
+        return self.queue
+
     async def submit(self, pending: Pending) -> Pending:
         done = asyncio.get_running_loop().create_future()
-        await self.queue.put((pending, done))
+        await self._started().put((pending, done))
         return await done
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        queue = self._started()
         held: list = []  # a request whose symbol is in the batch already waits for the next one
         while True:
-            items = held or [await self.queue.get()]
+            items = held or [await queue.get()]
             held = []
-            while not self.queue.empty() and len(items) < self.service.limits.max_batch:
-                items.append(self.queue.get_nowait())
+            while not queue.empty() and len(items) < self.service.limits.max_batch:
+                items.append(queue.get_nowait())
             batch, symbols = [], set()
             for item in items:
                 if item[0].symbol in symbols:
@@ -900,7 +908,8 @@ def run(service: FleetService, host: str, port: int) -> None:
     # uvicorn cancels them (guarded_app answers those 503)
     config = uvicorn.Config(build_app(service, guard), host=host, port=port, http=guarded_protocol(guard), ws="none",
                             log_level="warning", access_log=False, lifespan="on", backlog=listen_backlog(),
-                            timeout_keep_alive=limits.read_timeout_s, timeout_graceful_shutdown=int(math.ceil(limits.shutdown_grace_s)))  # fmt: skip
+                            timeout_keep_alive=limits.read_timeout_s,  # type: ignore[arg-type]  # uvicorn types it int; a float is a float timeout (loop.call_later)
+                            timeout_graceful_shutdown=int(math.ceil(limits.shutdown_grace_s)))  # fmt: skip
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # SIGTERM / SIGINT: bodies still arriving end now (503)

@@ -53,6 +53,7 @@ def challenger_config(
     csv = compose_config(["data=csv", f"data.source.path={window_file}", "data.source.bar_label=start"],
                          root_dir=str(cfg.paths.root_dir), output_dir=str(out_dir))  # fmt: skip
     plain = OmegaConf.to_container(moved, resolve=False)
+    assert isinstance(plain, dict)  # a run's config is a mapping
     plain["data"]["source"] = OmegaConf.to_container(csv.data.source, resolve=True)
     plain["data"]["cache_dir"] = str(cfg.data.cache_dir)
     plain["paths"].update({key: str(cfg.paths[key]) for key in ("root_dir", "mlruns_dir", "cache_dir")})
