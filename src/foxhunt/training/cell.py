@@ -91,16 +91,18 @@ def run_cell(
         return _skipped(cfg, key, plan, parent_run_id, trial)
     if plan is not None and plan.action == BUSY:  # never a second process on one cell
         return CellResult(key, Status.SKIPPED, plan.run_id, note=plan.describe())
-    resumed = plan is not None and plan.action == RESUME
-    cfg = _resumed(cfg, plan) if resumed else cfg
+    resumed = plan if plan is not None and plan.action == RESUME else None
+    cfg = _resumed(cfg, resumed) if resumed is not None else cfg
     name = run_name or cell_name(key, trial)
     tags = {**run_tags(cfg, key), **({Tag.TRIAL: str(trial)} if trial is not None else {}), **lineage, **(extra_tags or {})}
     note = plan.describe() if plan is not None else None
-    reopened = plan.run_id if resumed else None
+    reopened = resumed.run_id if resumed is not None else None
     if protocol:
         metrics, run_id = _run_children(cfg, name, tags, parent_run_id, reopened, before_fit)
         return CellResult(key, Status.FINISHED, run_id, note=note, metrics=metrics)
-    metrics, scores, run_id = _fit(cfg, name, tags, parent_run_id, reopened, before_fit, plan.checkpoint if resumed else None)
+    metrics, scores, run_id = _fit(
+        cfg, name, tags, parent_run_id, reopened, before_fit, resumed.checkpoint if resumed is not None else None
+    )
     return CellResult(key, Status.FINISHED, run_id, note=note, metrics=metrics, scores=scores)
 
 
@@ -119,13 +121,15 @@ def _resumed(cfg: DictConfig, plan: ResumePlan) -> DictConfig:
     """The config of an interrupted run resumed: in its own folder (its best checkpoint and score
     stay its own), its MLflow run rewound to its checkpoint (the steps logged after it died with
     it; a cell of folds and seeds logs only its aggregate, recomputed now)."""
+    run_id = plan.run_id
+    assert run_id is not None  # a RESUME plan names the run it resumes
     if plan.folder is not None:
         cfg = continued_in(cfg, plan.folder)
     if plan.checkpoint is not None:
-        checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {plan.run_id}: checkpoint", run_id=plan.run_id)
-        rewind_run(cfg.logger.tracking_uri, plan.run_id, checked.logging_step, checked.saved_at_ms)
+        checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {run_id}: checkpoint", run_id=run_id)
+        rewind_run(cfg.logger.tracking_uri, run_id, checked.logging_step, checked.saved_at_ms)
     else:
-        rewind_run(cfg.logger.tracking_uri, plan.run_id, 0, 0)
+        rewind_run(cfg.logger.tracking_uri, run_id, 0, 0)
     return cfg
 
 

@@ -304,6 +304,7 @@ def _differing_hyperparameters(cfg, saved: dict[str, Any]) -> str:
     from omegaconf import OmegaConf
 
     module = OmegaConf.to_container(cfg.model.module, resolve=True)
+    assert isinstance(module, dict)  # model.module is a mapping
     differ = [
         f"{name}={saved[name]!r}, the config model.module.{name}={value!r}"
         for name, value in module.items()

@@ -26,12 +26,18 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from foxhunt.runs.checkpoints import INTERRUPTED_CHECKPOINT
+
+#: what signal.getsignal returns and signal.signal takes (signal.Handlers are ints)
+Handler = Callable[[int, FrameType | None], Any] | int | None
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +73,7 @@ class GracefulStop(pl.Callback):
         self.dirpath = Path(dirpath)
         self.checkpoint_path: Path | None = None
         self.stop_signal: str | None = None  # the stop signal (or request) that stopped the fit, e.g. "SIGUSR1"
-        self._previous: dict[int, object] = {}  # the handlers of STOP_SIGNALS before the fit
+        self._previous: dict[int, Handler] = {}  # the handlers of STOP_SIGNALS before the fit
         self._lightning_listens = False  # Lightning's SIGTERM handler is in place (the fit loop runs)
         self._undelivered = False
 

@@ -131,11 +131,11 @@ def run_split(cfg: DictConfig, open_holdout: bool = False):
 
     from foxhunt.data.splits import FoldSplit, SplitConfig, WalkForwardConfig
 
-    lockbox = {"holdout": float(cfg.evaluation.get("holdout") or 0.0), "open_holdout": open_holdout}
+    holdout = float(cfg.evaluation.get("holdout") or 0.0)
     fold = cfg.evaluation.get("fold")
     if cfg.evaluation.protocol != "walk_forward" or fold is None:
-        return dataclasses.replace(SplitConfig.from_config(cfg.data.split), **lockbox)
-    return FoldSplit(WalkForwardConfig.from_config(cfg.evaluation.walk_forward), int(fold), **lockbox)
+        return dataclasses.replace(SplitConfig.from_config(cfg.data.split), holdout=holdout, open_holdout=open_holdout)
+    return FoldSplit(WalkForwardConfig.from_config(cfg.evaluation.walk_forward), int(fold), holdout, open_holdout)
 
 
 def build_precision(cfg: DictConfig, accelerator: str | None = None):

@@ -16,15 +16,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:
+    from foxhunt.runs.tracked_run import TrackedRun
 
 SPLITS = ("train", "val", "test")
 
 
 @contextlib.contextmanager
 def opened_run(cfg: DictConfig, name: str, tags: Mapping[str, str], parent_run_id: str | None,
-               resume_run_id: str | None, source: str, before_fit: Callable[[], None] | None) -> Iterator[tuple[Path, object]]:  # fmt: skip
+               resume_run_id: str | None, source: str, before_fit: Callable[[], None] | None) -> Iterator[tuple[Path, TrackedRun | None]]:  # fmt: skip
     """The run's folder (``paths.output_dir``, made, with the resolved ``config.yaml``) and its
     MLflow run (:class:`~foxhunt.runs.tracked_run.TrackedRun`; ``None`` with
     ``logger.enabled=false``), entered with the config logged, then ``before_fit`` run; an
@@ -138,6 +142,7 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
     from foxhunt.runs.provenance import DATA_FILE, DIGEST_LENGTH, PROVENANCE_FOLDER, DatasetProvenance, write_provenance
 
     source_cfg = OmegaConf.to_container(cfg.data.source, resolve=True)
+    assert isinstance(source_cfg, dict)  # data.source is a mapping
     target = str(source_cfg.pop("_target_"))
     kind = target.rsplit(".", 1)[-1]
     path = source_cfg.get("path")
@@ -173,6 +178,7 @@ def data_provenance(cfg: DictConfig, parts) -> dict:
     from foxhunt.runs.provenance import PROVENANCE_VERSION, file_sha256, json_sha256, split_sha256
 
     settings = OmegaConf.to_container(cfg.data.source, resolve=True)
+    assert isinstance(settings, dict)  # data.source is a mapping
     target = str(settings.pop("_target_"))
     files = []
     for key in ("path", "definitions"):

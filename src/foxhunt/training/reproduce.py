@@ -55,6 +55,7 @@ def reproduction_config(stored: DictConfig, out_dir: Path, tracking_uri: str, ar
     """The original's stored config, writing into ``out_dir`` and the store at ``tracking_uri``
     (module doc)."""
     plain = OmegaConf.to_container(stored, resolve=False)
+    assert isinstance(plain, dict)  # a run's config is a mapping
     old = str(plain.get("paths", {}).get("output_dir") or "")
     if old:
         plain = _moved(plain, old.rstrip("/"), OUTPUT_DIR)
@@ -64,7 +65,9 @@ def reproduction_config(stored: DictConfig, out_dir: Path, tracking_uri: str, ar
     logger.update(enabled=True, tracking_uri=tracking_uri, artifact_location=artifact_location,
                   experiment=REPRODUCTIONS_EXPERIMENT, log_checkpoints=True)  # fmt: skip
     plain["resume"] = False
-    return OmegaConf.create(plain)
+    moved = OmegaConf.create(plain)
+    assert isinstance(moved, DictConfig)
+    return moved
 
 
 def _moved(node: Any, old: str, new: str) -> Any:

@@ -148,7 +148,8 @@ def alternating_latency(
     """(p50, p99) milliseconds of each batch-1 call, the calls alternating call by call."""
     synced = {name: _synchronized(call) for name, call in calls.items()}
     timed = measure(synced, warmup, iterations, blocks=iterations, max_seconds=_NO_TIME_LIMIT_S)
-    return {name: tuple(percentile(wall, q) / 1e3 for q in LATENCY_PERCENTILES) for name, (wall, _) in timed.items()}
+    low, high = LATENCY_PERCENTILES
+    return {name: (percentile(wall, low) / 1e3, percentile(wall, high) / 1e3) for name, (wall, _) in timed.items()}
 
 
 def time_calls(call: Callable[[], object], iterations: int) -> tuple[np.ndarray, np.ndarray]:
