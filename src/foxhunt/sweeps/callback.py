@@ -64,7 +64,7 @@ from foxhunt.runs.environment import JOB_ID_ENV, PARENT_RUN_ENV, SWEEP_PID_ENV
 from foxhunt.runs.status import Status
 from foxhunt.runs.tags import RUN_KIND_SWEEP, Tag
 from foxhunt.sweeps.estimates import PLAN_FILE
-from foxhunt.sweeps.search import is_search
+from foxhunt.sweeps.search import is_search, task_overrides
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def summary_step(store, run_id: str) -> int:
 def sweep_hash(config: DictConfig) -> str:
     """Identity of a sweep: its overrides and sweeper params, without the launch choices."""
     overrides = []
-    for text in OmegaConf.to_container(config.hydra.overrides.task, resolve=False):
+    for text in task_overrides(config.hydra.overrides.task):
         key = text.split("=", 1)[0].lstrip("+~")
         if not any(key == k or key.startswith(f"{k}.") for k in LAUNCH_KEYS):
             overrides.append(text)
@@ -192,14 +192,19 @@ class SweepCallback(Callback):
     def _pack(self, config: DictConfig) -> None:
         from foxhunt.sweeps.packing import apply_plan, plan_sweep
 
+        sweep_dir = self._sweep_dir()
         plan = plan_sweep(config)
-        plan.write(self.sweep_dir)
+        plan.write(sweep_dir)
         apply_plan(config, plan)
         log.info(plan.describe())
         if self.parent_run_id is not None:
             store = self._store(config)
             store.tag(self.parent_run_id, {Tag.PACKING: plan.describe()})
-            store.log_artifact(self.parent_run_id, self.sweep_dir / PLAN_FILE)
+            store.log_artifact(self.parent_run_id, sweep_dir / PLAN_FILE)
+
+    def _sweep_dir(self) -> Path:
+        assert self.sweep_dir is not None  # set first by on_multirun_start
+        return self.sweep_dir
 
     @staticmethod
     def _store(config: DictConfig):
@@ -210,18 +215,19 @@ class SweepCallback(Callback):
     def _start_parent_run(self, config: DictConfig) -> str:
         from foxhunt.runs.provenance import process_tags, source_tags
 
+        sweep_dir = self._sweep_dir()
         logger = config.logger
         store = self._store(config)
         experiment_id = store.ensure_experiment(logger.experiment, logger.artifact_location)
         digest = sweep_hash(config)
-        overrides = " ".join(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+        overrides = " ".join(task_overrides(config.hydra.overrides.task))
         process = process_tags()
         tags = {
             **source_tags(SOURCE),
             Tag.RUN_KIND: RUN_KIND_SWEEP,
             Tag.SWEEP_HASH: digest,
-            Tag.SWEEP_ID: self.sweep_dir.name,
-            Tag.SWEEP_DIR: str(self.sweep_dir.resolve()),
+            Tag.SWEEP_ID: sweep_dir.name,
+            Tag.SWEEP_DIR: str(sweep_dir.resolve()),
             Tag.STRATEGY: str(config.strategy.name),
             Tag.OVERRIDES: one_line(overrides, TAG_TEXT_LIMIT),
             Tag.PID: process[Tag.PID],
@@ -237,7 +243,7 @@ class SweepCallback(Callback):
                 store.reopen(run_id, tags)  # tags first, then RUNNING (the supervisor's come after)
                 log.info("sweep resumes its parent run %s", run_id)
                 return run_id
-        run_id = store.create(experiment_id, f"sweep-{self.sweep_dir.name}", tags)
+        run_id = store.create(experiment_id, f"sweep-{sweep_dir.name}", tags)
         log.info("sweep parent run %s in %s", run_id, logger.tracking_uri)
         return run_id
 
@@ -372,15 +378,17 @@ class SweepCallback(Callback):
     def _end_parent_run(self, config: DictConfig, results, failed, wall: float, artifacts, tags=None, failed_run=False,
                         extra=None) -> None:  # fmt: skip
         """Log the summary metrics (at :func:`summary_step`), the artifacts and the tags; end the run."""
+        parent_run_id = self.parent_run_id
+        assert parent_run_id is not None  # called only with a parent run
         store = self._store(config)
         values = {SWEEP_CELLS: len(results), SWEEP_CELLS_FAILED: len(failed), SWEEP_WALL_S: wall, **(extra or {})}
         tags = dict(tags or {})
         if Tag.BEST_VALUE in tags:
             values[SWEEP_BEST_VALUE] = float(tags[Tag.BEST_VALUE])
-        store.log_metrics(self.parent_run_id, values, step=summary_step(store, self.parent_run_id))
+        store.log_metrics(parent_run_id, values, step=summary_step(store, parent_run_id))
         for path in artifacts:
             if path is not None:
-                store.log_artifact(self.parent_run_id, path)
+                store.log_artifact(parent_run_id, path)
         if failed:
             tags[Tag.FAILED_CELLS] = ", ".join(r.cell for r in failed)
-        store.end(self.parent_run_id, Status.FAILED if failed or failed_run else Status.FINISHED, tags)
+        store.end(parent_run_id, Status.FAILED if failed or failed_run else Status.FINISHED, tags)

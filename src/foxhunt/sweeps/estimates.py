@@ -42,7 +42,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -161,7 +161,7 @@ def _measured(cfg: DictConfig, tags: dict, params: dict, what: str) -> tuple[flo
         cfg.logger.experiment, tags=tags, params=params, status=Status.FINISHED, max_results=MEASURED_RUNS_LIMIT
     )
     for metric in MEASURED_METRICS:
-        values = [(r.metric(metric), r.run_id) for r in runs if metric in r.metrics]
+        values = [(r.metrics[metric].value, r.run_id) for r in runs if metric in r.metrics]
         if values:
             mb, run_id = max(values)
             return mb, f"measured: max {metric} of {len(values)} FINISHED run(s) with the {what} (run {run_id})"
@@ -279,8 +279,8 @@ def check_fits(cfg: DictConfig, sweep_dir: Path) -> None:
         from foxhunt.runs.config_hash import config_hash
         from foxhunt.sweeps.search import trial_number
 
-        estimate = estimate_peak(cfg, config_hash(cfg))
-        estimate = PeakEstimate(cell_name(CellKey.from_config(cfg), trial_number()), estimate.mb, estimate.source)
+        found = estimate_peak(cfg, config_hash(cfg))
+        estimate: PeakEstimate | None = PeakEstimate(cell_name(CellKey.from_config(cfg), trial_number()), found.mb, found.source)
     else:  # the plan lists the jobs by number (Hydra's job.num); called outside a job: by the cell's name
         estimate = plan.estimates.get(str(_job_number()))
         if estimate is None:
@@ -297,4 +297,5 @@ def _job_number() -> int | None:
 
     if not HydraConfig.initialized():
         return None
-    return OmegaConf.select(HydraConfig.get(), "job.num", default=None, throw_on_missing=False)
+    hydra_cfg = cast(DictConfig, HydraConfig.get())  # typed as the HydraConf dataclass; it is its DictConfig
+    return OmegaConf.select(hydra_cfg, "job.num", default=None, throw_on_missing=False)

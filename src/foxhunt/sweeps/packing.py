@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
 from foxhunt.sweeps.estimates import (
     PackingPlan,
@@ -38,7 +38,7 @@ def sweep_cells(config: DictConfig) -> list[list[str]]:
     from hydra.core.global_hydra import GlobalHydra
 
     from foxhunt.sweeps.grid import expand_grid
-    from foxhunt.sweeps.search import BASIC_SWEEPER
+    from foxhunt.sweeps.search import BASIC_SWEEPER, task_overrides
 
     if config.hydra.sweeper._target_ != BASIC_SWEEPER:
         raise ValueError(
@@ -47,7 +47,7 @@ def sweep_cells(config: DictConfig) -> list[list[str]]:
         )
     params = config.hydra.sweeper.get("params") or {}
     arguments = [f"{key}={value}" for key, value in params.items()]
-    arguments += OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+    arguments += task_overrides(config.hydra.overrides.task)
     return expand_grid(arguments, GlobalHydra.instance().config_loader())
 
 

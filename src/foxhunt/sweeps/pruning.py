@@ -28,10 +28,14 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lightning.pytorch as pl
 
 from foxhunt.sweeps.study import PRUNED_AT, StudyFile, open_storage
+
+if TYPE_CHECKING:
+    import optuna
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,7 @@ class TrialPruned(SystemExit):
     """The study's pruner stopped this trial's fit (module doc)."""
 
 
-def current_trial(sweep_dir: Path | None = None, number: int | None = None):
+def current_trial(sweep_dir: Path | None = None, number: int | None = None) -> tuple[optuna.trial.Trial, StudyFile] | None:
     """``(trial, study_file)`` of the running search job, or None outside a search's trial."""
     from foxhunt.sweeps.search import trial_number
 
@@ -70,7 +74,7 @@ class TrialReporter(pl.Callback):
         if mode not in ("max", "min"):
             raise ValueError(f"mode={mode}: must be max or min")
         self.monitor, self.mode, self.fold = monitor, mode, fold
-        self._trial = None
+        self._trial: optuna.trial.Trial | None = None
         self._sign = 1.0
         self._looked = False
 
@@ -95,10 +99,10 @@ class TrialReporter(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._trial is None or trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        value = trainer.callback_metrics.get(self.monitor)
-        if value is None:
+        metric = trainer.callback_metrics.get(self.monitor)
+        if metric is None:
             return
-        value = float(value)
+        value = float(metric)
         if not math.isfinite(value):
             return
         step = self.step(trainer)

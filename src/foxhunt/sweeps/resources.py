@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TextIO
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class DeviceSlot:
         self.devices = devices
         self.preferred = preferred % devices
         self.index: int | None = None
-        self._handle = None
+        self._handle: TextIO | None = None
 
     def acquire(self) -> int:
         """Take a free device, trying ``preferred`` first; wait on it when all are taken."""

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -72,7 +72,7 @@ def trial_number() -> int | None:
 
     if not HydraConfig.initialized():
         return None
-    hydra_cfg = HydraConfig.get()
+    hydra_cfg = cast(DictConfig, HydraConfig.get())  # typed as the HydraConf dataclass; it is its DictConfig
     if str(hydra_cfg.sweeper.get("_target_", BASIC_SWEEPER)) == BASIC_SWEEPER or hydra_cfg.job.get("num") is None:
         return None
     return int(hydra_cfg.job.num)
@@ -82,7 +82,14 @@ def job_overrides() -> list[str]:
     """The running job's task overrides (command line and what the sweeper chose)."""
     from hydra.core.hydra_config import HydraConfig
 
-    return [str(o) for o in OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)]
+    return task_overrides(HydraConfig.get().overrides.task)
+
+
+def task_overrides(task: Any) -> list[str]:
+    """Hydra's ``overrides.task`` (a list of override strings) as plain strings."""
+    plain = OmegaConf.to_container(task, resolve=False)
+    assert isinstance(plain, list), type(plain)  # Hydra keeps the overrides as a list
+    return [str(o) for o in plain]
 
 
 def override_key(text: str) -> str:
@@ -121,7 +128,7 @@ def search_arguments(config: DictConfig) -> tuple[list[str], dict[str, str]]:
         space[str(key)] = value
     fixed = []
     parser = OverridesParser.create()
-    for text in OmegaConf.to_container(config.hydra.overrides.task, resolve=False):
+    for text in task_overrides(config.hydra.overrides.task):
         override = parser.parse_override(str(text))
         key = override.get_key_element()
         if override.is_sweep_override():
@@ -206,6 +213,7 @@ def check_search_config(config: DictConfig) -> None:
     from foxhunt.sweeps.study import settings_from
 
     sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
+    assert isinstance(sweep, dict)  # hydra.sweep is a mapping
     subdir = str(sweep.get("subdir"))
     if JOB_NUM not in subdir:
         raise SearchConfigError(
@@ -217,7 +225,8 @@ def check_search_config(config: DictConfig) -> None:
 
 
 def trials(results: Iterable[CellResult]) -> list[CellResult]:
-    return sorted((r for r in results if r.trial is not None), key=lambda r: r.trial)
+    numbered = [(r.trial, r) for r in results if r.trial is not None]
+    return [r for _, r in sorted(numbered, key=lambda nr: nr[0])]
 
 
 def has_value(result: CellResult) -> bool:
@@ -232,7 +241,13 @@ def best_trial(results: Iterable[CellResult], goal: str | None) -> CellResult | 
     if not scored or goal not in (MAXIMIZE, MINIMIZE):
         return None
     sign = 1.0 if goal == MAXIMIZE else -1.0
-    return max(scored, key=lambda r: sign * r.objective)  # max keeps the first of equal values
+    return max(scored, key=lambda r: sign * objective_of(r))  # max keeps the first of equal values
+
+
+def objective_of(result: CellResult) -> float:
+    """The objective of a result that has a value (:func:`has_value`)."""
+    assert result.objective is not None, result.cell
+    return result.objective
 
 
 def searched_overrides(result: CellResult, keys: Sequence[str]) -> list[str]:

@@ -39,7 +39,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 
-from foxhunt.training.graceful_stop import STOP_SIGNALS, clear_stop_request, request_stop
+from foxhunt.training.graceful_stop import STOP_SIGNALS, Handler, clear_stop_request, request_stop
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class Preemption:
 
     def __init__(self) -> None:
         self.received: str | None = None
-        self._before: dict[int, object] = {}
+        self._before: dict[int, Handler] = {}
 
     def __enter__(self) -> Preemption:
         for signum in STOP_SIGNALS:
@@ -134,8 +134,8 @@ class Preemption:
         from submitit.core.utils import UncompletedJobError
 
         signum = getattr(signal, f"SIG{JobEnvironment.USR_SIG}", None)
-        handler = self._before.get(signum)
-        if not callable(handler):
+        handler = None if signum is None else self._before.get(signum)
+        if signum is None or not callable(handler):
             return f"submitit handles no signal SIG{JobEnvironment.USR_SIG} in this process"
         try:
             handler(signum, None)

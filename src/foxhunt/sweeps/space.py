@@ -48,6 +48,7 @@ def distribution(override) -> Any:
         if value.shuffle:
             return _categorical(override)
         start, stop, step = value.start, value.stop, value.step
+        assert start is not None and stop is not None and step is not None  # Hydra's parser sets all three
         count = math.ceil((stop - start) / step)
         if count < 1 or step <= 0:
             raise ConfigError(f"{override.input_line}: an empty range cannot be searched")

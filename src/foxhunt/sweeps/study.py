@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -281,13 +281,17 @@ def open_storage(url: str, heartbeat: bool = False):
         ) from None
 
 
+#: optuna's direction literals by name (settings_from checked each is one)
+_DIRECTIONS: dict[str, Literal["minimize", "maximize"]] = {"minimize": "minimize", "maximize": "maximize"}
+
+
 def open_study(settings: StudySettings, sampler=None, pruner=None, storage=None):
     """The study ``settings.name`` in its database, created on first use, else continued; a
     study of that name with other directions is refused in one line."""
     import optuna
 
     storage = storage if storage is not None else open_storage(settings.storage)
-    study = optuna.create_study(storage=storage, study_name=settings.name, directions=list(settings.directions),
+    study = optuna.create_study(storage=storage, study_name=settings.name, directions=[_DIRECTIONS[d] for d in settings.directions],
                                 sampler=sampler, pruner=pruner if pruner is not None else settings.pruner.build(),
                                 load_if_exists=True)  # fmt: skip
     found = tuple(_direction_name(d) for d in study.directions)
@@ -602,7 +606,9 @@ def study_view(config: DictConfig, default_key) -> StudyView | None:
         return None
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
-    results, values, cells = [], {}, {}
+    results: list[CellResult] = []
+    values: dict[int, tuple[float, ...]] = {}
+    cells: dict[int, str] = {}
     for trial in trials:
         if trial.state == TrialState.WAITING:
             continue
@@ -617,7 +623,7 @@ def study_view(config: DictConfig, default_key) -> StudyView | None:
             sweep_dir = trial.system_attrs.get(SWEEP_DIR)
             result, _ = find_result(Path(sweep_dir) if sweep_dir else None, trial.number)
         synthesized = result is None  # its job wrote no result (it died first, or never started)
-        if synthesized:
+        if result is None:
             result = CellResult(default_key, "FAILED")
         result.trial = trial.number
         cells[trial.number] = cell_of(None if synthesized else result, trial)
@@ -643,14 +649,18 @@ def study_view(config: DictConfig, default_key) -> StudyView | None:
     return StudyView(settings, results, trial_counts(trials), values, pareto, cells)
 
 
+def _cell_of(view: StudyView, result: CellResult) -> str | None:
+    return None if result.trial is None else view.cells.get(result.trial)
+
+
 def per_cell_counts(view: StudyView) -> dict[str, int]:
     """For each cell of the study, the trials that count in its deflated Sharpe ratio: its own
     and those of unknown cell (a trial whose process died before its cell was known)."""
     counted_results = [r for r in view.results if r.status not in (RETRIED, "RUNNING")]
-    unknown = sum(1 for r in counted_results if not view.cells.get(r.trial))
+    unknown = sum(1 for r in counted_results if not _cell_of(view, r))
     totals: dict[str, int] = {}
     for result in counted_results:
-        cell = view.cells.get(result.trial)
+        cell = _cell_of(view, result)
         if cell:
             totals[cell] = totals.get(cell, 0) + 1
     return {cell: count + unknown for cell, count in totals.items()}

@@ -119,7 +119,7 @@ def _header(results: list[CellResult]) -> tuple[str, ...]:
 
 
 def _objective_text(result: CellResult, values: dict[int, tuple[float, ...]] | None) -> str:
-    told = (values or {}).get(result.trial)
+    told = None if result.trial is None else (values or {}).get(result.trial)
     if told is not None and len(told) > 1:
         return ", ".join(_number(v, 4) for v in told)
     return _number(result.objective, 4)
@@ -279,10 +279,10 @@ def plot_trials(results: list[CellResult], path: str | Path, title: str, goal: s
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    trials = sorted((r for r in results if r.trial is not None), key=lambda r: r.trial)
-    scored = [(r.trial, r.objective) for r in trials
+    trials = sorted((r.trial, r) for r in results if r.trial is not None)
+    scored = [(number, r.objective) for number, r in trials
               if r.status in OK_RESULTS and r.objective is not None and math.isfinite(r.objective)]  # fmt: skip
-    missing = [r.trial for r in trials if (r.trial, r.objective) not in scored]
+    missing = [number for number, r in trials if (number, r.objective) not in scored]
     figure = Figure(figsize=TRIAL_INCHES)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()

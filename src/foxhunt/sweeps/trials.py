@@ -89,11 +89,15 @@ class PoolReport:
     barrier: bool
     spans: list[Span] = field(default_factory=list)
 
+    def _ended(self) -> list[tuple[float, float]]:
+        """(start, end) of each trial that ended."""
+        return [(s.start_s, s.end_s) for s in self.spans if s.end_s is not None]
+
     def _window(self) -> tuple[float, float, float] | None:
-        ended = [s for s in self.spans if s.end_s is not None]
+        ended = self._ended()
         if not ended:
             return None
-        return min(s.start_s for s in ended), max(s.end_s for s in ended), max(s.start_s for s in ended)
+        return min(start for start, _ in ended), max(end for _, end in ended), max(start for start, _ in ended)
 
     def figures(self) -> dict[str, float]:
         """wall_s (first start to last end), busy_s, idle_s, idle_share over that window; and
@@ -102,11 +106,11 @@ class PoolReport:
         if window is None:
             return {}
         first, last_end, last_start = window
-        ended = [s for s in self.spans if s.end_s is not None]
-        busy = sum(s.end_s - s.start_s for s in ended)
+        ended = self._ended()
+        busy = sum(end - start for start, end in ended)
         wall = last_end - first
         waiting = last_start - first
-        busy_waiting = sum(max(0.0, min(s.end_s, last_start) - s.start_s) for s in ended)
+        busy_waiting = sum(max(0.0, min(end, last_start) - start) for start, end in ended)
         capacity, capacity_waiting = self.workers * wall, self.workers * waiting
         return {
             "wall_s": round(wall, 3), "busy_s": round(busy, 3), "idle_s": round(capacity - busy, 3),
@@ -182,7 +186,7 @@ class TrialPool:
         span.end_s = round(time.perf_counter() - self._started, 3)
         st.tell(self.study, trial, outcome, self.settings.max_retries)
         if outcome.result is not None and outcome.output_dir and outcome.state == "complete":
-            _record_objective(outcome)
+            _record_objective(outcome.result, outcome.values[0], outcome.output_dir)
         log.info("trial %d: %s%s", number, outcome.state.upper(),
                  f" {', '.join(f'{v:.6g}' for v in outcome.values)}" if outcome.values else f" ({outcome.reason})" if outcome.reason else "")  # fmt: skip
         self._check_failures()
@@ -358,11 +362,10 @@ def _text(value: Any) -> str:
     return value_text(value)
 
 
-def _record_objective(outcome: st.Outcome) -> None:
+def _record_objective(result: CellResult, objective: float, output_dir: str) -> None:
     """The value told to the study, in the trial's ``cell.json`` (``objective``: the first objective's)."""
-    result = outcome.result
-    result.objective = outcome.values[0]
+    result.objective = objective
     try:
-        result.write(Path(outcome.output_dir))
+        result.write(Path(output_dir))
     except OSError:
-        log.warning("could not record the objective in %s", outcome.output_dir, exc_info=True)
+        log.warning("could not record the objective in %s", output_dir, exc_info=True)
