@@ -202,7 +202,7 @@ class Int8LSTM(_Int8StateDict, nn.LSTM):
     def flatten_parameters(self) -> None:
         """No cuDNN flat weight buffer: it would hold an fp32 copy of the int8 weights."""
 
-    def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None):  # type: ignore[override]
+    def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None):  # type: ignore[override]  # batched tensors only, no PackedSequence
         if not isinstance(input, Tensor) or input.dim() != 3:
             raise ValueError("Int8LSTM: input must be a batched 3-D tensor (packed sequences are not supported)")
         if hx is None:
