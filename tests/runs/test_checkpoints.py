@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from foxhunt.runs.checkpoints import Checkpoint, artifact_folder, local_folders, resumable_checkpoint
+import pytest
+
+from foxhunt.runs.checkpoints import Checkpoint, artifact_folder, local_folders, resumable_checkpoint, stored_checkpoints
 from foxhunt.runs.stored import StoredRun
 
 GRACEFUL, MODEL_CHECKPOINT = "callbacks.graceful_stop.dirpath", "callbacks.model_checkpoint.dirpath"
@@ -85,3 +87,16 @@ def test_the_artifact_folder_is_local_only_for_a_file_uri_or_a_path(tmp_path):
     assert artifact_folder(run(artifact_uri=str(tmp_path / "plain"))) == tmp_path / "plain"
     for uri in ("", "s3://bucket/3/r/artifacts", "mlflow-artifacts:/3/r/artifacts", "dbfs:/x"):
         assert artifact_folder(run(artifact_uri=uri)) is None, uri
+
+
+@pytest.mark.parametrize(
+    ("retention", "finished", "stored"),
+    [("best", True, ["best.ckpt"]), ("best", False, ["best.ckpt", "interrupted.ckpt", "last.ckpt"]),
+     ("all", True, ["best.ckpt", "interrupted.ckpt", "last.ckpt"]), ("none", False, []),
+     (True, True, ["best.ckpt", "interrupted.ckpt", "last.ckpt"]), (False, True, [])],
+)  # fmt: skip
+def test_what_a_run_stores_of_its_checkpoints(tmp_path, retention, finished, stored):
+    """logger.log_checkpoints: a finished run stores its best checkpoint once (resume never needs
+    its last one); a run that did not finish stores what resumes it; a stored config's true/false."""
+    files = [tmp_path / name for name in ("best.ckpt", "interrupted.ckpt", "last.ckpt")]
+    assert [p.name for p in stored_checkpoints(files, retention, finished)] == stored

@@ -52,7 +52,10 @@ def test_smoke_run_lands_in_mlflow_with_params_metrics_and_artifacts(compose_cfg
     assert run.data.metrics["test/sharpe"] == pytest.approx(metrics["test/sharpe"])
     artifacts = _artifacts(_store(tmp_path), run.info.run_id)
     assert "config.yaml" in artifacts and "equity_test.png" in artifacts
-    assert "checkpoints/best.ckpt" in artifacts and "checkpoints/last.ckpt" in artifacts
+    # logger.log_checkpoints=best: a finished run stores its best checkpoint once (it stored a
+    # second, identical-sized last.ckpt before); its last.ckpt stays in its folder
+    assert "checkpoints/best.ckpt" in artifacts and "checkpoints/last.ckpt" not in artifacts
+    assert (Path(run.data.tags["output_dir"]) / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_a_run_says_where_it_came_from_source_commit_and_bars(compose_cfg, tmp_path):

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from foxhunt.config.schema import validate
 from foxhunt.runs.cell import CellKey, CellResult, cell_name
-from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, check_folder_owner
+from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, check_folder_owner, stored_checkpoints
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, rewind_run
 from foxhunt.runs.status import Status
@@ -158,11 +158,13 @@ def _fit(cfg: DictConfig, name: str, tags: dict[str, str], parent_run_id: str | 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     with opened_run(cfg, name, tags, parent_run_id, reopened, SOURCE, before_fit) as (out_dir, run):
         callbacks = build_callbacks(cfg)
+        finished = False
         try:
             metrics, scores = fit_and_score(cfg, callbacks, run, out_dir, str(checkpoint) if checkpoint is not None else cfg.ckpt)
-        finally:  # an interrupted run's checkpoints too
-            if run is not None and cfg.logger.log_checkpoints:
-                for path in checkpoint_files(callbacks, run.run_id):
+            finished = True
+        finally:  # an interrupted run's checkpoints too (logger.log_checkpoints: which ones)
+            if run is not None:
+                for path in stored_checkpoints(checkpoint_files(callbacks, run.run_id), cfg.logger.log_checkpoints, finished):
                     run.log_artifact(path, CHECKPOINT_ARTIFACTS)
     return metrics, scores, (run.run_id if run is not None else None)
 
