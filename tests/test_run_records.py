@@ -73,6 +73,8 @@ def test_runs_started_in_the_same_second_keep_their_own_folders_and_checkpoints(
     then two ``foxhunt ensemble register`` at once: the champion is registered once."""
     import torch
 
+    from foxhunt.training.checkpoint import read_stamp
+
     env = {**os.environ, "FOXHUNT_ROOT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     instant = time.time()
     processes = [
@@ -91,7 +93,9 @@ def test_runs_started_in_the_same_second_keep_their_own_folders_and_checkpoints(
         stamps = _logged_checkpoints(tmp_path, run_id)
         assert {stamp["run_id"] for stamp in stamps.values()} == {run_id}
         folder = Path(runs[run_id]["tags"]["output_dir"]) / "checkpoints"
-        assert {p.name for p in folder.glob("*.ckpt")} == set(stamps)  # nothing in its folder but its own
+        assert set(stamps) == {"best.ckpt"}  # logger.log_checkpoints=best: a finished run stores its best
+        local = {p.name: (read_stamp(p) or {}).get("run_id") for p in folder.glob("*.ckpt")}
+        assert local == {"best.ckpt": run_id, "last.ckpt": run_id}  # nothing in its folder but its own
         weights[run_id] = torch.load(folder / "best.ckpt", weights_only=True)["state_dict"]
     first = next(iter(weights.values()))
     assert sum(all(torch.equal(first[k], w[k]) for k in first) for w in weights.values()) == 1  # four different models
