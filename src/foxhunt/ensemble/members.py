@@ -392,8 +392,56 @@ def _grow_tensor(tensor: torch.Tensor, slots: int) -> torch.Tensor:
     return grown
 
 
+# ------------------------------------------------------------------------ window members
+class _WindowedMember(Member):
+    """A forecaster member that keeps, per slot, a vector per bar of the last ``seq_len`` bars (a
+    ring written twice, so a window is one slice): the TFT's encoder selections, any other
+    forecaster's input rows."""
+
+    def _init_ring(self, module, width: int) -> None:
+        self.seq_len, self.horizon = int(module.seq_len), int(module.horizon)
+        self.median, self.threshold = int(module.median_index), float(module.position_threshold)
+        self.past = np.zeros((1, 2 * self.seq_len, width), np.float32)
+        self.head = np.zeros(1, np.int64)  # per slot: where its next bar goes
+        self.count = np.zeros(1, np.int64)  # per slot: bars since the reset
+
+    def _capacity(self) -> int:
+        return len(self.head)
+
+    def _grow(self, slots: int) -> None:
+        self.past, self.head, self.count = (_grow_rows(a, slots) for a in (self.past, self.head, self.count))
+
+    def reset(self, slot: int) -> None:
+        self.past[slot] = 0
+        self.head[slot] = 0
+        self.count[slot] = 0
+
+    def state_bytes(self) -> int:
+        return int(self.past[0].nbytes + self.head.itemsize + self.count.itemsize)
+
+    def _push(self, slots: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append one bar's ``values`` to each slot's ring: the streams with ``seq_len`` bars
+        (their positions in the batch) and their windows (n, seq_len, width), oldest bar first."""
+        head = self.head[slots]
+        self.past[slots, head] = values
+        self.past[slots, head + self.seq_len] = values
+        self.head[slots] = (head + 1) % self.seq_len
+        self.count[slots] += 1
+        ready = np.flatnonzero(self.count[slots] >= self.seq_len)
+        start = (head[ready] + 1)[:, None] + np.arange(self.seq_len)
+        return ready, self.past[slots[ready][:, None], start]
+
+    def _decided(self, batch: int, ready: np.ndarray, forecasts: np.ndarray) -> list[Decision]:
+        """The decisions of a batch: flat where a stream has fewer than ``seq_len`` bars."""
+        decisions = [Decision(0)] * batch
+        signals = forecasts[:, :, self.median].sum(axis=1).tolist()
+        for i, forecast, signal in zip(ready.tolist(), forecasts, signals):
+            decisions[i] = Decision(forecaster_position(signal, self.threshold), forecast, signal)
+        return decisions
+
+
 # ------------------------------------------------------------------------------------- TFT
-class TFTMember(Member):
+class TFTMember(_WindowedMember):
     """The Temporal Fusion Transformer, reusing the per-bar selections of the past bars of each
     stream and the shared selections of the future minutes already seen."""
 
@@ -401,13 +449,9 @@ class TFTMember(Member):
                  runtime: str = "auto", probe_calls: int = 20, workdir: Path | None = None,
                  threads: int = 1) -> None:  # fmt: skip
         super().__init__(name, module, weights, metric)
-        self.seq_len, self.horizon = int(module.seq_len), int(module.horizon)
-        self.median, self.threshold = int(module.median_index), float(module.position_threshold)
         self.groups = {k: np.asarray(v) for k, v in groups.items()}
         self.width = int(module.encoder_lstm.hidden_size)
-        self.past = np.zeros((1, 2 * self.seq_len, self.width), np.float32)  # a ring written twice: windows are slices
-        self.head = np.zeros(1, np.int64)  # per slot: where its next bar goes
-        self.count = np.zeros(1, np.int64)  # per slot: bars since the reset
+        self._init_ring(module, self.width)
         self._future: OrderedDict[int, np.ndarray] = OrderedDict()  # minute (UTC ns) -> its decoder selection
         self._encoded: OrderedDict[int, np.ndarray] = OrderedDict()  # minute (UTC ns) -> its known variables' encoder outputs
         self._contexts: dict[str, np.ndarray] | None = None  # the static contexts (one per asset)
@@ -503,20 +547,6 @@ class TFTMember(Member):
             selected = self._model.select_future(t(known), StaticContexts(None, t(selection), None, None))[0]  # type: ignore[arg-type]  # models.tft.StaticContexts types each field Tensor; this call reads only those given
         return selected[:, 0].float().cpu().numpy()
 
-    def _capacity(self) -> int:
-        return len(self.head)
-
-    def _grow(self, slots: int) -> None:
-        self.past, self.head, self.count = (_grow_rows(a, slots) for a in (self.past, self.head, self.count))
-
-    def reset(self, slot: int) -> None:
-        self.past[slot] = 0
-        self.head[slot] = 0
-        self.count[slot] = 0
-
-    def state_bytes(self) -> int:
-        return int(self.past[0].nbytes + self.head.itemsize + self.count.itemsize)
-
     def runtime_bytes(self) -> int:
         graphs = sum(g.weight_bytes for g in (self._graphs or {}).values())
         shared = sum(v.nbytes for cache in (self._future, self._encoded) for v in cache.values())  # what every stream shares
@@ -526,24 +556,12 @@ class TFTMember(Member):
         if self._contexts is None:  # static features: the asset's, the same in every row
             self._contexts = _static_contexts(self._source, rows[0][self.groups["static"]])
             self._source = None
-        head = self.head[slots]
-        selected = self._select_past(rows, ts_ns, future)
-        self.past[slots, head] = selected  # the ring, written twice: [head] and [head + seq_len]
-        self.past[slots, head + self.seq_len] = selected
-        self.head[slots] = (head + 1) % self.seq_len
-        self.count[slots] += 1
-        ready = np.flatnonzero(self.count[slots] >= self.seq_len)
-        decisions = [Decision(0)] * len(slots)
+        ready, past = self._push(slots, self._select_past(rows, ts_ns, future))
         if not len(ready):
-            return decisions
+            return [Decision(0)] * len(slots)
         future_rows = np.stack([self._future_selections(future, i, int(ts_ns[i])) for i in ready.tolist()])
-        start = (head[ready] + 1)[:, None] + np.arange(self.seq_len)  # the window, oldest bar first
-        past = self.past[slots[ready][:, None], start]
         forecasts = (self._fuse_onnx if self.runtime == "onnx" else self._fuse_torch)(self._contexts, past, future_rows)
-        signals = forecasts[:, :, self.median].sum(axis=1).tolist()
-        for i, forecast, signal in zip(ready.tolist(), forecasts, signals):
-            decisions[i] = Decision(forecaster_position(signal, self.threshold), forecast, signal)
-        return decisions
+        return self._decided(len(slots), ready, forecasts)
 
     def _future_selections(self, future: Future, i: int, ts_ns: int) -> np.ndarray:
         """(horizon, d): the decoder selections of the minutes after stream i's bar, each computed
@@ -563,49 +581,22 @@ class TFTMember(Member):
 
 
 # ------------------------------------------------------------------------ any forecaster
-class WindowMember(Member):
+class WindowMember(_WindowedMember):
     """A forecaster run on its window as the batch path runs it: the last ``seq_len`` input rows
     of each stream (a ring per slot, written twice so a window is one slice) and the known
     calendar of the next ``horizon`` minutes, through the model's own ``forward`` (torch)."""
 
     def __init__(self, name: str, module, weights: str, metric: float | None, groups: dict[str, list[int]]) -> None:
         super().__init__(name, module, weights, metric)
-        self.seq_len, self.horizon = int(module.seq_len), int(module.horizon)
-        self.median, self.threshold = int(module.median_index), float(module.position_threshold)
         self.groups = {k: np.asarray(v) for k, v in groups.items()}
-        width = sum(len(v) for v in self.groups.values())
-        self.past = np.zeros((1, 2 * self.seq_len, width), np.float32)
-        self.head = np.zeros(1, np.int64)  # per slot: where its next bar goes
-        self.count = np.zeros(1, np.int64)  # per slot: bars since the reset
+        self._init_ring(module, sum(len(v) for v in self.groups.values()))
         self._model = int8_torch_copy(module) if weights == "int8" else module
         self.runtime_note = "torch (the model's own forward on the window: the only runtime of this member)"
 
-    def _capacity(self) -> int:
-        return len(self.head)
-
-    def _grow(self, slots: int) -> None:
-        self.past, self.head, self.count = (_grow_rows(a, slots) for a in (self.past, self.head, self.count))
-
-    def reset(self, slot: int) -> None:
-        self.past[slot] = 0
-        self.head[slot] = 0
-        self.count[slot] = 0
-
-    def state_bytes(self) -> int:
-        return int(self.past[0].nbytes + self.head.itemsize + self.count.itemsize)
-
     def step(self, rows: np.ndarray, slots: np.ndarray, ts_ns: np.ndarray, future: Future) -> list[Decision]:
-        head = self.head[slots]
-        self.past[slots, head] = rows
-        self.past[slots, head + self.seq_len] = rows
-        self.head[slots] = (head + 1) % self.seq_len
-        self.count[slots] += 1
-        ready = np.flatnonzero(self.count[slots] >= self.seq_len)
-        decisions = [Decision(0)] * len(slots)
+        ready, window = self._push(slots, rows)  # window: (n, seq_len, F)
         if not len(ready):
-            return decisions
-        start = (head[ready] + 1)[:, None] + np.arange(self.seq_len)  # the window, oldest bar first
-        window = self.past[slots[ready][:, None], start]  # (n, seq_len, F)
+            return [Decision(0)] * len(slots)
         calendar = np.stack([future(i, self.horizon) for i in ready.tolist()]).astype(np.float32)
         t = _tensors(self._model)
         batch = {"static": t(rows[ready][:, self.groups["static"]]),
@@ -613,10 +604,7 @@ class WindowMember(Member):
                  "observed": t(window[:, :, self.groups["observed"]])}  # fmt: skip
         with torch.inference_mode():
             forecasts = self._model(batch).float().cpu().numpy()
-        signals = forecasts[:, :, self.median].sum(axis=1).tolist()
-        for i, forecast, signal in zip(ready.tolist(), forecasts, signals):
-            decisions[i] = Decision(forecaster_position(signal, self.threshold), forecast, signal)
-        return decisions
+        return self._decided(len(slots), ready, forecasts)
 
 
 def _device(module) -> torch.device:
