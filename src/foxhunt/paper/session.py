@@ -2,7 +2,9 @@
 bar's pending order filled, its decision made an order, everything booked in one transaction.
 
 Per bar (:meth:`PaperSession.on_bar`): a new trading date resets the day's loss (and ends a
-pause); a stale gap before the bar flattens at its open; the pending order fills
+pause); a stale gap before the bar flattens at its open (an order replacing the position decided
+at the last close: its fill's ``gap_usd`` is from that close, so the ledger's PnL is the backtest of
+its positions less the gaps, stale flats included); the pending order fills
 (:class:`~foxhunt.paper.fills.FillModel`); the fleet steps the bar
 (:meth:`foxhunt.ensemble.engine.StreamingEngine.step_many`); the limits are checked on the
 marked equity (:mod:`foxhunt.paper.risk`); the target (flat when a limit has tripped) becomes
@@ -187,14 +189,16 @@ class PaperSession:
         stale_order, replaced = None, False  # the flat placed at this bar's open, the pending order it replaced
         if stale and symbol not in self.stale_flagged:
             rolled = not math.isnan(bar.roll_price)
-            where = "the old contract's last close (a roll bar)" if rolled else "this bar's open"
+            where = ("the old contract's last close (a roll bar)" if rolled else
+                     "this bar's open" if self.fills.at_open else "the last close (paper.fill_price=decision_close)")  # fmt: skip
             events.append(("stale", f"{stale}: flattened at {where}"))
             replaced = account.pending is not None
             account.pending = None
             if account.position:
-                # on a roll bar the position is in the old contract, closed at its last close (the mark)
-                price = account.mark if rolled else bar.raw_open
-                stale_order = account.pending = Order(symbol, bar.ts_ns, 0, -account.position, "stale feed", price)
+                # the flat replaces the position decided at the last close (the mark, the replaced order's
+                # reference): its fill books the gap from there, as every order's (next_open: this bar's open;
+                # decision_close and a roll bar, whose position is in the old contract: that close itself)
+                stale_order = account.pending = Order(symbol, bar.ts_ns, 0, -account.position, "stale feed", account.mark)
         self.stale_flagged.discard(symbol)
         fills = self.fills.on_bar(account, bar)
         events += [("swap", line) for line in self._swap(versions)]
