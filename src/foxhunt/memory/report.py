@@ -12,6 +12,8 @@ The figure is drawn on a ``matplotlib.figure.Figure`` with an Agg canvas, never 
 
 from __future__ import annotations
 
+import re
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ REPORT_MARKDOWN = "memory_report.md"
 REPORT_PNG = "memory_report.png"
 FIGURE_SIZE_INCHES = (12.0, 6.0)
 DPI = 100
+LEGEND_WRAP_CHARS = 52  # a legend entry's line length: the legends sit under their plots, inside the picture
 COMPONENT_COLORS = {
     "params": "#4c72b0",
     "grads": "#dd8452",
@@ -168,7 +171,16 @@ def render_markdown(report: MemoryReport) -> str:
 def plot_report(report: MemoryReport, path: str | Path) -> Path:
     """Write the stacked-bar picture of ``report`` to ``path`` (PNG); return the path."""
     path = Path(path)
-    figure = Figure(figsize=FIGURE_SIZE_INCHES, dpi=DPI)
+    figure = draw_report(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+    return path
+
+
+def draw_report(report: MemoryReport) -> Figure:
+    """The stacked-bar picture of ``report``: training memory by component beside the device's
+    and the process's figures, each with its limits."""
+    figure = Figure(figsize=FIGURE_SIZE_INCHES, dpi=DPI, layout="constrained")  # room for the legends under the plots
     FigureCanvasAgg(figure)
     left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.4]})
 
@@ -180,12 +192,14 @@ def plot_report(report: MemoryReport, path: str | Path) -> Path:
             [height],
             bottom=[bottom],
             color=COMPONENT_COLORS[name],
-            label=f"{name} {_mb(height)} MB: {_short(COMPONENT_METHODS[name])}",
+            label=_label(f"{name} {_mb(height)} MB", COMPONENT_METHODS[name]),
         )
         bottom += height
     tallest = bottom
     if report.peak.mb is not None:
-        left.bar(["peak"], [report.peak.mb], color=DEVICE_COLOR, label=f"peak {_mb(report.peak.mb)} MB: {report.peak.method}")
+        left.bar(
+            ["peak"], [report.peak.mb], color=DEVICE_COLOR, label=_label(f"peak {_mb(report.peak.mb)} MB", report.peak.method)
+        )
         tallest = max(tallest, report.peak.mb)
     if report.target_mb is not None:
         _limit_line(
@@ -200,7 +214,7 @@ def plot_report(report: MemoryReport, path: str | Path) -> Path:
         if item.mb is not None:
             names.append(item.name)
             heights.append(item.mb)
-            labels.append(f"{item.name} {_mb(item.mb)} MB: {item.method}")
+            labels.append(_label(f"{item.name} {_mb(item.mb)} MB", item.method))
     bars = right.bar(names, heights, color=DEVICE_COLOR)
     for bar, label in zip(bars, labels):
         bar.set_label(label)
@@ -230,14 +244,14 @@ def plot_report(report: MemoryReport, path: str | Path) -> Path:
 
     status = "BREACH" if report.breaches else "within limits"
     figure.suptitle(f"{report.title}: {status}", fontsize=11)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
-    return path
+    return figure
 
 
-def _short(method: str) -> str:
-    return method.split(" (")[0]
+def _label(figure: str, method: str) -> str:
+    """A legend entry: the figure and the first clause of how it was measured (the markdown beside
+    the picture says the rest), wrapped so the legend stays inside the picture."""
+    first_clause = re.split(r" \(|: |; ", method, maxsplit=1)[0]
+    return textwrap.fill(f"{figure}: {first_clause}", LEGEND_WRAP_CHARS)
 
 
 def write_report(report: MemoryReport, directory: str | Path) -> tuple[Path, Path]:
