@@ -101,3 +101,16 @@ def test_a_cell_of_folds_reopens_its_interrupted_run_without_a_checkpoint(store,
     assert plan_resume(uri, "unit", "h4", tmp_path).action == FRESH  # a single run needs its checkpoint
     plan = plan_resume(uri, "unit", "h4", tmp_path, needs_checkpoint=False)
     assert (plan.action, plan.run_id, plan.checkpoint) == (RESUME, killed, None)
+
+
+def test_a_logged_best_checkpoint_is_downloaded_beside_the_one_resumed_from(store, tmp_path):
+    """Resumed from its logged copy (its folder gone): the run's best.ckpt comes too, beside it,
+    where the checkpoint stamp callback carries it into the new folder (the best score survives)."""
+    failed = _run(store, "h5", RuntimeError, {"output_dir": str(tmp_path / "gone")})
+    client = MlflowClient(store[0])
+    for name, content in (("last.ckpt", b"last"), ("best.ckpt", b"best")):
+        (tmp_path / name).write_bytes(content)
+        client.log_artifact(failed, str(tmp_path / name), "checkpoints")
+    plan = plan_resume(store[0], "unit", "h5", tmp_path / "download")
+    assert plan.checkpoint.read_bytes() == b"last"
+    assert (plan.checkpoint.parent / "best.ckpt").read_bytes() == b"best"

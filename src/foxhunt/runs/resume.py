@@ -13,6 +13,10 @@
 Every stale run of the config that is not continued (its process gone, the store still saying
 RUNNING) is settled KILLED on the way, so no run stays RUNNING after its process is gone.
 
+A run resumed from a logged copy of its checkpoint gets its logged ``best.ckpt`` beside it: the
+fit carries it into its new folder, so the best checkpoint and score are the best over every
+attempt (:func:`foxhunt.training.checkpoint.carry_best_checkpoints`).
+
 A resumed run continues from its checkpoint's step: :func:`rewind_run` first removes the metric
 values logged after that step (a ``kill -9`` lost their training), so no step is logged twice.
 The step is the run's one logging unit (:mod:`foxhunt.runs.steps`).
@@ -28,7 +32,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foxhunt.runs.checkpoints import CHECKPOINTS_FOLDER, resumable_checkpoint
+from foxhunt.runs.checkpoints import BEST_CHECKPOINT, CHECKPOINT_ARTIFACTS, CHECKPOINTS_FOLDER, resumable_checkpoint
 from foxhunt.runs.liveness import run_state
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
@@ -96,13 +100,15 @@ def plan_resume(tracking_uri: str, experiment: str, digest: str, download_dir: P
         if plan is not None or state not in RESUMABLE_STATES:
             left.append(f"{run.run_id} {state}")
             continue
-        checkpoint = resumable_checkpoint(run, lambda r: store.logged_files(r.run_id, "checkpoints"))
+        checkpoint = resumable_checkpoint(run, lambda r: store.logged_files(r.run_id, CHECKPOINT_ARTIFACTS))
         if checkpoint is None and needs_checkpoint:
             left.append(f"{run.run_id} {state} without a checkpoint")
             continue
         path = checkpoint.path if checkpoint is not None else None
         if checkpoint is not None and checkpoint.artifact is not None:  # a logged copy: fetched next to this attempt
             path = store.download(run.run_id, checkpoint.artifact, download_dir)
+            if BEST_CHECKPOINT in store.logged_files(run.run_id, CHECKPOINT_ARTIFACTS):  # its best beside it: the
+                store.download(run.run_id, f"{CHECKPOINT_ARTIFACTS}/{BEST_CHECKPOINT}", path.parent)  # best score continues
         plan = ResumePlan(RESUME, run.run_id, path, state, folder=_attempt_folder(run, checkpoint))
     for run in runs:  # the stale runs not continued: their process is gone, so they end
         if states[run.run_id] == Status.STALE and (plan is None or run.run_id != plan.run_id):

@@ -8,6 +8,15 @@ none without a logger), and makes the Trainer write each file atomically (:func:
 temporary file beside the target, flushed and fsynced, then renamed over it), so a ``kill -9``
 during a write leaves the previous file whole.
 
+Resuming into another folder. Lightning's ``ModelCheckpoint`` reloads its best score only when
+the resumed Trainer writes to the folder the checkpoint was written in (elsewhere it warns and
+the second half's first validation becomes "the best"). As a fit is restored, the stamp callback
+carries the best files into the new folder (:func:`carry_best_checkpoints`: from the old folder,
+or beside the checkpoint resumed from, where ``resume=true`` downloads a run's logged
+``best.ckpt``), each copied atomically and only when its stamp names this run, and points the
+callback's saved state at them: the best over both halves wins, and the copy is a checkpoint this
+run wrote (logged with the others).
+
 Checking. :func:`check_checkpoint` opens a checkpoint (``ckpt=`` or the one ``resume=true``
 found) before the data is loaded or the model is built, and raises :class:`CheckpointError`
 with one line that says which check failed:
@@ -26,6 +35,7 @@ with one line that says which check failed:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import zipfile
@@ -34,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from foxhunt.errors import UserError, one_line
+
+log = logging.getLogger(__name__)
 
 STAMP_KEY = "foxhunt"
 STAMP_FORMAT = 1
@@ -132,6 +144,13 @@ def _checkpoint_stamp_class() -> type:
             if run_id:  # the MLflow run this Trainer logs to: its checkpoints are that run's
                 self.stamp[RUN_ID] = str(run_id)
 
+        def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:  # noqa: D102
+            # Lightning calls every callback's on_load_checkpoint before any callback's load_state_dict
+            run_id = self.stamp.get(RUN_ID)
+            carried = carry_best_checkpoints(trainer, checkpoint, str(run_id) if run_id else None)
+            if self.io is not None:
+                self.io.written.update(dict.fromkeys(path.resolve() for path in carried))
+
         def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:  # noqa: D102
             import time
 
@@ -140,6 +159,83 @@ def _checkpoint_stamp_class() -> type:
 
     CheckpointStamp.__module__, CheckpointStamp.__qualname__ = __name__, "CheckpointStamp"
     return CheckpointStamp
+
+
+def carry_best_checkpoints(trainer, checkpoint: dict[str, Any], run_id: str | None) -> list[Path]:
+    """A fit restored from ``checkpoint`` into another folder than the one it was written in (the
+    module doc): each ``ModelCheckpoint``'s best files copied into its new folder and its saved
+    state pointed at them, so that Lightning reloads the best score. A best file is looked for in
+    its old folder, then beside the checkpoint resumed from (``trainer.ckpt_path``); it is carried
+    only when its stamp names ``run_id`` (None: a run without a logger). When the best file is not
+    found, or is not this run's, the state is left as Lightning handles it (the score starts
+    anew, said in the log). Returns the files copied."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    states = checkpoint.get("callbacks")
+    resumed_from = Path(str(trainer.ckpt_path)) if trainer.ckpt_path else None
+    carried: list[Path] = []
+    for callback in trainer.checkpoint_callbacks:
+        state = states.get(callback.state_key) if isinstance(states, dict) else None
+        if not isinstance(callback, ModelCheckpoint) or callback.dirpath is None or not isinstance(state, dict):
+            continue
+        old_dir = state.get("dirpath")
+        best = str(state.get("best_model_path") or "")
+        if old_dir is None or _same_folder(old_dir, callback.dirpath) or not best:
+            continue
+        moved: dict[str, str] = {}
+        for old in dict.fromkeys([best, *(state.get("best_k_models") or {})]):
+            found = _this_runs_file(Path(old), resumed_from, run_id)
+            if found is None:
+                continue
+            target = Path(callback.dirpath) / Path(old).name
+            if found.resolve() != target.resolve():
+                _atomic_copy(found, target)
+                carried.append(target)
+            moved[old] = str(target)
+        if best not in moved:
+            log.warning("resumed into %s: the best checkpoint %s (of %s) is not here or not this run's: the best "
+                        "score starts anew", callback.dirpath, best, old_dir)  # fmt: skip
+            continue
+        state["best_k_models"] = {moved[p]: score for p, score in (state.get("best_k_models") or {}).items() if p in moved}
+        state["best_model_path"] = moved[best]
+        state["kth_best_model_path"] = moved.get(str(state.get("kth_best_model_path") or ""), moved[best])
+        if state.get("last_model_path"):
+            state["last_model_path"] = str(Path(callback.dirpath) / Path(str(state["last_model_path"])).name)
+        state["dirpath"] = callback.dirpath
+    return carried
+
+
+def _same_folder(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _this_runs_file(path: Path, resumed_from: Path | None, run_id: str | None) -> Path | None:
+    """``path``, else the file of its name beside ``resumed_from``, when it is a foxhunt
+    checkpoint stamped for ``run_id``."""
+    candidates = [path] + ([resumed_from.parent / path.name] if resumed_from is not None else [])
+    for candidate in candidates:
+        if candidate.is_file():
+            stamp = read_stamp(candidate)
+            if stamp is not None and (stamp.get(RUN_ID) or None) == run_id:
+                return candidate
+    return None
+
+
+def _atomic_copy(source: Path, target: Path) -> None:
+    """``source``'s bytes at ``target``, through a fsynced temporary file renamed over it."""
+    import shutil
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}{_TMP_SUFFIX}")
+    try:
+        with open(source, "rb") as reader, open(tmp, "wb") as writer:
+            shutil.copyfileobj(reader, writer)
+            writer.flush()
+            os.fsync(writer.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 _LAZY: dict[str, type] = {}
