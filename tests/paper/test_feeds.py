@@ -90,9 +90,8 @@ def test_a_quiet_gateway_is_a_heartbeat_and_no_key_is_one_line(monkeypatch):
     feed.end()
     assert list(items) == []
     monkeypatch.delenv("FOXHUNT_TEST_NO_KEY", raising=False)
-    unkeyed = DatabentoLiveFeed(ES, "ES.FUT", "GLBX.MDP3", "ohlcv-1m", "FOXHUNT_TEST_NO_KEY", 0.01)
     with pytest.raises(ConfigError, match=r"^paper.feed=live: no API key in \$FOXHUNT_TEST_NO_KEY \(paper.live.key_env\)$"):
-        unkeyed.start()
+        DatabentoLiveFeed(ES, "ES.FUT", "GLBX.MDP3", "ohlcv-1m", "FOXHUNT_TEST_NO_KEY", 0.01)  # refused when made, not at start
 
 
 @pytest.mark.parametrize("symbol", ["ES.FUT", "ES.c.0", "ESM4", "ESZ24"])

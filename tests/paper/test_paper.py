@@ -175,3 +175,25 @@ def test_another_data_file_rule_session_or_an_edited_account_is_one_line_and_the
         paper_store, "ensemble", "paper", *args, f"data.source.path={first}", "paper.ledger=" + str(tmp_path / "new.sqlite")
     )
     assert resumed.exit_code == 0, resumed.output
+
+
+def test_a_refused_live_attempt_writes_nothing_and_the_default_file_session_then_runs(paper_store, monkeypatch):
+    """``paper.feed=live`` without an API key, or without the ``databento`` package: each one line,
+    exit 2, and nothing written (a refused attempt without the package wrote a ledger stamped live at
+    the default path, which then refused the default file session: 'made with feed=live:...')."""
+    import sys
+
+    ledger = paper_store / "paper" / "es.sqlite"
+    assert not ledger.exists()
+    monkeypatch.delenv("DATABENTO_API_KEY", raising=False)
+    monkeypatch.setitem(sys.modules, "databento", None)  # not installed: its import raises ImportError
+    for key, message in ((None, "no API key in $DATABENTO_API_KEY"), ("db-test", "the databento package is not installed")):
+        if key is not None:
+            monkeypatch.setenv("DATABENTO_API_KEY", key)
+        result = cli(paper_store, "ensemble", "paper", *FLEET, "paper.feed=live", "logger.enabled=false")
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+        assert not ledger.exists() and not ledger.parent.exists(), f"{ledger} written by a refused live attempt"
+    result = cli(paper_store, "ensemble", "paper", *FLEET, "logger.enabled=false", "paper.view=never")
+    assert result.exit_code == 0, result.output
+    assert ledger.exists() and "the feed ended" in result.output

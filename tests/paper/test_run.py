@@ -43,10 +43,16 @@ def test_a_file_feed_trades_the_split_and_primes_on_the_bars_before(tmp_path):
          "data.source.adjust=ratio: paper orders fill at raw prices on the tick grid; use adjust=difference or none"),
         (["paper.feed=live", "paper.live.key_env=FOXHUNT_TEST_NO_KEY"],
          "paper.feed=live: no API key in $FOXHUNT_TEST_NO_KEY (paper.live.key_env)"),
+        (["paper.feed=live", "paper.live.key_env=FOXHUNT_TEST_KEY"],
+         "paper.feed=live: the databento package is not installed (pip install 'foxhunt[databento]')"),
     ],
 )  # fmt: skip
 def test_a_feed_that_cannot_trade_is_one_line_before_anything_is_read(tmp_path, monkeypatch, overrides, message):
+    import sys
+
     monkeypatch.delenv("FOXHUNT_TEST_NO_KEY", raising=False)
+    monkeypatch.setenv("FOXHUNT_TEST_KEY", "db-test")
+    monkeypatch.setitem(sys.modules, "databento", None)  # not installed: its import raises ImportError
     cfg = fleet_cfg(tmp_path, *overrides)
     with pytest.raises(ConfigError) as error:
         build_feed(cfg, instantiate(cfg.asset), "ES.FUT")

@@ -40,6 +40,7 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -175,6 +176,7 @@ class DatabentoLiveFeed:
         self.description = f"Databento live {dataset} {schema} {symbol}"
         self.identity = f"live:{dataset}:{schema}"
         self.client = client
+        self._connect: Callable[[], Any] | None = None if client is not None else self._gateway()
         self.should_stop: Callable[[], bool] = _never
         self.after_ns: int | None = None
         self.queue: queue.Queue = queue.Queue()
@@ -189,16 +191,25 @@ class DatabentoLiveFeed:
         self._emitted = False
 
     # -- the client ------------------------------------------------------------------------
+    def _gateway(self) -> Callable[[], Any]:
+        """What connects the official client, checked here, when the feed is made: no API key in
+        ``key_env`` or no ``databento`` package is one line before the session writes anything (a
+        refused attempt wrote a ledger stamped live, which then refused the default file session)."""
+        key = os.environ.get(self.key_env)
+        if not key:
+            raise ConfigError(f"paper.feed=live: no API key in ${self.key_env} (paper.live.key_env)")
+        try:
+            import databento
+        except ImportError:
+            raise ConfigError(
+                "paper.feed=live: the databento package is not installed (pip install 'foxhunt[databento]')"
+            ) from None
+        return lambda: databento.Live(key=key)
+
     def start(self) -> None:
         if self.client is None:
-            key = os.environ.get(self.key_env)
-            if not key:
-                raise ConfigError(f"paper.feed=live: no API key in ${self.key_env} (paper.live.key_env)")
-            try:
-                import databento
-            except ImportError:
-                raise ConfigError("paper.feed=live: the databento package is not installed (pip install databento)") from None
-            self.client = databento.Live(key=key)
+            assert self._connect is not None  # made without a client: __init__ checked the gateway
+            self.client = self._connect()
         self.client.add_callback(self.on_record, self._on_callback_error)
         self.client.subscribe(dataset=self.dataset, schema=self.schema, symbols=[self.symbol], stype_in="parent")
         self.client.start()
