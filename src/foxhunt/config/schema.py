@@ -14,7 +14,7 @@ its hyperparameters, the class's ``hyperparameters`` (values and the rules betwe
 :mod:`foxhunt.config.model_schemas`). The bar source's settings are checked by the source's
 constructor (:func:`check_source_settings`).
 
-Every number of the config has a range (:func:`_int`, :func:`_real`): a value out of it is
+Every number of the config has a range (:func:`_ints`, :func:`_reals`): a value out of it is
 refused here, naming the key, the value and the range, instead of reaching numpy, torch or
 Lightning. The upper bounds are generous but finite: past them something overflows, hangs or
 exhausts memory. A ``_target_`` section whose class foxhunt configures (the trainer, the
@@ -28,19 +28,27 @@ import importlib
 import inspect
 import math
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
+from annotated_types import Ge, GroupedMetadata, Gt, Le, Lt
 from omegaconf import DictConfig, OmegaConf
 from pydantic import (
+    AllowInfNan,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    Strict,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     WrapValidator,
     field_validator,
     model_validator,
 )
+from pydantic_core import CoreSchema
 
 from foxhunt.config.families import family_names
 from foxhunt.config.model_schemas import MAX_BATCH, MAX_SEED, HyperparameterError, Hyperparameters, shown_bound
@@ -75,37 +83,65 @@ MAX_SLIPPAGE_TICKS = 100.0  # per contract per side (a market order in a liquid 
 MAX_POSITION = 1000  # contracts per symbol
 
 
-def _range_rule(kind: type, ge=None, gt=None, le=None, lt=None) -> str:
-    low = f"[{shown_bound(ge)}" if ge is not None else f"({shown_bound(gt)}"
-    high = f"{shown_bound(le)}]" if le is not None else f"{shown_bound(lt)})"
-    return f"{'an integer' if kind is int else 'a number'} in {low}, {high}"
+@dataclass(frozen=True)
+class _Range(GroupedMetadata):
+    """The range of an ``int`` or ``float`` field, its metadata in ``Annotated[int, _ints(0, 9)]`` or
+    ``Annotated[float, _reals(gt=0, lt=1)]``: pydantic's bounds (both ends, each inclusive or not),
+    strict (a bool, a string or, for an integer, a float is refused, since the value reaches the
+    code as it is written in the config), finite for a number; a refusal says the range, e.g.
+    ``Input should be greater than or equal to 0 (allowed: an integer in [0, 4294967295])``."""
+
+    kind: type[int] | type[float]
+    low: float
+    low_included: bool
+    high: float
+    high_included: bool
+
+    @property
+    def rule(self) -> str:
+        low = f"{'[' if self.low_included else '('}{shown_bound(self.low)}"
+        high = f"{shown_bound(self.high)}{']' if self.high_included else ')'}"
+        return f"{'an integer' if self.kind is int else 'a number'} in {low}, {high}"
+
+    def __iter__(self) -> Iterator[object]:
+        rule = self.rule
+
+        def explained(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+            try:
+                return handler(value)
+            except ValidationError as exc:
+                raise ValueError(f"{exc.errors()[0]['msg']} (allowed: {rule})") from None
+
+        yield Strict()
+        yield Ge(self.low) if self.low_included else Gt(self.low)
+        yield Le(self.high) if self.high_included else Lt(self.high)
+        if self.kind is float:
+            yield AllowInfNan(False)
+        yield WrapValidator(explained)
 
 
-def _bounded(kind: type, **bounds: int | float) -> Any:
-    """``kind`` within ``bounds`` (pydantic's ``ge``/``gt`` and ``le``/``lt``, both ends), strict:
-    a bool, a string or (for an integer) a float is refused, since the value reaches the code as
-    it is written in the config; a refusal says the range, e.g. ``Input should be greater than
-    or equal to 0 (allowed: an integer in [0, 4294967295])``."""
-    rule = _range_rule(kind, **bounds)
-
-    def explained(value: Any, handler: Any) -> Any:
-        try:
-            return handler(value)
-        except ValidationError as exc:
-            raise ValueError(f"{exc.errors()[0]['msg']} (allowed: {rule})") from None
-
-    finite = {"allow_inf_nan": False} if kind is float else {}
-    return Annotated[kind, Field(strict=True, **bounds, **finite), WrapValidator(explained)]
-
-
-def _int(low: int, high: int) -> Any:
+def _ints(low: int, high: int) -> _Range:
     """An integer in [low, high]."""
-    return _bounded(int, ge=low, le=high)
+    return _Range(int, low, True, high, True)
 
 
-def _real(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None) -> Any:
+def _reals(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None) -> _Range:
     """A finite number with a lower bound (``ge`` or ``gt``) and an upper one (``le`` or ``lt``)."""
-    return _bounded(float, **{k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None})
+    low, high = (ge if ge is not None else gt), (le if le is not None else lt)
+    if low is None or high is None:
+        raise TypeError(f"a number's range needs both ends (got ge={ge}, gt={gt}, le={le}, lt={lt})")
+    return _Range(float, low, ge is not None, high, le is not None)
+
+
+@dataclass(frozen=True)
+class _OneOf:
+    """A ``str`` field whose values are ``names``, a tuple its owner keeps (the precision policy's
+    formats): validated and documented as ``Literal[names]``, in ``Annotated[str, _OneOf(names)]``."""
+
+    names: tuple[str, ...]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return handler.generate_schema(Literal.__getitem__(self.names))
 
 
 def _is_int(value: Any) -> bool:
@@ -124,29 +160,42 @@ def _holds_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _ruled(annotation: Any, accepts: Any, rule: str) -> Any:
-    """``annotation`` (a union: its JSON schema documents the choices) checked first by
-    ``accepts(value)``, with one message for every wrong value (a union's own errors would be
-    one per choice)."""
+def _only(accepts: Callable[[Any], bool], rule: str) -> BeforeValidator:
+    """A union field (its JSON schema documents the choices) checked first by ``accepts(value)``,
+    with one message for every wrong value (a union's own errors would be one per choice): its
+    metadata in ``Annotated[<union>, _only(accepts, rule)]``."""
 
     def check(value: Any) -> Any:
         if not accepts(value):
             raise ValueError(rule)
         return value
 
-    return Annotated[annotation, BeforeValidator(check)]
+    return BeforeValidator(check)
 
 
-Fraction = _real(gt=0, lt=1)
-Seed = _int(0, MAX_SEED)
-Bars = _int(0, MAX_BARS)
-MegaBytes = _real(gt=0, le=MAX_MB)
-Seconds = _real(gt=0, le=MAX_SECONDS)
-Cores = _int(1, MAX_CORES)
+class _Given:
+    """Metadata of an ``X | None`` field whose None stands for an absent key (its default): a value
+    given is validated as ``X`` alone, so a null is refused as any other value that is not an X."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        (given,) = [arg for arg in get_args(source) if arg is not type(None)]
+        return handler.generate_schema(given)
+
+
+_T = TypeVar("_T")
+#: A section that may be absent (None, its default), never null.
+MaybeAbsent = Annotated[_T | None, _Given()]
+
+Fraction = Annotated[float, _reals(gt=0, lt=1)]
+Seed = Annotated[int, _ints(0, MAX_SEED)]
+Bars = Annotated[int, _ints(0, MAX_BARS)]
+MegaBytes = Annotated[float, _reals(gt=0, le=MAX_MB)]
+Seconds = Annotated[float, _reals(gt=0, le=MAX_SECONDS)]
+Cores = Annotated[int, _ints(1, MAX_CORES)]
 #: Lightning's ``limit_*_batches`` and ``overfit_batches``: a number of batches or a fraction of them.
-Batches = _ruled(_int(0, MAX_STEPS) | _real(ge=0, le=1),
-                 lambda v: (_is_int(v) and 0 <= v <= MAX_STEPS) or (isinstance(v, float) and 0.0 <= v <= 1.0),
-                 f"must be a number of batches, an integer in [0, {MAX_STEPS}], or a fraction of them, a number in [0.0, 1.0]")  # fmt: skip
+Batches = Annotated[Annotated[int, _ints(0, MAX_STEPS)] | Annotated[float, _reals(ge=0, le=1)],
+                    _only(lambda v: (_is_int(v) and 0 <= v <= MAX_STEPS) or (isinstance(v, float) and 0.0 <= v <= 1.0),
+                          f"must be a number of batches, an integer in [0, {MAX_STEPS}], or a fraction of them, a number in [0.0, 1.0]")]  # fmt: skip
 
 
 class _Strict(BaseModel):
@@ -176,19 +225,19 @@ class _Ranged(Targeted):
 
 
 class Execution(_Strict):
-    commission_usd: _real(ge=0, le=MAX_COMMISSION_USD)  # bounded: see MAX_CAPITAL_USD
-    slippage_ticks: _real(ge=0, le=MAX_SLIPPAGE_TICKS)
+    commission_usd: Annotated[float, _reals(ge=0, le=MAX_COMMISSION_USD)]  # bounded: see MAX_CAPITAL_USD
+    slippage_ticks: Annotated[float, _reals(ge=0, le=MAX_SLIPPAGE_TICKS)]
 
 
 class Bootstrap(_Strict):
-    samples: _int(1, 100_000)  # each replicate reads every bar of the split
-    block_bars: _int(1, MAX_BARS)
+    samples: Annotated[int, _ints(1, 100_000)]  # each replicate reads every bar of the split
+    block_bars: Annotated[int, _ints(1, MAX_BARS)]
     confidence: Fraction
     seed: Seed
 
 
 class WalkForward(_Strict):
-    folds: _int(1, 1000)
+    folds: Annotated[int, _ints(1, 1000)]
     window: Literal["expanding", "rolling"]
     train: Fraction
     val: Fraction
@@ -205,20 +254,20 @@ class WalkForward(_Strict):
 
 class Interpret(_Strict):
     enabled: bool
-    max_windows: _int(1, MAX_BARS) | None
+    max_windows: Annotated[int, _ints(1, MAX_BARS)] | None
 
 
 class Evaluation(_Strict):
     plot_equity: bool
-    max_bars: _int(1, MAX_BARS) | None = None
-    sessions_per_year: _real(gt=0, le=366) | Literal["calendar"]
+    max_bars: Annotated[int, _ints(1, MAX_BARS)] | None = None
+    sessions_per_year: Annotated[float, _reals(gt=0, le=366)] | Literal["calendar"]
     annualization_span: list[str]
     protocol: Literal["single", "walk_forward"]
     seeds: Annotated[list[Seed], Field(max_length=1000)] | None  # one run per seed
     baselines: list[Literal["flat", "buy_and_hold", "random", "momentum"]]
     bootstrap: Bootstrap
     walk_forward: WalkForward
-    fold: _int(0, 999) | None
+    fold: Annotated[int, _ints(0, 999)] | None
     holdout: Fraction | None = None  # the lockbox: the last fraction of the bars (foxhunt.data.splits)
     interpret: Interpret | None = None  # TFT interpretability (foxhunt.evaluation.interpret); absent in older stored configs
 
@@ -260,16 +309,16 @@ class Monitor(_Strict):
 
 
 class EnvSettings(_Strict):
-    num_envs: _int(1, 65_536)
-    episode_len: _int(2, MAX_BARS)
-    steps_per_epoch: _int(1, MAX_STEPS)
+    num_envs: Annotated[int, _ints(1, 65_536)]
+    episode_len: Annotated[int, _ints(2, MAX_BARS)]
+    steps_per_epoch: Annotated[int, _ints(1, MAX_STEPS)]
 
 
 class WindowSettings(_Strict):
-    seq_len: _int(1, 100_000)
-    horizon: _int(1, 100_000)
-    batch_size: _int(1, MAX_BATCH)
-    eval_batch_size: _int(1, MAX_BATCH)
+    seq_len: Annotated[int, _ints(1, 100_000)]
+    horizon: Annotated[int, _ints(1, 100_000)]
+    batch_size: Annotated[int, _ints(1, MAX_BATCH)]
+    eval_batch_size: Annotated[int, _ints(1, MAX_BATCH)]
 
     @model_validator(mode="after")
     def _horizon_shorter_than_sequence(self) -> WindowSettings:
@@ -301,16 +350,16 @@ class JobsSection(_Strict):
     """``jobs`` of conf/train.yaml: how ``foxhunt train start`` weighs a job's cells (foxhunt.jobs.launch)."""
 
     expected_seconds_per_batch_if_unset: Seconds
-    batches_per_epoch_if_unknown: _int(1, MAX_STEPS)
+    batches_per_epoch_if_unknown: Annotated[int, _ints(1, MAX_STEPS)]
 
 
 class AssetSection(_Ranged):
     key: str = Field(min_length=1)
     symbol: str = Field(min_length=1)
-    tick_size: _real(gt=0, le=1e4)
-    multiplier: _real(gt=0, le=1e8)  # USD per point (6J: 12.5 million)
-    tick_value: _real(gt=0, le=1e5)
-    price_level: _real(gt=0, le=1e7)
+    tick_size: Annotated[float, _reals(gt=0, le=1e4)]
+    multiplier: Annotated[float, _reals(gt=0, le=1e8)]  # USD per point (6J: 12.5 million)
+    tick_value: Annotated[float, _reals(gt=0, le=1e5)]
+    price_level: Annotated[float, _reals(gt=0, le=1e7)]
     daily_vol: Fraction
     session_tz: str
     session_open: str = Field(pattern=r"^\d{2}:\d{2}$")
@@ -339,9 +388,9 @@ class AssetSection(_Ranged):
 
 
 class Features(_Strict):
-    momentum_bars: _int(2, 1_000_000)
-    volatility_bars: _int(2, 1_000_000)
-    volume_bars: _int(2, 1_000_000)
+    momentum_bars: Annotated[int, _ints(2, 1_000_000)]
+    volatility_bars: Annotated[int, _ints(2, 1_000_000)]
+    volume_bars: Annotated[int, _ints(2, 1_000_000)]
     rth_open: str | None = Field(default=None, pattern=r"^\d{2}:\d{2}$")
     rth_close: str | None = Field(default=None, pattern=r"^\d{2}:\d{2}$")
     rth_tz: str | None = None
@@ -372,7 +421,7 @@ class BudgetSection(_Ranged):
     name: str = Field(min_length=1)
     kind: Literal["gpu", "cpu"]
     total_mb: MegaBytes
-    headroom_mb: _real(ge=0, le=MAX_MB)
+    headroom_mb: Annotated[float, _reals(ge=0, le=MAX_MB)]
 
     @model_validator(mode="after")
     def _headroom_below_total(self) -> BudgetSection:
@@ -384,16 +433,16 @@ class BudgetSection(_Ranged):
 class PrecisionSection(_Ranged):
     name: str = Field(min_length=1)
     # the allowed values are the policy's own (foxhunt.precision.policy): one list each
-    trainer_precision: Literal[LIGHTNING_PRECISIONS]
-    weights: Literal[WEIGHT_FORMATS] = "fp32"
-    optimizer_states: Literal[OPTIMIZER_STATE_FORMATS] = "32bit"
-    optimizer_block_size: _int(1, MAX_BATCH) | None = None
+    trainer_precision: Annotated[str, _OneOf(LIGHTNING_PRECISIONS)]
+    weights: Annotated[str, _OneOf(WEIGHT_FORMATS)] = "fp32"
+    optimizer_states: Annotated[str, _OneOf(OPTIMIZER_STATE_FORMATS)] = "32bit"
+    optimizer_block_size: Annotated[int, _ints(1, MAX_BATCH)] | None = None
     compile_optimizer: bool = True
     fuse_fp32_states: bool = False
-    quantize_types: list[Literal[QUANTIZABLE_TYPES]] = Field(default_factory=list)
-    min_quantized_numel: _int(1, 2**40) | None = None
+    quantize_types: list[Annotated[str, _OneOf(QUANTIZABLE_TYPES)]] = Field(default_factory=list)
+    min_quantized_numel: Annotated[int, _ints(1, 2**40)] | None = None
     keep_fp32: list[str] = Field(default_factory=list)
-    inference_weights: Literal[INFERENCE_CONFIGS] | None = None
+    inference_weights: Annotated[str, _OneOf(INFERENCE_CONFIGS)] | None = None
     choice: str | None = None  # precision=auto: what it chose and why (foxhunt.precision.auto)
 
     @model_validator(mode="after")
@@ -426,13 +475,13 @@ class StrategySection(_Strict):
     prediction_cache: str | None = None
     partition: str | None = None
     account: str | None = None
-    gpus_per_job: _int(0, 64) | None = None
+    gpus_per_job: Annotated[int, _ints(0, 64)] | None = None
     cpus_per_task: Cores | None = None
-    mem_gb: _int(1, 100_000) | None = None
-    time_min: _int(1, 525_600) | None = None  # at most a year
-    array_parallelism: _int(1, 100_000) | None = None
+    mem_gb: Annotated[int, _ints(1, 100_000)] | None = None
+    time_min: Annotated[int, _ints(1, 525_600)] | None = None  # at most a year
+    array_parallelism: Annotated[int, _ints(1, 100_000)] | None = None
     setup: list[str] | None = None
-    orphan_grace_s: _real(gt=0, le=3600) | None = None
+    orphan_grace_s: Annotated[float, _reals(gt=0, le=3600)] | None = None
 
     @field_validator("n_jobs", "torch_threads", mode="before")
     @classmethod
@@ -475,32 +524,34 @@ class TrainerSection(_Ranged):
     a number under any other key is refused."""
 
     accelerator: str = "auto"
-    devices: _ruled(Cores | Literal["auto", -1] | str | list[_int(0, MAX_CORES - 1)], _devices,
-                    f"must be auto, -1 (every device), a number of devices in [1, {MAX_CORES}], "
-                    "or device indices (a list or '0,1')") = "auto"  # fmt: skip
+    devices: Annotated[Cores | Literal["auto", -1] | str | list[Annotated[int, _ints(0, MAX_CORES - 1)]],
+                       _only(_devices, f"must be auto, -1 (every device), a number of devices in [1, {MAX_CORES}], "
+                                       "or device indices (a list or '0,1')")] = "auto"  # fmt: skip
     num_nodes: Cores = 1
-    max_epochs: _int(-1, MAX_EPOCHS) | None = None
-    min_epochs: _int(0, MAX_EPOCHS) | None = None
-    max_steps: _int(-1, MAX_STEPS) = -1
-    min_steps: _int(0, MAX_STEPS) | None = None
-    max_time: _ruled(str | dict[Literal["days", "hours", "minutes", "seconds"], _int(0, 10_000_000)] | None, _max_time,
-                     "must be a time 'DD:HH:MM:SS' or a mapping of days, hours, minutes, seconds (integers in [0, 10000000])") = None  # fmt: skip
+    max_epochs: Annotated[int, _ints(-1, MAX_EPOCHS)] | None = None
+    min_epochs: Annotated[int, _ints(0, MAX_EPOCHS)] | None = None
+    max_steps: Annotated[int, _ints(-1, MAX_STEPS)] = -1
+    min_steps: Annotated[int, _ints(0, MAX_STEPS)] | None = None
+    max_time: Annotated[str | dict[Literal["days", "hours", "minutes", "seconds"], Annotated[int, _ints(0, 10_000_000)]] | None,
+                        _only(_max_time, "must be a time 'DD:HH:MM:SS' or a mapping of days, hours, minutes, seconds "
+                                         "(integers in [0, 10000000])")] = None  # fmt: skip
     limit_train_batches: Batches | None = None
     limit_val_batches: Batches | None = None
     limit_test_batches: Batches | None = None
     limit_predict_batches: Batches | None = None
     overfit_batches: Batches = 0.0
-    val_check_interval: _ruled(_int(1, MAX_STEPS) | _real(gt=0, le=1) | str | None, _val_check_interval,
-                               f"must be a number of training batches, an integer in [1, {MAX_STEPS}], a fraction "
-                               "of the epoch in (0.0, 1.0], or a time 'DD:HH:MM:SS'") = None  # fmt: skip
-    check_val_every_n_epoch: _int(1, MAX_EPOCHS) | None = 1
-    num_sanity_val_steps: _int(-1, MAX_STEPS) | None = None
-    log_every_n_steps: _int(1, MAX_STEPS) | None = None
-    accumulate_grad_batches: _int(1, 1_000_000) = 1
-    gradient_clip_val: _real(ge=0, le=1e6) | None = None
-    reload_dataloaders_every_n_epochs: _int(0, MAX_EPOCHS) = 0
-    fast_dev_run: _ruled(bool | _int(0, MAX_STEPS), lambda v: isinstance(v, bool) or (_is_int(v) and 0 <= v <= MAX_STEPS),
-                         f"must be true, false or a number of batches in [0, {MAX_STEPS}]") = False  # fmt: skip
+    val_check_interval: Annotated[Annotated[int, _ints(1, MAX_STEPS)] | Annotated[float, _reals(gt=0, le=1)] | str | None,
+                                  _only(_val_check_interval, f"must be a number of training batches, an integer in [1, {MAX_STEPS}], "
+                                                             "a fraction of the epoch in (0.0, 1.0], or a time 'DD:HH:MM:SS'")] = None  # fmt: skip
+    check_val_every_n_epoch: Annotated[int, _ints(1, MAX_EPOCHS)] | None = 1
+    num_sanity_val_steps: Annotated[int, _ints(-1, MAX_STEPS)] | None = None
+    log_every_n_steps: Annotated[int, _ints(1, MAX_STEPS)] | None = None
+    accumulate_grad_batches: Annotated[int, _ints(1, 1_000_000)] = 1
+    gradient_clip_val: Annotated[float, _reals(ge=0, le=1e6)] | None = None
+    reload_dataloaders_every_n_epochs: Annotated[int, _ints(0, MAX_EPOCHS)] = 0
+    fast_dev_run: Annotated[bool | Annotated[int, _ints(0, MAX_STEPS)],
+                            _only(lambda v: isinstance(v, bool) or (_is_int(v) and 0 <= v <= MAX_STEPS),
+                                  f"must be true, false or a number of batches in [0, {MAX_STEPS}]")] = False  # fmt: skip
 
     @field_validator("max_epochs")
     @classmethod
@@ -513,9 +564,9 @@ class TrainerSection(_Ranged):
 class CheckpointSettings(_Ranged):
     """``callbacks.model_checkpoint``: Lightning's ModelCheckpoint."""
 
-    save_top_k: _int(-1, 1_000_000) = 1  # -1: every checkpoint
-    every_n_train_steps: _int(0, MAX_STEPS) | None = None
-    every_n_epochs: _int(0, MAX_EPOCHS) | None = None
+    save_top_k: Annotated[int, _ints(-1, 1_000_000)] = 1  # -1: every checkpoint
+    every_n_train_steps: Annotated[int, _ints(0, MAX_STEPS)] | None = None
+    every_n_epochs: Annotated[int, _ints(0, MAX_EPOCHS)] | None = None
 
 
 class MemoryBudgetSettings(_Ranged):
@@ -523,14 +574,14 @@ class MemoryBudgetSettings(_Ranged):
 
     budget: BudgetSection
     target_mb: MegaBytes | None
-    sample_every_n_steps: _int(1, MAX_STEPS)
-    max_overhead_pct: _real(gt=0, le=100)
+    sample_every_n_steps: Annotated[int, _ints(1, MAX_STEPS)]
+    max_overhead_pct: Annotated[float, _reals(gt=0, le=100)]
 
 
 class ResumePointSettings(_Ranged):
     """``callbacks.resume_point``: foxhunt.training.resume_point.ResumePoint."""
 
-    every_n_train_steps: _int(1, MAX_STEPS)
+    every_n_train_steps: Annotated[int, _ints(1, MAX_STEPS)]
 
 
 class WarmStartSettings(_Ranged):
@@ -542,14 +593,14 @@ class WarmStartSettings(_Ranged):
 class ProgressSettings(_Ranged):
     """``callbacks.progress``: foxhunt.training.progress.ProgressReporter."""
 
-    every_n_steps: _int(1, MAX_STEPS)
+    every_n_steps: Annotated[int, _ints(1, MAX_STEPS)]
 
 
 class ProgressBarSettings(_Ranged):
     """``callbacks.progress_bar``: Lightning's TQDMProgressBar."""
 
-    refresh_rate: _int(0, 1_000_000)  # 0: no bar
-    process_position: _int(0, MAX_CORES) = 0
+    refresh_rate: Annotated[int, _ints(0, 1_000_000)]  # 0: no bar
+    process_position: Annotated[int, _ints(0, MAX_CORES)] = 0
 
 
 class CallbacksSection(_Open):
@@ -557,16 +608,15 @@ class CallbacksSection(_Open):
     entries are checked with their range (absent: dropped with ``~callbacks.<name>``; never
     null); an entry added on the command line is checked for its ``_target_`` only."""
 
-    # a default of None without Optional: the key may be absent, never null
-    precision: _Ranged = None
-    model_checkpoint: CheckpointSettings = None
-    graceful_stop: _Ranged = None
-    resume_point: ResumePointSettings = None
-    warm_start: WarmStartSettings = None
-    memory_budget: MemoryBudgetSettings = None
-    progress: ProgressSettings = None
-    progress_bar: ProgressBarSettings = None
-    checkpoint_stamp: _Ranged = None
+    precision: MaybeAbsent[_Ranged] = None
+    model_checkpoint: MaybeAbsent[CheckpointSettings] = None
+    graceful_stop: MaybeAbsent[_Ranged] = None
+    resume_point: MaybeAbsent[ResumePointSettings] = None
+    warm_start: MaybeAbsent[WarmStartSettings] = None
+    memory_budget: MaybeAbsent[MemoryBudgetSettings] = None
+    progress: MaybeAbsent[ProgressSettings] = None
+    progress_bar: MaybeAbsent[ProgressBarSettings] = None
+    checkpoint_stamp: MaybeAbsent[_Ranged] = None
     __pydantic_extra__: dict[str, Targeted]
 
 
@@ -654,29 +704,29 @@ def label_reach(model: ModelSection) -> tuple[int, str]:
 
 
 class EnsembleValidate(_Strict):
-    warm_bars: _int(1, 10_000_000)
-    probe_calls: _int(1, 1_000_000)
-    int8_max_slowdown: _real(gt=0, le=1000)
-    int8_min_cut_pct: _real(ge=0, lt=100)
-    int8_min_agreement: _real(ge=0, le=1)
+    warm_bars: Annotated[int, _ints(1, 10_000_000)]
+    probe_calls: Annotated[int, _ints(1, 1_000_000)]
+    int8_max_slowdown: Annotated[float, _reals(gt=0, le=1000)]
+    int8_min_cut_pct: Annotated[float, _reals(ge=0, lt=100)]
+    int8_min_agreement: Annotated[float, _reals(ge=0, le=1)]
     record_choice: bool
 
 
 class ServeSection(_Strict):
-    max_symbols: _int(1, 1_000_000)
+    max_symbols: Annotated[int, _ints(1, 1_000_000)]
     symbols: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,32}$")]] | None
     idle_evict_s: Seconds | None
-    max_bars_per_request: _int(1, 1_000_000)
-    max_body_bytes: _int(1, 2**30)  # a request body is read into memory whole
-    max_batch: _int(1, 65_536)
-    timeout_s: _real(gt=0, le=86_400)
-    read_timeout_s: _real(gt=0, le=86_400)
-    max_connections: _int(
-        1, 1_000_000
-    )  # files: checked against the process's open-file limit at start (serve.reserve_descriptors)
-    health_reserve: _int(1, 65_536)
-    log_interval_s: _real(gt=0, le=86_400)
-    shutdown_grace_s: _real(ge=0, le=3600)
+    max_bars_per_request: Annotated[int, _ints(1, 1_000_000)]
+    max_body_bytes: Annotated[int, _ints(1, 2**30)]  # a request body is read into memory whole
+    max_batch: Annotated[int, _ints(1, 65_536)]
+    timeout_s: Annotated[float, _reals(gt=0, le=86_400)]
+    read_timeout_s: Annotated[float, _reals(gt=0, le=86_400)]
+    max_connections: Annotated[
+        int, _ints(1, 1_000_000)
+    ]  # files: checked against the process's open-file limit at start (serve.reserve_descriptors)
+    health_reserve: Annotated[int, _ints(1, 65_536)]
+    log_interval_s: Annotated[float, _reals(gt=0, le=86_400)]
+    shutdown_grace_s: Annotated[float, _reals(ge=0, le=3600)]
 
 
 class EnsembleSection(_Strict):
@@ -686,19 +736,19 @@ class EnsembleSection(_Strict):
     metric: str = Field(min_length=1)
     alias: str = Field(min_length=1)
     gate: Literal["baseline", "interval", "none"]
-    versions: dict[str, _int(1, MAX_STEPS) | None]
+    versions: dict[str, Annotated[int, _ints(1, MAX_STEPS)] | None]
     registry_prefix: str = Field(min_length=1)
     rule: Literal["majority", "mean_forecast", "weighted"]
-    forecast_threshold: _real(ge=0, le=1e6)
+    forecast_threshold: Annotated[float, _reals(ge=0, le=1e6)]
     weights: Literal["auto", "fp32", "int8"]
     runtime: Literal["auto", "numpy", "numba", "torch"]
-    runtime_probe_calls: _int(1, 1_000_000)
+    runtime_probe_calls: Annotated[int, _ints(1, 1_000_000)]
     device: str = Field(pattern=r"^(cpu|cuda(:\d+)?)$")
     torch_threads: Cores | None
     split: Literal["train", "val", "test", "all"]
     experiment: str = Field(min_length=1)
     plot_equity: bool
-    input_example_decided: _int(1, 100_000)
+    input_example_decided: Annotated[int, _ints(1, 100_000)]
     validate_: EnsembleValidate = Field(alias="validate")
     serve: ServeSection
 
@@ -728,10 +778,10 @@ class EnsembleSection(_Strict):
 
 
 class PaperRisk(_Strict):
-    max_position: _int(0, MAX_POSITION)  # bounded: see MAX_CAPITAL_USD
-    max_daily_loss_usd: _real(gt=0, le=MAX_CAPITAL_USD) | None
-    max_drawdown_usd: _real(gt=0, le=MAX_CAPITAL_USD) | None
-    stale_minutes: _int(1, 10_080) | None  # a week
+    max_position: Annotated[int, _ints(0, MAX_POSITION)]  # bounded: see MAX_CAPITAL_USD
+    max_daily_loss_usd: Annotated[float, _reals(gt=0, le=MAX_CAPITAL_USD)] | None
+    max_drawdown_usd: Annotated[float, _reals(gt=0, le=MAX_CAPITAL_USD)] | None
+    stale_minutes: Annotated[int, _ints(1, 10_080)] | None  # a week
     on_breach: Literal["stop", "pause"]
 
 
@@ -739,42 +789,42 @@ class PaperLive(_Strict):
     dataset: str = Field(min_length=1)
     schema_: Literal["ohlcv-1m"] = Field(alias="schema")
     key_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    poll_s: _real(gt=0, le=3600)
+    poll_s: Annotated[float, _reals(gt=0, le=3600)]
 
 
 class PaperSection(_Strict):
     """``conf/paper``: the paper-trading session (``foxhunt ensemble paper``)."""
 
     feed: Literal["file", "live"]
-    speed: _real(ge=0, le=1e6)
+    speed: Annotated[float, _reals(ge=0, le=1e6)]
     split: Literal["train", "val", "test", "all"]
     symbol: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,32}$")] | None
     ledger: str = Field(min_length=1)
     ledger_sync: Literal["normal", "full"]
-    capital_usd: _real(gt=0, le=MAX_CAPITAL_USD)  # bounded: see MAX_CAPITAL_USD
+    capital_usd: Annotated[float, _reals(gt=0, le=MAX_CAPITAL_USD)]  # bounded: see MAX_CAPITAL_USD
     fill_price: Literal["next_open", "decision_close"]
     risk: PaperRisk
     live: PaperLive
     view: Literal["auto", "always", "never"]
-    view_refresh_hz: _real(gt=0, le=1000)
+    view_refresh_hz: Annotated[float, _reals(gt=0, le=1000)]
     experiment: str = Field(min_length=1)
     plot_equity: bool
 
 
 class RollSwap(_Strict):
     poll_s: Seconds | None
-    warm_bars: _int(0, 1_000_000)
+    warm_bars: Annotated[int, _ints(0, 1_000_000)]
 
 
 class RollSection(_Strict):
     """``conf/roll``: the rolling loop (``foxhunt ensemble roll | rollback``) and the hot swap of a
     running ``serve`` or ``paper``."""
 
-    window_bars: _int(1, MAX_BARS)
-    eval_bars: _int(2, MAX_BARS)
-    min_new_bars: _int(1, MAX_BARS)
-    purge_bars: _int(0, MAX_BARS)
-    min_dsr: _real(ge=0, le=1) | None
+    window_bars: Annotated[int, _ints(1, MAX_BARS)]
+    eval_bars: Annotated[int, _ints(2, MAX_BARS)]
+    min_new_bars: Annotated[int, _ints(1, MAX_BARS)]
+    purge_bars: Annotated[int, _ints(0, MAX_BARS)]
+    min_dsr: Annotated[float, _reals(ge=0, le=1)] | None
     init: Literal["scratch", "champion"] = "scratch"
     experiment: str = Field(min_length=1)
     previous_alias: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
@@ -955,7 +1005,7 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
             key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True)
             if OmegaConf.is_config(cfg[key])
             else cfg[key]
-            for key in cfg
+            for key in map(str, cfg)
             if key != "hydra"
         }
     except Exception as exc:  # omegaconf's own errors carry the full key

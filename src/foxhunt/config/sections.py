@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 
 def dataclass_values(cls: type, cfg: Any, section: str) -> dict[str, Any]:
     """Field values of dataclass ``cls`` from a dataclass, mapping or DictConfig ``cfg``."""
-    if isinstance(cfg, cls):
-        return dataclasses.asdict(cfg)
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+    values: dict[str, Any]
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):  # an instance of cls, or of another dataclass
         values = dataclasses.asdict(cfg)
     elif isinstance(cfg, DictConfig):
-        values = OmegaConf.to_container(cfg, resolve=True)
+        values = cast("dict[str, Any]", OmegaConf.to_container(cfg, resolve=True))  # a DictConfig's container is a dict
     elif isinstance(cfg, Mapping):
         values = dict(cfg)
     else:

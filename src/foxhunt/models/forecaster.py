@@ -25,7 +25,7 @@ The hyperparameters every forecaster takes are defined once here
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -126,6 +126,7 @@ class ForecasterModule(LightningModule):
     monitor_metric: str = "val/loss"
     monitor_mode: str = "min"
     hyperparameters: ClassVar[type[ForecasterHyperparameters]]
+    quantile_levels: Tensor  # the quantiles as a buffer (registered in __init__: it follows the module's device)
 
     def __init__(
         self,
@@ -189,7 +190,8 @@ class ForecasterModule(LightningModule):
         """A fit resumed in the middle of an epoch: the epoch's running loss put back (a fit
         resumed at an epoch's end starts the next epoch afresh)."""
         saved, self._resumed_train_loss = self._resumed_train_loss, None
-        done = int(self.trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        # Lightning types the counters as _ReadyCompletedTracker; a _BatchProgress holds _ProcessedTrackers
+        done = int(self.trainer.fit_loop.epoch_loop.batch_progress.current.processed)  # type: ignore[attr-defined]
         if saved is None or not 0 < done < self.trainer.num_training_batches:
             return
         for name, value in saved.items():
@@ -217,7 +219,8 @@ class ForecasterModule(LightningModule):
         hparams = checkpoint.get("hyper_parameters")
         if hparams:
             checkpoint["hyper_parameters"] = {key: _plain(value) for key, value in hparams.items()}
-        checkpoint[TRAIN_LOSS_KEY] = {name: value.detach().cpu().clone() for name, value in self.train_loss.metric_state.items()}
+        states = self.train_loss.metric_state.items()  # a MeanMetric's states are tensors (a list is a cat metric's)
+        checkpoint[TRAIN_LOSS_KEY] = {name: cast(Tensor, value).detach().cpu().clone() for name, value in states}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed_train_loss = checkpoint.get(TRAIN_LOSS_KEY)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Annotated, NamedTuple
+from typing import Annotated, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -280,11 +280,13 @@ class Mamba2Mixer(nn.Module):
         self.out_proj = nn.Linear(d_inner, d_model)
 
     def _split_projection(self, zxbcdt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+        z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+        return z, xbc, dt
 
     def _split_conv_output(self, xbc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         gn = self.ngroups * self.d_state
-        return torch.split(xbc, [self.d_inner, gn, gn], dim=-1)
+        x, B, C = torch.split(xbc, [self.d_inner, gn, gn], dim=-1)
+        return x, B, C
 
     def _output(self, y: Tensor, x: Tensor, z: Tensor) -> Tensor:
         """D skip, gated norm and output projection; y, x: (..., nheads, headdim)."""
@@ -395,6 +397,11 @@ class Mamba2Stack(nn.Module):
         self.layers = nn.ModuleList(Mamba2Block(d_model=d_model, norm_eps=norm_eps, **block_kwargs) for _ in range(n_layers))
         self.norm_f = nn.RMSNorm(d_model, eps=norm_eps)
 
+    @property
+    def blocks(self) -> list[Mamba2Block]:
+        """The layers as the blocks they are (``nn.ModuleList`` types its items as any Module)."""
+        return [cast(Mamba2Block, layer) for layer in self.layers]
+
     def forward(
         self, u: Tensor, state: Sequence[Mamba2LayerState] | None = None, return_state: bool = False
     ) -> Tensor | tuple[Tensor, list[Mamba2LayerState]]:
@@ -414,13 +421,13 @@ class Mamba2Stack(nn.Module):
         return self.norm_f(u), new_state
 
     def allocate_inference_state(self, batch_size: int, **kwargs) -> list[Mamba2LayerState]:
-        return [layer.allocate_inference_state(batch_size, **kwargs) for layer in self.layers]
+        return [layer.allocate_inference_state(batch_size, **kwargs) for layer in self.blocks]
 
     def step(self, u_t: Tensor, state: Sequence[Mamba2LayerState]) -> tuple[Tensor, list[Mamba2LayerState]]:
         if len(state) != len(self.layers):
             raise ValueError(f"Mamba2Stack.step: state has {len(state)} layers, the stack {len(self.layers)}")
         new_state = []
-        for layer, layer_state in zip(self.layers, state):
+        for layer, layer_state in zip(self.blocks, state):
             u_t, layer_state = layer.step(u_t, layer_state)
             new_state.append(layer_state)
         return self.norm_f(u_t), new_state
@@ -570,8 +577,8 @@ class Mamba2Forecaster(ForecasterModule):
         """Forecasts after every bar of features (B, L, input_dim), continuing from ``state``
         (``None``: a fresh stream) -> ((B, L, horizon, Q), the state after the last bar).
         The chunked scan of `forward` over a whole sequence; equal to `step` bar by bar."""
-        hidden, state = self.backbone(self.input_proj(features), state, return_state=True)
-        return self._forecast(hidden), state
+        hidden, new_state = self.backbone(self.input_proj(features), state, return_state=True)
+        return self._forecast(hidden), new_state
 
     @torch.no_grad()
     def trading_positions(self, datamodule, split: str) -> np.ndarray:
@@ -583,7 +590,7 @@ class Mamba2Forecaster(ForecasterModule):
         features = torch.from_numpy(dataset.splits[split].features).float()
         groups = dataset.groups
         features = torch.cat([features[:, groups[g]] for g in ("static", "known", "observed")], dim=1)
-        segment = int(self.hparams.chunk_size) * STREAM_SEGMENT_CHUNKS
+        segment = int(self.hparams["chunk_size"]) * STREAM_SEGMENT_CHUNKS
         was_training = self.training
         self.eval()
         try:
