@@ -103,7 +103,7 @@ def test_each_network_is_clipped_by_its_own_norm_before_every_step():
     cfg = model_config("ppo", seed=0, max_grad_norm=1e-3, env={"steps_per_epoch": 1, "episode_len": 5})
     agent = build_agent(cfg)
     seen = []
-    original = agent.on_before_optimizer_step
+    original = agent.clip_update_gradients  # the one clipping, through Lightning's wrapper or a direct update
 
     def record(optimizer):
         original(optimizer)
@@ -111,7 +111,7 @@ def test_each_network_is_clipped_by_its_own_norm_before_every_step():
             [torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in g["params"]])).item() for g in optimizer.param_groups]
         )
 
-    agent.on_before_optimizer_step = record
+    agent.clip_update_gradients = record
     cpu_trainer(max_steps=20).fit(agent, datamodule=env_datamodule(dataset, cfg))
     assert len(seen) == 20  # one optimizer step per minibatch
     for policy_norm, value_norm in seen:  # each group at most max_grad_norm on its own

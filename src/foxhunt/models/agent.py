@@ -47,6 +47,11 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 import torch
 from lightning import LightningModule
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -71,6 +76,35 @@ AGENT_STATE_KEY = "foxhunt_agent_state"
 #: Bars evaluated per batched forward pass in the greedy walk (bounds its memory, not a tunable
 #: of the model: the result does not depend on it).
 GREEDY_CHUNK_BARS = 32768
+#: The hooks Lightning's optimizer wrapper and ``manual_backward`` call around an update; a direct
+#: update (:func:`direct_updates_allowed`) is taken only where no callback listens to them.
+UPDATE_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
+#: What a precision plugin does around an update: a direct update is taken only where these are
+#: Lightning's plain ones (no loss scaling, no closure of its own), as they are for 32-true,
+#: bf16-mixed, bf16-true and foxhunt's policy plugins; 16-mixed's grad scaler is not.
+_PLUGIN_UPDATE_METHODS = ("pre_backward", "backward", "post_backward", "optimizer_step", "_wrap_closure", "_after_closure")
+
+
+def direct_updates_allowed(trainer: Any, module: LightningModule) -> bool:
+    """Whether an agent's manual updates may skip Lightning's optimizer wrapper and
+    ``manual_backward`` (:meth:`TradingAgent.update`) with the same result: one device, no grad
+    scaler or other precision logic around backward and step (see ``_PLUGIN_UPDATE_METHODS``), no
+    profiler, no callback hooked on :data:`UPDATE_HOOKS` and a module that overrides neither
+    ``backward`` nor the backward hooks (its ``on_before_optimizer_step`` clipping is what
+    :meth:`TradingAgent.clip_update_gradients` does in either path)."""
+    if type(trainer.strategy) is not SingleDeviceStrategy or not isinstance(trainer.profiler, PassThroughProfiler):
+        return False
+    plugin = trainer.precision_plugin
+    if getattr(plugin, "scaler", None) is not None:
+        return False
+    for name in _PLUGIN_UPDATE_METHODS:
+        if getattr(type(plugin), name) not in (getattr(Precision, name), getattr(MixedPrecision, name)):
+            return False
+    if any(is_overridden(hook, callback, Callback) for callback in trainer.callbacks for hook in UPDATE_HOOKS):
+        return False
+    return not any(
+        is_overridden(hook, module, LightningModule) for hook in ("backward", "on_before_backward", "on_after_backward")
+    )
 
 
 def build_mlp(input_dim: int, hidden_sizes: Sequence[int], output_dim: int, activation: Activation) -> nn.Sequential:
@@ -186,6 +220,7 @@ class TradingAgent(LightningModule, ABC):
         # Training statistics gathered between two logged steps (see ``log_due``).
         self._pending_returns: list[Tensor] = []
         self._pending_env_steps = 0
+        self._direct_updates = False  # decided when a fit starts (direct_updates_allowed)
 
     # ---------------------------------------------------------------- what each agent defines
     @property
@@ -196,6 +231,14 @@ class TradingAgent(LightningModule, ABC):
     @abstractmethod
     def greedy_action(self, obs: Tensor) -> Tensor:
         """(B, state_dim + 1) float observations -> (B,) int64 greedy actions in {0, 1, 2}."""
+
+    @abstractmethod
+    def clip_update_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Clip the gradients of ``optimizer``'s parameters as the agent's ``max_grad_norm`` says,
+        before its step (unscaled gradients: Lightning calls it from ``on_before_optimizer_step``)."""
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.clip_update_gradients(optimizer)
 
     # ------------------------------------------------------------------------- env plumbing
     def setup(self, stage: str) -> None:
@@ -239,6 +282,36 @@ class TradingAgent(LightningModule, ABC):
         if max_norm is None:
             return
         torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
+
+    def update(self, optimizer: Any, loss: Tensor | None) -> None:
+        """One optimizer step of ``loss``'s gradients (None: a step without gradients, which Adam
+        takes as no change), clipped first, counted in ``trainer.global_step``.
+
+        Through Lightning's wrapper (``optimizer``, a LightningOptimizer: ``manual_backward``, then
+        ``step``, its hooks and closure around the clipping of ``on_before_optimizer_step``) where
+        something listens to it or changes it (a grad scaler: see :func:`direct_updates_allowed`),
+        else directly: ``loss.backward()``, :meth:`clip_update_gradients` and the torch optimizer's
+        ``step``, counted in the manual-optimization loop's ``optim_step_progress`` exactly as the
+        wrapper counts it (ready, then completed: ``trainer.global_step`` is its completed total),
+        so global_step, max_steps, logging and checkpoint cadence and resume are the same. The
+        wrapper costs 25-47% of a DQN gradient step (foxhunt.bench.rl); the updates are the same
+        bit for bit (tests/models/test_agent_updates.py).
+        """
+        if not self._direct_updates:
+            optimizer.zero_grad()
+            if loss is not None:
+                self.manual_backward(loss)
+            optimizer.step()  # clipped first, in on_before_optimizer_step
+            return
+        torch_optimizer = optimizer.optimizer
+        torch_optimizer.zero_grad()
+        if loss is not None:
+            loss.backward()
+            self.clip_update_gradients(torch_optimizer)
+        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+        progress.increment_ready()
+        torch_optimizer.step()
+        progress.increment_completed()
 
     def env_obs(self, obs: Tensor) -> Tensor:
         """An env observation as network input: on the module's device, float32."""
@@ -312,6 +385,8 @@ class TradingAgent(LightningModule, ABC):
         self._last_step_time = time.perf_counter()
         self._pending_returns = []
         self._pending_env_steps = 0
+        trainer = self._trainer
+        self._direct_updates = trainer is not None and direct_updates_allowed(trainer, self)
         saved, self._resumed = self._resumed, None
         if saved is None:
             return

@@ -34,10 +34,15 @@ Algorithm (van Hasselt et al., 2016, "Deep Reinforcement Learning with Double Q-
   step is counted in ``global_step``), and nothing but the epsilon and env metrics is logged.
 - **Target network.** A copy of the online network, hard-updated (weights copied) whenever
   ``global_step`` is a multiple of ``target_update_interval``, after that step's update.
-- **Gradient clipping.** By total norm at ``max_grad_norm`` (``null`` disables it), applied in
-  ``on_before_optimizer_step`` (after Lightning has unscaled the gradients under a grad scaler)
-  so that the value lives in the model config; the trainer's ``gradient_clip_val`` must stay
-  unset (Lightning rejects it under manual optimization).
+- **Gradient clipping.** By total norm at ``max_grad_norm`` (``null`` disables it), applied
+  before each optimizer step (``clip_update_gradients``: in ``on_before_optimizer_step``, after
+  Lightning has unscaled the gradients under a grad scaler, or inline in a direct update,
+  :meth:`TradingAgent.update`) so that the value lives in the model config; the trainer's
+  ``gradient_clip_val`` must stay unset (Lightning rejects it under manual optimization).
+- **Direct updates.** Where nothing listens to Lightning's optimizer wrapper (no grad scaler,
+  no callback on the backward and optimizer-step hooks), each agent step steps the torch Adam
+  itself, counted in ``global_step`` as the wrapper counts it (:meth:`TradingAgent.update`):
+  the same updates, without the wrapper's cost per agent step.
 
 The replay buffer is preallocated tensors on the module's device; sampling uses its own seeded
 ``torch.Generator`` (on the CPU, so that a seed gives the same batches on every device), as
@@ -349,7 +354,7 @@ class DQNAgent(TradingAgent):
     def agent_step(self, optimizer: Any) -> tuple[float, Tensor | None, Tensor | None]:
         """One agent step: act and store (:meth:`collect_step`), one gradient step once the
         buffer holds ``min_replay_size`` transitions, then the target update due at the new
-        ``global_step``, with ``optimizer`` (Lightning's wrapper of the Adam). Returns
+        ``global_step``, with ``optimizer`` (Lightning's wrapper of the Adam; :meth:`update`). Returns
         ``(epsilon, loss, q_taken)``, the last two detached (None while the buffer fills)."""
         hp = self.hparams
         epsilon = self.epsilon(self.global_step)
@@ -358,11 +363,10 @@ class DQNAgent(TradingAgent):
         loss = q_taken = None
         if len(self.replay) >= hp.min_replay_size:
             loss, q_taken = double_dqn_loss(self.q_net, self.target_net, self.replay.sample(hp.batch_size), hp.gamma)
-            optimizer.zero_grad()
-            self.manual_backward(loss)
-            loss, q_taken = loss.detach(), q_taken.detach()
         # Counted in global_step either way; without gradients (filling) Adam changes nothing.
-        optimizer.step()  # clipped first, in on_before_optimizer_step
+        self.update(optimizer, loss)
+        if loss is not None:
+            loss, q_taken = loss.detach(), q_taken.detach()
         self.maybe_update_target(self.global_step)
         return epsilon, loss, q_taken
 
@@ -374,7 +378,7 @@ class DQNAgent(TradingAgent):
             return True
         return False
 
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def clip_update_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.clip_grad_norm(params, self.hparams.max_grad_norm)
 

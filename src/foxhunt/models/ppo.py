@@ -26,8 +26,9 @@ head 0.01, value head 1.0), updated by one Adam with two parameter groups, the p
 per parameter, so this is the same update as two optimizers, in one optimizer step: Lightning's
 wrapper around each step costs about as much as a small network's fused Adam step. Gradients
 are clipped to ``max_grad_norm`` per network (each parameter group by its own norm; CleanRL
-clips the two jointly; null: no clipping, as DQN's), in ``on_before_optimizer_step``: after Lightning has unscaled them
-under a grad scaler (16-mixed), before the step.
+clips the two jointly; null: no clipping, as DQN's), before each step (``clip_update_gradients``: in
+``on_before_optimizer_step``, after Lightning has unscaled them under a grad scaler (16-mixed), or inline in a
+direct update where nothing listens to Lightning's optimizer wrapper, :meth:`TradingAgent.update`).
 
 Lightning counts every optimizer step in ``trainer.global_step``: one training step advances it
 by ``update_epochs x (num_envs x rollout_steps / minibatch_size)`` (20 with the defaults).
@@ -391,9 +392,7 @@ class PPOAgent(TradingAgent):
                     ent_coef=hp.ent_coef,
                     with_stats=log,
                 )
-                optimizer.zero_grad()
-                self.manual_backward(loss)
-                optimizer.step()  # clipped first, in on_before_optimizer_step
+                self.update(optimizer, loss)  # clipped first
                 if stats is not None:
                     totals += stats  # summed as tensors: no host sync per minibatch
                 updates += 1
@@ -408,7 +407,7 @@ class PPOAgent(TradingAgent):
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=self.batch_size)
         return means[0]
 
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def clip_update_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         for group in optimizer.param_groups:  # the policy's, then the value's: each its own norm
             self.clip_grad_norm(group["params"], self.hparams.max_grad_norm)
 
