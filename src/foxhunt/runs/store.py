@@ -65,6 +65,8 @@ SQLITE_BUSY_TIMEOUT_MS = 120_000
 STORE_LOCK_SUFFIX = ".lock"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _ACCEPTED_URIS = "sqlite:///<file> (created when missing) or an http(s):// MLflow server"
+#: The version tags naming runs (foxhunt.ensemble.registry: the cell run chosen, the run whose weights it holds).
+VERSION_RUN_TAGS = ("run_id", "weights_run_id")
 
 
 # Each key's latest value as MLflow keeps it: the greatest (step, timestamp, value).
@@ -536,6 +538,33 @@ class RunStore:
 
         with _use_tracking_uri(self.tracking_uri):
             yield
+
+    def registered_run_ids(self) -> set[str]:
+        """Every run the model registry points at, whatever its alias: each version's run, the run
+        of a ``runs:/<id>/...`` source, the source run of a logged model it was made from, and
+        foxhunt's ``run_id`` version tag (``foxhunt runs prune`` never touches these runs)."""
+        found: set[str] = set()
+        models: set[str] = set()
+        token = None
+        while True:
+            page = self.client.search_model_versions(page_token=token)
+            for version in page:
+                source = str(version.source or "")
+                tags = version.tags or {}
+                candidates = [version.run_id, *(tags.get(key) for key in VERSION_RUN_TAGS)]
+                if source.startswith("runs:/"):
+                    candidates.append(source[len("runs:/") :].split("/", 1)[0])
+                found.update(str(run_id) for run_id in candidates if run_id)
+                if version.model_id:  # made from a logged model (models:/<model_id>)
+                    models.add(str(version.model_id))
+            token = page.token
+            if not token:
+                break
+        for model_id in models:
+            source_run = self.client.get_logged_model(model_id).source_run_id
+            if source_run:
+                found.add(str(source_run))
+        return found
 
     def get_version(self, name: str, version: str | int) -> ModelVersion | None:
         from mlflow.exceptions import MlflowException

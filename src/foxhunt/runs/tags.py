@@ -35,6 +35,8 @@ class Tag:
     # A reproduction's run (foxhunt runs reproduce: foxhunt.runs.reproduce), in REPRODUCTIONS_EXPERIMENT.
     REPRODUCTION_OF = "reproduction_of"  # the run it retrained
     REPRODUCTION_VERDICT = "reproduction.verdict"  # identical, or differs: the first input that differs
+    # foxhunt runs prune (foxhunt.runs.prune): when and what of the run's stored artifacts it removed.
+    ARTIFACTS_PRUNED = "artifacts.pruned"
     # The process that runs it (TrackedRun, the sweep's parent run, the supervisor).
     JOB_ID = "job_id"
     PID = "pid"

@@ -1,0 +1,173 @@
+"""``foxhunt runs prune`` end to end on a small real store (typer's runner, in process).
+
+The store: one cell (dqn/es) of five FINISHED runs ranked by val/sharpe, one registered, one
+RUNNING that scores best, a cell run made of a fold child, a run without the metric, another cell
+(tft/es) of one run, and two runs whose artifact folder leads out of the store (``..`` in its URI,
+a symbolic link), each with checkpoints of its own size. Checked: the dry run removes nothing and
+measures what it would; ``--yes`` removes the checkpoints of the runs that lost only (registered,
+the best K, RUNNING, unranked and other cells kept), tags them, keeps their metrics; a second prune
+is a no-op; nothing outside the store is followed or removed; a run registered or reopened after
+the plan keeps its files; one-line errors.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from foxhunt.commands.prune import prune
+from foxhunt.runs import prune as pr
+from foxhunt.runs.environment import store_uri
+from foxhunt.runs.store import RunStore
+from foxhunt.runs.tags import Tag
+
+runner = CliRunner()
+app = typer.Typer()
+app.command()(prune)
+TASK = "unit"
+
+
+@dataclass
+class Store:
+    root: Path
+    store: RunStore
+    ids: dict[str, str]
+    outside: Path
+
+    def folder(self, label: str) -> Path:
+        return Path(self.store.get(self.ids[label]).artifact_uri.removeprefix("file://")) / "checkpoints"
+
+    def invoke(self, *args: str):
+        return runner.invoke(app, [f"task={TASK}", "--root", str(self.root), *args])
+
+
+@pytest.fixture
+def built(tmp_path) -> Store:
+    store = RunStore(store_uri(tmp_path))
+    experiment = store.ensure_experiment(TASK, str(tmp_path / "mlruns" / "artifacts"))
+    ids: dict[str, str] = {}
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+
+    def run(label, sharpe, size, model="dqn", status="FINISHED", tags=None):
+        run_id = store.create(experiment, f"{model}-es-fp32", {"model": model, "asset": "es", "precision": "fp32",
+                                                              "seed": "42", **(tags or {})})  # fmt: skip
+        if sharpe is not None:
+            store.log_metrics(run_id, {"val/sharpe": sharpe, "val/loss": 1.0})
+        checkpoint = scratch / "best.ckpt"
+        checkpoint.write_bytes(b"w" * size)
+        store.log_artifact(run_id, checkpoint, "checkpoints")
+        if status != "RUNNING":
+            store.end(run_id, status)
+        ids[label] = run_id
+        return run_id
+
+    for rank, size in enumerate((101, 102, 103, 104, 105), start=1):
+        run(f"s{rank}", 6.0 - rank, size)
+    run("live", 99.0, 110, status="RUNNING")  # scores best, trains: untouched
+    run("failed", 0.1, 111, status="FAILED")  # resumable: untouched
+    cell = run("cell", 0.5, 120, tags={Tag.ROLE: "cell"})  # rank 6: lost, and its child with it
+    run("fold", 7.0, 121, tags={Tag.ROLE: "fold", Tag.PARENT: cell})
+    run("nometric", None, 130)  # not ranked: kept
+    run("tft", 0.0, 140, model="tft")  # the only run of its cell
+    store.register_model_version("foxhunt-dqn-es", ids["s4"], "checkpoints", alias="champion")
+    # two runs that lost, whose artifact folders lead out of the store
+    outside = tmp_path / "outside"
+    (outside / "artifacts" / "checkpoints").mkdir(parents=True)
+    (outside / "artifacts" / "checkpoints" / "precious.ckpt").write_bytes(b"p" * 50)
+    dotted = run("dotted", -1.0, 150)
+    run("linked", -2.0, 160)
+    with sqlite3.connect(tmp_path / "mlruns" / "mlflow.db") as db:
+        db.execute("UPDATE runs SET artifact_uri = ? WHERE run_uuid = ?",
+                   (f"file://{tmp_path}/mlruns/artifacts/../../outside/artifacts", dotted))  # fmt: skip
+    built = Store(tmp_path, store, ids, outside)
+    folder = built.folder("linked")
+    for item in folder.iterdir():
+        item.unlink()
+    folder.rmdir()
+    folder.symlink_to(outside / "artifacts" / "checkpoints", target_is_directory=True)
+    # a link inside a run that lost: removed as a link, never followed
+    (outside / "keep.ckpt").write_bytes(b"k" * 60)
+    (built.folder("s5") / "link.ckpt").symlink_to(outside / "keep.ckpt")
+    return built
+
+
+LOST = ("s3", "s5", "cell", "fold")  # keep 2: s1, s2 kept, s4 registered
+KEPT = ("s1", "s2", "s4", "live", "failed", "nometric", "tft")
+
+
+def _present(built: Store) -> dict[str, bool]:
+    return {label: (built.folder(label) / "best.ckpt").is_file() for label in (*LOST, *KEPT)}
+
+
+def test_a_dry_run_measures_what_it_would_remove_and_removes_nothing(built):
+    result = built.invoke("--keep", "2")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("would remove ")]
+    for label, size in (("s3", 103), ("s5", 105), ("cell", 120), ("fold", 121)):
+        assert any(built.ids[label] in line and f" {size} bytes" in line for line in lines), (label, result.output)
+    assert f"{103 + 105 + 120 + 121:,} bytes" in lines[-1] and "pass --yes" in lines[-1]
+    for label in KEPT:
+        assert built.ids[label] not in result.output
+    assert all(_present(built).values())
+    assert "lies outside the store's folder" in result.output and "is a symbolic link" in result.output
+
+
+def test_yes_removes_the_losers_checkpoints_only_and_a_second_prune_is_a_no_op(built):
+    result = built.invoke("--keep", "2", "--yes")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1].startswith(f"removed 4 runs' checkpoints, {103 + 105 + 120 + 121:,} bytes")
+    assert _present(built) == {**dict.fromkeys(LOST, False), **dict.fromkeys(KEPT, True)}
+    for label in LOST:
+        run = built.store.get(built.ids[label])
+        assert "checkpoints/ removed" in run.tags[Tag.ARTIFACTS_PRUNED]
+        assert run.metric("val/sharpe") is not None  # the record stays: the leaderboard still ranks it
+    for label in KEPT:
+        assert Tag.ARTIFACTS_PRUNED not in built.store.get(built.ids[label]).tags
+    # nothing outside the store removed: the dotted run's and the linked run's target, the link's target
+    assert (built.outside / "artifacts" / "checkpoints" / "precious.ckpt").read_bytes() == b"p" * 50
+    assert (built.outside / "keep.ckpt").read_bytes() == b"k" * 60
+    assert built.folder("linked").is_symlink()
+    again = built.invoke("--keep", "2", "--yes")
+    assert again.exit_code == 0 and again.output.splitlines()[-1].startswith("removed 0 runs' checkpoints, 0 bytes")
+    assert built.invoke("--keep", "2").output.splitlines()[-1].startswith("would remove experiment unit: 0 runs'")
+
+
+def test_keep_defaults_to_conf(built):
+    keep = pr.default_keep()
+    result = built.invoke()
+    assert result.exit_code == 0 and f"best {keep} of each cell" in result.output
+
+
+def test_a_run_registered_or_reopened_after_the_plan_keeps_its_files(built):
+    plan = pr.plan_prune(built.store, TASK, "val/sharpe", 2)
+    assert {r.run.run_id for r in plan.removals} == {built.ids[label] for label in LOST}
+    built.store.register_model_version("foxhunt-dqn-es", built.ids["s3"], "checkpoints")
+    built.store.client.update_run(built.ids["s5"], status="RUNNING")  # resumed meanwhile
+    outcome = pr.apply_prune(built.store, plan, lock="test")
+    assert {r.run.run_id for r in outcome.removed} == {built.ids["cell"], built.ids["fold"]}
+    assert {r.run.run_id: why for r, why in outcome.left} == {built.ids["s3"]: "registered since the plan",
+                                                              built.ids["s5"]: "now RUNNING"}  # fmt: skip
+    assert (built.folder("s3") / "best.ckpt").is_file() and (built.folder("s5") / "best.ckpt").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--keep", "0"], "--keep 0: must be an integer >= 1"),
+        (["task=nope"], "experiment 'nope' (task): not in the store"),
+        (["asset=es"], "prune takes task= only"),
+        (["--metric", "val/nothing"], "unknown direction for 'nothing'"),
+        (["--tracking-uri", "http://localhost:5000"], "prune removes the files of a local SQLite store"),
+    ],
+)
+def test_a_bad_request_is_one_line(built, args, message):
+    result = runner.invoke(app, ["--root", str(built.root), *args])
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and message in result.output, result.output
+    assert all(_present(built).values())
