@@ -179,7 +179,7 @@ def test_json_carries_interval_baseline_dsr_and_no_nan(store):
     assert best["dsr_trials"] == 3
     assert best["dsr"] == pytest.approx(deflated_sharpe_ratio(0.02, trials, 500, 0.1, 3.5), rel=1e-9)
     assert (nq["ci_low"], nq["ci_high"], nq["baseline"], nq["dsr"]) == (None, 2.0, None, None)
-    assert set(tft) == {"group", "metric", "value", "ci_low", "ci_high", "baseline", "dsr", "dsr_trials", "runs",
+    assert set(tft) == {"group", "data", "metric", "value", "ci_low", "ci_high", "baseline", "dsr", "dsr_trials", "runs",
                         "scored", "run_id", "run_name", "start_ms"}  # fmt: skip
     by_pnl = rows(store, "--metric", "val/pnl", "model=dqn", "asset=es")
     assert by_pnl == []  # no run logged val/pnl
@@ -338,3 +338,48 @@ def test_the_registry_selects_with_the_same_direction_table():
 
     assert registry.METRIC_DIRECTIONS is lb.METRIC_DIRECTIONS
     assert registry.metric_direction("val/loss") == lb.direction_of("val/loss") == "min"
+
+
+@pytest.fixture(scope="module")
+def data_store(tmp_path_factory) -> Store:
+    """dqn/es runs on three data sets: two runs on bars A (a seed-1 synthetic set), one on bars B (a
+    cell keeping a lockbox: other splits, another ``data.digest``), one older run without a digest."""
+    from mlflow.entities import Metric as MlflowMetric
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path_factory.mktemp("data_store")
+    (root / "mlruns").mkdir()
+    uri = store_uri(root)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("foxhunt", artifact_location=(root / "mlruns" / "artifacts").as_uri())
+    ids = {}
+    for i, (label, digest, sharpe) in enumerate([("a1", "a" * 64, 1.0), ("a2", "a" * 64, 1.2), ("b1", "b" * 64, 3.0),
+                                                 ("old", None, 2.0)]):  # fmt: skip
+        start = T0 + i * MINUTE_MS
+        tags = {"model": "dqn", "asset": "es", "precision": "fp32", "seed": "42", **({"data.digest": digest} if digest else {})}
+        run_id = client.create_run(experiment, run_name=label, tags=tags, start_time=start).info.run_id
+        metrics = {"val/sharpe": sharpe, **dsr_inputs(sharpe)}
+        client.log_batch(run_id, metrics=[MlflowMetric(k, float(v), start, 0) for k, v in metrics.items()])
+        client.set_terminated(run_id, "FINISHED", end_time=start + MINUTE_MS)
+        ids[label] = run_id
+    return Store(root, uri, ids)
+
+
+def test_runs_on_other_bars_are_other_groups_with_their_own_trials(data_store):
+    """Runs of one model and asset on other bars (another synthetic seed, a lockbox kept or not:
+    another ``data.digest``) are not ranked or counted as trials together: one row per data set,
+    naming it; runs without a recorded digest are their own group, said so (they were one group of
+    four trials, b1 winning over runs on other bars)."""
+    from foxhunt.evaluation.deflated import deflated_sharpe_ratio
+
+    found = rows(data_store)
+    assert [(r["run_name"], r["data"], r["runs"], r["dsr_trials"]) for r in found] == [
+        ("b1", "b" * 64, 1, 1), ("old", None, 1, 1), ("a2", "a" * 64, 2, 2)]  # fmt: skip
+    assert found[2]["dsr"] == pytest.approx(deflated_sharpe_ratio(0.012, [0.01, 0.012], 500, 0.1, 3.5), rel=1e-9)
+    sqlite = lb.SqliteSource(SqliteReader(data_store.root / "mlruns" / "mlflow.db"))
+    assert lb.top(sqlite, lb.Query("foxhunt")) == lb.top(lb.ClientSource(RunStore(data_store.uri)), lb.Query("foxhunt"))
+    result = runner.invoke(app, ["runs", "top", "--root", str(data_store.root)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    lines = {name: next(line for line in result.output.splitlines() if f" {name} " in line) for name in ("a2", "b1", "old")}
+    assert "aaaaaaaaaaaa" in lines["a2"] and "bbbbbbbbbbbb" in lines["b1"] and "no digest (old run)" in lines["old"]
+    assert "experiment foxhunt: 3 groups, 4 FINISHED cell runs" in result.output

@@ -2,7 +2,9 @@
 
 A leaderboard over one experiment (``task=``, default conf/train.yaml's ``task``, as
 ``foxhunt ensemble register``; ``foxhunt train list`` shows jobs of every experiment): per group
-of the ``--by`` tags, the best FINISHED run by ``--metric`` in the metric's direction
+of the ``--by`` tags and data set (the runs' ``data.digest``: runs on other bars are never ranked
+or counted as trials together; the ``data`` column shows its first digits, runs that did not
+record it are a group of their own, "no digest (old run)"), the best FINISHED run by ``--metric`` in the metric's direction
 (:data:`foxhunt.runs.leaderboard.METRIC_DIRECTIONS`), with its interval, best baseline,
 deflated Sharpe ratio against the group's trials (``trials``: its N, where a search's
 trials count every trial of their study in the cell, pruned and failed ones too), how many
@@ -55,6 +57,8 @@ PROG = "foxhunt runs"
 STORE_ERROR_WIDTH = 300  # characters of a store's error shown
 DIGITS = 4  # significant digits of the metric, its interval and the baseline in the table
 DSR_DIGITS = 3  # decimals of the deflated Sharpe ratio (as the sweep summary)
+DATA_DIGITS = 12  # hex digits of a group's data digest shown (the JSON has it whole)
+NO_DATA = "no digest (old run)"  # the group of runs that did not record their data's identity
 MISSING = "-"
 
 
@@ -213,10 +217,11 @@ def _table(board):
 
     query = board.query
     table = Table(expand=False, title_justify="left",
-                  title=f"best FINISHED run per {','.join(query.by)} by {query.metric} ({board.direction})")  # fmt: skip
+                  title=f"best FINISHED run per {','.join(query.by)} and data set by {query.metric} ({board.direction})")  # fmt: skip
     # on a narrow terminal the cells wrap (nothing is cut off); in a pipe each row is one line
     for name in query.by:
         table.add_column(name, overflow="fold")
+    table.add_column("data", overflow="fold")
     for name in (query.metric, "interval", "best baseline", "DSR", "trials", "runs"):
         table.add_column(name, justify="right", overflow="fold")
     for name in ("run name", "run id"):
@@ -233,7 +238,8 @@ def _table(board):
                 f" ({by_other})" if by_other != quantity else "")  # fmt: skip
         runs = str(row.runs) if row.scored == row.runs else f"{row.runs} ({row.runs - row.scored} without)"
         dsr = MISSING if row.dsr is None else f"{row.dsr:.{DSR_DIGITS}f}"
-        table.add_row(*(row.group[name] for name in query.by), _number(row.value), interval, baseline, dsr, str(row.dsr_trials), runs,
+        data = NO_DATA if row.data is None else row.data[:DATA_DIGITS]
+        table.add_row(*(row.group[name] for name in query.by), data, _number(row.value), interval, baseline, dsr, str(row.dsr_trials), runs,
                       row.run_name, row.run_id)  # fmt: skip
     return table
 
@@ -248,4 +254,5 @@ def _footer(board) -> str:
     text = f"{where}: {shown} groups, {board.considered} FINISHED cell runs (folds and seeds count as their cell)"
     if board.unscored_groups:
         text += f"; {board.unscored_groups} group{'s' if board.unscored_groups != 1 else ''} without {query.metric}"
-    return text + "; DSR against the group's trials (a search's: every trial of its study, pruned and failed too)"
+    return text + ("; a group is one data set (data: the runs' data.digest); DSR against the group's trials (a search's: "
+                   "every trial of its study, pruned and failed too)")  # fmt: skip

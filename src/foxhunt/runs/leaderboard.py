@@ -10,7 +10,12 @@ ensemble (torch, mlflow).
 the children of a cell (tag ``foxhunt.role=fold``: a walk-forward fold or a seed is part of its
 cell, which competes with its aggregate metrics), minus the runs without one of the grouping
 tags (a sweep's or a job's parent run is no cell), filtered by tags (``asset=es,nq``: any of
-those values), are grouped by the ``--by`` tags (default model and asset). In each group the
+those values), are grouped by the ``--by`` tags (default model and asset) and the data's identity:
+the run's ``data.digest`` tag (:data:`DATA_TAG`, the SHA-256 of every file read and of each split's
+bars, :mod:`foxhunt.runs.provenance`), so runs on other bars (a synthetic set of another seed, a
+cell keeping a lockbox and one without, ES and NQ under ``--by model``) are never ranked or counted
+as trials together; runs without the tag (older runs) are one group of their own (``data`` None,
+shown as such). In each group the
 best run by the metric, in its direction, wins; a tie goes to the newest run, then to the
 smallest run id (the rule of :func:`foxhunt.ensemble.registry.choose_champions` without an
 incumbent, made independent of the order the store returns runs in).
@@ -76,6 +81,8 @@ DSR_INPUTS = ("sharpe_per_step", "steps", "pnl_skew", "pnl_kurtosis")
 #: pruned and failed; written by the sweep's summary, foxhunt.sweeps.callback). Read here; it belongs
 #: with the store's other names in foxhunt.runs.tags.Tag (this module is not that file's owner).
 SEARCH_TRIALS_TAG = "search.trials"
+#: The data's identity every group is also keyed by (module doc); a run without it: None.
+DATA_TAG = Tag.DATA_DIGEST
 CELL_KEY_TAGS = (Tag.MODEL, Tag.ASSET, Tag.PRECISION, Tag.SEED)
 TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "conf" / "train.yaml"  # foxhunt-train's root config
 
@@ -176,6 +183,7 @@ class Row:
     """One group's best run, with its interval, best baseline and deflated Sharpe ratio."""
 
     group: dict[str, str]
+    data: str | None  # the data's identity (DATA_TAG) of the group's runs; None: runs that did not record it
     metric: str
     value: float
     ci_low: float | None
@@ -195,7 +203,7 @@ class Row:
         if self.baseline is not None:
             baseline = {"name": self.baseline.name, "metric": self.baseline.metric, "value": _finite(self.baseline.value)}
         return {
-            "group": dict(self.group), "metric": self.metric, "value": _finite(self.value),
+            "group": dict(self.group), "data": self.data, "metric": self.metric, "value": _finite(self.value),
             "ci_low": _finite(self.ci_low), "ci_high": _finite(self.ci_high), "baseline": baseline,
             "dsr": _finite(self.dsr), "dsr_trials": self.dsr_trials, "runs": self.runs, "scored": self.scored,
             "run_id": self.run_id, "run_name": self.run_name, "start_ms": self.start_ms,
@@ -279,7 +287,8 @@ def top(source: Source, query: Query) -> Leaderboard:
         known = ", ".join(source.experiment_names()) or "none"
         raise LeaderboardError(f"experiment {query.experiment!r} (task): not in the store (experiments: {known})")
     trial_key = query.split_key(DSR_INPUTS[0])
-    tag_keys = tuple(dict.fromkeys((Tag.ROLE, *query.by, *query.filters, Tag.STUDY, SEARCH_TRIALS_TAG, *CELL_KEY_TAGS)))
+    tag_keys = tuple(dict.fromkeys((Tag.ROLE, *query.by, *query.filters, Tag.STUDY, SEARCH_TRIALS_TAG, *CELL_KEY_TAGS,
+                                    DATA_TAG)))  # fmt: skip
     runs = source.finished_runs(query.experiment, tag_keys, (query.metric, trial_key))
     cells = [
         r for r in runs
@@ -289,7 +298,7 @@ def top(source: Source, query: Query) -> Leaderboard:
     ]  # fmt: skip
     groups: dict[tuple[str, ...], list[StoredRun]] = {}
     for run in cells:
-        groups.setdefault(tuple(run.tags[key] for key in query.by), []).append(run)
+        groups.setdefault((*(run.tags[key] for key in query.by), run.tags.get(DATA_TAG) or ""), []).append(run)
     sign = 1.0 if direction == MAX else -1.0
     winners = []
     for key, members in groups.items():
@@ -310,7 +319,7 @@ def top(source: Source, query: Query) -> Leaderboard:
     for key, best, value, n_runs, n_scored, trials, n_trials in winners:
         metrics = details.get(best.run_id, {})
         rows.append(Row(
-            group=dict(zip(query.by, key)), metric=query.metric, value=value,
+            group=dict(zip(query.by, key[:-1])), data=key[-1] or None, metric=query.metric, value=value,
             ci_low=_finite(metrics.get(ci_keys[0])), ci_high=_finite(metrics.get(ci_keys[1])),
             baseline=best_baseline(metrics, baseline_prefix, metric_parts(query.metric)[1], direction),
             dsr=_winner_dsr(metrics, query, trials, n_trials), dsr_trials=n_trials, runs=n_runs, scored=n_scored,
