@@ -342,8 +342,9 @@ def test_the_registry_selects_with_the_same_direction_table():
 
 @pytest.fixture(scope="module")
 def data_store(tmp_path_factory) -> Store:
-    """dqn/es runs on three data sets: two runs on bars A (a seed-1 synthetic set), one on bars B (a
-    cell keeping a lockbox: other splits, another ``data.digest``), one older run without a digest."""
+    """dqn/es runs on four data sets: two runs on bars A (a seed-1 synthetic set), one on bars B (a
+    cell keeping a lockbox: other splits, another ``data.digest``), one older run without a digest,
+    and a walk-forward cell whose fold children record their bars' digests (C and D)."""
     from mlflow.entities import Metric as MlflowMetric
     from mlflow.tracking import MlflowClient
 
@@ -362,19 +363,32 @@ def data_store(tmp_path_factory) -> Store:
         client.log_batch(run_id, metrics=[MlflowMetric(k, float(v), start, 0) for k, v in metrics.items()])
         client.set_terminated(run_id, "FINISHED", end_time=start + MINUTE_MS)
         ids[label] = run_id
+    # a walk-forward cell: its run records no digest, each fold child its own bars'
+    tags = {"model": "dqn", "asset": "es", "precision": "fp32", "seed": "42", "foxhunt.role": "cell"}
+    cell = client.create_run(experiment, run_name="cell", tags=tags, start_time=T0 + 9 * MINUTE_MS).info.run_id
+    client.log_batch(cell, metrics=[MlflowMetric("val/sharpe", 0.5, T0, 0)])
+    for fold, digest in enumerate(("d" * 64, "c" * 64)):
+        child = client.create_run(experiment, run_name=f"fold{fold}", start_time=T0 + 9 * MINUTE_MS, tags={
+            **tags, "foxhunt.role": "fold", "mlflow.parentRunId": cell, "data.digest": digest}).info.run_id  # fmt: skip
+        client.log_batch(child, metrics=[MlflowMetric("val/sharpe", 9.0, T0, 0)])
+        client.set_terminated(child, "FINISHED", end_time=T0 + 10 * MINUTE_MS)
+    client.set_terminated(cell, "FINISHED", end_time=T0 + 10 * MINUTE_MS)
+    ids["cell"] = cell
     return Store(root, uri, ids)
 
 
 def test_runs_on_other_bars_are_other_groups_with_their_own_trials(data_store):
     """Runs of one model and asset on other bars (another synthetic seed, a lockbox kept or not:
     another ``data.digest``) are not ranked or counted as trials together: one row per data set,
-    naming it; runs without a recorded digest are their own group, said so (they were one group of
-    four trials, b1 winning over runs on other bars)."""
+    naming it; a walk-forward cell is on its folds' bars; runs without a recorded digest are their
+    own group, said so (they were one group of five runs and four trials, b1 winning over runs on
+    other bars)."""
     from foxhunt.evaluation.deflated import deflated_sharpe_ratio
 
     found = rows(data_store)
     assert [(r["run_name"], r["data"], r["runs"], r["dsr_trials"]) for r in found] == [
-        ("b1", "b" * 64, 1, 1), ("old", None, 1, 1), ("a2", "a" * 64, 2, 2)]  # fmt: skip
+        ("b1", "b" * 64, 1, 1), ("old", None, 1, 1), ("a2", "a" * 64, 2, 2),
+        ("cell", lb.data_identity(["c" * 64, "d" * 64]), 1, 0)]  # fmt: skip
     assert found[2]["dsr"] == pytest.approx(deflated_sharpe_ratio(0.012, [0.01, 0.012], 500, 0.1, 3.5), rel=1e-9)
     sqlite = lb.SqliteSource(SqliteReader(data_store.root / "mlruns" / "mlflow.db"))
     assert lb.top(sqlite, lb.Query("foxhunt")) == lb.top(lb.ClientSource(RunStore(data_store.uri)), lb.Query("foxhunt"))
@@ -382,4 +396,4 @@ def test_runs_on_other_bars_are_other_groups_with_their_own_trials(data_store):
     assert result.exit_code == 0, result.output
     lines = {name: next(line for line in result.output.splitlines() if f" {name} " in line) for name in ("a2", "b1", "old")}
     assert "aaaaaaaaaaaa" in lines["a2"] and "bbbbbbbbbbbb" in lines["b1"] and "no digest (old run)" in lines["old"]
-    assert "experiment foxhunt: 3 groups, 4 FINISHED cell runs" in result.output
+    assert "experiment foxhunt: 4 groups, 5 FINISHED cell runs" in result.output

@@ -14,7 +14,9 @@ those values), are grouped by the ``--by`` tags (default model and asset) and th
 the run's ``data.digest`` tag (:data:`DATA_TAG`, the SHA-256 of every file read and of each split's
 bars, :mod:`foxhunt.runs.provenance`), so runs on other bars (a synthetic set of another seed, a
 cell keeping a lockbox and one without, ES and NQ under ``--by model``) are never ranked or counted
-as trials together; runs without the tag (older runs) are one group of their own (``data`` None,
+as trials together. A walk-forward or multi-seed cell's run records no digest of its own (each
+fold and seed child records its bars'): its identity is :func:`data_identity` of its FINISHED
+children's digests. Runs with neither (older runs) are one group of their own (``data`` None,
 shown as such). In each group the
 best run by the metric, in its direction, wins; a tie goes to the newest run, then to the
 smallest run id (the rule of :func:`foxhunt.ensemble.registry.choose_champions` without an
@@ -49,6 +51,7 @@ when used).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -288,7 +291,7 @@ def top(source: Source, query: Query) -> Leaderboard:
         raise LeaderboardError(f"experiment {query.experiment!r} (task): not in the store (experiments: {known})")
     trial_key = query.split_key(DSR_INPUTS[0])
     tag_keys = tuple(dict.fromkeys((Tag.ROLE, *query.by, *query.filters, Tag.STUDY, SEARCH_TRIALS_TAG, *CELL_KEY_TAGS,
-                                    DATA_TAG)))  # fmt: skip
+                                    DATA_TAG, Tag.PARENT)))  # fmt: skip
     runs = source.finished_runs(query.experiment, tag_keys, (query.metric, trial_key))
     cells = [
         r for r in runs
@@ -296,9 +299,14 @@ def top(source: Source, query: Query) -> Leaderboard:
         and all(r.tags.get(key) for key in query.by)
         and all(r.tags.get(key) in values for key, values in query.filters.items())
     ]  # fmt: skip
+    children: dict[str, list[str]] = {}
+    for r in runs:
+        if r.tags.get(Tag.ROLE) == ROLE_FOLD and r.tags.get(Tag.PARENT) and r.tags.get(DATA_TAG):
+            children.setdefault(r.tags[Tag.PARENT], []).append(r.tags[DATA_TAG])
     groups: dict[tuple[str, ...], list[StoredRun]] = {}
     for run in cells:
-        groups.setdefault((*(run.tags[key] for key in query.by), run.tags.get(DATA_TAG) or ""), []).append(run)
+        data = run.tags.get(DATA_TAG) or data_identity(children.get(run.run_id, ()))
+        groups.setdefault((*(run.tags[key] for key in query.by), data), []).append(run)
     sign = 1.0 if direction == MAX else -1.0
     winners = []
     for key, members in groups.items():
@@ -329,6 +337,13 @@ def top(source: Source, query: Query) -> Leaderboard:
                                  if any(_finite(r.metric(query.metric)) is not None for r in members))  # fmt: skip
     return Leaderboard(query=query, direction=direction, rows=rows, groups=len(groups), unscored_groups=unscored,
                        considered=len(cells))  # fmt: skip
+
+
+def data_identity(child_digests: Iterable[str]) -> str:
+    """The data identity of a cell whose run records no digest: its children's digests (a fold's
+    bars, a seed's), each once, sorted, hashed as one (SHA-256 hex); "" without any."""
+    found = sorted(set(child_digests))
+    return hashlib.sha256(",".join(found).encode()).hexdigest() if found else ""
 
 
 def best_baseline(metrics: dict[str, float], prefix: str, name: str, direction: str) -> Baseline | None:
