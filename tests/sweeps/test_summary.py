@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from foxhunt.runs.cell import CellKey, CellResult
@@ -102,3 +104,26 @@ def test_markdown_has_the_model_by_asset_pivot_and_names_failures():
 def test_heatmap_is_a_png(tmp_path):
     path = plot_heatmap(_results(), tmp_path / "summary.png", "sweep x")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_deflated_sharpe_is_per_data_set_never_pooling_es_with_nq():
+    """Each cell is judged against the best of the cells on its own bars (its asset's): ES's three
+    cells against ES's spread, NQ's two against NQ's (it pooled all five: NQ's strong cells deflated
+    ES's, and N was 5 for both)."""
+    from foxhunt.evaluation.deflated import deflated_sharpe_ratio
+
+    per_step = {("dqn", "es"): 0.02, ("ppo", "es"): 0.01, ("tft", "es"): -0.005, ("dqn", "nq"): 0.09, ("ppo", "nq"): 0.07}
+    results = [CellResult(CellKey(model, asset, "fp32", "42", model + asset), "FINISHED", model + asset, None, 1.0, None,
+                          scored(sr * 70, -1.0, 1.0, sr, 0.0)) for (model, asset), sr in per_step.items()]  # fmt: skip
+    dsr = deflated_sharpes(results)
+    for (model, asset), sr in per_step.items():
+        trials = [v for (_, a), v in per_step.items() if a == asset]
+        assert dsr[f"{model}-{asset}-fp32"] == pytest.approx(deflated_sharpe_ratio(sr, trials, 5000, 0.0, 3.0), rel=1e-9)
+    text = format_markdown(results, "t")
+    assert "against the best of the cells on its own data set (es: 3 cells, nq: 2 cells)" in text
+    # a search's study of N trials across both assets: each asset's N is its own trials, pruned and failed ones too
+    failed = CellResult(CellKey("tft", "nq", "fp32", "42", "x"), "FAILED", None, "boom", 1.0, trial=9)
+    searched = [dataclasses.replace(r, trial=i) for i, r in enumerate(results)] + [failed]
+    dsr = deflated_sharpes(searched, n_trials=6)
+    nq = [v for (_, a), v in per_step.items() if a == "nq"]
+    assert dsr[searched[3].cell] == pytest.approx(deflated_sharpe_ratio(0.09, nq, 5000, 0.0, 3.0, 3), rel=1e-9)

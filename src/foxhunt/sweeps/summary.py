@@ -10,12 +10,16 @@ figure the budget is checked against; how it was measured depends on the budget,
 for a SKIPPED cell, the duration of its earlier FINISHED run) and the error of a failed cell.
 The heatmap is built on a ``matplotlib.figure.Figure`` with an Agg canvas, never ``pyplot``.
 
-**Deflated Sharpe ratio** (:func:`foxhunt.evaluation.stats.deflated_sharpe_ratio`): the best
+**Deflated Sharpe ratio** (:func:`foxhunt.evaluation.deflated.deflated_sharpe_ratio`): the best
 of N cells looks good by chance alone, so each cell's test Sharpe (per step) is judged against
-the Sharpe the best of the sweep's N cells with results would reach by luck, given the spread
-of their Sharpe ratios; the DSR is the probability that the cell's true Sharpe exceeds that
-(a search's trials are N trials the same way, every trial of its study counted: finished,
-pruned and failed; those without a test Sharpe add to N, not to the spread). **Flags**: ``CI~0``: the interval contains 0
+the Sharpe the best of the N cells with results on the same data set would reach by luck, given
+the spread of their Sharpe ratios; the DSR is the probability that the cell's true Sharpe exceeds
+that (a search's trials are N trials the same way, every trial of its study counted: finished,
+pruned and failed; those without a test Sharpe add to N, not to the spread). A cell's data set is
+its asset (:func:`data_set`): ES's cells are never judged against NQ's, whose Sharpe ratios are
+of other bars. A result carries no digest of its bars, so cells of one asset on other bars (a
+sweep over synthetic seeds) are taken as one data set; ``foxhunt runs top`` tells them apart by
+the runs' ``data.digest``. **Flags**: ``CI~0``: the interval contains 0
 (the figure cannot be told from no skill); ``<=base``: the Sharpe does not beat the best
 baseline's.
 
@@ -59,7 +63,7 @@ DARK_FRACTION = 0.6  # |sharpe| above this share of the colour scale's bound is 
 
 LEGEND = (
     "interval: block bootstrap of the test Sharpe; DSR: deflated Sharpe ratio against the best of the"
-    " sweep's cells by chance; flags: CI~0 = the interval contains 0, <=base = does not beat the best baseline"
+    " sweep's cells on the same asset's bars by chance; flags: CI~0 = the interval contains 0, <=base = does not beat the best baseline"
 )
 
 
@@ -79,23 +83,56 @@ def best_baseline(metrics: dict[str, float]) -> tuple[str, float] | None:
     return max(found, key=lambda item: item[1], default=None)
 
 
+def data_set(result: CellResult) -> str:
+    """The data set a cell's Sharpe ratio is of: its asset (module doc)."""
+    return result.key.asset
+
+
+def _tried(results: list[CellResult], n_trials: int | None) -> dict[str, int]:
+    """Per data set, how many cells or trials were tried on it: a search's ``n_trials`` when all its
+    results are on one data set, else each data set's rows (a search's every trial, any state)."""
+    rows: dict[str, int] = {}
+    for r in results:
+        rows[data_set(r)] = rows.get(data_set(r), 0) + 1
+    if n_trials and len(rows) == 1:
+        return {name: max(n_trials, count) for name, count in rows.items()}
+    return rows if n_trials else {}
+
+
 def deflated_sharpes(results: list[CellResult], n_trials: int | None = None) -> dict[str, float]:
-    """Each cell's deflated Sharpe ratio against the sweep's cells with results (module doc);
-    ``n_trials``: how many were tried (a search's study), when more than those with results."""
+    """Each cell's deflated Sharpe ratio against the cells with results on its data set (module
+    doc); ``n_trials``: how many were tried (a search's study), when more than those with results."""
     from foxhunt.evaluation.deflated import deflated_sharpe_ratio
 
     needed = ("test/sharpe_per_step", "test/steps", "test/pnl_skew", "test/pnl_kurtosis")
     scored = [r for r in results if r.status in OK_RESULTS and all(k in r.metrics for k in needed)]
-    trials = [r.metrics["test/sharpe_per_step"] for r in scored]
+    trials: dict[str, list[float]] = {}
+    for r in scored:
+        trials.setdefault(data_set(r), []).append(r.metrics["test/sharpe_per_step"])
+    tried = _tried(results, n_trials)
     values = {}
     for r in scored:
-        m = r.metrics
+        m, own = r.metrics, trials[data_set(r)]
         try:
-            values[r.cell] = deflated_sharpe_ratio(m["test/sharpe_per_step"], trials, int(m["test/steps"]), m["test/pnl_skew"],
-                                                   m["test/pnl_kurtosis"], max(n_trials or 0, len(trials)) or None)  # fmt: skip
+            values[r.cell] = deflated_sharpe_ratio(m["test/sharpe_per_step"], own, int(m["test/steps"]), m["test/pnl_skew"],
+                                                   m["test/pnl_kurtosis"], max(tried.get(data_set(r), 0), len(own)) or None)  # fmt: skip
         except ValueError:  # moments the PSR formula cannot take (a degenerate result): no figure
             continue
     return values
+
+
+def _counted(results: list[CellResult], dsr: dict[str, float], n_trials: int | None) -> str:
+    """What each DSR was judged against, in words: N cells (trials) per data set."""
+    unit = "trials" if n_trials else "cells"
+    tried = _tried(results, n_trials)
+    with_dsr: dict[str, int] = {}
+    for r in results:
+        if r.cell in dsr:
+            with_dsr[data_set(r)] = with_dsr.get(data_set(r), 0) + 1
+    counts = {name: max(tried.get(name, 0), count) for name, count in with_dsr.items()}
+    if len(counts) <= 1:
+        return f"the best of {sum(counts.values())} {unit}"
+    return "the best of the cells on its own data set (" + ", ".join(f"{name}: {n} {unit}" for name, n in counts.items()) + ")"
 
 
 def _flags(metrics: dict[str, float]) -> str:
@@ -165,9 +202,8 @@ def format_table(
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
-    lines.append(
-        LEGEND + (f" (N = {max(n_trials, len(dsr))} trials of the study, pruned and failed ones counted)" if n_trials else "")
-    )
+    lines.append(LEGEND + (f" (N: {_counted(results, dsr, n_trials)} of the study, pruned and failed ones counted)"
+                           if n_trials else ""))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -190,8 +226,8 @@ def format_markdown(results: list[CellResult], title: str, best: str | None = No
     lines = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     dsr = deflated_sharpes(results, n_trials)
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in _row(r, dsr, search, values)) + " |" for r in results]
-    counted = f"{max(n_trials, len(dsr))} trials (pruned and failed ones counted)" if n_trials else f"{len(dsr)} cells"
-    lines += ["", (f"DSR: deflated Sharpe ratio against the best of {counted} by chance; flags: CI~0 = the"
+    counted = _counted(results, dsr, n_trials) + (" (pruned and failed ones counted)" if n_trials else "")
+    lines += ["", (f"DSR: deflated Sharpe ratio against {counted} by chance; flags: CI~0 = the"
               " interval contains 0, <=base = does not beat the best baseline (foxhunt.sweeps.summary)")]  # fmt: skip
     failed = failures(results)
     if search or best is not None:
