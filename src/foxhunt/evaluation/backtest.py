@@ -17,7 +17,8 @@ so a window with a weekend and one without, or one split and another, get the sa
 calendar time of a window moved it from 715 to 461 on the same bars). A number given as
 ``evaluation.sessions_per_year`` overrides the calendar (that many regular Globex sessions).
 The Sharpe ratio of ``pnl`` is ``mean / std(ddof=1) * sqrt(bars_per_year)``; the run prints
-:attr:`Annualization.note` with it.
+:attr:`Annualization.line` with it (the bars per year, the calendar and the span) and logs the
+whole account, :attr:`Annualization.note`, to its log file (:meth:`Annualization.announced`).
 
 **Pooling.** :func:`pooled` joins the steps of several backtests (the test blocks of a
 walk-forward's folds, each starting flat) into one, the out-of-sample backtest the walk-forward
@@ -40,12 +41,14 @@ import numpy as np
 import pandas as pd
 
 from foxhunt.assets import AssetSpec
+from foxhunt.console import detail_logger
 from foxhunt.data.features import BAR_INTERVAL
 from foxhunt.evaluation.stats import calmar_ratio, sharpe_ratio, sortino_ratio
 from foxhunt.trading.pnl import check_costs, contract_costs, walk_pnl
 
 ALLOWED_POSITIONS = (-1, 0, 1)
 CALENDAR = "calendar"  # evaluation.sessions_per_year: annualize by the asset's exchange calendar
+detail = detail_logger(__name__)  # how the Sharpe was annualized, in full: the run's log file (foxhunt.console)
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,13 @@ class Annualization:
     """The bars per year a run's Sharpe ratios are annualized by, and how they were found."""
 
     bars_per_year: float
-    note: str  # one line, printed with the run's figures
+    note: str  # the whole account in one line (the calendar, its figures, the span): the run's log file
+    line: str  # the short line printed with the run's figures
+
+    def announced(self) -> str:
+        """:attr:`line`, after logging :attr:`note` to the run's log file (``foxhunt.console.DETAIL``)."""
+        detail.info("%s", self.note)
+        return self.line
 
 
 def annualization(asset: AssetSpec, sessions_per_year: Any = CALENDAR, span: Any = None) -> Annualization:
@@ -108,7 +117,8 @@ def annualization(asset: AssetSpec, sessions_per_year: Any = CALENDAR, span: Any
             f"{figures.sessions:,} sessions, {figures.open_minutes:,} open minutes in {figures.years:.2f} years, "
             f"holidays and early closes counted)"
         )
-        return Annualization(float(bars), note)
+        line = f"Sharpe annualized by the exchange calendar: {bars:,.0f} bars/year ({cal.name}, {first}..{last})"
+        return Annualization(float(bars), note, line)
     if not (isinstance(sessions_per_year, numbers.Real) and not isinstance(sessions_per_year, bool)
             and math.isfinite(sessions_per_year) and float(sessions_per_year) > 0):  # fmt: skip
         raise ValueError(f"evaluation.sessions_per_year={sessions_per_year!r}: must be 'calendar' or a number > 0")
@@ -119,7 +129,8 @@ def annualization(asset: AssetSpec, sessions_per_year: Any = CALENDAR, span: Any
         f"({asset.key} Globex {asset.session_open}-{asset.session_close} {asset.session_tz}, no holiday or early close) "
         f"x {sessions_per_year:g} sessions/year, evaluation.sessions_per_year)"
     )
-    return Annualization(bars, note)
+    line = f"Sharpe annualized by a given session count: {bars:,.0f} bars/year ({sessions_per_year:g} sessions/year)"
+    return Annualization(bars, note, line)
 
 
 def evaluation_annualization(asset: AssetSpec, evaluation: Any) -> Annualization:

@@ -63,6 +63,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
 
+from foxhunt.console import detail_logger
 from foxhunt.memory.accounting import (
     ActivationMeter,
     GradientMeter,
@@ -79,6 +80,7 @@ from foxhunt.runs.steps import logging_step
 from foxhunt.runs.tracked_run import trainer_runs
 
 log = logging.getLogger(__name__)
+detail = detail_logger(__name__)  # the run's log file only (foxhunt.console)
 
 ON_BREACH_ACTIONS = ("warn", "stop", "fail")
 BREACH_CHECKPOINT = "memory_breach.ckpt"
@@ -180,7 +182,7 @@ class MemoryBudgetCallback(pl.Callback):
         self.probes = DeviceProbes(trainer.strategy.root_device)
         self.peak_sample = self.last_sample = self.probes.start()
         for status in self.probes.statuses.values():
-            log.info("memory probe %s", status.describe())
+            detail.info("memory probe %s", status.describe())
         self.once_seconds += time.perf_counter() - started
 
     # -- a resumed fit: what its first attempt measured --------------------------------------

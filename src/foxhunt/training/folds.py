@@ -130,7 +130,7 @@ def cell_summary(name: str, cfg: DictConfig, metrics: dict[str, float]) -> str:
         lines.append(
             f"  test/sharpe across seeds: {metrics['test/sharpe']:.4g} +- {metrics.get('test/sharpe_std', float('nan')):.3g} (std)"
         )
-    lines.append(f"  {evaluation_annualization(instantiate(cfg.asset), cfg.evaluation).note}")
+    lines.append(f"  {evaluation_annualization(instantiate(cfg.asset), cfg.evaluation).announced()}")
     return "\n".join(lines)
 
 

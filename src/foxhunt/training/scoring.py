@@ -91,4 +91,4 @@ def print_summary(cfg: DictConfig, metrics: dict[str, float], asset) -> None:
 
     name = CellKey.from_config(cfg).name
     print("\n".join([f"{name}: test split, shared backtest (net of costs)", *summary_lines(metrics, "test/"),
-                     f"  {evaluation_annualization(asset, cfg.evaluation).note}"]))  # fmt: skip
+                     f"  {evaluation_annualization(asset, cfg.evaluation).announced()}"]))  # fmt: skip
