@@ -106,3 +106,25 @@ def test_reopened_run_continues_and_ends_finished(store):
     assert data.data.params["paths.output_dir"] == "/a"
     assert [m.value for m in client.get_metric_history(first.run_id, "train/loss")] == [2.0, 1.0]
     assert len(client.search_runs([data.info.experiment_id])) == 1
+
+
+def test_system_metrics_are_logged_while_the_block_runs_and_their_thread_ends_with_it(store, capfd):
+    """The run's System metrics tab: MLflow's system/* series, sampled while the block runs; no
+    sampling thread outlives it, nothing printed (MLflow's info lines about it are quieted)."""
+    import threading
+    import time
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught, _run(store) as run:
+        warnings.simplefilter("always")
+        with run.system_metrics(0.2):
+            time.sleep(1.0)
+        assert not [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor"]
+        with run.system_metrics(None):  # off: no thread, nothing logged
+            assert not [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor"]
+    logged = set(RunStore(store[0]).get(run.run_id).metrics)
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= logged
+    history = MlflowClient(store[0]).get_metric_history(run.run_id, "system/cpu_utilization_percentage")
+    assert len(history) >= 2 and [m.step for m in history] == list(range(len(history)))
+    assert [str(w.message) for w in caught if "mlflow" in str(w.filename)] == []
+    assert "system metrics" not in capfd.readouterr().err.lower()

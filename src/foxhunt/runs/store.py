@@ -65,6 +65,7 @@ SQLITE_BUSY_TIMEOUT_MS = 120_000
 STORE_LOCK_SUFFIX = ".lock"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _ACCEPTED_URIS = "sqlite:///<file> (created when missing) or an http(s):// MLflow server"
+SYSTEM_METRICS_LOGGER = "mlflow.system_metrics"  # MLflow's monitor logs its start and stop at INFO
 #: The version tags naming runs (foxhunt.ensemble.registry: the cell run chosen, the run whose weights it holds).
 VERSION_RUN_TAGS = ("run_id", "weights_run_id")
 
@@ -314,6 +315,29 @@ class RunStore:
         """The greatest step at which the run has a value of any of ``keys`` (None: no value)."""
         steps = [m.step for key in keys for m in self.client.get_metric_history(run_id, key)]
         return max(steps, default=None)
+
+    @contextmanager
+    def system_metrics(self, run_id: str, interval_s: float):
+        """MLflow's system metrics of this machine (CPU, memory, disk, network; each NVIDIA GPU's
+        use and memory through nvidia-ml-py) logged to the run as ``system/*`` (the run's System
+        metrics tab) every ``interval_s`` seconds while the block runs, at MLflow's own step (the
+        sample's index, continued by a resumed run). The sampling thread ends with the block and
+        its last samples are written then; MLflow's info lines about it are not printed."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        quiet = logging.getLogger(SYSTEM_METRICS_LOGGER)
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)
+        try:
+            monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, samples_before_logging=1,
+                                           resume_logging=True, tracking_uri=self.tracking_uri)  # fmt: skip
+            monitor.start()
+            try:
+                yield
+            finally:
+                monitor.finish()
+        finally:
+            quiet.setLevel(level)
 
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)

@@ -21,6 +21,7 @@ import logging
 import os
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -170,6 +171,11 @@ class TrackedRun:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         self.store.log_metrics(self.run_id, metrics, step)
+
+    def system_metrics(self, interval_s: float | None) -> AbstractContextManager:
+        """The machine's use logged as ``system/*`` every ``interval_s`` seconds while the block
+        runs (:meth:`RunStore.system_metrics`); None or 0: not sampled."""
+        return self.store.system_metrics(self.run_id, float(interval_s)) if interval_s else nullcontext()
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         self.store.log_artifact(self.run_id, Path(path), artifact_path)

@@ -16,6 +16,8 @@ from foxhunt.training.scoring import SCORED, interpret_test_split, print_summary
 
 log = logging.getLogger("foxhunt.train")
 
+SYSTEM_METRICS_KEY = "logger.system_metrics_s"  # seconds between samples of the machine's use (system/*)
+
 
 def build_callbacks(cfg: DictConfig, terminal: bool | None = None) -> list:
     """The configured callbacks (``cfg.callbacks``) as Lightning's switches expect them: no
@@ -55,6 +57,19 @@ def check_accelerator(cfg: DictConfig) -> None:
 
 
 def fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> tuple[dict[str, float], dict]:
+    """Build, fit, test and score, with the machine's use sampled into the run's ``system/*``
+    metrics meanwhile every ``logger.system_metrics_s`` seconds (absent, as in a config stored
+    before the setting, or null: not sampled)."""
+    from contextlib import nullcontext
+
+    from omegaconf import OmegaConf
+
+    interval = OmegaConf.select(cfg, SYSTEM_METRICS_KEY, default=None)
+    with run.system_metrics(interval) if run is not None else nullcontext():
+        return _fit_and_score(cfg, callbacks, run, out_dir, ckpt_path)
+
+
+def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> tuple[dict[str, float], dict]:
     import lightning.pytorch as pl
     from hydra.utils import instantiate
     from lightning.fabric.utilities.exceptions import MisconfigurationException
