@@ -39,9 +39,10 @@ each agent's definition inherits them (:mod:`foxhunt.config.model_schemas`).
 
 from __future__ import annotations
 
+import functools
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
@@ -76,6 +77,26 @@ AGENT_STATE_KEY = "foxhunt_agent_state"
 #: Bars evaluated per batched forward pass in the greedy walk (bounds its memory, not a tunable
 #: of the model: the result does not depend on it).
 GREEDY_CHUNK_BARS = 32768
+#: ``model.module.compile_step``: ``always`` / ``never`` run the agent's gradient-step loss (its
+#: forward, loss and, through AOTAutograd, backward) through torch.compile; ``auto`` does where it
+#: measured faster for the family on the fit's device and the fit plans enough gradient steps to
+#: pay its compile time back (the agent's ``compile_pays_after``).
+CompileStep = Literal["auto", "always", "never"]
+#: torch.compile's mode per device type: CUDA graphs on a GPU, where an agent's step is many small
+#: kernel launches (LeanRL's recipe); inductor's default elsewhere.
+COMPILE_MODES: dict[str, str] = {"cuda": "reduce-overhead"}
+
+
+@functools.cache
+def compiled(function: Callable[..., Any], device_type: str) -> Callable[..., Any]:
+    """``function`` through torch.compile in the mode of ``device_type`` (:data:`COMPILE_MODES`):
+    one compiled function per function and device type in the process. The agents' loss functions
+    take their networks as arguments, so every agent of the same structure and sizes reuses the
+    graphs compiled once (a new agent is no recompilation: dynamo's recompile limit is per
+    function)."""
+    return torch.compile(function, mode=COMPILE_MODES.get(device_type))
+
+
 #: The hooks Lightning's optimizer wrapper and ``manual_backward`` call around an update; a direct
 #: update (:func:`direct_updates_allowed`) is taken only where no callback listens to them.
 UPDATE_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
@@ -188,6 +209,7 @@ class AgentHyperparameters(Hyperparameters):
     gamma: Annotated[float, Field(ge=0, lt=1, description="discount factor of the return (< 1: the episodes never terminate)")]
     max_grad_norm: Annotated[Annotated[float, Field(gt=0, le=1e6)] | None,
                              Field(description="total-norm gradient clipping of each network (null: none)")]  # fmt: skip
+    compile_step: Annotated[CompileStep, Field(description="torch.compile the gradient step's forward, loss and backward: always, never, or auto (where it measured faster for this agent on this device, in fits long enough to pay the compile time back)")]  # fmt: skip
 
 
 class TradingAgent(LightningModule, ABC):
@@ -204,9 +226,15 @@ class TradingAgent(LightningModule, ABC):
     monitor_metric = "val/mean_reward"
     monitor_mode = "max"
     hyperparameters: ClassVar[type[AgentHyperparameters]]
+    #: ``compile_step: auto`` compiles the agent's loss on a device type when the fit plans at least
+    #: this many gradient steps (absent: never): what measurement chose for each agent, the compile
+    #: time over the time the compiled step saves (the agent's module says where and how).
+    compile_pays_after: ClassVar[dict[str, int]]
 
-    def __init__(self, state_dim: int, num_envs: int, seed: int) -> None:
+    def __init__(self, state_dim: int, num_envs: int, seed: int, compile_step: CompileStep) -> None:
         super().__init__()
+        self.compile_step = compile_step
+        self._compiled_step = False  # decided when a fit starts (compiles_on)
         self.state_dim = int(state_dim)
         self.obs_dim = self.state_dim + 1  # the features, then the position held
         self.num_envs = int(num_envs)
@@ -282,6 +310,38 @@ class TradingAgent(LightningModule, ABC):
         if max_norm is None:
             return
         torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
+
+    def compiles_on(self, device_type: str, planned_updates: float) -> bool:
+        """Whether a fit on ``device_type`` of ``planned_updates`` gradient steps runs the compiled
+        loss (``compile_step``; auto: :attr:`compile_pays_after`)."""
+        if self.compile_step == "auto":
+            pays_after = self.compile_pays_after.get(device_type)
+            return pays_after is not None and planned_updates >= pays_after
+        return self.compile_step == "always"
+
+    @abstractmethod
+    def updates_per_batch(self) -> int:
+        """Gradient steps of one ``training_step`` (the most: fewer where ``max_steps`` cuts it)."""
+
+    def planned_updates(self) -> float:
+        """Gradient steps the trainer's fit plans: ``max_steps``, or ``max_epochs`` of its training
+        batches (``inf`` when neither bounds it; 0 outside a fit)."""
+        trainer = self._trainer
+        if trainer is None:
+            return 0.0
+        by_steps = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps >= 0 else float("inf")
+        epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else float("inf")
+        return min(by_steps, epochs * float(trainer.num_training_batches) * self.updates_per_batch())
+
+    def step_function(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function`` (a loss taking the networks as arguments) as this fit runs it: compiled
+        (:func:`compiled`) where :meth:`compiles_on` the module's device, else itself. Under CUDA
+        graphs each call starts a new graph step: the previous call's outputs are not read again."""
+        if not self._compiled_step:
+            return function
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        return compiled(function, self.device.type)
 
     def update(self, optimizer: Any, loss: Tensor | None) -> None:
         """One optimizer step of ``loss``'s gradients (None: a step without gradients, which Adam
@@ -387,6 +447,7 @@ class TradingAgent(LightningModule, ABC):
         self._pending_env_steps = 0
         trainer = self._trainer
         self._direct_updates = trainer is not None and direct_updates_allowed(trainer, self)
+        self._compiled_step = self.compiles_on(self.device.type, self.planned_updates())
         saved, self._resumed = self._resumed, None
         if saved is None:
             return
