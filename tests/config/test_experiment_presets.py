@@ -1,0 +1,78 @@
+"""The ``experiment=`` presets: each composes, every cell it sweeps passes the config's
+validation, and each refuses to run without ``-m`` (it would train one default cell). None is
+run here: each is minutes to hours."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from configs import CONF_DIR
+from foxhunt.config.schema import validate
+from foxhunt.errors import EXIT_USER_ERROR
+
+PRESETS = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
+# What a preset needs from the command line (its data file: es_study reads your own bars).
+NEEDS = {"es_study": ["data.source.path=/data/glbx/es-ohlcv-1m.dbn.zst"]}
+
+
+def _cells(params) -> list[list[str]]:
+    """Every cell's overrides of a preset's ``hydra.sweeper.params`` (the basic sweeper's product)."""
+    keys = list(params)
+    values = [str(params[key]).split(",") for key in keys]
+    return [[f"{key}={value}" for key, value in zip(keys, cell)] for cell in itertools.product(*values)]
+
+
+def test_the_presets_are_those_documented():
+    assert PRESETS == ["es_study", "grid", "smoke_all", "walk_forward"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_cell_of_a_preset_composes_and_validates(compose_cfg, preset):
+    base = [f"experiment={preset}", *NEEDS.get(preset, [])]
+    cells = _cells(compose_cfg(base).hydra.sweeper.params)
+    assert len(cells) > 1  # every preset sweeps: -m is required (next test)
+    for cell in cells:
+        cfg = compose_cfg([*base, *cell])
+        validate(cfg)
+        for override in cell:  # the cell is what it says: a group's option, or a number's value
+            key, value = override.split("=")
+            if "." in key:
+                assert float(OmegaConf.select(cfg, key)) == float(value)
+            else:
+                assert cfg.hydra.runtime.choices[key] == value
+
+
+def test_what_each_preset_sets(compose_cfg):
+    smoke = compose_cfg(["experiment=smoke_all"])
+    assert smoke.trainer.limit_train_batches == 8 and smoke.evaluation.max_bars == 2000  # trainer=smoke
+    assert str(smoke.hydra.sweeper.params.model).split(",") == ["dqn", "ppo", "mamba2", "tft", "dlinear"]
+    honest = compose_cfg(["experiment=walk_forward"])
+    assert (honest.evaluation.protocol, honest.resume, honest.data.source.autocorrelation) == ("walk_forward", True, 0.0)
+    study = compose_cfg(["experiment=es_study", *NEEDS["es_study"]])
+    assert study.data.source._target_.endswith("DatabentoBarSource") and study.asset.key == "es"
+    assert (study.evaluation.protocol, study.evaluation.holdout, study.resume) == ("walk_forward", 0.1, True)
+    lean = compose_cfg(["experiment=es_study", "data=lean", "data.source.path=/data/lean/es"])  # the comment's other source
+    assert lean.data.source._target_.endswith("LeanMinuteSource")
+    narrowed = compose_cfg(["experiment=smoke_all", "trainer=default"])  # the command line wins over the preset
+    assert narrowed.trainer.limit_train_batches == 500
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a_preset_without_multirun_is_one_line(tmp_path, monkeypatch, capsys, preset):
+    from foxhunt import train as entry
+
+    monkeypatch.setenv("FOXHUNT_ROOT", str(tmp_path))
+    for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR"):
+        monkeypatch.setenv(name, "0")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["foxhunt-train", f"experiment={preset}", *NEEDS.get(preset, [])])
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert stopped.value.code == EXIT_USER_ERROR and len(err) == 1
+    assert err[0].startswith(f"foxhunt-train: config error: experiment={preset} sweeps ") and "run it with -m" in err[0]
+    assert not (tmp_path / "mlruns").exists()
