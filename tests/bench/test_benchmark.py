@@ -66,6 +66,11 @@ def test_quick_report_without_peers(tmp_path, monkeypatch):
         assert row["foxhunt"] > 0 and row["reference"] > 0
         assert row["figure"] == pytest.approx(row["foxhunt"] / row["reference"])  # one repeat: one pair
         assert finite(row["cpu_figure"]) and row["met"] is (row["figure"] >= row["goal"])
+    # PPO's compiled step (auto's choice in a long fit on a CPU) measured apart, its compile time apart; DQN eager
+    compiled = rows[("rl", "PPO compiled vs bare gradient-step loop", 1)]
+    assert compiled["foxhunt"] > 0 and finite(compiled["cpu_figure"]) and "compile_step=always" in compiled["note"]
+    assert finite(rows[("rl", "PPO compile time (first compiled training step - first eager one)", 1)]["figure"])
+    assert not any(name.startswith("DQN compile") for _, name, _ in rows)
     assert not any("Stable-Baselines3" in name for _, name, _ in rows)
     assert any("Stable-Baselines3" in note for note in result["notes"]["rl"])
 

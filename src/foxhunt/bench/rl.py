@@ -34,6 +34,7 @@ per ``training_step`` call, so its side times ``ceil(steps / steps_per_call)`` c
 from __future__ import annotations
 
 import itertools
+import time
 import warnings
 from typing import Any
 
@@ -75,10 +76,44 @@ def steps_per_call(cfg) -> int:
     return int(cfg.model.module.get("steps_per_call", 1)) if cfg.model.name == "dqn" else 1
 
 
+def compiles_in_long_fits(cfg) -> bool:
+    """Whether ``compile_step: auto`` compiles the agent of ``cfg`` on a CPU in a fit long enough
+    (its ``compile_pays_after``): the benchmark's fits are short, so auto runs them eager, and the
+    compiled side is measured apart (``compile_step: always``)."""
+    from hydra.utils import get_class
+
+    from foxhunt.models.agent import TradingAgent
+
+    agent_class: type[TradingAgent] = get_class(cfg.model.module._target_)
+    return "cpu" in agent_class.compile_pays_after
+
+
+def first_step_timer():
+    """A Lightning callback whose ``seconds`` is the wall time of the fit's first training batch
+    (a compiled step's compile time included)."""
+    from lightning.pytorch.callbacks import Callback
+
+    class FirstStepTimer(Callback):
+        def __init__(self) -> None:
+            self.seconds = float("nan")
+            self._started = 0.0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if batch_idx == 0:
+                self._started = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx == 0:
+                self.seconds = time.perf_counter() - self._started
+
+    return FirstStepTimer()
+
+
 # ----------------------------------------------------------------------------------- foxhunt
-def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
+def foxhunt_run(cfg, dataset, warmup: int, steps: int, compile_step: str | None = None) -> Timing:
     """Train a fresh agent for ``warmup + steps`` training steps; time the last ``steps``
-    (rounded up to whole ``training_step`` calls)."""
+    (rounded up to whole ``training_step`` calls); ``extra['first_step_s']``: the first training
+    step's wall time. ``compile_step``: that ``model.module.compile_step`` (None: the config's)."""
     import lightning.pytorch as pl
     from omegaconf import OmegaConf
 
@@ -88,10 +123,13 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
     warmup, steps = -(-warmup // per_call), -(-steps // per_call)  # training_step calls
     cfg = cfg.copy()
     OmegaConf.update(cfg, "model.env.steps_per_epoch", max(int(cfg.model.env.steps_per_epoch), warmup + steps))
+    if compile_step is not None:
+        OmegaConf.update(cfg, "model.module.compile_step", compile_step)
     pl.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(cfg, dataset)
     model = build_model(cfg)
     timer = train_batch_timer(warmup)
+    first = first_step_timer()
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -100,7 +138,7 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
         limit_val_batches=0,
         num_sanity_val_steps=0,
         logger=False,
-        callbacks=[timer],
+        callbacks=[timer, first],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -112,7 +150,7 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int) -> Timing:
         trainer.fit(model, datamodule=datamodule)
     if timer.timed != steps:
         raise RuntimeError(f"bench rl: timed {timer.timed} training steps, expected {steps}")
-    return timer.clock.timing(work=steps * per_call * env_steps_per_training_step(cfg))
+    return timer.clock.timing(work=steps * per_call * env_steps_per_training_step(cfg), first_step_s=first.seconds)
 
 
 # ----------------------------------------------------------------------------------- SB3
@@ -348,6 +386,9 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
         node = settings.rl[algo]
         warmup, steps = int(node.warmup_steps), int(node.steps)
         runners = {"foxhunt": lambda: foxhunt_run(cfg, dataset, warmup, steps)}
+        compiled = compiles_in_long_fits(cfg)
+        if compiled:  # auto's choice in a long fit: its steady state apart, its compile time apart
+            runners["compiled"] = lambda: foxhunt_run(cfg, dataset, warmup, steps, compile_step="always")
         if with_sb3:
             runners["sb3"] = lambda: sb3_run(cfg, dataset, warmup, steps)
         runners["bare"] = lambda: bare_run(cfg, warmup, steps)
@@ -359,30 +400,61 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
             rates = {side: [t.rate for t in timings] for side, timings in results.items()}
             cpu_rates = {side: [t.cpu_rate for t in timings] for side, timings in results.items()}
             samples = {side: [t.to_dict() for t in timings] for side, timings in results.items()}
-            for side, label, goal in (
-                ("sb3", "Stable-Baselines3", goals.rl_vs_sb3),
-                ("bare", "bare gradient-step loop", goals.rl_vs_bare),
-            ):
-                if side not in results:
-                    continue
-                rows.append(
-                    Row(
-                        section="rl",
-                        name=f"{algo.upper()} vs {label}",
-                        threads=int(threads),
-                        unit="env-steps/s",
-                        foxhunt=median(rates["foxhunt"]),
-                        reference=median(rates[side]),
-                        figure=paired_ratio(rates["foxhunt"], rates[side]),
-                        figure_kind="ratio",
-                        goal_op=">=",
-                        goal=float(goal),
-                        cpu_figure=paired_ratio(cpu_rates["foxhunt"], cpu_rates[side]),
-                        samples={"foxhunt": samples["foxhunt"], side: samples[side]},
+            for ours, prefix in (("foxhunt", ""), ("compiled", "compiled ")):
+                for side, label, goal in (
+                    ("sb3", "Stable-Baselines3", goals.rl_vs_sb3),
+                    ("bare", "bare gradient-step loop", goals.rl_vs_bare),
+                ):
+                    if ours not in results or side not in results:
+                        continue
+                    rows.append(
+                        Row(
+                            section="rl",
+                            name=f"{algo.upper()} {prefix}vs {label}",
+                            threads=int(threads),
+                            unit="env-steps/s",
+                            foxhunt=median(rates[ours]),
+                            reference=median(rates[side]),
+                            figure=paired_ratio(rates[ours], rates[side]),
+                            figure_kind="ratio",
+                            goal_op=">=",
+                            goal=float(goal),
+                            cpu_figure=paired_ratio(cpu_rates[ours], cpu_rates[side]),
+                            samples={ours: samples[ours], side: samples[side]},
+                            note=_path_note(ours),
+                        )
                     )
-                )
+            if compiled:
+                rows.append(_compile_time_row(algo, int(threads), results))
             rows.extend(_decomposition_rows(algo, int(threads), results))
     return rows, notes
+
+
+def _path_note(side: str) -> str:
+    if side == "compiled":
+        return "compile_step=always: the compiled loss of a long fit (auto's choice there), steady state; compile time apart"
+    return "the default config: direct updates, compile_step=auto (eager in a fit this short)"
+
+
+def _compile_time_row(algo: str, threads: int, results: dict[str, list[Timing]]) -> Row:
+    """The compiled side's compile time: its first training step's wall time less an eager
+    fit's first step (the first repeat's: later fits in the process reuse the compiled graph;
+    inductor's on-disk cache may make even the first one warm)."""
+    compiled, eager = results["compiled"][0].extra["first_step_s"], results["foxhunt"][0].extra["first_step_s"]
+    seconds = compiled - eager
+    return Row(
+        section="rl",
+        name=f"{algo.upper()} compile time (first compiled training step - first eager one)",
+        threads=threads,
+        unit="s",
+        foxhunt=seconds,
+        reference=None,
+        figure=seconds,
+        figure_kind="value",
+        goal_op=None,
+        goal=None,
+        note=f"first compiled step {compiled:.2f} s, first eager step {eager:.3f} s, first repeat of this process",
+    )
 
 
 def _decomposition_rows(algo: str, threads: int, results: dict[str, list[Timing]]) -> list[Row]:
