@@ -68,7 +68,8 @@ def prune(
         typer.echo(f"{PROG}: left {run.name} {run.run_id}: {problem}", err=True)
     verb = "remove" if yes else "would remove"
     for removal in plan.removals:
-        typer.echo(f"{verb} {_size(removal.bytes)} ({removal.files} files): {removal.run.name} {removal.run.run_id}, "
+        files = f"{removal.files} file{'s' if removal.files != 1 else ''}"
+        typer.echo(f"{verb} the checkpoints of {removal.run.name} {removal.run.run_id}: {files}, {_size(removal.bytes)}; "
                    f"{removal.why}")  # fmt: skip
     kept = ", ".join(f"{count} {why}" for why, count in sorted(plan.kept.items()))
     summary = (f"experiment {experiment}: {len(plan.removals)} runs' checkpoints, {_size(plan.bytes)}; FINISHED runs kept: "
