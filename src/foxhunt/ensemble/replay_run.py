@@ -11,6 +11,10 @@ and the whole fleet's per bar), and the artifacts ``replay.md`` (the table) and
 every bar of the replay (input normalization included), and around the whole bar for the fleet
 (feature update, every member, the rule), the first ``warmup_bars`` bars left out.
 
+Each member's training run's figure of the split is printed beside the replay's only when the
+replayed bars are that run's split (:func:`split_digest` equal to the SHA-256 the run recorded on
+its dataset input of the split); on another data set the row says :data:`OTHER_BARS`.
+
 With ``interpret`` (``foxhunt ensemble replay --interpret FOLDER``) the TFT member's mean
 variable-selection weights and attention over the bars it decided on are written to ``FOLDER``
 (:func:`foxhunt.evaluation.interpret.write_interpretation`: table and PNGs) and logged under the
@@ -41,6 +45,8 @@ from foxhunt.ensemble.replay import ENSEMBLE, latency_us, replay_bars, score_rep
 FLEET = "fleet"
 SOURCE = "foxhunt ensemble replay"  # the runs table's Source column
 REPORT_FILE = "replay.md"
+OTHER_BARS = "other bars"  # a member's run was tested on another data set: its figure is no comparison
+UNKNOWN_BARS = "bars unknown"  # a member's run recorded no digest of the split's bars (an older run)
 EQUITY_FILE = "equity_replay.png"
 
 
@@ -60,22 +66,42 @@ class ReplayReport:
 def scored_window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
     """(start_ns, stop_ns, description) of the bars scored; never the lockbox
     (``evaluation.holdout``: ``all`` stops before it)."""
+    return _scored(cfg, asset, bars)[:3]
+
+
+def _scored(cfg, asset, bars, source=None) -> tuple[int | None, int | None, str, object]:
+    """:func:`scored_window` and the dataset the split is of (None: every bar, no dataset built)."""
     from foxhunt.training.parts import build_dataset
 
     split = str(cfg.ensemble.split)
     if split == "all" and not cfg.evaluation.get("holdout"):
-        return None, None, f"all {len(bars)} bars"
-    dataset = build_dataset(cfg, asset)
+        return None, None, f"all {len(bars)} bars", None
+    dataset = build_dataset(cfg, asset, source)
     if split == "all":
         last = max(int(arrays.timestamps[-1].astype("datetime64[ns]").astype(np.int64)) for arrays in dataset.splits.values())
         kept = int(np.searchsorted(bars.index.as_unit("ns").asi8, last, side="right"))
-        return None, last + 1, f"the first {kept} of {len(bars)} bars (the lockbox after them stays closed: evaluation.holdout)"
+        return (None, last + 1, f"the first {kept} of {len(bars)} bars (the lockbox after them stays closed: evaluation.holdout)",
+                dataset)  # fmt: skip
     stamps = dataset.splits[split].timestamps.astype("datetime64[ns]").astype(np.int64)
     return (
         int(stamps[0]),
         int(stamps[-1]) + 1,
         f"the {split} split ({len(stamps)} bars; the {int(np.searchsorted(bars.index.as_unit('ns').asi8, stamps[0]))} bars before it prime the features)",
+        dataset,
     )
+
+
+def split_digest(cfg, asset, source, dataset, split: str) -> str | None:
+    """The SHA-256 of the replayed split's bars, as a training run records its own splits'
+    (:func:`foxhunt.training.provenance.data_provenance`, the one owner of that digest); None for
+    ``all`` (no split)."""
+    from types import SimpleNamespace
+
+    from foxhunt.training.provenance import data_provenance
+
+    if dataset is None or split not in dataset.splits:
+        return None
+    return str(data_provenance(cfg, SimpleNamespace(dataset=dataset, source=source, asset=asset))["splits"][split])
 
 
 def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayReport:
@@ -100,7 +126,7 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
         )
     bars = source.load(asset)
     engine = fleet_engine(fleet, asset, cfg, origin=f"{cfg.data.source._target_.rsplit('.', 1)[-1]} bars of {asset.key}")
-    start, stop, window = scored_window(cfg, asset, bars)
+    start, stop, window, dataset = _scored(cfg, asset, bars, source)
     with _progress(f"replay {asset.key}") as progress:
         replayed = replay_bars(engine, bars, start_ns=start, stop_ns=stop, progress=progress)
     from foxhunt.evaluation.backtest import evaluation_annualization
@@ -114,7 +140,7 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     lines = [f"replay of {window} through {len(fleet)} member(s), rule {cfg.ensemble.rule}, weights {cfg.ensemble.weights}, "
              f"costs {cfg.execution.commission_usd} USD + {cfg.execution.slippage_ticks} ticks per contract per side"]  # fmt: skip
     split = str(cfg.ensemble.split)
-    trained = _trained_figures(cfg, fleet, split)
+    trained = _trained_figures(cfg, fleet, split, split_digest(cfg, asset, source, dataset, split))
     header = (f"{'member':<22} {'version':>7} {'pnl USD':>11} {'sharpe':>8} {'run ' + split + ' sharpe [steps]':>25} {'max dd USD':>11} "
               f"{'hit rate':>8} {'trades':>7} {'p50 us':>9} {'p99 us':>9}")  # fmt: skip
     lines.append(header)
@@ -125,7 +151,7 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
         lat = latency.get(name, latency[FLEET]) if name != ENSEMBLE else latency[FLEET]
         label = name if name != ENSEMBLE else f"{ENSEMBLE} (whole bar)"
         run = trained.get(name)
-        run_text = "-" if run is None else f"{run[0]:.3f} [{run[1]:,.0f}]"
+        run_text = "-" if run is None else run if isinstance(run, str) else f"{run[0]:.3f} [{run[1]:,.0f}]"
         lines.append(
             f"{label:<22} {version:>7} {m['pnl']:>11,.0f} {m['sharpe']:>8.3f} {run_text:>25} "
             f"{m['max_drawdown']:>11,.0f} {m['hit_rate']:>8.3f} {m['trades']:>7d} {lat['p50']:>9.1f} {lat['p99']:>9.1f}"
@@ -137,8 +163,15 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     lines.append("latency: time.perf_counter_ns per bar; a member's step includes its input normalization, the fleet's "
                  "(whole bar) the feature update, every member and the rule")  # fmt: skip
     lines.append(f"run {split} sharpe [steps]: what the member's training run logged for this split, over that many steps "
-                 f"(the replay's: {len(replayed.close) - 1:,}); on the same bars and costs the replay reproduces it (a run "
+                 f"(the replay's: {len(replayed.close) - 1:,}), shown only where the replay's bars are that run's {split} bars "
+                 "(the SHA-256 of the split's bars it recorded); on the same bars and costs the replay reproduces it (a run "
                  "scored with evaluation.max_bars saw only the split's first bars; '-': a split its run did not score)")  # fmt: skip
+    if OTHER_BARS in trained.values():
+        lines.append(f"{OTHER_BARS}: the replay's {split} split is another data set than the one the member's run was scored on "
+                     "(other bars: another source, file, seed, span or lockbox); its figure is no comparison and is not shown")  # fmt: skip
+    if UNKNOWN_BARS in trained.values():
+        lines.append(f"{UNKNOWN_BARS}: the member's run recorded no digest of its {split} bars (an older run); its figure is not "
+                     "shown, as the bars cannot be told the same")  # fmt: skip
     for f in fleet:
         lines.append(
             f"  {f.member.name}: run {f.run_id}, {f.metric}={f.value:.6g}, trained {f.precision}, runtime {f.member.runtime_note}"
@@ -202,20 +235,33 @@ def _interpret_member(cfg, f, asset, bars, start: int | None, stop: int | None, 
     return line, paths
 
 
-def _trained_figures(cfg, fleet, split: str) -> dict[str, tuple[float, float]]:
-    """Each member's training run's ``<split>/sharpe`` and ``<split>/steps`` (the run its weights are from)."""
+def _trained_figures(cfg, fleet, split: str, bars_digest: str | None) -> dict[str, tuple[float, float] | str]:
+    """Each member's training run's ``<split>/sharpe`` and ``<split>/steps`` (the run its weights
+    are from) where that run's ``split`` bars are the replay's (``bars_digest``: the SHA-256 the run
+    recorded on its dataset input of that split, :mod:`foxhunt.training.provenance`); else
+    :data:`OTHER_BARS`, or :data:`UNKNOWN_BARS` for a run that recorded none."""
     if split not in ("val", "test") or not cfg.logger.enabled:
         return {}
     from foxhunt.runs.store import RunStore
+    from foxhunt.runs.tags import Tag
 
     store = RunStore(str(cfg.logger.tracking_uri))
-    found = {}
+    found: dict[str, tuple[float, float] | str] = {}
     for f in fleet:
         try:
-            metrics = store.get(f.run_id).metric_values()
+            run = store.client.get_run(f.run_id)
         except Exception:  # noqa: BLE001 (a run gone from the store: the column shows '-')
             continue
-        if f"{split}/sharpe" in metrics:
+        metrics = run.data.metrics
+        if f"{split}/sharpe" not in metrics:
+            continue
+        recorded = [json.loads(i.dataset.profile or "{}").get("sha256") for i in run.inputs.dataset_inputs
+                    if any(t.key == Tag.DATASET_CONTEXT and t.value == split for t in i.tags)]  # fmt: skip
+        if not recorded or not recorded[0]:
+            found[f.member.name] = UNKNOWN_BARS
+        elif recorded[0] != bars_digest:
+            found[f.member.name] = OTHER_BARS
+        else:
             found[f.member.name] = (float(metrics[f"{split}/sharpe"]), float(metrics.get(f"{split}/steps", float("nan"))))
     return found
 
