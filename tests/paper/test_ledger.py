@@ -164,7 +164,7 @@ def test_another_sessions_ledger_is_refused_in_one_line(tmp_path):
     path = tmp_path / "paper.sqlite"
     opened(path).close()
     again = opened(path)
-    assert again.existing and again.meta() == {"format": "3", **{k: str(v) for k, v in IDENTITY.items()}}
+    assert again.existing and again.meta() == {"format": "4", **{k: str(v) for k, v in IDENTITY.items()}}
     again.close()
     line = refused(lambda: Ledger(path, {**IDENTITY, "fill_price": "decision_close"}).open(), unchanged=path)
     assert line == (f"ledger error: paper.ledger={path}: made with fill_price=next_open, this session has "
@@ -336,7 +336,7 @@ def test_a_ledger_killed_while_it_was_made_opens_as_a_new_one(tmp_path):
         path = tmp_path / name
         make(path)
         ledger = opened(path)
-        assert not ledger.existing and ledger.meta()["format"] == "3"
+        assert not ledger.existing and ledger.meta()["format"] == "4"
         ledger.close()
         again = opened(path)
         assert again.existing

@@ -66,7 +66,9 @@ from foxhunt.paper.lock import FileLock, Held
 from foxhunt.paper.risk import RiskState
 
 KILL_ENV = "FOXHUNT_PAPER_KILL_AT"
-FORMAT = "3"  # the layout of the tables below, kept in meta as `format`; 2: STRICT tables, events.after_seq; 3: bars.versions
+FORMAT = "4"  # the layout and booking of the tables below, kept in meta as `format`; 2: STRICT tables, events.after_seq;
+#  3: bars.versions; 4: a stale flat placed at a bar references the last close, its fill books the gap from it (a
+#  ledger of 3 with a stale flat would replay as edited: refused by its format instead)
 SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's files beside the ledger
 AGAIN = "use another paper.ledger to start afresh"
 
