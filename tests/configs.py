@@ -27,3 +27,15 @@ def compose_train_config(overrides: list[str], root_dir: Path):
         )
     HydraConfig.instance().set_config(cfg)
     return cfg
+
+
+def synthetic_source(seed: int, **settings):
+    """A :class:`~foxhunt.data.sources.synthetic.SyntheticBarSource` with conf/data/synthetic.yaml's
+    settings (the source's only defaults), ``settings`` replacing some of them."""
+    from omegaconf import OmegaConf
+
+    from foxhunt.data.sources.synthetic import SyntheticBarSource
+
+    source = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "data" / "synthetic.yaml").source)  # seed: ${seed}, unresolved
+    conf = {key: value for key, value in source.items() if key not in ("_target_", "seed")}
+    return SyntheticBarSource(seed=seed, **{**conf, **settings})

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from configs import synthetic_source
 from foxhunt.errors import EXIT_USER_ERROR
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
@@ -72,9 +73,8 @@ def _bad_files(folder: Path) -> dict[str, Path]:
     decoded = decoder.decode()
     plain = decoded[0].encode() + b"".join(bytes(r) for r in decoded[1:])
     raw("last_record_cut.dbn", plain[:-20])
-    from foxhunt.data.sources.synthetic import SyntheticBarSource
 
-    bars = SyntheticBarSource(days=2, seed=1).load(_asset("es"))
+    bars = synthetic_source(days=2, seed=1).load(_asset("es"))
     files["other_dataset.dbn.zst"] = write_ohlcv_1m(bars, folder / "other_dataset.dbn.zst", "ESH4", 7, dataset="XCME.ITCH")
     lean = REAL_LEAN.read_bytes()
     raw("minute_es_20131007_cut_trade.zip", lean[: len(lean) // 2])

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from configs import synthetic_source
 from foxhunt.assets import AssetSpec
 from foxhunt.data.calendar import (
     MINUTE_NS,
@@ -21,7 +22,6 @@ from foxhunt.data.calendar import (
     calendar_for,
 )
 from foxhunt.data.features import FeatureConfig, future_known_features, known_features
-from foxhunt.data.sources.synthetic import SyntheticBarSource
 from foxhunt.data.streaming import KnownCalendar
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def minutes(start: str, end: str) -> pd.DatetimeIndex:
 
 @pytest.fixture(scope="module")
 def es_2024() -> pd.DataFrame:
-    return SyntheticBarSource(days=366, seed=3, start="2024-01-01").load(ES)
+    return synthetic_source(days=366, seed=3, start="2024-01-01").load(ES)
 
 
 # ----------------------------------------------------------------------------- the calendars
@@ -157,7 +157,7 @@ def test_the_synthetic_session_ends_at_the_early_close(es_2024, day):
 
 
 def test_the_synthetic_fingerprint_names_the_calendar():
-    source = SyntheticBarSource(days=5, seed=1)
+    source = synthetic_source(days=5, seed=1)
     other = dataclasses.replace(ES, calendar="CME Globex Equity")
     assert source.fingerprint(ES) != source.fingerprint(other)
     assert calendar_for(ES).fingerprint() == {"name": "CME_Equity", "library": "pandas_market_calendars",

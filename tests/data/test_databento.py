@@ -14,6 +14,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from configs import synthetic_source
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import BAR_COLUMNS
 from foxhunt.data.errors import BarDataError
@@ -23,7 +24,6 @@ from foxhunt.data.sources.databento import (
     read_databento_ohlcv,
     write_ohlcv_1m,
 )
-from foxhunt.data.sources.synthetic import SyntheticBarSource
 
 OHLCV = list(BAR_COLUMNS)
 
@@ -383,7 +383,7 @@ def test_bad_arguments_name_the_key():
 # ------------------------------------------------------------------------------ round trip
 @pytest.mark.parametrize("suffix", [".dbn.zst", ".dbn", ".csv", ".csv.gz"])
 def test_write_then_read_gives_identical_bars(tmp_path, suffix):
-    bars = SyntheticBarSource(days=8, seed=21).load(ES)
+    bars = synthetic_source(days=8, seed=21).load(ES)
     path = write_ohlcv_1m(bars, tmp_path / f"es{suffix}", symbol="ESH4", instrument_id=42)
     back = DatabentoBarSource(path=str(path)).load(ES)
     pd.testing.assert_frame_equal(back[OHLCV], bars, check_exact=True)
@@ -395,13 +395,13 @@ def test_write_then_read_gives_identical_bars(tmp_path, suffix):
 
 def test_round_trip_is_exact_on_the_fine_6e_grid(tmp_path):
     fx = asset("6e")
-    bars = SyntheticBarSource(days=3, seed=2).load(fx)
+    bars = synthetic_source(days=3, seed=2).load(fx)
     path = write_ohlcv_1m(bars, tmp_path / "6e.dbn.zst", symbol="6EH4", instrument_id=9)
     pd.testing.assert_frame_equal(DatabentoBarSource(path=str(path)).load(fx)[OHLCV], bars, check_exact=True)
 
 
 def test_fingerprint_and_hydra_config(tmp_path):
-    bars = SyntheticBarSource(days=3, seed=2).load(ES)
+    bars = synthetic_source(days=3, seed=2).load(ES)
     path = write_ohlcv_1m(bars, tmp_path / "a.dbn.zst", symbol="ESH4", instrument_id=1)
     first = DatabentoBarSource(path=str(path)).fingerprint(ES)
     assert first == DatabentoBarSource(path=str(path)).fingerprint(ES)

@@ -40,7 +40,7 @@ def dataset():
 
 @pytest.fixture(scope="module")
 def forecast(dataset):
-    return ForecastDataModule(dataset, seq_len=SEQ_LEN, horizon=HORIZON, batch_size=7, seed=0)
+    return ForecastDataModule(dataset, seq_len=SEQ_LEN, horizon=HORIZON, batch_size=7, eval_batch_size=7, seed=0)
 
 
 def test_window_counts(dataset, forecast):
@@ -138,9 +138,9 @@ def test_split_too_short_for_a_window(dataset):
         match=r"model.window.seq_len \+ model.window.horizon = 100 \+ 20 = 120 bars: "
         r"the val split has 118, not one window",
     ):
-        ForecastDataModule(dataset, seq_len=100, horizon=20, seed=0)
+        ForecastDataModule(dataset, seq_len=100, horizon=20, batch_size=7, eval_batch_size=7, seed=0)
     with pytest.raises(ValueError, match=r"model.window.batch_size=0"):
-        ForecastDataModule(dataset, batch_size=0, seed=0)
+        ForecastDataModule(dataset, seq_len=SEQ_LEN, horizon=HORIZON, batch_size=0, eval_batch_size=7, seed=0)
 
 
 class _TinyForecaster(pl.LightningModule):

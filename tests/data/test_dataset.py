@@ -10,6 +10,7 @@ import pytest
 from market_bars import load_asset, make_bars, replace_after
 from omegaconf import OmegaConf
 
+from configs import synthetic_source
 from foxhunt.data.dataset import (
     CACHE_VERSION,
     MarketDataset,
@@ -240,7 +241,7 @@ def test_no_cache_dir_means_no_cache(bars):
 def test_synthetic_source_end_to_end_with_cache(tmp_path, monkeypatch):
     from foxhunt.data.sources.synthetic import SyntheticBarSource
 
-    source = SyntheticBarSource(days=5, seed=0)
+    source = synthetic_source(days=5, seed=0)
     first = load_market_dataset(source, ES, FEATURES_CFG, SPLIT_CFG, tmp_path)
     bars = source.load(ES)
     assert sum(len(s) for s in first.splits.values()) == len(bars) - WARMUP - 2 * 7
@@ -248,7 +249,7 @@ def test_synthetic_source_end_to_end_with_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(SyntheticBarSource, "load", lambda self, asset: pytest.fail("loaded"))
     second = load_market_dataset(source, ES, FEATURES_CFG, SPLIT_CFG, tmp_path)
     _assert_same(second, first)
-    assert second.cache_key != cache_key(SyntheticBarSource(days=5, seed=1).fingerprint(ES), ES, FEATURES_CFG, SPLIT_CFG)
+    assert second.cache_key != cache_key(synthetic_source(days=5, seed=1).fingerprint(ES), ES, FEATURES_CFG, SPLIT_CFG)
 
 
 @pytest.mark.realdata

@@ -11,8 +11,8 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from configs import synthetic_source
 from foxhunt.assets import AssetSpec
-from foxhunt.data.sources.synthetic import SyntheticBarSource
 
 REPO = Path(__file__).resolve().parents[2]
 ES = AssetSpec(
@@ -31,19 +31,17 @@ def _lag1(bars: pd.DataFrame) -> float:
 
 
 def test_the_pattern_changes_sign_at_the_date():
-    bars = SyntheticBarSource(days=60, seed=3, autocorrelation=0.3, change_date="2024-02-01", autocorrelation_after=-0.3).load(ES)
+    bars = synthetic_source(days=60, seed=3, autocorrelation=0.3, change_date="2024-02-01", autocorrelation_after=-0.3).load(ES)
     cut = bars.index.searchsorted(pd.Timestamp("2024-02-01", tz="UTC"))
     assert _lag1(bars.iloc[:cut]) == pytest.approx(0.3, abs=0.05)
     assert _lag1(bars.iloc[cut:]) == pytest.approx(-0.3, abs=0.05)
 
 
 def test_without_a_change_the_bars_are_as_before():
-    one = SyntheticBarSource(days=10, seed=4, autocorrelation=0.2).load(ES)
-    again = SyntheticBarSource(days=10, seed=4, autocorrelation=0.2, change_date="2030-01-01", autocorrelation_after=-0.2).load(
-        ES
-    )
+    one = synthetic_source(days=10, seed=4, autocorrelation=0.2).load(ES)
+    again = synthetic_source(days=10, seed=4, autocorrelation=0.2, change_date="2030-01-01", autocorrelation_after=-0.2).load(ES)
     pd.testing.assert_frame_equal(one, again)  # a change after the last bar changes nothing
-    assert SyntheticBarSource(days=10, seed=4).fingerprint(ES) != SyntheticBarSource(
+    assert synthetic_source(days=10, seed=4).fingerprint(ES) != synthetic_source(
         days=10, seed=4, change_date="2024-01-05", autocorrelation_after=0.1).fingerprint(ES)  # fmt: skip
 
 
@@ -55,7 +53,7 @@ def test_without_a_change_the_bars_are_as_before():
 ])  # fmt: skip
 def test_a_bad_change_names_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        SyntheticBarSource(**kwargs)
+        synthetic_source(seed=0, **kwargs)
 
 
 def test_conf_has_no_change_by_default():

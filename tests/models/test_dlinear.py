@@ -61,7 +61,8 @@ def test_a_moving_average_that_is_even_or_longer_than_the_window_is_one_line(com
 @pytest.mark.parametrize("seed", [0, 1])
 def test_learns_planted_ar1_pattern(seed):
     seed_everything(seed, verbose=False)
-    datamodule = ForecastDataModule(ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64, seed=seed)
+    datamodule = ForecastDataModule(ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64, eval_batch_size=64,
+                                    seed=seed)  # fmt: skip
     model = DLinearForecaster(input_dim=16, seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, moving_average=5, dropout=0.0,
                               quantiles=[0.1, 0.25, 0.5, 0.75, 0.9], learning_rate=1e-2, weight_decay=0.0,
                               position_threshold=0.0)  # fmt: skip

@@ -464,7 +464,8 @@ def ar1_dataset(seed: int) -> MarketDataset:
 def test_learns_planted_ar1_pattern(seed):
     started = time.perf_counter()
     seed_everything(seed, verbose=False)
-    datamodule = ForecastDataModule(ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64, seed=seed)
+    datamodule = ForecastDataModule(ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64, eval_batch_size=64,
+                                    seed=seed)  # fmt: skip
     model = Mamba2Forecaster(
         **dict(SMALL_MODEL, seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, quantiles=[0.1, 0.25, 0.5, 0.75, 0.9])
     )

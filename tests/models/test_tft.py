@@ -423,7 +423,7 @@ def fit_planted_ar1(seed: int, precision: str = "32-true", callbacks=(), plugins
     ``plugins``' precision plugin when given, else Lightning's ``precision``)."""
     seed_everything(seed, verbose=False)
     datamodule = ForecastDataModule(
-        planted_ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64, seed=seed
+        planted_ar1_dataset(seed), seq_len=LEARN_SEQ_LEN, horizon=LEARN_HORIZON, batch_size=64, eval_batch_size=64, seed=seed
     )
     model = small_tft(
         hidden_size=32,

@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ensemble"))
 
 from fleet_helpers import FAST, SMALL, cli, client  # noqa: E402,F401
 
+from configs import synthetic_source
+
 CSV = ["data=csv", "data.source.bar_label=start"]
 TRAIN_FAST = [item for item in FAST if not item.startswith("data.source.days")]
 # a step: 300 new bars at least, the newest 300 scored, the challenger on the 3,000 before a purge of 60
@@ -23,10 +25,8 @@ def synthetic_bars(days: int, seed: int = 7, **pattern) -> pd.DataFrame:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from foxhunt.data.sources.synthetic import SyntheticBarSource
-
     asset = instantiate(OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "asset" / "es.yaml"))
-    return SyntheticBarSource(days=days, seed=seed, start="2024-01-01", **pattern).load(asset)
+    return synthetic_source(days=days, seed=seed, start="2024-01-01", **pattern).load(asset)
 
 
 def utc_dates(bars: pd.DataFrame) -> list[str]:

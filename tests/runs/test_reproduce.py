@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from configs import compose_train_config
+from configs import compose_train_config, synthetic_source
 from ensemble.fleet_helpers import FAST, SMALL
 from foxhunt.cli import app
 from foxhunt.runs.provenance import DATA_FILE, ENVIRONMENT_FILE, PROVENANCE_FOLDER
@@ -99,10 +99,8 @@ def _bars_csv(path: Path) -> Path:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from foxhunt.data.sources.synthetic import SyntheticBarSource
-
     asset = instantiate(OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "asset" / "es.yaml"))
-    bars = SyntheticBarSource(days=4, seed=3).load(asset)
+    bars = synthetic_source(days=4, seed=3).load(asset)
     frame = bars[["open", "high", "low", "close", "volume"]].copy()
     frame.insert(0, "timestamp_utc", bars.index.strftime("%Y-%m-%d %H:%M:%S"))
     frame.to_csv(path, index=False)

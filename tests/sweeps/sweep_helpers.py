@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import read_write
 
+from configs import synthetic_source
 from foxhunt.runs.cell import CELL_RESULT_FILE, CellResult
 
 # Small and fast: one epoch of 8 steps, one torch thread (two jobs share two cores), on a week
@@ -50,10 +51,8 @@ def six_e_csv(path: Path) -> Path:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from foxhunt.data.sources.synthetic import SyntheticBarSource
-
     asset = instantiate(OmegaConf.load(Path(__file__).parents[2] / "conf" / "asset" / "6e.yaml"))
-    bars = SyntheticBarSource(days=7, seed=3).load(asset)
+    bars = synthetic_source(days=7, seed=3).load(asset)
     bars.index = bars.index.tz_convert(None)
     bars.rename_axis("timestamp_utc").to_csv(path)
     return path

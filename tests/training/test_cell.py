@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from configs import synthetic_source
 from foxhunt.training.cell import OBJECTIVE, train
 
 MODELS = ["dqn", "ppo", "mamba2", "tft"]
@@ -181,10 +182,9 @@ def test_trains_on_a_databento_dbn_file(compose_cfg, tmp_path):
     from omegaconf import OmegaConf
 
     from foxhunt.data.sources.databento import write_ohlcv_1m
-    from foxhunt.data.sources.synthetic import SyntheticBarSource
 
     asset = instantiate(OmegaConf.load(Path(__file__).parents[2] / "conf" / "asset" / "es.yaml"))
-    bars = SyntheticBarSource(days=30, seed=3).load(asset)
+    bars = synthetic_source(days=30, seed=3).load(asset)
     dbn = tmp_path / "glbx-es-ohlcv-1m.dbn.zst"
     write_ohlcv_1m(bars, dbn, symbol="ESH4", instrument_id=4242)
     cfg = compose_cfg(["model=dqn", "asset=es", "data=databento", f"data.source.path={dbn}", "trainer=smoke"])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from configs import synthetic_source
 from foxhunt.runs.provenance import (
     CODE_DIFF_FILE,
     CODE_FILE,
@@ -29,9 +30,7 @@ def _csv(path: Path) -> Path:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from foxhunt.data.sources.synthetic import SyntheticBarSource
-
-    bars = SyntheticBarSource(days=4, seed=3).load(instantiate(OmegaConf.load(REPO / "conf" / "asset" / "es.yaml")))
+    bars = synthetic_source(days=4, seed=3).load(instantiate(OmegaConf.load(REPO / "conf" / "asset" / "es.yaml")))
     frame = bars[["open", "high", "low", "close", "volume"]].copy()
     frame.insert(0, "timestamp_utc", bars.index.strftime("%Y-%m-%d %H:%M:%S"))
     frame.to_csv(path, index=False)

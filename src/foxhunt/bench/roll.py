@@ -54,7 +54,6 @@ def demonstrate(ctx: BenchContext) -> dict:
     """The champion, the roll steps and the two fleets' PnL after the change (module doc)."""
     from hydra.utils import instantiate
 
-    from foxhunt.data.sources.synthetic import SyntheticBarSource
     from foxhunt.ensemble.registry import register_champions
     from foxhunt.roll.step import roll_step
     from foxhunt.training.cell import train
@@ -65,11 +64,12 @@ def demonstrate(ctx: BenchContext) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     folder = root / "data" / "es"
-    base = compose_config(["asset=es"], root_dir=root)
+    base = compose_config(["asset=es", "data=synthetic"], root_dir=root)  # the bars' other settings: conf/data/synthetic.yaml
     asset = instantiate(base.asset)
     a = float(s.autocorrelation)
-    bars = SyntheticBarSource(days=int(s.days), seed=int(s.seed), start=str(s.start), autocorrelation=a,
-                              change_date=str(s.change_date), autocorrelation_after=-a).load(asset)  # fmt: skip
+    source = instantiate(base.data.source, days=int(s.days), seed=int(s.seed), start=str(s.start), autocorrelation=a,
+                         change_date=str(s.change_date), autocorrelation_after=-a)  # fmt: skip
+    bars = source.load(asset)
     days = np.datetime_as_string(bars.index.as_unit("ns").asi8.astype("datetime64[ns]"), unit="D")
     dates = sorted(set(days))
     first = [d for d in dates if d < str(s.champion_until)]

@@ -164,29 +164,29 @@ def _sliding(x: Tensor, size: int) -> Tensor:
 class ForecastDataModule(LightningDataModule):
     """Sliding windows of a market dataset for the forecasters (see the module docstring).
 
-    Args:
+    Args (the window's are ``model.window`` of the forecaster's config, which holds their defaults):
         dataset: the market dataset (features already normalized).
         seq_len: bars of history per window.
         horizon: future bars to forecast per window.
         batch_size: windows per training batch.
         eval_batch_size: windows per batch for validation, test and positions (no gradients,
-            so larger batches run faster); defaults to ``batch_size``.
-        num_workers: DataLoader worker processes.
-        pin_memory: DataLoader ``pin_memory`` (useful when training on CUDA).
+            so larger batches run faster).
         seed: the training windows' order (:class:`EpochShuffle`) and the loaders' generators.
+        num_workers: DataLoader worker processes (none: the windows are views of tensors in memory).
+        pin_memory: DataLoader ``pin_memory`` (useful when training on CUDA).
     """
 
     def __init__(
         self,
         dataset: MarketDataset,
-        seq_len: int = 50,
-        horizon: int = 10,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        eval_batch_size: int | None = None,
+        seq_len: int,
+        horizon: int,
+        batch_size: int,
+        eval_batch_size: int,
         *,
         seed: int,
+        num_workers: int = 0,
+        pin_memory: bool = False,
     ) -> None:
         super().__init__()
         self.seed = int(seed)
@@ -202,8 +202,8 @@ class ForecastDataModule(LightningDataModule):
         self.seq_len = seq_len
         self.horizon = horizon
         self.batch_size = batch_size
-        self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
-        if isinstance(self.eval_batch_size, bool) or not isinstance(self.eval_batch_size, int) or self.eval_batch_size < 1:
+        self.eval_batch_size = eval_batch_size
+        if isinstance(eval_batch_size, bool) or not isinstance(eval_batch_size, int) or eval_batch_size < 1:
             raise ValueError(f"model.window.eval_batch_size={eval_batch_size!r}: must be an integer >= 1")
         self.num_workers = num_workers
         self.pin_memory = pin_memory

@@ -115,6 +115,9 @@ def ar1_filter(innovations: np.ndarray, phi: float, initial: float = 0.0) -> np.
 class SyntheticBarSource:
     """Deterministic synthetic 1-minute bars for any asset.
 
+    Every setting comes from the config (conf/data/synthetic.yaml holds the defaults); only the
+    regime change is optional (None, its absence: one regime, as in configs stored before it).
+
     Args:
         days: calendar days to cover, starting at ``start``: the sessions of the asset's
             calendar whose trading date falls in them.
@@ -142,22 +145,22 @@ class SyntheticBarSource:
 
     def __init__(
         self,
-        days: int = 60,
-        seed: int = 0,
-        start: str = "2024-01-01",
-        autocorrelation: float = 0.0,
-        vol_of_vol: float = 0.5,
-        vol_half_life_minutes: float = 720.0,
-        tail_dof: float = 5.0,
-        tail_clip: float = 12.0,
-        intraday_u_depth: float = 0.4,
-        intraday_u_power: float = 2.0,
-        session_gap_vol: float = 0.15,
-        drift_per_day: float = 0.0,
-        volume_mean: float = 800.0,
-        volume_vol_elasticity: float = 1.0,
-        volume_return_weight: float = 0.5,
-        volume_dispersion: float = 4.0,
+        days: int,
+        seed: int,
+        start: str,
+        autocorrelation: float,
+        vol_of_vol: float,
+        vol_half_life_minutes: float,
+        tail_dof: float,
+        tail_clip: float,
+        intraday_u_depth: float,
+        intraday_u_power: float,
+        session_gap_vol: float,
+        drift_per_day: float,
+        volume_mean: float,
+        volume_vol_elasticity: float,
+        volume_return_weight: float,
+        volume_dispersion: float,
         change_date: str | None = None,
         autocorrelation_after: float | None = None,
     ) -> None:
