@@ -37,6 +37,9 @@ verdict, what is compared; :mod:`foxhunt.training.reproduce`: what the retrainin
 training's own output goes to stderr, the verdict to stdout. Exit codes: 0 identical, 1
 differs, 2 when it cannot start (an unknown run, no config artifact, a config refused, no
 checkpoint to compare, a store that cannot be read; one line).
+
+``foxhunt runs prune``: remove the stored checkpoints of runs neither registered nor among the
+best ``--keep`` of their cell, a dry run unless ``--yes`` (:mod:`foxhunt.commands.prune`).
 """
 
 from __future__ import annotations
@@ -47,11 +50,13 @@ from pathlib import Path
 
 import typer
 
+from foxhunt.commands.prune import prune
 from foxhunt.commands.train_jobs import ROOT_HELP, URI_HELP, _console, _root, _uri
 from foxhunt.errors import EXIT_USER_ERROR, UserError, one_line_error
 from foxhunt.runs import leaderboard as lb
 
-runs_app = typer.Typer(help="Read the runs in the MLflow store: leaderboards, reproductions.", no_args_is_help=True)
+runs_app = typer.Typer(help="Read the runs in the MLflow store: leaderboards, reproductions, pruning.", no_args_is_help=True)
+runs_app.command("prune")(prune)
 
 PROG = "foxhunt runs"
 STORE_ERROR_WIDTH = 300  # characters of a store's error shown
@@ -69,7 +74,7 @@ def _fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
 
 @runs_app.callback()
 def _group() -> None:
-    """Read the runs in the MLflow store: leaderboards, reproductions."""
+    """Read the runs in the MLflow store: leaderboards, reproductions, pruning."""
 
 
 @runs_app.command()
