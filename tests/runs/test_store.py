@@ -73,3 +73,18 @@ def test_a_version_of_a_logged_model_is_linked_to_it_as_register_model_links_it(
     linked = json.loads(runs.logged_model_tags(model_id)["mlflow.modelVersions"])
     assert linked == [{"name": "foxhunt-dqn-es", "version": first.version}, {"name": "foxhunt-dqn-nq", "version": second.version}]
     assert runs.logged_model_tags(model_id)["family"] == "dqn"  # its own tags kept
+
+
+def test_registered_run_ids_name_every_run_a_version_points_at(store, tmp_path):
+    """What ``foxhunt runs prune`` never touches: a version's run, the cell and weights runs foxhunt
+    tags a version with, and the source run of the logged model a version was made from."""
+    runs, ids = store
+    assert runs.registered_run_ids() == set()
+    runs.register_model_version("dqn-es", ids["a"], "checkpoints", alias="champion")
+    model_id, _ = runs.create_logged_model(ids["c"], "tft", "foxhunt-member", {})
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "MLmodel").write_text("artifact_path: model\n")
+    runs.complete_logged_model(model_id, ids["c"], folder, ("val/",))
+    runs.register_model_version("tft-es", ids["a"], f"models:/{model_id}", tags={"weights_run_id": ids["b"]}, model_id=model_id)
+    assert runs.registered_run_ids() == {ids["a"], ids["b"], ids["c"]}

@@ -579,13 +579,21 @@ class RunStore:
                 if source.startswith("runs:/"):
                     candidates.append(source[len("runs:/") :].split("/", 1)[0])
                 found.update(str(run_id) for run_id in candidates if run_id)
-                if version.model_id:  # made from a logged model (models:/<model_id>)
-                    models.add(str(version.model_id))
+                logged = source[len("models:/") :] if source.startswith("models:/") else ""
+                if version.model_id or (logged and "/" not in logged and "@" not in logged):  # from a logged model
+                    models.add(str(version.model_id or logged))  # (the SQL registry's search leaves model_id unset)
             token = page.token
             if not token:
                 break
+        from mlflow.exceptions import MlflowException
+
         for model_id in models:
-            source_run = self.client.get_logged_model(model_id).source_run_id
+            try:
+                source_run = self.client.get_logged_model(model_id).source_run_id
+            except MlflowException as exc:  # a logged model deleted since: its version's run is counted above
+                if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+                    raise
+                continue
             if source_run:
                 found.add(str(source_run))
         return found
