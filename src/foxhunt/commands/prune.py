@@ -73,7 +73,8 @@ def prune(
                    f"{removal.why}")  # fmt: skip
     kept = ", ".join(f"{count} {why}" for why, count in sorted(plan.kept.items()))
     summary = (f"experiment {experiment}: {len(plan.removals)} runs' checkpoints, {_size(plan.bytes)}; FINISHED runs kept: "
-               f"{kept or 'none'} (best {keep} of each cell by {metric}); {plan.unfinished} runs not FINISHED, untouched")  # fmt: skip
+               f"{kept or 'none'} (best {keep} of each cell by {metric}); {plan.unfinished} runs not FINISHED, untouched; "
+               f"{plan.bare} that lost store no checkpoints")  # fmt: skip
     if not yes:
         typer.echo(f"would remove {summary}" + ("; pass --yes to remove them" if plan.removals else ""))
         return

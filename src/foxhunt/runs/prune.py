@@ -98,6 +98,7 @@ class Plan:
     kept: Counter = field(default_factory=Counter)  # why -> FINISHED runs kept (with files or not)
     refused: list[tuple[StoredRun, str]] = field(default_factory=list)  # an artifact folder outside the store
     unfinished: int = 0  # runs that are not FINISHED: never touched
+    bare: int = 0  # runs that lost with no stored checkpoints (pruned before, or none logged)
 
     @property
     def bytes(self) -> int:
@@ -227,6 +228,8 @@ def plan_prune(store: RunStore, experiment: str, metric: str, keep: int) -> Plan
         elif folder is not None and folder.is_dir():
             files, size = measure(folder)
             plan.removals.append(Removal(run, folder, files, size, why))
+        else:
+            plan.bare += 1
     return plan
 
 
