@@ -56,6 +56,15 @@ if TYPE_CHECKING:
     from foxhunt.evaluation.interpret import Interpretation
 
 
+def _dropout(module: nn.Dropout, x: Tensor) -> Tensor:
+    """``module(x)``, keeping its mask as booleans for the backward pass: on a CPU, torch's dropout
+    keeps a float mask (4 bytes an element), its ``native_dropout`` the same draws as one byte (the
+    same output for the same generator state)."""
+    if not module.training or module.p == 0:
+        return x
+    return torch.native_dropout(x, module.p, True)[0]
+
+
 class GatedLinearUnit(nn.Module):
     """GLU(x) = sigmoid(W4 x + b4) * (W5 x + b5), with dropout on the input [eq. 5]."""
 
@@ -65,8 +74,9 @@ class GatedLinearUnit(nn.Module):
         self.linear = nn.Linear(input_size, 2 * output_size)
 
     def forward(self, x: Tensor) -> Tensor:
-        value, gate = self.linear(self.dropout(x)).chunk(2, dim=-1)
-        return value * torch.sigmoid(gate)
+        # F.glu: the first half times the sigmoid of the second, in one op that keeps only its
+        # input for the backward pass (chunk, sigmoid and product kept the sigmoid's output too)
+        return F.glu(self.linear(_dropout(self.dropout, x)), dim=-1)
 
 
 class GateAddNorm(nn.Module):
@@ -108,7 +118,8 @@ class GatedResidualNetwork(nn.Module):
 
     def finish(self, hidden: Tensor, skip: Tensor, context: Tensor | None = None) -> Tensor:
         """The GRN after its input layer: ``hidden = W2 a + b2`` and ``skip = skip(a)`` given
-        (a caller that knows ``a`` is affine in fewer numbers computes them more cheaply)."""
+        (a caller that knows ``a`` is affine in fewer numbers computes them more cheaply).
+        ``hidden`` is consumed: a tensor made for this call, which the ELU overwrites."""
         if self.fc_context is not None:
             if context is None:
                 raise ValueError("GatedResidualNetwork built with a context was called without one")
@@ -116,7 +127,9 @@ class GatedResidualNetwork(nn.Module):
             while projected.dim() < hidden.dim():
                 projected = projected.unsqueeze(-2)
             hidden = hidden + projected
-        hidden = self.fc_hidden(F.elu(hidden))
+        # in place: the ELU's backward reads its output, which the next layer keeps anyway, so one
+        # tensor is kept instead of two (``hidden`` is the caller's fresh W2 a + b2, consumed here)
+        hidden = self.fc_hidden(F.elu(hidden, inplace=True))
         return self.gate_norm(hidden, skip)
 
 
@@ -226,10 +239,20 @@ class VariableSelectionNetwork(nn.Module):
         weight, bias = _embedding_weights(embeddings)
         *_, scale, offset = self._folds(weight, bias, embeddings)
         part = slice(first, first + x_part.shape[-1])
-        embedded = x_part.unsqueeze(-1) * weight[part] + bias[part]
-        hidden = x_part.unsqueeze(-1) * scale[part] + offset[part]
-        grns = list(self.variable_grns)[part]
-        return torch.stack([g.finish(h, g.skip(e)) for g, h, e in zip(grns, hidden.unbind(-2), embedded.unbind(-2))], dim=-2)
+        return self._variable_grn_outputs(
+            x_part, list(self.variable_grns)[part], weight[part], bias[part], scale[part], offset[part]
+        )
+
+    @staticmethod
+    def _variable_grn_outputs(x: Tensor, grns: Sequence[GatedResidualNetwork], weight: Tensor, bias: Tensor,
+                              scale: Tensor, offset: Tensor) -> Tensor:  # fmt: skip
+        """GRN_i(xi_i) (..., n_vars, hidden) of raw inputs x (..., n_vars): the embedding ``x_i w_i
+        + b_i`` is each GRN's residual, ``x_i scale_i + offset_i`` its folded input layer, made
+        afresh per variable (the GRN applies its ELU in place)."""
+        embedded = x.unsqueeze(-1) * weight + bias  # (..., n_vars, hidden)
+        # unbind, not slices: a slice's backward zero-fills a full-size gradient per variable
+        parts = zip(grns, x.unbind(-1), embedded.unbind(-2), scale.unbind(0), offset.unbind(0))
+        return torch.stack([g.finish(torch.addcmul(o, v.unsqueeze(-1), s), g.skip(e)) for g, v, e, s, o in parts], dim=-2)
 
     def select_given(self, x: Tensor, embeddings: Sequence[VariableEmbedding], context: Tensor | None,
                      given: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
@@ -252,13 +275,7 @@ class VariableSelectionNetwork(nn.Module):
         layer. The per-variable GRNs hold most of the TFT's activations (n_vars x hidden values
         per position, several tensors each), so this is the segment that activation
         checkpointing drops after the forward pass and recomputes in the backward pass."""
-        embedded = x.unsqueeze(-1) * weight + bias  # (..., n_vars, hidden)
-        variable_hidden = x.unsqueeze(-1) * scale + offset  # (..., n_vars, out)
-        # unbind, not slices: a slice's backward zero-fills a full-size gradient per variable
-        processed = torch.stack(
-            [g.finish(h, g.skip(e)) for g, h, e in zip(self.variable_grns, variable_hidden.unbind(-2), embedded.unbind(-2))],
-            dim=-2,
-        )
+        processed = self._variable_grn_outputs(x, list(self.variable_grns), weight, bias, scale, offset)
         return (weights.unsqueeze(-1) * processed).sum(dim=-2)
 
     def _folds(
