@@ -17,18 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from foxhunt.commands.prune import prune
+from foxhunt.cli import app
 from foxhunt.runs import prune as pr
 from foxhunt.runs.environment import store_uri
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Tag
 
 runner = CliRunner()
-app = typer.Typer()
-app.command()(prune)
+PRUNE = ["runs", "prune"]  # the command as a user types it: foxhunt runs prune ...
 TASK = "unit"
 
 
@@ -43,7 +41,7 @@ class Store:
         return Path(self.store.get(self.ids[label]).artifact_uri.removeprefix("file://")) / "checkpoints"
 
     def invoke(self, *args: str):
-        return runner.invoke(app, [f"task={TASK}", "--root", str(self.root), *args])
+        return runner.invoke(app, [*PRUNE, f"task={TASK}", "--root", str(self.root), *args])
 
 
 @pytest.fixture
@@ -139,6 +137,25 @@ def test_yes_removes_the_losers_checkpoints_only_and_a_second_prune_is_a_no_op(b
     assert last.startswith("would remove experiment unit: 0 runs'") and last.endswith("; 4 that lost store no checkpoints")
 
 
+def test_reproducing_a_pruned_run_says_its_checkpoints_were_pruned(built, tmp_path):
+    """One line that names the pruning (it guessed logger.log_checkpoints before)."""
+    from omegaconf import OmegaConf
+
+    from configs import compose_train_config
+    from foxhunt.config.schema import resolved_config
+    from foxhunt.runs.reproduce import ReproduceError, open_original
+    from foxhunt.runs.tracked_run import CONFIG_ARTIFACT
+
+    config = tmp_path / "scratch" / CONFIG_ARTIFACT
+    config.write_text(OmegaConf.to_yaml(resolved_config(compose_train_config(["model=dqn"], tmp_path / "composed"))))
+    built.store.log_artifact(built.ids["s3"], config, "")
+    assert built.invoke("--keep", "2", "--yes").exit_code == 0
+    with pytest.raises(
+        ReproduceError, match=r"no weights to compare a reproduction with \(its checkpoints were pruned \(.*checkpoints/ removed"
+    ):
+        open_original(built.store, built.ids["s3"], tmp_path / "work")
+
+
 def test_keep_defaults_to_conf(built):
     keep = pr.default_keep()
     result = built.invoke()
@@ -168,7 +185,7 @@ def test_a_run_registered_or_reopened_after_the_plan_keeps_its_files(built):
     ],
 )
 def test_a_bad_request_is_one_line(built, args, message):
-    result = runner.invoke(app, ["--root", str(built.root), *args])
+    result = runner.invoke(app, [*PRUNE, "--root", str(built.root), *args])
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1 and message in result.output, result.output
     assert all(_present(built).values())

@@ -239,10 +239,12 @@ def test_the_verdict_is_identical_only_when_weights_and_every_compared_metric_ar
     drift.inputs_differ = ["package numpy 1 (original) -> 2 (reproduction)"]
     assert drift.headline() == "differs: package numpy 1 (original) -> 2 (reproduction)"
     assert not Verdict("o", "x", "r").identical  # no weights compared: never identical
-    keys = ["memory/rss_mb", "memory/peak_mb", "progress", "train/env_steps_per_s", "sweep/wall_s", "latency/p50_ms",
-            "train/loss", "val/sharpe_per_step", "test/steps", "epoch"]  # fmt: skip
-    assert [k for k in keys if metric_excluded(k)] == keys[:6]
-    assert excluded_summary(keys[:6]) == "memory/* (2), progress, train/env_steps_per_s, sweep/wall_s, latency/p50_ms"
+    keys = ["memory/rss_mb", "memory/peak_mb", "system/cpu_utilization_percentage", "progress", "train/env_steps_per_s",
+            "sweep/wall_s", "latency/p50_ms", "train/loss", "val/sharpe_per_step", "test/steps", "epoch"]  # fmt: skip
+    assert [k for k in keys if metric_excluded(k)] == keys[:7]  # the machine's samples (system/*) are not the training's
+    assert (
+        excluded_summary(keys[:7]) == "memory/* (2), system/* (1), progress, train/env_steps_per_s, sweep/wall_s, latency/p50_ms"
+    )
 
 
 def test_a_registered_version_names_the_run_its_weights_came_from():

@@ -74,7 +74,8 @@ from foxhunt.runs.tracked_run import CONFIG_ARTIFACT
 
 VERDICT_ARTIFACT = "reproduction.txt"  # the verdict's lines, on the reproduction's run
 COMPARED_CHECKPOINTS = (BEST_CHECKPOINT, LAST_CHECKPOINT)
-EXCLUDED_PREFIXES = ("memory/",)  # memory: the process's RSS, the device's peaks, the callback's overhead
+# memory: the process's RSS, the device's peaks, the callback's overhead; system: MLflow's samples of the machine
+EXCLUDED_PREFIXES = ("memory/", "system/")
 EXCLUDED_NAMES = ("progress",)  # the progress callback's fraction (what foxhunt train watch draws)
 EXCLUDED_SUFFIXES = ("_per_s", "_s", "_ms")  # throughput and durations
 EXIT_IDENTICAL, EXIT_DIFFERS = 0, 1
@@ -153,8 +154,10 @@ def open_original(store, run_id: str, workdir: Path) -> Original:
     logged = set(store.logged_files(run_id, CHECKPOINT_ARTIFACTS))
     names = [name for name in COMPARED_CHECKPOINTS if name in logged]
     if not names:
+        why = (f"its checkpoints were pruned ({run.tags[Tag.ARTIFACTS_PRUNED]})" if Tag.ARTIFACTS_PRUNED in run.tags
+               else "logger.log_checkpoints=none?")  # fmt: skip
         raise ReproduceError(f"{origin}: no {CHECKPOINT_ARTIFACTS}/{BEST_CHECKPOINT} or {CHECKPOINT_ARTIFACTS}/{LAST_CHECKPOINT} "
-                             "artifact: no weights to compare a reproduction with (logger.log_checkpoints=false?)")  # fmt: skip
+                             f"artifact: no weights to compare a reproduction with ({why})")  # fmt: skip
     checkpoints = {}
     for name in names:
         path = store.download(run_id, f"{CHECKPOINT_ARTIFACTS}/{name}", root)
