@@ -29,13 +29,26 @@ def compose_train_config(overrides: list[str], root_dir: Path):
     return cfg
 
 
-def synthetic_source(seed: int, **settings):
-    """A :class:`~foxhunt.data.sources.synthetic.SyntheticBarSource` with conf/data/synthetic.yaml's
-    settings (the source's only defaults), ``settings`` replacing some of them."""
+def _conf_source(data: str, given: dict, settings: dict):
+    """The bar source of conf/data/<data>.yaml with its settings (the source's only defaults), the
+    ``given`` ones (those the conf leaves to the run: a seed, a path) and ``settings`` replacing some."""
+    import importlib
+
     from omegaconf import OmegaConf
 
-    from foxhunt.data.sources.synthetic import SyntheticBarSource
+    source = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "data" / f"{data}.yaml").source)  # unresolved: ${seed}, ???
+    module, _, name = source.pop("_target_").rpartition(".")
+    conf = {key: value for key, value in source.items() if key not in given}
+    return getattr(importlib.import_module(module), name)(**given, **{**conf, **settings})
 
-    source = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "data" / "synthetic.yaml").source)  # seed: ${seed}, unresolved
-    conf = {key: value for key, value in source.items() if key not in ("_target_", "seed")}
-    return SyntheticBarSource(seed=seed, **{**conf, **settings})
+
+def synthetic_source(seed: int, **settings):
+    """A :class:`~foxhunt.data.sources.synthetic.SyntheticBarSource` with conf/data/synthetic.yaml's
+    settings, ``settings`` replacing some of them."""
+    return _conf_source("synthetic", {"seed": seed}, settings)
+
+
+def csv_source(path: str, **settings):
+    """A :class:`~foxhunt.data.sources.csv.CsvBarSource` of ``path`` with conf/data/csv.yaml's
+    settings (the 6E file format), ``settings`` replacing some of them."""
+    return _conf_source("csv", {"path": path}, settings)

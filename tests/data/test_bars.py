@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from configs import csv_source
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import (
     BAR_COLUMNS,
@@ -244,13 +245,12 @@ def test_a_price_below_one_tick_is_refused_not_snapped_to_0():
 
 
 def test_a_training_load_of_a_sub_tick_price_is_one_line_naming_the_file_line_and_field(tmp_path):
-    from foxhunt.data.sources.csv import CsvBarSource
 
     file = tmp_path / "es.csv"
     file.write_text("timestamp_utc,open,high,low,close,volume\n2024-01-02T14:31:00Z,4800.25,4800.5,4800,4800.25,3\n"
                     "2024-01-02T14:32:00Z,1e-9,1e-9,1e-9,1e-9,3\n")  # fmt: skip
     with pytest.raises(BarDataError) as err:
-        CsvBarSource(str(file)).load(asset("es"))
+        csv_source(str(file)).load(asset("es"))
     message = str(err.value)
     assert message.startswith(f"{file}: line 3 (") and "field 'open'=1e-09 is below one tick (0.25)" in message, message
     assert "\n" not in message

@@ -12,6 +12,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from configs import csv_source
 from foxhunt.assets import AssetSpec
 from foxhunt.data.errors import BarDataError
 from foxhunt.data.sources.csv import CsvBarSource
@@ -45,7 +46,7 @@ ROWS = [
 # ------------------------------------------------------------------------------ real 6E data
 @pytest.mark.realdata
 def test_real_6e_file_is_read_exactly(real_data_dir):
-    source = CsvBarSource(path=str(real_data_dir / "6e_minute"))  # the conf/data/csv.yaml defaults
+    source = csv_source(str(real_data_dir / "6e_minute"))  # the conf/data/csv.yaml defaults
     bars = source.load(FX)
     assert len(bars) == 29_996  # README: 29,996 rows (29,997 lines with the header)
     assert list(bars.columns) == ["open", "high", "low", "close", "volume"]
@@ -65,7 +66,7 @@ def test_real_6e_file_is_read_exactly(real_data_dir):
 def test_real_6e_start_labels_line_up_with_the_cme_session(real_data_dir):
     """After the -1 minute shift no bar starts in the 16:00-17:00 Chicago break, and no bar
     falls on a Saturday or before Sunday's 17:00 open: the close-label convention holds."""
-    bars = CsvBarSource(path=str(real_data_dir / "6e_minute")).load(FX)
+    bars = csv_source(str(real_data_dir / "6e_minute")).load(FX)
     local = bars.index.tz_convert("America/Chicago")
     assert not (local.hour == 16).any()
     assert not (local.day_of_week == 5).any()
@@ -76,12 +77,12 @@ def test_real_6e_start_labels_line_up_with_the_cme_session(real_data_dir):
 # ------------------------------------------------------------------------------ conventions
 def test_close_labels_shift_back_one_bar_and_start_labels_do_not(tmp_path):
     path = write(tmp_path, ROWS)
-    close = CsvBarSource(path=str(path)).load(ES)
-    start = CsvBarSource(path=str(path), bar_label="start").load(ES)
+    close = csv_source(str(path)).load(ES)
+    start = csv_source(str(path), bar_label="start").load(ES)
     assert close.index[0] == pd.Timestamp("2024-01-02 14:30", tz="UTC")
     assert start.index[0] == pd.Timestamp("2024-01-02 14:31", tz="UTC")
     assert close.iloc[1].tolist() == [4800.25, 4801.0, 4800.0, 4800.75, 12.0]
-    five = CsvBarSource(path=str(path), bar_minutes=5).load(ES)
+    five = csv_source(str(path), bar_minutes=5).load(ES)
     assert five.index[0] == pd.Timestamp("2024-01-02 14:26", tz="UTC")
 
 
@@ -91,8 +92,8 @@ def test_columns_time_zone_and_format_are_configurable(tmp_path):
         ["02/01/2024 08:31;4800;4800.5;4799.75;4800.25;7"],
         header="Time;O;H;L;C;V\n",
     )
-    source = CsvBarSource(
-        path=str(path),
+    source = csv_source(
+        str(path),
         timestamp_column="Time",
         open_column="O",
         high_column="H",
@@ -111,10 +112,10 @@ def test_columns_time_zone_and_format_are_configurable(tmp_path):
 
 def test_epoch_and_offset_timestamps(tmp_path):
     ms = write(tmp_path, ["1704205860000,4800,4800.5,4799.75,4800.25,7"], name="ms.csv")
-    bars = CsvBarSource(path=str(ms), timestamp_unit="ms", bar_label="start").load(ES)
+    bars = csv_source(str(ms), timestamp_unit="ms", bar_label="start").load(ES)
     assert bars.index[0] == pd.Timestamp("2024-01-02 14:31", tz="UTC")
     iso = write(tmp_path, ["2024-01-02T09:31:00-05:00,4800,4800.5,4799.75,4800.25,7"], name="iso.csv")
-    bars = CsvBarSource(path=str(iso), bar_label="start", timezone="Asia/Tokyo").load(ES)
+    bars = csv_source(str(iso), bar_label="start", timezone="Asia/Tokyo").load(ES)
     assert bars.index[0] == pd.Timestamp("2024-01-02 14:31", tz="UTC")  # the offset wins over `timezone`
 
 
@@ -122,24 +123,24 @@ def test_gzip_directory_and_glob(tmp_path):
     with gzip.open(tmp_path / "a.csv.gz", "wt") as handle:
         handle.write(HEADER + ROWS[0] + "\n")
     write(tmp_path, ROWS[1:], name="b.csv")
-    bars = CsvBarSource(path=str(tmp_path)).load(ES)
+    bars = csv_source(str(tmp_path)).load(ES)
     assert len(bars) == 3 and bars["volume"].tolist() == [10.0, 12.0, 3.0]
-    assert len(CsvBarSource(path=str(tmp_path / "b*")).load(ES)) == 2
+    assert len(csv_source(str(tmp_path / "b*")).load(ES)) == 2
 
 
 def test_overlapping_files_are_rejected(tmp_path):
     write(tmp_path, ROWS[:2], name="a.csv")
     write(tmp_path, ROWS[1:], name="b.csv")
     with pytest.raises(BarDataError, match=r"row 2 \(2024-01-02T14:31:00\+00:00\): duplicated timestamp"):
-        CsvBarSource(path=str(tmp_path)).load(ES)
+        csv_source(str(tmp_path)).load(ES)
 
 
 def test_fingerprint_changes_with_the_file_and_the_config(tmp_path):
     path = write(tmp_path, ROWS)
-    source = CsvBarSource(path=str(path))
+    source = csv_source(str(path))
     first = source.fingerprint(ES)
-    assert first == CsvBarSource(path=str(path)).fingerprint(ES)
-    assert first != CsvBarSource(path=str(path), bar_label="start").fingerprint(ES)
+    assert first == csv_source(str(path)).fingerprint(ES)
+    assert first != csv_source(str(path), bar_label="start").fingerprint(ES)
     assert first != source.fingerprint(FX)
     write(tmp_path, ROWS[:2])
     os.utime(path, ns=(10**9, 10**9))
@@ -158,7 +159,7 @@ def test_hydra_config_builds_the_source():
 def load_error(tmp_path: Path, rows: list[str], **kwargs) -> tuple[str, Path]:
     path = write(tmp_path, rows)
     with pytest.raises(BarDataError) as err:
-        CsvBarSource(path=str(path), **kwargs).load(ES)
+        csv_source(str(path), **kwargs).load(ES)
     message = str(err.value)
     assert "\n" not in message
     return message, path
@@ -167,7 +168,7 @@ def load_error(tmp_path: Path, rows: list[str], **kwargs) -> tuple[str, Path]:
 def test_missing_file(tmp_path):
     missing = tmp_path / "nope.csv"
     with pytest.raises(BarDataError) as err:
-        CsvBarSource(path=str(missing)).load(ES)
+        csv_source(str(missing)).load(ES)
     assert str(err.value) == f"{missing}: file not found (OHLCV CSV files)"
 
 
@@ -178,7 +179,7 @@ def test_missing_column(tmp_path):
         header="timestamp_utc,open,high,low,close\n",
     )
     with pytest.raises(BarDataError) as err:
-        CsvBarSource(path=str(path)).load(ES)
+        csv_source(str(path)).load(ES)
     assert str(err.value) == (f"{path}: missing column(s) volume (columns found: timestamp_utc, open, high, low, close)")
 
 
@@ -226,8 +227,8 @@ def test_bad_timestamp_text(tmp_path):
 
 def test_bad_arguments_name_the_key():
     with pytest.raises(ValueError, match="bar_label='end'"):
-        CsvBarSource(path="x", bar_label="end")
+        csv_source("x", bar_label="end")
     with pytest.raises(ValueError, match="timezone='Mars/Olympus'"):
-        CsvBarSource(path="x", timezone="Mars/Olympus")
+        csv_source("x", timezone="Mars/Olympus")
     with pytest.raises(ValueError, match="timestamp_unit='m'"):
-        CsvBarSource(path="x", timestamp_unit="m")
+        csv_source("x", timestamp_unit="m")

@@ -10,7 +10,7 @@ import pytest
 from market_bars import load_asset, make_bars, replace_after
 from omegaconf import OmegaConf
 
-from configs import synthetic_source
+from configs import csv_source, synthetic_source
 from foxhunt.data.dataset import (
     CACHE_VERSION,
     MarketDataset,
@@ -254,10 +254,9 @@ def test_synthetic_source_end_to_end_with_cache(tmp_path, monkeypatch):
 
 @pytest.mark.realdata
 def test_real_6e_minute_bars(real_data_dir, tmp_path):
-    from foxhunt.data.sources.csv import CsvBarSource
 
     asset = load_asset("6e")
-    source = CsvBarSource(path=str(real_data_dir / "6e_minute"))
+    source = csv_source(str(real_data_dir / "6e_minute"))
     dataset = load_market_dataset(source, asset, FEATURES_CFG, SPLIT_CFG, tmp_path)
     rows = 29_996 - WARMUP
     usable = rows - 2 * 7

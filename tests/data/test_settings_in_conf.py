@@ -9,8 +9,9 @@ import inspect
 import pytest
 from omegaconf import OmegaConf
 
-from configs import CONF_DIR, synthetic_source
+from configs import CONF_DIR, csv_source, synthetic_source
 from foxhunt.data.datamodules import ForecastDataModule
+from foxhunt.data.sources.csv import CsvBarSource
 from foxhunt.data.sources.synthetic import SyntheticBarSource
 
 #: Optional features whose None means "off" (a single regime), absent in configs stored before them.
@@ -22,11 +23,13 @@ def _parameters(cls: type) -> dict[str, inspect.Parameter]:
     return {name: p for name, p in inspect.signature(cls).parameters.items() if name != "self"}
 
 
-def test_the_synthetic_source_has_no_default_of_its_own():
-    parameters = _parameters(SyntheticBarSource)
+@pytest.mark.parametrize(("data", "source", "optional"), [("synthetic", SyntheticBarSource, SYNTHETIC_OPTIONAL),
+                                                        ("csv", CsvBarSource, set())])  # fmt: skip
+def test_a_source_has_no_default_of_its_own(data, source, optional):
+    parameters = _parameters(source)
     defaulted = {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
-    assert defaulted == dict.fromkeys(SYNTHETIC_OPTIONAL)  # the regime change: off (None) unless both are set
-    conf_keys = {key for key in OmegaConf.load(CONF_DIR / "data" / "synthetic.yaml").source if key != "_target_"}
+    assert defaulted == dict.fromkeys(optional)  # the synthetic regime change: off (None) unless both are set
+    conf_keys = {key for key in OmegaConf.load(CONF_DIR / "data" / f"{data}.yaml").source if key != "_target_"}
     assert conf_keys == set(parameters)  # every setting is in the config, every config key a setting
 
 
@@ -37,6 +40,14 @@ def test_the_window_data_module_takes_the_window_from_the_config():
     assert FORECASTERS, "no forecaster config found in conf/model"
     for family in FORECASTERS:
         assert set(OmegaConf.load(CONF_DIR / "model" / f"{family}.yaml").window) == window, family
+
+
+def test_the_tests_csv_source_is_the_configs():
+    source = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "data" / "csv.yaml").source)
+    settings = {key: value for key, value in source.items() if key not in ("_target_", "path")}
+    assert vars(csv_source("bars.csv", bar_label="start")) == vars(
+        CsvBarSource(path="bars.csv", **{**settings, "bar_label": "start"})
+    )
 
 
 @pytest.mark.parametrize("changed", [{}, {"autocorrelation": 0.2, "days": 3}])

@@ -40,6 +40,8 @@ MAX_BAR_MINUTES = 1440  # a day: the longest bar whose close label is shifted ba
 class CsvBarSource:
     """Bars from OHLCV CSV files with configurable columns, time zone and label convention.
 
+    Every setting comes from the config (conf/data/csv.yaml holds the defaults: the 6E files' format).
+
     Args:
         path: a CSV file (``.gz`` allowed), a directory of them or a glob.
         timestamp_column, open_column, high_column, low_column, close_column, volume_column:
@@ -58,18 +60,18 @@ class CsvBarSource:
     def __init__(
         self,
         path: str,
-        timestamp_column: str = "timestamp_utc",
-        open_column: str = "open",
-        high_column: str = "high",
-        low_column: str = "low",
-        close_column: str = "close",
-        volume_column: str = "volume",
-        timezone: str = "UTC",
-        bar_label: str = "close",
-        timestamp_format: str | None = None,
-        timestamp_unit: str | None = None,
-        bar_minutes: int = 1,
-        delimiter: str = ",",
+        timestamp_column: str,
+        open_column: str,
+        high_column: str,
+        low_column: str,
+        close_column: str,
+        volume_column: str,
+        timezone: str,
+        bar_label: str,
+        timestamp_format: str | None,
+        timestamp_unit: str | None,
+        bar_minutes: int,
+        delimiter: str,
     ) -> None:
         if bar_label not in BAR_LABELS:
             raise ValueError(f"bar_label={bar_label!r}: must be one of {', '.join(BAR_LABELS)}")
