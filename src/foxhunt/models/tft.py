@@ -119,7 +119,7 @@ class GatedResidualNetwork(nn.Module):
     def finish(self, hidden: Tensor, skip: Tensor, context: Tensor | None = None) -> Tensor:
         """The GRN after its input layer: ``hidden = W2 a + b2`` and ``skip = skip(a)`` given
         (a caller that knows ``a`` is affine in fewer numbers computes them more cheaply).
-        ``hidden`` is consumed: a tensor made for this call, which the ELU overwrites."""
+        ``hidden`` is consumed: a tensor made for this call, which the ELU overwrites unless it is a view."""
         if self.fc_context is not None:
             if context is None:
                 raise ValueError("GatedResidualNetwork built with a context was called without one")
@@ -128,8 +128,10 @@ class GatedResidualNetwork(nn.Module):
                 projected = projected.unsqueeze(-2)
             hidden = hidden + projected
         # in place: the ELU's backward reads its output, which the next layer keeps anyway, so one
-        # tensor is kept instead of two (``hidden`` is the caller's fresh W2 a + b2, consumed here)
-        hidden = self.fc_hidden(F.elu(hidden, inplace=True))
+        # tensor is kept instead of two (``hidden`` is the caller's fresh W2 a + b2, consumed here);
+        # not on a view (a layer's output reshaped), which autograd may refuse to have overwritten
+        # (an int8 layer's custom function)
+        hidden = self.fc_hidden(F.elu(hidden, inplace=not hidden._is_view()))
         return self.gate_norm(hidden, skip)
 
 
