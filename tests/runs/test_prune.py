@@ -156,6 +156,20 @@ def test_reproducing_a_pruned_run_says_its_checkpoints_were_pruned(built, tmp_pa
         open_original(built.store, built.ids["s3"], tmp_path / "work")
 
 
+def test_a_cells_name_says_its_data_set(built):
+    """Two data sets of one model and asset are two cells: their names differ by the data's digest."""
+    from foxhunt.runs.leaderboard import DATA_TAG
+
+    experiment = built.store.ensure_experiment("bars", str(built.root / "mlruns" / "artifacts"))
+    for digest in ("a" * 64, "b" * 64):
+        run_id = built.store.create(experiment, "dqn-es-fp32", {"model": "dqn", "asset": "es", DATA_TAG: digest})
+        built.store.log_metrics(run_id, {"val/sharpe": 1.0})
+        built.store.end(run_id, "FINISHED")
+    finished = built.store.search_finished_runs("bars")
+    names = sorted(name for _, name in pr.cell_ranks("bars", finished, "val/sharpe").values())
+    assert names == ["model=dqn asset=es data=aaaaaaaaaaaa", "model=dqn asset=es data=bbbbbbbbbbbb"]
+
+
 def test_keep_defaults_to_conf(built):
     keep = pr.default_keep()
     result = built.invoke()

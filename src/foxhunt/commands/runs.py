@@ -62,8 +62,6 @@ PROG = "foxhunt runs"
 STORE_ERROR_WIDTH = 300  # characters of a store's error shown
 DIGITS = 4  # significant digits of the metric, its interval and the baseline in the table
 DSR_DIGITS = 3  # decimals of the deflated Sharpe ratio (as the sweep summary)
-DATA_DIGITS = 12  # hex digits of a group's data digest shown (the JSON has it whole)
-NO_DATA = "no digest (old run)"  # the group of runs that did not record their data's identity
 MISSING = "-"
 
 
@@ -243,7 +241,7 @@ def _table(board):
                 f" ({by_other})" if by_other != quantity else "")  # fmt: skip
         runs = str(row.runs) if row.scored == row.runs else f"{row.runs} ({row.runs - row.scored} without)"
         dsr = MISSING if row.dsr is None else f"{row.dsr:.{DSR_DIGITS}f}"
-        data = NO_DATA if row.data is None else row.data[:DATA_DIGITS]
+        data = lb.data_label(row.data)
         table.add_row(*(row.group[name] for name in query.by), data, _number(row.value), interval, baseline, dsr, str(row.dsr_trials), runs,
                       row.run_name, row.run_id)  # fmt: skip
     return table

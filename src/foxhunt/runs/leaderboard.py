@@ -86,8 +86,15 @@ DSR_INPUTS = ("sharpe_per_step", "steps", "pnl_skew", "pnl_kurtosis")
 SEARCH_TRIALS_TAG = "search.trials"
 #: The data's identity every group is also keyed by (module doc); a run without it: None.
 DATA_TAG = Tag.DATA_DIGEST
+DATA_DIGITS = 12  # hex digits of a group's data digest shown (a table, a cell's name; the JSON has it whole)
+NO_DATA = "no digest (old run)"  # the group of runs that did not record their data's identity
 CELL_KEY_TAGS = (Tag.MODEL, Tag.ASSET, Tag.PRECISION, Tag.SEED)
 TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "conf" / "train.yaml"  # foxhunt-train's root config
+
+
+def data_label(data: str | None) -> str:
+    """A group's data set in a few characters: its digest's first :data:`DATA_DIGITS`, or :data:`NO_DATA`."""
+    return NO_DATA if data is None else data[:DATA_DIGITS]
 
 
 class LeaderboardError(UserError):

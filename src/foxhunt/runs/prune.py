@@ -158,7 +158,10 @@ def cell_ranks(experiment: str, finished: Sequence[StoredRun], metric: str) -> d
         if not rows:
             return ranks
         for row in rows:
-            ranks[row.run_id] = (rank, " ".join(f"{key}={value}" for key, value in row.group.items()))
+            ranks[row.run_id] = (
+                rank,
+                " ".join([*(f"{key}={value}" for key, value in row.group.items()), f"data={lb.data_label(row.data)}"]),
+            )
             source.ranked.add(row.run_id)
     return ranks  # unreachable: itertools.count never ends
 
