@@ -626,6 +626,8 @@ class LoggerSection(_Strict):
     artifact_location: str | None
     experiment: str = Field(min_length=1)
     log_checkpoints: Literal["best", "all", "none"] | bool  # bool: configs stored before the setting (all / none)
+    # seconds between MLflow's samples of the machine (system/*); null or absent (a config stored before it): none
+    system_metrics_s: Seconds | None = None
 
     @model_validator(mode="after")
     def _uri_when_enabled(self) -> LoggerSection:
