@@ -493,7 +493,7 @@ class TFTMember(_WindowedMember):
         from foxhunt.models.tft import StaticContexts
 
         batch, t = len(past), _tensors(self._model)
-        expanded = StaticContexts(None, None, t(np.repeat(contexts["enrichment"], batch, axis=0)),  # type: ignore[arg-type]  # models.tft.StaticContexts types each field Tensor; fuse reads only those given
+        expanded = StaticContexts(None, None, t(np.repeat(contexts["enrichment"], batch, axis=0)),
                                   (t(np.repeat(contexts["state_h"], batch, axis=1)), t(np.repeat(contexts["state_c"], batch, axis=1))))  # fmt: skip
         with torch.inference_mode():
             return self._model.fuse(expanded, t(past), t(future))[0].float().cpu().numpy()
@@ -510,7 +510,7 @@ class TFTMember(_WindowedMember):
 
         t = _tensors(self._model)
         with torch.inference_mode():
-            selected = self._model.select_past(t(known), t(observed), StaticContexts(None, t(selection), None, None))[0]  # type: ignore[arg-type]  # models.tft.StaticContexts types each field Tensor; this call reads only those given
+            selected = self._model.select_past(t(known), t(observed), StaticContexts(None, t(selection), None, None))[0]
         return selected[:, 0].float().cpu().numpy()
 
     def _static(self) -> dict[str, np.ndarray]:
@@ -544,7 +544,7 @@ class TFTMember(_WindowedMember):
 
         t = _tensors(self._model)
         with torch.inference_mode():
-            selected = self._model.select_future(t(known), StaticContexts(None, t(selection), None, None))[0]  # type: ignore[arg-type]  # models.tft.StaticContexts types each field Tensor; this call reads only those given
+            selected = self._model.select_future(t(known), StaticContexts(None, t(selection), None, None))[0]
         return selected[:, 0].float().cpu().numpy()
 
     def runtime_bytes(self) -> int:

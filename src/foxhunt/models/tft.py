@@ -359,12 +359,14 @@ class InterpretableMultiHeadAttention(nn.Module):
 
 class StaticContexts(NamedTuple):
     """The static covariate encoders' outputs [4.3]: selection weights of the static variables,
-    c_s (variable selection), c_e (enrichment) and (c_h, c_c) (the LSTMs' initial state)."""
+    c_s (variable selection), c_e (enrichment) and (c_h, c_c) (the LSTMs' initial state). A
+    streaming caller gives only what its call reads (``select_past`` / ``select_future``: c_s;
+    ``fuse``: c_e); the others are None there."""
 
-    weights: Tensor
-    selection: Tensor
-    enrichment: Tensor
-    state: tuple[Tensor, Tensor]
+    weights: Tensor | None
+    selection: Tensor | None
+    enrichment: Tensor | None
+    state: tuple[Tensor, Tensor] | None
 
 
 class TFTHyperparameters(ForecasterHyperparameters):
