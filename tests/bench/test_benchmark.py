@@ -62,7 +62,7 @@ def test_quick_report_without_peers(tmp_path, monkeypatch):
 
     for algo in ("PPO", "DQN"):
         row = rows[("rl", f"{algo} vs bare gradient-step loop", 1)]
-        assert row["unit"] == "env-steps/s" and row["goal_op"] == ">=" and row["goal"] == 0.85
+        assert row["unit"] == "env-steps/s" and row["goal_op"] == ">=" and row["goal"] == settings.goals.rl_vs_bare
         assert row["foxhunt"] > 0 and row["reference"] > 0
         assert row["figure"] == pytest.approx(row["foxhunt"] / row["reference"])  # one repeat: one pair
         assert finite(row["cpu_figure"]) and row["met"] is (row["figure"] >= row["goal"])
