@@ -32,14 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SEED_QUANTILES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_intra_op_thread():
-    """Run these small models on one thread: on a shared CPU, several intra-op threads per
-    tiny matmul cost far more in synchronisation than they gain."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_intra_op_thread")  # tests/models/conftest.py
 
 
 def load_model_config(**module_overrides):

@@ -20,12 +20,7 @@ NAMES = SelectionNames.of(FEATURE_NAMES, feature_groups())
 SEQ_LEN, HORIZON = 12, 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_intra_op_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_intra_op_thread")  # tests/models/conftest.py
 
 
 def _inputs(batch: dict) -> dict:

@@ -23,12 +23,7 @@ MB = 2**20
 PARAMETER_COPIES = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_intra_op_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_intra_op_thread")  # tests/models/conftest.py
 
 
 def saved_dtypes(fn) -> list[torch.dtype]:

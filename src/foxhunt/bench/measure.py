@@ -91,6 +91,27 @@ def train_batch_timer(warmup: int):
     return TrainBatchTimer()
 
 
+def first_step_timer():
+    """A Lightning callback whose ``seconds`` is the wall time of the fit's first training batch
+    (a compiled step's compile time included)."""
+    from lightning.pytorch.callbacks import Callback
+
+    class FirstStepTimer(Callback):
+        def __init__(self) -> None:
+            self.seconds = float("nan")
+            self._started = 0.0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if batch_idx == 0:
+                self._started = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx == 0:
+                self.seconds = time.perf_counter() - self._started
+
+    return FirstStepTimer()
+
+
 def interleaved(runners: Mapping[str, Callable[[], Timing]], repeats: int) -> dict[str, list[Timing]]:
     """Run every runner once per repeat, in order, ``repeats`` times (A, B, A, B, ...)."""
     results: dict[str, list[Timing]] = {name: [] for name in runners}

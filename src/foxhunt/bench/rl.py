@@ -34,7 +34,6 @@ per ``training_step`` call, so its side times ``ceil(steps / steps_per_call)`` c
 from __future__ import annotations
 
 import itertools
-import time
 import warnings
 from typing import Any
 
@@ -44,6 +43,7 @@ from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import (
     Clock,
     Timing,
+    first_step_timer,
     interleaved,
     median,
     paired_ratio,
@@ -86,27 +86,6 @@ def compiles_in_long_fits(cfg) -> bool:
 
     agent_class: type[TradingAgent] = get_class(cfg.model.module._target_)
     return "cpu" in agent_class.compile_pays_after
-
-
-def first_step_timer():
-    """A Lightning callback whose ``seconds`` is the wall time of the fit's first training batch
-    (a compiled step's compile time included)."""
-    from lightning.pytorch.callbacks import Callback
-
-    class FirstStepTimer(Callback):
-        def __init__(self) -> None:
-            self.seconds = float("nan")
-            self._started = 0.0
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            if batch_idx == 0:
-                self._started = time.perf_counter()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if batch_idx == 0:
-                self.seconds = time.perf_counter() - self._started
-
-    return FirstStepTimer()
 
 
 # ----------------------------------------------------------------------------------- foxhunt
@@ -425,7 +404,7 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
                         )
                     )
             if compiled:
-                rows.append(_compile_time_row(algo, int(threads), results))
+                rows.append(_compile_time_row(algo, int(threads), results, first_in_process=threads == settings.threads[0]))
             rows.extend(_decomposition_rows(algo, int(threads), results))
     return rows, notes
 
@@ -436,12 +415,18 @@ def _path_note(side: str) -> str:
     return "the default config: direct updates, compile_step=auto (eager in a fit this short)"
 
 
-def _compile_time_row(algo: str, threads: int, results: dict[str, list[Timing]]) -> Row:
+def _compile_time_row(algo: str, threads: int, results: dict[str, list[Timing]], first_in_process: bool) -> Row:
     """The compiled side's compile time: its first training step's wall time less an eager
     fit's first step (the first repeat's: later fits in the process reuse the compiled graph;
-    inductor's on-disk cache may make even the first one warm)."""
+    inductor's on-disk cache may make even the first one warm). At a later thread count the graph
+    was compiled earlier in this process: what remains is dynamo's guards and any recompile."""
     compiled, eager = results["compiled"][0].extra["first_step_s"], results["foxhunt"][0].extra["first_step_s"]
     seconds = compiled - eager
+    when = (
+        "the first compile of this process"
+        if first_in_process
+        else "the graph compiled earlier in this process (guards, recompiles only)"
+    )
     return Row(
         section="rl",
         name=f"{algo.upper()} compile time (first compiled training step - first eager one)",
@@ -453,7 +438,7 @@ def _compile_time_row(algo: str, threads: int, results: dict[str, list[Timing]])
         figure_kind="value",
         goal_op=None,
         goal=None,
-        note=f"first compiled step {compiled:.2f} s, first eager step {eager:.3f} s, first repeat of this process",
+        note=f"first compiled step {compiled:.2f} s, first eager step {eager:.3f} s, first repeat at these threads: {when}",
     )
 
 

@@ -140,7 +140,9 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     lines = [f"replay of {window} through {len(fleet)} member(s), rule {cfg.ensemble.rule}, weights {cfg.ensemble.weights}, "
              f"costs {cfg.execution.commission_usd} USD + {cfg.execution.slippage_ticks} ticks per contract per side"]  # fmt: skip
     split = str(cfg.ensemble.split)
-    trained = _trained_figures(cfg, fleet, split, split_digest(cfg, asset, source, dataset, split))
+    # the split's bars hashed only where a training run's figure may be shown beside the replay's
+    shown = split in ("val", "test") and cfg.logger.enabled
+    trained = _trained_figures(cfg, fleet, split, split_digest(cfg, asset, source, dataset, split)) if shown else {}
     header = (f"{'member':<22} {'version':>7} {'pnl USD':>11} {'sharpe':>8} {'run ' + split + ' sharpe [steps]':>25} {'max dd USD':>11} "
               f"{'hit rate':>8} {'trades':>7} {'p50 us':>9} {'p99 us':>9}")  # fmt: skip
     lines.append(header)
@@ -240,26 +242,21 @@ def _trained_figures(cfg, fleet, split: str, bars_digest: str | None) -> dict[st
     are from) where that run's ``split`` bars are the replay's (``bars_digest``: the SHA-256 the run
     recorded on its dataset input of that split, :mod:`foxhunt.training.provenance`); else
     :data:`OTHER_BARS`, or :data:`UNKNOWN_BARS` for a run that recorded none."""
-    if split not in ("val", "test") or not cfg.logger.enabled:
-        return {}
     from foxhunt.runs.store import RunStore
-    from foxhunt.runs.tags import Tag
 
     store = RunStore(str(cfg.logger.tracking_uri))
     found: dict[str, tuple[float, float] | str] = {}
     for f in fleet:
         try:
-            run = store.client.get_run(f.run_id)
+            metrics = store.get(f.run_id).metric_values()
+            recorded = store.recorded_split_digests(f.run_id).get(split)
         except Exception:  # noqa: BLE001 (a run gone from the store: the column shows '-')
             continue
-        metrics = run.data.metrics
         if f"{split}/sharpe" not in metrics:
             continue
-        recorded = [json.loads(i.dataset.profile or "{}").get("sha256") for i in run.inputs.dataset_inputs
-                    if any(t.key == Tag.DATASET_CONTEXT and t.value == split for t in i.tags)]  # fmt: skip
-        if not recorded or not recorded[0]:
+        if not recorded:
             found[f.member.name] = UNKNOWN_BARS
-        elif recorded[0] != bars_digest:
+        elif recorded != bars_digest:
             found[f.member.name] = OTHER_BARS
         else:
             found[f.member.name] = (float(metrics[f"{split}/sharpe"]), float(metrics.get(f"{split}/steps", float("nan"))))

@@ -359,7 +359,7 @@ class DQNAgent(TradingAgent):
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         """``steps_per_call`` agent steps (fewer where ``trainer.max_steps`` comes first); logs
         the last one's metrics on a logged step and returns its loss (None while filling)."""
-        steps = int(self.hparams.steps_per_call)
+        steps = self.updates_per_batch()
         max_steps = self.trainer.max_steps
         if max_steps is not None and max_steps >= 0:
             steps = max(1, min(steps, max_steps - self.global_step))

@@ -387,7 +387,7 @@ class PPOAgent(TradingAgent):
             rollout["advantages"].reshape(-1),
             b_returns,
         )
-        minibatches = hp.update_epochs * (self.batch_size // hp.minibatch_size)
+        minibatches = self.updates_per_batch()
         log = self.log_due(batch_idx, optimizer_steps=minibatches)  # before: stats only if logged
         totals = torch.zeros(len(PPO_STATS), device=self.device)
         updates = 0

@@ -57,6 +57,8 @@ from foxhunt.runs.environment import JOB_ID_ENV
 from foxhunt.runs.tags import SOURCE_TYPE_LOCAL, Tag
 
 DIGEST_LENGTH = 16  # MLflow keeps 36 characters of a dataset digest
+#: The key of a dataset input's profile holding the SHA-256 of its split's bars (what replay compares).
+SPLIT_SHA256 = "sha256"
 SOURCE_JSON_LIMIT = 60_000  # characters of a dataset's source description (files listed up to it)
 _HEX_SHA = re.compile(r"^[0-9a-f]{40}$")
 

@@ -363,6 +363,20 @@ class RunStore:
         if inputs:
             self.client.log_inputs(run_id, datasets=inputs)
 
+    def recorded_split_digests(self, run_id: str) -> dict[str, str | None]:
+        """The SHA-256 of its bars each dataset input of the run recorded, by split (the context
+        :meth:`log_datasets` tags it with; None: an input that recorded none, an older run's)."""
+        import json
+
+        from foxhunt.runs.provenance import SPLIT_SHA256
+
+        found: dict[str, str | None] = {}
+        for given in self.client.get_run(run_id).inputs.dataset_inputs:
+            context = next((t.value for t in given.tags if t.key == Tag.DATASET_CONTEXT), None)
+            if context is not None and context not in found:
+                found[context] = json.loads(given.dataset.profile or "{}").get(SPLIT_SHA256)
+        return found
+
     # -- reading runs --------------------------------------------------------------------
     def get(self, run_id: str) -> StoredRun:
         run = self.client.get_run(run_id)

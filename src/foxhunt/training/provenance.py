@@ -139,7 +139,14 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
 
     import numpy as np
 
-    from foxhunt.runs.provenance import DATA_FILE, DIGEST_LENGTH, PROVENANCE_FOLDER, DatasetProvenance, write_provenance
+    from foxhunt.runs.provenance import (
+        DATA_FILE,
+        DIGEST_LENGTH,
+        PROVENANCE_FOLDER,
+        SPLIT_SHA256,
+        DatasetProvenance,
+        write_provenance,
+    )
 
     source_cfg = OmegaConf.to_container(cfg.data.source, resolve=True)
     assert isinstance(source_cfg, dict)  # data.source is a mapping
@@ -161,7 +168,7 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
         if arrays is None:
             continue
         profile = {"rows": len(arrays), "features": int(arrays.features.shape[1]) if len(arrays) else 0,
-                   "sha256": content["splits"][split]}  # fmt: skip
+                   SPLIT_SHA256: content["splits"][split]}  # fmt: skip
         if len(arrays):
             first, last = np.datetime_as_string(arrays.timestamps[[0, -1]], unit="s")
             profile.update(first_bar=f"{first}Z", last_bar=f"{last}Z")
