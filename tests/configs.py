@@ -52,3 +52,16 @@ def csv_source(path: str, **settings):
     """A :class:`~foxhunt.data.sources.csv.CsvBarSource` of ``path`` with conf/data/csv.yaml's
     settings (the 6E file format), ``settings`` replacing some of them."""
     return _conf_source("csv", {"path": path}, settings)
+
+
+def lean_source(path: str, **settings):
+    """A :class:`~foxhunt.data.sources.lean.LeanMinuteSource` of ``path`` with conf/data/lean.yaml's
+    settings (UTC, rolled by volume, not adjusted), ``settings`` replacing some of them."""
+    return _conf_source("lean", {"path": path}, settings)
+
+
+def databento_source(path: str, **settings):
+    """A :class:`~foxhunt.data.sources.databento.DatabentoBarSource` of ``path`` with
+    conf/data/databento.yaml's settings (GLBX.MDP3, rolled by volume, not adjusted, CSV prices told
+    apart), ``settings`` replacing some of them (``roll`` as a whole: both its keys)."""
+    return _conf_source("databento", {"path": path}, settings)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from configs import synthetic_source
+from configs import lean_source, synthetic_source
 from foxhunt.assets import AssetSpec
 from foxhunt.data.calendar import (
     MINUTE_NS,
@@ -233,9 +233,7 @@ def test_bars_gaps_and_closed_time_partition_the_span(seed, keep, key, start):
 
 # ----------------------------------------------------------------------------- real data
 def _lean_front_month() -> pd.DataFrame:
-    from foxhunt.data.sources.lean import LeanMinuteSource
-
-    return LeanMinuteSource(str(REAL / "es_lean_minute")).load(ES)
+    return lean_source(str(REAL / "es_lean_minute")).load(ES)
 
 
 @pytest.mark.realdata

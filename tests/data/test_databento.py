@@ -14,7 +14,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from configs import synthetic_source
+from configs import databento_source, synthetic_source
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import BAR_COLUMNS
 from foxhunt.data.errors import BarDataError
@@ -131,7 +131,7 @@ def test_real_ohlcv_samples_are_read_exactly(real_data_dir, name, schema, count,
 
 @pytest.mark.realdata
 def test_real_one_minute_file_loads_as_bars(real_data_dir):
-    bars = DatabentoBarSource(path=str(real_data_dir / "databento" / "GLBX.MDP3.test_data.ohlcv-1m.dbn.zst")).load(ES)
+    bars = databento_source(str(real_data_dir / "databento" / "GLBX.MDP3.test_data.ohlcv-1m.dbn.zst")).load(ES)
     assert bars.index.tolist() == list(pd.date_range("2020-12-28 00:00", periods=4, freq="1min", tz="UTC"))
     assert bars.iloc[1].tolist()[:5] == [3704.75, 3705.0, 3704.0, 3704.0, 214.0]
 
@@ -141,7 +141,7 @@ def test_real_one_minute_file_loads_as_bars(real_data_dir):
 def test_load_rejects_other_bar_schemas_naming_them(real_data_dir, name):
     path = real_data_dir / "databento" / f"GLBX.MDP3.test_data.{name}.dbn.zst"
     with pytest.raises(BarDataError) as err:
-        DatabentoBarSource(path=str(path)).load(ES)
+        databento_source(str(path)).load(ES)
     assert str(err.value) == (
         f"{path}: schema {name} found; DatabentoBarSource.load needs ohlcv-1m bars "
         "(read other OHLCV schemas with read_databento_ohlcv)"
@@ -164,7 +164,7 @@ def test_real_two_root_file_keeps_the_assets_outright(real_data_dir):
     assert len(records) == 60
     assert records.groupby("symbol").size().to_dict() == {"ESU4": 30, "NQU4": 30}
     assert records.groupby("symbol")["instrument_id"].first().to_dict() == {"ESU4": 118, "NQU4": 4358}
-    source = DatabentoBarSource(path=str(path))
+    source = databento_source(str(path))
     es = source.load(ES)
     assert len(es) == 30
     assert es.index[0] == pd.Timestamp("2024-07-01 23:40", tz="UTC")
@@ -180,13 +180,13 @@ def test_real_two_root_file_keeps_the_assets_outright(real_data_dir):
 @pytest.mark.realdata
 def test_real_options_catalog_and_exercise_files(real_data_dir):
     folder = real_data_dir / "databento"
-    catalog = DatabentoBarSource(path=str(folder / "options_catalog_futures_ohlcv-1m_*.dbn.zst"))
+    catalog = databento_source(str(folder / "options_catalog_futures_ohlcv-1m_*.dbn.zst"))
     es = catalog.load(ES)
     assert len(es) == 10 and catalog.front_months(ES).tolist() == ["ESM4"]
     assert es.iloc[0].tolist()[:5] == [5199.0, 5199.0, 5198.75, 5199.0, 31.0]
     assert es.index[-1] == pd.Timestamp("2024-05-09 10:04", tz="UTC")
     assert es.iloc[-1].tolist()[:5] == [5200.5, 5200.75, 5200.5, 5200.75, 170.0]
-    exercise = DatabentoBarSource(path=str(folder / "options_exercise_futures_ohlcv-1m_*.dbn.zst")).load(ES)
+    exercise = databento_source(str(folder / "options_exercise_futures_ohlcv-1m_*.dbn.zst")).load(ES)
     assert len(exercise) == 10
     assert exercise.iloc[0].tolist()[:5] == [7009.75, 7010.0, 7007.5, 7008.0, 6784.0]
     assert exercise.iloc[-1].tolist()[:5] == [7004.75, 7004.75, 7003.75, 7004.0, 1655.0]
@@ -198,11 +198,11 @@ def test_without_mappings_definitions_name_the_contracts(real_data_dir, tmp_path
     meta, records = decode(folder / HISTORICAL)
     bare = encode(tmp_path / "bare.dbn", metadata(["ESU4", "NQU4"], {}, start=meta.start), records)
     with pytest.raises(BarDataError, match=r"2 instrument ids \(118, 4358\) and no symbols"):
-        DatabentoBarSource(path=str(bare)).load(ES)
-    named = DatabentoBarSource(path=str(bare), definitions=str(folder / "historical_bars_catalog_futures_definition.dbn.zst"))
-    mapped = DatabentoBarSource(path=str(folder / HISTORICAL))
+        databento_source(str(bare)).load(ES)
+    named = databento_source(str(bare), definitions=str(folder / "historical_bars_catalog_futures_definition.dbn.zst"))
+    mapped = databento_source(str(folder / HISTORICAL))
     pd.testing.assert_frame_equal(named.load(ES), mapped.load(ES), check_exact=True)
-    by_id = DatabentoBarSource(path=str(bare), symbol="4358").load(NQ)
+    by_id = databento_source(str(bare), symbol="4358").load(NQ)
     pd.testing.assert_frame_equal(by_id[OHLCV], mapped.load(NQ)[OHLCV], check_exact=True)
 
 
@@ -224,8 +224,8 @@ def test_real_file_as_databento_csv_export_reads_the_same(real_data_dir, tmp_pat
     from_dbn = read_databento_ohlcv(real_data_dir / "databento" / HISTORICAL).drop(columns=["file", "record"])
     pd.testing.assert_frame_equal(from_csv, from_dbn, check_exact=True, check_dtype=False)
     pd.testing.assert_frame_equal(
-        DatabentoBarSource(path=str(csv)).load(ES),
-        DatabentoBarSource(path=str(real_data_dir / "databento" / HISTORICAL)).load(ES),
+        databento_source(str(csv)).load(ES),
+        databento_source(str(real_data_dir / "databento" / HISTORICAL)).load(ES),
     )
 
 
@@ -265,7 +265,7 @@ def parent_file(tmp_path: Path, name="es-fut.dbn.zst") -> Path:
 
 
 def test_parent_symbol_drops_spreads_and_rolls_by_volume(tmp_path):
-    source = DatabentoBarSource(path=str(parent_file(tmp_path)))
+    source = databento_source(str(parent_file(tmp_path)))
     fronts = source.front_months(ES)
     # ESM5 leads on Wednesday: held from Thursday (the session after; never on the day it led)
     assert fronts.tolist() == ["ESH5", "ESH5", "ESH5", "ESM5", "ESM5"]
@@ -294,25 +294,25 @@ def test_parent_symbol_csv_export_rolls_the_same(tmp_path):
         pretty_px=True,
         map_symbols=True,
     )
-    expected = DatabentoBarSource(path=str(dbn_path)).load(ES)
-    pd.testing.assert_frame_equal(DatabentoBarSource(path=str(csv)).load(ES), expected, check_exact=True)
+    expected = databento_source(str(dbn_path)).load(ES)
+    pd.testing.assert_frame_equal(databento_source(str(csv)).load(ES), expected, check_exact=True)
     # without the rtype column the schema comes from the file name
     text = pd.read_csv(csv).drop(columns=["rtype"])
     text.to_csv(tmp_path / "plain.ohlcv-1m.csv", index=False)
-    pd.testing.assert_frame_equal(DatabentoBarSource(path=str(tmp_path / "plain.ohlcv-1m.csv")).load(ES), expected)
+    pd.testing.assert_frame_equal(databento_source(str(tmp_path / "plain.ohlcv-1m.csv")).load(ES), expected)
 
 
 def test_no_outright_of_the_root(tmp_path):
     with pytest.raises(BarDataError, match=r"no outright ZN futures contract among the symbols found \(ESH5, ESH5-ESM5"):
-        DatabentoBarSource(path=str(parent_file(tmp_path))).load(asset("zn"))
+        databento_source(str(parent_file(tmp_path))).load(asset("zn"))
 
 
 def test_symbol_argument_takes_one_contract(tmp_path):
-    source = DatabentoBarSource(path=str(parent_file(tmp_path)), symbol="ESU5")
+    source = databento_source(str(parent_file(tmp_path)), symbol="ESU5")
     bars = source.load(ES)
     assert len(bars) == 6 and bars["open"].iloc[0] == 5803.0
     with pytest.raises(BarDataError, match=r"symbol 'ESZ5' not found \(contracts found: ESH5, ESH5-ESM5"):
-        DatabentoBarSource(path=str(parent_file(tmp_path)), symbol="ESZ5").load(ES)
+        databento_source(str(parent_file(tmp_path)), symbol="ESZ5").load(ES)
 
 
 def test_outright_expiry_rank():
@@ -354,7 +354,7 @@ def test_invalid_bars_name_file_contract_and_record(tmp_path):
         records,
     )
     with pytest.raises(BarDataError) as err:
-        DatabentoBarSource(path=str(path)).load(ES)
+        databento_source(str(path)).load(ES)
     assert str(err.value) == (
         f"{path} [ESH4]: record 1 (2024-01-02T14:30:00+00:00): duplicated timestamp, same as record 0 (2024-01-02T14:30:00+00:00)"
     )
@@ -362,7 +362,7 @@ def test_invalid_bars_name_file_contract_and_record(tmp_path):
 
 def test_missing_file_and_garbage(tmp_path):
     with pytest.raises(BarDataError, match=r"nope\.dbn\.zst: file not found"):
-        DatabentoBarSource(path=str(tmp_path / "nope.dbn.zst")).load(ES)
+        databento_source(str(tmp_path / "nope.dbn.zst")).load(ES)
     junk = tmp_path / "junk.dbn"
     junk.write_bytes(b"not dbn at all")
     with pytest.raises(BarDataError, match=r"junk\.dbn: not a DBN file"):
@@ -375,9 +375,9 @@ def test_missing_file_and_garbage(tmp_path):
 
 def test_bad_arguments_name_the_key():
     with pytest.raises(ValueError, match="roll.by='calendar'"):
-        DatabentoBarSource(path="x", roll="calendar")
+        databento_source("x", roll="calendar")
     with pytest.raises(ValueError, match="csv_prices='cents'"):
-        DatabentoBarSource(path="x", csv_prices="cents")
+        databento_source("x", csv_prices="cents")
 
 
 # ------------------------------------------------------------------------------ round trip
@@ -385,7 +385,7 @@ def test_bad_arguments_name_the_key():
 def test_write_then_read_gives_identical_bars(tmp_path, suffix):
     bars = synthetic_source(days=8, seed=21).load(ES)
     path = write_ohlcv_1m(bars, tmp_path / f"es{suffix}", symbol="ESH4", instrument_id=42)
-    back = DatabentoBarSource(path=str(path)).load(ES)
+    back = databento_source(str(path)).load(ES)
     pd.testing.assert_frame_equal(back[OHLCV], bars, check_exact=True)
     assert (back["raw_close"] == back["close"]).all() and back["roll_price"].isna().all()  # one contract: no roll
     records = read_databento_ohlcv(path)
@@ -397,15 +397,15 @@ def test_round_trip_is_exact_on_the_fine_6e_grid(tmp_path):
     fx = asset("6e")
     bars = synthetic_source(days=3, seed=2).load(fx)
     path = write_ohlcv_1m(bars, tmp_path / "6e.dbn.zst", symbol="6EH4", instrument_id=9)
-    pd.testing.assert_frame_equal(DatabentoBarSource(path=str(path)).load(fx)[OHLCV], bars, check_exact=True)
+    pd.testing.assert_frame_equal(databento_source(str(path)).load(fx)[OHLCV], bars, check_exact=True)
 
 
 def test_fingerprint_and_hydra_config(tmp_path):
     bars = synthetic_source(days=3, seed=2).load(ES)
     path = write_ohlcv_1m(bars, tmp_path / "a.dbn.zst", symbol="ESH4", instrument_id=1)
-    first = DatabentoBarSource(path=str(path)).fingerprint(ES)
-    assert first == DatabentoBarSource(path=str(path)).fingerprint(ES)
-    assert first != DatabentoBarSource(path=str(path), symbol="ESH4").fingerprint(ES)
+    first = databento_source(str(path)).fingerprint(ES)
+    assert first == databento_source(str(path)).fingerprint(ES)
+    assert first != databento_source(str(path), symbol="ESH4").fingerprint(ES)
     cfg = OmegaConf.load(REPO / "conf" / "data" / "databento.yaml")
     cfg.source.path = str(path)
     source = instantiate(cfg.source)

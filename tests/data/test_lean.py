@@ -10,6 +10,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from configs import lean_source
 from foxhunt.assets import AssetSpec
 from foxhunt.data.errors import BarDataError
 from foxhunt.data.sources.lean import LeanMinuteSource, lean_contract_symbol
@@ -35,7 +36,7 @@ FRONT_MONTHS = {
 
 @pytest.fixture(scope="module")
 def real(real_data_dir) -> LeanMinuteSource:
-    return LeanMinuteSource(path=str(real_data_dir / "es_lean_minute"))
+    return lean_source(str(real_data_dir / "es_lean_minute"))
 
 
 @pytest.mark.realdata
@@ -89,7 +90,7 @@ def test_real_stamps_are_utc(real):
 def test_daily_and_hour_zips_are_skipped_in_a_directory_but_rejected_by_name(real_data_dir):
     daily = real_data_dir / "es_lean_minute" / "daily_es_trade.zip"
     with pytest.raises(BarDataError, match=r"daily_es_trade\.zip: no Lean minute trade CSV .* among es_trade_201312\.csv"):
-        LeanMinuteSource(path=str(daily)).load(ES)
+        lean_source(str(daily)).load(ES)
 
 
 # ------------------------------------------------------------------------------ synthetic zips
@@ -127,7 +128,7 @@ def test_roll_never_goes_back_to_an_earlier_expiry(tmp_path):
             "202406": ["52200000,5052,5052.25,5051.75,5052,10"],
         },
     )
-    source = LeanMinuteSource(path=str(tmp_path))
+    source = lean_source(str(tmp_path))
     # ESM24 leads from 2024-03-05: held from the session after
     assert source.front_months(ES).tolist() == ["ESH24", "ESH24", "ESM24"]
     assert source.load(ES)["open"].tolist() == [5000.0, 5001.0, 5052.0]
@@ -135,7 +136,7 @@ def test_roll_never_goes_back_to_an_earlier_expiry(tmp_path):
 
 def test_exchange_time_zone_argument(tmp_path):
     lean_zip(tmp_path, "20240304", {"202403": ["34200000,5000,5000.25,4999.75,5000,90"]})  # 09:30
-    bars = LeanMinuteSource(path=str(tmp_path), timezone="America/New_York").load(ES)
+    bars = lean_source(str(tmp_path), timezone="America/New_York").load(ES)
     assert bars.index[0] == pd.Timestamp("2024-03-04 14:30", tz="UTC")
 
 
@@ -146,22 +147,22 @@ def test_bad_rows_name_zip_member_line_and_field(tmp_path):
         {"202403": ["52200000,5000,5000.25,4999.75,5000,90", "52260000,5000,5000.25,4999.75,5000.1,9"]},
     )
     with pytest.raises(BarDataError) as err:
-        LeanMinuteSource(path=str(zip_path)).load(ES)
+        lean_source(str(zip_path)).load(ES)
     assert str(err.value) == (
         f"{zip_path}:20240304_es_minute_trade_202403.csv: line 2 (2024-03-04T14:31:00+00:00): "
         "field 'close'=5000.1 is off the 0.25 tick grid (20000.400000 ticks)"
     )
     lean_zip(tmp_path, "20240305", {"202403": ["52200000,5000,5000.25,4999.75,5000"]})
     with pytest.raises(BarDataError, match=r"20240305_es_minute_trade_202403\.csv: 5 columns, expected 6"):
-        LeanMinuteSource(path=str(tmp_path / "20240305_trade.zip")).load(ES)
+        lean_source(str(tmp_path / "20240305_trade.zip")).load(ES)
 
 
 def test_missing_path_and_other_root(tmp_path):
     with pytest.raises(BarDataError, match=r"nowhere: file not found \(Lean minute zips\)"):
-        LeanMinuteSource(path=str(tmp_path / "nowhere")).load(ES)
+        lean_source(str(tmp_path / "nowhere")).load(ES)
     lean_zip(tmp_path, "20240304", {"202403": ["52200000,5000,5000.25,4999.75,5000,90"]}, root="nq")
     with pytest.raises(BarDataError, match="no Lean minute trade bars for root es"):
-        LeanMinuteSource(path=str(tmp_path)).load(ES)
+        lean_source(str(tmp_path)).load(ES)
 
 
 def test_contract_symbols_and_config(tmp_path):
@@ -173,6 +174,6 @@ def test_contract_symbols_and_config(tmp_path):
     source = instantiate(cfg.source)
     assert isinstance(source, LeanMinuteSource) and source.timezone == "UTC"
     first = source.fingerprint(ES)
-    assert first == LeanMinuteSource(path=str(tmp_path)).fingerprint(ES)
+    assert first == lean_source(str(tmp_path)).fingerprint(ES)
     zip_path.write_bytes(zip_path.read_bytes() + b"\0")
     assert first != source.fingerprint(ES)

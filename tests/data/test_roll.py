@@ -14,10 +14,9 @@ import pytest
 import torch
 from test_databento import NS, asset, bar, encode, metadata
 
+from configs import databento_source, lean_source
 from foxhunt.data.errors import BarDataError
 from foxhunt.data.roll import RollRule
-from foxhunt.data.sources.databento import DatabentoBarSource
-from foxhunt.data.sources.lean import LeanMinuteSource
 from foxhunt.evaluation.backtest import backtest
 from foxhunt.trading.env import TradingEnv
 from foxhunt.trading.pnl import held_moves
@@ -58,7 +57,7 @@ def definitions_file(tmp_path: Path, expiry_h: str = "2024-03-07 13:30", tick=0.
 
 
 def load(path, **kwargs):
-    source = DatabentoBarSource(path=str(path), **kwargs)
+    source = databento_source(str(path), **kwargs)
     return source.continuous(ES)
 
 
@@ -148,8 +147,8 @@ def test_open_interest_published_before_the_session_decides(tmp_path):
     meta = metadata(["ES.FUT"], {s: (i, dt.date(2024, 3, 4), dt.date(2024, 3, 8)) for s, i in IDS.items()},
                     stype_in=dbn.SType.PARENT, schema=dbn.Schema.STATISTICS)  # fmt: skip
     encode(tmp_path / "oi.dbn", meta, records)
-    assert load(tmp_path, roll={"by": "volume"}).schedule["contract"].tolist() == ["ESH4"] * 4
-    series = load(tmp_path, roll={"by": "open_interest"})
+    assert load(tmp_path, roll={"by": "volume", "expiry_sessions": None}).schedule["contract"].tolist() == ["ESH4"] * 4
+    series = load(tmp_path, roll={"by": "open_interest", "expiry_sessions": None})
     assert series.schedule["contract"].tolist() == ["ESH4", "ESH4", "ESM4", "ESM4"]
     assert series.rolls["reason"].iloc[0] == (
         "ESM4 had more open interest than ESH4 published before 2024-03-06 15:00 UTC (2,000 vs 1,000)"
@@ -157,7 +156,7 @@ def test_open_interest_published_before_the_session_decides(tmp_path):
     other = tmp_path / "without_statistics"
     other.mkdir()
     with pytest.raises(BarDataError, match="roll.by=open_interest needs open interest"):
-        load(two_contract_file(other), roll={"by": "open_interest"})
+        load(two_contract_file(other), roll={"by": "open_interest", "expiry_sessions": None})
 
 
 def test_expiry_sessions_rolls_before_expiry(tmp_path):
@@ -178,12 +177,12 @@ def test_definitions_are_checked_against_the_asset(tmp_path):
         load(path, definitions=str(bad_tick))
     small = dataclasses.replace(ES, multiplier=5.0, tick_value=1.25)  # MES-sized, but the file says 50
     with pytest.raises(BarDataError, match=r"contract size 50 IPNT .* but asset\.multiplier=5"):
-        DatabentoBarSource(path=str(path), definitions=str(definitions_file(tmp_path))).load(small)
+        databento_source(str(path), definitions=str(definitions_file(tmp_path))).load(small)
 
 
 def test_bad_roll_settings_name_the_key():
     with pytest.raises(ValueError, match=r"roll.by='calendar': must be one of volume, open_interest"):
-        RollRule.from_config({"by": "calendar"}, "none")
+        RollRule.from_config({"by": "calendar", "expiry_sessions": None}, "none")
     with pytest.raises(ValueError, match=r"roll.expiry_sessions=-1"):
         RollRule.from_config({"by": "volume", "expiry_sessions": -1}, "none")
     with pytest.raises(ValueError, match=r"roll.every: unknown key"):
@@ -191,12 +190,12 @@ def test_bad_roll_settings_name_the_key():
     with pytest.raises(ValueError, match=r"adjust='log': must be one of none, difference, ratio"):
         RollRule.from_config("volume", "log")
     with pytest.raises(ValueError, match=r"Lean minute data rolls by volume only"):
-        LeanMinuteSource(path="x", roll={"by": "open_interest"})
+        lean_source("x", roll={"by": "open_interest", "expiry_sessions": None})
 
 
 @pytest.mark.realdata
 def test_real_lean_roll_schedule(real_data_dir):
-    series = LeanMinuteSource(path=str(real_data_dir / "es_lean_minute"), adjust="difference").continuous(ES)
+    series = lean_source(str(real_data_dir / "es_lean_minute"), adjust="difference").continuous(ES)
     rolls = series.rolls
     assert rolls["session"].dt.strftime("%Y-%m-%d").tolist() == ["2013-12-19", "2020-01-06"]
     assert rolls["to_contract"].tolist() == ["ESH14", "ESH20"]
@@ -218,11 +217,11 @@ def test_real_definitions_match_the_asset_configs(real_data_dir):
     defs = folder / "historical_bars_catalog_futures_definition.dbn.zst"  # ESU4 and NQU4: tick 0.25, 50 and 20 IPNT
     nq = asset("nq")
     for spec in (ES, nq):
-        assert len(DatabentoBarSource(path=str(bars), definitions=str(defs)).load(spec)) == 30
+        assert len(databento_source(str(bars), definitions=str(defs)).load(spec)) == 30
     wrong = dataclasses.replace(nq, multiplier=50.0, tick_value=12.5)
     with pytest.raises(
         BarDataError, match=r"NQU4: definition contract size 20 IPNT \(= 20 per 1.0 of price\), but asset\.multiplier=50"
     ):
-        DatabentoBarSource(path=str(bars), definitions=str(defs)).load(wrong)
-    series = DatabentoBarSource(path=str(bars), definitions=str(defs), roll={"expiry_sessions": 5}).continuous(ES)
+        databento_source(str(bars), definitions=str(defs)).load(wrong)
+    series = databento_source(str(bars), definitions=str(defs), roll={"by": "volume", "expiry_sessions": 5}).continuous(ES)
     assert series.schedule["contract"].tolist() == ["ESU4"]  # expires 2024-09-20: far from the 2024-07-02 session

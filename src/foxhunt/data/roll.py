@@ -58,6 +58,7 @@ from foxhunt.data.errors import BarDataError
 
 ROLL_BY = ("volume", "open_interest")
 ADJUSTMENTS = ("none", "difference", "ratio")
+ROLL_KEYS = ("by", "expiry_sessions")  # data.source.roll's mapping
 PRICE_COLUMNS = ("open", "high", "low", "close")
 RAW_CLOSE = "raw_close"  # column of a continuous frame: the held contract's own close
 ROLL_PRICE = "roll_price"  # column: the new contract's entry price on a roll bar, NaN elsewhere
@@ -69,11 +70,12 @@ SCHEDULE_COLUMNS = ("session", "first_bar", "from_contract", "to_contract", "rea
 
 @dataclass(frozen=True)
 class RollRule:
-    """How a continuous series rolls (``data.source.roll`` and ``data.source.adjust``)."""
+    """How a continuous series rolls (``data.source.roll`` and ``data.source.adjust``): every field from
+    the config (conf/data/<source>.yaml holds the defaults)."""
 
-    by: str = "volume"
-    expiry_sessions: int | None = None
-    adjust: str = "none"
+    by: str
+    expiry_sessions: int | None
+    adjust: str
 
     def __post_init__(self) -> None:
         if self.by not in ROLL_BY:
@@ -86,15 +88,19 @@ class RollRule:
 
     @classmethod
     def from_config(cls, roll: Any, adjust: str) -> RollRule:
-        """From the source's ``roll`` mapping (``by``, ``expiry_sessions``) and ``adjust``."""
-        if isinstance(roll, str):  # the short form roll=volume
-            roll = {"by": roll}
+        """From the source's ``roll`` mapping (``by``, ``expiry_sessions``: both) and ``adjust``; the short form
+        ``roll=volume`` is ``{by: volume, expiry_sessions: null}``."""
+        if isinstance(roll, str):
+            roll = {"by": roll, "expiry_sessions": None}
         if not isinstance(roll, Mapping):
-            raise ValueError(f"roll={roll!r}: must be a mapping with keys by, expiry_sessions")
-        unknown = sorted(set(roll) - {"by", "expiry_sessions"})
+            raise ValueError(f"roll={roll!r}: must be a mapping with keys {', '.join(ROLL_KEYS)}")
+        unknown = sorted(set(roll) - set(ROLL_KEYS))
         if unknown:
-            raise ValueError(f"roll.{unknown[0]}: unknown key (allowed: by, expiry_sessions)")
-        return cls(by=str(roll.get("by", "volume")), expiry_sessions=roll.get("expiry_sessions"), adjust=str(adjust))
+            raise ValueError(f"roll.{unknown[0]}: unknown key (allowed: {', '.join(ROLL_KEYS)})")
+        missing = [key for key in ROLL_KEYS if key not in roll]
+        if missing:
+            raise ValueError(f"roll.{missing[0]}: missing (the mapping needs {', '.join(ROLL_KEYS)})")
+        return cls(by=str(roll["by"]), expiry_sessions=roll["expiry_sessions"], adjust=str(adjust))
 
     def params(self) -> dict[str, Any]:
         return {"by": self.by, "expiry_sessions": self.expiry_sessions, "adjust": self.adjust}

@@ -110,6 +110,9 @@ def outright_expiry_rank(symbol: str, root: str, first_year: int) -> int | None:
 class DatabentoBarSource:
     """Continuous 1-minute front-month bars from Databento OHLCV files.
 
+    Every setting comes from the config (conf/data/databento.yaml holds the defaults: CME Globex's
+    dataset, rolled by volume, not adjusted, CSV prices told apart by their type).
+
     Args:
         path: a DBN (``.dbn``/``.dbn.zst``) or Databento CSV (``.csv``/``.csv.gz``) file, a
             directory of them, or a glob. Definition files among them are used for symbols.
@@ -131,12 +134,12 @@ class DatabentoBarSource:
     def __init__(
         self,
         path: str,
-        definitions: str | None = None,
-        symbol: str | None = None,
-        roll: Any = "volume",
-        adjust: str = "none",
-        csv_prices: str = "auto",
-        dataset: str | None = None,
+        definitions: str | None,
+        symbol: str | None,
+        roll: Any,
+        adjust: str,
+        csv_prices: str,
+        dataset: str | None,
     ) -> None:
         self.rule = RollRule.from_config(roll, adjust)
         if self.rule.expiry_sessions is not None and self.rule.expiry_sessions > MAX_EXPIRY_SESSIONS:

@@ -61,6 +61,8 @@ def lean_contract_symbol(root: str, contract_month: str) -> str:
 class LeanMinuteSource:
     """Front-month 1-minute bars from Lean futures minute zips.
 
+    Every setting comes from the config (conf/data/lean.yaml holds the defaults: UTC, rolled by volume, not adjusted).
+
     Args:
         path: a zip, a directory of zips or a glob.
         timezone: the zone in which the first column counts from midnight of the file's
@@ -69,7 +71,7 @@ class LeanMinuteSource:
         adjust: back-adjustment of the continuous prices: none, difference or ratio.
     """
 
-    def __init__(self, path: str, timezone: str = "UTC", roll: Any = "volume", adjust: str = "none") -> None:
+    def __init__(self, path: str, timezone: str, roll: Any, adjust: str) -> None:
         self.rule = RollRule.from_config(roll, adjust)
         if self.rule.by != "volume" or self.rule.expiry_sessions is not None:
             raise ValueError(
