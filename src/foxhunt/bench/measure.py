@@ -1,11 +1,12 @@
 """Timing primitives of the benchmark: interleaved repeats, paired ratios, threads, machine.
 
-This machine's speed drifts by 20-30 % between runs and other processes share its cores, so a
-figure alone means little. Every comparison therefore runs its two sides alternately (A, B, A,
-B, ...), each repeat timed by wall clock and by the process's CPU time, and reports the median
-of the per-pair ratios: a slow spell hits both members of a pair. With one thread the CPU-time
-ratio is also robust to other processes taking the core (the process is descheduled, its CPU
-clock stops), which the wall-clock ratio is not.
+A shared machine's speed drifts between runs by tens of percent and other processes share its
+cores, so a figure alone means little (docs/benchmarks.md gives each run's load). Every
+comparison therefore runs its two sides alternately (A, B, A, B, ...), each repeat timed by wall
+clock and by the process's CPU time, and reports the median of the per-pair ratios: a slow
+spell hits both members of a pair. With one thread the CPU-time ratio is also robust to other
+processes taking the core (the process is descheduled, its CPU clock stops), which the
+wall-clock ratio is not.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ pin then matches the CPU or the CUDA build the index offers).
 Where the wheel comes from, by how foxhunt was installed (its ``direct_url.json``, PEP 610):
 
 - from a source folder (``pip install -e .``, ``pip install .``): built from a copy of that
-  folder with its own build backend (``pip wheel --no-deps --no-build-isolation``: about 1 s;
+  folder with its own build backend (``pip wheel --no-deps --no-build-isolation``;
   a copy, so a stale ``build/`` folder of the checkout cannot leak old modules into it);
 - from a wheel file: that file;
 - from a package index (no ``direct_url.json``) or another URL: no wheel; the requirement is

@@ -8,14 +8,13 @@ and the LSTM encoder-decoder, enrichment, attention and heads of the 50-bar wind
 the LSTM's initial state is the static context at the window's first bar, so the encoder runs
 over the whole window again on every bar; the math allows no shortcut there). In torch eager
 each is a few hundred operators at a few microseconds of dispatch each; ONNX Runtime runs the
-same graph, fused, at fixed dimensions: measured on the default-size TFT at 1 thread, fuse 3.6 ms
-against 7.5 ms in torch, the encoder selection of one bar 0.2 against 1.3 ms
-(``scripts/benchmark.py --sections fleet`` measures both every run).
+same graph, fused, at fixed dimensions, in a fraction of torch's time (the figures:
+docs/benchmarks.md; ``scripts/benchmark.py``'s streaming section times the TFT member every run).
 
 :func:`export_tft` writes the four graphs (``torch.onnx.export``, a batch axis of any size);
 ``int8`` quantizes them with ONNX Runtime's dynamic quantization (int8 weights of every MatMul,
 Gemm and LSTM, activations quantized per call): a quarter of the weight bytes, and faster
-(fuse 1.2 ms measured). :class:`Graph` is one inference session on one thread pool of
+(docs/benchmarks.md). :class:`Graph` is one inference session on one thread pool of
 ``threads`` threads.
 
 Written here, not taken whole from a library: ONNX Runtime and ``torch.onnx`` are the

@@ -26,8 +26,8 @@ Forms, all of this one formula:
   runs numba or torch, the TFT's ONNX graph holds the head).
 
 The numba form lives here, beside the torch one, rather than in :mod:`foxhunt.ensemble.kernels`:
-numba is a dependency of the package (not of the ensemble alone), importing it costs about 0.3 s
-against the seconds torch and Lightning take, and nothing is compiled until the kernel first calls
+numba is a dependency of the package (not of the ensemble alone), importing it costs a fraction
+of a second against the seconds torch and Lightning take, and nothing is compiled until the kernel first calls
 it, so the models still import and train without the ensemble; and numba cannot call a plain
 Python function from compiled code, so a numba-free row form here would need softplus written a
 second time. :mod:`foxhunt.ensemble.runtimes` reads the head's weights at ``head.linear``.

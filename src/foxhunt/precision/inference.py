@@ -12,8 +12,8 @@ fp32) and then re-quantized by the inference config; the original model is not m
 
 ``dynamic_activation`` multiplies int8 by int8 (``torch._int_mm``). On a CPU without VNNI
 oneDNN computes that product through 16-bit intermediate sums that saturate, so the result is
-wrong, silently (measured: errors of 4e4 on a 32x64 @ 64x48 product with oneDNN capped at
-AVX2). :func:`int8_matmul_error` checks the product against the exact one once per device; where
+wrong, silently (far beyond rounding where oneDNN is capped at AVX2; the figures:
+docs/benchmarks.md). :func:`int8_matmul_error` checks the product against the exact one once per device; where
 it is wrong the copy uses ``weight_only`` instead and says so in one line. The config the copy
 uses is its attribute ``int8_config``.
 """

@@ -124,8 +124,8 @@ def _fused_supported(params: list[Any]) -> bool:
     """Whether torch's fused Adam/AdamW kernel takes every tensor of ``params``: floating point,
     on a device it has kernels for (CPU and CUDA among them; not the meta device that memory
     prediction builds on). The fused step is one kernel per parameter instead of about ten
-    element-wise ops: measured on this CPU for a 17-256-256-3 MLP, 84 us against 243 us per
-    step (scripts/benchmark.py's RL section runs every optimizer step through it)."""
+    element-wise ops, a few times faster for the agents' small networks on a CPU (the figures:
+    docs/benchmarks.md; scripts/benchmark.py's RL section runs every optimizer step through it)."""
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
     devices = set(_get_fused_kernels_supported_devices())

@@ -36,7 +36,7 @@ Per row, on the metric's split (``val`` for ``val/...``):
   their study in the cell, pruned and failed ones too: :func:`dsr_trial_count`), from ``<split>/sharpe_per_step``,
   ``/steps``, ``/pnl_skew``, ``/pnl_kurtosis``, by
   :func:`foxhunt.evaluation.deflated.deflated_sharpe_ratio` (Bailey and Lopez de Prado 2014;
-  standard library only: ``foxhunt.evaluation.stats`` takes 1.7 s to import, numpy, scipy).
+  standard library only: ``foxhunt.evaluation.stats`` imports numpy and scipy, more than a second of start-up).
 
 A ``test/`` (or ``holdout/``) metric may rank the rows: this is a report, no selection; what
 selects (sweeps, searches, ``foxhunt ensemble register``) uses ``val/`` metrics only, which the

@@ -1,6 +1,6 @@
 """``foxhunt runs prune``: the stored checkpoints of the runs that lost, removed from the store.
 
-A store fills with checkpoints nobody will deploy (a TFT's ``best.ckpt`` weighs 157 MB). Prune
+A store fills with checkpoints nobody will deploy (a default-size TFT's ``best.ckpt`` weighs over a hundred MB). Prune
 removes the artifact folder ``checkpoints/`` of each FINISHED run of one experiment that is
 
 - not registered: no model version points at it, whatever its alias (its run, its ``runs:/``

@@ -1,12 +1,11 @@
 """The read-only fast path: MLflow's SQLite tables read with the standard library's ``sqlite3``.
 
-Why not only ``MlflowClient``: reading the store through it costs about 2-3.5 s per command on
-the project's 2-core machine (``import mlflow`` 1.3-2.2 s, opening the SQLite store 0.6 s;
-measured with ``time python -c ...``), which the read-only job commands (``foxhunt train
-list``, ``status``, ``watch``'s refresh) cannot afford. This reader queries MLflow's tables
-(``runs``, ``tags``, ``latest_metrics``, ``params``, ``experiments``) directly, queries only; a
-whole ``foxhunt train list`` or ``status`` takes 0.7-0.8 s (interpreter and typer start-up
-included). It answers the same questions as the client reader
+Why not only ``MlflowClient``: reading the store through it costs seconds per command
+(``import mlflow``, then opening the SQLite store; the figures: docs/benchmarks.md), which the
+read-only job commands (``foxhunt train list``, ``status``, ``watch``'s refresh) cannot afford.
+This reader queries MLflow's tables (``runs``, ``tags``, ``latest_metrics``, ``params``,
+``experiments``) directly, queries only; a whole ``foxhunt train list`` or ``status`` takes
+under a second (interpreter and typer start-up included). It answers the same questions as the client reader
 (:class:`foxhunt.runs.store.ClientReader`), and the tests check that both give the same runs;
 a SQLite schema it does not recognise goes through the client (:func:`foxhunt.runs.store.open_reader`).
 ``foxhunt runs top`` reads its leaderboard here too (:meth:`SqliteReader.finished_runs`: only the
@@ -199,8 +198,8 @@ class SqliteReader:
 
         One query, one row per run, each key a correlated lookup through the ``(key, run_uuid)``
         primary key of ``tags`` or ``latest_metrics``: the cost grows with the runs and the keys
-        asked for, not with the metrics the runs logged (10,000 runs, 60 metrics each, 5 keys:
-        about 0.1 s; joining the tables instead took twice that)."""
+        asked for, not with the metrics the runs logged (joining the tables instead was slower:
+        docs/benchmarks.md)."""
         if not experiment_ids or self.schema() != KNOWN:
             return []
         tag_keys, metric_keys = list(dict.fromkeys(tag_keys)), list(dict.fromkeys(metric_keys))
