@@ -1,5 +1,5 @@
 """Paper trading's own cost: bars per second as fast as possible, and the loop's added time per bar
-over the fleet's own (goal: <= 0.2 ms), measured through the real command.
+over the ensemble's own (goal: <= 0.2 ms), measured through the real command.
 
 Usage: ``python scripts/bench_paper.py [--root DIR] [--repeats 3] [--models dqn,mamba2]``.
 
@@ -7,8 +7,8 @@ Without a store under ``--root`` it trains the ``--models`` at their default siz
 ``trainer=smoke`` on ``--days`` synthetic ES days and registers them (``ensemble.gate=none``);
 then it runs ``foxhunt ensemble paper paper.speed=0 paper.view=never`` ``--repeats`` times, each
 with a fresh ledger, as a subprocess, and reads each session's figures from its MLflow run
-(``latency/fleet_p50_us``, ``latency/loop_added_*``, ``paper/bars_per_s``: the session times
-``time.perf_counter_ns`` around the fleet's step and around the whole bar, the difference being
+(``latency/ensemble_p50_us``, ``latency/loop_added_*``, ``paper/bars_per_s``: the session times
+``time.perf_counter_ns`` around the ensemble's step and around the whole bar, the difference being
 the loop's own work: orders, fills, limits, the ledger's per-bar transaction). It prints every
 repeat, the medians, the machine and the load average before and after.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 
 GOAL_ADDED_US = 200.0  # the issue's goal for the loop's added time per bar
 TRAIN = ["trainer=smoke", "evaluation.plot_equity=false", "asset=es"]
-METRICS = ("paper/bars", "paper/bars_per_s", "latency/fleet_p50_us", "latency/fleet_p99_us",
+METRICS = ("paper/bars", "paper/bars_per_s", "latency/ensemble_p50_us", "latency/ensemble_p99_us",
            "latency/loop_added_p50_us", "latency/loop_added_p99_us", "latency/loop_added_mean_us")  # fmt: skip
 
 
@@ -87,14 +87,14 @@ def main() -> None:
     for k in range(args.repeats):
         figures = _session(root, models, args.days, k)
         sessions.append(figures)
-        print(f"session {k + 1}: {figures.get('paper/bars', 0):,.0f} bars, {figures.get('paper/bars_per_s', 0):,.0f} bars/s; fleet p50 "
-              f"{figures.get('latency/fleet_p50_us', 0):.1f} us; loop added p50 {figures.get('latency/loop_added_p50_us', 0):.1f} us, "
+        print(f"session {k + 1}: {figures.get('paper/bars', 0):,.0f} bars, {figures.get('paper/bars_per_s', 0):,.0f} bars/s; ensemble p50 "
+              f"{figures.get('latency/ensemble_p50_us', 0):.1f} us; loop added p50 {figures.get('latency/loop_added_p50_us', 0):.1f} us, "
               f"p99 {figures.get('latency/loop_added_p99_us', 0):.1f} us")  # fmt: skip
     after = os.getloadavg()
     median = {key: statistics.median(s[key] for s in sessions if key in s) for key in METRICS if all(key in s for s in sessions)}
     added = median.get("latency/loop_added_p50_us", float("nan"))
     print(f"median of {len(sessions)} sessions: {median.get('paper/bars_per_s', 0):,.0f} bars/s (whole loop, ledger included); "
-          f"fleet p50 {median.get('latency/fleet_p50_us', 0):.1f} us; loop added p50 {added:.1f} us, p99 "
+          f"ensemble p50 {median.get('latency/ensemble_p50_us', 0):.1f} us; loop added p50 {added:.1f} us, p99 "
           f"{median.get('latency/loop_added_p99_us', 0):.1f} us, mean {median.get('latency/loop_added_mean_us', 0):.1f} us "
           f"(goal p50 <= {GOAL_ADDED_US:.0f} us: {'met' if added <= GOAL_ADDED_US else 'missed'})")  # fmt: skip
     print(f"load average (1, 5, 15 min): before {[round(v, 2) for v in before]}, after {[round(v, 2) for v in after]}")

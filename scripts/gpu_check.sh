@@ -2,7 +2,7 @@
 # The checks that need a CUDA device, in one run, with a short report (outputs/gpu_check/report.md):
 #   bash scripts/gpu_check.sh            # on a machine with a GPU and foxhunt installed (make install TORCH='torch>=2.4')
 # 1. pytest -m gpu: every CUDA / NVML path (probes, the memory callback's device samples, bf16 and
-#    int8 training on CUDA, CUDA allocation peaks, the fleet streaming on CUDA, one device per job);
+#    int8 training on CUDA, CUDA allocation peaks, the ensemble streaming on CUDA, one device per job);
 # 2. foxhunt memory validate on the device against rtx3050ti;
 # 3. a smoke grid of the four models, registered, then foxhunt ensemble validate on CUDA.
 set -uo pipefail

@@ -4,8 +4,8 @@ Each reference page under ``docs/reference/`` holds a marker (``<!-- reference:c
 ``<!-- reference:cli -->``, ``<!-- reference:mlflow -->``; ``<!-- reference:features -->`` on
 the data-flow page) that :func:`on_page_markdown` replaces with Markdown built here:
 
-- **config**: the default config composed with Hydra's compose API (``conf/fleet.yaml``: the
-  training config plus the ``ensemble`` group), every key with its default, the rule of the
+- **config**: the default config composed with Hydra's compose API (``conf/ensemble.yaml``: the
+  training config plus the ``ensemble``, ``paper`` and ``roll`` groups), every key with its default, the rule of the
   pydantic schema (``foxhunt.config.schema``; ``model.module.*`` by the family's hyperparameter
   definition, see ``foxhunt.config.model_schemas``) and the comment that documents it in the
   YAML file or the schema; then every model family's hyperparameters (type, range, default of
@@ -217,8 +217,8 @@ def conf_dir() -> Path:
 
 
 @functools.cache
-def composed_fleet_config() -> tuple[dict[str, Any], dict[str, str | None]]:
-    """The default ``conf/fleet.yaml`` (= ``conf/train.yaml`` + the ensemble group), unresolved,
+def composed_ensemble_config() -> tuple[dict[str, Any], dict[str, str | None]]:
+    """The default ``conf/ensemble.yaml`` (= ``conf/train.yaml`` + the ensemble, paper and roll groups), unresolved,
     and Hydra's choice per config group."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -226,7 +226,7 @@ def composed_fleet_config() -> tuple[dict[str, Any], dict[str, str | None]]:
     import foxhunt  # noqa: F401 - registers foxhunt's resolvers
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose("fleet", return_hydra_config=True)
+        cfg = compose("ensemble", return_hydra_config=True)
     choices = dict(OmegaConf.to_container(cfg.hydra.runtime.choices))
     container = OmegaConf.to_container(cfg, resolve=False)
     container.pop("hydra")
@@ -249,9 +249,9 @@ def package_prefix(group: str, doc: YamlDoc, package: str | None = None) -> tupl
 def comment_map() -> dict[tuple[str, ...], tuple[str, str]]:
     """Composed key -> (comment, file) from the YAML files of the default config."""
     root = conf_dir()
-    _, choices = composed_fleet_config()
+    _, choices = composed_ensemble_config()
     out: dict[tuple[str, ...], tuple[str, str]] = {}
-    sources = [("", root / "train.yaml", None), ("", root / "fleet.yaml", None)]
+    sources = [("", root / "train.yaml", None), ("", root / "ensemble.yaml", None)]
     for key, option in choices.items():
         if option is None or key.startswith("hydra"):
             continue
@@ -267,9 +267,9 @@ def comment_map() -> dict[tuple[str, ...], tuple[str, str]]:
 
 @functools.cache
 def schema() -> dict[str, Any]:
-    from foxhunt.config.schema import FleetConfig
+    from foxhunt.config.schema import EnsembleConfig
 
-    return FleetConfig.model_json_schema()
+    return EnsembleConfig.model_json_schema()
 
 
 def _deref(node: dict[str, Any]) -> dict[str, Any]:
@@ -415,7 +415,7 @@ def section_classes() -> dict[tuple[str, ...], type]:
     """Config path -> the pydantic class that checks that section."""
     from pydantic import BaseModel
 
-    from foxhunt.config.schema import FleetConfig
+    from foxhunt.config.schema import EnsembleConfig
 
     out: dict[tuple[str, ...], type] = {}
 
@@ -433,7 +433,7 @@ def section_classes() -> dict[tuple[str, ...], type]:
                     continue
                 walk(sub, (*path, key))
 
-    walk(FleetConfig, ())
+    walk(EnsembleConfig, ())
     return out
 
 
@@ -539,7 +539,7 @@ SECTION_TITLES = {
 
 
 def config_reference() -> str:
-    container, choices = composed_fleet_config()
+    container, choices = composed_ensemble_config()
     comments = comment_map()
     field_comments = schema_comments()
     _, per_section = validator_rules()
@@ -547,7 +547,7 @@ def config_reference() -> str:
     out = []
     chosen = ", ".join(f"`{k}={v}`" for k, v in choices.items() if v is not None and not k.startswith("hydra") and "@" not in k)
     out.append(f"The defaults below are those of `foxhunt-train` with no overrides ({chosen}); "
-               "`ensemble.*` exists only in the `foxhunt ensemble` commands' config (`conf/fleet.yaml`). "
+               "`ensemble.*` exists only in the `foxhunt ensemble` commands' config (`conf/ensemble.yaml`). "
                "Values are shown before interpolation (`${...}`).\n")  # fmt: skip
     leaves = flatten(container)
     top = [(p, v) for p, v in leaves if len(p) == 1]
@@ -650,7 +650,7 @@ def unset_fields(section: str, present: set[tuple[str, ...]]) -> list[tuple[tupl
 
 def groups_reference() -> str:
     root = conf_dir()
-    _, choices = composed_fleet_config()
+    _, choices = composed_ensemble_config()
     out = ["## Config groups and their options\n",
            "Pick an option with `<group>=<option>` on the command line. Each option is a YAML file "
            "`conf/<group>/<option>.yaml`; a file marked *global* (`# @package _global_`) may set keys anywhere "
@@ -898,7 +898,7 @@ def other_tags() -> str:
                       table(("tag", "module"), rows) + "\n"])  # fmt: skip
 
 
-METRIC_NAME = re.compile(r"^(train|val|test|holdout|memory|sweep|fleet|progress)(/[a-z0-9_]+)*/?$")
+METRIC_NAME = re.compile(r"^(train|val|test|holdout|memory|sweep|ensemble|progress)(/[a-z0-9_]+)*/?$")
 
 
 def metrics_reference() -> str:

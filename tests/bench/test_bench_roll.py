@@ -1,7 +1,7 @@
 """The rolling loop learns (slow: about four minutes on 2 cores): on synthetic ES bars whose
 planted pattern changes sign at a known date, five roll steps promote a challenger after the
-change and the rolled fleet's PnL on the newest blocks after the change beats the frozen
-fleet's, the interval of the mean per-bar difference above 0 (:mod:`foxhunt.bench.roll`; the
+change and the rolled ensemble's PnL on the newest blocks after the change beats the frozen
+ensemble's, the interval of the mean per-bar difference above 0 (:mod:`foxhunt.bench.roll`; the
 benchmark's ``roll`` section, the table in docs/how-to/roll.md)."""
 
 from __future__ import annotations

@@ -96,30 +96,30 @@ def test_quick_report_without_peers(tmp_path, monkeypatch):
     assert "load average" in text and "command: `pytest`" in text
 
 
-def test_fleet_section_measures_every_member_beside_its_floor(tmp_path):
-    settings = tiny_settings("fleet", "fleet.bars=80", "fleet.skip_bars=60", "fleet.probe_calls=3", "fleet.floor_calls=20",
-                             "fleet.floor_calls_tft=2", "fleet.capacity_warm_bars=5", "fleet.symbols=[1,4]",
-                             "fleet.rounds=2", "fleet.int8_variants=false")  # fmt: skip
+def test_ensemble_section_measures_every_member_beside_its_floor(tmp_path):
+    settings = tiny_settings("ensemble", "ensemble.bars=80", "ensemble.skip_bars=60", "ensemble.probe_calls=3",
+                             "ensemble.floor_calls=20", "ensemble.floor_calls_tft=2", "ensemble.capacity_warm_bars=5",
+                             "ensemble.symbols=[1,4]", "ensemble.rounds=2", "ensemble.int8_variants=false")  # fmt: skip
     result = run(settings, tmp_path, command="pytest", quick=True, log=lambda *_: None)
     rows = {r["name"]: r for r in result["rows"]}
     for family in ("dqn", "ppo"):
         row = rows[f"{family} member p50 / numpy floor"]
         assert row["figure"] == pytest.approx(row["foxhunt"] / row["reference"]) and row["goal"] == 1.5
     assert rows["tft per new bar p50 / full recompute"]["goal"] == 0.25 and rows["tft per new bar p50"]["goal"] == 5000
-    assert rows["mamba2 step p50"]["goal"] == 100 and rows["whole fleet per bar p99"]["goal"] == 6000
-    assert rows["whole fleet per bar p99"]["figure"] >= rows["whole fleet per bar p50"]["figure"] > 0
-    assert any("runtime" in note for note in result["notes"]["fleet"])
+    assert rows["mamba2 step p50"]["goal"] == 100 and rows["whole ensemble per bar p99"]["goal"] == 6000
+    assert rows["whole ensemble per bar p99"]["figure"] >= rows["whole ensemble per bar p50"]["figure"] > 0
+    assert any("runtime" in note for note in result["notes"]["ensemble"])
     (capacity,) = [r for name, r in rows.items() if name.startswith("capacity int8 / fp32")]
     assert capacity["figure"] == pytest.approx(capacity["foxhunt"] / capacity["reference"]) and capacity["reference"] >= 1
-    assert capacity["foxhunt"] > capacity["reference"]  # int8 weights hold less: more fleets fit
+    assert capacity["foxhunt"] > capacity["reference"]  # int8 weights hold less: more ensembles fit
     for family in ("dqn", "ppo", "mamba2", "tft"):
         int8 = rows[f"{family} int8 / fp32 step p50"]
         assert int8["figure"] == pytest.approx(int8["foxhunt"] / int8["reference"]) and "positions agree on" in int8["note"]
-    for group in ("fleet", "tft"):
+    for group in ("ensemble", "tft"):
         one, four = rows[f"{group} 1 symbols: predictions/s"], rows[f"{group} 4 symbols: predictions/s"]
         assert one["figure"] > 0 and four["figure"] > 0
     assert rows["tft 4 symbols: predictions/s"]["goal"] == 100_000
-    assert "## 5. The streaming fleet" in report.markdown(result)
+    assert "## 5. The streaming ensemble" in report.markdown(result)
 
 
 def test_rl_against_stable_baselines3(tmp_path):

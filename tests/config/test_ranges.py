@@ -1,6 +1,6 @@
 """Every numeric key of the config has a range (issue 35).
 
-For every numeric leaf of the composed default training config and fleet config (and of the
+For every numeric leaf of the composed default training config and ensemble config (and of the
 presets that add numeric keys of their own: the other model families, launchers, int8, the file
 sources, the optional trainer and evaluation keys), a value outside any sensible range is
 refused by the schema with one line that names that key and the value: not a number (nan,
@@ -27,7 +27,7 @@ from foxhunt.training.parts import compose_config
 # (config name, overrides): the defaults, then presets that bring numeric keys the defaults lack
 PRESETS = [
     ("train", []),
-    ("fleet", ["ensemble.versions.tft=3"]),
+    ("ensemble", ["ensemble.versions.tft=3"]),
     ("train", ["model=ppo"]),
     ("train", ["model=mamba2"]),
     ("train", ["model=tft"]),

@@ -49,7 +49,7 @@ def _group_options() -> dict[str, list[str]]:
 
 def test_every_preset_of_conf_validates(tmp_path):
     """Each option of each group in at least one composition (the i-th option of every group in
-    the i-th), through the fleet config (the training config plus the ensemble and paper groups)."""
+    the i-th), through the ensemble config (the training config plus the ensemble, paper and roll groups)."""
     from foxhunt.training.parts import compose_config
 
     groups = _group_options()
@@ -67,7 +67,7 @@ def test_every_preset_of_conf_validates(tmp_path):
         overrides = [f"{group}={option}" for group, option in chosen.items()]
         if chosen["data"] != "synthetic":
             overrides.append("data.source.path=bars")  # mandatory; the constructors read no file
-        validate(compose_config(overrides, root_dir=tmp_path, config_name="fleet"))
+        validate(compose_config(overrides, root_dir=tmp_path, config_name="ensemble"))
 
 
 BATCHES = "must be a number of batches, an integer in [0, 1000000000], or a fraction of them, a number in [0.0, 1.0]"
@@ -109,10 +109,10 @@ BATCHES = "must be a number of batches, an integer in [0, 1000000000], or a frac
         ("train", ["model=ppo", "model.module.rollout_steps=0"], "model.module.rollout_steps=0: must be an integer >= 1 and <= 10000000"),
         ("train", ["strategy=parallel", "strategy.n_jobs=2000"], "strategy.n_jobs=2000: must be an integer in [1, 1024] or auto"),
         ("train", ["evaluation.sessions_per_year=400"], "evaluation.sessions_per_year=400: must be 'calendar' (the asset's exchange calendar) or a number of sessions per year in (0, 366]"),
-        ("fleet", ["paper.capital_usd=1e308"], "paper.capital_usd=1e+308: Input should be less than or equal to 10000000000 (allowed: a number in (0, 1e10])"),
-        ("fleet", ["paper.risk.max_position=1001"], "paper.risk.max_position=1001: Input should be less than or equal to 1000 (allowed: an integer in [0, 1000])"),
-        ("fleet", ["paper.risk.max_drawdown_usd=1e11"], "paper.risk.max_drawdown_usd=100000000000.0: Input should be less than or equal to 10000000000"),
-        ("fleet", ["ensemble.serve.max_body_bytes=-1"], "ensemble.serve.max_body_bytes=-1: Input should be greater than or equal to 1 (allowed: an integer in [1, 1073741824])"),
+        ("ensemble", ["paper.capital_usd=1e308"], "paper.capital_usd=1e+308: Input should be less than or equal to 10000000000 (allowed: a number in (0, 1e10])"),
+        ("ensemble", ["paper.risk.max_position=1001"], "paper.risk.max_position=1001: Input should be less than or equal to 1000 (allowed: an integer in [0, 1000])"),
+        ("ensemble", ["paper.risk.max_drawdown_usd=1e11"], "paper.risk.max_drawdown_usd=100000000000.0: Input should be less than or equal to 10000000000"),
+        ("ensemble", ["ensemble.serve.max_body_bytes=-1"], "ensemble.serve.max_body_bytes=-1: Input should be greater than or equal to 1 (allowed: an integer in [1, 1073741824])"),
     ],
 )  # fmt: skip
 def test_a_value_out_of_its_range_is_one_line_naming_the_key_the_value_and_the_range(tmp_path, config, overrides, message):
@@ -132,4 +132,4 @@ def test_the_ranges_admit_their_ends(tmp_path):
                              "trainer.limit_train_batches=0", "trainer.limit_val_batches=1.0", "trainer.devices=[0,1]",
                              "+trainer.max_steps=-1", "trainer.num_sanity_val_steps=-1", "callbacks.model_checkpoint.save_top_k=-1",
                              "data.source.days=7305", "data.source.drift_per_day=-0.01", "seed=4294967295"],
-                            root_dir=tmp_path, config_name="fleet"))  # fmt: skip
+                            root_dir=tmp_path, config_name="ensemble"))  # fmt: skip

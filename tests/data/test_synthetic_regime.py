@@ -1,5 +1,5 @@
 """The synthetic source's regime change: the planted AR(1) pattern changes sign at a known date
-(what the rolling fleet's demonstration trains on: docs/how-to/roll.md)."""
+(what the rolling ensemble's demonstration trains on: docs/how-to/roll.md)."""
 
 from __future__ import annotations
 

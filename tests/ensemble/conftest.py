@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from fleet_helpers import FAST, FIFTH, SMALL
+from ensemble_helpers import FAST, FIFTH, SMALL
 
 from foxhunt.training.cell import train
 
 
 @pytest.fixture(scope="session")
 def store_root(tmp_path_factory):
-    """A store holding a FINISHED smoke run of each family of the default fleet on ES (two DQN
-    runs, the second int8) and one of the fifth family, DLinear (outside the default fleet)."""
-    root = tmp_path_factory.mktemp("fleet")
+    """A store holding a FINISHED smoke run of each family of the default ensemble on ES (two DQN
+    runs, the second int8) and one of the fifth family, DLinear (outside the default ensemble)."""
+    root = tmp_path_factory.mktemp("ensemble")
     from configs import compose_train_config
 
     metrics = {}

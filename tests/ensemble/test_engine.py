@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fleet_helpers import STREAMING_SMALL as SMALL
+from ensemble_helpers import STREAMING_SMALL as SMALL
 from hydra.utils import instantiate
 
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine

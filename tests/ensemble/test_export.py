@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from fleet_helpers import cli
+from ensemble_helpers import cli
 from test_parity import _parts, member_of, replay_split
 
 from foxhunt.ensemble.export import run_onnx, streaming_step, write_step

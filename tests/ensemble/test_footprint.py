@@ -1,5 +1,5 @@
 """foxhunt.ensemble.footprint, its arithmetic on figures given here: a footprint is the sum of its
-parts, capacity the floor of what fits, the fleet passes when its headroom stays, int8 is chosen
+parts, capacity the floor of what fits, the ensemble passes when its headroom stays, int8 is chosen
 exactly where it pays; and a member measured after streaming reports its runtime's own bytes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from test_members import FEATURES, Agent
 
 from foxhunt.ensemble.footprint import (
     MB,
-    FleetFootprint,
+    EnsembleFootprint,
     LoadDelta,
     MemberBars,
     MemberFootprint,
@@ -44,26 +44,26 @@ def test_capacity_is_the_floor_of_what_fits():
     assert bar(25.0, 100.0, 8) == "##......" and bar(500.0, 100.0, 4) == "####" and bar(1.0, 0.0, 3) == "..."
 
 
-def test_the_report_adds_the_parts_and_the_fleet_fits_on_its_headroom():
+def test_the_report_adds_the_parts_and_the_ensemble_fits_on_its_headroom():
     members = {"fp32": [footprint("foxhunt-dqn-es", "dqn", "fp32", 300.0, 5.0), footprint("foxhunt-tft-es", "tft", "fp32", 500.0, 50.0)],
                "int8": [footprint("foxhunt-dqn-es", "dqn", "int8", 100.0, 6.0), footprint("foxhunt-tft-es", "tft", "int8", 200.0, 70.0)]}  # fmt: skip
-    fleet = FleetFootprint(members)
-    assert members["fp32"][0].footprint_mb == pytest.approx(300.0) and fleet.total_bytes("int8") == pytest.approx(300 * MB, abs=4)
+    whole = EnsembleFootprint(members)
+    assert members["fp32"][0].footprint_mb == pytest.approx(300.0) and whole.total_bytes("int8") == pytest.approx(300 * MB, abs=4)
     budget = MemoryBudget("card", total_mb=1000.0, headroom_mb=250.0)  # 750 MB available
-    text, metrics, fits = report_text(fleet, budget, {"dqn": 200.0, "tft": None})
+    text, metrics, fits = report_text(whole, budget, {"dqn": 200.0, "tft": None})
     assert fits  # fp32 needs 800 MB: only 200 left, below the headroom; int8 (300 MB) leaves 700
-    assert metrics["fleet/fp32_mb"] == pytest.approx(800.0) and metrics["fleet/fp32_headroom_mb"] == pytest.approx(200.0)
-    assert metrics["fleet/int8_headroom_mb"] == pytest.approx(700.0)
+    assert metrics["ensemble/fp32_mb"] == pytest.approx(800.0) and metrics["ensemble/fp32_headroom_mb"] == pytest.approx(200.0)
+    assert metrics["ensemble/int8_headroom_mb"] == pytest.approx(700.0)
     assert (metrics["capacity/foxhunt-dqn-es_fp32"], metrics["capacity/foxhunt-dqn-es_int8"]) == (2.0, 7.0)
-    assert (metrics["capacity/fleet_fp32"], metrics["capacity/fleet_int8"]) == (0.0, 2.0)
-    assert "capacity/fleet_int8_over_fp32" not in metrics  # no fp32 fleet fits: no ratio
-    assert "fleet fp32: 800.00 MB, 200.00 MB left of 1000 (FAIL: 250 MB headroom required)" in text
-    assert "fleet int8: 300.00 MB, 700.00 MB left of 1000 (PASS" in text
+    assert (metrics["capacity/ensemble_fp32"], metrics["capacity/ensemble_int8"]) == (0.0, 2.0)
+    assert "capacity/ensemble_int8_over_fp32" not in metrics  # no fp32 ensemble fits: no ratio
+    assert "ensemble fp32: 800.00 MB, 200.00 MB left of 1000 (FAIL: 250 MB headroom required)" in text
+    assert "ensemble int8: 300.00 MB, 700.00 MB left of 1000 (PASS" in text
     tight = MemoryBudget("card", total_mb=1000.0, headroom_mb=701.0)
-    assert report_text(fleet, tight, {})[2] is False
-    with_context = FleetFootprint(members, cuda_context_bytes=int(100 * MB))
+    assert report_text(whole, tight, {})[2] is False
+    with_context = EnsembleFootprint(members, cuda_context_bytes=int(100 * MB))
     _, metrics, _ = report_text(with_context, budget, {})
-    assert metrics["fleet/int8_headroom_mb"] == pytest.approx(600.0) and metrics["capacity/fleet_int8"] == 2.0  # 650 / 300
+    assert metrics["ensemble/int8_headroom_mb"] == pytest.approx(600.0) and metrics["capacity/ensemble_int8"] == 2.0  # 650 / 300
 
 
 @pytest.mark.parametrize(
@@ -76,9 +76,9 @@ def test_int8_is_chosen_exactly_where_it_pays(int8_mb, int8_p50, agree, choice):
     at least 75%."""
     fp32_positions = [1, 1, -1, 0]
     int8_positions = fp32_positions[: int(agree * 4)] + [9] * (4 - int(agree * 4))
-    fleet = FleetFootprint({"fp32": [footprint("m", "dqn", "fp32", 100.0, 5.0, fp32_positions)],
-                            "int8": [footprint("m", "dqn", "int8", int8_mb, int8_p50, int8_positions)]})  # fmt: skip
-    chosen, why = int8_choices(fleet, max_slowdown=2.0, min_cut_pct=20.0, min_agreement=0.75)["m"]
+    whole = EnsembleFootprint({"fp32": [footprint("m", "dqn", "fp32", 100.0, 5.0, fp32_positions)],
+                               "int8": [footprint("m", "dqn", "int8", int8_mb, int8_p50, int8_positions)]})  # fmt: skip
+    chosen, why = int8_choices(whole, max_slowdown=2.0, min_cut_pct=20.0, min_agreement=0.75)["m"]
     assert chosen == choice
     assert why.startswith(f"int8 step {int8_p50:.1f} us vs 5.0 us = {int8_p50 / 5:.2f}x (at most 2.00x)")
     assert f"positions equal on {100 * agree:.1f}% of 4 bars" in why

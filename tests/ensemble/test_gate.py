@@ -4,7 +4,7 @@ champion, and the lockbox opened once (``register --holdout``)."""
 from __future__ import annotations
 
 import pytest
-from fleet_helpers import FAST, SMALL, cli, client
+from ensemble_helpers import FAST, SMALL, cli, client
 
 from foxhunt.ensemble.registry import choose_champions, gate_refusal, register_champions
 from foxhunt.runs.store import RunStore

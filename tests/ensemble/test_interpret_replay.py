@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from fleet_helpers import FAST, SMALL, cli, client
+from ensemble_helpers import FAST, SMALL, cli, client
 from hydra.utils import instantiate
 from test_parity import _parts, member_of, replay_split
 
@@ -47,7 +47,7 @@ def tft_store(tmp_path_factory):
     from configs import compose_train_config
     from foxhunt.training.cell import train
 
-    root = tmp_path_factory.mktemp("tft-fleet")
+    root = tmp_path_factory.mktemp("tft-ensemble")
     train(compose_train_config(["model=tft", *FAST, *SMALL["tft"], f"paths.output_dir={root / 'outputs' / 'tft'}"], root))
     registered = cli(root, "ensemble", "register", "asset=es", "ensemble.models=[tft]", "ensemble.gate=none")
     assert registered.exit_code == 0, registered.output
@@ -76,4 +76,4 @@ def test_replay_writes_the_tft_members_selection_and_attention(tft_store):
 def test_interpret_without_a_tft_member_is_one_line(tft_store):
     result = cli(tft_store, "ensemble", "replay", "asset=es", "ensemble.models=[dqn]", "--interpret", str(tft_store / "x"))
     assert result.exit_code == 2
-    assert "--interpret" in result.output and "no member of the fleet can say what its inputs weighed" in result.output
+    assert "--interpret" in result.output and "no member of the ensemble can say what its inputs weighed" in result.output

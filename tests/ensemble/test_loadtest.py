@@ -49,7 +49,7 @@ class Scripted(BaseHTTPRequestHandler):
             want["position"] = -want["position"] or 1
         body = json.dumps({"results": [{"warm": want["warm"], "position": want["position"],
                                         "members": {n: {"position": p} for n, p in want["members"].items()}}],
-                           "timing_us": {"handler": 250.0, "fleet_batch": 100.0}}).encode()  # fmt: skip
+                           "timing_us": {"handler": 250.0, "ensemble_batch": 100.0}}).encode()  # fmt: skip
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

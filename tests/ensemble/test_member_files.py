@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from fleet_helpers import FAST, SMALL, cli, client, tracking
+from ensemble_helpers import FAST, SMALL, cli, client, tracking
 
 
 @pytest.fixture(scope="module")

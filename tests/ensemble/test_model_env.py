@@ -37,7 +37,7 @@ def test_the_wheel_holds_the_code_and_configs_and_every_dependency_is_pinned(tmp
     with zipfile.ZipFile(env.wheel) as archive:
         names = set(archive.namelist())
     assert {"foxhunt/ensemble/pyfunc_entry.py", "foxhunt/ensemble/pyfunc.py", "foxhunt/conf/ensemble/default.yaml",
-            "foxhunt/conf/fleet.yaml"} <= names  # fmt: skip
+            "foxhunt/conf/ensemble.yaml"} <= names  # fmt: skip
     pins = dict(r.split("==") for r in env.requirements[1:])
     assert sorted(pins) == sorted(_declared())  # what pyproject declares now, not the venv's stale metadata
     assert all("+" not in v for v in pins.values())  # torch==2.13.0, never 2.13.0+cpu
@@ -96,7 +96,7 @@ def test_mlflow_models_serve_rebuilds_the_environment_with_virtualenv(store_root
     with pip's cache warm) and answers its input example."""
     import shutil
 
-    from fleet_helpers import cli
+    from ensemble_helpers import cli
     from mlflow.models import Model
 
     from foxhunt.ensemble.registry import download_version

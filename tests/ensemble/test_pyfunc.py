@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fleet_helpers import cli, tracking
+from ensemble_helpers import cli, tracking
 
 URI = "sqlite:///{root}/mlruns/mlflow.db"
 

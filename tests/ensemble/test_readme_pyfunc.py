@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fleet_helpers import FAST, SMALL, cli
+from ensemble_helpers import FAST, SMALL, cli
 
 from foxhunt.training.cell import train
 

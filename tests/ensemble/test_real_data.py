@@ -1,4 +1,4 @@
-"""The fleet on real bars: a smoke run trained on the real 6E file, registered and replayed bar by
+"""The ensemble on real bars: a smoke run trained on the real 6E file, registered and replayed bar by
 bar over its test split, gives the training run's own backtest."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from foxhunt.training.cell import train
 
 
 @pytest.mark.realdata
-def test_a_6e_fleet_replays_the_real_file_as_its_runs_scored_it(real_data_dir, tmp_path):
+def test_a_6e_ensemble_replays_the_real_file_as_its_runs_scored_it(real_data_dir, tmp_path):
     from configs import compose_train_config
 
     data = ["asset=6e", "data=csv", f"data.source.path={real_data_dir / '6e_minute'}"]
@@ -29,10 +29,10 @@ def test_a_6e_fleet_replays_the_real_file_as_its_runs_scored_it(real_data_dir, t
     try:
         runner = CliRunner()
         env = {"FOXHUNT_ROOT": str(tmp_path)}
-        fleet = ["ensemble.models=[dqn,tft]", *data]
-        registered = runner.invoke(app, ["ensemble", "register", *fleet, "ensemble.gate=none"], env=env, catch_exceptions=False)
+        models = ["ensemble.models=[dqn,tft]", *data]
+        registered = runner.invoke(app, ["ensemble", "register", *models, "ensemble.gate=none"], env=env, catch_exceptions=False)
         assert registered.exit_code == 0, registered.output
-        replayed = runner.invoke(app, ["ensemble", "replay", *fleet], env=env, catch_exceptions=False)
+        replayed = runner.invoke(app, ["ensemble", "replay", *models], env=env, catch_exceptions=False)
         assert replayed.exit_code == 0, replayed.output
     finally:
         os.chdir(old)

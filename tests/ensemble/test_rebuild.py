@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from fleet_helpers import SMALL, cli
+from ensemble_helpers import SMALL, cli
 
 from foxhunt.ensemble.member_files import RegistryError
 from foxhunt.ensemble.rebuild import rebuild_model

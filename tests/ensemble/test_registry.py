@@ -1,5 +1,5 @@
-"""From runs to a fleet: registration into a real SQLite store, weights-only loading of fp32 and
-int8 versions, the fleet's replay equal to the training runs' own backtest, bad inputs."""
+"""From runs to an ensemble: registration into a real SQLite store, weights-only loading of fp32 and
+int8 versions, the ensemble's replay equal to the training runs' own backtest, bad inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from fleet_helpers import DATA, SMALL, cli, client
+from ensemble_helpers import DATA, SMALL, cli, client
 
 
 def _versions(root) -> dict[str, list[str]]:
@@ -132,13 +132,13 @@ def test_replay_scores_members_and_ensemble_as_their_runs_did(store_root):
     (run,) = c.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED"
     champions = {f: c.get_model_version_by_alias(f"foxhunt-{f}-es", "champion").run_id for f in SMALL}
-    for family, run_id in champions.items():  # the fleet's backtest of the test split = the training run's
+    for family, run_id in champions.items():  # the ensemble's backtest of the test split = the training run's
         trained = c.get_run(run_id).data.metrics
         assert run.data.metrics[f"foxhunt-{family}-es/pnl"] == pytest.approx(trained["test/pnl"])
         assert run.data.metrics[f"foxhunt-{family}-es/sharpe"] == pytest.approx(trained["test/sharpe"])
-    assert "latency/fleet_p99_us" in run.data.metrics
+    assert "latency/ensemble_p99_us" in run.data.metrics
     artifacts = {a.path for a in c.list_artifacts(run.info.run_id)}
-    assert {"replay.md", "equity_replay.png", "fleet.json", "config.yaml"} <= artifacts
+    assert {"replay.md", "equity_replay.png", "members.json", "config.yaml"} <= artifacts
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_replay_scores_members_and_ensemble_as_their_runs_did(store_root):
         (["ensemble", "register", "asset=es", "ensemble.gate=none", "ensemble.metric=test/sharpe"], "a test metric cannot select members"),
         (["ensemble", "register", "asset=zn"], "no FINISHED zn run with val/sharpe for dqn, ppo, mamba2, tft"),
         (["ensemble", "register", "asset=es", "ensemble.gate=none", "ensemble.metric=val/wobble"], "ensemble.metric=val/wobble: unknown direction"),
-        (["ensemble", "replay", "asset=es", "ensemble.models=[dqn,ppo]", "ensemble.rule=mean_forecast", *DATA], "the fleet has no forecaster"),
+        (["ensemble", "replay", "asset=es", "ensemble.models=[dqn,ppo]", "ensemble.rule=mean_forecast", *DATA], "the ensemble has no forecaster"),
         (["ensemble", "replay", "asset=es", "ensemble.rule=vote"], "ensemble.rule='vote': Input should be"),
         (["ensemble", "replay", "logger=none"], "logger.tracking_uri is null"),
     ],
@@ -186,8 +186,8 @@ def test_validate_measures_fp32_and_int8_footprints_and_capacity(store_root):
     result = cli(store_root, "ensemble", "validate", "asset=es", *DATA, "ensemble.validate.probe_calls=5")
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "fleet fp32:" in out and "(PASS: 500 MB headroom required)" in out
-    assert "capacity int8 / fp32 (whole fleet):" in out and "int8 where it pays" in out
+    assert "ensemble fp32:" in out and "(PASS: 500 MB headroom required)" in out
+    assert "capacity int8 / fp32 (whole ensemble):" in out and "int8 where it pays" in out
     rows = {line.split()[0] + " " + line.split()[1]: line.split() for line in out.splitlines()
             if line.startswith("foxhunt-") and len(line.split()) > 10}  # fmt: skip
     for family in SMALL:
@@ -197,8 +197,8 @@ def test_validate_measures_fp32_and_int8_footprints_and_capacity(store_root):
             assert float(row[2]) == pytest.approx(sum(float(row[i]) for i in (6, 7, 8, 9)), abs=0.003)
     c = client(store_root)
     runs = c.search_runs([c.get_experiment_by_name("ensemble").experiment_id], "tags.budget = 'rtx3050ti'")
-    assert runs and "capacity/fleet_fp32" in runs[0].data.metrics
-    assert "fleet auto (each member's choice):" in out and "recorded on each version" in out
+    assert runs and "capacity/ensemble_fp32" in runs[0].data.metrics
+    assert "ensemble auto (each member's choice):" in out and "recorded on each version" in out
     from foxhunt.ensemble.registry import WEIGHTS_CHOICE, WEIGHTS_REASON, weights_to_load
     from foxhunt.runs.store import RunStore
 

@@ -4,7 +4,7 @@ split's bars the run recorded); on other bars the row says it is another data se
 
 from __future__ import annotations
 
-from fleet_helpers import DATA, SMALL, cli
+from ensemble_helpers import DATA, SMALL, cli
 
 
 def _member_rows(output: str) -> dict[str, str]:

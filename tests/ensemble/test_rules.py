@@ -1,4 +1,4 @@
-"""The ensemble rules on hand-made decisions, and what makes a rule unusable for a fleet."""
+"""The ensemble rules on hand-made decisions, and what makes a rule unusable for an ensemble."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_weighted_votes_by_the_metric_clipped_at_zero():
     ("rule", "families", "weights", "metric", "higher", "message"),
     [
         ("vote", ["dqn"], {}, "val/sharpe", True, "ensemble.rule='vote': must be one of"),
-        ("mean_forecast", ["dqn", "ppo"], {}, "val/sharpe", True, "the fleet has no forecaster"),
+        ("mean_forecast", ["dqn", "ppo"], {}, "val/sharpe", True, "the ensemble has no forecaster"),
         ("weighted", ["tft"], {"a": 1.0}, "val/loss", False, "registered on val/loss, better when lower"),
         ("weighted", ["dqn", "tft"], {"a": -1.0, "b": 0.0}, "val/sharpe", True, "no member has a positive val/sharpe"),
     ],
@@ -51,4 +51,4 @@ def test_weighted_votes_by_the_metric_clipped_at_zero():
 def test_an_unusable_rule_is_one_line(rule, families, weights, metric, higher, message):
     with pytest.raises(ConfigError, match=message):
         check_rule(rule, families, weights, metric, higher)
-    check_rule("majority", families, weights, metric, higher)  # majority works for any fleet
+    check_rule("majority", families, weights, metric, higher)  # majority works for any ensemble

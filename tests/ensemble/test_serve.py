@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fleet_helpers import DATA, cli
+from ensemble_helpers import DATA, cli
 
 from foxhunt.ensemble.loadtest import run_load, wait_healthy
 
@@ -120,18 +120,18 @@ def server(store_root):
 def test_eight_clients_get_the_replays_decisions(server, store_root):
     from hydra.utils import instantiate
 
-    from foxhunt.ensemble.fleet import fleet_engine, load_fleet
+    from foxhunt.ensemble.loading import ensemble_engine, load_ensemble
     from foxhunt.ensemble.replay import replay_bars
     from foxhunt.training.parts import compose_config
 
     url, _ = server
-    cfg = compose_config(["asset=es", *DATA], root_dir=store_root, config_name="fleet")
+    cfg = compose_config(["asset=es", *DATA], root_dir=store_root, config_name="ensemble")
     asset = instantiate(cfg.asset)
     bars = instantiate(cfg.data.source).load(asset).iloc[:120]
     with tempfile.TemporaryDirectory() as workdir:
-        fleet = load_fleet(cfg, Path(workdir))
-        replayed = replay_bars(fleet_engine(fleet, asset, cfg, origin="test"), bars)
-    result = run_load(url, bars, replayed, [f.member.name for f in fleet], clients=8)
+        members = load_ensemble(cfg, Path(workdir))
+        replayed = replay_bars(ensemble_engine(members, asset, cfg, origin="test"), bars)
+    result = run_load(url, bars, replayed, [f.member.name for f in members], clients=8)
     assert (result.answered, result.errors, result.wrong) == (960, 0, 0), result.text()
     assert result.latencies_ms.size == 960 and result.throughput > 0
 
@@ -200,7 +200,7 @@ def test_a_huge_timestamp_does_not_break_the_symbols_later_bars(server):
     assert _post(url, {"symbol": "LATER", "bar": {**BAR, "ts": "2024-01-02T15:01:00Z"}})[0] == 200
 
 
-def test_symbols_are_bounded_and_info_lists_the_fleet(server):
+def test_symbols_are_bounded_and_info_lists_the_members(server):
     url, _ = server
     info = _get(url, "/info")
     assert set(info["members"]) == {"foxhunt-dqn-es", "foxhunt-ppo-es", "foxhunt-mamba2-es", "foxhunt-tft-es"}
@@ -393,4 +393,4 @@ def test_sigterm_answers_what_is_in_flight_and_exits_0_without_a_traceback(serve
     assert process.returncode == 0, out[-2000:]
     assert b"Traceback" not in out and b"CancelledError" not in out, out[-3000:]
     assert closed == [b"", b"", b"HTTP/1.1 503 Service Unavailable"], closed
-    assert not list((store_root / "tmp").glob("foxhunt-serve-*"))  # the fleet's copy removed
+    assert not list((store_root / "tmp").glob("foxhunt-serve-*"))  # the ensemble's copy removed

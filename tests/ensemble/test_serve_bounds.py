@@ -1,4 +1,4 @@
-"""The server's client bounds in-process (no fleet): the rate-limited log, the connection cap's
+"""The server's client bounds in-process (no ensemble): the rate-limited log, the connection cap's
 admission (the connection idle longest closed for a new one), a body read cut by its timeout or
 a stop, the file-descriptor reserve, and the settings read from conf/. The server end to end is
 tests/ensemble/test_serve.py."""

@@ -1,4 +1,4 @@
-"""Hot swap of the stateful members (foxhunt.ensemble.fleet.SwappableEngine.swap): a Mamba-2
+"""Hot swap of the stateful members (foxhunt.ensemble.loading.SwappableEngine.swap): a Mamba-2
 (its recurrent state) and a TFT (its window of encoder inputs) swapped in mid-stream step through
 the stream's latest bars first, and then forecast exactly as the same version that ran since the
 stream started; swapped in cold (no bars to warm on), they do not."""
@@ -9,7 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
-from fleet_helpers import DATA, cli
+from ensemble_helpers import DATA, cli
 
 MEMBERS_START, SWAP_AT, END = 200, 500, 700  # bars: members start deciding, the swap, the end
 
@@ -27,18 +27,18 @@ def _signals(family: str, root, tmp_path, warm_bars: int) -> tuple[list, list]:
     other swaps a fresh load of it in at SWAP_AT with ``roll.swap.warm_bars=warm_bars``."""
     from hydra.utils import instantiate
 
-    from foxhunt.ensemble.fleet import fleet_engine, load_member
+    from foxhunt.ensemble.loading import ensemble_engine, load_member
     from foxhunt.training.parts import compose_config
 
     cfg = compose_config(["asset=es", f"ensemble.models=[{family}]", *DATA, "ensemble.runtime=numpy",
-                          f"roll.swap.warm_bars={warm_bars}"], root_dir=root, config_name="fleet")  # fmt: skip
+                          f"roll.swap.warm_bars={warm_bars}"], root_dir=root, config_name="ensemble")  # fmt: skip
     asset = instantiate(cfg.asset)
     bars = instantiate(cfg.data.source).load(asset)
     values = bars[["open", "high", "low", "close", "volume"]].to_numpy(np.float64).tolist()
     stamps = bars.index.as_unit("ns").asi8.tolist()
     name = f"foxhunt-{family}-es"
     engines = [
-        fleet_engine([load_member(cfg, name, None, "fp32", tmp_path / f"{side}")], asset, cfg, side)
+        ensemble_engine([load_member(cfg, name, None, "fp32", tmp_path / f"{side}")], asset, cfg, side)
         for side in ("ran", "swapped")
     ]
     for engine in engines:

@@ -1,5 +1,5 @@
 """Every CUDA and NVML path, on a real device (``pytest -m gpu``; ``scripts/gpu_check.sh`` runs
-these with the memory and fleet reports). Without CUDA each test skips, saying so."""
+these with the memory and ensemble reports). Without CUDA each test skips, saying so."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_allocation_peak_counts_cuda_temporaries():
     assert y.device.type == "cuda"
 
 
-def test_a_fleet_streams_on_cuda_as_on_cpu(compose_cfg):
+def test_an_ensemble_streams_on_cuda_as_on_cpu(compose_cfg):
     """The TFT and Mamba-2 members on CUDA decide as their batch path (parity on the device)."""
     import sys
     from pathlib import Path

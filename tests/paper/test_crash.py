@@ -9,10 +9,10 @@ import sys
 import pytest
 from test_paper import _ledger
 
-from conftest import FLEET
+from conftest import ENSEMBLE
 
 PRIMING = 3545  # bars before the test split (data.source.days=4): one transaction
-ARGS = [*FLEET, "logger.enabled=false", "paper.risk.max_daily_loss_usd=null", "paper.risk.max_drawdown_usd=null"]
+ARGS = [*ENSEMBLE, "logger.enabled=false", "paper.risk.max_daily_loss_usd=null", "paper.risk.max_drawdown_usd=null"]
 
 
 def _paper(root, ledger, kill: str | None):

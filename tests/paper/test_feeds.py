@@ -103,7 +103,9 @@ def test_a_symbol_of_the_assets_root_is_accepted(symbol):
 def test_a_symbol_of_another_root_is_one_line(symbol):
     with pytest.raises(ConfigError) as error:
         check_symbol(symbol, ES)
-    assert str(error.value).startswith(f"paper.symbol={symbol}: the fleet was trained on es (ES.FUT, contracts ES<month><year>)")
+    assert str(error.value).startswith(
+        f"paper.symbol={symbol}: the ensemble was trained on es (ES.FUT, contracts ES<month><year>)"
+    )
 
 
 def _continuous(n: int = 8) -> pd.DataFrame:

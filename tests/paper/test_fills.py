@@ -22,7 +22,7 @@ COSTS = st.tuples(st.sampled_from([0.0, 2.25]), st.sampled_from([0.0, 0.5, 1.0])
 
 
 def trade(model: FillModel, bars, targets):
-    """Decide ``targets[i]`` at bar i's close, fill on bar i + 1: the paper loop without the fleet."""
+    """Decide ``targets[i]`` at bar i's close, fill on bar i + 1: the paper loop without the ensemble."""
     account = Account("ES.FUT", cash=CAPITAL, multiplier=ES.multiplier)
     equity, fills = [], []
     for b, target in zip(bars, targets):

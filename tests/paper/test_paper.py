@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from fleet_helpers import cli, client
+from ensemble_helpers import cli, client
 
-from conftest import FLEET
+from conftest import ENSEMBLE
 
 
 def _ledger(path):
@@ -34,7 +34,7 @@ def _equity(path) -> float:
 
 
 def _replay_pnl(root) -> float:
-    result = cli(root, "ensemble", "replay", *FLEET, "ensemble.experiment=paper-replay")
+    result = cli(root, "ensemble", "replay", *ENSEMBLE, "ensemble.experiment=paper-replay")
     assert result.exit_code == 0, result.output
     runs = client(root).search_runs([client(root).get_experiment_by_name("paper-replay").experiment_id])
     return runs[0].data.metrics["ensemble/pnl"]
@@ -43,12 +43,12 @@ def _replay_pnl(root) -> float:
 def test_paper_pnl_equals_the_replay_backtest_to_the_cent(paper_store, tmp_path):
     replay = _replay_pnl(paper_store)
     close = tmp_path / "close.sqlite"
-    result = cli(paper_store, "ensemble", "paper", *FLEET, f"paper.ledger={close}", "paper.fill_price=decision_close",
+    result = cli(paper_store, "ensemble", "paper", *ENSEMBLE, f"paper.ledger={close}", "paper.fill_price=decision_close",
                  "paper.risk.max_daily_loss_usd=null", "paper.risk.max_drawdown_usd=null")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert round(_equity(close) - 100000.0, 2) == round(replay, 2)
     opened = tmp_path / "open.sqlite"
-    result = cli(paper_store, "ensemble", "paper", *FLEET, f"paper.ledger={opened}",
+    result = cli(paper_store, "ensemble", "paper", *ENSEMBLE, f"paper.ledger={opened}",
                  "paper.risk.max_daily_loss_usd=null", "paper.risk.max_drawdown_usd=null")  # fmt: skip
     assert result.exit_code == 0, result.output
     book = _ledger(opened)
@@ -66,7 +66,7 @@ def test_paper_pnl_equals_the_replay_backtest_to_the_cent(paper_store, tmp_path)
 def test_a_breach_flattens_records_why_and_stops(paper_store, tmp_path):
     ledger = tmp_path / "risk.sqlite"
     result = cli(
-        paper_store, "ensemble", "paper", *FLEET, f"paper.ledger={ledger}", "paper.risk.max_position=0", "logger.enabled=false"
+        paper_store, "ensemble", "paper", *ENSEMBLE, f"paper.ledger={ledger}", "paper.risk.max_position=0", "logger.enabled=false"
     )
     assert result.exit_code == 0, result.output
     book = _ledger(ledger)
@@ -78,7 +78,7 @@ def test_a_breach_flattens_records_why_and_stops(paper_store, tmp_path):
 
 def test_a_daily_loss_breach_pauses_until_the_next_trading_date(paper_store, tmp_path):
     ledger = tmp_path / "pause.sqlite"
-    result = cli(paper_store, "ensemble", "paper", *FLEET, f"paper.ledger={ledger}", "paper.risk.max_daily_loss_usd=1",
+    result = cli(paper_store, "ensemble", "paper", *ENSEMBLE, f"paper.ledger={ledger}", "paper.risk.max_daily_loss_usd=1",
                  "paper.risk.on_breach=pause", "logger.enabled=false")  # fmt: skip
     assert result.exit_code == 0, result.output
     book = _ledger(ledger)
@@ -91,13 +91,13 @@ def test_a_daily_loss_breach_pauses_until_the_next_trading_date(paper_store, tmp
     ("overrides", "message"),
     [
         (["data=databento", "data.source.path=/no/such/file.dbn"], "file.dbn: file not found"),
-        (["paper.symbol=NQ.FUT"], "paper.symbol=NQ.FUT: the fleet was trained on es"),
+        (["paper.symbol=NQ.FUT"], "paper.symbol=NQ.FUT: the ensemble was trained on es"),
         (["paper.speed=-1"], "paper.speed=-1"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_no_ledger(paper_store, tmp_path, overrides, message):
     ledger = tmp_path / "bad.sqlite"
-    base = [a for a in FLEET if not (a.startswith("data.source.days") and any(o.startswith("data=") for o in overrides))]
+    base = [a for a in ENSEMBLE if not (a.startswith("data.source.days") and any(o.startswith("data=") for o in overrides))]
     result = cli(paper_store, "ensemble", "paper", *base, f"paper.ledger={ledger}", *overrides)
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
@@ -115,7 +115,7 @@ def test_an_off_grid_or_out_of_order_file_writes_no_ledger(paper_store, tmp_path
         path = tmp_path / f"{name}.csv"
         edit(rows).to_csv(path, index=False)
         ledger = tmp_path / f"{name}.sqlite"
-        result = cli(paper_store, "ensemble", "paper", *FLEET[:-1], "data=csv", f"data.source.path={path}", "paper.split=all",
+        result = cli(paper_store, "ensemble", "paper", *ENSEMBLE[:-1], "data=csv", f"data.source.path={path}", "paper.split=all",
                      f"paper.ledger={ledger}")  # fmt: skip
         assert result.exit_code == 2, result.output
         assert len([x for x in result.output.splitlines() if x.strip()]) == 1, result.output
@@ -144,7 +144,7 @@ def test_another_data_file_rule_session_or_an_edited_account_is_one_line_and_the
     _csv(first, 1)
     _csv(other, 2)
     ledger = tmp_path / "csv.sqlite"
-    args = [*FLEET[:-1], "data=csv", "paper.split=all", f"paper.ledger={ledger}", "logger.enabled=false"]
+    args = [*ENSEMBLE[:-1], "data=csv", "paper.split=all", f"paper.ledger={ledger}", "logger.enabled=false"]
     made = cli(paper_store, "ensemble", "paper", *args, f"data.source.path={first}")
     assert made.exit_code == 0, made.output
 
@@ -190,10 +190,10 @@ def test_a_refused_live_attempt_writes_nothing_and_the_default_file_session_then
     for key, message in ((None, "no API key in $DATABENTO_API_KEY"), ("db-test", "the databento package is not installed")):
         if key is not None:
             monkeypatch.setenv("DATABENTO_API_KEY", key)
-        result = cli(paper_store, "ensemble", "paper", *FLEET, "paper.feed=live", "logger.enabled=false")
+        result = cli(paper_store, "ensemble", "paper", *ENSEMBLE, "paper.feed=live", "logger.enabled=false")
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
         assert not ledger.exists() and not ledger.parent.exists(), f"{ledger} written by a refused live attempt"
-    result = cli(paper_store, "ensemble", "paper", *FLEET, "logger.enabled=false", "paper.view=never")
+    result = cli(paper_store, "ensemble", "paper", *ENSEMBLE, "logger.enabled=false", "paper.view=never")
     assert result.exit_code == 0, result.output
     assert ledger.exists() and "the feed ended" in result.output

@@ -18,13 +18,13 @@ from foxhunt.paper.view import PaperView
 from foxhunt.training.parts import build_dataset, compose_config
 
 
-def fleet_cfg(tmp_path, *overrides: str):
+def ensemble_cfg(tmp_path, *overrides: str):
     days = [] if any(o.startswith("data=") for o in overrides) else ["data.source.days=4"]
-    return compose_config([*days, "logger=none", *overrides], root_dir=tmp_path, config_name="fleet")
+    return compose_config([*days, "logger=none", *overrides], root_dir=tmp_path, config_name="ensemble")
 
 
 def test_a_file_feed_trades_the_split_and_primes_on_the_bars_before(tmp_path):
-    cfg = fleet_cfg(tmp_path, "paper.split=val", "paper.speed=0")
+    cfg = ensemble_cfg(tmp_path, "paper.split=val", "paper.speed=0")
     asset = instantiate(cfg.asset)
     feed = build_feed(cfg, asset, "ES.FUT")
     val = build_dataset(cfg, asset).splits["val"].timestamps.astype("datetime64[ns]").astype(np.int64)
@@ -53,7 +53,7 @@ def test_a_feed_that_cannot_trade_is_one_line_before_anything_is_read(tmp_path, 
     monkeypatch.delenv("FOXHUNT_TEST_NO_KEY", raising=False)
     monkeypatch.setenv("FOXHUNT_TEST_KEY", "db-test")
     monkeypatch.setitem(sys.modules, "databento", None)  # not installed: its import raises ImportError
-    cfg = fleet_cfg(tmp_path, *overrides)
+    cfg = ensemble_cfg(tmp_path, *overrides)
     with pytest.raises(ConfigError) as error:
         build_feed(cfg, instantiate(cfg.asset), "ES.FUT")
     assert str(error.value) == message

@@ -1,4 +1,4 @@
-"""foxhunt.paper.session: the loop of fills, limits and ledger around a fleet, here a scripted one
+"""foxhunt.paper.session: the loop of fills, limits and ledger around an ensemble, here a scripted one
 (its decision a function of the bar's time): no position beyond the limit is ever held or
 ordered, a breach flattens and stops or pauses to the next trading date, a restart goes on as if
 never stopped, a stale feed flattens at the next bar's open in the contract held."""
@@ -25,7 +25,7 @@ from foxhunt.paper.risk import PAUSED, STOPPED, RiskLimits
 from foxhunt.paper.session import PaperSession
 
 
-class ScriptedFleet:
+class ScriptedEnsemble:
     """The engine's interface with a scripted decision: ``decide(ts_ns)`` is the ensemble's target."""
 
     def __init__(self, decide) -> None:
@@ -56,7 +56,7 @@ def limits(**overrides) -> RiskLimits:
 def session(path, decide, risk=None, fill_price="next_open", slippage=1.0) -> PaperSession:
     ledger = Ledger(path, IDENTITY)
     ledger.open()
-    return PaperSession(ScriptedFleet(decide), ledger, FillModel(ES, 2.25, slippage, fill_price), risk or limits(),
+    return PaperSession(ScriptedEnsemble(decide), ledger, FillModel(ES, 2.25, slippage, fill_price), risk or limits(),
                         CAPITAL, ES.multiplier)  # fmt: skip
 
 
@@ -87,7 +87,7 @@ def test_no_position_beyond_the_limit_is_ever_held_or_ordered_and_a_stop_trades_
     if beyond is None:
         assert ended == "the feed ended" and book["positions"] == [0, *targets[:-1]]
         return
-    # up to the breach the positions follow the fleet one bar late; then the flat, and the end
+    # up to the breach the positions follow the ensemble one bar late; then the flat, and the end
     assert book["positions"][: beyond + 1] == [0, *targets[:beyond]]
     assert s.state.status == STOPPED and book["events"][0][0] == "breach"
     assert s.state.reason.startswith(f"max position: ES.FUT target {targets[beyond]:+d}")
@@ -142,7 +142,7 @@ def test_a_restart_goes_on_as_if_never_stopped(tmp_path, fill_price):
     assert again.equity == whole.equity
     again.ledger.close()
 
-    # another fleet (or rule) decides otherwise on the stored bars: one line, nothing written
+    # another ensemble (or rule) decides otherwise on the stored bars: one line, nothing written
     other = session(tmp_path / "cut.sqlite", lambda ts: 1 if decide(ts) != 1 else -1, fill_price=fill_price)
     refused(other.resume, "bars 1 (", "target is", "in the ledger, replaying its bars books", unchanged=tmp_path / "cut.sqlite")
     other.ledger.close()
@@ -154,7 +154,7 @@ def test_a_stale_gap_flattens_at_the_next_bars_open(tmp_path):
             bar(13, 4811.0, 4812.0)]  # fmt: skip
     s.run(iter(bars), lambda: False)
     book = booked(s)
-    assert book["positions"] == [0, 1, 1, 0, 1]  # flat at bar 12's open, long again from the fleet's next order
+    assert book["positions"] == [0, 1, 1, 0, 1]  # flat at bar 12's open, long again from the ensemble's next order
     ((kind, message),) = book["events"]
     assert kind == "stale" and message.startswith("stale feed: no bar for 9 open-market minutes")
     flat = [f for f in book["fills"] if f[3] == bars[3].ts_ns]
@@ -292,6 +292,48 @@ def test_an_edited_ledger_is_refused_in_one_line_and_left_as_it_was(tmp_path, ed
     refused(lambda: _resume(path, decide), *words, unchanged=path)
 
 
+# The tables of format 4 as foxhunt wrote them before the deployed set was named the ensemble everywhere (a ledger a
+# user resumes holds this text in its sqlite_master, which an existing ledger is checked against).
+FORMAT_4_TABLES = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS bars (
+  seq INTEGER PRIMARY KEY, symbol TEXT NOT NULL, ts_ns INTEGER NOT NULL, open REAL, high REAL, low REAL, close REAL,
+  volume REAL, raw_open REAL, raw_close REAL, roll_price REAL, trade INTEGER NOT NULL, contract TEXT,
+  target INTEGER, versions TEXT, position INTEGER NOT NULL, cash REAL NOT NULL, equity REAL NOT NULL, fleet_ns INTEGER,
+  loop_ns INTEGER, UNIQUE (symbol, ts_ns)) STRICT;
+CREATE TABLE IF NOT EXISTS orders (
+  id INTEGER PRIMARY KEY, symbol TEXT NOT NULL, ts_ns INTEGER NOT NULL, target INTEGER NOT NULL, quantity INTEGER NOT NULL,
+  reason TEXT NOT NULL, reference REAL NOT NULL, filled_ts_ns INTEGER) STRICT;
+CREATE TABLE IF NOT EXISTS fills (
+  id INTEGER PRIMARY KEY, order_id INTEGER, symbol TEXT NOT NULL, ts_ns INTEGER NOT NULL, quantity INTEGER NOT NULL,
+  price REAL NOT NULL, commission REAL NOT NULL, kind TEXT NOT NULL, reference REAL NOT NULL, gap_usd REAL NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS accounts (
+  symbol TEXT PRIMARY KEY, position INTEGER NOT NULL, cash REAL NOT NULL, mark REAL, pending_order INTEGER) STRICT;
+CREATE TABLE IF NOT EXISTS risk (
+  id INTEGER PRIMARY KEY CHECK (id = 1), day TEXT, day_start REAL, peak REAL, status TEXT, reason TEXT) STRICT;
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY, ts_ns INTEGER, symbol TEXT, kind TEXT NOT NULL, message TEXT NOT NULL, after_seq INTEGER) STRICT;
+"""
+
+
+def test_a_ledger_written_before_the_ensemble_had_its_name_resumes(tmp_path):
+    """The ensemble's time per bar keeps its stored column name, ``bars.fleet_ns`` (after "fleet", the ensemble's
+    earlier name): a ledger made with the tables as they were (the same rows in the format-4 tables' own text) resumes;
+    a renamed column would refuse every one."""
+    path, bars, decide = _history_session(tmp_path)
+    earlier = tmp_path / "earlier.sqlite"
+    conn = sqlite3.connect(earlier, isolation_level=None)
+    try:
+        conn.executescript(FORMAT_4_TABLES)
+        conn.execute("ATTACH DATABASE ? AS booked", (str(path),))
+        for table in ("meta", "bars", "orders", "fills", "accounts", "risk", "events"):
+            conn.execute(f"INSERT INTO main.{table} SELECT * FROM booked.{table}")
+        conn.execute("DETACH DATABASE booked")
+    finally:
+        conn.close()
+    assert _resume(earlier, decide) == bars[-1].ts_ns
+
+
 def _columns(path) -> list[tuple[str, str]]:
     conn = sqlite3.connect(path)
     try:
@@ -378,7 +420,7 @@ def test_money_beyond_what_a_float_keeps_is_refused_not_booked(tmp_path):
     from foxhunt.paper.fills import FillModel
 
     path = tmp_path / "paper.sqlite"
-    refused(lambda: PaperSession(ScriptedFleet(lambda ts: 1), Ledger(path, IDENTITY), FillModel(ES, 2.25, 1.0, "next_open"),
+    refused(lambda: PaperSession(ScriptedEnsemble(lambda ts: 1), Ledger(path, IDENTITY), FillModel(ES, 2.25, 1.0, "next_open"),
                                  limits(), 1e308, ES.multiplier), "paper.capital_usd=1e+308")  # fmt: skip
     refused(lambda: FillModel(ES, 2.25, 1e300, "next_open"), "execution.slippage_ticks=1e+300")
     refused(lambda: FillModel(ES, float("inf"), 1.0, "next_open"), "execution.commission_usd=inf")
@@ -399,7 +441,7 @@ def test_a_feed_ended_by_a_signal_is_a_stop_by_signal(tmp_path):
 @st.composite
 def gapped_paths(draw):
     """A bar path whose bars are one minute apart or, here and there, 8 minutes (a stale gap at
-    ``stale_minutes=5``), all within ES's Tuesday session; and the fleet's targets."""
+    ``stale_minutes=5``), all within ES's Tuesday session; and the ensemble's targets."""
     bars = draw(bar_paths(min_bars=3, max_bars=30))
     steps = draw(st.lists(st.sampled_from([1, 1, 1, 8]), min_size=len(bars), max_size=len(bars)))
     minutes = np.cumsum([0, *steps[1:]])

@@ -1,5 +1,5 @@
 """Helpers of the roll tests: synthetic ES bars written as a folder of daily CSV files (the
-source that grows: a new file a day), a small fleet trained and registered on them."""
+source that grows: a new file a day), a small ensemble trained and registered on them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ensemble"))
 
-from fleet_helpers import FAST, SMALL, cli, client  # noqa: E402,F401
+from ensemble_helpers import FAST, SMALL, cli, client  # noqa: E402,F401
 
 from configs import synthetic_source
 

@@ -1,7 +1,7 @@
 """kill -9 at any point of a roll leaves the registry as it was or fully promoted: the process
 is killed (SIGKILL, FOXHUNT_ROLL_KILL_AT) after its challenger trained, after it registered the
-new version, after the commit record, between the alias moves, after them; what every fleet
-loads (resolved_version, load_fleet) is then the old champion or the new one, never half, and
+new version, after the commit record, between the alias moves, after them; what every ensemble
+loads (resolved_version, load_ensemble) is then the old champion or the new one, never half, and
 the next roll completes a committed promotion first and says so."""
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ def test_a_roll_killed_anywhere_else(roll_store, roll_bars, point):
     _check(roll_store, point)
 
 
-def test_a_committed_promotion_is_what_a_fleet_loads(roll_store, roll_bars, tmp_path):
+def test_a_committed_promotion_is_what_an_ensemble_loads(roll_store, roll_bars, tmp_path):
     """In process: the commit record written, no alias moved yet (a process killed right after
-    its commit): load_fleet loads the new version; register, roll and rollback apply it first."""
-    from foxhunt.ensemble.fleet import load_fleet
+    its commit): load_ensemble loads the new version; register, roll and rollback apply it first."""
+    from foxhunt.ensemble.loading import load_ensemble
     from foxhunt.ensemble.registry import COMMITTED, PROMOTION_STATE_TAG, PROMOTION_TAG, apply_moves, promotion_moves
     from foxhunt.runs.tracked_run import TrackedRun
     from foxhunt.training.parts import compose_config
@@ -83,9 +83,9 @@ def test_a_committed_promotion_is_what_a_fleet_loads(roll_store, roll_bars, tmp_
 
         s.tag(run.run_id, {PROMOTION_TAG: json.dumps([m.__dict__ for m in moves]), PROMOTION_STATE_TAG: COMMITTED})
     cfg = compose_config(["asset=es", "ensemble.models=[dqn]", *CSV, f"data.source.path={roll_store / 'data' / 'es'}",
-                          "ensemble.runtime=numpy"], root_dir=roll_store, config_name="fleet")  # fmt: skip
+                          "ensemble.runtime=numpy"], root_dir=roll_store, config_name="ensemble")  # fmt: skip
     assert aliases(roll_store) == BEFORE
-    assert [f.version for f in load_fleet(cfg, tmp_path)] == ["2"]
+    assert [f.version for f in load_ensemble(cfg, tmp_path)] == ["2"]
     back = cli(roll_store, "ensemble", "rollback", "asset=es", "ensemble.models=[dqn]")  # applies it, then rolls back
     assert back.exit_code == 0, back.output
     assert "completed the promotion of run" in back.output and aliases(roll_store) == {"champion": "1", "previous": "2"}

@@ -95,26 +95,26 @@ def promote(root: Path, version: str) -> None:
         commit_moves(store, run.run_id, promotion_moves(store, NAME, "champion", "previous", version))
 
 
-def fleet_config(root: Path, *extra: str):
+def ensemble_config(root: Path, *extra: str):
     from foxhunt.training.parts import compose_config
 
     return compose_config(["asset=es", "ensemble.models=[dqn]", *CSV, f"data.source.path={root / 'data' / 'es'}",
-                           "ensemble.runtime=numpy", "roll.swap.poll_s=0.2", *extra], root_dir=root, config_name="fleet")  # fmt: skip
+                           "ensemble.runtime=numpy", "roll.swap.poll_s=0.2", *extra], root_dir=root, config_name="ensemble")  # fmt: skip
 
 
 # -- the engine --------------------------------------------------------------------------------
 def test_a_swapped_in_member_decides_as_one_that_ran_since_the_stream_started(swap_store, tmp_path):
     from hydra.utils import instantiate
 
-    from foxhunt.ensemble.fleet import fleet_engine, load_member
+    from foxhunt.ensemble.loading import ensemble_engine, load_member
 
-    cfg = fleet_config(swap_store, "roll.swap.warm_bars=5000")
+    cfg = ensemble_config(swap_store, "roll.swap.warm_bars=5000")
     asset = instantiate(cfg.asset)
     bars = instantiate(cfg.data.source).load(asset)
     values = bars[["open", "high", "low", "close", "volume"]].to_numpy(np.float64).tolist()
     stamps = bars.index.as_unit("ns").asi8.tolist()
     one, two = (load_member(cfg, NAME, v, "fp32", tmp_path / f"v{v}") for v in (1, 2))
-    swapped, plain = fleet_engine([one], asset, cfg, "swapped"), fleet_engine([two], asset, cfg, "plain")
+    swapped, plain = ensemble_engine([one], asset, cfg, "swapped"), ensemble_engine([two], asset, cfg, "plain")
     for engine in (swapped, plain):
         for i in range(200):  # features primed, members start at bar 200
             engine.warm(stamps[i], *values[i])
@@ -164,13 +164,13 @@ def test_paper_runs_across_two_promotions_and_equals_a_replay_switching_at_the_s
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from foxhunt.ensemble.fleet import fleet_engine, load_member
+    from foxhunt.ensemble.loading import ensemble_engine, load_member
     from foxhunt.ensemble.replay_run import scored_window
     from foxhunt.evaluation.backtest import backtest, evaluation_annualization
     from foxhunt.paper.run import run_paper
 
     ledger = tmp_path / "paper.sqlite"
-    cfg = fleet_config(swap_store, *PAPER, f"paper.ledger={ledger}", f"paths.output_dir={tmp_path / 'out'}")
+    cfg = ensemble_config(swap_store, *PAPER, f"paper.ledger={ledger}", f"paths.output_dir={tmp_path / 'out'}")
     done: list = []
     promoter = _promoter(swap_store, ledger, [(100, "2"), (400, "3")], done)
     promoter.start()
@@ -196,7 +196,7 @@ def test_paper_runs_across_two_promotions_and_equals_a_replay_switching_at_the_s
     assert done[0][1] <= switches[0] and done[1][1] <= switches[1]  # switched after the promotion, at a bar boundary
 
     # an offline replay of the same bars, switching at the same bars
-    engine = fleet_engine([load_member(cfg, NAME, 1, "fp32", tmp_path / "replay")], asset, cfg, "replay")
+    engine = ensemble_engine([load_member(cfg, NAME, 1, "fp32", tmp_path / "replay")], asset, cfg, "replay")
     values = bars[["open", "high", "low", "close", "volume"]].to_numpy(np.float64).tolist()
     first = int(np.searchsorted(stamps, start))
     for i in range(first):
@@ -224,7 +224,7 @@ def test_paper_refuses_a_version_whose_files_changed_and_goes_on(swap_store, tmp
     from foxhunt.paper.run import run_paper
 
     ledger = tmp_path / "paper.sqlite"
-    cfg = fleet_config(swap_store, *PAPER, f"paper.ledger={ledger}", f"paths.output_dir={tmp_path / 'out'}")
+    cfg = ensemble_config(swap_store, *PAPER, f"paper.ledger={ledger}", f"paths.output_dir={tmp_path / 'out'}")
     done: list = []
     promoter = _promoter(swap_store, ledger, [(100, "4")], done)
     promoter.start()
@@ -253,7 +253,7 @@ def test_serve_answers_every_request_across_a_swap(swap_store):
 
     from foxhunt.ensemble.loadtest import wait_healthy
 
-    cfg = fleet_config(swap_store)
+    cfg = ensemble_config(swap_store)
     bars = instantiate(cfg.data.source).load(instantiate(cfg.asset)).iloc[:1500]
     port = _free_port()
     args = [sys.executable, "-m", "foxhunt.cli", "ensemble", "serve", "--port", str(port), "asset=es", "ensemble.models=[dqn]",

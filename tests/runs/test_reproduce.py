@@ -2,7 +2,7 @@
 CSV file is named with both digests; a package whose recorded version differs is named; an
 unknown run, a missing store, a missing config artifact and a planted ``_target_`` are one line,
 exit 2, before anything trains. In-process: the original through ``run_cell``, the command
-through typer's CliRunner (the sizes of tests/ensemble/fleet_helpers.py)."""
+through typer's CliRunner (the sizes of tests/ensemble/ensemble_helpers.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from configs import compose_train_config, synthetic_source
-from ensemble.fleet_helpers import FAST, SMALL
+from ensemble.ensemble_helpers import FAST, SMALL
 from foxhunt.cli import app
 from foxhunt.runs.provenance import DATA_FILE, ENVIRONMENT_FILE, PROVENANCE_FOLDER
 from foxhunt.runs.store import RunStore

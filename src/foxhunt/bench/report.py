@@ -18,10 +18,10 @@ SECTION_TITLES = {
     "tft": "2. TFT training throughput and peak memory",
     "latency": "3. Batch-1 CPU inference latency",
     "overhead": "4. Framework overhead: an epoch through foxhunt-train against a plain loop",
-    "fleet": "5. The streaming fleet: per-bar latency of each member and of the whole fleet",
+    "ensemble": "5. The streaming ensemble: per-bar latency of each member and of the whole ensemble",
     "system": "6. The whole chain: a planted pattern found, none found in a random walk (walk-forward, through the CLI)",
     "checkpoint": "7. Exact resume's cost: checkpoint size and the writes' share of a fit at the default cadence",
-    "roll": "8. The rolling loop: a pattern that changes sign, a rolled fleet against a frozen one",
+    "roll": "8. The rolling loop: a pattern that changes sign, a rolled ensemble against a frozen one",
 }
 
 

@@ -1,4 +1,4 @@
-"""Section 8, the rolling loop: does a rolled fleet follow a pattern that changes sign, where a
+"""Section 8, the rolling loop: does a rolled ensemble follow a pattern that changes sign, where a
 frozen one keeps trading the old sign?
 
 Synthetic ES bars whose planted pattern changes sign at a known date (1-minute returns with
@@ -10,8 +10,8 @@ AR(1) coefficient ``roll.autocorrelation`` until ``roll.change_date``, its negat
 next dates' files arrived (at least ``roll.min_new_bars`` new bars). What is measured:
 
 - the promotions made on blocks after the change (goal: at least one);
-- the rolled fleet's PnL on the newest blocks after the change (on each block the champion of
-  that moment, as the roll scored it) against the frozen fleet's (the first champion on the
+- the rolled ensemble's PnL on the newest blocks after the change (on each block the champion of
+  that moment, as the roll scored it) against the frozen ensemble's (the first champion on the
   same blocks), and the block-bootstrap interval of the mean per-bar difference (goal: its lower
   end above 0), with each side's Sharpe ratio and interval beside it.
 """
@@ -51,7 +51,7 @@ def write_dates(bars, folder: Path, dates: list[str]) -> int:
 
 
 def demonstrate(ctx: BenchContext) -> dict:
-    """The champion, the roll steps and the two fleets' PnL after the change (module doc)."""
+    """The champion, the roll steps and the two ensembles' PnL after the change (module doc)."""
     from hydra.utils import instantiate
 
     from foxhunt.ensemble.registry import register_champions
@@ -80,16 +80,17 @@ def demonstrate(ctx: BenchContext) -> dict:
                          root_dir=root, output_dir=str(root / "outputs" / "champion"))  # fmt: skip
     train(cfg)
     uri = str(cfg.logger.tracking_uri)
-    fleet_overrides = ["asset=es", f"ensemble.models=[{s.model}]", *_csv(folder), *s.roll_overrides]
-    fleet = compose_config(fleet_overrides, root_dir=root, config_name="fleet")
-    register_champions(uri, str(fleet.task), "es", [str(s.model)], str(fleet.ensemble.metric), str(fleet.ensemble.registry_prefix),
-                       str(fleet.ensemble.alias), False, gate="none", example_decided=int(fleet.ensemble.input_example_decided))  # fmt: skip
+    ensemble_overrides = ["asset=es", f"ensemble.models=[{s.model}]", *_csv(folder), *s.roll_overrides]
+    ens_cfg = compose_config(ensemble_overrides, root_dir=root, config_name="ensemble")
+    ens = ens_cfg.ensemble
+    register_champions(uri, str(ens_cfg.task), "es", [str(s.model)], str(ens.metric), str(ens.registry_prefix),
+                       str(ens.alias), False, gate="none", example_decided=int(ens.input_example_decided))  # fmt: skip
     steps, pending = [], list(later)
     for k in range(int(s.steps)):
         added = 0
-        while pending and added < int(fleet.roll.min_new_bars):
+        while pending and added < int(ens_cfg.roll.min_new_bars):
             added += write_dates(bars, folder, [pending.pop(0)])
-        cfg = compose_config(fleet_overrides, root_dir=root, config_name="fleet")
+        cfg = compose_config(ensemble_overrides, root_dir=root, config_name="ensemble")
         work = root / "work" / f"step{k + 1}"
         report = roll_step(cfg, work)
         shutil.rmtree(work, ignore_errors=True)
@@ -100,14 +101,14 @@ def demonstrate(ctx: BenchContext) -> dict:
 
 
 def compare(result: dict) -> dict:
-    """The rolled and the frozen fleet on the newest blocks after the change (module doc)."""
-    from foxhunt.ensemble.fleet import fleet_names, load_member
+    """The rolled and the frozen ensemble on the newest blocks after the change (module doc)."""
+    from foxhunt.ensemble.loading import load_member, registered_names
     from foxhunt.evaluation.backtest import evaluation_annualization
     from foxhunt.evaluation.stats import block_bootstrap
     from foxhunt.roll.score import score_block
 
     cfg, asset, bars = result["cfg"], result["asset"], result["bars"]
-    name = fleet_names(cfg)[0]
+    name = registered_names(cfg)[0]
     work = Path(cfg.paths.root_dir) / "work" / "compare"
     first = None
     rolled, frozen, blocks = [], [], []
@@ -167,11 +168,11 @@ def rows(result: dict, compared: dict) -> tuple[list[Row], list[str]]:
         note = (f"{compared['bars']:,} bars after the change; rolled Sharpe {compared['rolled_sharpe']:.2f} "
                 f"[{compared['rolled_sharpe_ci'][0]:.2f}, {compared['rolled_sharpe_ci'][1]:.2f}], frozen "
                 f"{compared['frozen_sharpe']:.2f} [{compared['frozen_sharpe_ci'][0]:.2f}, {compared['frozen_sharpe_ci'][1]:.2f}]")  # fmt: skip
-        found.append(_row("rolled fleet PnL after the change - frozen fleet's", compared["rolled_pnl"], compared["frozen_pnl"],
+        found.append(_row("rolled ensemble PnL after the change - frozen ensemble's", compared["rolled_pnl"], compared["frozen_pnl"],
                           compared["rolled_pnl"] - compared["frozen_pnl"], "USD", ">=", 0.0, note))  # fmt: skip
         found.append(_row("mean PnL per bar, rolled - frozen: interval, lower end", compared["rolled_pnl"], compared["frozen_pnl"],
                           low, "USD", ">=", 0.0, f"interval [{low:.3f}, {high:.3f}] USD per bar; {note}"))  # fmt: skip
-        found.append(_row("rolled fleet Sharpe after the change", compared["rolled_sharpe"], compared["frozen_sharpe"],
+        found.append(_row("rolled ensemble Sharpe after the change", compared["rolled_sharpe"], compared["frozen_sharpe"],
                           compared["rolled_sharpe"], "Sharpe", None, None, note))  # fmt: skip
     return found, notes
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.bench import checkpoints, fleet, latency, overhead, report, rl, roll, system, tft
+from foxhunt.bench import checkpoints, ensemble, latency, overhead, report, rl, roll, system, tft
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import load_average, machine
 from foxhunt.bench.settings import DEFAULT_SETTINGS, load_settings
@@ -27,7 +27,7 @@ SECTION_MODULES = {
     "tft": tft,
     "latency": latency,
     "overhead": overhead,
-    "fleet": fleet,
+    "ensemble": ensemble,
     "system": system,
     "checkpoint": checkpoints,
     "roll": roll,
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sections",
         default=None,
-        help="comma-separated subset of rl,tft,latency,overhead,fleet,system,checkpoint,roll "
+        help="comma-separated subset of rl,tft,latency,overhead,ensemble,system,checkpoint,roll "
         "(system: hours, checkpoint and roll: minutes; none of them in the default list)",
     )
     parser.add_argument(

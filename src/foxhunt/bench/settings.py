@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 #: The settings file shipped with the package (conf/ is linked into src/foxhunt/conf).
 DEFAULT_SETTINGS = Path(__file__).resolve().parents[1] / "conf" / "bench" / "default.yaml"
-SECTIONS = ("rl", "tft", "latency", "overhead", "fleet", "system", "checkpoint", "roll")
+SECTIONS = ("rl", "tft", "latency", "overhead", "ensemble", "system", "checkpoint", "roll")
 QUICK_KEY = "quick"
 
 

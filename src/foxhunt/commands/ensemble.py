@@ -1,10 +1,10 @@
-"""``foxhunt ensemble``: register each family's best run, replay bars through the fleet.
+"""``foxhunt ensemble``: register each family's best run, replay bars through the ensemble.
 
 ``foxhunt ensemble register [OVERRIDES...] [--dry-run]`` picks, for ``asset``, the best FINISHED
 run of each family in ``ensemble.models`` by ``ensemble.metric`` and registers it in the MLflow
 Model Registry (:mod:`foxhunt.ensemble.registry`); ``--dry-run`` prints the choice only.
 
-``foxhunt ensemble replay [OVERRIDES...]`` loads the registered fleet (:mod:`foxhunt.ensemble.fleet`),
+``foxhunt ensemble replay [OVERRIDES...]`` loads the registered ensemble (:mod:`foxhunt.ensemble.loading`),
 streams the bars of the ``data`` group bar by bar through it (``ensemble.split``: a split of the
 dataset, the bars before it priming the features; ``all``: every bar), scores each member and
 the ensemble with the shared backtest, prints the table and the measured per-bar latencies, and
@@ -15,7 +15,7 @@ equity PNG of the ensemble beside its members.
 over the replayed bars there (:mod:`foxhunt.evaluation.interpret`), computed after the replay.
 
 ``foxhunt ensemble serve [OVERRIDES...] [--host 127.0.0.1] [--port 8080]`` answers bars over
-HTTP with the same fleet (:mod:`foxhunt.ensemble.serve`, uvicorn): ``POST /predict`` a bar or a
+HTTP with the same ensemble (:mod:`foxhunt.ensemble.serve`, uvicorn): ``POST /predict`` a bar or a
 batch of bars for a symbol, ``GET /health``; SIGTERM or Ctrl-C stops it.
 
 ``foxhunt ensemble roll [OVERRIDES...] [--force] [--every SECONDS]`` is one step of the rolling
@@ -25,7 +25,8 @@ promoted (``champion`` moved, the old version kept as ``previous``); ``--every``
 until SIGTERM or Ctrl-C. ``foxhunt ensemble rollback [OVERRIDES...] [--dry-run]`` moves each
 ``champion`` back to ``previous`` (:mod:`foxhunt.roll.rollback`).
 
-Overrides are Hydra overrides of ``conf/fleet.yaml`` (the training config plus ``conf/ensemble``):
+Overrides are Hydra overrides of ``conf/ensemble.yaml`` (the training config plus the groups ``conf/ensemble``,
+``conf/paper`` and ``conf/roll``):
 ``asset=nq``, ``data=databento data.source.path=...``, ``ensemble.metric=val/loss``,
 ``ensemble.models=[dqn,tft]``, ``ensemble.rule=weighted``, ``ensemble.weights=int8``.
 Exit 0 on success, 2 with one line on a bad override, a missing store, run or version.
@@ -42,13 +43,15 @@ import typer
 
 from foxhunt.errors import EXIT_USER_ERROR
 
-# MLflow draws a progress bar per artifact download; a fleet downloads a few small files
+# MLflow draws a progress bar per artifact download; an ensemble downloads a few small files
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-ensemble_app = typer.Typer(help="The fleet: register the best run of each family, replay bars through it.", no_args_is_help=True)
+ensemble_app = typer.Typer(
+    help="The ensemble: register the best run of each family, replay bars through it.", no_args_is_help=True
+)
 
 OVERRIDES = typer.Argument(
-    None, help="Hydra overrides of conf/fleet.yaml: asset=es ensemble.metric=val/sharpe ensemble.models=[dqn,tft] ..."
+    None, help="Hydra overrides of conf/ensemble.yaml: asset=es ensemble.metric=val/sharpe ensemble.models=[dqn,tft] ..."
 )
 
 
@@ -76,7 +79,7 @@ def _compose(command: str, overrides: list[str] | None):
     from foxhunt.training.parts import compose_config
 
     try:
-        cfg = compose_config(list(overrides or []), config_name="fleet")
+        cfg = compose_config(list(overrides or []), config_name="ensemble")
         validate(cfg)
     except (HydraException, OmegaConfBaseException, ConfigError) as exc:
         raise _fail(command, f"config error: {str(exc).strip().splitlines()[0]}") from None
@@ -85,7 +88,7 @@ def _compose(command: str, overrides: list[str] | None):
 
 def _check_store(command: str, cfg) -> str:
     if cfg.logger.tracking_uri is None:
-        raise _fail(command, "logger.tracking_uri is null (logger=none): the fleet lives in the MLflow store; "
+        raise _fail(command, "logger.tracking_uri is null (logger=none): the ensemble lives in the MLflow store; "
                              "keep logger=mlflow and set logger.enabled=false to log nothing")  # fmt: skip
     uri = str(cfg.logger.tracking_uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
@@ -163,7 +166,7 @@ def replay(
         "bars to this folder (table + PNGs; computed after the replay, at most evaluation.interpret.max_windows windows).",
     ),  # fmt: skip
 ) -> None:
-    """Stream bars through the registered fleet; table of members and ensemble, latencies, MLflow run."""
+    """Stream bars through the registered ensemble; a table of each member and of the whole, latencies, an MLflow run."""
     from foxhunt.ensemble.replay_run import run_replay
 
     cfg = _compose("replay", overrides)
@@ -173,7 +176,7 @@ def replay(
             interpret.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise _fail("replay", f"--interpret {interpret}: cannot make the folder ({exc.strerror})") from None
-    with _reported("replay"), tempfile.TemporaryDirectory(prefix="foxhunt-fleet-") as workdir:
+    with _reported("replay"), tempfile.TemporaryDirectory(prefix="foxhunt-replay-") as workdir:
         report = run_replay(cfg, Path(workdir), interpret=interpret)
     typer.echo(report.text)
 
@@ -185,19 +188,19 @@ def serve(
     port: int = typer.Option(8080, help="Port to listen on."),
     timeout: float = typer.Option(
         None,
-        help="Seconds from a request's arrival to its answer (queue and fleet), else a 504 (default ensemble.serve.timeout_s).",
+        help="Seconds from a request's arrival to its answer (queue and ensemble), else a 504 (default ensemble.serve.timeout_s).",
     ),
 ) -> None:
-    """Serve the registered fleet over HTTP: POST /predict bars for a symbol, GET /health, GET /info."""
-    from foxhunt.ensemble.serve import FleetService, Limits, check_address, run
+    """Serve the registered ensemble over HTTP: POST /predict bars for a symbol, GET /health, GET /info."""
+    from foxhunt.ensemble.serve import EnsembleService, Limits, check_address, run
 
     cfg = _compose("serve", overrides)
     _check_store("serve", cfg)
     ens = cfg.ensemble
     with tempfile.TemporaryDirectory(prefix="foxhunt-serve-") as workdir:  # removed on exit, whatever ends the server
-        with _reported("serve"):  # the fleet loads before the URL is printed: a bad version is one line here
+        with _reported("serve"):  # the ensemble loads before the URL is printed: a bad version is one line here
             check_address(host, port)
-            service = FleetService(cfg, Path(workdir), Limits.from_config(ens.serve, timeout))
+            service = EnsembleService(cfg, Path(workdir), Limits.from_config(ens.serve, timeout))
         typer.echo(f"foxhunt ensemble serve: {', '.join(map(str, ens.models))} for {cfg.asset.key} on http://{host}:{port} "
                    f"(POST /predict, GET /health, GET /info); one symbol's stream holds {service.stream_bytes:,} bytes")  # fmt: skip
         run(service, host, port)
@@ -205,19 +208,19 @@ def serve(
 
 @ensemble_app.command()
 def validate(overrides: list[str] | None = OVERRIDES) -> None:
-    """Footprint of the registered fleet in fp32 and int8, headroom against the budget, capacity; exit 0 when it fits."""
-    from foxhunt.ensemble.footprint import validate_fleet
+    """Footprint of the registered ensemble in fp32 and int8, headroom against the budget, capacity; exit 0 when it fits."""
+    from foxhunt.ensemble.footprint import measure_footprint
 
     cfg = _compose("validate", overrides)
     _check_store("validate", cfg)
     with _reported("validate"), tempfile.TemporaryDirectory(prefix="foxhunt-validate-") as workdir:
-        text, metrics, fits = validate_fleet(cfg, Path(workdir))
+        text, metrics, fits = measure_footprint(cfg, Path(workdir))
     typer.echo(text)
     if cfg.logger.enabled:
         typer.echo(f"MLflow run {_log_validate(cfg, text, metrics, fits)} in experiment {cfg.ensemble.experiment}")
     if not fits:
         typer.echo(
-            f"foxhunt ensemble validate: the {cfg.ensemble.weights} fleet leaves less than {cfg.budget.headroom_mb} MB of {cfg.budget.name} free",
+            f"foxhunt ensemble validate: the {cfg.ensemble.weights} ensemble leaves less than {cfg.budget.headroom_mb} MB of {cfg.budget.name} free",
             err=True,
         )
         raise typer.Exit(1)
@@ -233,7 +236,7 @@ def _log_validate(cfg, text: str, metrics: dict, fits: bool) -> str:
 
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    report = out / "fleet_footprint.md"
+    report = out / "footprint.md"
     report.write_text(text + "\n")
     tags = {"asset": str(cfg.asset.key), "budget": str(cfg.budget.name), "fits": str(fits)}
     resolved = resolved_config(cfg)
@@ -253,7 +256,7 @@ def export(
 ) -> None:
     """Write each registered member's batch-1 streaming step as ONNX or TorchScript, with member.json
     (features, normalization, asset, inputs, outputs, decision rule) beside it."""
-    from foxhunt.ensemble.export import FORMATS, export_fleet
+    from foxhunt.ensemble.export import FORMATS, export_ensemble
 
     if fmt not in FORMATS:
         raise _fail("export", f"--format {fmt}: must be one of {', '.join(FORMATS)}")
@@ -269,7 +272,7 @@ def export(
     if not os.access(folder, os.W_OK | os.X_OK):
         raise _fail("export", f"--out {out}: the folder is not writable")
     with _reported("export"), tempfile.TemporaryDirectory(prefix="foxhunt-export-") as workdir:
-        done = export_fleet(cfg, folder, fmt, Path(workdir))
+        done = export_ensemble(cfg, folder, fmt, Path(workdir))
     for item in done:
         typer.echo(f"{item.name} v{item.version}: {item.folder} ({item.fmt}); checked against the model on random "
                    f"inputs by {'ONNX Runtime' if item.fmt == 'onnx' else 'torch.jit.load'}: max |diff| {item.max_diff:.2e}")  # fmt: skip
@@ -277,7 +280,7 @@ def export(
 
 @ensemble_app.command()
 def paper(overrides: list[str] | None = OVERRIDES) -> None:
-    """Paper-trade the registered fleet on a bar feed (paper.feed: file at paper.speed, or Databento live):
+    """Paper-trade the registered ensemble on a bar feed (paper.feed: file at paper.speed, or Databento live):
     orders, fills, a SQLite ledger that resumes after a crash, risk limits; an MLflow run in experiment paper."""
     from foxhunt.paper.run import run_paper
 
@@ -334,12 +337,12 @@ def rollback(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the moves; move nothing."),
 ) -> None:
     """Move each family's @champion back to its @previous version (and @previous to the one it left)."""
-    from foxhunt.roll.rollback import rollback_fleet
+    from foxhunt.roll.rollback import rollback_ensemble
 
     cfg = _compose("rollback", overrides)
     _check_store("rollback", cfg)
     with _reported("rollback"):
-        done = rollback_fleet(cfg, dry_run=dry_run)
+        done = rollback_ensemble(cfg, dry_run=dry_run)
     for line in done.lines:
         typer.echo(line)
     if done.run_id:

@@ -3,7 +3,7 @@
 A family is its config group option ``conf/model/<name>.yaml``: its ``name`` (the file's stem),
 its ``kind`` (``agent`` or ``forecaster``) and its LightningModule (``module._target_``). Every
 list of families foxhunt shows or accepts (``ensemble.models``, ``foxhunt memory validate``'s
-default models, the benchmark's fleet) is read here, so adding a family is adding its file; what
+default models, the benchmark's ensemble) is read here, so adding a family is adding its file; what
 a family can do beyond that (stream one bar at a time, export its step) is read from its model's
 class (:mod:`foxhunt.ensemble.members`), never from its name.
 

@@ -732,7 +732,7 @@ class ServeSection(_Strict):
 
 
 class EnsembleSection(_Strict):
-    """``conf/ensemble``: the fleet's members, how they load and how they combine."""
+    """``conf/ensemble``: the ensemble's members, how they load and how they combine."""
 
     models: list[str] = Field(min_length=1)  # families of conf/model/ (foxhunt.config.families)
     metric: str = Field(min_length=1)
@@ -833,15 +833,15 @@ class RollSection(_Strict):
     swap: RollSwap
 
 
-class FleetConfig(TrainConfig):
-    """``conf/fleet.yaml``: the training config plus the ensemble section."""
+class EnsembleConfig(TrainConfig):
+    """``conf/ensemble.yaml``: the training config plus the ensemble, paper and roll sections."""
 
     ensemble: EnsembleSection
     paper: PaperSection | None = None
     roll: RollSection | None = None
 
     @model_validator(mode="after")
-    def _roll_aliases_differ(self) -> FleetConfig:
+    def _roll_aliases_differ(self) -> EnsembleConfig:
         if self.roll is not None and self.roll.previous_alias == self.ensemble.alias:
             raise _KeyedError(
                 "roll.previous_alias", self.roll.previous_alias, f"must differ from ensemble.alias ({self.ensemble.alias})"
@@ -945,14 +945,14 @@ def check_constructor_args(section: str, node: dict[str, Any]) -> type:
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
-    """Validate a composed training config (or a fleet config, with its ``ensemble`` section);
+    """Validate a composed training config (or an ensemble command's config, with its ``ensemble`` section);
     raise :class:`ConfigError` with one line."""
     return validate_resolved(resolved_config(cfg))
 
 
 def validate_resolved(resolved: dict[str, Any]) -> TrainConfig:
     """:func:`validate` on the config already resolved to plain containers (:func:`resolved_config`)."""
-    schema = FleetConfig if "ensemble" in resolved else TrainConfig
+    schema = EnsembleConfig if "ensemble" in resolved else TrainConfig
     try:
         parsed = schema.model_validate(resolved)
     except ValidationError as exc:

@@ -75,7 +75,7 @@ class Stream:
     slots: dict[str, int]
     last_bar_ns: int | None = None  # the start of the last bar it read (UTC ns)
     seen_monotonic: float = 0.0  # time.monotonic() of its last bar (idle eviction)
-    #: the latest bars a SwappableEngine keeps for a member swapped in (foxhunt.ensemble.fleet._Recent)
+    #: the latest bars a SwappableEngine keeps for a member swapped in (foxhunt.ensemble.loading._Recent)
     recent: Any = field(default=None, repr=False, compare=False)
 
 

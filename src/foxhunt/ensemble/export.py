@@ -1,6 +1,6 @@
 """Each registered member's batch-1 streaming step as a file another language's runtime loads.
 
-``foxhunt ensemble export --format onnx|torchscript`` writes, per member of the fleet, a folder
+``foxhunt ensemble export --format onnx|torchscript`` writes, per member of the ensemble, a folder
 ``<out>/<registered name>-v<version>/`` with
 
 - ``step.onnx`` (``torch.onnx.export``, opset :data:`OPSET`; ONNX Runtime for C++, Rust, Java,
@@ -11,7 +11,7 @@
   (names, shapes, dtype) and the decision rule, and the registered version it was exported from.
 
 The step of each model, by what its class offers (:func:`foxhunt.ensemble.members.stream_of`),
-as foxhunt's own fleet runs it (:mod:`foxhunt.ensemble.members`):
+as foxhunt's own ensemble runs it (:mod:`foxhunt.ensemble.members`):
 
 - **agents (DQN, PPO)**: ``obs`` (B, n_features + 1): the normalized features of the bar, then the
   position held (-1, 0, 1) -> ``scores`` (B, 3); the new position is ``argmax(scores) - 1``.
@@ -236,7 +236,7 @@ class ExportError(UserError, ValueError):
     kind = "export"
 
 
-def export_fleet(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
+def export_ensemble(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
     """Every family of ``cfg.ensemble.models`` for ``cfg.asset`` (the alias, or
     ``ensemble.versions``), exported under ``out`` (module doc): every member is built and
     checked in ``workdir`` first, then all are written (:func:`write_inside`)."""

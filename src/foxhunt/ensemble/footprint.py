@@ -1,4 +1,4 @@
-"""What the trained fleet costs to hold and run, member by member, in fp32 and int8, and how many
+"""What the trained ensemble costs to hold and run, member by member, in fp32 and int8, and how many
 instances fit a budget (``foxhunt ensemble validate``).
 
 The method: take a baseline, load the registered members one by one, and measure
@@ -24,7 +24,7 @@ A member's **footprint** is tensors + runtime + state + step peak: what an insta
 device. **Capacity** is found from measured per-instance increments: each instance shares
 nothing with the next, so one more costs one footprint, and ``floor(available / footprint)``
 instances fit in ``budget.total_mb - budget.headroom_mb`` (less the CUDA context on a GPU);
-the whole fleet, ``floor(available / sum of footprints)``. The report says so beside the figures.
+the whole ensemble, ``floor(available / sum of footprints)``. The report says so beside the figures.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class MemberFootprint:
 
 
 @dataclass
-class FleetFootprint:
+class EnsembleFootprint:
     members: dict[str, list[MemberFootprint]] = field(default_factory=dict)  # weights -> members
     cuda_context_bytes: int | None = None
     baseline_rss_bytes: int | None = None
@@ -225,9 +225,9 @@ def bar(mb: float, total_mb: float, width: int = 40) -> str:
     return "#" * filled + "." * (width - filled)
 
 
-def report_text(footprint: FleetFootprint, budget, targets: dict[str, float | None]) -> tuple[str, dict[str, float], bool]:
-    """The table, the headroom and the capacity; the metrics to log; whether the fleet fits
-    (the weights the fleet loads by default: fp32 unless only int8 fits)."""
+def report_text(footprint: EnsembleFootprint, budget, targets: dict[str, float | None]) -> tuple[str, dict[str, float], bool]:
+    """The table, the headroom and the capacity; the metrics to log; whether the ensemble fits
+    (the weights the ensemble loads by default: fp32 unless only int8 fits)."""
     available = budget.available_mb * MB - (footprint.cuda_context_bytes or 0)
     lines = [f"budget {budget.name}: {budget.total_mb:.0f} MB, {budget.headroom_mb:.0f} MB headroom required"]
     if footprint.cuda_context_bytes is not None:
@@ -256,11 +256,11 @@ def report_text(footprint: FleetFootprint, budget, targets: dict[str, float | No
         left = budget.total_mb - to_mb(total + (footprint.cuda_context_bytes or 0))
         fits[weights] = left >= budget.headroom_mb
         lines.append(
-            f"fleet {weights}: {to_mb(total):.2f} MB, {left:.2f} MB left of {budget.total_mb:.0f} "
+            f"ensemble {weights}: {to_mb(total):.2f} MB, {left:.2f} MB left of {budget.total_mb:.0f} "
             f"({'PASS' if fits[weights] else 'FAIL'}: {budget.headroom_mb:.0f} MB headroom required)  |{bar(to_mb(total), budget.total_mb)}|"
         )  # fmt: skip
-        metrics[f"fleet/{weights}_mb"] = to_mb(total)
-        metrics[f"fleet/{weights}_headroom_mb"] = left
+        metrics[f"ensemble/{weights}_mb"] = to_mb(total)
+        metrics[f"ensemble/{weights}_headroom_mb"] = left
     lines.append(f"capacity in {budget.available_mb:.0f} MB available (from measured per-instance increments: instances share nothing, "
                  "so each one more costs one footprint)")  # fmt: skip
     lines.append(f"{'member':<20} " + " ".join(f"{w:>8}" for w in footprint.members))
@@ -273,14 +273,14 @@ def report_text(footprint: FleetFootprint, budget, targets: dict[str, float | No
         lines.append(f"{name:<20} " + " ".join(f"{counts[w]:>8d}" for w in footprint.members))
         for w, n in counts.items():
             metrics[f"capacity/{name}_{w}"] = float(n)
-    fleet_counts = {w: capacity(available, footprint.total_bytes(w)) for w in footprint.members}
-    lines.append(f"{'whole fleet':<20} " + " ".join(f"{fleet_counts[w]:>8d}" for w in footprint.members))
-    for w, n in fleet_counts.items():
-        metrics[f"capacity/fleet_{w}"] = float(n)
-    if "int8" in fleet_counts and fleet_counts["fp32"]:
-        ratio = fleet_counts["int8"] / fleet_counts["fp32"]
-        lines.append(f"capacity int8 / fp32 (whole fleet): {ratio:.2f}x")
-        metrics["capacity/fleet_int8_over_fp32"] = ratio
+    whole = {w: capacity(available, footprint.total_bytes(w)) for w in footprint.members}
+    lines.append(f"{'whole ensemble':<20} " + " ".join(f"{whole[w]:>8d}" for w in footprint.members))
+    for w, n in whole.items():
+        metrics[f"capacity/ensemble_{w}"] = float(n)
+    if "int8" in whole and whole["fp32"]:
+        ratio = whole["int8"] / whole["fp32"]
+        lines.append(f"capacity int8 / fp32 (whole ensemble): {ratio:.2f}x")
+        metrics["capacity/ensemble_int8_over_fp32"] = ratio
     methods = sorted({m.step_peak_method for ms in footprint.members.values() for m in ms})
     lines.append("how: MB = tensors (torch parameter and buffer bytes, a torch runtime's) + runtime (numba/numpy weight "
                  "arrays, ONNX Runtime graph initializers) + state (one stream's, kept between bars) + peak (one step's "
@@ -289,9 +289,9 @@ def report_text(footprint: FleetFootprint, budget, targets: dict[str, float | No
     return "\n".join(lines), metrics, fits["fp32"] or fits.get("int8", False)
 
 
-def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
-    """Measure the registered fleet of ``cfg`` in fp32 and int8 against ``cfg.budget`` (see the
-    module doc): (report text, metrics, whether the fleet as configured fits)."""
+def measure_footprint(cfg, workdir) -> tuple[str, dict[str, float], bool]:
+    """Measure the registered ensemble of ``cfg`` in fp32 and int8 against ``cfg.budget`` (see the
+    module doc): (report text, metrics, whether the ensemble as configured fits)."""
     from pathlib import Path
 
     from hydra.utils import instantiate
@@ -309,7 +309,7 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
     raw_bars = (
         instantiate(cfg.data.source).load(asset).iloc[: int(cfg.data.features.volume_bars) + int(settings.warm_bars) + 200]
     )  # the warm-up and the warm bars
-    result = FleetFootprint(baseline_rss_bytes=_rss())
+    result = EnsembleFootprint(baseline_rss_bytes=_rss())
     if device.startswith("cuda") and torch.cuda.is_available():
         before = _nvml_used(device)
         torch.zeros(1, device=device)  # the first CUDA call creates the context
@@ -337,21 +337,21 @@ def validate_fleet(cfg, workdir) -> tuple[str, dict[str, float], bool]:
     limits = float(settings.int8_max_slowdown), float(settings.int8_min_cut_pct), float(settings.int8_min_agreement)
     choices = int8_choices(result, *limits)
     text += "\n" + "\n".join(int8_verdicts(choices, *limits))
-    if str(ens.weights) == "auto":  # the fleet as it will load: each member's choice
+    if str(ens.weights) == "auto":  # the ensemble as it will load: each member's choice
         chosen = sum(next(m for m in result.members[w] if m.name == name).footprint_bytes for name, (w, _) in choices.items())
-        metrics["fleet/auto_total_mb"] = chosen / MB
-        metrics["fleet/auto_headroom_mb"] = budget.available_mb - chosen / MB
-        text += f"\nfleet auto (each member's choice): {chosen / MB:.2f} MB, headroom {metrics['fleet/auto_headroom_mb']:.2f} MB"
+        metrics["ensemble/auto_total_mb"] = chosen / MB
+        metrics["ensemble/auto_headroom_mb"] = budget.available_mb - chosen / MB
+        text += f"\nensemble auto (each member's choice): {chosen / MB:.2f} MB, headroom {metrics['ensemble/auto_headroom_mb']:.2f} MB"
     if settings.record_choice and cfg.logger.enabled:  # logger.enabled=false writes nothing to the store
         from foxhunt.ensemble.registry import record_weights_choice
 
         record_weights_choice(str(cfg.logger.tracking_uri), versions, choices)
         text += "\nrecorded on each version (tags weights_choice, weights_reason): ensemble.weights=auto loads them"
-    fits = metrics[f"fleet/{ens.weights}_headroom_mb"] >= budget.headroom_mb
+    fits = metrics[f"ensemble/{ens.weights}_headroom_mb"] >= budget.headroom_mb
     return text, metrics, fits
 
 
-def int8_choices(footprint: FleetFootprint, max_slowdown: float, min_cut_pct: float,
+def int8_choices(footprint: EnsembleFootprint, max_slowdown: float, min_cut_pct: float,
                  min_agreement: float = 0.0) -> dict[str, tuple[str, str]]:  # fmt: skip
     """Per member, the weights that pay (``int8`` when its measured step p50 is at most
     ``max_slowdown`` x fp32's, its footprint at least ``min_cut_pct`` % smaller and its positions

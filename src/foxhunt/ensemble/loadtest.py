@@ -3,10 +3,10 @@ answer checked against the in-process replay (``scripts/load_test.py``).
 
 Each of ``clients`` threads streams the same ``bars`` bars, one request per bar, as its own
 symbol (``LOAD0``, ``LOAD1``, ...), over one keep-alive HTTP connection (``http.client``). The
-expected answer of every bar is the in-process fleet's (:func:`foxhunt.ensemble.replay.replay_bars`
+expected answer of every bar is the in-process ensemble's (:func:`foxhunt.ensemble.replay.replay_bars`
 over the same bars with the same registered members): the ensemble's position and every
 member's. Measured per request with ``time.perf_counter_ns`` on the client: the round trip
-(serialization, loopback, the server's queue and the fleet's step); throughput is requests
+(serialization, loopback, the server's queue and the ensemble's step); throughput is requests
 answered per second of the whole test's wall time. An error is a non-200 answer or a failed
 connection; a wrong answer is a 200 whose decisions differ from the replay's.
 """
@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-SERVER_PARTS = ("read_parse", "queue", "fleet_batch", "handler")
+SERVER_PARTS = ("read_parse", "queue", "ensemble_batch", "handler")
 
 
 @dataclass
@@ -174,25 +174,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients, one symbol each (default 8)")
     parser.add_argument("--bars", type=int, default=300, help="bars per client, one request each (default 300)")
     parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds to wait for /health")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/fleet.yaml (asset=es data.source.days=7 ...)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/ensemble.yaml (asset=es data.source.days=7 ...)")
     args = parser.parse_args(argv)
 
     from hydra.utils import instantiate
 
     from foxhunt.config.schema import validate
-    from foxhunt.ensemble.fleet import fleet_engine, load_fleet
+    from foxhunt.ensemble.loading import ensemble_engine, load_ensemble
     from foxhunt.ensemble.replay import replay_bars
     from foxhunt.training.parts import compose_config
 
-    cfg = compose_config(list(args.overrides), config_name="fleet")
+    cfg = compose_config(list(args.overrides), config_name="ensemble")
     validate(cfg)
     asset = instantiate(cfg.asset)
     bars = instantiate(cfg.data.source).load(asset).iloc[: args.bars]
     with tempfile.TemporaryDirectory() as workdir:
-        fleet = load_fleet(cfg, Path(workdir))
-        replayed = replay_bars(fleet_engine(fleet, asset, cfg, origin="load test replay"), bars)
-        batched = batched_minutes(fleet_engine(fleet, asset, cfg, origin="load test"), bars, args.clients)
-    names = [f.member.name for f in fleet]
+        members = load_ensemble(cfg, Path(workdir))
+        replayed = replay_bars(ensemble_engine(members, asset, cfg, origin="load test replay"), bars)
+        batched = batched_minutes(ensemble_engine(members, asset, cfg, origin="load test"), bars, args.clients)
+    names = [f.member.name for f in members]
     server, url = None, args.url
     if url is None:
         with socket.socket() as probe:
@@ -230,14 +230,14 @@ def batched_minutes(engine, bars_frame, streams: int) -> np.ndarray:
 
 
 def side_by_side(replayed, batched: np.ndarray, result: LoadResult) -> str:
-    """The HTTP round trip beside the in-process fleet on the same bars: one stream (the replay's
+    """The HTTP round trip beside the in-process ensemble on the same bars: one stream (the replay's
     ``time.perf_counter_ns`` per bar, warm bars) and as many streams as clients, each minute
     stepped together (what the server's batches do); the goals: p50 within 2 ms, p99 within 2x."""
     from foxhunt.ensemble.replay import latency_us
 
-    fleet = latency_us(replayed.total_ns, replayed.warm_bars)
+    whole = latency_us(replayed.total_ns, replayed.warm_bars)
     p50, p99 = (float(np.percentile(result.latencies_ms, q)) for q in (50, 99))
-    inner50, inner99 = fleet["p50"] / 1e3, fleet["p99"] / 1e3
+    inner50, inner99 = whole["p50"] / 1e3, whole["p99"] / 1e3
     many50, many99 = (float(np.percentile(batched, q)) for q in (50, 99))
     return "\n".join([
         f"in process, one stream (replay): per bar p50 {inner50:.2f} ms, p99 {inner99:.2f} ms",

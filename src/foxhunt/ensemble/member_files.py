@@ -66,7 +66,7 @@ class RegistryError(UserError, ValueError):
 
 def check_code_file(folder: Path, name: str) -> None:
     """A version's copy of the models-from-code file is foxhunt's (module doc); a version saved
-    before models from code has none (the fleet never runs a version's code: only its files)."""
+    before models from code has none (the ensemble never runs a version's code: only its files)."""
     copy = folder / CODE_FILE.name
     if copy.exists() and (not copy.is_file() or copy.read_bytes() != CODE_FILE.read_bytes()):
         raise RegistryError(f"{name}: {CODE_FILE.name} is not foxhunt's (changed since it was registered); "

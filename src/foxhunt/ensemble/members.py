@@ -1,4 +1,4 @@
-"""One fleet member: a trained model that decides on one new bar at a time, for many streams.
+"""One ensemble member: a trained model that decides on one new bar at a time, for many streams.
 
 A member holds its model's weights once and the streaming state of every stream (a symbol of a
 feed, a replay) in a **state pool**: arrays with one slot per stream (:meth:`Member.new_slot`,
@@ -100,7 +100,7 @@ def forecaster_position(signal: float, threshold: float) -> int:
 
 
 class Member(ABC):
-    """A trained model in the fleet (see the module doc).
+    """A trained model in the ensemble (see the module doc).
 
     ``name``: its registered name; ``family``: its model family (``conf/model/<family>.yaml``,
     set by :func:`make_member`); ``weights``: fp32 or int8; ``metric``: its value of the

@@ -26,7 +26,7 @@ so edited weights, config or statistics are refused. foxhunt's own commands (``r
 ``mlflow models serve``) streams the given bars through a fresh engine holding only this
 member: the first rows prime the features (``warmup_bars``, flat) and forecasters decide once
 ``seq_len`` bars have arrived, so a request carries the history it is decided on (the input
-example does: bars of the run's validation split, enough to warm up and decide). The fleet and
+example does: bars of the run's validation split, enough to warm up and decide). The ensemble and
 its HTTP server keep one stream per symbol instead (``foxhunt ensemble serve``).
 """
 
@@ -64,7 +64,7 @@ def _signature():
 
 
 class FoxhuntMember(PythonModel):
-    """pyfunc wrapper of one fleet member (see the module doc)."""
+    """pyfunc wrapper of one ensemble member (see the module doc)."""
 
     def load_context(self, context) -> None:
         import torch
@@ -73,7 +73,7 @@ class FoxhuntMember(PythonModel):
         from foxhunt.ensemble.rebuild import build_member
 
         threads = _packaged("ensemble", "default").get("torch_threads")
-        if threads:  # pinned as the fleet is (ensemble.torch_threads): batch-1 steps lose to more threads
+        if threads:  # pinned as the ensemble is (ensemble.torch_threads): batch-1 steps lose to more threads
             torch.set_num_threads(int(threads))
         member_file = Path(context.artifacts["member"])
         folder = member_file.parent.parent

@@ -1,7 +1,7 @@
 """A registered member from its version's files: the model rebuilt from the stored config and
 weights (:func:`rebuild_model`), and the streaming member around it (:func:`build_member`).
 
-The fleet (:mod:`foxhunt.ensemble.fleet`), the pyfunc model (:mod:`foxhunt.ensemble.pyfunc`), the
+The ensemble's loading (:mod:`foxhunt.ensemble.loading`), the pyfunc model (:mod:`foxhunt.ensemble.pyfunc`), the
 registry's checks, the lockbox report, export and the footprint all build members here; this
 module reads the file format through :mod:`foxhunt.ensemble.member_files` and knows no registry.
 """

@@ -47,8 +47,8 @@ all of them or none: MLflow moves one alias per call, so the moves are first wri
 record (:data:`PROMOTION_TAG` with :data:`PROMOTION_STATE_TAG` ``committed``, in one batch of
 tags on the roll's or rollback's MLflow run: the commit point), then applied, then marked
 ``applied``. A process killed before the commit point leaves every alias as it was (a version
-it registered has no alias: no fleet loads it); killed after it, the record is the promotion:
-:func:`resolved_version`, which every fleet loads through, reads the committed record's moves
+it registered has no alias: no ensemble loads it); killed after it, the record is the promotion:
+:func:`resolved_version`, which every ensemble loads through, reads the committed record's moves
 before the aliases, and the next ``roll``, ``rollback`` or ``register`` (under the lock)
 applies them first (:func:`complete_pending`) and says so.
 """
@@ -578,7 +578,7 @@ def complete_pending(store, journal: str | None) -> list[str]:
 
 def resolved_version(store, name: str, alias: str, journal: str | None):
     """The version ``models:/name@alias`` names once every committed promotion is applied: a
-    committed record's move of this alias, else the alias (None: none). What a fleet loads."""
+    committed record's move of this alias, else the alias (None: none). What an ensemble loads."""
     for _, moves in reversed(pending_moves(store, journal)):
         for move in moves:
             if move.name == name and move.alias == alias:

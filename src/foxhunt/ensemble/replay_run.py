@@ -1,14 +1,14 @@
-"""One replay of a bar source through the registered fleet, as ``foxhunt ensemble replay`` runs it.
+"""One replay of a bar source through the registered ensemble, as ``foxhunt ensemble replay`` runs it.
 
-Load the fleet, load the bars of the config's ``data`` group, pick the bars scored
+Load the ensemble, load the bars of the config's ``data`` group, pick the bars scored
 (``ensemble.split``: one split of the dataset those bars make, the bars before it priming the
 features; ``all``: every bar), stream them bar by bar (:func:`foxhunt.ensemble.replay.replay_bars`),
 score every member and the ensemble with the shared backtest, and log an MLflow run (experiment
 ``ensemble.experiment``): params (members, versions, runs, rule, weights, runtime, data), metrics
 ``<member>/<metric>`` and ``ensemble/<metric>``, latencies ``latency/<member>_p50_us`` (p99,
-and the whole fleet's per bar), and the artifacts ``replay.md`` (the table) and
-``equity_replay.png``. Every latency is ``time.perf_counter_ns`` around each member's step on
-every bar of the replay (input normalization included), and around the whole bar for the fleet
+and ``latency/ensemble_p50_us``: the whole bar), and the artifacts ``replay.md`` (the table),
+``members.json`` (each member's version, run, metric and runtime) and ``equity_replay.png``. Every latency is ``time.perf_counter_ns`` around each member's step on
+every bar of the replay (input normalization included), and around the whole bar for the ensemble
 (feature update, every member, the rule), the first ``warmup_bars`` bars left out.
 
 Each member's training run's figure of the split is printed beside the replay's only when the
@@ -39,12 +39,12 @@ import numpy as np
 
 from foxhunt.config.families import model_class
 from foxhunt.data.features import FEATURE_NAMES
-from foxhunt.ensemble.fleet import fleet_engine, load_fleet
+from foxhunt.ensemble.loading import ensemble_engine, load_ensemble
 from foxhunt.ensemble.replay import ENSEMBLE, latency_us, replay_bars, score_replay
 
-FLEET = "fleet"
 SOURCE = "foxhunt ensemble replay"  # the runs table's Source column
 REPORT_FILE = "replay.md"
+MEMBERS_FILE = "members.json"  # each member's version, run, metric and runtime
 OTHER_BARS = "other bars"  # a member's run was tested on another data set: its figure is no comparison
 UNKNOWN_BARS = "bars unknown"  # a member's run recorded no digest of the split's bars (an older run)
 EQUITY_FILE = "equity_replay.png"
@@ -110,11 +110,11 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     from foxhunt.config.schema import ConfigError
 
     if interpret is not None and not any(interprets(str(m)) for m in cfg.ensemble.models):
-        raise ConfigError(f"--interpret {interpret}: no member of the fleet can say what its inputs weighed (ensemble.models="
+        raise ConfigError(f"--interpret {interpret}: no member of the ensemble can say what its inputs weighed (ensemble.models="
                           f"[{','.join(str(m) for m in cfg.ensemble.models)}]; the TFT's selection and attention are written)")  # fmt: skip
     asset = instantiate(cfg.asset)
-    fleet = load_fleet(cfg, workdir)
-    for member in fleet:  # the bars a member's run kept in its lockbox stay closed here too
+    members = load_ensemble(cfg, workdir)
+    for member in members:  # the bars a member's run kept in its lockbox stay closed here too
         if (member.holdout or None) != (cfg.evaluation.get("holdout") or None):
             raise ConfigError(f"evaluation.holdout={cfg.evaluation.get('holdout')}: {member.name} was trained keeping "
                               f"evaluation.holdout={member.holdout}; replay with the same, so its lockbox stays closed")  # fmt: skip
@@ -125,7 +125,7 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
             "ratio-adjusted prices are off it (use adjust=difference or none)"
         )
     bars = source.load(asset)
-    engine = fleet_engine(fleet, asset, cfg, origin=f"{cfg.data.source._target_.rsplit('.', 1)[-1]} bars of {asset.key}")
+    engine = ensemble_engine(members, asset, cfg, origin=f"{cfg.data.source._target_.rsplit('.', 1)[-1]} bars of {asset.key}")
     start, stop, window, dataset = _scored(cfg, asset, bars, source)
     with _progress(f"replay {asset.key}") as progress:
         replayed = replay_bars(engine, bars, start_ns=start, stop_ns=stop, progress=progress)
@@ -134,23 +134,23 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     results = score_replay(replayed, asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks),
                            evaluation_annualization(asset, cfg.evaluation).bars_per_year)  # fmt: skip
     skip = int(cfg.data.features.volume_bars) if start is None else 0
-    latency = {f.member.name: latency_us(replayed.member_ns[f.member.name], skip) for f in fleet}
-    latency[FLEET] = latency_us(replayed.total_ns, replayed.warm_bars)
+    latency = {f.member.name: latency_us(replayed.member_ns[f.member.name], skip) for f in members}
+    latency[ENSEMBLE] = latency_us(replayed.total_ns, replayed.warm_bars)
 
-    lines = [f"replay of {window} through {len(fleet)} member(s), rule {cfg.ensemble.rule}, weights {cfg.ensemble.weights}, "
+    lines = [f"replay of {window} through {len(members)} member(s), rule {cfg.ensemble.rule}, weights {cfg.ensemble.weights}, "
              f"costs {cfg.execution.commission_usd} USD + {cfg.execution.slippage_ticks} ticks per contract per side"]  # fmt: skip
     split = str(cfg.ensemble.split)
     # the split's bars hashed only where a training run's figure may be shown beside the replay's
     shown = split in ("val", "test") and cfg.logger.enabled
-    trained = _trained_figures(cfg, fleet, split, split_digest(cfg, asset, source, dataset, split)) if shown else {}
+    trained = _trained_figures(cfg, members, split, split_digest(cfg, asset, source, dataset, split)) if shown else {}
     header = (f"{'member':<22} {'version':>7} {'pnl USD':>11} {'sharpe':>8} {'run ' + split + ' sharpe [steps]':>25} {'max dd USD':>11} "
               f"{'hit rate':>8} {'trades':>7} {'p50 us':>9} {'p99 us':>9}")  # fmt: skip
     lines.append(header)
     metrics: dict[str, float] = {}
-    for name in [*(f.member.name for f in fleet), ENSEMBLE]:
+    for name in [*(f.member.name for f in members), ENSEMBLE]:
         m = results[name].metrics
-        version = next((f.version for f in fleet if f.member.name == name), "")
-        lat = latency.get(name, latency[FLEET]) if name != ENSEMBLE else latency[FLEET]
+        version = next((f.version for f in members if f.member.name == name), "")
+        lat = latency[name]
         label = name if name != ENSEMBLE else f"{ENSEMBLE} (whole bar)"
         run = trained.get(name)
         run_text = "-" if run is None else run if isinstance(run, str) else f"{run[0]:.3f} [{run[1]:,.0f}]"
@@ -162,7 +162,7 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
         metrics.update({f"{key}/{k}": float(v) for k, v in m.items()})
     for name, lat in latency.items():
         metrics.update({f"latency/{name}_p50_us": lat["p50"], f"latency/{name}_p99_us": lat["p99"]})
-    lines.append("latency: time.perf_counter_ns per bar; a member's step includes its input normalization, the fleet's "
+    lines.append("latency: time.perf_counter_ns per bar; a member's step includes its input normalization, the ensemble's "
                  "(whole bar) the feature update, every member and the rule")  # fmt: skip
     lines.append(f"run {split} sharpe [steps]: what the member's training run logged for this split, over that many steps "
                  f"(the replay's: {len(replayed.close) - 1:,}), shown only where the replay's bars are that run's {split} bars "
@@ -174,13 +174,13 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     if UNKNOWN_BARS in trained.values():
         lines.append(f"{UNKNOWN_BARS}: the member's run recorded no digest of its {split} bars (an older run); its figure is not "
                      "shown, as the bars cannot be told the same")  # fmt: skip
-    for f in fleet:
+    for f in members:
         lines.append(
             f"  {f.member.name}: run {f.run_id}, {f.metric}={f.value:.6g}, trained {f.precision}, runtime {f.member.runtime_note}"
         )
     interpreted: list[Path] = []
     if interpret is not None:
-        for f in fleet:
+        for f in members:
             if interprets(f.member.family):
                 line, paths = _interpret_member(cfg, f, asset, bars, start, stop, replayed, window, Path(interpret), workdir)
                 lines.append(line)
@@ -195,10 +195,10 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     if cfg.ensemble.plot_equity and len(replayed.close) > 1:
         from foxhunt.evaluation.plots import plot_equities
 
-        png = plot_equities(results, replayed.timestamps, out_dir / EQUITY_FILE, title=f"fleet replay, {asset.key}, {window}",
+        png = plot_equities(results, replayed.timestamps, out_dir / EQUITY_FILE, title=f"ensemble replay, {asset.key}, {window}",
                             highlight=ENSEMBLE)  # fmt: skip
     if cfg.logger.enabled:
-        run_id = _log(cfg, fleet, metrics, [out_dir / REPORT_FILE, *([png] if png else [])], window, interpreted)
+        run_id = _log(cfg, members, metrics, [out_dir / REPORT_FILE, *([png] if png else [])], window, interpreted)
         text += f"\nMLflow run {run_id} in experiment {cfg.ensemble.experiment}"
     return ReplayReport(text=text, metrics=metrics, run_id=run_id)
 
@@ -237,7 +237,7 @@ def _interpret_member(cfg, f, asset, bars, start: int | None, stop: int | None, 
     return line, paths
 
 
-def _trained_figures(cfg, fleet, split: str, bars_digest: str | None) -> dict[str, tuple[float, float] | str]:
+def _trained_figures(cfg, members, split: str, bars_digest: str | None) -> dict[str, tuple[float, float] | str]:
     """Each member's training run's ``<split>/sharpe`` and ``<split>/steps`` (the run its weights
     are from) where that run's ``split`` bars are the replay's (``bars_digest``: the SHA-256 the run
     recorded on its dataset input of that split, :mod:`foxhunt.training.provenance`); else
@@ -246,7 +246,7 @@ def _trained_figures(cfg, fleet, split: str, bars_digest: str | None) -> dict[st
 
     store = RunStore(str(cfg.logger.tracking_uri))
     found: dict[str, tuple[float, float] | str] = {}
-    for f in fleet:
+    for f in members:
         try:
             metrics = store.get(f.run_id).metric_values()
             recorded = store.recorded_split_digests(f.run_id).get(split)
@@ -287,27 +287,27 @@ def _progress(what: str):
         yield update
 
 
-def _log(cfg, fleet, metrics: dict[str, float], artifacts: list[Path], window: str, interpreted: Sequence[Path] = ()) -> str:
+def _log(cfg, members, metrics: dict[str, float], artifacts: list[Path], window: str, interpreted: Sequence[Path] = ()) -> str:
     from omegaconf import OmegaConf
 
     from foxhunt.config.schema import resolved_config
     from foxhunt.runs.tracked_run import TrackedRun
 
     tags = {"asset": str(cfg.asset.key), "rule": str(cfg.ensemble.rule), "weights": str(cfg.ensemble.weights),
-            "members": ",".join(f.member.name for f in fleet), "bars": window}  # fmt: skip
-    members = {
+            "members": ",".join(f.member.name for f in members), "bars": window}  # fmt: skip
+    described = {
         f.member.family: {"name": f.name, "version": f.version, "run_id": f.run_id, "metric": f.metric, "value": f.value,
                           "trained": f.precision, "runtime": f.member.runtime_note}
-        for f in fleet
+        for f in members
     }  # fmt: skip
-    fleet_file = Path(artifacts[0]).parent / "fleet.json"
-    fleet_file.write_text(json.dumps(members, indent=1))
+    members_file = Path(artifacts[0]).parent / MEMBERS_FILE
+    members_file.write_text(json.dumps(described, indent=1))
     resolved = resolved_config(cfg)
     with TrackedRun(str(cfg.logger.tracking_uri), str(cfg.ensemble.experiment), cfg.logger.artifact_location,
                     f"replay-{cfg.asset.key}-{cfg.ensemble.rule}", tags, source=SOURCE) as run:  # fmt: skip
         run.log_config(resolved, OmegaConf.to_yaml(resolved))
         run.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)})
-        for path in [*artifacts, fleet_file]:
+        for path in [*artifacts, members_file]:
             run.log_artifact(path)
         if interpreted:
             from foxhunt.evaluation.interpret import INTERPRET_DIR

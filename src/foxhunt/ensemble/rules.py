@@ -1,4 +1,4 @@
-"""How the fleet's decisions on one bar become the ensemble's position (``ensemble.rule``).
+"""How the members' decisions on one bar become the ensemble's position (``ensemble.rule``).
 
 - ``majority``: the position most members hold (a tie between positions: flat);
 - ``mean_forecast``: the forecasters only: the sign of the mean of their summed median
@@ -57,13 +57,13 @@ def combine(
 
 def check_rule(rule: str, families: list[str], weights: Mapping[str, float | None], metric: str,
                higher_is_better: bool) -> None:  # fmt: skip
-    """One line (:class:`ConfigError`) naming what makes ``rule`` unusable for this fleet, before
+    """One line (:class:`ConfigError`) naming what makes ``rule`` unusable for this ensemble, before
     any bar is read. ``metric``: what the members were registered on (their weights)."""
     if rule not in RULES:
         raise ConfigError(f"ensemble.rule={rule!r}: must be one of {', '.join(RULES)}")
     forecasters = family_names("forecaster")
     if rule == "mean_forecast" and not any(f in forecasters for f in families):
-        raise ConfigError(f"ensemble.rule=mean_forecast: the fleet has no forecaster ({', '.join(forecasters)})")
+        raise ConfigError(f"ensemble.rule=mean_forecast: the ensemble has no forecaster ({', '.join(forecasters)})")
     if rule == "weighted":
         if not higher_is_better:
             raise ConfigError(

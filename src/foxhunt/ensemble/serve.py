@@ -1,12 +1,12 @@
-"""The fleet behind HTTP: ``foxhunt ensemble serve``.
+"""The ensemble behind HTTP: ``foxhunt ensemble serve``.
 
-One process: uvicorn serves a Starlette app, and the fleet runs in the same process on one
-compute thread, so a request costs the fleet's own work plus parsing, never a hop to another
-process. Requests that arrive while the fleet is busy wait in a queue; the compute thread takes
+One process: uvicorn serves a Starlette app, and the ensemble runs in the same process on one
+compute thread, so a request costs the ensemble's own work plus parsing, never a hop to another
+process. Requests that arrive while the ensemble is busy wait in a queue; the compute thread takes
 everything waiting (at most ``ensemble.serve.max_batch`` requests, one per symbol: a symbol's
 bars stay in order) and steps all their streams at once (:meth:`foxhunt.ensemble.engine.StreamingEngine.step_many`:
-one batched call per member), so eight clients on eight symbols cost about one fleet step, not
-eight. Measured: ``scripts/load_test.py`` reports the in-process fleet beside the HTTP round
+one batched call per member), so eight clients on eight symbols cost about one ensemble step, not
+eight. Measured: ``scripts/load_test.py`` reports the in-process ensemble beside the HTTP round
 trip.
 
 API (JSON, on ``127.0.0.1`` by default):
@@ -18,8 +18,8 @@ API (JSON, on ``127.0.0.1`` by default):
   ``"members": {name: {"position", "signal"}}``, ``"latency_us"}`` (``signal`` is ``null`` for
   an agent and a forecaster not yet warm: the body is strict JSON, never ``NaN``), and
   ``timing_us``: where the request's time went in the server (``time.perf_counter_ns``): reading
-  and parsing the body, waiting for the compute thread, its batch's fleet work, the whole handler.
-- ``GET /health``: ``ok`` (the fleet is loaded before the server listens); ``GET /info``: the
+  and parsing the body, waiting for the compute thread, the ensemble's work on its batch, the whole handler.
+- ``GET /health``: ``ok`` (the ensemble is loaded before the server listens); ``GET /info``: the
   members (version, run, runtime, weights), the symbols, the limits, the bytes one symbol's
   stream holds (measured: every member's slot and the feature windows), the uptime.
 
@@ -60,7 +60,7 @@ keeps every idle socket open, so the bounds are foxhunt's, on uvicorn's h11 prot
 (its slots reused); a new symbol beyond the limit is a 429. A stream is created only once its
 first bar passed the checks, so a refused request holds no memory.
 
-**Hot swap** (``roll.swap.poll_s``): a :class:`~foxhunt.ensemble.fleet.FleetWatcher` looks at the
+**Hot swap** (``roll.swap.poll_s``): a :class:`~foxhunt.ensemble.loading.VersionWatcher` looks at the
 registry while the server runs; a promoted version is loaded and checked on the watcher's thread
 (its files against their digests, its stored config) while requests are answered, then swapped
 in on the compute thread between two batches, so between two bars of every symbol: it first
@@ -70,9 +70,9 @@ names the versions deciding and the swaps done. A version that fails to load or 
 one line in the log and the old one keeps answering.
 
 **Stopping.** SIGTERM or Ctrl-C: uvicorn stops accepting, idle connections are closed, a body
-still arriving is a 503 at once, the requests the fleet has are answered (within
+still arriving is a 503 at once, the requests the ensemble has are answered (within
 ``shutdown_grace_s``; one still running then is a 503), the process exits 0 without a
-traceback, and the folder the fleet was read into is removed.
+traceback, and the folder the ensemble was read into is removed.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ from typing import TYPE_CHECKING, Any
 from foxhunt.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
-    from foxhunt.ensemble.fleet import FleetWatcher
+    from foxhunt.ensemble.loading import VersionWatcher
 
 log = logging.getLogger(__name__)
 SYMBOL = re.compile(r"[A-Za-z0-9._:-]{1,32}")  # the whole symbol (fullmatch: re's $ matches before a trailing newline)
@@ -212,7 +212,7 @@ class Limits:
     @classmethod
     def from_config(cls, node, timeout_s: float | None = None) -> Limits:
         """The limits of ``node`` (``ensemble.serve``); the process's file-descriptor limit is
-        made to fit them here, before the fleet loads (:func:`reserve_descriptors`)."""
+        made to fit them here, before the ensemble loads (:func:`reserve_descriptors`)."""
         values = {k: node[k] for k in cls.__dataclass_fields__}
         values["symbols"] = list(values["symbols"]) if values["symbols"] is not None else None
         if timeout_s is not None:
@@ -240,7 +240,7 @@ def listen_backlog() -> int:
 
 def reserve_descriptors(limits: Limits) -> int:
     """Raise the soft RLIMIT_NOFILE (up to the hard one) to what the server may need: the files
-    open now, twice (the fleet's files and runtimes open next), ``max_connections +
+    open now, twice (the ensemble's files and runtimes open next), ``max_connections +
     health_reserve`` client sockets and the :func:`listen_backlog` accepted at once; a hard limit
     below that is a one-line :class:`~foxhunt.errors.ConfigError` naming
     ``ensemble.serve.max_connections``. Returns the soft limit."""
@@ -263,7 +263,7 @@ def reserve_descriptors(limits: Limits) -> int:
 
 @dataclass
 class Pending:
-    """A request waiting for the fleet: its bars, when it must be answered by, its answer."""
+    """A request waiting for the ensemble: its bars, when it must be answered by, its answer."""
 
     symbol: str
     bars: list[tuple]
@@ -274,53 +274,53 @@ class Pending:
     done_ns: int = 0  # ... and when its batch was answered
 
 
-class FleetService:
-    """The fleet with one stream per symbol (the part of the server that knows no HTTP)."""
+class EnsembleService:
+    """The ensemble with one stream per symbol (the part of the server that knows no HTTP)."""
 
     def __init__(self, cfg, workdir: Path, limits: Limits) -> None:
         from hydra.utils import instantiate
 
-        from foxhunt.ensemble.fleet import fleet_engine, load_fleet
+        from foxhunt.ensemble.loading import ensemble_engine, load_ensemble
 
         self.cfg = cfg
         self.limits = limits
         self.asset = instantiate(cfg.asset)
-        self.fleet = load_fleet(cfg, workdir)
-        self.engine = fleet_engine(self.fleet, self.asset, cfg, origin="symbol")
+        self.members = load_ensemble(cfg, workdir)
+        self.engine = ensemble_engine(self.members, self.asset, cfg, origin="symbol")
         self.streams: OrderedDict[str, Any] = OrderedDict()  # symbol -> Stream, least recently used first
         self.started = time.monotonic()
         self.stream_bytes = self.engine.stream_bytes()
         self.answered = 0
         self.workdir = workdir
-        self.watcher: FleetWatcher | None = None
+        self.watcher: VersionWatcher | None = None
         self.swaps: list[str] = []  # one line per member swapped in
 
     def watch(self) -> None:
         """Start looking for promoted versions (``roll.swap.poll_s``; module doc, "Hot swap")."""
-        from foxhunt.ensemble.fleet import FleetWatcher
+        from foxhunt.ensemble.loading import VersionWatcher
 
         swap = self.cfg.roll.swap if self.cfg.get("roll") is not None else None
         if swap is not None and swap.poll_s is not None and self.watcher is None:
-            self.watcher = FleetWatcher(self.cfg, self.workdir, {f.name: f.version for f in self.fleet},
-                                        lambda line: log.warning("foxhunt ensemble serve: %s", line)).start()  # fmt: skip
+            self.watcher = VersionWatcher(self.cfg, self.workdir, {f.name: f.version for f in self.members},
+                                          lambda line: log.warning("foxhunt ensemble serve: %s", line)).start()  # fmt: skip
 
     def stop_watching(self) -> None:
         if self.watcher is not None:
             self.watcher.stop()
 
-    def _swap(self, watcher: FleetWatcher) -> None:
+    def _swap(self, watcher: VersionWatcher) -> None:
         """Swap in what the watcher loaded, between two batches (on the compute thread)."""
-        from foxhunt.ensemble.fleet import SwapError
+        from foxhunt.ensemble.loading import SwapError
 
         for found in watcher.take():
-            index = next(i for i, f in enumerate(self.fleet) if f.name == found.name)
-            old = self.fleet[index]
+            index = next(i for i, f in enumerate(self.members) if f.name == found.name)
+            old = self.members[index]
             try:
                 warmed = self.engine.swap(found.member, found.inputs, found.value, list(self.streams.values()))
             except SwapError as exc:
                 watcher.refused(found, str(exc))
                 continue
-            self.fleet[index] = found
+            self.members[index] = found
             watcher.swapped(found)
             line = (f"{found.name} v{old.version} -> v{found.version} ({found.member.weights}), warmed on up to {warmed} bars "
                     f"of {len(self.streams)} symbol(s)")  # fmt: skip
@@ -331,7 +331,7 @@ class FleetService:
         return {
             "asset": str(self.asset.key), "rule": str(self.cfg.ensemble.rule),
             "members": {f.member.name: {"version": f.version, "run_id": f.run_id, "runtime": f.member.runtime,
-                                        "weights": f.member.weights, "trained_precision": f.precision} for f in self.fleet},
+                                        "weights": f.member.weights, "trained_precision": f.precision} for f in self.members},
             "symbols": len(self.streams), "max_symbols": self.limits.max_symbols,
             "allowed_symbols": self.limits.symbols, "idle_evict_s": self.limits.idle_evict_s,
             "max_bars_per_request": self.limits.max_bars_per_request, "max_body_bytes": self.limits.max_body_bytes,
@@ -421,10 +421,10 @@ class FleetService:
 class Batcher:
     """Requests queue here; one compute thread answers everything waiting at once (module doc)."""
 
-    def __init__(self, service: FleetService) -> None:
+    def __init__(self, service: EnsembleService) -> None:
         self.service = service
         self.queue: asyncio.Queue | None = None
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foxhunt-fleet")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foxhunt-ensemble")
         self.task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -497,7 +497,7 @@ class RateLimitedLog(logging.Filter):
         self.interval = interval
         self.clock = clock
         self.kinds: dict[tuple, _Kind] = {}
-        self.lock = threading.Lock()  # the fleet's thread logs too
+        self.lock = threading.Lock()  # the ensemble's thread logs too
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, self.SUMMARY, False):
@@ -757,7 +757,7 @@ async def _answer(send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def build_app(service: FleetService, guard: Guard):
+def build_app(service: EnsembleService, guard: Guard):
     """The Starlette app around ``service``, behind ``guard``'s request cap (:func:`guarded_app`)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -787,7 +787,7 @@ def build_app(service: FleetService, guard: Guard):
         if pending.error is not None:
             return refuse(pending.error)
         timing = {"read_parse": (parsed_ns - arrived_ns) / 1e3, "queue": (pending.started_ns - parsed_ns) / 1e3,
-                  "fleet_batch": (pending.done_ns - pending.started_ns) / 1e3,
+                  "ensemble_batch": (pending.done_ns - pending.started_ns) / 1e3,
                   "handler": (time.perf_counter_ns() - arrived_ns) / 1e3}  # fmt: skip
         return JSONResponse({"symbol": symbol, "results": pending.results, "timing_us": timing})
 
@@ -896,7 +896,7 @@ def check_address(host: str, port: int) -> None:
         raise PortInUse(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
 
 
-def run(service: FleetService, host: str, port: int) -> None:
+def run(service: EnsembleService, host: str, port: int) -> None:
     """Serve ``service`` until SIGTERM / Ctrl-C (blocks; module doc)."""
     import uvicorn
 
@@ -919,7 +919,7 @@ def run(service: FleetService, host: str, port: int) -> None:
     loggers = [logging.getLogger(name) for name in ("uvicorn.error", "asyncio", log.name)]
     for logger in loggers:
         logger.addFilter(guard.log)
-    # the fleet, torch, numba and pandas are millions of objects that live as long as the server: a
+    # the ensemble, torch, numba and pandas are millions of objects that live as long as the server: a
     # full collection over them stalled every request ~0.6 s under connection churn (measured: GET
     # /health); frozen, they are out of the collector's generations, which then scan only what the
     # server makes while it serves

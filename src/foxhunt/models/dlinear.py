@@ -20,7 +20,7 @@ instrument read from 16 features per bar, so the model here is:
    per future step, a linear map of the C contributions to Q ordered quantiles.
 
 Everything but the ordering of the quantiles is linear, so the model has a few thousand
-parameters and its forecast is an exact function of the window: the fleet streams it with the
+parameters and its forecast is an exact function of the window: the ensemble streams it with the
 generic window member (:mod:`foxhunt.ensemble.members`), and it is scored, registered and
 exported like every forecaster (:class:`foxhunt.models.forecaster.ForecasterModule` holds the
 loss, the steps and the positions).

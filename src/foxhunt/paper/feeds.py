@@ -84,14 +84,14 @@ class FeedBar:
 
 def check_symbol(symbol: str, asset) -> str:
     """``symbol`` when it is the asset's (its parent, one of its contracts, a continuous
-    symbol of its root), else a one-line ConfigError: the fleet was trained on that asset only."""
+    symbol of its root), else a one-line ConfigError: the ensemble was trained on that asset only."""
     from foxhunt.data.sources.databento import outright_expiry_rank
 
     root = str(asset.root)
     if symbol == str(asset.symbol) or symbol.startswith(f"{root}.") or outright_expiry_rank(symbol, root, 2000) is not None:
         return symbol
-    raise ConfigError(f"paper.symbol={symbol}: the fleet was trained on {asset.key} ({asset.symbol}, contracts {root}<month><year>); "
-                      f"trade a symbol of that root, or load a fleet of that asset (asset=...)")  # fmt: skip
+    raise ConfigError(f"paper.symbol={symbol}: the ensemble was trained on {asset.key} ({asset.symbol}, contracts {root}<month><year>); "
+                      f"trade a symbol of that root, or load an ensemble of that asset (asset=...)")  # fmt: skip
 
 
 class FileFeed:

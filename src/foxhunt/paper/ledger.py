@@ -3,7 +3,7 @@ state, in one SQLite file, one transaction per bar; one session's, and trusted o
 content has been recomputed.
 
 Each bar is one transaction (:meth:`Ledger.record_bar`): the bar itself (the loop replays the
-stored bars through the fleet on a restart, so a live feed's history is here too), the member
+stored bars through the ensemble on a restart, so a live feed's history is here too), the member
 versions that decided it (``bars.versions``: ``name:version:weights`` of each member; a hot swap
 to a promoted version shows as the first bar of the new version, with a ``swap`` event), the
 fills made on it, the order decided at its close, each symbol's position, cash and mark, the
@@ -95,6 +95,9 @@ CREATE TABLE IF NOT EXISTS events (
 # events.after_seq: NULL for an event of a bar's transaction; for one between bars (a live feed's
 # heartbeat) the count of bars stored then, which is where a resume replays it
 # bars.versions: the members that decided a traded bar, "name:version:weights" joined by ","; NULL on a priming bar
+# bars.fleet_ns, bars.loop_ns: the ensemble's step and the loop's own time on a traded bar (ns; not compared on a resume).
+# fleet_ns is named after "fleet", the ensemble's earlier name: an existing ledger is checked against this text, so
+# renaming the column would refuse every ledger written before (a session could no longer resume)
 
 # what a resume compares with its replay (every column but the timings), each table in its order
 COMPARED = {
@@ -132,7 +135,7 @@ class LedgerError(UserError):
 @dataclass
 class Loaded:
     """A ledger's state: each symbol's account (its pending order included), the risk state,
-    the bars stored (for the fleet's state) and the count of fills."""
+    the bars stored (for the ensemble's state) and the count of fills."""
 
     accounts: dict[str, Account]
     risk: RiskState
@@ -403,28 +406,30 @@ class Ledger:
 
     # -- writing ---------------------------------------------------------------------------
     def record_bar(self, bar, account: Account, fills: list[Fill], order: Order | None, risk: RiskState,
-                   events: list[tuple[str, str]], target: int | None, fleet_ns: int, loop_ns: int,
+                   events: list[tuple[str, str]], target: int | None, ensemble_ns: int, loop_ns: int,
                    stale_order: Order | None = None, replaced: bool = False, versions: str = "") -> None:  # fmt: skip
         """One bar's transaction (module doc). ``stale_order``: the flat a stale gap placed at this
         bar's open, filled by this bar (its own order row, which its fill names); ``replaced``: the
         pending order was dropped at this bar's open (its row stays unfilled); ``versions``: the
         members that decided it."""
         with self._writes(f"the bar at {_when(bar.ts_ns)}"):
-            self._record_bar(bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced, versions)
+            self._record_bar(
+                bar, account, fills, order, risk, events, target, ensemble_ns, loop_ns, stale_order, replaced, versions
+            )
         self._maybe_kill("after_commit")
 
-    def _record_bar(self, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced,
+    def _record_bar(self, bar, account, fills, order, risk, events, target, ensemble_ns, loop_ns, stale_order, replaced,
                     versions) -> None:  # fmt: skip
         c = self._db
         self._bars += 1
         try:
-            self._bar_transaction(c, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced,
+            self._bar_transaction(c, bar, account, fills, order, risk, events, target, ensemble_ns, loop_ns, stale_order, replaced,
                                   versions)  # fmt: skip
         except BaseException:
             self._bars -= 1
             raise
 
-    def _bar_transaction(self, c, bar, account, fills, order, risk, events, target, fleet_ns, loop_ns, stale_order, replaced,
+    def _bar_transaction(self, c, bar, account, fills, order, risk, events, target, ensemble_ns, loop_ns, stale_order, replaced,
                          versions) -> None:  # fmt: skip
         with self._transaction():
             c.execute("INSERT INTO bars (symbol, ts_ns, open, high, low, close, volume, raw_open, raw_close, roll_price, trade, "
@@ -432,7 +437,7 @@ class Ledger:
                       "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                       (bar.symbol, bar.ts_ns, bar.open, bar.high, bar.low, bar.close, bar.volume, bar.raw_open, bar.raw_close,
                        None if math.isnan(bar.roll_price) else bar.roll_price, int(bar.trade), bar.contract, target, versions,
-                       account.position, account.cash, account.equity, fleet_ns, loop_ns))  # fmt: skip
+                       account.position, account.cash, account.equity, ensemble_ns, loop_ns))  # fmt: skip
             if replaced or stale_order is not None:
                 self._order_ids.pop(account.symbol, None)
             if stale_order is not None:

@@ -5,19 +5,19 @@ then reported and logged.
 Order of work: the symbol (:func:`foxhunt.paper.feeds.check_symbol`), the feed (a file feed
 loads and checks every bar here: a missing, truncated or out-of-order file, a bar off the tick
 grid is one line and nothing is written), the costs and the capital (a money figure a float
-cannot keep is one line), the fleet (as ``replay`` loads it), the session's identity
+cannot keep is one line), the ensemble (as ``replay`` loads it), the session's identity
 (:func:`session_identity`), and only then the ledger is opened (locked; another session's is
 refused) and resumed (replayed and checked: :meth:`foxhunt.paper.session.PaperSession.resume`).
 SIGINT and SIGTERM end the loop between bars, and a paced or quiet feed's wait within
 :data:`foxhunt.paper.feeds.WAIT_SLICE_S` (the ledger is consistent after every bar anyway).
-With ``roll.swap.poll_s`` set, a :class:`~foxhunt.ensemble.fleet.FleetWatcher` watches the
+With ``roll.swap.poll_s`` set, a :class:`~foxhunt.ensemble.loading.VersionWatcher` watches the
 registry once the ledger has resumed: a promoted version is swapped in at the next bar
 (:mod:`foxhunt.paper.session`, "Versions"), a refused one said in one line on stderr.
 
 The MLflow run (experiment ``paper.experiment``): params (the resolved config), tags (asset,
 members, feed, ledger, why it ended), metrics (``paper/pnl``, ``paper/max_drawdown``,
 ``paper/sharpe`` of the per-bar equity steps, ``paper/fills``, ``paper/bars``,
-``paper/bars_per_s`` of this process, ``latency/fleet_p50_us`` / p99, ``latency/loop_added_p50_us``
+``paper/bars_per_s`` of this process, ``latency/ensemble_p50_us`` / p99, ``latency/loop_added_p50_us``
 / p99 / mean) and the artifacts ``fills.csv``, ``equity_paper.png`` and ``paper.md``.
 """
 
@@ -78,7 +78,7 @@ def build_feed(cfg, asset, symbol: str):
     return feed
 
 
-def session_identity(cfg, asset, fleet, feed, symbol: str) -> dict[str, str]:
+def session_identity(cfg, asset, members, feed, symbol: str) -> dict[str, str]:
     """Everything that decides or prices a fill, as the ledger keeps it (``meta``): the asset's
     contract, the members' registered names (each bar keeps the versions and weights that
     decided it, and the rule's weights are theirs), the rule and its threshold, the feed and its
@@ -91,7 +91,7 @@ def session_identity(cfg, asset, fleet, feed, symbol: str) -> dict[str, str]:
     data = f"{cfg.paper.live.dataset} {cfg.paper.live.schema} {symbol} (live)" if live else feed.digest()
     rule = {"rule": str(ens.rule), "forecast_threshold": float(ens.forecast_threshold)}
     return {"asset": json.dumps(dataclasses.asdict(asset), sort_keys=True, default=str),
-            "members": ",".join(f.name for f in fleet),
+            "members": ",".join(f.name for f in members),
             "rule": json.dumps(rule, sort_keys=True), "feed": getattr(feed, "identity", feed.description), "data": data,
             "symbol": symbol, "fill_price": str(cfg.paper.fill_price), "commission_usd": float(cfg.execution.commission_usd),
             "slippage_ticks": float(cfg.execution.slippage_ticks), "capital_usd": float(cfg.paper.capital_usd),
@@ -101,7 +101,7 @@ def session_identity(cfg, asset, fleet, feed, symbol: str) -> dict[str, str]:
 def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
     from hydra.utils import instantiate
 
-    from foxhunt.ensemble.fleet import FleetWatcher, fleet_engine, load_fleet, load_member
+    from foxhunt.ensemble.loading import VersionWatcher, ensemble_engine, load_ensemble, load_member
     from foxhunt.errors import ConfigError
     from foxhunt.paper.feeds import check_symbol
     from foxhunt.paper.fills import FillModel
@@ -115,28 +115,28 @@ def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
     feed = build_feed(cfg, asset, symbol)
     risk = RiskLimits(paper.risk, asset)
     fills = FillModel(asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks), str(paper.fill_price))
-    fleet = load_fleet(cfg, workdir)
-    for member in fleet:
+    loaded = load_ensemble(cfg, workdir)
+    for member in loaded:
         if (member.holdout or None) != (cfg.evaluation.get("holdout") or None):
             raise ConfigError(f"evaluation.holdout={cfg.evaluation.get('holdout')}: {member.name} was trained keeping "
                               f"evaluation.holdout={member.holdout}; paper-trade with the same, so its lockbox stays closed")  # fmt: skip
-    engine = fleet_engine(fleet, asset, cfg, origin=f"paper feed {symbol}")
-    members = ",".join(f"{f.name}:{f.version}" for f in fleet)
-    ledger = Ledger(Path(str(paper.ledger)), session_identity(cfg, asset, fleet, feed, symbol), str(paper.ledger_sync))
+    engine = ensemble_engine(loaded, asset, cfg, origin=f"paper feed {symbol}")
+    members = ",".join(f"{f.name}:{f.version}" for f in loaded)
+    ledger = Ledger(Path(str(paper.ledger)), session_identity(cfg, asset, loaded, feed, symbol), str(paper.ledger_sync))
     holdout = cfg.evaluation.get("holdout") or None
 
     def loader(name: str, version: int, weights: str):  # a stored bar's version, loaded and verified as at start
         return load_member(cfg, name, version, weights, workdir / "replayed")
 
-    session = PaperSession(engine, ledger, fills, risk, float(paper.capital_usd), float(asset.multiplier), fleet=fleet,
+    session = PaperSession(engine, ledger, fills, risk, float(paper.capital_usd), float(asset.multiplier), members=loaded,
                            loader=loader, holdout=holdout)  # fmt: skip
     ledger.open()
-    watcher: FleetWatcher | None = None
+    watcher: VersionWatcher | None = None
     try:
         last = session.resume(getattr(feed, "history", None))
         swap = cfg.roll.swap if cfg.get("roll") is not None else None
         if swap is not None and swap.poll_s is not None:
-            watcher = FleetWatcher(cfg, workdir, {n: f.version for n, f in session.fleet.items()}, _say).start()
+            watcher = VersionWatcher(cfg, workdir, {n: f.version for n, f in session.members.items()}, _say).start()
             session.watcher = watcher
         resumed = ledger.existing
         feed.after_ns = last
@@ -158,7 +158,7 @@ def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
             if hasattr(feed, "stop"):
                 feed.stop()
         seconds = time.perf_counter() - started
-        return _report(cfg, asset, list(session.fleet.values()), session, ledger, feed, ended, seconds, resumed)
+        return _report(cfg, asset, list(session.members.values()), session, ledger, feed, ended, seconds, resumed)
     finally:
         if watcher is not None:
             watcher.stop()
@@ -213,7 +213,7 @@ def _stats(ns: list[int]) -> dict[str, float]:
     return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99)), "mean": float(values.mean())}
 
 
-def _report(cfg, asset, fleet, session, ledger, feed, ended: str, seconds: float, resumed: bool) -> PaperReport:
+def _report(cfg, asset, members, session, ledger, feed, ended: str, seconds: float, resumed: bool) -> PaperReport:
     from foxhunt.evaluation.backtest import evaluation_annualization, from_steps
 
     rows = ledger.equity_rows()
@@ -231,20 +231,20 @@ def _report(cfg, asset, fleet, session, ledger, feed, ended: str, seconds: float
             positions, np.diff(equity), np.zeros(len(rows) - 1), evaluation_annualization(asset, cfg.evaluation).bars_per_year
         )
         metrics.update({"paper/max_drawdown": result.metrics["max_drawdown"], "paper/sharpe": result.metrics["sharpe"]})
-    fleet_lat, added = _stats(session.fleet_ns), _stats(session.added_ns)
-    metrics.update({"latency/fleet_p50_us": fleet_lat["p50"], "latency/fleet_p99_us": fleet_lat["p99"],
+    stepped, added = _stats(session.ensemble_ns), _stats(session.added_ns)
+    metrics.update({"latency/ensemble_p50_us": stepped["p50"], "latency/ensemble_p99_us": stepped["p99"],
                     "latency/loop_added_p50_us": added["p50"], "latency/loop_added_p99_us": added["p99"],
                     "latency/loop_added_mean_us": added["mean"]})  # fmt: skip
     state = session.state
     lines = [
-        f"paper session of {', '.join(f'{f.name} v{f.version}' for f in fleet)} (rule {cfg.ensemble.rule}) on {feed.description}: {ended}",
-        f"ledger {ledger.path}" + (f" (resumed: {session.resumed_bars:,} bars replayed into the fleet)" if resumed else " (new)"),
+        f"paper session of {', '.join(f'{f.name} v{f.version}' for f in members)} (rule {cfg.ensemble.rule}) on {feed.description}: {ended}",
+        f"ledger {ledger.path}" + (f" (resumed: {session.resumed_bars:,} bars replayed into the ensemble)" if resumed else " (new)"),
         f"bars traded {len(rows):,} ({session.bars:,} this run, {metrics['paper/bars_per_s']:,.0f} bars/s), fills {len(fills):,}, "
         f"PnL {metrics['paper/pnl']:,.2f} USD, equity {session.equity:,.2f} USD, status {state.status}"
         + (f" ({state.reason})" if state.reason else ""),
         f"positions: {', '.join(f'{s} {a.position:+d}' for s, a in session.accounts.items()) or 'none'}; costs "
         f"{cfg.execution.commission_usd} USD + {cfg.execution.slippage_ticks} ticks per contract per side, fills at {cfg.paper.fill_price}",
-        f"latency per bar (this run): fleet p50 {fleet_lat['p50']:.1f} us p99 {fleet_lat['p99']:.1f} us; loop added (fills, limits, "
+        f"latency per bar (this run): ensemble p50 {stepped['p50']:.1f} us p99 {stepped['p99']:.1f} us; loop added (fills, limits, "
         f"ledger commit) p50 {added['p50']:.1f} us p99 {added['p99']:.1f} us",
     ]  # fmt: skip
     changes = ledger.version_changes()
@@ -270,18 +270,18 @@ def _report(cfg, asset, fleet, session, ledger, feed, ended: str, seconds: float
         artifacts.append(plot_equity(result, stamps, out / EQUITY_FILE, title=f"paper {asset.key}, {feed.description}"))
     run_id = None
     if cfg.logger.enabled:
-        run_id = _log(cfg, fleet, metrics, artifacts, feed, ledger, ended)
+        run_id = _log(cfg, members, metrics, artifacts, feed, ledger, ended)
         text += f"\nMLflow run {run_id} in experiment {cfg.paper.experiment}"
     return PaperReport(text, metrics, run_id, ledger.path)
 
 
-def _log(cfg, fleet, metrics, artifacts, feed, ledger, ended: str) -> str:
+def _log(cfg, members, metrics, artifacts, feed, ledger, ended: str) -> str:
     from omegaconf import OmegaConf
 
     from foxhunt.config.schema import resolved_config
     from foxhunt.runs.tracked_run import TrackedRun
 
-    tags = {"asset": str(cfg.asset.key), "rule": str(cfg.ensemble.rule), "members": ",".join(f"{f.name}:{f.version}" for f in fleet),
+    tags = {"asset": str(cfg.asset.key), "rule": str(cfg.ensemble.rule), "members": ",".join(f"{f.name}:{f.version}" for f in members),
             "feed": feed.description, "ledger": str(ledger.path), "ended": ended}  # fmt: skip
     resolved = resolved_config(cfg)
     with TrackedRun(str(cfg.logger.tracking_uri), str(cfg.paper.experiment), cfg.logger.artifact_location,

@@ -1,11 +1,11 @@
-"""The paper loop: bars from a feed through the fleet, one streaming state per symbol; each
+"""The paper loop: bars from a feed through the ensemble, one streaming state per symbol; each
 bar's pending order filled, its decision made an order, everything booked in one transaction.
 
 Per bar (:meth:`PaperSession.on_bar`): a new trading date resets the day's loss (and ends a
 pause); a stale gap before the bar flattens at its open (an order replacing the position decided
 at the last close: its fill's ``gap_usd`` is from that close, so the ledger's PnL is the backtest of
 its positions less the gaps, stale flats included); the pending order fills
-(:class:`~foxhunt.paper.fills.FillModel`); the fleet steps the bar
+(:class:`~foxhunt.paper.fills.FillModel`); the ensemble steps the bar
 (:meth:`foxhunt.ensemble.engine.StreamingEngine.step_many`); the limits are checked on the
 marked equity (:mod:`foxhunt.paper.risk`); the target (flat when a limit has tripped) becomes
 the next order; the ledger commits it all (:meth:`foxhunt.paper.ledger.Ledger.record_bar`).
@@ -23,10 +23,10 @@ flattened are then the replay's, an uninterrupted run's, and the feed goes on af
 bar stored.
 
 **Versions.** Each traded bar is stored with the member versions that decided it
-(``bars.versions``). With a :class:`~foxhunt.ensemble.fleet.FleetWatcher` (``roll.swap``), a
+(``bars.versions``). With a :class:`~foxhunt.ensemble.loading.VersionWatcher` (``roll.swap``), a
 version promoted while the session runs is loaded and checked on the watcher's thread and
 swapped in at the start of the next traded bar, before its decision
-(:meth:`foxhunt.ensemble.fleet.SwappableEngine.swap`: warmed on the streams' latest bars), with a
+(:meth:`foxhunt.ensemble.loading.SwappableEngine.swap`: warmed on the streams' latest bars), with a
 ``swap`` event on that bar; a version that fails is one line, the old one keeps deciding. A
 resume replays each stored bar with the versions stored with it (loaded through ``loader``, so
 verified as at start), swapping where they change, exactly as the session did.
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from foxhunt.data.calendar import MINUTE_NS
-from foxhunt.ensemble.fleet import FleetWatcher, SwapError
+from foxhunt.ensemble.loading import SwapError, VersionWatcher
 from foxhunt.errors import UserError, one_line_error
 from foxhunt.paper.fills import Account, FillModel, Order, check_money
 from foxhunt.paper.ledger import LedgerError
@@ -59,23 +59,23 @@ class Latest:
     bar: object = None
     decisions: dict = field(default_factory=dict)
     position: int = 0
-    fleet_ns: int = 0
+    ensemble_ns: int = 0
     loop_ns: int = 0
     events: list[str] = field(default_factory=list)
 
 
 class PaperSession:
-    """The loop (module doc). ``fleet``: the loaded members, in the engine's order (their versions
+    """The loop (module doc). ``members``: the loaded members, in the engine's order (their versions
     are stored with each bar); ``loader(name, version, weights)``: a stored bar's version, loaded
     (a resume); ``watcher``: hot swap, set once the session resumed; ``holdout``: the lockbox the
     session keeps (a swapped-in version must keep the same)."""
 
     def __init__(self, engine, ledger, fills: FillModel, risk: RiskLimits, capital: float, multiplier: float,
-                 fleet: list | None = None, loader=None, holdout: float | None = None) -> None:  # fmt: skip
+                 members: list | None = None, loader=None, holdout: float | None = None) -> None:  # fmt: skip
         self.engine = engine
-        self.fleet = {f.name: f for f in fleet or []}
+        self.members = {f.name: f for f in members or []}
         self.loader = loader
-        self.watcher: FleetWatcher | None = None
+        self.watcher: VersionWatcher | None = None
         self.holdout = holdout or None
         self._replaying = False
         self.ledger = ledger
@@ -90,7 +90,7 @@ class PaperSession:
         self.trading: set[str] = set()  # symbols whose members have started (first traded bar seen)
         self.latest = Latest()
         self.added_ns: list[int] = []
-        self.fleet_ns: list[int] = []
+        self.ensemble_ns: list[int] = []
         self.bars = 0
         self.resumed_bars = 0
         self.stale_flagged: set[str] = set()
@@ -111,7 +111,7 @@ class PaperSession:
     @property
     def versions(self) -> str:
         """The members deciding now, as a bar stores them (``name:version:weights``, joined by ``,``)."""
-        return ",".join(self.fleet[m.name].label for m in self.engine.members) if self.fleet else ""
+        return ",".join(self.members[m.name].label for m in self.engine.members) if self.members else ""
 
     @property
     def equity(self) -> float:
@@ -159,7 +159,7 @@ class PaperSession:
             self._replaying = False
             replayed.close()
         self.resumed_bars = len(stored)
-        self.bars, self.added_ns, self.fleet_ns, self.latest = 0, [], [], Latest()
+        self.bars, self.added_ns, self.ensemble_ns, self.latest = 0, [], [], Latest()
         return max(self.last_ts.values())
 
     # -- bars ------------------------------------------------------------------------------
@@ -219,15 +219,15 @@ class PaperSession:
             target, reason = 0, f"risk: {self.state.reason}"
         order = self.fills.order(account, bar, target, reason)
         account.pending = order
-        fleet = result.total_ns
-        loop = time.perf_counter_ns() - started - fleet  # before the commit is timed too: added below
-        self.ledger.record_bar(bar, account, fills, order, self.state, events, result.position if result.warm else 0, fleet, loop,
+        stepped = result.total_ns
+        loop = time.perf_counter_ns() - started - stepped  # before the commit is timed too: added below
+        self.ledger.record_bar(bar, account, fills, order, self.state, events, result.position if result.warm else 0, stepped, loop,
                                stale_order=stale_order, replaced=replaced, versions=self.versions)  # fmt: skip
-        added = time.perf_counter_ns() - started - fleet
+        added = time.perf_counter_ns() - started - stepped
         self.added_ns.append(added)
-        self.fleet_ns.append(fleet)
+        self.ensemble_ns.append(stepped)
         self.bars += 1
-        self.latest = Latest(bar, result.decisions, target, fleet, added, [m for _, m in events] or self.latest.events)
+        self.latest = Latest(bar, result.decisions, target, stepped, added, [m for _, m in events] or self.latest.events)
         if self.state.status == STOPPED and account.pending is None and all(a.position == 0 for a in self.accounts.values()):
             self.done = True
 
@@ -235,20 +235,20 @@ class PaperSession:
     def _swap(self, recorded: str | None) -> list[str]:
         """Swap in, before this bar's decision, the versions stored with it (a resume) or those
         the watcher loaded (live); one line per member swapped."""
-        if not self.fleet:
+        if not self.members:
             return []
         watcher = self.watcher
         if self._replaying:
             wanted = self._parse(recorded)
             todo = [self.loader(name, version, weights) for name, version, weights in wanted
-                    if self.fleet[name].label != f"{name}:{version}:{weights}"]  # fmt: skip
+                    if self.members[name].label != f"{name}:{version}:{weights}"]  # fmt: skip
         elif watcher is not None:
             todo = watcher.take()
         else:
             return []
         lines = []
         for found in todo:
-            old = self.fleet[found.name]
+            old = self.members[found.name]
             try:
                 if (found.holdout or None) != self.holdout:
                     raise SwapError(
@@ -260,20 +260,20 @@ class PaperSession:
                     raise
                 watcher.refused(found, str(exc))
                 continue
-            self.fleet[found.name] = found
+            self.members[found.name] = found
             if not self._replaying and watcher is not None:
                 watcher.swapped(found)
             lines.append(f"{found.name} v{old.version} -> v{found.version} ({found.member.weights}), warmed on {warmed} bars")
         return lines
 
     def _parse(self, recorded: str | None) -> list[tuple[str, int, str]]:
-        """A stored bar's versions, checked: the fleet's members, in order, each a version and its weights."""
-        names = list(self.fleet)
+        """A stored bar's versions, checked: the ensemble's members, in order, each a version and its weights."""
+        names = list(self.members)
         parts = [item.split(":") for item in (recorded or "").split(",")]
         ok = len(parts) == len(names) and all(
             len(p) == 3 and p[0] == name and p[1].isdigit() and p[2] in ("fp32", "int8") for p, name in zip(parts, names))  # fmt: skip
         if not ok:
-            raise LedgerError(f"its versions are {recorded!r}, not those of this fleet's members ({', '.join(names)}, each "
+            raise LedgerError(f"its versions are {recorded!r}, not those of this ensemble's members ({', '.join(names)}, each "
                               "name:version:fp32|int8): the ledger was edited")  # fmt: skip
         return [(p[0], int(p[1]), p[2]) for p in parts]
 

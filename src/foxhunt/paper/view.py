@@ -66,7 +66,7 @@ class PaperView:
         table.add_row("PnL USD", f"{equity - session.capital:,.2f}")
         table.add_row("drawdown USD", f"{max(session.state.peak - equity, 0.0):,.2f}")
         table.add_row("day PnL USD", f"{equity - session.state.day_start:,.2f} ({session.state.day})")
-        table.add_row("fleet / loop per bar", f"{latest.fleet_ns / 1e3:,.1f} us / {latest.loop_ns / 1e3:,.1f} us")
+        table.add_row("ensemble / loop per bar", f"{latest.ensemble_ns / 1e3:,.1f} us / {latest.loop_ns / 1e3:,.1f} us")
         elapsed = time.monotonic() - self.started
         table.add_row("bars", f"{session.bars:,} ({session.bars / elapsed:,.0f}/s)" if elapsed > 0 else f"{session.bars:,}")
         lim = self.limits

@@ -9,7 +9,7 @@
   every model, trainer and precision setting stay the champion's, so the challenger is selected
   on its own validation block as the champion was on its;
 - its folders moved into the roll's (:func:`foxhunt.training.reproduce.reproduction_config`, which
-  moves every path under the champion's folder), the feature cache the fleet's;
+  moves every path under the champion's folder), the feature cache the ensemble's;
 - ``roll.init=champion``: its weights start from the champion's (the version's verified
   ``weights.pt``, copied into the challenger's folder: ``callbacks.warm_start``,
   :mod:`foxhunt.training.warm_start`), its optimizer, loop and replay buffer fresh; ``scratch``:

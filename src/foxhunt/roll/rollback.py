@@ -23,8 +23,8 @@ class Rollback:
     run_id: str | None
 
 
-def rollback_fleet(cfg, dry_run: bool = False) -> Rollback:
-    from foxhunt.ensemble.fleet import fleet_names
+def rollback_ensemble(cfg, dry_run: bool = False) -> Rollback:
+    from foxhunt.ensemble.loading import registered_names
     from foxhunt.runs.store import RunStore
     from foxhunt.runs.tracked_run import TrackedRun
 
@@ -34,7 +34,7 @@ def rollback_fleet(cfg, dry_run: bool = False) -> Rollback:
     with store.exclusive(REGISTRY_LOCK):
         lines = complete_pending(store, str(roll.experiment))
         moves, skipped = [], []
-        for name in fleet_names(cfg):
+        for name in registered_names(cfg):
             try:
                 moves += rollback_moves(store, name, str(ens.alias), str(roll.previous_alias))
             except RegistryError as exc:

@@ -59,7 +59,7 @@ from foxhunt.roll.window import (
     SEEN_TAG,
     NothingNew,
     check_windowable,
-    fleet_seen,
+    ensemble_seen,
     iso,
     plan,
     seen_from_tag,
@@ -71,7 +71,7 @@ SOURCE = "foxhunt ensemble roll"
 ROLL_LOCK = "roll"  # the store's lock held for a whole step
 ROLL_FOLDER = Path("outputs") / "roll"  # under paths.root_dir: each step's window and challengers' folders
 REPORT_FILE = "roll.md"
-FLEET_FILE = "fleet.json"
+OUTCOMES_FILE = "outcomes.json"  # each family: the version before and after, its challenger, the verdict
 LOGGED = ("sharpe", "pnl", "sharpe_ci_low", "sharpe_ci_high", "sharpe_per_step", "max_drawdown", "hit_rate", "trades", "steps",
           "pnl_skew", "pnl_kurtosis")  # fmt: skip
 
@@ -120,7 +120,7 @@ def roll_step(cfg, workdir: Path, force: bool = False) -> RollReport:
     from foxhunt.runs.store import RunStore
 
     if cfg.evaluation.get("holdout"):
-        raise ConfigError(f"evaluation.holdout={cfg.evaluation.holdout}: a rolling fleet's newest bars are its evaluation blocks; "
+        raise ConfigError(f"evaluation.holdout={cfg.evaluation.holdout}: a rolling ensemble's newest bars are its evaluation blocks; "
                           "roll with evaluation.holdout=null")  # fmt: skip
     store = RunStore(str(cfg.logger.tracking_uri))
     asset = instantiate(cfg.asset)
@@ -133,18 +133,18 @@ def roll_step(cfg, workdir: Path, force: bool = False) -> RollReport:
         bars = source.load(asset)
         check_windowable(bars, origin)
         stamps = bars.index.as_unit("ns").asi8
-        layout = plan(stamps, fleet_seen({c.family: c.seen_ns for c in champions}), cfg.roll, origin)
+        layout = plan(stamps, ensemble_seen({c.family: c.seen_ns for c in champions}), cfg.roll, origin)
         if isinstance(layout, NothingNew):
             return RollReport("\n".join([*lines, f"{SOURCE}: {asset.key}: {layout.line}"]), nothing_new=True)
         return _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir, force)
 
 
 def _champions(cfg, store, workdir: Path) -> list[Champion]:
-    from foxhunt.ensemble.fleet import fleet_names, journal
+    from foxhunt.ensemble.loading import journal, registered_names
 
     ens = cfg.ensemble
     found = []
-    for family, name in zip(ens.models, fleet_names(cfg)):
+    for family, name in zip(ens.models, registered_names(cfg)):
         version = resolved_version(store, name, str(ens.alias), journal(cfg))
         if version is None:
             raise RegistryError(f"models:/{name}@{ens.alias}: no champion in the registry of {cfg.logger.tracking_uri}; a roll "
@@ -217,11 +217,11 @@ def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Pa
         text = _text(lines, outcomes, moves, ens.metric)
         out.mkdir(parents=True, exist_ok=True)
         (out / REPORT_FILE).write_text(text + "\n")
-        fleet = {o.family: {"before": o.champion, "after": o.registered or o.champion, "challenger_run": o.challenger_run,
-                            "verdict": _verdict_word(o), "reason": o.reason} for o in outcomes.values()}  # fmt: skip
-        (out / FLEET_FILE).write_text(json.dumps(fleet, indent=1))
+        summary = {o.family: {"before": o.champion, "after": o.registered or o.champion, "challenger_run": o.challenger_run,
+                              "verdict": _verdict_word(o), "reason": o.reason} for o in outcomes.values()}  # fmt: skip
+        (out / OUTCOMES_FILE).write_text(json.dumps(summary, indent=1))
         run.log_artifact(out / REPORT_FILE)
-        run.log_artifact(out / FLEET_FILE)
+        run.log_artifact(out / OUTCOMES_FILE)
     shutil.rmtree(work, ignore_errors=True)
     text += f"\nMLflow run {run.run_id} in experiment {experiment}"
     return RollReport(text, False, list(outcomes.values()), run.run_id, [m.line() for m in moves], block)
@@ -281,7 +281,7 @@ def _promote(cfg, store, champions, prepared, outcomes, run_id: str, seen_after:
     chosen = [c for c in champions if outcomes[c.family].promote and c.family in prepared]
     if not chosen:
         return []
-    from foxhunt.ensemble.fleet import journal
+    from foxhunt.ensemble.loading import journal
 
     with store.exclusive(REGISTRY_LOCK):
         lines += complete_pending(store, str(roll.experiment))

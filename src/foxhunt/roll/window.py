@@ -3,8 +3,8 @@ block champion and challenger are scored on, and the challenger's training windo
 
 **Seen.** A champion has seen every bar of its training run's data (its version's
 ``dataset.json``: the last bar of its last split) and every block a roll scored it on; a roll
-records the latter on the champion's run as the tag :data:`SEEN_TAG` (ISO UTC). The fleet has
-seen up to the latest of its champions' (:func:`fleet_seen`): every bar after that is new to
+records the latter on the champion's run as the tag :data:`SEEN_TAG` (ISO UTC). The ensemble has
+seen up to the latest of its champions' (:func:`ensemble_seen`): every bar after that is new to
 each of them.
 
 **Layout** (:func:`plan`; ``roll.*``), over the bars of the ``data`` source::
@@ -72,7 +72,7 @@ def trained_until(manifest: dict, origin: str) -> int:
     return max(parse_iso(str(last), f"{origin}: dataset.json") for last in lasts)
 
 
-def fleet_seen(seen: dict[str, int]) -> int:
+def ensemble_seen(seen: dict[str, int]) -> int:
     """The last bar every champion has seen: the latest of theirs (each family's)."""
     return max(seen.values())
 

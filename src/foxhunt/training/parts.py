@@ -55,7 +55,7 @@ def compose_config(
     output_dir: str | None = None,
     config_name: str = "train",
 ) -> DictConfig:
-    """Compose ``conf/<config_name>.yaml`` (``train``; ``fleet`` for the ensemble commands) with
+    """Compose ``conf/<config_name>.yaml`` (``train``; ``ensemble`` for the ensemble commands) with
     Hydra overrides outside ``@hydra.main``.
 
     ``paths.root_dir`` defaults to ``$FOXHUNT_ROOT`` or the current folder, as for

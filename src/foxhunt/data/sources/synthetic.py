@@ -17,7 +17,7 @@ asset (price level, tick size, daily volatility and Globex session hours come fr
 * optional AR(1) return autocorrelation (``autocorrelation``), a learnable pattern for tests,
   and a regime change: from the first bar of the UTC date ``change_date`` on, the coefficient is
   ``autocorrelation_after`` (e.g. ``0.3`` then ``-0.3``: the pattern changes sign at a known date,
-  what a rolling fleet must notice; :mod:`foxhunt.roll`);
+  what a rolling ensemble must notice; :mod:`foxhunt.roll`);
 * a price gap across each session break;
 * volume rising with volatility and with the size of the bar's move;
 * OHLC consistent and on the tick grid: high/low are the exact maximum/minimum of a Brownian

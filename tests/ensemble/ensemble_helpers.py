@@ -17,7 +17,7 @@ SMALL = {
     "mamba2": ["model.module.d_model=32", "model.module.n_layers=1"],
     "tft": ["model.module.hidden_size=16", "model.module.lstm_layers=1"],
 }  # fmt: skip
-FIFTH = "dlinear"  # a family outside the default fleet (ensemble.models), trained into the store too
+FIFTH = "dlinear"  # a family outside the default ensemble (ensemble.models), trained into the store too
 STREAMING_SMALL = {  # the streaming tests' sizes (engine, parity): big enough for two layers, a zero threshold
     "dqn": ["model.module.hidden_sizes=[64,64]"],
     "ppo": ["model.module.policy_hidden_sizes=[64]", "model.module.value_hidden_sizes=[64]"],

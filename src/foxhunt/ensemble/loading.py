@@ -1,6 +1,6 @@
-"""The fleet: registered members loaded onto one device, ready for the streaming engine.
+"""Loading the ensemble: its registered members onto one device, ready for the streaming engine.
 
-:func:`load_fleet` reads each family's version (``models:/<prefix>-<model>-<asset>@<alias>``,
+:func:`load_ensemble` reads each family's version (``models:/<prefix>-<model>-<asset>@<alias>``,
 or the version ``ensemble.versions`` names), rebuilds its model from the version's own files
 (:func:`foxhunt.ensemble.rebuild.rebuild_model`: the stored config, validated by today's schema; the weights, loaded with
 ``torch.load(weights_only=True)``; int8-trained weights through their quantized layers, then
@@ -16,10 +16,10 @@ another asset than the one asked for, a missing version and a stored config that
 validates are each one line (:class:`~foxhunt.ensemble.member_files.RegistryError`), as is a
 missing or damaged file of a version (:mod:`foxhunt.ensemble.member_files`). Each family's
 version is the one :func:`foxhunt.ensemble.registry.resolved_version` names: the alias, or the
-move of a promotion committed and not yet applied (``roll.experiment``), so a fleet never loads
+move of a promotion committed and not yet applied (``roll.experiment``), so an ensemble never loads
 half a promotion.
 
-**Hot swap** (``roll.swap``: ``foxhunt ensemble serve`` and ``paper``). :class:`FleetWatcher`
+**Hot swap** (``roll.swap``: ``foxhunt ensemble serve`` and ``paper``). :class:`VersionWatcher`
 looks at the registry every ``roll.swap.poll_s`` seconds on a thread of its own; a family whose
 version moved is loaded there through the same path as at start (:func:`load_member`:
 :func:`~foxhunt.ensemble.registry.download_version` checks every file against its recorded
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class FleetMember:
+class LoadedMember:
     member: Member
     inputs: MemberInputs
     name: str  # registered model name
@@ -82,13 +82,13 @@ def pinned(cfg, family: str) -> int | None:
     return versions.get(str(family)) if versions else None
 
 
-def fleet_names(cfg) -> list[str]:
-    """The registered names of the fleet's families, in ``ensemble.models`` order."""
+def registered_names(cfg) -> list[str]:
+    """The registered names of the ensemble's families, in ``ensemble.models`` order."""
     ens = cfg.ensemble
     return [registered_name(str(ens.registry_prefix), str(family), str(cfg.asset.key)) for family in ens.models]
 
 
-def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
+def load_ensemble(cfg, workdir: Path) -> list[LoadedMember]:
     """Every family of ``cfg.ensemble.models`` for ``cfg.asset``, loaded (see the module doc)."""
     import torch
 
@@ -98,17 +98,17 @@ def load_fleet(cfg, workdir: Path) -> list[FleetMember]:
     if ens.torch_threads is not None:
         torch.set_num_threads(int(ens.torch_threads))
     store = RunStore(str(cfg.logger.tracking_uri))
-    fleet = []
-    for family, name in zip(ens.models, fleet_names(cfg)):
+    members = []
+    for family, name in zip(ens.models, registered_names(cfg)):
         version, via_alias = pinned(cfg, family), False
         if version is None:
             found = resolved_version(store, name, str(ens.alias), journal(cfg))
             version, via_alias = None if found is None else int(found.version), True
-        fleet.append(load_member(cfg, name, version, None, workdir, via_alias))
-    return fleet
+        members.append(load_member(cfg, name, version, None, workdir, via_alias))
+    return members
 
 
-def load_member(cfg, name: str, version: int | None, weights: str | None, workdir: Path, via_alias: bool = False) -> FleetMember:
+def load_member(cfg, name: str, version: int | None, weights: str | None, workdir: Path, via_alias: bool = False) -> LoadedMember:
     """Version ``version`` of ``name`` (None: ``@ensemble.alias``), verified and built; ``weights``
     fp32 or int8 (None: ``ensemble.weights``, ``auto`` reading the version's verdict); ``via_alias``:
     ``version`` is the alias's, and errors name the alias."""
@@ -123,25 +123,25 @@ def load_member(cfg, name: str, version: int | None, weights: str | None, workdi
         log.info("%s v%s: %s weights (%s)", name, found.version, weights, why)
     member, inputs, info = build_member(folder, name, str(cfg.asset.key), weights, str(ens.runtime), str(ens.device),
                                         int(ens.runtime_probe_calls), int(ens.torch_threads or 1))  # fmt: skip
-    return FleetMember(member, inputs, name, str(found.version), info["run_id"], info["metric"], info.get("value"),
-                       info["precision"], info["holdout"])  # fmt: skip
+    return LoadedMember(member, inputs, name, str(found.version), info["run_id"], info["metric"], info.get("value"),
+                        info["precision"], info["holdout"])  # fmt: skip
 
 
-def fleet_engine(fleet: list[FleetMember], asset, cfg, origin: str) -> SwappableEngine:
-    """The streaming engine of a loaded fleet with the configured rule."""
+def ensemble_engine(members: list[LoadedMember], asset, cfg, origin: str) -> SwappableEngine:
+    """The streaming engine of a loaded ensemble's members with the configured rule."""
     from foxhunt.config.schema import ConfigError
     from foxhunt.ensemble.registry import metric_direction
     from foxhunt.ensemble.rules import check_rule
 
     ens = cfg.ensemble
-    weights = {f.member.name: f.value for f in fleet}
-    metrics = sorted({f.metric for f in fleet})
+    weights = {f.member.name: f.value for f in members}
+    metrics = sorted({f.metric for f in members})
     if str(ens.rule) == "weighted" and len(metrics) > 1:
         raise ConfigError(f"ensemble.rule=weighted: the members were registered on different metrics ({', '.join(metrics)})")
-    check_rule(str(ens.rule), [f.member.family for f in fleet], weights, metrics[0], metric_direction(metrics[0]) == "max")
+    check_rule(str(ens.rule), [f.member.family for f in members], weights, metrics[0], metric_direction(metrics[0]) == "max")
     swap = cfg.roll.swap if cfg.get("roll") is not None else None
     return SwappableEngine(
-        [f.member for f in fleet], {f.member.name: f.inputs for f in fleet}, asset, rule=str(ens.rule),
+        [f.member for f in members], {f.member.name: f.inputs for f in members}, asset, rule=str(ens.rule),
         weights={k: (v or 0.0) for k, v in weights.items()}, forecast_threshold=float(ens.forecast_threshold),
         origin=origin, warm_bars=0 if swap is None or swap.poll_s is None else int(swap.warm_bars),
     )  # fmt: skip
@@ -232,7 +232,7 @@ class SwappableEngine(StreamingEngine):
 
         names = [m.name for m in self.members]
         if member.name not in names:
-            raise SwapError(f"{member.name}: not a member of this fleet ({', '.join(names)})")
+            raise SwapError(f"{member.name}: not a member of this ensemble ({', '.join(names)})")
         config = inputs.feature_config
         if config not in self._configs:
             raise SwapError(
@@ -279,7 +279,7 @@ class SwappableEngine(StreamingEngine):
         return longest
 
 
-class FleetWatcher:
+class VersionWatcher:
     """Looks for moved aliases and loads their versions on a thread (module doc, "Hot swap").
 
     ``current``: name -> the version deciding now. :meth:`take` hands over the members loaded and
@@ -293,15 +293,15 @@ class FleetWatcher:
         self.current = dict(current)
         self.say = say
         self.failed: dict[str, str] = {}  # name -> the version refused (not tried again until the alias moves)
-        self._ready: dict[str, FleetMember] = {}  # loaded, not yet handed over
+        self._ready: dict[str, LoadedMember] = {}  # loaded, not yet handed over
         self._handed: dict[str, str] = {}  # handed over, not yet reported
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.polls = 0
 
-    def start(self) -> FleetWatcher:
-        self._thread = threading.Thread(target=self._run, name="foxhunt-fleet-watcher", daemon=True)
+    def start(self) -> VersionWatcher:
+        self._thread = threading.Thread(target=self._run, name="foxhunt-version-watcher", daemon=True)
         self._thread.start()
         return self
 
@@ -310,19 +310,19 @@ class FleetWatcher:
         if self._thread is not None:
             self._thread.join(timeout=120)
 
-    def take(self) -> list[FleetMember]:
+    def take(self) -> list[LoadedMember]:
         """The members loaded and checked since the last call, to swap in now."""
         with self._lock:
             ready, self._ready = list(self._ready.values()), {}
             self._handed.update({found.name: found.version for found in ready})
         return ready
 
-    def swapped(self, found: FleetMember) -> None:
+    def swapped(self, found: LoadedMember) -> None:
         with self._lock:
             self.current[found.name] = found.version
             self._handed.pop(found.name, None)
 
-    def refused(self, found: FleetMember, why: str) -> None:
+    def refused(self, found: LoadedMember, why: str) -> None:
         """The holder could not swap ``found`` in: said once, not tried again until the alias moves."""
         with self._lock:
             self.failed[found.name] = found.version
@@ -337,9 +337,9 @@ class FleetWatcher:
                 from foxhunt.errors import one_line_error
 
                 self.say(f"the registry could not be read ({one_line_error(exc, first_line=True, limit=200)}); "
-                         "the fleet goes on as it is")  # fmt: skip
+                         "the ensemble goes on as it is")  # fmt: skip
 
-    def poll(self) -> list[FleetMember]:
+    def poll(self) -> list[LoadedMember]:
         """One look at the registry: each family whose version moved is loaded (module doc)."""
         from foxhunt.errors import UserError, one_line_error
         from foxhunt.runs.store import RunStore
@@ -347,7 +347,7 @@ class FleetWatcher:
         self.polls += 1
         store = RunStore(str(self.cfg.logger.tracking_uri))
         loaded = []
-        for family, name in zip(self.cfg.ensemble.models, fleet_names(self.cfg)):
+        for family, name in zip(self.cfg.ensemble.models, registered_names(self.cfg)):
             if pinned(self.cfg, family) is not None:
                 continue
             found = resolved_version(store, name, str(self.cfg.ensemble.alias), journal(self.cfg))
