@@ -1,21 +1,38 @@
-"""foxhunt.ensemble.kernels: the numba kernels equal the torch modules they replace on random
-inputs: ``linear`` a ``Linear`` and its activation (fp32 rows, and int8 rows with their scales),
-``mamba2_step`` the Mamba-2 forecaster's own ``step`` over many streams in their pool slots;
-``quantize_rows`` rounds each row within half a step."""
+"""foxhunt.ensemble.kernels: the numba kernels equal the torch layers they are the form of, on random
+inputs and shapes: ``linear`` (its rows through ``linear_row``) a ``Linear`` and its activation (fp32
+rows, and int8 rows with their scales), ``rms_norm`` an ``nn.RMSNorm``, ``depthwise_conv_step`` a
+depthwise causal ``Conv1d`` bar by bar, ``selective_state_step`` the SSD recurrence (``ssd_naive``)
+with its softplus and D skip, ``gated_rms_norm`` the model's ``GatedRMSNorm``, ``quantile_head`` a
+``QuantileHead``; ``mamba2_step``, their composition, the Mamba-2 forecaster's own ``step`` over many
+streams in their pool slots; ``quantize_rows`` rounds each row within half a step."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from torch import nn
 
-from foxhunt.ensemble.kernels import ACTIVATIONS, linear, mamba2_step, quantize_rows
-from foxhunt.ensemble.runtimes import mamba2_arrays
-from foxhunt.models.mamba2 import Mamba2Forecaster
+from foxhunt.ensemble.kernels import (
+    ACTIVATIONS,
+    depthwise_conv_step,
+    gated_rms_norm,
+    linear,
+    mamba2_step,
+    quantile_head,
+    quantize_rows,  # fmt: skip
+    rms_norm,
+    selective_state_step,
+)
+from foxhunt.ensemble.runtimes import conv_step_arrays, gated_rms_norm_arrays, linear_arrays, mamba2_arrays, rms_norm_arrays
+from foxhunt.models.mamba2 import GatedRMSNorm, Mamba2Forecaster, ssd_naive
+from foxhunt.models.quantiles import QuantileHead
 
 TORCH = {"identity": nn.Identity, "relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU, "elu": nn.ELU}
 
@@ -64,6 +81,110 @@ def test_quantize_rows_keeps_each_row_within_half_a_step(w):
     error = np.abs(w - codes * scales[:, None])
     assert np.all(error <= scales[:, None] * (0.5 + 1e-4))
     assert np.all(np.abs(codes).max(axis=1)[nonzero] == 127)  # the largest weight of a row takes the full range
+
+
+def _f32(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().numpy(), np.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dim=st.integers(1, 64), eps=st.sampled_from([1e-6, 1e-5, 1e-2]), scale=st.sampled_from([0.01, 1.0, 100.0]),
+       seed=st.integers(0, 2**16), in_place=st.booleans())  # fmt: skip
+def test_rms_norm_equals_torchs_rms_norm(dim, eps, scale, seed, in_place):
+    torch.manual_seed(seed)
+    norm = nn.RMSNorm(dim, eps=eps)
+    with torch.no_grad():
+        norm.weight.mul_(1.0 + torch.randn(dim))
+        x = torch.randn(dim) * scale
+        want = norm(x).numpy()
+    weight, eps32 = rms_norm_arrays(norm)
+    row = _f32(x)
+    out = row if in_place else np.full(dim, np.nan, np.float32)
+    assert rms_norm(row, weight, eps32, out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(channels=st.integers(1, 12), width=st.integers(1, 5), bars=st.integers(1, 12), bias=st.booleans(),
+       activation=st.sampled_from(["identity", "silu"]), seed=st.integers(0, 2**16))  # fmt: skip
+def test_depthwise_conv_step_is_a_causal_conv1d_bar_by_bar(channels, width, bars, bias, activation, seed):
+    """Bar t of the kernel is bar t of the conv over the whole sequence (zero padded before the first bar,
+    as a fresh stream), and the window holds the last ``width`` inputs, oldest first."""
+    torch.manual_seed(seed)
+    conv = nn.Conv1d(channels, channels, width, groups=channels, padding=width - 1, bias=bias)
+    sequence = torch.randn(1, channels, bars) * 2.0
+    with torch.no_grad():
+        want = TORCH[activation]()(conv(sequence)[0, :, :bars]).numpy()
+    weight, b = conv_step_arrays(conv)
+    window = np.zeros((channels, width), np.float32)
+    inputs = _f32(sequence[0])
+    for t in range(bars):
+        out = np.full(channels, np.nan, np.float32)
+        depthwise_conv_step(np.ascontiguousarray(inputs[:, t]), window, weight, b, ACTIVATIONS[activation], out)
+        np.testing.assert_allclose(out, want[:, t], rtol=1e-5, atol=1e-5)
+    padded = np.concatenate([np.zeros((channels, width), np.float32), inputs], axis=1)
+    np.testing.assert_array_equal(window, padded[:, -width:])
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=st.integers(1, 3), per_group=st.integers(1, 3), headdim=st.integers(1, 6), d_state=st.integers(1, 8),
+       bars=st.integers(1, 6), seed=st.integers(0, 2**16))  # fmt: skip
+def test_selective_state_step_is_the_ssd_recurrence(groups, per_group, headdim, d_state, bars, seed):
+    """From any state, bar by bar: the kernel's outputs and state are the sequential reference scan's
+    (foxhunt.models.mamba2.ssd_naive) on dt = softplus(dt + dt_bias), plus the D skip, heads reading their group's B, C."""
+    nheads = groups * per_group
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, bars, nheads, headdim, generator=g)
+    dt_raw, dt_bias = torch.randn(1, bars, nheads, generator=g), torch.randn(nheads, generator=g)
+    A = -torch.exp(torch.randn(nheads, generator=g))
+    B, C = torch.randn(1, bars, groups, d_state, generator=g), torch.randn(1, bars, groups, d_state, generator=g)
+    D = torch.randn(nheads, generator=g)
+    start = torch.randn(1, nheads, headdim, d_state, generator=g)
+    y, final = ssd_naive(x, F.softplus(dt_raw + dt_bias), A, B, C, start)
+    want = (y + x * D[:, None]).reshape(bars, nheads * headdim).numpy()
+    state = _f32(start[0])
+    for t in range(bars):
+        out = np.full(nheads * headdim, np.nan, np.float32)
+        selective_state_step(state, _f32(x[0, t].flatten()), _f32(dt_raw[0, t]), _f32(dt_bias), _f32(A),
+                             _f32(B[0, t].flatten()), _f32(C[0, t].flatten()), _f32(D), out)  # fmt: skip
+        np.testing.assert_allclose(out, want[t], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state, final[0].numpy(), rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=st.integers(1, 4), group=st.integers(1, 16), eps=st.sampled_from([1e-6, 1e-5, 1e-2]),
+       seed=st.integers(0, 2**16), in_place=st.booleans())  # fmt: skip
+def test_gated_rms_norm_equals_the_models_gated_norm(groups, group, eps, seed, in_place):
+    torch.manual_seed(seed)
+    norm = GatedRMSNorm(groups * group, group_size=group, eps=eps)
+    with torch.no_grad():
+        norm.weight.mul_(1.0 + torch.randn(groups * group))
+        y, z = torch.randn(groups * group) * 3.0, torch.randn(groups * group) * 3.0
+        want = norm(y, z).numpy()
+    weight, eps32, size = gated_rms_norm_arrays(norm)
+    row = _f32(y)
+    out = row if in_place else np.full(len(row), np.nan, np.float32)
+    assert gated_rms_norm(row, _f32(z), weight, size, eps32, out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(features=st.integers(1, 32), horizon=st.integers(1, 5), n_quantiles=st.integers(1, 9), data=st.data(),
+       scale=st.sampled_from([0.1, 1.0, 40.0]), seed=st.integers(0, 2**16))  # fmt: skip
+def test_quantile_head_equals_the_models_head(features, horizon, n_quantiles, data, scale, seed):
+    """The head's linear layer and ordered quantiles, for any median and raw values past softplus's threshold."""
+    median = data.draw(st.integers(0, n_quantiles - 1), label="median")
+    torch.manual_seed(seed)
+    head = QuantileHead(features, n_quantiles, median, horizon)
+    x = torch.randn(features) * scale
+    with torch.no_grad():
+        want = head(x).numpy()
+    w, s, b = linear_arrays(head.linear)
+    out = np.full((horizon, n_quantiles), np.nan, np.float32)
+    raw = np.empty(horizon * n_quantiles, np.float32)
+    assert quantile_head(_f32(x), w, s, b, median, raw, out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * scale)
+    assert np.all(np.diff(out, axis=-1) >= 0)
 
 
 MAMBA2 = dict(input_dim=16, seq_len=20, horizon=3, d_model=16, n_layers=2, d_state=8, d_conv=4, expand=2, headdim=8,
@@ -121,6 +242,32 @@ def test_mamba2_step_with_int8_weights_stays_near_fp32():
         gaps.append(np.abs(outs["fp32"] - outs["int8"]).max())
         sizes.append(np.abs(outs["fp32"]).max())
     assert 0 < max(gaps) <= 0.05 * max(sizes)
+
+
+def test_mamba2_step_with_int8_weights_is_the_module_with_those_weights():
+    """The int8 kernel (codes times their row's scale, in every projection) is the torch step of the same
+    model whose Linear weights are those dequantized rows."""
+    model = _mamba2(5)
+    arrays_ = mamba2_arrays(model, int8=True)
+    dequantized = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in dequantized.modules():
+            if isinstance(layer, nn.Linear):
+                codes, scales = quantize_rows(layer.weight.numpy())
+                layer.weight.copy_(torch.from_numpy(codes * scales[:, None]))
+    conv, ssm = arrays_.zero_state(2)
+    state = dequantized.init_state(2)
+    bars = torch.randn(20, 2, 16, generator=torch.Generator().manual_seed(5)) * 2.0
+    for x in bars:
+        with torch.no_grad():
+            want, state = dequantized.step(x, state)
+        out = np.empty((2, 3, 5), np.float32)
+        mamba2_step(x.numpy(), np.arange(2), *arrays_.weights, conv, ssm, *arrays_.dims, 3, 5, model.median_index, out)
+        np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        fp32, _ = model.step(bars[-1], model.init_state(2))
+        int8_rows, _ = dequantized.step(bars[-1], dequantized.init_state(2))
+    assert not torch.equal(fp32, int8_rows)  # the rounding of the codes did reach the forecasts
 
 
 def test_mamba2_steps_quantiles_past_the_softplus_threshold_are_the_models():

@@ -1,21 +1,29 @@
 """The weights of a trained member, read out of its torch module once, for the batch-1 runtimes.
 
 At batch 1 a small network is bound by dispatch and memory traffic, not arithmetic: torch eager
-spends microseconds per operator on argument checks, dispatch keys and autograd bookkeeping
-(about 25 us for the DQN's three layers on an AVX-512 CPU), numpy about one, a numba kernel
-(:mod:`foxhunt.ensemble.kernels`) a fraction. So a member can run the same math outside torch,
-on these arrays (float32 arrays share memory with the module's CPU parameters, which a member
-never changes; int8 codes and scales are new arrays): :func:`mlp_layers` for the agents' greedy network (numba or numpy), and
-:func:`mamba2_arrays` for the Mamba-2 step (numba), in float32 or, for int8, with each weight
-matrix as int8 codes and one float32 scale per row. Which runtime a member uses is chosen by
-measurement (:mod:`foxhunt.ensemble.members`), and the parity tests hold every runtime to the
-module's own outputs.
+spends microseconds per operator on argument checks, dispatch keys and autograd bookkeeping,
+numpy about one, a numba kernel (:mod:`foxhunt.ensemble.kernels`) a fraction. So a member can run
+the same math outside torch, on these arrays (float32 arrays share memory with the module's CPU
+parameters, which a member never changes; int8 codes and scales are new arrays).
+
+Each torch layer type a kernel implements has one reader here, giving that kernel's arguments:
+:func:`linear_arrays` (``nn.Linear``, float32 or int8 rows with one scale each), :func:`rms_norm_arrays`,
+:func:`conv_step_arrays` (a depthwise causal ``nn.Conv1d``), :func:`ssm_arrays` (a Mamba-2 mixer's
+dt_bias, A, D), :func:`gated_rms_norm_arrays`; a layer of any other type, or a quantized torch layer, is
+refused (:class:`UnsupportedModule`: the member runs torch). A model's arrays are its layers' in the
+model's order: :func:`mlp_layers` for the agents' greedy network (numba or numpy), :func:`mamba2_arrays`
+for :func:`foxhunt.ensemble.kernels.mamba2_step` (the input projection, each block's layers by
+:func:`mamba2_block_arrays`, stacked over ``backbone.blocks``, the final norm, the head). Which runtime
+a member uses is chosen by measurement (:mod:`foxhunt.ensemble.members`), and the parity tests hold
+every runtime to the module's own outputs. The Mamba-2 layer types are imported by their readers, not at
+the top: :mod:`foxhunt.models.mamba2` brings Lightning (through the forecasters' base class), which would
+add 2.4 s to every process importing the members, whether or not it reads a Mamba-2 model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -25,6 +33,8 @@ from foxhunt.ensemble.kernels import ACTIVATIONS, quantize_rows
 
 if TYPE_CHECKING:
     from foxhunt.models.mamba2 import Mamba2Forecaster
+
+L = TypeVar("L", bound=nn.Module)
 
 
 class UnsupportedModule(ValueError):
@@ -39,6 +49,93 @@ def _plain(parameters) -> bool:
     return all(type(p) in (torch.Tensor, nn.Parameter) for p in parameters)
 
 
+def _matrix(tensor: torch.Tensor, int8: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(weights, per-row scales): float32 and ones, or int8 codes and their scales."""
+    if not isinstance(tensor, torch.Tensor):  # a quantized layer's weight() is a method: torch runs it
+        raise UnsupportedModule(f"runtime: a {type(tensor).__name__} weight, not a tensor (a quantized layer)")
+    values = _array(tensor)
+    return quantize_rows(values) if int8 else (values, np.ones(values.shape[:-1], np.float32))
+
+
+def _as(layer: object, kind: type[L], what: str) -> L:
+    """``layer`` as the layer type ``kind`` a kernel implements; any other type: UnsupportedModule."""
+    if not isinstance(layer, kind):
+        name = f"{type(layer).__module__}.{type(layer).__qualname__}"
+        raise UnsupportedModule(f"runtime: a {name} where the kernels take {what}")
+    return layer
+
+
+# ------------------------------------------------------------ one layer each: the kernels' arguments
+def linear_arrays(layer: nn.Module, int8: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An ``nn.Linear`` for :func:`foxhunt.ensemble.kernels.linear_row`: (weight (O, F), per-row scale (O,),
+    bias (O,)), the weight float32 with unit scales or, ``int8``, int8 codes with their scales."""
+    layer = _as(layer, nn.Linear, "an nn.Linear")
+    if not _plain(layer.parameters()):
+        raise UnsupportedModule("runtime: quantized weights (an int8 torch copy runs in torch)")
+    weight, scale = _matrix(layer.weight, int8)
+    bias = layer.bias
+    return weight, scale, _array(bias) if bias is not None else np.zeros(len(weight), np.float32)
+
+
+def rms_norm_arrays(norm: nn.Module) -> tuple[np.ndarray, np.float32]:
+    """An ``nn.RMSNorm`` over the last axis for :func:`foxhunt.ensemble.kernels.rms_norm`: (weight, eps)
+    (ones without an affine weight; torch's float32 epsilon where eps is None, as torch does)."""
+    norm = _as(norm, nn.RMSNorm, "an nn.RMSNorm")
+    if len(norm.normalized_shape) != 1:
+        raise UnsupportedModule(f"runtime: an RMSNorm over {len(norm.normalized_shape)} axes, not the last one")
+    weight = _array(norm.weight) if norm.weight is not None else np.ones(norm.normalized_shape, np.float32)
+    return weight, np.float32(np.finfo(np.float32).eps if norm.eps is None else norm.eps)
+
+
+def conv_step_arrays(conv: nn.Module) -> tuple[np.ndarray, np.ndarray]:
+    """A depthwise causal ``nn.Conv1d`` (groups = channels, stride and dilation 1, zero padding
+    kernel_size - 1) for :func:`foxhunt.ensemble.kernels.depthwise_conv_step`: (weight (C, K), bias (C,))."""
+    conv = _as(conv, nn.Conv1d, "an nn.Conv1d")
+    channels, (width,) = conv.in_channels, conv.kernel_size
+    if (conv.groups, conv.out_channels, conv.stride, conv.dilation, conv.padding, conv.padding_mode) != (
+        channels, channels, (1,), (1,), (width - 1,), "zeros"
+    ):  # fmt: skip
+        raise UnsupportedModule("runtime: a Conv1d that is not depthwise and causal "
+                                "(groups = channels, stride 1, dilation 1, zero padding kernel_size - 1)")  # fmt: skip
+    bias = _array(conv.bias) if conv.bias is not None else np.zeros(channels, np.float32)
+    return _array(conv.weight.squeeze(1)), bias
+
+
+def ssm_arrays(mixer: nn.Module) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Mamba-2 mixer's selective state space parameters for
+    :func:`foxhunt.ensemble.kernels.selective_state_step`: (dt_bias, A = -exp(A_log), D), one per head."""
+    from foxhunt.models.mamba2 import Mamba2Mixer  # here, not at the top: see the module doc
+
+    mixer = _as(mixer, Mamba2Mixer, "a Mamba2Mixer")
+    return _array(mixer.dt_bias), -np.exp(_array(mixer.A_log)), _array(mixer.D)
+
+
+def gated_rms_norm_arrays(norm: nn.Module) -> tuple[np.ndarray, np.float32, int]:
+    """A :class:`foxhunt.models.mamba2.GatedRMSNorm` for :func:`foxhunt.ensemble.kernels.gated_rms_norm`:
+    (weight, eps, group size)."""
+    from foxhunt.models.mamba2 import GatedRMSNorm  # here, not at the top: see the module doc
+
+    norm = _as(norm, GatedRMSNorm, "a GatedRMSNorm")
+    return _array(norm.weight), np.float32(norm.eps), int(norm.group_size)
+
+
+def _stacked(layers: list[tuple]) -> tuple:
+    """The arguments of equal layers (one tuple each, in order), each array stacked on a new first axis;
+    a scalar argument is the layers' one value."""
+    stacked: list[Any] = []
+    for position, values in enumerate(zip(*layers)):
+        if isinstance(values[0], np.ndarray):
+            if len({(v.shape, v.dtype) for v in values}) > 1:
+                raise UnsupportedModule(f"runtime: the blocks' argument {position} differs in shape or dtype")
+            stacked.append(np.ascontiguousarray(np.stack(values)))
+        elif len(set(values)) > 1:
+            raise UnsupportedModule(f"runtime: the blocks' argument {position} differs: {sorted(set(values))}")
+        else:
+            stacked.append(values[0])
+    return tuple(stacked)
+
+
+# ------------------------------------------------------------------------------- the agents' MLP
 NUMPY_ACTIVATIONS = {
     ACTIVATIONS["relu"]: lambda x: np.maximum(x, 0.0, out=x),
     ACTIVATIONS["tanh"]: lambda x: np.tanh(x, out=x),
@@ -53,9 +150,9 @@ def mlp_layers(sequential: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray, 
     activation code of :data:`foxhunt.ensemble.kernels.ACTIVATIONS`) per linear layer."""
     layers: list[list] = []
     for layer in sequential:
-        if isinstance(layer, nn.Linear) and _plain(layer.parameters()):
-            bias = _array(layer.bias) if layer.bias is not None else np.zeros(layer.out_features, np.float32)
-            layers.append([_array(layer.weight), bias, ACTIVATIONS["identity"]])
+        if isinstance(layer, nn.Linear):
+            weight, _, bias = linear_arrays(layer)
+            layers.append([weight, bias, ACTIVATIONS["identity"]])
         elif type(layer) in _TORCH_ACTIVATIONS and layers and layers[-1][2] == ACTIVATIONS["identity"]:
             if isinstance(layer, nn.ELU) and layer.alpha != 1.0:
                 raise UnsupportedModule("runtime: ELU with alpha != 1")
@@ -65,14 +162,7 @@ def mlp_layers(sequential: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray, 
     return [tuple(layer) for layer in layers]
 
 
-def _matrix(tensor: torch.Tensor, int8: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(weights, per-row scales): float32 and ones, or int8 codes and their scales."""
-    if not isinstance(tensor, torch.Tensor):  # a quantized layer's weight() is a method: torch runs it
-        raise UnsupportedModule(f"runtime: a {type(tensor).__name__} weight, not a tensor (a quantized layer)")
-    values = _array(tensor)
-    return quantize_rows(values) if int8 else (values, np.ones(values.shape[:-1], np.float32))
-
-
+# ------------------------------------------------------------------------------- Mamba-2
 @dataclass
 class Mamba2Arrays:
     """The arguments of :func:`foxhunt.ensemble.kernels.mamba2_step` that are the model's:
@@ -87,39 +177,25 @@ class Mamba2Arrays:
         return np.zeros((slots, *self.conv_shape), np.float32), np.zeros((slots, *self.ssm_shape), np.float32)
 
 
+def mamba2_block_arrays(block: nn.Module, int8: bool = False) -> tuple:
+    """One :class:`foxhunt.models.mamba2.Mamba2Block`'s layers in their order, each as its kernel's arguments:
+    pre-norm, in_proj, conv1d, the selective state space, the gated norm, out_proj."""
+    from foxhunt.models.mamba2 import Mamba2Block  # here, not at the top: see the module doc
+
+    block = _as(block, Mamba2Block, "a Mamba2Block")
+    mixer = block.mixer
+    return (*rms_norm_arrays(block.norm), *linear_arrays(mixer.in_proj, int8), *conv_step_arrays(mixer.conv1d),
+            *ssm_arrays(mixer), *gated_rms_norm_arrays(mixer.norm), *linear_arrays(mixer.out_proj, int8))  # fmt: skip
+
+
 def mamba2_arrays(model: Mamba2Forecaster, int8: bool = False) -> Mamba2Arrays:
-    """The weights of a :class:`foxhunt.models.mamba2.Mamba2Forecaster` for the numba step;
-    ``int8``: its input, block and head projections as int8 rows with scales."""
-    if not _plain(model.parameters()):
-        raise UnsupportedModule("runtime: quantized weights (an int8 torch copy runs in torch)")
-    blocks: list[Any] = list(model.backbone.layers)  # Mamba2Blocks (a ModuleList yields nn.Modules)
-    mixers = [b.mixer for b in blocks]
-    first = mixers[0]
-
-    def stack(get) -> np.ndarray:
-        return np.ascontiguousarray(np.stack([get(m) for m in mixers]).astype(np.float32))
-
-    def stacked_matrix(get) -> tuple[np.ndarray, np.ndarray]:
-        pairs = [_matrix(get(m), int8) for m in mixers]
-        return np.ascontiguousarray(np.stack([w for w, _ in pairs])), np.ascontiguousarray(np.stack([s for _, s in pairs]))
-
-    input_w, input_s = _matrix(model.input_proj.weight, int8)
-    in_w, in_s = stacked_matrix(lambda m: m.in_proj.weight)
-    out_w, out_s = stacked_matrix(lambda m: m.out_proj.weight)
-    head_w, head_s = _matrix(model.head.linear.weight, int8)
-    conv_b = stack(lambda m: m.conv1d.bias.detach().numpy() if m.conv1d.bias is not None else np.zeros(m.conv_dim, np.float32))
-    weights = (
-        input_w, input_s, _array(model.input_proj.bias),
-        np.ascontiguousarray(np.stack([_array(b.norm.weight) for b in blocks])), np.float32(blocks[0].norm.eps),
-        in_w, in_s, stack(lambda m: _array(m.in_proj.bias)),
-        stack(lambda m: _array(m.conv1d.weight.squeeze(1))), conv_b,
-        stack(lambda m: _array(m.dt_bias)), stack(lambda m: -np.exp(_array(m.A_log))), stack(lambda m: _array(m.D)),
-        stack(lambda m: _array(m.norm.weight)), np.float32(first.norm.eps), int(first.norm.group_size),
-        out_w, out_s, stack(lambda m: _array(m.out_proj.bias)),
-        _array(model.backbone.norm_f.weight), np.float32(model.backbone.norm_f.eps),
-        head_w, head_s, _array(model.head.linear.bias),
-    )  # fmt: skip
+    """The weights of a :class:`foxhunt.models.mamba2.Mamba2Forecaster` for the numba step, read layer by
+    layer in the model's order: input projection, its blocks (``backbone.blocks``, stacked), final norm, head;
+    ``int8``: every projection as int8 rows with scales. A layer the kernels do not implement: UnsupportedModule."""
+    blocks = model.backbone.blocks
+    weights = (*linear_arrays(model.input_proj, int8), *_stacked([mamba2_block_arrays(b, int8) for b in blocks]),
+               *rms_norm_arrays(model.backbone.norm_f), *linear_arrays(model.head.linear, int8))  # fmt: skip
+    first = blocks[0].mixer
     dims = (first.d_inner, first.conv_dim, first.nheads, first.headdim, first.ngroups, first.d_state)
-    layers = len(mixers)
-    return Mamba2Arrays(weights, dims, (layers, first.conv_dim, first.d_conv),
-                        (layers, first.nheads, first.headdim, first.d_state))  # fmt: skip
+    return Mamba2Arrays(weights, dims, (len(blocks), first.conv_dim, first.d_conv),
+                        (len(blocks), first.nheads, first.headdim, first.d_state))  # fmt: skip
