@@ -4,7 +4,7 @@
 # 1. pytest -m gpu: every CUDA / NVML path (probes, the memory callback's device samples, bf16 and
 #    int8 training on CUDA, CUDA allocation peaks, the ensemble streaming on CUDA, one device per job);
 # 2. foxhunt memory validate on the device against rtx3050ti;
-# 3. a smoke grid of the four models, registered, then foxhunt ensemble validate on CUDA.
+# 3. a smoke grid of the four models, registered, then foxhunt ensemble footprint on CUDA.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -28,10 +28,10 @@ run() { "$@" 2>&1 | tail -n 60; echo "exit ${PIPESTATUS[0]}"; }
 { section "pytest -m gpu"; run "$PY" -m pytest -q -p no:cacheprovider -m gpu tests; echo '```'; } >> "$report"
 { section "foxhunt memory validate (CUDA, rtx3050ti)"
   (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" memory validate --predict); echo '```'; } >> "$report"
-{ section "smoke grid on CUDA, register, ensemble validate (CUDA)"
+{ section "smoke grid on CUDA, register, ensemble footprint (CUDA)"
   (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt-train" -m model=dqn,ppo,mamba2,tft asset=es trainer=smoke data.source.days=7 trainer.accelerator=gpu)
   (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" ensemble register asset=es)
-  (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" ensemble validate asset=es data.source.days=7 ensemble.device=cuda)
+  (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" ensemble footprint asset=es data.source.days=7 ensemble.device=cuda)
   (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" ensemble replay asset=es data.source.days=7 ensemble.device=cuda ensemble.runtime=torch)
   echo '```'; } >> "$report"
 cat "$report"

@@ -106,3 +106,27 @@ def test_module_bytes_counts_a_shared_weight_once_and_the_targets_come_from_the_
     for family in ("dqn", "ppo", "mamba2", "tft"):
         want = OmegaConf.load(CONF / "model" / f"{family}.yaml").get("memory_target_mb")
         assert model_memory_target(family) == (None if want is None else float(want))
+
+
+def test_the_command_and_its_settings_are_named_footprint_and_validate_is_memory_validate_alone(tmp_path):
+    """``foxhunt ensemble footprint`` measures the ensemble (``ensemble.footprint.*``); "validate" names one command,
+    ``foxhunt memory validate``: ``foxhunt ensemble validate`` and ``ensemble.validate.*`` are refused in one line."""
+    from typer.testing import CliRunner
+
+    from foxhunt.cli import app
+    from foxhunt.config.schema import validate
+    from foxhunt.training.parts import compose_config
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["ensemble", "footprint", "--help"])
+    assert shown.exit_code == 0 and "Footprint of the registered ensemble" in shown.output
+    gone = runner.invoke(app, ["ensemble", "validate"])
+    assert gone.exit_code == 2 and gone.output.startswith("foxhunt ensemble: usage error: No such command 'validate'.")
+    assert "Usage" in runner.invoke(app, ["memory", "validate", "--help"]).output
+    cfg = compose_config(["ensemble.footprint.warm_bars=7"], root_dir=tmp_path, config_name="ensemble")
+    assert validate(cfg).ensemble.footprint.warm_bars == 7
+    old = runner.invoke(app, ["ensemble", "footprint", "ensemble.validate.warm_bars=7"])
+    assert (
+        old.exit_code == 2
+        and old.output == "foxhunt ensemble footprint: config error: Could not override 'ensemble.validate.warm_bars'.\n"
+    )

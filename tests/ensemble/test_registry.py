@@ -183,7 +183,7 @@ def test_a_version_without_a_verdict_loads_fp32_and_says_why():
 
 def test_validate_measures_fp32_and_int8_footprints_and_capacity(store_root):
     cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none")
-    result = cli(store_root, "ensemble", "validate", "asset=es", *DATA, "ensemble.validate.probe_calls=5")
+    result = cli(store_root, "ensemble", "footprint", "asset=es", *DATA, "ensemble.footprint.probe_calls=5")
     assert result.exit_code == 0, result.output
     out = result.output
     assert "ensemble fp32:" in out and "(PASS: 500 MB headroom required)" in out
@@ -208,8 +208,8 @@ def test_validate_measures_fp32_and_int8_footprints_and_capacity(store_root):
         assert version.tags[WEIGHTS_CHOICE] in ("fp32", "int8") and "x (at most" in version.tags[WEIGHTS_REASON]
         assert f"foxhunt-{family}-es: {version.tags[WEIGHTS_CHOICE]} (" in out  # the verdict line is what was recorded
         weights, why = weights_to_load("auto", version)
-        assert weights == version.tags[WEIGHTS_CHOICE] and why.startswith("measured by foxhunt ensemble validate")
+        assert weights == version.tags[WEIGHTS_CHOICE] and why.startswith("measured by foxhunt ensemble footprint")
         assert weights_to_load("int8", version) == ("int8", "ensemble.weights=int8")
-    tiny = cli(store_root, "ensemble", "validate", "asset=es", *DATA, "ensemble.validate.probe_calls=5", "budget.total_mb=0.01",
+    tiny = cli(store_root, "ensemble", "footprint", "asset=es", *DATA, "ensemble.footprint.probe_calls=5", "budget.total_mb=0.01",
                "budget.headroom_mb=0.005", "logger.enabled=false")  # fmt: skip
     assert tiny.exit_code == 1 and "FAIL" in tiny.output

@@ -23,7 +23,7 @@ member, the rule). In the same run:
   bars each stepped together (:meth:`~foxhunt.ensemble.engine.StreamingEngine.step_many`: one
   batched call per member): the p50 time of a minute and predictions per second (symbols per
   round / round time), the whole ensemble's and the TFT's alone (goal ``goals.ensemble.tft_predictions_per_s``);
-- capacity: the members in fp32 and int8, each measured as ``foxhunt ensemble validate`` does
+- capacity: the members in fp32 and int8, each measured as ``foxhunt ensemble footprint`` does
   (:func:`foxhunt.ensemble.footprint.measure_member`: tensors + runtime weights + one stream's
   state + one step's peak), and how many whole ensembles fit the budget's available memory in each.
 """

@@ -18,6 +18,11 @@ over the replayed bars there (:mod:`foxhunt.evaluation.interpret`), computed aft
 HTTP with the same ensemble (:mod:`foxhunt.ensemble.serve`, uvicorn): ``POST /predict`` a bar or a
 batch of bars for a symbol, ``GET /health``; SIGTERM or Ctrl-C stops it.
 
+``foxhunt ensemble footprint [OVERRIDES...]`` measures what the registered ensemble costs to hold and run,
+member by member, in fp32 and int8, against ``budget`` (:mod:`foxhunt.ensemble.footprint`), records on each
+version whether int8 pays (what ``ensemble.weights=auto`` loads) and exits 1 when the ensemble as configured
+does not fit.
+
 ``foxhunt ensemble roll [OVERRIDES...] [--force] [--every SECONDS]`` is one step of the rolling
 loop (:mod:`foxhunt.roll.step`): the bars no champion has seen, a challenger per family on the
 window before the newest of them, champion against challenger on those newest bars, the winners
@@ -207,26 +212,26 @@ def serve(
 
 
 @ensemble_app.command()
-def validate(overrides: list[str] | None = OVERRIDES) -> None:
+def footprint(overrides: list[str] | None = OVERRIDES) -> None:
     """Footprint of the registered ensemble in fp32 and int8, headroom against the budget, capacity; exit 0 when it fits."""
     from foxhunt.ensemble.footprint import measure_footprint
 
-    cfg = _compose("validate", overrides)
-    _check_store("validate", cfg)
-    with _reported("validate"), tempfile.TemporaryDirectory(prefix="foxhunt-validate-") as workdir:
+    cfg = _compose("footprint", overrides)
+    _check_store("footprint", cfg)
+    with _reported("footprint"), tempfile.TemporaryDirectory(prefix="foxhunt-footprint-") as workdir:
         text, metrics, fits = measure_footprint(cfg, Path(workdir))
     typer.echo(text)
     if cfg.logger.enabled:
-        typer.echo(f"MLflow run {_log_validate(cfg, text, metrics, fits)} in experiment {cfg.ensemble.experiment}")
+        typer.echo(f"MLflow run {_log_footprint(cfg, text, metrics, fits)} in experiment {cfg.ensemble.experiment}")
     if not fits:
         typer.echo(
-            f"foxhunt ensemble validate: the {cfg.ensemble.weights} ensemble leaves less than {cfg.budget.headroom_mb} MB of {cfg.budget.name} free",
+            f"foxhunt ensemble footprint: the {cfg.ensemble.weights} ensemble leaves less than {cfg.budget.headroom_mb} MB of {cfg.budget.name} free",
             err=True,
         )
         raise typer.Exit(1)
 
 
-def _log_validate(cfg, text: str, metrics: dict, fits: bool) -> str:
+def _log_footprint(cfg, text: str, metrics: dict, fits: bool) -> str:
     import math
 
     from omegaconf import OmegaConf
@@ -241,7 +246,7 @@ def _log_validate(cfg, text: str, metrics: dict, fits: bool) -> str:
     tags = {"asset": str(cfg.asset.key), "budget": str(cfg.budget.name), "fits": str(fits)}
     resolved = resolved_config(cfg)
     with TrackedRun(str(cfg.logger.tracking_uri), str(cfg.ensemble.experiment), cfg.logger.artifact_location,
-                    f"validate-{cfg.asset.key}-{cfg.budget.name}", tags, source="foxhunt ensemble validate") as run:  # fmt: skip
+                    f"footprint-{cfg.asset.key}-{cfg.budget.name}", tags, source="foxhunt ensemble footprint") as run:  # fmt: skip
         run.log_config(resolved, OmegaConf.to_yaml(resolved))
         run.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
         run.log_artifact(report)

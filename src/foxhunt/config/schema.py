@@ -705,7 +705,7 @@ def label_reach(model: ModelSection) -> tuple[int, str]:
     return 1, "a one-step target"
 
 
-class EnsembleValidate(_Strict):
+class FootprintSection(_Strict):
     warm_bars: Annotated[int, _ints(1, 10_000_000)]
     probe_calls: Annotated[int, _ints(1, 1_000_000)]
     int8_max_slowdown: Annotated[float, _reals(gt=0, le=1000)]
@@ -751,7 +751,7 @@ class EnsembleSection(_Strict):
     experiment: str = Field(min_length=1)
     plot_equity: bool
     input_example_decided: Annotated[int, _ints(1, 100_000)]
-    validate_: EnsembleValidate = Field(alias="validate")
+    footprint: FootprintSection
     serve: ServeSection
 
     @field_validator("models")

@@ -1,8 +1,8 @@
 """What the trained ensemble costs to hold and run, member by member, in fp32 and int8, and how many
-instances fit a budget (``foxhunt ensemble validate``).
+instances fit a budget (``foxhunt ensemble footprint``).
 
 The method: take a baseline, load the registered members one by one, and measure
-what each adds. Per member, after it has streamed ``ensemble.validate.warm_bars`` bars (so its
+what each adds. Per member, after it has streamed ``ensemble.footprint.warm_bars`` bars (so its
 streaming state is full: the TFT's 50 encodings, Mamba-2's state):
 
 - ``tensors``: bytes of the torch module's parameters and buffers when its runtime is torch
@@ -300,7 +300,7 @@ def measure_footprint(cfg, workdir) -> tuple[str, dict[str, float], bool]:
     from foxhunt.ensemble.registry import download_version, registered_name
 
     ens = cfg.ensemble
-    settings = ens.validate
+    settings = ens.footprint
     budget = instantiate(cfg.budget)
     asset = instantiate(cfg.asset)
     device = str(ens.device)

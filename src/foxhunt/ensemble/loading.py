@@ -7,9 +7,9 @@ or the version ``ensemble.versions`` names), rebuilds its model from the version
 back to plain fp32), moves it to ``ensemble.device`` in eval mode and wraps it in a
 :class:`~foxhunt.ensemble.members.Member`, whose runtime holds its weights (fp32, or with
 ``ensemble.weights=int8`` int8: :mod:`foxhunt.ensemble.members` says how per family); with ``auto`` (the
-default) each member loads the weights ``foxhunt ensemble validate`` measured to pay for it
+default) each member loads the weights ``foxhunt ensemble footprint`` measured to pay for it
 (its version's ``weights_choice`` tag: int8 only when its step is at most
-``ensemble.validate.int8_max_slowdown`` x fp32's and its footprint at least
+``ensemble.footprint.int8_max_slowdown`` x fp32's and its footprint at least
 ``int8_min_cut_pct`` % smaller), fp32 when none was measured; the log says which and why, one
 line per member. A member trained on
 another asset than the one asked for, a missing version and a stored config that no longer

@@ -86,7 +86,7 @@ SELECTION_PREFIXES = ("val/",)
 VAL_SHARPE, VAL_BASELINE = "val/sharpe", "val/baseline/"
 GATES = ("baseline", "interval", "none")
 GATE_TAG, GATE_FORCED = "gate", "forced"  # version tag: the gate it passed, or forced
-WEIGHTS_CHOICE, WEIGHTS_REASON = "weights_choice", "weights_reason"  # version tags: foxhunt ensemble validate's verdict
+WEIGHTS_CHOICE, WEIGHTS_REASON = "weights_choice", "weights_reason"  # version tags: foxhunt ensemble footprint's verdict
 MODEL_ARTIFACT_PATH = "champion"  # the run artifact folder of versions registered before logged models
 LINKED_METRICS = ("val/", "test/")  # the run's metrics a version's logged model is linked to
 MODEL_TYPE = "foxhunt-member"  # the logged models' model_type
@@ -334,8 +334,8 @@ def weights_to_load(configured: str, version) -> tuple[str, str]:
         return configured, f"ensemble.weights={configured}"
     choice = version.tags.get(WEIGHTS_CHOICE)
     if choice in ("fp32", "int8"):
-        return choice, f"measured by foxhunt ensemble validate: {version.tags.get(WEIGHTS_REASON, '')}"
-    return "fp32", "no int8 verdict recorded for this version (foxhunt ensemble validate measures one)"
+        return choice, f"measured by foxhunt ensemble footprint: {version.tags.get(WEIGHTS_REASON, '')}"
+    return "fp32", "no int8 verdict recorded for this version (foxhunt ensemble footprint measures one)"
 
 
 @dataclass(frozen=True)
