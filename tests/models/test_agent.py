@@ -120,6 +120,38 @@ def test_state_dim_mismatch_is_a_clear_error(name):
         cpu_trainer(max_steps=1).fit(agent, datamodule=env_datamodule(dataset, cfg))
 
 
+@pytest.mark.parametrize("name", ["dqn", "ppo"])
+def test_an_agents_typed_hyperparameters_are_those_it_was_built_with(name):
+    """``agent.hp``, the values as the family's definition types them, holds what Lightning saves
+    as the agent's hparams (what a checkpoint rebuilds it from)."""
+    agent = build_agent(model_config(name, seed=4, gamma=0.9))
+    assert type(agent.hp) is agent.hyperparameters
+    assert agent.hp.model_dump() == dict(agent.hparams)
+    assert agent.hp.gamma == 0.9 and agent.hp.seed == 4
+
+
+@pytest.mark.parametrize("name", ["dqn", "ppo"])
+def test_an_agent_stepped_before_its_fit_starts_names_what_builds_its_state(name):
+    """The training envs come from setup('fit'), their observation (and DQN's replay buffer) from
+    on_train_start: an agent stepped without them says which was skipped."""
+    cfg = model_config(name, seed=0, env={"episode_len": 20})
+    agent = build_agent(cfg)
+    with pytest.raises(RuntimeError, match=r"no training env; setup\('fit'\) builds it"):
+        agent.on_train_start()
+    datamodule = env_datamodule(random_dataset(seed=7, split_bars=(60, 30, 30)), cfg)
+    datamodule.setup("fit")
+    agent = build_agent(cfg)
+    agent.train_env = datamodule.make_env("train", num_envs=agent.num_envs, seed=agent.seed)
+    step = (lambda: agent.collect_step(0.5)) if name == "dqn" else agent.collect_rollout
+    with pytest.raises(RuntimeError, match="no observation of the training envs; on_train_start resets them"):
+        step()
+    if name == "dqn":
+        with pytest.raises(RuntimeError, match="no replay buffer; on_train_start builds it"):
+            agent.agent_state()
+    agent.on_train_start()
+    step()  # steps once the fit's start built its state
+
+
 def test_agents_declare_the_monitor_metric():
     from foxhunt.models.dqn import DQNAgent
     from foxhunt.models.ppo import PPOAgent

@@ -280,6 +280,19 @@ class TradingAgent(LightningModule, ABC):
             self.check_observation_dim(env)
             self._eval_costs[split] = (env.asset, env.commission_usd, env.slippage_ticks)
 
+    def training_env(self) -> TradingEnv:
+        """The training envs: built by :meth:`setup` for a fit (a caller that steps the agent itself,
+        as foxhunt.bench.rl, sets ``train_env``)."""
+        if self.train_env is None:
+            raise RuntimeError(f"{type(self).__name__}: no training env; setup('fit') builds it from the trainer's datamodule")
+        return self.train_env
+
+    def observation(self) -> Tensor:
+        """The training envs' current observation: the agent's ``on_train_start`` resets the envs."""
+        if self._obs is None:
+            raise RuntimeError(f"{type(self).__name__}: no observation of the training envs; on_train_start resets them")
+        return self._obs
+
     def check_observation_dim(self, env: TradingEnv) -> None:
         """Raise ValueError unless the env's observation is ``state_dim + 1`` wide."""
         if env.observation_dim != self.obs_dim:
@@ -451,7 +464,7 @@ class TradingAgent(LightningModule, ABC):
         saved, self._resumed = self._resumed, None
         if saved is None:
             return
-        env = self.train_env
+        env = self.training_env()
         env.load_state_dict(saved["env"])
         self._obs = saved["obs"].to(env.device)
         returns = saved["episode_return"]

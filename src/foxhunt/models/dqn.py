@@ -125,6 +125,7 @@ class ReplayBuffer:
                 f"ReplayBuffer.add: {batch} transitions exceed the capacity {self.capacity} "
                 f"(model.module.replay_capacity must be >= num_envs)"
             )
+        slots: slice | Tensor
         if self.cursor + batch <= self.capacity:  # contiguous slots: plain copies into views
             slots = slice(self.cursor, self.cursor + batch)
         else:  # wrapping around the end of the ring
@@ -290,6 +291,8 @@ class DQNAgent(TradingAgent):
     ) -> None:
         super().__init__(state_dim=state_dim, num_envs=num_envs, seed=seed, compile_step=compile_step)
         self.save_hyperparameters()  # plain values (defined_by): checkpoints load with weights_only=True
+        # The same values as their definition types them (validated already: defined_by)
+        self.hp = DQNHyperparameters.model_construct(**self.hparams)
         self.automatic_optimization = False  # several gradient steps per training_step
         self.q_net = build_mlp(self.obs_dim, hidden_sizes, NUM_ACTIONS, activation)
         self.target_net = copy.deepcopy(self.q_net)
@@ -310,11 +313,11 @@ class DQNAgent(TradingAgent):
         return self.q_net(obs).argmax(dim=-1)
 
     def epsilon(self, step: int) -> float:
-        hp = self.hparams
+        hp = self.hp
         return epsilon_at(step, hp.epsilon_start, hp.epsilon_end, hp.epsilon_decay)
 
     def updates_per_batch(self) -> int:
-        return int(self.hparams.steps_per_call)
+        return self.hp.steps_per_call
 
     @torch.no_grad()
     def act(self, obs: Tensor, epsilon: float) -> Tensor:
@@ -327,32 +330,37 @@ class DQNAgent(TradingAgent):
 
     # ------------------------------------------------------------------------------ training
     def on_train_start(self) -> None:
-        hp = self.hparams
-        self.replay = ReplayBuffer(hp.replay_capacity, self.obs_dim, self.device, self.seed)
+        self.replay = ReplayBuffer(self.hp.replay_capacity, self.obs_dim, self.device, self.seed)
         self._explore_generator.manual_seed(self.seed)
-        self._obs = self.train_env.reset(seed=self.seed)
+        self._obs = self.training_env().reset(seed=self.seed)
         super().on_train_start()  # a resumed fit: all of it put back (restore_agent_state)
 
     def agent_state(self) -> dict[str, Any]:
         """Besides :class:`TradingAgent`'s: the replay buffer and the exploration generator."""
-        return {"replay": self.replay.state_dict(), "explore_generator": self._explore_generator.get_state()}
+        return {"replay": self.replay_buffer().state_dict(), "explore_generator": self._explore_generator.get_state()}
 
     def restore_agent_state(self, state: dict[str, Any]) -> None:
-        self.replay.load_state_dict(state["replay"])
+        self.replay_buffer().load_state_dict(state["replay"])
         self._explore_generator.set_state(state["explore_generator"])
+
+    def replay_buffer(self) -> ReplayBuffer:
+        """The replay buffer, which ``on_train_start`` builds on the module's device."""
+        if self.replay is None:
+            raise RuntimeError("DQNAgent: no replay buffer; on_train_start builds it")
+        return self.replay
 
     @torch.no_grad()
     def collect_step(self, epsilon: float) -> tuple[Tensor, Tensor]:
         """One epsilon-greedy step of the training envs, its transitions written to the replay
         buffer; returns ``(reward, done)`` per env. The acting half of a training step (the
         benchmark times it alone)."""
-        env = self.train_env
-        obs = self.env_obs(self._obs)
+        env = self.training_env()
+        obs = self.env_obs(self.observation())
         actions = self.act(obs, epsilon)
         next_obs, reward, terminated, truncated, info = env.step(actions.to(env.device))
         # final_obs is the state each transition reached (before any auto-reset); only a
         # terminated episode stops the bootstrap, a truncated one bootstraps from final_obs.
-        self.replay.add(obs, actions, reward, info["final_obs"], terminated)
+        self.replay_buffer().add(obs, actions, reward, info["final_obs"], terminated)
         self._obs = next_obs
         return reward, terminated | truncated
 
@@ -365,14 +373,16 @@ class DQNAgent(TradingAgent):
             steps = max(1, min(steps, max_steps - self.global_step))
         log = self.log_due(batch_idx, optimizer_steps=steps)  # the steps a logger sees
         optimizer = self.optimizers()
-        for _ in range(steps):
-            epsilon, loss, q_taken = self.agent_step(optimizer)
+        for _ in range(steps - 1):  # steps >= 1
+            self.agent_step(optimizer)
+        epsilon, loss, q_taken = self.agent_step(optimizer)  # the last one, whose metrics are logged
         if log:
             self.log("train/epsilon", epsilon, on_step=True, on_epoch=False, batch_size=1)
             for key, value in self.pending_metrics().items():
                 self.log(key, value, on_step=True, on_epoch=False, batch_size=1)
             if loss is not None:
-                batch_size = self.hparams.batch_size
+                assert q_taken is not None  # None with the loss only (while the buffer fills)
+                batch_size = self.hp.batch_size
                 self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size)
                 self.log("train/q_mean", q_taken.mean(), on_step=True, on_epoch=False, batch_size=batch_size)
         return loss
@@ -382,19 +392,22 @@ class DQNAgent(TradingAgent):
         buffer holds ``min_replay_size`` transitions, then the target update due at the new
         ``global_step``, with ``optimizer`` (Lightning's wrapper of the Adam; :meth:`update`). Returns
         ``(epsilon, loss, q_taken)``, the last two detached (None while the buffer fills)."""
-        hp = self.hparams
+        hp = self.hp
+        replay = self.replay_buffer()
         epsilon = self.epsilon(self.global_step)
         reward, done = self.collect_step(epsilon)
-        self.note_step(self.train_env.num_envs, self.track_episodes(reward, done))
-        loss = q_taken = None
-        if len(self.replay) >= hp.min_replay_size:
-            sample = self.replay.sample(hp.batch_size)
+        self.note_step(self.training_env().num_envs, self.track_episodes(reward, done))
+        loss: Tensor | None = None
+        q_taken: Tensor | None = None
+        if len(replay) >= hp.min_replay_size:
+            sample = replay.sample(hp.batch_size)
             loss, q_taken = self.step_function(double_dqn_batch_loss)(
                 self.q_net, self.target_net, sample.obs, sample.actions, sample.rewards, sample.next_obs, sample.dones, hp.gamma
             )
         # Counted in global_step either way; without gradients (filling) Adam changes nothing.
         self.update(optimizer, loss)
         if loss is not None:
+            assert q_taken is not None  # computed with the loss
             loss, q_taken = loss.detach(), q_taken.detach()
         self.maybe_update_target(self.global_step)
         return epsilon, loss, q_taken
@@ -402,14 +415,14 @@ class DQNAgent(TradingAgent):
     def maybe_update_target(self, step: int) -> bool:
         """Copy the online weights into the target network when ``step`` (training steps
         completed) is a positive multiple of ``target_update_interval``; returns whether it did."""
-        if step > 0 and step % self.hparams.target_update_interval == 0:
+        if step > 0 and step % self.hp.target_update_interval == 0:
             self.target_net.load_state_dict(self.q_net.state_dict())
             return True
         return False
 
     def clip_update_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.clip_grad_norm(params, self.hparams.max_grad_norm)
+        self.clip_grad_norm(params, self.hp.max_grad_norm)
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
-        return make_optimizer(self.q_net.parameters(), "adam", lr=self.hparams.lr)
+        return make_optimizer(self.q_net.parameters(), "adam", lr=self.hp.lr)

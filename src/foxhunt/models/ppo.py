@@ -280,6 +280,8 @@ class PPOAgent(TradingAgent):
     ) -> None:
         super().__init__(state_dim=state_dim, num_envs=num_envs, seed=seed, compile_step=compile_step)
         self.save_hyperparameters()  # plain values (defined_by): checkpoints load with weights_only=True
+        # The same values as their definition types them (validated already: defined_by)
+        self.hp = PPOHyperparameters.model_construct(**self.hparams)
         self.automatic_optimization = False
         self.batch_size = num_envs * rollout_steps
         self.policy_net = orthogonal_init_(
@@ -304,7 +306,7 @@ class PPOAgent(TradingAgent):
         return self.value_net(obs).squeeze(-1)
 
     def updates_per_batch(self) -> int:
-        return int(self.hparams.update_epochs) * (self.batch_size // int(self.hparams.minibatch_size))
+        return self.hp.update_epochs * (self.batch_size // self.hp.minibatch_size)
 
     @property
     def acting_network(self) -> torch.nn.Sequential:
@@ -315,15 +317,15 @@ class PPOAgent(TradingAgent):
 
     # ------------------------------------------------------------------------------ training
     def on_train_start(self) -> None:
-        self._obs = self.train_env.reset(seed=self.seed)
+        self._obs = self.training_env().reset(seed=self.seed)
         super().on_train_start()  # a resumed fit: the envs, the observation and the returns put back
 
     @torch.no_grad()
     def collect_rollout(self) -> dict[str, Tensor]:
         """``rollout_steps`` steps of the training envs; returns (T, N, ...) tensors on the
         module's device plus the GAE ``advantages`` and ``returns``."""
-        hp = self.hparams
-        env = self.train_env
+        hp = self.hp
+        env = self.training_env()
         steps, n = hp.rollout_steps, env.num_envs
         dev = self.device
         obs_buf = torch.zeros(steps, n, self.obs_dim, device=dev)
@@ -336,7 +338,7 @@ class PPOAgent(TradingAgent):
         final_values = torch.zeros(steps, n, device=dev)
         finished_returns = []
         for t in range(steps):
-            obs = self.env_obs(self._obs)
+            obs = self.env_obs(self.observation())
             action, logprob = sample_categorical(self.policy_net(obs))
             obs_buf[t], actions[t], logprobs[t] = obs, action, logprob
             values[t] = self.value(obs)
@@ -350,7 +352,7 @@ class PPOAgent(TradingAgent):
             if finished is not None:
                 finished_returns.append(finished)
             self._obs = next_obs
-        next_value = self.value(self.env_obs(self._obs))
+        next_value = self.value(self.env_obs(self.observation()))
         advantages, returns = compute_gae(
             rewards,
             values,
@@ -374,7 +376,7 @@ class PPOAgent(TradingAgent):
         return rollout
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        hp = self.hparams
+        hp = self.hp
         optimizer = self.optimizers()
         self.rollout = None  # release the previous rollout before collecting the next
         rollout = self.rollout = self.collect_rollout()
@@ -391,6 +393,7 @@ class PPOAgent(TradingAgent):
         log = self.log_due(batch_idx, optimizer_steps=minibatches)  # before: stats only if logged
         totals = torch.zeros(len(PPO_STATS), device=self.device)
         updates = 0
+        loss: Tensor | None = None  # the last minibatch's
         for _ in range(hp.update_epochs):
             # Shuffle each tensor once per epoch; the minibatches are slices (views) of it.
             order = torch.randperm(self.batch_size, device=self.device)
@@ -413,6 +416,7 @@ class PPOAgent(TradingAgent):
                 updates += 1
 
         self.note_step(self.batch_size, rollout.get("episode_returns"))
+        assert loss is not None  # update_epochs >= 1 and minibatch_size divides the rollout: one update at least
         if not log:
             return loss.detach()
         means = totals / updates
@@ -424,10 +428,10 @@ class PPOAgent(TradingAgent):
 
     def clip_update_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         for group in optimizer.param_groups:  # the policy's, then the value's: each its own norm
-            self.clip_grad_norm(group["params"], self.hparams.max_grad_norm)
+            self.clip_grad_norm(group["params"], self.hp.max_grad_norm)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        hp = self.hparams
+        hp = self.hp
         groups = [
             {"params": list(self.policy_net.parameters()), "lr": hp.policy_lr},
             {"params": list(self.value_net.parameters()), "lr": hp.value_lr},
