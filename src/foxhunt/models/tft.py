@@ -39,8 +39,8 @@ Causality: every layer is position-wise except the LSTMs (left to right) and the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +53,7 @@ from foxhunt.models.forecaster import INPUT_KEYS, ForecasterHyperparameters, For
 from foxhunt.models.quantiles import QuantileHead
 
 if TYPE_CHECKING:
-    from foxhunt.evaluation.interpret import Interpretation
+    from foxhunt.evaluation.interpret import Interpretation, SelectionNames
 
 
 def _dropout(module: nn.Dropout, x: Tensor) -> Tensor:
@@ -184,12 +184,17 @@ class VariableSelectionNetwork(nn.Module):
             GatedResidualNetwork(hidden_size, hidden_size, hidden_size, dropout) for _ in range(n_vars)
         )
 
+    @property
+    def grns(self) -> list[GatedResidualNetwork]:
+        """The variable GRNs as the GRNs they are (``nn.ModuleList`` types its items as any Module)."""
+        return [cast(GatedResidualNetwork, grn) for grn in self.variable_grns]
+
     def forward(self, embedded: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """embedded: (..., n_vars, hidden) -> (selected (..., hidden), weights (..., n_vars))."""
         weights = torch.softmax(self.weight_grn(embedded.flatten(-2), context), dim=-1)
         return self._run_variable_grns(self._select_embedded, embedded, weights), weights
 
-    def _run_variable_grns(self, segment, *inputs: Tensor) -> Tensor:
+    def _run_variable_grns(self, segment: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
         """``segment(*inputs)``, under activation checkpointing when it is on and gradients are
         recorded. Reentrant checkpoint: the recomputation in backward runs under the default
         saved-tensor hooks, so foxhunt's activation meter counts its peak (the non-reentrant
@@ -220,7 +225,7 @@ class VariableSelectionNetwork(nn.Module):
         weight = torch.cat([e.weight for e in embeddings]) if len(embeddings) > 1 else embeddings[0].weight
         bias = torch.cat([e.bias for e in embeddings]) if len(embeddings) > 1 else embeddings[0].bias
         grn = self.weight_grn
-        layers = [grn.fc_input, grn.skip, *(g.fc_input for g in self.variable_grns)]
+        layers = [grn.fc_input, grn.skip, *(g.fc_input for g in self.grns)]
         if not all(_plain_weight(layer) for layer in layers):  # e.g. int8 weights: no folding
             return self(x.unsqueeze(-1) * weight + bias, context)
         hidden_w, hidden_b, skip_w, skip_b, scale, offset = self._folds(weight, bias, embeddings)
@@ -241,9 +246,7 @@ class VariableSelectionNetwork(nn.Module):
         weight, bias = _embedding_weights(embeddings)
         *_, scale, offset = self._folds(weight, bias, embeddings)
         part = slice(first, first + x_part.shape[-1])
-        return self._variable_grn_outputs(
-            x_part, list(self.variable_grns)[part], weight[part], bias[part], scale[part], offset[part]
-        )
+        return self._variable_grn_outputs(x_part, self.grns[part], weight[part], bias[part], scale[part], offset[part])
 
     @staticmethod
     def _variable_grn_outputs(x: Tensor, grns: Sequence[GatedResidualNetwork], weight: Tensor, bias: Tensor,
@@ -277,7 +280,7 @@ class VariableSelectionNetwork(nn.Module):
         layer. The per-variable GRNs hold most of the TFT's activations (n_vars x hidden values
         per position, several tensors each), so this is the segment that activation
         checkpointing drops after the forward pass and recomputes in the backward pass."""
-        processed = self._variable_grn_outputs(x, list(self.variable_grns), weight, bias, scale, offset)
+        processed = self._variable_grn_outputs(x, self.grns, weight, bias, scale, offset)
         return (weights.unsqueeze(-1) * processed).sum(dim=-2)
 
     def _folds(
@@ -312,8 +315,9 @@ class VariableSelectionNetwork(nn.Module):
         if isinstance(grn.skip, nn.Linear):
             skip_w = (grn.skip.weight.view(-1, n_vars, hidden) * weight).sum(-1)
             skip_b = grn.skip.bias + grn.skip.weight @ bias.flatten()
-        input_weights = torch.stack([g.fc_input.weight for g in self.variable_grns])  # (n, out, hidden)
-        input_bias = torch.stack([g.fc_input.bias for g in self.variable_grns])
+        grns = self.grns
+        input_weights = torch.stack([g.fc_input.weight for g in grns])  # (n, out, hidden)
+        input_bias = torch.stack([g.fc_input.bias for g in grns])
         scale = (input_weights * weight.unsqueeze(1)).sum(-1)
         offset = input_bias + (input_weights * bias.unsqueeze(1)).sum(-1)
         folds = (hidden_w, hidden_b, skip_w, skip_b, scale, offset)
@@ -508,6 +512,8 @@ class TemporalFusionTransformer(ForecasterModule):
         forecast, attention = self.fuse(contexts, past_selected, future_selected, return_attention=return_weights)
         if not return_weights:
             return forecast
+        # static_contexts gives the static weights (a stream's contexts may not), fuse the attention asked for
+        assert contexts.weights is not None and attention is not None
         weights = {
             "static": contexts.weights,
             "encoder": encoder_weights,
@@ -534,7 +540,7 @@ class TemporalFusionTransformer(ForecasterModule):
                                       source=f"{split} split", total_windows=total)  # fmt: skip
 
     @torch.no_grad()
-    def interpret_windows(self, windows: Mapping[str, Any], batch_size: int, names, source: str,
+    def interpret_windows(self, windows: Mapping[str, Any], batch_size: int, names: SelectionNames, source: str,
                           total_windows: int | None = None, forecasts: list[Tensor] | None = None) -> Interpretation:  # fmt: skip
         """Mean variable-selection weights (static, encoder, decoder) and the decoder positions'
         head-averaged attention over ``windows`` (``static``, ``known``, ``observed`` stacked, as
