@@ -318,8 +318,8 @@ class TradingAgent(LightningModule, ABC):
         torch's ``clip_grad_norm_`` directly. Called where Lightning has already unscaled the
         gradients under a grad scaler (``configure_gradient_clipping``,
         ``on_before_optimizer_step``); Lightning's own ``clip_gradients`` wrapper costs about as
-        much as the clipping itself (143 us against 69 us per call: time.perf_counter around each
-        call in a PPO update, 1 thread, this 2-core CPU)."""
+        much again as the clipping itself (measured around each call in a PPO update; figures in
+        docs/benchmarks.md)."""
         if max_norm is None:
             return
         torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
@@ -367,7 +367,8 @@ class TradingAgent(LightningModule, ABC):
         ``step``, counted in the manual-optimization loop's ``optim_step_progress`` exactly as the
         wrapper counts it (ready, then completed: ``trainer.global_step`` is its completed total),
         so global_step, max_steps, logging and checkpoint cadence and resume are the same. The
-        wrapper costs 25-47% of a DQN gradient step (foxhunt.bench.rl); the updates are the same
+        wrapper costs a quarter to a half of a DQN gradient step (foxhunt.bench.rl's framework
+        share, docs/benchmarks.md); the updates are the same
         bit for bit (tests/models/test_agent_updates.py).
         """
         if not self._direct_updates:

@@ -262,11 +262,11 @@ class DQNAgent(TradingAgent):
     ``model.module`` of ``conf/model/dqn.yaml``, defined (type, range, doc) by
     :class:`DQNHyperparameters`."""
 
-    #: ``compile_step: auto``: never on a CPU, where the compiled loss measured no faster (807 against
-    #: 745-829 us per gradient step, CPU time, 1 thread, 256x256 ReLU, batch 32; with the Adam step
-    #: compiled too 1112 us: slower) and its first step compiles for 9-18 s. On a GPU (CUDA graphs)
-    #: from 50,000 planned steps: not measured (no GPU lent), CUDA graphs' usual saving (about 1 ms
-    #: of kernel launches per step of this size) against about a minute of compilation.
+    #: ``compile_step: auto``: never on a CPU, where the compiled loss measured no faster than the
+    #: eager one (slower with the Adam step compiled too) and its first step compiles for seconds.
+    #: On a GPU (CUDA graphs) from 50,000 planned steps: CUDA graphs save the kernel launches of
+    #: each small step against a compilation of about a minute (not yet measured on a GPU). The
+    #: figures and how they were taken: docs/benchmarks.md, "training speed" (issue 41).
     compile_pays_after: ClassVar[dict[str, int]] = {"cuda": 50_000}
 
     def __init__(

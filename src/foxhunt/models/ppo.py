@@ -248,12 +248,11 @@ class PPOAgent(TradingAgent):
     :class:`PPOHyperparameters`."""
 
     #: ``compile_step: auto`` on a CPU from 50,000 planned gradient steps: the compiled minibatch
-    #: loss (forward, loss, backward; Adam eager) measured 1.3x faster, 1154-1286 against 1652-1703
-    #: us per gradient step (CPU time, 1 thread, 256x256 tanh, minibatch 32), about 0.45 ms saved a
-    #: step, and its first step compiles for 2.5 s (inductor's on-disk cache warm) to 23 s (cold):
-    #: paid back after 5,000 to 50,000 steps. On a GPU (CUDA graphs) from 50,000 too: not measured
-    #: (no GPU lent), CUDA graphs' usual saving of about 1 ms of kernel launches a step against about
-    #: a minute of compilation.
+    #: loss (forward, loss, backward; Adam eager) measured faster than the eager one, by a fraction
+    #: of a millisecond a step, against a first step that compiles for seconds (inductor's on-disk
+    #: cache warm) to tens of seconds (cold): paid back within 50,000 steps. On a GPU (CUDA graphs)
+    #: from 50,000 too: CUDA graphs save each step's kernel launches against a compilation of about
+    #: a minute (not yet measured on a GPU). The figures: docs/benchmarks.md, "training speed".
     compile_pays_after: ClassVar[dict[str, int]] = {"cpu": 50_000, "cuda": 50_000}
 
     def __init__(
