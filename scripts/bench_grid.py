@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Wall time of the 16-cell smoke grid, sequential against parallel, in one run.
 
-    python scripts/bench_grid.py                      # experiment=grid trainer=smoke
+    python scripts/bench_grid.py                      # preset=grid trainer=smoke
     python scripts/bench_grid.py --keep -- seed=7     # extra overrides after --
 
-Each strategy runs ``foxhunt-train -m experiment=grid trainer=smoke strategy=<s>`` with the
+Each strategy runs ``foxhunt-train -m preset=grid trainer=smoke strategy=<s>`` with the
 same seed in a fresh root folder (``FOXHUNT_ROOT``: its own MLflow store, feature cache and
 prediction cache, so neither run profits from the other). Wall time is measured around the
 whole command with ``time.perf_counter`` (process start, imports, data generation, every cell,
@@ -33,7 +33,7 @@ def run_grid(strategy: str, root: Path, extra: list[str]) -> dict:
     command = [
         str(Path(sys.executable).parent / "foxhunt-train"),
         "-m",
-        "experiment=grid",
+        "preset=grid",
         "trainer=smoke",
         f"strategy={strategy}",
         *extra,

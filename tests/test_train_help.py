@@ -14,7 +14,7 @@ import pytest
 from configs import CONF_DIR
 from foxhunt.config.schema import validate
 
-NO_DEFAULT = {"experiment", "hparams_search", "debug"}  # null in conf/train.yaml's defaults
+NO_DEFAULT = {"preset", "hparams_search", "debug"}  # null in conf/train.yaml's defaults
 COMPLETION = 'eval "$(foxhunt-train --shell-completion install=bash)"'
 
 
@@ -47,7 +47,7 @@ def test_the_page_is_foxhuntS_not_hydraS(page):
     assert page.startswith("foxhunt-train: train one cell")
     assert "Powered by Hydra" not in page and "== Config ==" not in page  # not the whole config dumped
     groups = {line.split()[0] for line in _section(page, "Config groups")}
-    assert groups == {"model", "asset", "data", "precision", "trainer", "budget", "strategy", "experiment", "hparams_search",
+    assert groups == {"model", "asset", "data", "precision", "trainer", "budget", "strategy", "preset", "hparams_search",
                       "debug"}  # fmt: skip
     assert not groups & {"bench", "ensemble", "paper", "roll", "paths", "hydra"}  # groups not meant for training
 
@@ -79,14 +79,14 @@ def test_five_examples_compose_and_validate_as_written(page, compose_cfg):
     for example in examples:
         for cell in _cells(example[1:]):
             cfg = compose_cfg(cell)
-            validate(cfg)  # a sweeping preset's own cells: tests/config/test_experiment_presets
+            validate(cfg)  # a sweeping preset's own cells: tests/config/test_presets
 
 
 def test_the_completion_command_is_given_and_completes_with_this_entry_point(page, monkeypatch, tmp_path, capsys):
     assert COMPLETION in page
-    monkeypatch.setenv("COMP_LINE", "foxhunt-train experiment=")
+    monkeypatch.setenv("COMP_LINE", "foxhunt-train preset=")
     assert set(_run(monkeypatch, tmp_path, capsys, "-sc", "query=bash").split()) == {
-        f"experiment={path.stem}" for path in (CONF_DIR / "experiment").glob("*.yaml")
+        f"preset={path.stem}" for path in (CONF_DIR / "preset").glob("*.yaml")
     }
     script = _run(monkeypatch, tmp_path, capsys, "--shell-completion", "install=bash")
     assert script.rstrip().endswith("complete -o nospace -o default -F hydra_bash_completion foxhunt-train")

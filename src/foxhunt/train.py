@@ -55,7 +55,7 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
 
 
 def _refuse_a_sweep_without_multirun() -> None:
-    """A preset that sweeps (``experiment=grid``, ``hparams_search=...``: it sets
+    """A preset that sweeps (``preset=grid``, ``hparams_search=...``: it sets
     ``hydra.sweeper.params``) run without ``-m`` would silently train one default cell: one line."""
     from hydra.core.hydra_config import HydraConfig
 
@@ -64,9 +64,7 @@ def _refuse_a_sweep_without_multirun() -> None:
     if not params:
         return
     choices = hydra_cfg.runtime.choices
-    preset = next(
-        (f"{group}={choices[group]}" for group in ("experiment", "hparams_search") if choices.get(group)), "this config"
-    )
+    preset = next((f"{group}={choices[group]}" for group in ("preset", "hparams_search") if choices.get(group)), "this config")
     swept = ", ".join(str(key) for key in params)
     raise ConfigError(f"{preset} sweeps {swept}: run it with -m (foxhunt-train -m {preset}); "
                       "without it one default cell would train")  # fmt: skip

@@ -47,15 +47,15 @@ def _group_options() -> dict[str, list[str]]:
     return groups
 
 
-def test_every_preset_of_conf_validates(tmp_path):
+def test_every_option_of_every_group_validates(tmp_path):
     """Each option of each group in at least one composition (the i-th option of every group in
     the i-th), through the ensemble config (the training config plus the ensemble, paper and roll groups)."""
     from foxhunt.training.parts import compose_config
 
     groups = _group_options()
-    # an experiment preset sets several groups at once (a sweep, resume=true): each is composed and validated
-    # whole, cell by cell, in tests/config/test_experiment_presets.py, not mixed with other groups' options here
-    del groups["experiment"]
+    # a preset (conf/preset/) sets several groups at once (a sweep, resume=true): each is composed and validated
+    # whole, cell by cell, in tests/config/test_presets.py, not mixed with other groups' options here
+    del groups["preset"]
     assert {"trainer", "model", "data", "strategy", "precision", "budget", "ensemble", "paper"} <= set(groups)
     for i in range(max(len(options) for options in groups.values())):
         chosen = {group: options[i % len(options)] for group, options in groups.items()}

@@ -19,7 +19,7 @@ from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, six_e_csv, store, sw
 from foxhunt.runs.cell import read_results
 from foxhunt.sweeps.resources import available_cores
 
-TWO_AGENTS = ["experiment=grid", "model=dqn,ppo", "asset=es", *SMOKE, *WEEK]
+TWO_AGENTS = ["preset=grid", "model=dqn,ppo", "asset=es", *SMOKE, *WEEK]
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_a_sweep_stopped_by_sigterm_resumes_from_the_interrupted_checkpoint(tmp_
 
 @pytest.mark.slow
 def test_full_grid_in_parallel_isolates_a_failing_cell_and_resume_trains_only_that_one(tmp_path, compose_cfg, check):
-    """The done criterion, ``foxhunt-train -m experiment=grid trainer=smoke strategy=parallel``, on a
+    """The done criterion, ``foxhunt-train -m preset=grid trainer=smoke strategy=parallel``, on a
     week of bars (the default 60 days make the TFT and Mamba-2 cells' backtests take minutes)."""
     from foxhunt.config.schema import resolved_config
     from foxhunt.runs.config_hash import config_hash
@@ -188,7 +188,7 @@ def test_full_grid_in_parallel_isolates_a_failing_cell_and_resume_trains_only_th
         earlier.log_config(resolved_config(cell), "")
         earlier.log_metrics({"memory/device_peak_mb": 40000.0})
 
-    grid = ["experiment=grid", "precision=fp32", "trainer=smoke", "strategy=parallel", *WEEK]  # fp32: the TFT defaults to auto
+    grid = ["preset=grid", "precision=fp32", "trainer=smoke", "strategy=parallel", *WEEK]  # fp32: the TFT defaults to auto
     result = foxhunt_train(grid, tmp_path, timeout=1800)
     check(result, 1)
     parents, cells = runs(tmp_path)

@@ -37,10 +37,10 @@ def test_grid_expands_to_16_cells_and_the_command_line_narrows_it(sweep_config):
 
     cells = sweep_cells(sweep_config)
     assert [sorted(c) for c in cells] == [
-        sorted(["model=dqn", f"asset={a}", "experiment=grid", f"paths.root_dir={sweep_config.paths.root_dir}"])
+        sorted(["model=dqn", f"asset={a}", "preset=grid", f"paths.root_dir={sweep_config.paths.root_dir}"])
         for a in ("es", "nq", "6e", "zn")
     ]
-    assert len(sweep_cells(with_task_overrides(sweep_config, ["experiment=grid"]))) == 16
+    assert len(sweep_cells(with_task_overrides(sweep_config, ["preset=grid"]))) == 16
 
 
 def test_only_the_basic_sweepers_grid_is_packed(sweep_config):

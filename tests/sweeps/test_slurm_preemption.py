@@ -63,7 +63,7 @@ def cluster():
 
 # A DQN smoke cell of 8 epochs x 100 calls x 4 steps = 3,200 agent steps: long enough to be
 # stopped in its second epoch, short enough for a test.
-CELL = ["experiment=grid", "model=dqn", "asset=es", "trainer=smoke", "trainer.limit_train_batches=100", "trainer.max_epochs=8",
+CELL = ["preset=grid", "model=dqn", "asset=es", "trainer=smoke", "trainer.limit_train_batches=100", "trainer.max_epochs=8",
         "data.source.days=7", "strategy.torch_threads=1"]  # fmt: skip
 
 

@@ -1,6 +1,7 @@
-"""The ``experiment=`` presets: each composes, every cell it sweeps passes the config's
-validation, and each refuses to run without ``-m`` (it would train one default cell). None is
-run here: each is minutes to hours."""
+"""The ``preset=`` group (``conf/preset/``): each preset composes, every cell it sweeps passes the
+config's validation, and each refuses to run without ``-m`` (it would train one default cell). None
+is run here: each is minutes to hours. "experiment" is the MLflow experiment alone (``task``,
+``logger.experiment``): no config group bears its name."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from configs import CONF_DIR
 from foxhunt.config.schema import validate
 from foxhunt.errors import EXIT_USER_ERROR
 
-PRESETS = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
+PRESETS = sorted(path.stem for path in (CONF_DIR / "preset").glob("*.yaml"))
 # What a preset needs from the command line (its data file: es_study reads your own bars).
 NEEDS = {"es_study": ["data.source.path=/data/glbx/es-ohlcv-1m.dbn.zst"]}
 
@@ -32,7 +33,7 @@ def test_the_presets_are_those_documented():
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_cell_of_a_preset_composes_and_validates(compose_cfg, preset):
-    base = [f"experiment={preset}", *NEEDS.get(preset, [])]
+    base = [f"preset={preset}", *NEEDS.get(preset, [])]
     cells = _cells(compose_cfg(base).hydra.sweeper.params)
     assert len(cells) > 1  # every preset sweeps: -m is required (next test)
     for cell in cells:
@@ -47,17 +48,17 @@ def test_every_cell_of_a_preset_composes_and_validates(compose_cfg, preset):
 
 
 def test_what_each_preset_sets(compose_cfg):
-    smoke = compose_cfg(["experiment=smoke_all"])
+    smoke = compose_cfg(["preset=smoke_all"])
     assert smoke.trainer.limit_train_batches == 8 and smoke.evaluation.max_bars == 2000  # trainer=smoke
     assert str(smoke.hydra.sweeper.params.model).split(",") == ["dqn", "ppo", "mamba2", "tft", "dlinear"]
-    honest = compose_cfg(["experiment=walk_forward"])
+    honest = compose_cfg(["preset=walk_forward"])
     assert (honest.evaluation.protocol, honest.resume, honest.data.source.autocorrelation) == ("walk_forward", True, 0.0)
-    study = compose_cfg(["experiment=es_study", *NEEDS["es_study"]])
+    study = compose_cfg(["preset=es_study", *NEEDS["es_study"]])
     assert study.data.source._target_.endswith("DatabentoBarSource") and study.asset.key == "es"
     assert (study.evaluation.protocol, study.evaluation.holdout, study.resume) == ("walk_forward", 0.1, True)
-    lean = compose_cfg(["experiment=es_study", "data=lean", "data.source.path=/data/lean/es"])  # the comment's other source
+    lean = compose_cfg(["preset=es_study", "data=lean", "data.source.path=/data/lean/es"])  # the comment's other source
     assert lean.data.source._target_.endswith("LeanMinuteSource")
-    narrowed = compose_cfg(["experiment=smoke_all", "trainer=default"])  # the command line wins over the preset
+    narrowed = compose_cfg(["preset=smoke_all", "trainer=default"])  # the command line wins over the preset
     assert narrowed.trainer.limit_train_batches == 500
 
 
@@ -69,10 +70,28 @@ def test_a_preset_without_multirun_is_one_line(tmp_path, monkeypatch, capsys, pr
     for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR"):
         monkeypatch.setenv(name, "0")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["foxhunt-train", f"experiment={preset}", *NEEDS.get(preset, [])])
+    monkeypatch.setattr(sys, "argv", ["foxhunt-train", f"preset={preset}", *NEEDS.get(preset, [])])
     with pytest.raises(SystemExit) as stopped:
         entry.main()
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert stopped.value.code == EXIT_USER_ERROR and len(err) == 1
-    assert err[0].startswith(f"foxhunt-train: config error: experiment={preset} sweeps ") and "run it with -m" in err[0]
+    assert err[0].startswith(f"foxhunt-train: config error: preset={preset} sweeps ") and "run it with -m" in err[0]
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_experiment_is_no_config_group(tmp_path, monkeypatch, capsys):
+    """The presets' group is ``preset``: ``experiment=grid`` (its name before) is one line naming it, nothing run."""
+    from foxhunt import train as entry
+
+    assert not (CONF_DIR / "experiment").exists()
+    monkeypatch.setenv("FOXHUNT_ROOT", str(tmp_path))
+    for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR"):
+        monkeypatch.setenv(name, "0")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["foxhunt-train", "-m", "experiment=grid"])
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert stopped.value.code == EXIT_USER_ERROR and len(err) == 1, err
+    assert err[0].startswith("foxhunt-train: config error: Could not override 'experiment'.")
     assert not (tmp_path / "mlruns").exists()
