@@ -18,8 +18,9 @@ Forms, all of this one formula:
 - :class:`QuantileHead`: the linear layer and :func:`ordered_quantiles`, (..., in_features) ->
   (..., horizon, Q) or (..., Q); used by :class:`foxhunt.models.mamba2.Mamba2Forecaster`,
   :class:`foxhunt.models.tft.TemporalFusionTransformer` and every later forecaster;
-- :func:`softplus` and :func:`ordered_quantiles_row` (numba), the scalar form the numba Mamba-2 step
-  (:func:`foxhunt.ensemble.kernels.mamba2_step`) calls once per forecast step, in float32 as torch's
+- :func:`softplus` and :func:`ordered_quantiles_row` (numba), the scalar form the numba quantile
+  head (:func:`foxhunt.ensemble.kernels.quantile_head`, a layer kernel of the numba Mamba-2 step)
+  calls once per forecast step, and the state step's softplus, in float32 as torch's
   float32 (it adds the gaps one at a time where torch subtracts their cumulated sums below the
   median: the same sums rounded in another order); callable from Python on numpy arrays too, as
   the parity tests do. There is no numpy form besides: no runtime needs one (the Mamba-2 member
