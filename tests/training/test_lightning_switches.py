@@ -49,11 +49,11 @@ def test_a_gpu_accelerator_without_cuda_is_one_line_before_any_run(compose_cfg, 
 
 @pytest.mark.parametrize(
     ("preset", "line"),
-    [("experiment=grid", "experiment=grid sweeps model, asset: run it with -m (foxhunt-train -m experiment=grid)"),
+    [("preset=grid", "preset=grid sweeps model, asset: run it with -m (foxhunt-train -m preset=grid)"),
      ("hparams_search=dqn_optuna", "hparams_search=dqn_optuna sweeps model.module.lr, ")],
 )  # fmt: skip
 def test_a_sweeping_preset_without_multirun_is_one_line(tmp_path, monkeypatch, capsys, preset, line):
-    """Seen failing before: ``foxhunt-train experiment=grid`` trained one default DQN cell."""
+    """Seen failing before: ``foxhunt-train preset=grid`` trained one default DQN cell."""
     from foxhunt import train as entry
 
     monkeypatch.setenv("FOXHUNT_ROOT", str(tmp_path))
