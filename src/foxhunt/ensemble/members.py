@@ -323,7 +323,7 @@ class Mamba2Member(Member):
     def _numba_forecasts(self, rows: np.ndarray, slots: np.ndarray, conv: np.ndarray, ssm: np.ndarray) -> np.ndarray:
         out = np.empty((len(slots), self.horizon, self.n_quantiles), np.float32)
         arrays = self._kernel()
-        return mamba2_step(np.ascontiguousarray(rows, np.float32), slots, *arrays.weights, conv, ssm,  # type: ignore[call-arg]  # the weights' tuple fills the kernel's 23 parameters
+        return mamba2_step(np.ascontiguousarray(rows, np.float32), slots, *arrays.weights, conv, ssm,  # type: ignore[call-arg]  # the weights' tuple fills the kernel's weight parameters
                            *arrays.dims, self.horizon, self.n_quantiles, self.median, out)  # fmt: skip
 
     def _numba_probe(self, rows: np.ndarray) -> np.ndarray:
