@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from foxhunt.runs.store import open_reader
 from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import Param, Tag
+
+# Lazy imports: training.checkpoint, which reads checkpoints with torch (c: train list/status import this module)
 
 CHECKPOINTS_FOLDER = "checkpoints"  # a run's checkpoints, in its output folder (conf/callbacks/default.yaml)
 
@@ -114,7 +117,6 @@ def check_folder_owner(tracking_uri: str, path: str | Path, stamped_run: str | N
     lies in a run's ``<output_dir>/checkpoints`` folder but is stamped for another run: it was
     copied there, or written by a run that shared the folder. A checkpoint outside any run's
     folder, or without a run in its stamp, is left to the other checks."""
-    from foxhunt.runs.store import open_reader
     from foxhunt.training.checkpoint import check_stamped_run
 
     file = Path(str(path)).expanduser().resolve()

@@ -27,6 +27,8 @@ import hashlib
 import json
 from typing import Any
 
+from omegaconf import OmegaConf
+
 HASH_LENGTH = 16
 HASH_IGNORED = (
     "hydra",
@@ -50,8 +52,6 @@ HASH_MASKED = ("paths",)
 
 def config_hash(cfg: Any) -> str:
     """The hash of what the run ``cfg`` trains (see the module doc)."""
-    from omegaconf import OmegaConf
-
     container = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(container, dict), type(container)  # a run's config is a mapping
     for dotted in HASH_IGNORED:

@@ -58,9 +58,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import yaml
+
 from foxhunt.errors import UserError
 from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import ROLE_FOLD, Tag
+
+# Lazy imports: mlflow (the client source) and evaluation.deflated (its package loads numpy, pandas) (c: runs top)
 
 #: Direction of each known metric name (the part after the split, ``val/<name>``).
 METRIC_DIRECTIONS = {
@@ -125,8 +129,6 @@ def direction_of(metric: str) -> str:
 
 def default_experiment() -> str:
     """``task`` of foxhunt-train's root config: the experiment a run goes to unless told."""
-    import yaml
-
     return str(yaml.safe_load(TRAIN_CONFIG.read_text())[TASK_KEY])
 
 

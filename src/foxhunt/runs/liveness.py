@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import socket
 
+import psutil
+
 from foxhunt.runs.status import Status
 from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import Tag
@@ -29,8 +31,6 @@ FOXHUNT_COMMAND = "foxhunt"  # in the command line of every foxhunt process
 def process_alive(pid: int | None, since_ms: int | None = None) -> bool:
     """True if ``pid`` runs on this host and is no zombie; with ``since_ms`` (the last moment
     the run was seen working), a process created after it must be a foxhunt command."""
-    import psutil
-
     if not pid or pid <= 0:
         return False
     try:

@@ -41,7 +41,9 @@ A resumed attempt logs its own files under ``provenance/resumed-<N>/`` (``N``: i
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -55,6 +57,8 @@ from typing import Any
 
 from foxhunt.runs.environment import JOB_ID_ENV
 from foxhunt.runs.tags import SOURCE_TYPE_LOCAL, Tag
+
+# Lazy imports: numpy and torch, where a digest or the device needs them (c: train list imports this through the store)
 
 DIGEST_LENGTH = 16  # MLflow keeps 36 characters of a dataset digest
 #: The key of a dataset input's profile holding the SHA-256 of its split's bars (what replay compares).
@@ -215,8 +219,6 @@ def package_files(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
 def code_provenance(package_dir: Path = PACKAGE_DIR) -> tuple[dict[str, Any], str | None]:
     """``code.json`` of this process (module doc) and the uncommitted diff of the package folder
     (None when there is none, or no work tree, or git could not say)."""
-    import importlib.metadata
-
     try:
         version = importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
@@ -241,8 +243,6 @@ def uncommitted_diff(tree: Path, package_dir: Path) -> tuple[str | None, str]:
     there, as new-file diffs. None with the note when git cannot say (no git, no commit yet,
     past :data:`GIT_TIMEOUT_S`). git runs with ``GIT_OPTIONAL_LOCKS=0``: it never takes the
     index lock of a tree others work in."""
-    import difflib
-
     folder = package_dir.relative_to(tree).as_posix()
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0"}
     base = ["git", "-C", str(tree), "-c", "core.quotepath=off"]
@@ -280,8 +280,6 @@ def canonical_name(name: str) -> str:
 def installed_packages() -> dict[str, str]:
     """Every installed distribution's version, by canonical name (the first one found of a name,
     as ``importlib.metadata.version`` picks it)."""
-    import importlib.metadata
-
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"] if dist.metadata else None

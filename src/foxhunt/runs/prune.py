@@ -44,6 +44,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import yaml
+
+from foxhunt.ensemble.registry import REGISTRY_LOCK
 from foxhunt.errors import UserError
 from foxhunt.runs import leaderboard as lb
 from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, artifact_folder
@@ -67,8 +70,6 @@ class PruneError(UserError):
 
 def default_keep() -> int:
     """``keep_top`` of ``conf/prune.yaml``: how many runs of each cell keep their checkpoints."""
-    import yaml
-
     try:
         value = (yaml.safe_load(PRUNE_CONFIG.read_text()) or {}).get(KEEP_KEY)
     except (OSError, yaml.YAMLError) as exc:
@@ -240,8 +241,6 @@ def apply_prune(store: RunStore, plan: Plan, lock: str | None = None) -> Outcome
     """Remove what ``plan`` found, each run checked again first under the registry ``lock``
     (default: ``foxhunt ensemble register``'s), then tagged ``artifacts.pruned``."""
     if lock is None:
-        from foxhunt.ensemble.registry import REGISTRY_LOCK
-
         lock = REGISTRY_LOCK
     root = store_folder(store.tracking_uri)
     outcome = Outcome()

@@ -55,6 +55,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from mlflow.exceptions import MlflowException
+
+from foxhunt.config.stored import load_stored_config
 from foxhunt.errors import UserError
 from foxhunt.runs.checkpoints import BEST_CHECKPOINT, CHECKPOINT_ARTIFACTS, LAST_CHECKPOINT
 from foxhunt.runs.provenance import (
@@ -136,8 +140,6 @@ class Original:
 
 def open_original(store, run_id: str, workdir: Path) -> Original:
     """The run ``run_id`` with its config, checkpoints and provenance, checked (module doc)."""
-    from foxhunt.config.stored import load_stored_config
-
     run = _get_run(store, run_id)
     origin = f"run {run_id} ({run.name})"
     if run.status != Status.FINISHED:
@@ -167,8 +169,6 @@ def open_original(store, run_id: str, workdir: Path) -> Original:
 
 
 def _get_run(store, run_id: str) -> StoredRun:
-    from mlflow.exceptions import MlflowException
-
     try:
         return store.get(run_id)
     except MlflowException as exc:
@@ -242,8 +242,6 @@ def _files_list(value: Any) -> bool:
 
 def state_dict(path: Path, origin: str) -> dict:
     """The checkpoint's ``state_dict`` (tensors by name), loaded with ``weights_only=True``."""
-    import torch
-
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever makes it unloadable is the file's fault
@@ -331,8 +329,6 @@ def compare(store, original: Original, reproduction_id: str, workdir: Path) -> V
 
 
 def _compare_weights(store, original: Original, reproduction_id: str, root: Path, verdict: Verdict) -> None:
-    import torch
-
     logged = set(store.logged_files(reproduction_id, CHECKPOINT_ARTIFACTS))
     for name, path in original.checkpoints.items():
         if name not in logged:

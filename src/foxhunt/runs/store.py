@@ -34,23 +34,26 @@ Model registry (for whatever consumes trained runs; the sweep and the jobs do no
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
+import sqlite3
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from foxhunt.errors import UserError, one_line_error
 from foxhunt.runs.environment import sqlite_path
+from foxhunt.runs.provenance import SPLIT_SHA256, DatasetProvenance
 from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
 from foxhunt.runs.status import Status
 from foxhunt.runs.stored import Metric, StoredRun
 from foxhunt.runs.tags import EXPERIMENT_KIND, RUN_KIND_SWEEP, Param, Tag
 
-if TYPE_CHECKING:
-    from foxhunt.runs.provenance import DatasetProvenance
+# Lazy imports: mlflow and sqlalchemy, in the methods that open the client (c: train list/status/watch import this module)
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +91,6 @@ class StoreError(UserError):
 
 
 def _busy_timeout(dbapi_connection, _record) -> None:
-    import sqlite3
-
     if isinstance(dbapi_connection, sqlite3.Connection):
         dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
 
@@ -106,8 +107,6 @@ def _wait_for_locks() -> None:
 @contextmanager
 def _store_lock(database: Path):
     """An exclusive lock on ``<database>.lock`` (held while a client opens, and maybe creates, the store)."""
-    import fcntl
-
     with open(database.with_name(database.name + STORE_LOCK_SUFFIX), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -201,7 +200,6 @@ class RunStore:
             log.info("%s: a server store: %s runs without a cross-process lock", self.tracking_uri, name)
             yield
             return
-        import fcntl
 
         database.parent.mkdir(parents=True, exist_ok=True)
         with open(database.with_name(f"{database.name}.{name}{STORE_LOCK_SUFFIX}"), "a") as handle:
@@ -261,8 +259,6 @@ class RunStore:
         it, so a value of step ``step`` can come from before the checkpoint or after it.) MLflow's client cannot delete a metric value: on the project's SQLite store
         the rows go (and each key's latest value is recomputed) in one transaction; another store
         keeps them, said in the log."""
-        import sqlite3
-
         database = sqlite_path(self.tracking_uri)
         if database is None or not database.is_file():
             log.warning(
@@ -366,10 +362,6 @@ class RunStore:
     def recorded_split_digests(self, run_id: str) -> dict[str, str | None]:
         """The SHA-256 of its bars each dataset input of the run recorded, by split (the context
         :meth:`log_datasets` tags it with; None: an input that recorded none, an older run's)."""
-        import json
-
-        from foxhunt.runs.provenance import SPLIT_SHA256
-
         found: dict[str, str | None] = {}
         for given in self.client.get_run(run_id).inputs.dataset_inputs:
             context = next((t.value for t in given.tags if t.key == Tag.DATASET_CONTEXT), None)
@@ -559,8 +551,6 @@ class RunStore:
     def _link_version(self, model_id: str, name: str, version: str) -> None:
         """List the version on its logged model (the ``mlflow.modelVersions`` tag, as
         ``mlflow.register_model`` writes it: the model's page in the UI shows its versions)."""
-        import json
-
         from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
         existing = self.client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS)
