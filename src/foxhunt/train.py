@@ -11,12 +11,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from foxhunt.errors import EXIT_ON_SIGTERM, ConfigError, FolderError, debug_requested, is_user_error, reported, strip_debug_flag
-from foxhunt.training.cell import OBJECTIVE, run_cell
+
+if TYPE_CHECKING:
+    from foxhunt.runs.cell import CellResult
+
+# Lazy imports: (a) training, sweeps, torch, Lightning once a job runs: --help, completion and a bad override answer without them
 
 PROG = "foxhunt-train"
 
@@ -34,6 +40,7 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
     import lightning.pytorch  # noqa: F401  (imported now so that its handlers exist to remove)
 
     from foxhunt.sweeps.sweep_cell import in_multirun, run_sweep_cell
+    from foxhunt.training.cell import OBJECTIVE
 
     # Lightning adds console handlers of its own (to `lightning` and `lightning.pytorch`); under
     # Hydra the root logger prints already, so each message would appear twice.
@@ -54,11 +61,17 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
     return outcome.metrics.get(OBJECTIVE)
 
 
+def run_cell(cfg: DictConfig, **kwargs: Any) -> CellResult:
+    """:func:`foxhunt.training.cell.run_cell`, imported when Hydra has composed the job (see the
+    ``Lazy imports`` line above), not when ``foxhunt-train`` starts."""
+    from foxhunt.training.cell import run_cell as run_training_cell
+
+    return run_training_cell(cfg, **kwargs)
+
+
 def _refuse_a_sweep_without_multirun() -> None:
     """A preset that sweeps (``preset=grid``, ``hparams_search=...``: it sets
     ``hydra.sweeper.params``) run without ``-m`` would silently train one default cell: one line."""
-    from hydra.core.hydra_config import HydraConfig
-
     hydra_cfg = HydraConfig.get()
     params = hydra_cfg.sweeper.get("params")
     if not params:

@@ -40,7 +40,7 @@ class BenchContext:
     ) -> DictConfig:
         """``conf/train.yaml`` for ``model`` with the settings' overrides, the ``logger`` group
         option and every path under the work folder."""
-        from foxhunt.training.parts import compose_config
+        from foxhunt.config.compose import compose_config
 
         return compose_config(
             [f"model={model}", f"logger={logger}", *self.settings.train_overrides, *overrides],

@@ -54,10 +54,10 @@ def demonstrate(ctx: BenchContext) -> dict:
     """The champion, the roll steps and the two ensembles' PnL after the change (module doc)."""
     from hydra.utils import instantiate
 
+    from foxhunt.config.compose import compose_config
     from foxhunt.ensemble.registry import register_champions
     from foxhunt.roll.step import roll_step
     from foxhunt.training.cell import train
-    from foxhunt.training.parts import compose_config
 
     s = ctx.settings.roll
     root = ctx.work_dir / SECTION

@@ -1,7 +1,7 @@
 """The benchmark's settings: ``conf/bench/default.yaml``, ``--quick``, ``--set`` overrides.
 
 The file is read with OmegaConf (it is not a Hydra group of ``conf/train.yaml``); the runs the
-benchmark builds compose ``conf/train.yaml`` through :func:`foxhunt.training.parts.compose_config` with
+benchmark builds compose ``conf/train.yaml`` through :func:`foxhunt.config.compose.compose_config` with
 ``train_overrides`` and paths under ``work_dir``.
 """
 

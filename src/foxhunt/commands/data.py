@@ -49,10 +49,10 @@ def show(
     with reported("foxhunt data show", debug=debug_requested(), exit_code=EXIT_USER_ERROR):
         from hydra.utils import instantiate
 
+        from foxhunt.config.compose import compose_config
         from foxhunt.config.schema import validate
         from foxhunt.data.overview import describe, load_bars, plot_continuous
         from foxhunt.data.splits import WalkForwardConfig
-        from foxhunt.training.parts import compose_config
 
         cfg = compose_config(list(overrides or []))
         validate(cfg)

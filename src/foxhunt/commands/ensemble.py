@@ -80,8 +80,8 @@ def _compose(command: str, overrides: list[str] | None):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from foxhunt.config.compose import compose_config
     from foxhunt.config.schema import ConfigError, validate
-    from foxhunt.training.parts import compose_config
 
     try:
         cfg = compose_config(list(overrides or []), config_name="ensemble")

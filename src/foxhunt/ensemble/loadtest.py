@@ -179,10 +179,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from hydra.utils import instantiate
 
+    from foxhunt.config.compose import compose_config
     from foxhunt.config.schema import validate
     from foxhunt.ensemble.loading import ensemble_engine, load_ensemble
     from foxhunt.ensemble.replay import replay_bars
-    from foxhunt.training.parts import compose_config
 
     cfg = compose_config(list(args.overrides), config_name="ensemble")
     validate(cfg)

@@ -112,10 +112,10 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dic
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from foxhunt.config.compose import compose_config
     from foxhunt.config.schema import ConfigError, validate
     from foxhunt.runs.config_hash import config_hash
     from foxhunt.sweeps.grid import expand_grid
-    from foxhunt.training.parts import compose_config
 
     try:
         cells = expand_grid(overrides)

@@ -44,8 +44,8 @@ def challenger_config(
 ) -> DictConfig:
     """The champion's ``stored`` config training on ``window_file`` into ``out_dir``, its weights
     from ``champion_weights`` with ``roll.init=champion`` (module doc)."""
+    from foxhunt.config.compose import compose_config
     from foxhunt.config.schema import resolved_config
-    from foxhunt.training.parts import compose_config
     from foxhunt.training.reproduce import reproduction_config
 
     logger = cfg.logger

@@ -21,14 +21,17 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig
+import lightning.pytorch as pl
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.schema import validate
 from foxhunt.runs.cell import CellKey, CellResult, cell_name
 from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, check_folder_owner, stored_checkpoints
 from foxhunt.runs.config_hash import config_hash
-from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, rewind_run
+from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, plan_resume, rewind_run
 from foxhunt.runs.status import Status
+from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import ROLE_CELL, Tag
 from foxhunt.training.checkpoint import check_checkpoint
 from foxhunt.training.fit import build_callbacks, check_accelerator, checkpoint_files, fit_and_score
@@ -44,8 +47,6 @@ SOURCE = "foxhunt-train"  # the runs table's Source column (foxhunt.runs.provena
 
 
 def run_tags(cfg: DictConfig, key: CellKey) -> dict[str, str]:
-    from hydra.core.hydra_config import HydraConfig
-
     sweep_id = ""
     if HydraConfig.initialized() and str(HydraConfig.get().mode) == "RunMode.MULTIRUN":
         sweep_id = Path(HydraConfig.get().sweep.dir).name
@@ -153,8 +154,6 @@ def _fit(cfg: DictConfig, name: str, tags: dict[str, str], parent_run_id: str | 
          before_fit: Callable[[], None] | None, checkpoint: Path | None) -> tuple[dict[str, float], dict, str | None]:  # fmt: skip
     """Fit, test and score one run in its MLflow run (``reopened``: the interrupted run, resumed
     from ``checkpoint``); its checkpoints reach the run whatever happened."""
-    import lightning.pytorch as pl
-
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     with opened_run(cfg, name, tags, parent_run_id, reopened, SOURCE, before_fit) as (out_dir, run):
         callbacks = build_callbacks(cfg)
@@ -173,8 +172,6 @@ def continued_in(cfg: DictConfig, folder: Path) -> DictConfig:
     """``cfg`` writing into ``folder`` (``paths.output_dir``): a resumed run's earlier folder,
     where its checkpoints are (Lightning restores the best checkpoint's score only in the folder
     it was written to, so the best checkpoint of a resumed fit is the fit's, as if never stopped)."""
-    from omegaconf import OmegaConf
-
     cfg = cfg.copy()
     OmegaConf.update(cfg, "paths.output_dir", str(folder), merge=False)
     return cfg
@@ -182,8 +179,6 @@ def continued_in(cfg: DictConfig, folder: Path) -> DictConfig:
 
 def _resume_plan(cfg: DictConfig, key: CellKey, needs_checkpoint: bool) -> ResumePlan:
     """What ``resume=true`` does with this run, said in one line in the log."""
-    from foxhunt.runs.resume import plan_resume
-
     if not cfg.logger.enabled:
         plan = ResumePlan(why_fresh="the MLflow store is off (logger.enabled=false)")
     else:
@@ -201,8 +196,6 @@ def _skipped(cfg: DictConfig, key: CellKey, plan: ResumePlan, parent_run_id: str
         key, Status.SKIPPED, plan.run_id, wall_s=plan.wall_s, note=plan.describe(), metrics=dict(plan.metrics), trial=trial
     )
     if parent_run_id and plan.parent_run_id != parent_run_id:
-        from foxhunt.runs.store import RunStore
-
         try:
             RunStore(cfg.logger.tracking_uri).tag(parent_run_id, dict([outcome.skip_tag()]))
         except Exception:  # the cell's result stands; only the job display would miss it

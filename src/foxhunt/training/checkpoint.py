@@ -37,13 +37,25 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import re
+import shutil
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import OmegaConf
+
 from foxhunt.errors import UserError, one_line
+from foxhunt.models.quantiles import upgrade_state_dict
+from foxhunt.runs.steps import checkpoint_logging_step
+from foxhunt.training.parts import build_model
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +77,6 @@ class CheckpointError(UserError, ValueError):
 def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
     """``torch.save(checkpoint)`` to ``path`` through a temporary file in the same folder that is
     fsynced and renamed over ``path``: ``path`` is always either the old file or the new one."""
-    import torch
-
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}{_TMP_SUFFIX}")
@@ -92,8 +102,6 @@ def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
 
 
 def _atomic_checkpoint_io():
-    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-
     class AtomicCheckpointIO(TorchCheckpointIO):
         """Lightning's torch checkpoint IO, each file written by :func:`atomic_save`; it keeps
         the files it wrote and has not removed since (:attr:`written`)."""
@@ -117,9 +125,6 @@ def _atomic_checkpoint_io():
 
 
 def _checkpoint_stamp_class() -> type:
-    import lightning.pytorch as pl
-    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-
     class CheckpointStamp(pl.Callback):
         """Stamps every checkpoint of the run (model family, module, precision, run) and has the
         Trainer write each one atomically; :meth:`written` names the files this run wrote."""
@@ -152,7 +157,6 @@ def _checkpoint_stamp_class() -> type:
                 self.io.written.update(dict.fromkeys(path.resolve() for path in carried))
 
         def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:  # noqa: D102
-            import time
 
             # saved_at_ms: what the run logged after this moment is not in the checkpoint (resume.rewind_run)
             checkpoint[STAMP_KEY] = {**self.stamp, "saved_at_ms": int(time.time() * 1000)}
@@ -169,8 +173,6 @@ def carry_best_checkpoints(trainer, checkpoint: dict[str, Any], run_id: str | No
     only when its stamp names ``run_id`` (None: a run without a logger). When the best file is not
     found, or is not this run's, the state is left as Lightning handles it (the score starts
     anew, said in the log). Returns the files copied."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     states = checkpoint.get("callbacks")
     resumed_from = Path(str(trainer.ckpt_path)) if trainer.ckpt_path else None
     carried: list[Path] = []
@@ -223,8 +225,6 @@ def _this_runs_file(path: Path, resumed_from: Path | None, run_id: str | None) -
 
 def _atomic_copy(source: Path, target: Path) -> None:
     """``source``'s bytes at ``target``, through a fsynced temporary file renamed over it."""
-    import shutil
-
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}{_TMP_SUFFIX}")
     try:
@@ -305,7 +305,6 @@ def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt", run_id: st
         check_stamped_run(where, stamp.get(RUN_ID), run_id)
     if precision != INT8:
         _check_shapes(cfg, state, where)
-    from foxhunt.runs.steps import checkpoint_logging_step
 
     saved_at_ms = int(stamp.get("saved_at_ms") or file.stat().st_mtime * 1000)
     step = checkpoint_logging_step(state)
@@ -341,10 +340,6 @@ def _what_it_is(file: Path) -> str:
 
 
 def _load_weights_only(file: Path, where: str) -> Any:
-    import pickle
-
-    import torch
-
     try:
         return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
@@ -371,11 +366,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _check_shapes(cfg, state: dict[str, Any], where: str) -> None:
-    import torch
-
-    from foxhunt.models.quantiles import upgrade_state_dict
-    from foxhunt.training.parts import build_model
-
     with torch.device("meta"):
         model = build_model(cfg)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -397,8 +387,6 @@ def _check_shapes(cfg, state: dict[str, Any], where: str) -> None:
 
 
 def _differing_hyperparameters(cfg, saved: dict[str, Any]) -> str:
-    from omegaconf import OmegaConf
-
     module = OmegaConf.to_container(cfg.model.module, resolve=True)
     assert isinstance(module, dict)  # model.module is a mapping
     differ = [

@@ -5,12 +5,24 @@ and the checkpoint files the run wrote itself (stamped for it: :mod:`foxhunt.tra
 from __future__ import annotations
 
 import logging
+import sys
+from contextlib import nullcontext
 from pathlib import Path
 
-from omegaconf import DictConfig
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.errors import ConfigError
+from foxhunt.memory.callback import METRIC_PREFIX, MemoryBudgetCallback
 from foxhunt.runs.steps import logging_step
+from foxhunt.training.checkpoint import RUN_ID, CheckpointStamp, read_stamp
+from foxhunt.training.graceful_stop import GracefulStop
+from foxhunt.training.parts import build_parts
+from foxhunt.training.progress import LineProgress
 from foxhunt.training.provenance import bars_datasets, log_dataset_manifest
 from foxhunt.training.scoring import SCORED, interpret_test_split, print_summary, score_split, scoring_datamodule
 
@@ -24,13 +36,6 @@ def build_callbacks(cfg: DictConfig, terminal: bool | None = None) -> list:
     progress bar with ``trainer.enable_progress_bar=false`` (Lightning refuses a bar it was told
     not to show), and, when the output is not a terminal (``terminal``: ``sys.stdout.isatty()``),
     plain progress lines (:class:`foxhunt.training.progress.LineProgress`) in place of the bar."""
-    import sys
-
-    from hydra.utils import instantiate
-    from lightning.pytorch.callbacks import ProgressBar
-
-    from foxhunt.training.progress import LineProgress
-
     terminal = sys.stdout.isatty() if terminal is None else terminal
     shown = cfg.trainer.get("enable_progress_bar", True) is not False
     callbacks = []
@@ -48,8 +53,6 @@ def build_callbacks(cfg: DictConfig, terminal: bool | None = None) -> list:
 def check_accelerator(cfg: DictConfig) -> None:
     """``trainer.accelerator`` asks for a device this machine has, or one line (before the data
     and the model are built; Lightning's own refusal comes later, as a traceback)."""
-    import torch
-
     accelerator = str(cfg.trainer.get("accelerator") or "auto")
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(f"trainer.accelerator={accelerator}: this machine has no CUDA device that torch "
@@ -60,22 +63,12 @@ def fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str
     """Build, fit, test and score, with the machine's use sampled into the run's ``system/*``
     metrics meanwhile every ``logger.system_metrics_s`` seconds (absent, as in a config stored
     before the setting, or null: not sampled)."""
-    from contextlib import nullcontext
-
-    from omegaconf import OmegaConf
-
     interval = OmegaConf.select(cfg, SYSTEM_METRICS_KEY, default=None)
     with run.system_metrics(interval) if run is not None else nullcontext():
         return _fit_and_score(cfg, callbacks, run, out_dir, ckpt_path)
 
 
 def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> tuple[dict[str, float], dict]:
-    import lightning.pytorch as pl
-    from hydra.utils import instantiate
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    from foxhunt.training.parts import build_parts
-
     parts = build_parts(cfg)
     if run is not None:
         run.log_datasets(bars_datasets(cfg, parts))
@@ -124,8 +117,6 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
 def _best_checkpoint(callbacks) -> str | None:
     """The best checkpoint's path; ``None`` (the final weights) when there is none, or when a
     resumed run's best checkpoint, restored from its first attempt, is no longer on disk."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     for callback in callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.best_model_path:
             if Path(callback.best_model_path).is_file():
@@ -136,8 +127,6 @@ def _best_checkpoint(callbacks) -> str | None:
 
 def _memory_peaks(callbacks) -> dict[str, float]:
     """The two checked memory peaks of the run (already logged by the memory callback)."""
-    from foxhunt.memory.callback import METRIC_PREFIX, MemoryBudgetCallback
-
     keys = (f"{METRIC_PREFIX}peak_mb", f"{METRIC_PREFIX}device_peak_mb")
     for callback in callbacks:
         if isinstance(callback, MemoryBudgetCallback):
@@ -152,11 +141,6 @@ def checkpoint_files(callbacks, run_id: str) -> list[Path]:
     folder), and each stamped for ``run_id`` (a file stamped for another run is left out, said in
     the log). Without the stamp callback or with another checkpoint IO: the files the checkpoint
     and stop callbacks name."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from foxhunt.training.checkpoint import RUN_ID, CheckpointStamp, read_stamp
-    from foxhunt.training.graceful_stop import GracefulStop
-
     written = next((c.written() for c in callbacks if isinstance(c, CheckpointStamp)), None)
     if written is None:
         named = [p for c in callbacks if isinstance(c, ModelCheckpoint) for p in (c.best_model_path, c.last_model_path)]

@@ -41,9 +41,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from foxhunt.data.dataset import DATASET_FILE
+from foxhunt.evaluation.backtest import evaluation_annualization
+from foxhunt.evaluation.plots import plot_equity
+from foxhunt.evaluation.scoring import ScoringSettings, SplitScore, pool_scores, summary_lines
+from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import ROLE_FOLD, Tag
+from foxhunt.training.scoring import SCORES_DIR, scores_file
 
 log = logging.getLogger("foxhunt.protocol")
 
@@ -118,11 +125,6 @@ def record_protocol(results: list[ChildResult], cfg: DictConfig, name: str, out_
 
 def cell_summary(name: str, cfg: DictConfig, metrics: dict[str, float]) -> str:
     """The cell's figures for the console: its pooled test blocks (mean across seeds)."""
-    from hydra.utils import instantiate
-
-    from foxhunt.evaluation.backtest import evaluation_annualization
-    from foxhunt.evaluation.scoring import summary_lines
-
     seeds = int(metrics.get("protocol/seeds", 1))
     lines = [f"{name}: {describe_protocol(cfg)}: test blocks pooled per seed" + (f", mean of {seeds} seeds" if seeds > 1 else ""),
              *summary_lines({k: v for k, v in metrics.items() if not k.endswith("_std")}, "test/")]  # fmt: skip
@@ -168,10 +170,6 @@ class ChildResult:
 
 
 def _downloaded_scores(cfg: DictConfig, run_id: str | None, folder: Path) -> dict:
-    from foxhunt.evaluation.scoring import SplitScore
-    from foxhunt.runs.store import RunStore
-    from foxhunt.training.scoring import SCORES_DIR, scores_file
-
     if run_id is None or not cfg.logger.enabled:
         raise RuntimeError(f"{folder}: a skipped child without a run to read its scores from")
     store = RunStore(cfg.logger.tracking_uri)
@@ -182,12 +180,8 @@ def _downloaded_scores(cfg: DictConfig, run_id: str | None, folder: Path) -> dic
 
 
 def _extents(cfg: DictConfig, run_id: str | None, folder: Path) -> dict:
-    from foxhunt.data.dataset import DATASET_FILE
-
     path = folder / DATASET_FILE
     if not path.is_file() and run_id is not None and cfg.logger.enabled:
-        from foxhunt.runs.store import RunStore
-
         try:
             path = RunStore(cfg.logger.tracking_uri).download(run_id, DATASET_FILE, folder / "downloaded")
         except Exception:  # noqa: BLE001 (an older run without dataset.json: the table shows no dates)
@@ -199,10 +193,6 @@ def _extents(cfg: DictConfig, run_id: str | None, folder: Path) -> dict:
 
 def aggregate(results: list[ChildResult], cfg: DictConfig) -> dict[str, float]:
     """The cell's metrics from its children's (module doc)."""
-    from hydra.utils import instantiate
-
-    from foxhunt.evaluation.scoring import ScoringSettings, pool_scores
-
     settings = ScoringSettings.from_config(cfg, instantiate(cfg.asset))
     per_seed: dict[int, dict[str, float]] = {}
     for seed in dict.fromkeys(r.seed for r in results):
@@ -261,8 +251,6 @@ def plot_walk_forward(results: list[ChildResult], cfg: DictConfig, path: Path, t
     """The first seed's pooled test blocks as an equity curve (PNG); ``None`` when not plotted."""
     if not cfg.evaluation.plot_equity:
         return None
-    from foxhunt.evaluation.plots import plot_equity
-    from foxhunt.evaluation.scoring import pool_scores
 
     first = [r for r in results if r.seed == results[0].seed]
     pooled = pool_scores([r.scores["test"] for r in first])

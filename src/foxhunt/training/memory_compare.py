@@ -44,6 +44,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+
+from foxhunt.config.compose import compose_config
+from foxhunt.config.schema import ConfigError, validate
+from foxhunt.memory.accounting import to_mb
+from foxhunt.memory.callback import MemoryBudgetCallback
+from foxhunt.models.forecaster import INPUT_KEYS
+from foxhunt.precision.callback import PrecisionCallback
+from foxhunt.precision.inference import int8_inference_model
+from foxhunt.precision.plugin import precision_plugin
+from foxhunt.precision.quantize import QUANTIZED_LAYERS_FILE, int8_share
+from foxhunt.runs.tags import Tag
+from foxhunt.runs.tracked_run import TrackedRun
+from foxhunt.training.parts import build_datamodule, build_dataset, build_model
+from foxhunt.training.side_by_side import StepTimer, Turns, alternating_latency, fit_side_by_side, percentile
+
 PRECISIONS = ("fp32", "int8")
 COMPONENTS = (
     ("parameters", "params"),
@@ -142,9 +160,6 @@ def run_compare(
     output_dir: Path | None = None,
 ) -> CompareReport:
     """Measure and return the comparison (see the module doc); logs it to MLflow when enabled."""
-    from foxhunt.config.schema import ConfigError, validate
-    from foxhunt.training.parts import compose_config
-
     for item in overrides:
         if item.split("=", 1)[0].lstrip("+~") == "precision":
             raise ConfigError(f"{item}: the compare command sets precision itself (fp32 and int8)")
@@ -177,16 +192,6 @@ class _Measured:
 
 
 def _measure(configs, steps: int, warmup: int, latency_calls: int, latency_warmup: int, out: Path) -> _Measured:
-    import lightning.pytorch as pl
-    from hydra.utils import instantiate
-
-    from foxhunt.memory.callback import MemoryBudgetCallback
-    from foxhunt.precision.callback import PrecisionCallback
-    from foxhunt.precision.plugin import precision_plugin
-    from foxhunt.precision.quantize import QUANTIZED_LAYERS_FILE, int8_share
-    from foxhunt.training.parts import build_datamodule, build_dataset, build_model
-    from foxhunt.training.side_by_side import StepTimer, Turns, fit_side_by_side, percentile
-
     cfg = configs["fp32"]
     asset = instantiate(cfg.asset)
     dataset = build_dataset(cfg, asset)
@@ -292,8 +297,6 @@ _NEVER = 10**9  # "no limit" for step counts the timer ends itself
 
 
 def _component_mb(breakdown, key: str | None, label: str) -> float:
-    from foxhunt.memory.accounting import to_mb
-
     if label == "total":
         return breakdown.total_training_mb
     if key is None:  # other
@@ -304,8 +307,6 @@ def _component_mb(breakdown, key: str | None, label: str) -> float:
 def _validate(run: dict[str, Any], cfg) -> float:
     """The run's validation metric after its training steps (a fresh Trainer, the config's
     ``limit_val_batches``, the same precision plugin and callback)."""
-    from hydra.utils import instantiate
-
     trainer = instantiate(
         cfg.trainer,
         callbacks=[run["callbacks"]["precision"]],
@@ -323,12 +324,8 @@ def _validate(run: dict[str, Any], cfg) -> float:
 
 def _example_input(run: dict[str, Any]):
     """Batch 1 as the model's forward takes it: one validation window, or one observation."""
-    import torch
-
     model, datamodule = run["model"], run["datamodule"]
     if hasattr(datamodule, "windows"):
-        from foxhunt.models.forecaster import INPUT_KEYS
-
         windows = datamodule.windows("val")
         return {key: torch.as_tensor(windows[key][:1]).to(model.device) for key in INPUT_KEYS}
     features = torch.as_tensor(datamodule.dataset.splits["val"].features[:1], dtype=torch.float32)
@@ -339,9 +336,6 @@ def _example_input(run: dict[str, Any]):
 def _latency(runs: dict[str, dict[str, Any]], calls: int, warmup: int) -> dict[str, tuple[float, float]]:
     """(p50, p99) ms of batch-1 eval forwards: the fp32-trained model, and an int8 inference
     copy of the int8-trained one, alternating call by call."""
-    from foxhunt.precision.inference import int8_inference_model
-    from foxhunt.training.side_by_side import alternating_latency
-
     models = {
         "fp32": runs["fp32"]["model"].eval(),
         "int8": int8_inference_model(runs["int8"]["model"], runs["int8"]["policy"]),
@@ -412,9 +406,6 @@ def _pair(label: str, values: dict[str, float], fmt: str, ratio: bool = True) ->
 
 
 def _log_mlflow(cfg, report: CompareReport, out: Path, artifacts: list[Path]) -> None:
-    from foxhunt.runs.tags import Tag
-    from foxhunt.runs.tracked_run import TrackedRun
-
     run = TrackedRun(
         tracking_uri=cfg.logger.tracking_uri,
         experiment=cfg.logger.experiment,

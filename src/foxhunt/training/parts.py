@@ -1,8 +1,9 @@
 """Building a run's parts from a composed config: one place for every entry point.
 
 ``foxhunt-train`` and the ``foxhunt memory`` commands (which build models to measure them)
-compose the same ``conf/train.yaml`` and build data, model and precision the same way, so a
-figure measured by a command describes the run ``foxhunt-train`` would make.
+compose the same ``conf/train.yaml`` (commands through :func:`foxhunt.config.compose.compose_config`)
+and build data, model and precision the same way, so a figure measured by a command describes the
+run ``foxhunt-train`` would make.
 
 A measuring fit (:mod:`foxhunt.memory.training_run`, :mod:`foxhunt.memory.predict`: they know
 no model, job or command line) gets what it builds from :class:`MeasuringRuns`: the run's
@@ -15,13 +16,21 @@ calendar days unless ``data.source.days`` is overridden; another source is read 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.config.compose import compose_config
+from foxhunt.config.schema import validate
+from foxhunt.data.datamodules import EnvDataModule, ForecastDataModule
+from foxhunt.data.dataset import load_market_dataset
+from foxhunt.data.splits import FoldSplit, SplitConfig, WalkForwardConfig
+from foxhunt.precision.plugin import precision_plugin
 
 #: Calendar days of synthetic bars for a measuring fit: enough for every model to reach a
 #: step with gradients (agents' episodes, forecasters' windows) and build in about a second.
@@ -49,38 +58,6 @@ AGENT_BATCH_KEYS = {
 FORECASTER_BATCH_KEY = "model.window.batch_size"
 
 
-def compose_config(
-    overrides: list[str],
-    root_dir: str | os.PathLike | None = None,
-    output_dir: str | None = None,
-    config_name: str = "train",
-) -> DictConfig:
-    """Compose ``conf/<config_name>.yaml`` (``train``; ``ensemble`` for the ensemble commands) with
-    Hydra overrides outside ``@hydra.main``.
-
-    ``paths.root_dir`` defaults to ``$FOXHUNT_ROOT`` or the current folder, as for
-    ``foxhunt-train``; ``output_dir`` defaults to ``<root>/outputs/commands``. Raises Hydra's own
-    error for an unknown group option or a malformed override.
-    """
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-
-    from foxhunt.runs.environment import root_dir as default_root
-
-    root = Path(root_dir).resolve() if root_dir else default_root()
-    out = output_dir or str(root / "outputs" / "commands")
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="foxhunt.conf", version_base="1.3"):
-        cfg = compose(
-            config_name,
-            overrides=[f"paths.root_dir={root}", f"paths.output_dir={out}", *overrides],
-            return_hydra_config=True,
-        )
-    HydraConfig.instance().set_config(cfg)
-    return cfg
-
-
 @dataclass
 class RunParts:
     asset: Any  # foxhunt.assets.AssetSpec
@@ -93,8 +70,6 @@ class RunParts:
 
 def build_datamodule(cfg: DictConfig, dataset):
     """The datamodule a model family reads: env settings for agents, windows for forecasters."""
-    from foxhunt.data.datamodules import EnvDataModule, ForecastDataModule
-
     if cfg.model.kind == "agent":
         return EnvDataModule(
             dataset=dataset,
@@ -117,8 +92,6 @@ def build_datamodule(cfg: DictConfig, dataset):
 def build_model(cfg: DictConfig):
     """The LightningModule of ``cfg.model.module`` (plain lists, so checkpoints load with
     ``torch.load(weights_only=True)``)."""
-    from hydra.utils import instantiate
-
     return instantiate(cfg.model.module, _convert_="all")
 
 
@@ -127,10 +100,6 @@ def run_split(cfg: DictConfig, open_holdout: bool = False):
     (``evaluation.fold``, set on each fold's run by :mod:`foxhunt.training.folds`), with the lockbox
     ``evaluation.holdout`` cut off the end (``open_holdout``: held as the split ``holdout``,
     for the one recorded report of ``foxhunt ensemble register --holdout`` only)."""
-    import dataclasses
-
-    from foxhunt.data.splits import FoldSplit, SplitConfig, WalkForwardConfig
-
     holdout = float(cfg.evaluation.get("holdout") or 0.0)
     fold = cfg.evaluation.get("fold")
     if cfg.evaluation.protocol != "walk_forward" or fold is None:
@@ -141,10 +110,6 @@ def run_split(cfg: DictConfig, open_holdout: bool = False):
 def build_precision(cfg: DictConfig, accelerator: str | None = None):
     """The Trainer's precision plugin of ``cfg`` (:func:`foxhunt.precision.plugin.precision_plugin`):
     the run's policy, built once, on ``accelerator`` (default: the Trainer's). One per Trainer."""
-    from hydra.utils import instantiate
-
-    from foxhunt.precision.plugin import precision_plugin
-
     return precision_plugin(instantiate(cfg.precision), accelerator or cfg.trainer.get("accelerator", "auto"))
 
 
@@ -154,10 +119,6 @@ def build_dataset(cfg: DictConfig, asset=None, source=None, open_holdout: bool =
     and the split it trains and scores on (:func:`run_split`: ``data.split`` or the run's
     walk-forward fold, the lockbox cut off unless ``open_holdout``); cached in
     ``data.cache_dir`` unless ``cached`` is false (the lockbox, opened once, leaves no cache)."""
-    from hydra.utils import instantiate
-
-    from foxhunt.data.dataset import load_market_dataset
-
     asset = instantiate(cfg.asset) if asset is None else asset
     source = instantiate(cfg.data.source) if source is None else source
     cache = cfg.data.cache_dir if cached else None
@@ -166,8 +127,6 @@ def build_dataset(cfg: DictConfig, asset=None, source=None, open_holdout: bool =
 
 def build_parts(cfg: DictConfig) -> RunParts:
     """Asset, cached market dataset, datamodule, model and precision plugin of a validated config."""
-    from hydra.utils import instantiate
-
     asset = instantiate(cfg.asset)
     source = instantiate(cfg.data.source)
     precision = build_precision(cfg)
@@ -189,8 +148,6 @@ def measuring_config(
 
     Raises Hydra's error for a bad override and :class:`foxhunt.config.schema.ConfigError` for
     a bad value (both carry the key)."""
-    from foxhunt.config.schema import validate
-
     cfg = compose_config(
         [f"model={model}", *overrides], root_dir=root_dir, output_dir=None if output_dir is None else str(output_dir)
     )
@@ -211,8 +168,6 @@ class MeasuringRuns:
         return build_model(cfg)
 
     def callbacks(self, cfg: DictConfig) -> list:
-        from hydra.utils import instantiate
-
         nodes = (cfg.get("callbacks") or {}).values()
         return [instantiate(n) for n in nodes if n is not None and str(n.get("_target_", "")) not in SKIPPED_CALLBACKS]
 

@@ -14,11 +14,43 @@ read (:func:`bars_datasets` writes it in the run's folder, the latest attempt's,
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.config.schema import resolved_config
+from foxhunt.data.bars import resolve_files
+from foxhunt.data.dataset import DATASET_FILE
+from foxhunt.data.errors import BarDataError
+from foxhunt.data.roll import ROLL_SCHEDULE_FILE, write_schedule
+from foxhunt.runs.provenance import (
+    CODE_DIFF_FILE,
+    CODE_FILE,
+    DATA_FILE,
+    DEVICE_FILE,
+    DIGEST_LENGTH,
+    ENVIRONMENT_FILE,
+    PROVENANCE_FOLDER,
+    PROVENANCE_VERSION,
+    RESUMED_PREFIX,
+    SPLIT_SHA256,
+    DatasetProvenance,
+    code_provenance,
+    device_provenance,
+    environment_provenance,
+    file_sha256,
+    json_sha256,
+    provenance_tags,
+    split_sha256,
+    write_provenance,
+)
+from foxhunt.runs.tags import Tag
+from foxhunt.runs.tracked_run import TrackedRun
 
 if TYPE_CHECKING:
     from foxhunt.runs.tracked_run import TrackedRun
@@ -33,9 +65,6 @@ def opened_run(cfg: DictConfig, name: str, tags: Mapping[str, str], parent_run_i
     MLflow run (:class:`~foxhunt.runs.tracked_run.TrackedRun`; ``None`` with
     ``logger.enabled=false``), entered with the config logged, then ``before_fit`` run; an
     exception in the body ends the run as TrackedRun says (FAILED, KILLED)."""
-    from foxhunt.config.schema import resolved_config
-    from foxhunt.runs.tracked_run import TrackedRun
-
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = resolved_config(cfg)
@@ -53,8 +82,6 @@ def opened_run(cfg: DictConfig, name: str, tags: Mapping[str, str], parent_run_i
             before_fit()
         yield out_dir, run
         if run is not None:
-            from foxhunt.runs.provenance import DEVICE_FILE, device_provenance
-
             trainer = cfg.get("trainer") or {}
             device = device_provenance(str(trainer.get("accelerator", "auto")), trainer.get("deterministic"))
             _log_provenance(out_dir, run, DEVICE_FILE, device)
@@ -64,9 +91,6 @@ def provenance_folder(out_dir: Path, run) -> tuple[Path, str]:
     """(the folder in the run's folder, the artifact folder) of this attempt's provenance files:
     ``provenance/``, or ``provenance/resumed-<N>/`` for a resumed attempt (``N``: the run's
     ``resume_count``, which reopening it counted up; a resumed run continues in its first folder)."""
-    from foxhunt.runs.provenance import PROVENANCE_FOLDER, RESUMED_PREFIX
-    from foxhunt.runs.tags import Tag
-
     if run is None or not getattr(run, "resume_run_id", None):
         return out_dir / PROVENANCE_FOLDER, PROVENANCE_FOLDER
     attempt = f"{RESUMED_PREFIX}{run.store.get(run.run_id).tags.get(Tag.RESUME_COUNT) or 1}"
@@ -75,16 +99,12 @@ def provenance_folder(out_dir: Path, run) -> tuple[Path, str]:
 
 def _log_provenance(out_dir: Path, run, name: str, content: dict) -> None:
     """One provenance file written in the run's folder, logged, and its tags set."""
-    from foxhunt.runs.provenance import provenance_tags, write_provenance
-
     folder, artifact = provenance_folder(out_dir, run)
     run.log_artifact(write_provenance(folder, name, content), artifact)
     run.set_tags(provenance_tags(name, content))
 
 
 def _log_code_and_environment(out_dir: Path, run) -> None:
-    from foxhunt.runs.provenance import CODE_DIFF_FILE, CODE_FILE, ENVIRONMENT_FILE, code_provenance, environment_provenance
-
     code, diff = code_provenance()
     _log_provenance(out_dir, run, CODE_FILE, code)
     if diff:
@@ -99,16 +119,10 @@ def log_dataset_manifest(dataset, out_dir: Path, run) -> None:
     settings the model reads bars with (what ``foxhunt ensemble register`` stores with the
     model), beside the run and in MLflow; for a source that rolls contracts,
     ``roll_schedule.csv`` (one row per roll, and why)."""
-    import json
-
-    from foxhunt.data.dataset import DATASET_FILE
-
     path = out_dir / DATASET_FILE
     path.write_text(json.dumps(dataset.manifest(), indent=1))
     paths = [path]
     if any(arrays.roll_price is not None for arrays in dataset.splits.values()):  # a source that rolls
-        from foxhunt.data.roll import ROLL_SCHEDULE_FILE, write_schedule
-
         paths.append(write_schedule(dataset.rolls, out_dir / ROLL_SCHEDULE_FILE))
     if run is not None:
         for saved in paths:
@@ -119,10 +133,6 @@ def log_dataset_manifest(dataset, out_dir: Path, run) -> None:
 def _log_data_provenance(out_dir: Path, run) -> None:
     """``data.json``, as :func:`bars_datasets` wrote it in the run's folder moments ago, logged
     with its tag."""
-    import json
-
-    from foxhunt.runs.provenance import DATA_FILE, PROVENANCE_FOLDER, provenance_tags
-
     path = out_dir / PROVENANCE_FOLDER / DATA_FILE
     if path.is_file():
         _, artifact = provenance_folder(out_dir, run)
@@ -135,19 +145,6 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
     the source and its files, the feature cache key as the digest, each split's extent and the
     SHA-256 of its bars; and ``provenance/data.json`` in the run's folder (:func:`data_provenance`),
     which :func:`log_dataset_manifest` logs."""
-    import hashlib
-
-    import numpy as np
-
-    from foxhunt.runs.provenance import (
-        DATA_FILE,
-        DIGEST_LENGTH,
-        PROVENANCE_FOLDER,
-        SPLIT_SHA256,
-        DatasetProvenance,
-        write_provenance,
-    )
-
     source_cfg = OmegaConf.to_container(cfg.data.source, resolve=True)
     assert isinstance(source_cfg, dict)  # data.source is a mapping
     target = str(source_cfg.pop("_target_"))
@@ -182,8 +179,6 @@ def data_provenance(cfg: DictConfig, parts) -> dict:
     """``data.json`` (:mod:`foxhunt.runs.provenance`): the source's class and settings, every
     file it read (``path``, and ``definitions`` for a source that has them) with its size and
     SHA-256, and the SHA-256 of each split's bars as the run read them."""
-    from foxhunt.runs.provenance import PROVENANCE_VERSION, file_sha256, json_sha256, split_sha256
-
     settings = OmegaConf.to_container(cfg.data.source, resolve=True)
     assert isinstance(settings, dict)  # data.source is a mapping
     target = str(settings.pop("_target_"))
@@ -202,9 +197,6 @@ def data_provenance(cfg: DictConfig, parts) -> dict:
 
 
 def _listed(path) -> list[Path]:
-    from foxhunt.data.bars import resolve_files
-    from foxhunt.data.errors import BarDataError
-
     try:
         return resolve_files(path, ("",), "files")
     except (BarDataError, OSError):
@@ -213,9 +205,6 @@ def _listed(path) -> list[Path]:
 
 def _source_files(source, path) -> list[Path]:
     """The files a file source reads (its own listing when it has one)."""
-    from foxhunt.data.bars import resolve_files
-    from foxhunt.data.errors import BarDataError
-
     try:
         listing = getattr(source, "files", None)
         return list(listing()) if callable(listing) else resolve_files(path, ("",), "bar files")

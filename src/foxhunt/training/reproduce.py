@@ -33,9 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.config.resolvers import run_suffix
 from foxhunt.runs.tags import REPRODUCTIONS_EXPERIMENT, Tag
+from foxhunt.training.cell import run_cell
 
 REPRODUCTIONS_FOLDER = Path("outputs") / "reproductions"  # under the project folder
 FEATURE_CACHE_FOLDER = "feature_cache"  # inside the reproduction's folder: empty, so never a hit
@@ -44,8 +47,6 @@ OUTPUT_DIR, CACHE_DIR = "${paths.output_dir}", "${paths.cache_dir}"  # as conf/ 
 
 def reproduction_folder(root: Path, run_name: str) -> Path:
     """A new folder for one reproduction under ``root`` (module doc)."""
-    from foxhunt.config.resolvers import run_suffix
-
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in run_name) or "run"
     return root / REPRODUCTIONS_FOLDER / f"{stamp}_{name}_{run_suffix()}"
@@ -85,8 +86,6 @@ def _moved(node: Any, old: str, new: str) -> Any:
 def retrain(cfg: DictConfig, original_run_id: str, run_name: str, threads: int | None) -> str:
     """Train ``cfg`` (a :func:`reproduction_config`) as one run tagged a reproduction of
     ``original_run_id``; its run id."""
-    from foxhunt.training.cell import run_cell
-
     result = run_cell(cfg, before_fit=_thread_setter(threads), extra_tags={Tag.REPRODUCTION_OF: original_run_id},
                       run_name=run_name)  # fmt: skip
     return str(result.run_id)
@@ -97,8 +96,6 @@ def _thread_setter(threads: int | None) -> Callable[[], None] | None:
         return None
 
     def set_threads() -> None:
-        import torch
-
         torch.set_num_threads(threads)
 
     return set_threads

@@ -5,11 +5,17 @@ console summary."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from foxhunt.evaluation.backtest import evaluation_annualization
+from foxhunt.evaluation.interpret import INTERPRET_DIR, write_interpretation
+from foxhunt.evaluation.plots import plot_equity
+from foxhunt.evaluation.scoring import ScoringSettings, score_positions, summary_lines
 from foxhunt.runs.cell import CellKey
+from foxhunt.training.parts import build_datamodule
 
 SCORED = ("val", "test")  # the splits the shared backtest scores
 
@@ -29,9 +35,6 @@ def scoring_datamodule(cfg: DictConfig, datamodule):
     max_bars = cfg.evaluation.get("max_bars")
     if max_bars is None:
         return datamodule
-    import dataclasses
-
-    from foxhunt.training.parts import build_datamodule
 
     dataset = datamodule.dataset
     splits = {name: arrays.head(max_bars) if name in SCORED else arrays for name, arrays in dataset.splits.items()}
@@ -42,9 +45,6 @@ def score_split(model, datamodule, split: str, cfg: DictConfig, asset, out_dir: 
     """The shared backtest of one split, the model's and the baselines' (the same metrics for
     every model family, :mod:`foxhunt.evaluation.scoring`): returns the ``<split>/...``
     metrics and the :class:`~foxhunt.evaluation.scoring.SplitScore`, saved as an artifact."""
-    from foxhunt.evaluation.plots import plot_equity
-    from foxhunt.evaluation.scoring import ScoringSettings, score_positions
-
     arrays = datamodule.dataset.splits[split]
     settings = ScoringSettings.from_config(cfg, asset)
     score = score_positions(model.trading_positions(datamodule, split), arrays.close, arrays.timestamps, asset,
@@ -74,7 +74,6 @@ def interpret_test_split(cfg: DictConfig, model, datamodule, out_dir: Path, run)
     method = getattr(model, "interpret_split", None)
     if settings is None or not settings.enabled or method is None:
         return None, {}
-    from foxhunt.evaluation.interpret import INTERPRET_DIR, write_interpretation
 
     result = method(datamodule, "test", settings.max_windows)
     if result is None:
@@ -86,9 +85,6 @@ def interpret_test_split(cfg: DictConfig, model, datamodule, out_dir: Path, run)
 
 
 def print_summary(cfg: DictConfig, metrics: dict[str, float], asset) -> None:
-    from foxhunt.evaluation.backtest import evaluation_annualization
-    from foxhunt.evaluation.scoring import summary_lines
-
     name = CellKey.from_config(cfg).name
     print("\n".join([f"{name}: test split, shared backtest (net of costs)", *summary_lines(metrics, "test/"),
                      f"  {evaluation_annualization(asset, cfg.evaluation).announced()}"]))  # fmt: skip

@@ -29,8 +29,10 @@ import zipfile
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 
 from foxhunt.errors import ConfigError
+from foxhunt.runs.tracked_run import trainer_runs
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,6 @@ WHAT = "a foxhunt .ckpt or a registered version's weights.pt"
 def read_weights(path: Path, key: str = KEY) -> tuple[dict, str]:
     """The module state dict in ``path`` (a foxhunt ``.ckpt`` or a version's ``weights.pt``) and
     the SHA-256 of the bytes it was read from (the file is read once)."""
-    import torch
-
     where = f"{key}={path}"
     if not path.is_file():
         raise ConfigError(f"{where}: no such file ({WHAT})")
@@ -83,7 +83,6 @@ class WarmStart(pl.Callback):
             raise ConfigError(f"{KEY}={self.path}: the weights do not fit this run's model ({first})") from None
         self.sha256 = digest
         log.info("warm start: weights from %s (sha256 %s)", self.path, self.sha256[:12])
-        from foxhunt.runs.tracked_run import trainer_runs
 
         for store, run_id in trainer_runs(trainer):
             store.tag(run_id, {SHA_TAG: self.sha256})

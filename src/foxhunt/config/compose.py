@@ -1,0 +1,45 @@
+"""Composing ``conf/`` outside ``@hydra.main``: :func:`compose_config`, for every command that reads
+a config (``foxhunt train start``'s grid, ``foxhunt data show``, the ensemble and memory commands,
+the roll, the benchmark) and for :mod:`foxhunt.training.parts`, which builds a run from it.
+
+It imports Hydra and the store's location only: what a config names (data, models, precision) is
+built elsewhere, so a command that only composes and validates does not load torch or Lightning.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from foxhunt.runs.environment import root_dir as default_root
+
+
+def compose_config(
+    overrides: list[str],
+    root_dir: str | os.PathLike | None = None,
+    output_dir: str | None = None,
+    config_name: str = "train",
+) -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` (``train``; ``ensemble`` for the ensemble commands) with
+    Hydra overrides outside ``@hydra.main``.
+
+    ``paths.root_dir`` defaults to ``$FOXHUNT_ROOT`` or the current folder, as for
+    ``foxhunt-train``; ``output_dir`` defaults to ``<root>/outputs/commands``. Raises Hydra's own
+    error for an unknown group option or a malformed override.
+    """
+    root = Path(root_dir).resolve() if root_dir else default_root()
+    out = output_dir or str(root / "outputs" / "commands")
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="foxhunt.conf", version_base="1.3"):
+        cfg = compose(
+            config_name,
+            overrides=[f"paths.root_dir={root}", f"paths.output_dir={out}", *overrides],
+            return_hydra_config=True,
+        )
+    HydraConfig.instance().set_config(cfg)
+    return cfg
