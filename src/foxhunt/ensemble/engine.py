@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from foxhunt.data.errors import BarDataError
 from foxhunt.data.features import FeatureConfig
 from foxhunt.data.streaming import KnownCalendar, StreamingFeatures, normalizer
 from foxhunt.ensemble.members import Decision, Member
@@ -146,8 +147,6 @@ class StreamingEngine:
     def step_many(self, items: Sequence[tuple[Stream, Bar]]) -> list[BarResult | Exception]:
         """One bar of each of several distinct streams (module doc): per item its result, or
         the :class:`~foxhunt.data.errors.BarDataError` of a bad bar (that stream unchanged)."""
-        from foxhunt.data.errors import BarDataError
-
         started = time.perf_counter_ns()
         results: list[BarResult | Exception | None] = [None] * len(items)
         raw: dict[object, list[tuple[int, np.ndarray]]] = {c: [] for c in self._configs}

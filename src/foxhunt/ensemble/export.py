@@ -46,12 +46,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import torch
 from torch import nn
+from torch.onnx import symbolic_helper
 
 from foxhunt.data.streaming import normalizer
-from foxhunt.ensemble.member_files import RegistryError
+from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles, RegistryError
 from foxhunt.ensemble.members import NoStreamingMember, stream_of
+from foxhunt.ensemble.rebuild import rebuild_model
+from foxhunt.ensemble.registry import download_version, registered_name
 from foxhunt.errors import UserError
 
 FORMATS = ("onnx", "torchscript")
@@ -165,8 +169,6 @@ def write_step(step: Step, path: Path, fmt: str) -> float:
 def _rms_norm(g, x, normalized_shape, weight, eps):
     """ONNX of ``aten::rms_norm`` (Mamba-2's gated norm), which torch.onnx's TorchScript exporter
     lacks: ``x / sqrt(mean(x^2 over the normalized dims) + eps)``, times ``weight`` if given."""
-    from torch.onnx import symbolic_helper
-
     dims = list(range(-len(symbolic_helper._get_const(normalized_shape, "is", "normalized_shape")), 0))
     epsilon = symbolic_helper._get_const(eps, "f", "eps")
     mean = g.op("ReduceMean", g.op("Mul", x, x), axes_i=dims, keepdims_i=1)
@@ -194,8 +196,6 @@ def _jit_scripting(module: nn.Module):
 
 def run_onnx(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Every output of the ONNX file at ``path`` on ``feeds`` (ONNX Runtime, one thread)."""
-    import onnxruntime as ort
-
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -240,10 +240,6 @@ def export_ensemble(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
     """Every family of ``cfg.ensemble.models`` for ``cfg.asset`` (the alias, or
     ``ensemble.versions``), exported under ``out`` (module doc): every member is built and
     checked in ``workdir`` first, then all are written (:func:`write_inside`)."""
-    from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
-    from foxhunt.ensemble.rebuild import rebuild_model
-    from foxhunt.ensemble.registry import download_version, registered_name
-
     if fmt not in FORMATS:
         raise RegistryError(f"--format {fmt}: must be one of {', '.join(FORMATS)}")
     ens, asset = cfg.ensemble, str(cfg.asset.key)

@@ -33,12 +33,22 @@ import math
 import time
 import tracemalloc
 from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import psutil
 import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.data.streaming import StreamingFeatures, normalize
+from foxhunt.ensemble.rebuild import build_member
+from foxhunt.ensemble.registry import download_version, record_weights_choice, registered_name
 from foxhunt.memory.accounting import ByteCounter, to_mb
+from foxhunt.memory.allocations import AllocationPeak
+from foxhunt.memory.probes import DeviceProbes
 
 if TYPE_CHECKING:
     from foxhunt.data.streaming import KnownCalendar
@@ -90,8 +100,6 @@ def module_bytes(module: torch.nn.Module) -> int:
 
 def _rss() -> int | None:
     try:
-        import psutil
-
         return int(psutil.Process().memory_info().rss)
     except Exception:
         return None
@@ -100,8 +108,6 @@ def _rss() -> int | None:
 def _step_peak(member, step) -> tuple[int, str]:
     """Bytes one more ``step()`` holds at its peak beyond what was live before it, and how measured."""
     if member.runtime == "torch":
-        from foxhunt.memory.allocations import AllocationPeak
-
         with AllocationPeak() as meter:
             step()
         return (
@@ -167,8 +173,6 @@ class MemberBars:
 def member_bars(raw_bars, asset, inputs, count: int) -> MemberBars:
     """The member's inputs for the first ``count`` bars of ``raw_bars`` that have features
     (after the warm-up), normalized with its statistics."""
-    from foxhunt.data.streaming import StreamingFeatures, normalize
-
     stream = StreamingFeatures(asset, inputs.feature_config, origin="validate bars")
     offset, scale = inputs.normalizer()
     rows, stamps = [], []
@@ -206,8 +210,6 @@ def measure_member(member, weights: str, bars: MemberBars, probe_calls: int, loa
 
 
 def _nvml_used(device: str) -> int | None:
-    from foxhunt.memory.probes import DeviceProbes
-
     probes = DeviceProbes(device)
     try:
         return probes.sample().nvml_used_bytes
@@ -292,13 +294,6 @@ def report_text(footprint: EnsembleFootprint, budget, targets: dict[str, float |
 def measure_footprint(cfg, workdir) -> tuple[str, dict[str, float], bool]:
     """Measure the registered ensemble of ``cfg`` in fp32 and int8 against ``cfg.budget`` (see the
     module doc): (report text, metrics, whether the ensemble as configured fits)."""
-    from pathlib import Path
-
-    from hydra.utils import instantiate
-
-    from foxhunt.ensemble.rebuild import build_member
-    from foxhunt.ensemble.registry import download_version, registered_name
-
     ens = cfg.ensemble
     settings = ens.footprint
     budget = instantiate(cfg.budget)
@@ -343,8 +338,6 @@ def measure_footprint(cfg, workdir) -> tuple[str, dict[str, float], bool]:
         metrics["ensemble/auto_headroom_mb"] = budget.available_mb - chosen / MB
         text += f"\nensemble auto (each member's choice): {chosen / MB:.2f} MB, headroom {metrics['ensemble/auto_headroom_mb']:.2f} MB"
     if settings.record_choice and cfg.logger.enabled:  # logger.enabled=false writes nothing to the store
-        from foxhunt.ensemble.registry import record_weights_choice
-
         record_weights_choice(str(cfg.logger.tracking_uri), versions, choices)
         text += "\nrecorded on each version (tags weights_choice, weights_reason): ensemble.weights=auto loads them"
     fits = metrics[f"ensemble/{ens.weights}_headroom_mb"] >= budget.headroom_mb
@@ -389,10 +382,6 @@ def int8_verdicts(choices: dict[str, tuple[str, str]], max_slowdown: float, min_
 
 def model_memory_target(family: str) -> float | None:
     """The model's own memory target (``conf/model/<family>.yaml``: ``memory_target_mb``)."""
-    from importlib import resources
-
-    from omegaconf import DictConfig, OmegaConf
-
     text = resources.files("foxhunt.conf").joinpath("model", f"{family}.yaml").read_text()
     config = OmegaConf.create(text)
     assert isinstance(config, DictConfig)  # a model config is a mapping

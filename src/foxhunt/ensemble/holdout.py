@@ -21,8 +21,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
+from hydra.utils import instantiate
+
+from foxhunt.data.splits import HOLDOUT
 from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
+from foxhunt.ensemble.rebuild import rebuild_model
 from foxhunt.ensemble.registry import Registered, download_version
+from foxhunt.evaluation.scoring import ScoringSettings, score_positions
+from foxhunt.runs.store import RunStore
+from foxhunt.training.parts import build_datamodule, build_dataset
 
 PREFIX = "holdout/"
 OPENED_TAG, VERSION_TAG = "holdout.opened", "holdout.version"
@@ -52,8 +60,6 @@ class HoldoutReport:
 
 def open_lockbox(tracking_uri: str, registered: list[Registered], workdir: Path) -> list[HoldoutReport]:
     """Score each registered champion on its lockbox once, or read back what was recorded."""
-    from foxhunt.runs.store import RunStore
-
     store = RunStore(tracking_uri)
     reports = []
     for entry in registered:
@@ -73,14 +79,6 @@ def open_lockbox(tracking_uri: str, registered: list[Registered], workdir: Path)
 
 
 def _score(files: MemberFiles, entry: Registered) -> HoldoutReport:
-    import torch
-    from hydra.utils import instantiate
-
-    from foxhunt.data.splits import HOLDOUT
-    from foxhunt.ensemble.rebuild import rebuild_model
-    from foxhunt.evaluation.scoring import ScoringSettings, score_positions
-    from foxhunt.training.parts import build_datamodule, build_dataset
-
     cfg = files.cfg
     if not cfg.evaluation.get("holdout"):
         return HoldoutReport(entry.name, entry.version, entry.run_id,

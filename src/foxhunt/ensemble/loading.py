@@ -36,18 +36,25 @@ decides the next bar. The same bars give the same swap: a paper resume replays i
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from foxhunt.config.schema import ConfigError
+from foxhunt.data.streaming import StreamingFeatures
 from foxhunt.ensemble.engine import Bar, MemberInputs, Stream, StreamingEngine
 from foxhunt.ensemble.member_files import RegistryError
 from foxhunt.ensemble.members import Member
 from foxhunt.ensemble.rebuild import build_member
-from foxhunt.ensemble.registry import download_version, registered_name, resolved_version, weights_to_load
+from foxhunt.ensemble.registry import download_version, metric_direction, registered_name, resolved_version, weights_to_load
+from foxhunt.ensemble.rules import check_rule
+from foxhunt.errors import UserError, one_line_error
+from foxhunt.runs.store import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +97,6 @@ def registered_names(cfg) -> list[str]:
 
 def load_ensemble(cfg, workdir: Path) -> list[LoadedMember]:
     """Every family of ``cfg.ensemble.models`` for ``cfg.asset``, loaded (see the module doc)."""
-    import torch
-
-    from foxhunt.runs.store import RunStore
-
     ens = cfg.ensemble
     if ens.torch_threads is not None:
         torch.set_num_threads(int(ens.torch_threads))
@@ -112,8 +115,6 @@ def load_member(cfg, name: str, version: int | None, weights: str | None, workdi
     """Version ``version`` of ``name`` (None: ``@ensemble.alias``), verified and built; ``weights``
     fp32 or int8 (None: ``ensemble.weights``, ``auto`` reading the version's verdict); ``via_alias``:
     ``version`` is the alias's, and errors name the alias."""
-    import tempfile
-
     ens = cfg.ensemble
     Path(workdir).mkdir(parents=True, exist_ok=True)
     place = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))  # a folder of its own: a version loaded twice never shares one
@@ -129,10 +130,6 @@ def load_member(cfg, name: str, version: int | None, weights: str | None, workdi
 
 def ensemble_engine(members: list[LoadedMember], asset, cfg, origin: str) -> SwappableEngine:
     """The streaming engine of a loaded ensemble's members with the configured rule."""
-    from foxhunt.config.schema import ConfigError
-    from foxhunt.ensemble.registry import metric_direction
-    from foxhunt.ensemble.rules import check_rule
-
     ens = cfg.ensemble
     weights = {f.member.name: f.value for f in members}
     metrics = sorted({f.metric for f in members})
@@ -228,8 +225,6 @@ class SwappableEngine(StreamingEngine):
         """Put ``member`` in place of the member of its name for ``streams`` (every stream open
         on this engine) after it stepped through each stream's latest bars; the most bars it
         stepped through on one stream."""
-        from foxhunt.data.streaming import StreamingFeatures
-
         names = [m.name for m in self.members]
         if member.name not in names:
             raise SwapError(f"{member.name}: not a member of this ensemble ({', '.join(names)})")
@@ -334,16 +329,11 @@ class VersionWatcher:
             try:
                 self.poll()
             except Exception as exc:  # noqa: BLE001 (a store that cannot be read now: said, looked at again next time)
-                from foxhunt.errors import one_line_error
-
                 self.say(f"the registry could not be read ({one_line_error(exc, first_line=True, limit=200)}); "
                          "the ensemble goes on as it is")  # fmt: skip
 
     def poll(self) -> list[LoadedMember]:
         """One look at the registry: each family whose version moved is loaded (module doc)."""
-        from foxhunt.errors import UserError, one_line_error
-        from foxhunt.runs.store import RunStore
-
         self.polls += 1
         store = RunStore(str(self.cfg.logger.tracking_uri))
         loaded = []

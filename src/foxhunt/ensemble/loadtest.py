@@ -13,15 +13,29 @@ connection; a wrong answer is a 200 whose decisions differ from the replay's.
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
+from hydra.utils import instantiate
+
+from foxhunt.config.compose import compose_config
+from foxhunt.config.schema import validate
+from foxhunt.ensemble.loading import ensemble_engine, load_ensemble
+from foxhunt.ensemble.replay import latency_us, replay_bars
 
 SERVER_PARTS = ("read_parse", "queue", "ensemble_batch", "handler")
 
@@ -160,15 +174,6 @@ def wait_healthy(url: str, timeout_s: float, process=None) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import os
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
     parser = argparse.ArgumentParser(prog="scripts/load_test.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=None, help="a running server (default: start foxhunt ensemble serve on a free port)")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients, one symbol each (default 8)")
@@ -176,13 +181,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds to wait for /health")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/ensemble.yaml (asset=es data.source.days=7 ...)")
     args = parser.parse_args(argv)
-
-    from hydra.utils import instantiate
-
-    from foxhunt.config.compose import compose_config
-    from foxhunt.config.schema import validate
-    from foxhunt.ensemble.loading import ensemble_engine, load_ensemble
-    from foxhunt.ensemble.replay import replay_bars
 
     cfg = compose_config(list(args.overrides), config_name="ensemble")
     validate(cfg)
@@ -233,8 +231,6 @@ def side_by_side(replayed, batched: np.ndarray, result: LoadResult) -> str:
     """The HTTP round trip beside the in-process ensemble on the same bars: one stream (the replay's
     ``time.perf_counter_ns`` per bar, warm bars) and as many streams as clients, each minute
     stepped together (what the server's batches do); the goals: p50 within 2 ms, p99 within 2x."""
-    from foxhunt.ensemble.replay import latency_us
-
     whole = latency_us(replayed.total_ns, replayed.warm_bars)
     p50, p99 = (float(np.percentile(result.latencies_ms, q)) for q in (50, 99))
     inner50, inner99 = whole["p50"] / 1e3, whole["p99"] / 1e3

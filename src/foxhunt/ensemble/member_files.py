@@ -38,8 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from foxhunt.assets import AssetSpec
 from foxhunt.config.stored import load_stored_config
 from foxhunt.data.dataset import DATASET_FILE
+from foxhunt.data.features import FeatureConfig
 from foxhunt.errors import ConfigError, UserError, one_line_error
 
 MEMBER_FILE = "member.json"
@@ -149,8 +153,6 @@ class MemberFiles:
 
     def _check_meaning(self, name: str) -> None:
         """The values are sane (module doc); one line naming the file and the value otherwise."""
-        from foxhunt.assets import AssetSpec
-        from foxhunt.data.features import FeatureConfig
 
         def refuse(file: str, what: str) -> RegistryError:
             return RegistryError(f"{name}: {file}: {what}; {_REREGISTER}")
@@ -226,8 +228,6 @@ def _config(path: Path, name: str):
 
 
 def _weights(path: Path, name: str) -> dict[str, Any]:
-    import torch
-
     _present(path, name)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)

@@ -51,7 +51,10 @@ import numpy as np
 import torch
 
 from foxhunt.ensemble.kernels import linear, mamba2_step, quantize_rows
+from foxhunt.ensemble.onnx_runtime import Graph, export_tft
 from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, Mamba2Arrays, UnsupportedModule, mamba2_arrays, mlp_layers
+from foxhunt.models.tft import StaticContexts
+from foxhunt.precision.inference import default_int8_policy, int8_inference_model
 
 RUNTIMES = ("auto", "numba", "numpy", "onnx", "torch")
 NS_PER_MINUTE = 60_000_000_000
@@ -78,8 +81,6 @@ Future = Callable[[int, int], np.ndarray]
 
 def int8_torch_copy(module):
     """The torchao int8 inference copy of a model (the torch runtime's int8 weights)."""
-    from foxhunt.precision.inference import default_int8_policy, int8_inference_model
-
     return int8_inference_model(module, default_int8_policy())
 
 
@@ -473,7 +474,6 @@ class TFTMember(_WindowedMember):
     def _onnx_graphs(self, module, weights: str, workdir: Path | None, threads: int):
         if workdir is None:
             return None
-        from foxhunt.ensemble.onnx_runtime import Graph, export_tft
 
         try:
             paths = export_tft(module, Path(workdir) / f"{self.name}-onnx", int8=weights == "int8")
@@ -490,8 +490,6 @@ class TFTMember(_WindowedMember):
                                     state_c=np.repeat(contexts["state_c"], batch, axis=1))  # fmt: skip
 
     def _fuse_torch(self, contexts: dict[str, np.ndarray], past: np.ndarray, future: np.ndarray) -> np.ndarray:
-        from foxhunt.models.tft import StaticContexts
-
         batch, t = len(past), _tensors(self._model)
         expanded = StaticContexts(None, None, t(np.repeat(contexts["enrichment"], batch, axis=0)),
                                   (t(np.repeat(contexts["state_h"], batch, axis=1)), t(np.repeat(contexts["state_c"], batch, axis=1))))  # fmt: skip
@@ -506,7 +504,6 @@ class TFTMember(_WindowedMember):
             outputs = np.stack([self._known_outputs(known[i, 0], future, i, int(ts)) for i, ts in enumerate(ts_ns.tolist())])
             return self._graphs["select_past"](known=known, observed=observed, known_outputs=outputs[:, None],
                                                selection=selection)[:, 0]  # fmt: skip
-        from foxhunt.models.tft import StaticContexts
 
         t = _tensors(self._model)
         with torch.inference_mode():
@@ -540,7 +537,6 @@ class TFTMember(_WindowedMember):
         selection = np.repeat(self._static()["selection"], len(calendar), axis=0)
         if self.runtime == "onnx":
             return self._graphs["select_future"](known=known, selection=selection)[:, 0]
-        from foxhunt.models.tft import StaticContexts
 
         t = _tensors(self._model)
         with torch.inference_mode():

@@ -32,9 +32,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from dataclasses import dataclass
+from email.parser import HeaderParser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+from packaging.requirements import Requirement
 
 from foxhunt.ensemble.member_files import RegistryError
 
@@ -124,9 +128,6 @@ def _build_wheel(source: Path, workdir: Path) -> Path:
 def _wheel_requires(wheel: Path) -> list[str]:
     """The ``Requires-Dist`` of a wheel: what the code it holds declares (an editable install's
     own metadata is as old as its last ``pip install -e``)."""
-    import zipfile
-    from email.parser import HeaderParser
-
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = HeaderParser().parsestr(archive.read(name).decode())
@@ -136,8 +137,6 @@ def _wheel_requires(wheel: Path) -> list[str]:
 def _pin(line: str) -> str | None:
     """``name==installed`` for one of foxhunt's requirements (None: an extra's, or a marker that
     does not hold here)."""
-    from packaging.requirements import Requirement
-
     requirement = Requirement(line)
     if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
         return None

@@ -28,8 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import torch
+from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import nn
+
+from foxhunt.models.tft import StaticContexts
 
 GRAPHS = ("encode_known", "select_past", "select_future", "fuse")
 OPSET = 17
@@ -51,7 +56,6 @@ class _SelectPast(nn.Module):
         self.model = model
 
     def forward(self, known, observed, known_outputs, selection):  # (B, 1, K), (B, 1, O), (B, 1, K, d), (B, d) -> (B, 1, d)
-        from foxhunt.models.tft import StaticContexts
 
         contexts = StaticContexts(selection, selection, selection, (selection, selection))
         return self.model.select_past_given(known, observed, contexts, known_outputs)[0]
@@ -63,7 +67,6 @@ class _SelectFuture(nn.Module):
         self.model = model
 
     def forward(self, known, selection):  # (M, 1, K), (M, d) -> (M, 1, d)
-        from foxhunt.models.tft import StaticContexts
 
         contexts = StaticContexts(selection, selection, selection, (selection, selection))
         return self.model.select_future(known, contexts)[0]
@@ -75,7 +78,6 @@ class _Fuse(nn.Module):
         self.model = model
 
     def forward(self, past, future, enrichment, state_h, state_c):  # (B, L, d), (B, H, d), (B, d), (layers, B, d) x 2
-        from foxhunt.models.tft import StaticContexts
 
         contexts = StaticContexts(enrichment, enrichment, enrichment, (state_h, state_c))
         return self.model.fuse(contexts, past, future)[0]
@@ -119,8 +121,6 @@ def export_tft(model, folder: Path, int8: bool = False) -> dict[str, Path]:
 
 def quantize(path: Path, target: Path) -> Path:
     """ONNX Runtime's dynamic int8 quantization of the graph at ``path``, written to ``target``."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     quantize_dynamic(str(path), str(target), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS)
     return target
 
@@ -135,9 +135,6 @@ class Graph:
 
     @classmethod
     def load(cls, path: Path, threads: int) -> Graph:
-        import onnx
-        import onnxruntime as ort
-
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -152,6 +149,4 @@ class Graph:
 
 
 def _itemsize(onnx_type: int) -> int:
-    import onnx
-
     return int(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(onnx_type)).itemsize)

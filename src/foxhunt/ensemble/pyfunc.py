@@ -37,15 +37,28 @@ import logging
 import shutil
 import tempfile
 import weakref
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlflow
 import mlflow.pyfunc
+import numpy as np
 import pandas as pd
+import torch
+from mlflow.exceptions import MlflowException
+from mlflow.models import Model
+from mlflow.models.signature import ModelSignature
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
+from mlflow.types.schema import ColSpec, Schema
+from omegaconf import OmegaConf
 
-from foxhunt.ensemble.member_files import CODE_FILE, DATASET_FILE, MEMBER_FILE
+from foxhunt.assets import AssetSpec
+from foxhunt.ensemble.engine import StreamingEngine
+from foxhunt.ensemble.member_files import CODE_FILE, DATASET_FILE, DIGESTS_TAG, MEMBER_FILE, RegistryError, check_digests
+from foxhunt.ensemble.rebuild import build_member
+from foxhunt.runs.store import RunStore
 
 if TYPE_CHECKING:
     from foxhunt.ensemble.engine import StreamingEngine
@@ -55,9 +68,6 @@ WHEEL_ARTIFACT = "foxhunt_wheel"
 
 
 def _signature():
-    from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import ColSpec, Schema
-
     inputs = Schema([ColSpec("long", "ts"), *(ColSpec("double", c) for c in BAR_FIELDS[1:])])
     outputs = Schema([ColSpec("long", "position"), ColSpec("double", "signal", required=False)])
     return ModelSignature(inputs=inputs, outputs=outputs)
@@ -67,11 +77,6 @@ class FoxhuntMember(PythonModel):
     """pyfunc wrapper of one ensemble member (see the module doc)."""
 
     def load_context(self, context) -> None:
-        import torch
-
-        from foxhunt.assets import AssetSpec
-        from foxhunt.ensemble.rebuild import build_member
-
         threads = _packaged("ensemble", "default").get("torch_threads")
         if threads:  # pinned as the ensemble is (ensemble.torch_threads): batch-1 steps lose to more threads
             torch.set_num_threads(int(threads))
@@ -90,12 +95,6 @@ class FoxhuntMember(PythonModel):
         self.engine: StreamingEngine | None = None
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        import numpy as np
-        from mlflow.exceptions import MlflowException
-        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
-        from foxhunt.ensemble.engine import StreamingEngine
-
         if self.engine is None:
             self.engine = StreamingEngine([self.member], {self.member.name: self.inputs}, self.asset, rule="majority",
                                           origin="pyfunc input")  # fmt: skip
@@ -130,11 +129,6 @@ def verify_logged_folder(folder: Path) -> str | None:
     check before anything is written) names no model and has nothing to verify against: None.
     MLflow has already run the folder's code file when this runs (module doc): this guards the
     data; foxhunt's own commands guard both."""
-    from mlflow.models import Model
-
-    from foxhunt.ensemble.member_files import DIGESTS_TAG, RegistryError, check_digests
-    from foxhunt.runs.store import RunStore
-
     model_id = Model.load(str(folder / "MLmodel")).model_id
     if not model_id:
         return None
@@ -153,10 +147,6 @@ def verify_logged_folder(folder: Path) -> str | None:
 
 def _packaged(group: str, name: str) -> dict:
     """A config shipped with foxhunt (``conf/<group>/<name>.yaml``)."""
-    from importlib.resources import files
-
-    from omegaconf import OmegaConf
-
     plain = OmegaConf.to_container(OmegaConf.create(files("foxhunt.conf").joinpath(group, f"{name}.yaml").read_text()))
     assert isinstance(plain, dict)  # a config group's file is a mapping
     return plain
@@ -200,8 +190,6 @@ def check_model_folder(folder: Path, example) -> None:
 def stamp_logged_model(folder: Path, model_id: str, run_id: str, artifact_location: str) -> None:
     """Write the logged model's id, run and location into the folder's ``MLmodel``, as
     ``Model.log`` does before it uploads a folder."""
-    from mlflow.models import Model
-
     mlmodel = folder / "MLmodel"
     model = Model.load(str(mlmodel))
     model.model_id = model.model_uuid = model_id

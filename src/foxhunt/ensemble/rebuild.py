@@ -12,10 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
+from foxhunt.config.schema import ConfigError, resolved_config, validate
+from foxhunt.config.stored import check_stored_config
+from foxhunt.data.features import FeatureConfig
 from foxhunt.ensemble.engine import MemberInputs
 from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles, RegistryError
 from foxhunt.ensemble.members import Member, NoStreamingMember, make_member
+from foxhunt.precision.quantize import dequantize_model, quantize_model
+from foxhunt.training.parts import build_model
 
 
 def rebuild_model(cfg, state: dict, origin: str):
@@ -23,14 +30,6 @@ def rebuild_model(cfg, state: dict, origin: str):
     (int8-trained weights loaded through their quantized layers, then dequantized). The config
     names only foxhunt's own classes (:mod:`foxhunt.config.stored`), checked before anything in
     it is imported."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    from foxhunt.config.schema import ConfigError, resolved_config, validate
-    from foxhunt.config.stored import check_stored_config
-    from foxhunt.precision.quantize import dequantize_model, quantize_model
-    from foxhunt.training.parts import build_model
-
     try:  # before the schema, which imports the model's and the source's classes to check them
         check_stored_config(resolved_config(cfg) if OmegaConf.is_config(cfg) else cfg, origin)
     except ConfigError as exc:
@@ -56,8 +55,6 @@ def build_member(folder: Path, name: str, asset_key: str, weights: str, runtime:
     """A member from a version's model folder (``<folder>/artifacts/...``): its fp32 model, and
     its runtime's ``weights`` (fp32 or int8; :mod:`foxhunt.ensemble.members`); a TFT's ONNX
     graphs go to ``workdir`` (default: beside the folder)."""
-    from foxhunt.data.features import FeatureConfig
-
     files = MemberFiles.read(folder / ARTIFACTS_DIR, name)
     info, cfg, manifest = files.info, files.cfg, files.manifest
     if info["asset"] != asset_key:

@@ -64,7 +64,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+import torch
+from hydra.utils import instantiate
+
 from foxhunt.config.stored import load_stored_config
+from foxhunt.data.features import FeatureConfig
 from foxhunt.ensemble.member_files import (
     ARTIFACTS_DIR,
     CONFIG_FILE,
@@ -76,11 +82,16 @@ from foxhunt.ensemble.member_files import (
     check_digests,
     digests_tag,
 )
+from foxhunt.ensemble.model_env import model_environment
+from foxhunt.ensemble.pyfunc import check_model_folder, save_member_model, stamp_logged_model
+from foxhunt.ensemble.rebuild import rebuild_model
 from foxhunt.errors import ConfigError, one_line_error
 from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metric directions
 from foxhunt.runs.status import Status
+from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
 from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
+from foxhunt.training.parts import build_dataset
 
 SELECTION_PREFIXES = ("val/",)
 VAL_SHARPE, VAL_BASELINE = "val/sharpe", "val/baseline/"
@@ -207,10 +218,6 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
     """Download the run's checkpoint, config and dataset manifest, check that the model rebuilds
     from them, save the pyfunc model folder and check that MLflow loads it and answers its
     input example (nothing is written to the store)."""
-    import torch
-
-    from foxhunt.ensemble.pyfunc import check_model_folder, save_member_model
-
     run_id = deployed_run(store, choice, metric)
     downloads = workdir / f"{choice.family}-download"
     downloads.mkdir(parents=True)
@@ -237,7 +244,6 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
         ) from None
     stamp = loaded.get(STAMP_KEY) if isinstance(loaded.get(STAMP_KEY), dict) else {}
     check_stamped_run(f"run {run_id} ({choice.run_name}): {checkpoint}", stamp.get(RUN_ID), run_id)
-    from foxhunt.ensemble.rebuild import rebuild_model
 
     rebuild_model(cfg, state, origin=f"run {run_id} ({checkpoint})")  # raises a one-line error
     weights = workdir / f"{choice.family}-weights" / WEIGHTS_FILE  # the pyfunc folder keeps file names
@@ -285,13 +291,6 @@ def input_example(cfg, manifest: dict, decided: int, origin: str):
     """The bars ending the run's validation split, as the pyfunc takes them (``ts`` in UTC ns):
     enough to warm the features (``warmup_bars``) and fill a forecaster's window (``seq_len``),
     then ``decided`` bars it decides on. Never test or lockbox bars."""
-    import numpy as np
-    import pandas as pd
-    from hydra.utils import instantiate
-
-    from foxhunt.data.features import FeatureConfig
-    from foxhunt.training.parts import build_dataset
-
     try:
         asset, source = instantiate(cfg.asset), instantiate(cfg.data.source)
         bars = source.load(asset)
@@ -312,16 +311,12 @@ def input_example(cfg, manifest: dict, decided: int, origin: str):
 
 
 def _rebuild_manifest(cfg) -> dict[str, Any]:
-    from foxhunt.training.parts import build_dataset
-
     return build_dataset(cfg).manifest()
 
 
 def record_weights_choice(tracking_uri: str, versions: dict, choices: dict[str, tuple[str, str]]) -> None:
     """Tag each measured version with the weights that pay for it and why (``ensemble.weights=auto``
     loads them)."""
-    from foxhunt.runs.store import RunStore
-
     store = RunStore(tracking_uri)
     for name, (choice, reason) in choices.items():
         store.set_version_tags(name, versions[name].version, {WEIGHTS_CHOICE: choice, WEIGHTS_REASON: reason})
@@ -351,8 +346,6 @@ def register_prepared(store, prepared: Prepared, alias: str | None, gate: str) -
     """Log the model folder as a logged model of its training run, register it as a new version
     from there, move ``alias`` (module doc; None: no alias, as a roll registers a challenger
     before its promotion is committed)."""
-    from foxhunt.ensemble.pyfunc import stamp_logged_model
-
     run_id = prepared.choice.found_run_id
     tags = {**prepared.tags, GATE_TAG: gate}
     model_id, location = store.create_logged_model(run_id, prepared.name, MODEL_TYPE, tags)
@@ -375,8 +368,6 @@ def download_version(tracking_uri: str, name: str, alias: str | None, version: i
     and its ModelVersion; a missing model, alias or version is one line. ``via_alias``: the
     version is the one ``alias`` resolved to, and the errors name it as the user does,
     ``models:/name@alias``."""
-    from foxhunt.runs.store import RunStore
-
     store = RunStore(tracking_uri)
     uri = f"models:/{name}/{version}" if version is not None and not via_alias else f"models:/{name}@{alias}"
     if version is not None:
@@ -424,8 +415,6 @@ def register_champions(tracking_uri: str, experiment: str, asset: str, families:
     """Choose, gate, prepare every version, then register them (see the module doc). ``journal``:
     the experiment of the promotion records (``roll.experiment``): one committed and not applied
     is applied first."""
-    from foxhunt.runs.store import RunStore
-
     if gate not in GATES:
         raise RegistryError(f"ensemble.gate={gate!r}: must be one of {', '.join(GATES)}")
     store = RunStore(tracking_uri)
@@ -471,8 +460,6 @@ def _register_locked(store, experiment: str, asset: str, families: list[str], me
                 )
                 continue
             if environment is None:  # one wheel for every version of this register
-                from foxhunt.ensemble.model_env import model_environment
-
                 environment = model_environment(work, ARTIFACTS_DIR)
             todo.append(prepare(store, choice, name, metric, work, environment, example_decided))  # every check before any write
         results += [register_prepared(store, prepared, alias, passed[prepared.choice.family]) for prepared in todo]

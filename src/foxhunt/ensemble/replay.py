@@ -23,9 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from foxhunt.data.features import FeatureConfig
 from foxhunt.data.roll import RAW_CLOSE, ROLL_PRICE
+from foxhunt.data.streaming import KnownCalendar, StreamingFeatures
 from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
 from foxhunt.evaluation.backtest import BacktestResult, backtest
+from foxhunt.evaluation.interpret import spaced_indices
 
 ENSEMBLE = "ensemble"
 PROGRESS_EVERY = 100  # bars between progress reports
@@ -119,10 +122,6 @@ def replayed_windows(inputs: MemberInputs, asset, bars: pd.DataFrame, seq_len: i
     (N, seq_len, O) float32, as a datamodule's ``input_windows``; ``bar_index`` (N,): each
     window's last bar as an index into the replay's :class:`ReplayResult`), at most ``limit``
     of them spread evenly over the replay, and how many there were in all."""
-    from foxhunt.data.features import FeatureConfig
-    from foxhunt.data.streaming import KnownCalendar, StreamingFeatures
-    from foxhunt.evaluation.interpret import spaced_indices
-
     calendar = KnownCalendar(asset, FeatureConfig.from_config(inputs.feature_config))
     pipeline = StreamingFeatures(asset, inputs.feature_config, origin, calendar)
     stamps, values, first, last = _bounds(bars, start_ns, stop_ns)

@@ -30,17 +30,34 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from foxhunt.config.families import model_class
+from foxhunt.config.schema import ConfigError, resolved_config
 from foxhunt.data.features import FEATURE_NAMES
 from foxhunt.ensemble.loading import ensemble_engine, load_ensemble
-from foxhunt.ensemble.replay import ENSEMBLE, latency_us, replay_bars, score_replay
+from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
+from foxhunt.ensemble.rebuild import rebuild_model
+from foxhunt.ensemble.registry import download_version
+from foxhunt.ensemble.replay import ENSEMBLE, latency_us, replay_bars, replayed_windows, score_replay
+from foxhunt.evaluation.backtest import evaluation_annualization
+from foxhunt.evaluation.interpret import INTERPRET_DIR, SelectionNames, write_interpretation
+from foxhunt.evaluation.plots import plot_equities
+from foxhunt.runs.store import RunStore
+from foxhunt.runs.tracked_run import TrackedRun
+from foxhunt.training.parts import build_dataset
+from foxhunt.training.provenance import data_provenance
 
 SOURCE = "foxhunt ensemble replay"  # the runs table's Source column
 REPORT_FILE = "replay.md"
@@ -71,8 +88,6 @@ def scored_window(cfg, asset, bars) -> tuple[int | None, int | None, str]:
 
 def _scored(cfg, asset, bars, source=None) -> tuple[int | None, int | None, str, object]:
     """:func:`scored_window` and the dataset the split is of (None: every bar, no dataset built)."""
-    from foxhunt.training.parts import build_dataset
-
     split = str(cfg.ensemble.split)
     if split == "all" and not cfg.evaluation.get("holdout"):
         return None, None, f"all {len(bars)} bars", None
@@ -95,20 +110,12 @@ def split_digest(cfg, asset, source, dataset, split: str) -> str | None:
     """The SHA-256 of the replayed split's bars, as a training run records its own splits'
     (:func:`foxhunt.training.provenance.data_provenance`, the one owner of that digest); None for
     ``all`` (no split)."""
-    from types import SimpleNamespace
-
-    from foxhunt.training.provenance import data_provenance
-
     if dataset is None or split not in dataset.splits:
         return None
     return str(data_provenance(cfg, SimpleNamespace(dataset=dataset, source=source, asset=asset))["splits"][split])
 
 
 def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayReport:
-    from hydra.utils import instantiate
-
-    from foxhunt.config.schema import ConfigError
-
     if interpret is not None and not any(interprets(str(m)) for m in cfg.ensemble.models):
         raise ConfigError(f"--interpret {interpret}: no member of the ensemble can say what its inputs weighed (ensemble.models="
                           f"[{','.join(str(m) for m in cfg.ensemble.models)}]; the TFT's selection and attention are written)")  # fmt: skip
@@ -129,7 +136,6 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     start, stop, window, dataset = _scored(cfg, asset, bars, source)
     with _progress(f"replay {asset.key}") as progress:
         replayed = replay_bars(engine, bars, start_ns=start, stop_ns=stop, progress=progress)
-    from foxhunt.evaluation.backtest import evaluation_annualization
 
     results = score_replay(replayed, asset, float(cfg.execution.commission_usd), float(cfg.execution.slippage_ticks),
                            evaluation_annualization(asset, cfg.evaluation).bars_per_year)  # fmt: skip
@@ -193,8 +199,6 @@ def run_replay(cfg, workdir: Path, interpret: Path | None = None) -> ReplayRepor
     (out_dir / REPORT_FILE).write_text(text + "\n")
     png = None
     if cfg.ensemble.plot_equity and len(replayed.close) > 1:
-        from foxhunt.evaluation.plots import plot_equities
-
         png = plot_equities(results, replayed.timestamps, out_dir / EQUITY_FILE, title=f"ensemble replay, {asset.key}, {window}",
                             highlight=ENSEMBLE)  # fmt: skip
     if cfg.logger.enabled:
@@ -207,12 +211,6 @@ def _interpret_member(cfg, f, asset, bars, start: int | None, stop: int | None, 
                       workdir: Path) -> tuple[str, list[Path]]:  # fmt: skip
     """The TFT member's selection weights and attention over the replayed bars, written to
     ``folder`` (module doc): the report's line and the files."""
-    from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles
-    from foxhunt.ensemble.rebuild import rebuild_model
-    from foxhunt.ensemble.registry import download_version
-    from foxhunt.ensemble.replay import replayed_windows
-    from foxhunt.evaluation.interpret import SelectionNames, write_interpretation
-
     started = time.perf_counter()
     local, _ = download_version(str(cfg.logger.tracking_uri), f.name, None, int(f.version), workdir / f"{f.name}-interpret")
     files = MemberFiles.read(local / ARTIFACTS_DIR, f.name)
@@ -242,8 +240,6 @@ def _trained_figures(cfg, members, split: str, bars_digest: str | None) -> dict[
     are from) where that run's ``split`` bars are the replay's (``bars_digest``: the SHA-256 the run
     recorded on its dataset input of that split, :mod:`foxhunt.training.provenance`); else
     :data:`OTHER_BARS`, or :data:`UNKNOWN_BARS` for a run that recorded none."""
-    from foxhunt.runs.store import RunStore
-
     store = RunStore(str(cfg.logger.tracking_uri))
     found: dict[str, tuple[float, float] | str] = {}
     for f in members:
@@ -266,13 +262,9 @@ def _trained_figures(cfg, members, split: str, bars_digest: str | None) -> dict[
 @contextlib.contextmanager
 def _progress(what: str):
     """A rich progress bar with the rate (bars/s) on stderr; a no-op when stderr is no terminal."""
-    import sys
-
     if not sys.stderr.isatty():
         yield None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("[progress.data.speed]{task.fields[rate]}"),
                   TimeRemainingColumn(),
@@ -288,11 +280,6 @@ def _progress(what: str):
 
 
 def _log(cfg, members, metrics: dict[str, float], artifacts: list[Path], window: str, interpreted: Sequence[Path] = ()) -> str:
-    from omegaconf import OmegaConf
-
-    from foxhunt.config.schema import resolved_config
-    from foxhunt.runs.tracked_run import TrackedRun
-
     tags = {"asset": str(cfg.asset.key), "rule": str(cfg.ensemble.rule), "weights": str(cfg.ensemble.weights),
             "members": ",".join(f.member.name for f in members), "bars": window}  # fmt: skip
     described = {
@@ -310,8 +297,6 @@ def _log(cfg, members, metrics: dict[str, float], artifacts: list[Path], window:
         for path in [*artifacts, members_file]:
             run.log_artifact(path)
         if interpreted:
-            from foxhunt.evaluation.interpret import INTERPRET_DIR
-
             for path in interpreted:
                 run.log_artifact(path, INTERPRET_DIR)
     return run.run_id

@@ -15,24 +15,20 @@ model's order: :func:`mlp_layers` for the agents' greedy network (numba or numpy
 for :func:`foxhunt.ensemble.kernels.mamba2_step` (the input projection, each block's layers by
 :func:`mamba2_block_arrays`, stacked over ``backbone.blocks``, the final norm, the head). Which runtime
 a member uses is chosen by measurement (:mod:`foxhunt.ensemble.members`), and the parity tests hold
-every runtime to the module's own outputs. The Mamba-2 layer types are imported by their readers, not at
-the top: :mod:`foxhunt.models.mamba2` brings Lightning (through the forecasters' base class), which would
-add 2.4 s to every process importing the members, whether or not it reads a Mamba-2 model.
+every runtime to the module's own outputs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from foxhunt.ensemble.kernels import ACTIVATIONS, quantize_rows
-
-if TYPE_CHECKING:
-    from foxhunt.models.mamba2 import Mamba2Forecaster
+from foxhunt.models.mamba2 import GatedRMSNorm, Mamba2Block, Mamba2Forecaster, Mamba2Mixer
 
 L = TypeVar("L", bound=nn.Module)
 
@@ -104,8 +100,6 @@ def conv_step_arrays(conv: nn.Module) -> tuple[np.ndarray, np.ndarray]:
 def ssm_arrays(mixer: nn.Module) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A Mamba-2 mixer's selective state space parameters for
     :func:`foxhunt.ensemble.kernels.selective_state_step`: (dt_bias, A = -exp(A_log), D), one per head."""
-    from foxhunt.models.mamba2 import Mamba2Mixer  # here, not at the top: see the module doc
-
     mixer = _as(mixer, Mamba2Mixer, "a Mamba2Mixer")
     return _array(mixer.dt_bias), -np.exp(_array(mixer.A_log)), _array(mixer.D)
 
@@ -113,8 +107,6 @@ def ssm_arrays(mixer: nn.Module) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def gated_rms_norm_arrays(norm: nn.Module) -> tuple[np.ndarray, np.float32, int]:
     """A :class:`foxhunt.models.mamba2.GatedRMSNorm` for :func:`foxhunt.ensemble.kernels.gated_rms_norm`:
     (weight, eps, group size)."""
-    from foxhunt.models.mamba2 import GatedRMSNorm  # here, not at the top: see the module doc
-
     norm = _as(norm, GatedRMSNorm, "a GatedRMSNorm")
     return _array(norm.weight), np.float32(norm.eps), int(norm.group_size)
 
@@ -180,8 +172,6 @@ class Mamba2Arrays:
 def mamba2_block_arrays(block: nn.Module, int8: bool = False) -> tuple:
     """One :class:`foxhunt.models.mamba2.Mamba2Block`'s layers in their order, each as its kernel's arguments:
     pre-norm, in_proj, conv1d, the selective state space, the gated norm, out_proj."""
-    from foxhunt.models.mamba2 import Mamba2Block  # here, not at the top: see the module doc
-
     block = _as(block, Mamba2Block, "a Mamba2Block")
     mixer = block.mixer
     return (*rms_norm_arrays(block.norm), *linear_arrays(mixer.in_proj, int8), *conv_step_arrays(mixer.conv1d),

@@ -80,11 +80,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import json
 import logging
 import math
+import os
 import re
+import resource
 import signal
+import socket
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -93,6 +97,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+import uvicorn
+from hydra.utils import instantiate
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from foxhunt.data.errors import BarDataError
+from foxhunt.ensemble.loading import SwapError, VersionWatcher, ensemble_engine, load_ensemble
 from foxhunt.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
@@ -122,8 +137,6 @@ class ClientGone(Exception):
 def parse_ts(value: Any) -> int:
     """A bar start as UTC nanoseconds: an integer (ns since the epoch) or an ISO-8601 string
     with a zone (``Z`` or an offset). Range checks are the stream's (1970..2200)."""
-    import pandas as pd
-
     if isinstance(value, bool):
         raise BadRequest(f"ts={value!r}: expected integer nanoseconds or an ISO-8601 time with a zone")
     if isinstance(value, int):
@@ -231,10 +244,6 @@ def listen_backlog() -> int:
     """uvicorn's listen backlog (its default: connections the kernel completes before the server
     accepts them, and as many as asyncio accepts at once before the cap closes any; a short one
     would drop a /health connection's SYN in a burst, a retry a second later)."""
-    import inspect
-
-    import uvicorn
-
     return int(inspect.signature(uvicorn.Config).parameters["backlog"].default)
 
 
@@ -244,9 +253,6 @@ def reserve_descriptors(limits: Limits) -> int:
     health_reserve`` client sockets and the :func:`listen_backlog` accepted at once; a hard limit
     below that is a one-line :class:`~foxhunt.errors.ConfigError` naming
     ``ensemble.serve.max_connections``. Returns the soft limit."""
-    import os
-    import resource
-
     open_now = len(os.listdir("/dev/fd"))
     need = 2 * open_now + limits.max_sockets + listen_backlog()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -278,10 +284,6 @@ class EnsembleService:
     """The ensemble with one stream per symbol (the part of the server that knows no HTTP)."""
 
     def __init__(self, cfg, workdir: Path, limits: Limits) -> None:
-        from hydra.utils import instantiate
-
-        from foxhunt.ensemble.loading import ensemble_engine, load_ensemble
-
         self.cfg = cfg
         self.limits = limits
         self.asset = instantiate(cfg.asset)
@@ -297,8 +299,6 @@ class EnsembleService:
 
     def watch(self) -> None:
         """Start looking for promoted versions (``roll.swap.poll_s``; module doc, "Hot swap")."""
-        from foxhunt.ensemble.loading import VersionWatcher
-
         swap = self.cfg.roll.swap if self.cfg.get("roll") is not None else None
         if swap is not None and swap.poll_s is not None and self.watcher is None:
             self.watcher = VersionWatcher(self.cfg, self.workdir, {f.name: f.version for f in self.members},
@@ -310,8 +310,6 @@ class EnsembleService:
 
     def _swap(self, watcher: VersionWatcher) -> None:
         """Swap in what the watcher loaded, between two batches (on the compute thread)."""
-        from foxhunt.ensemble.loading import SwapError
-
         for found in watcher.take():
             index = next(i for i, f in enumerate(self.members) if f.name == found.name)
             old = self.members[index]
@@ -374,8 +372,6 @@ class EnsembleService:
 
     def answer(self, batch: list[Pending]) -> None:
         """Step the bars of ``batch`` (distinct symbols), one bar of each request per round."""
-        from foxhunt.data.errors import BarDataError
-
         if self.watcher is not None:
             self._swap(self.watcher)
         now = time.monotonic()
@@ -636,7 +632,6 @@ def guarded_protocol(guard: Guard) -> type:
     """uvicorn's h11 protocol with ``guard``'s bounds on each socket: admitted at the cap or
     refused, the read timeout while no request is in progress (bytes do not restart it: only
     complete request headers stop it), idle or busy for the guard."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11Protocol(H11Protocol):
         _read_timer: asyncio.TimerHandle | None = None
@@ -759,11 +754,6 @@ async def _answer(send, status: int, detail: str) -> None:
 
 def build_app(service: EnsembleService, guard: Guard):
     """The Starlette app around ``service``, behind ``guard``'s request cap (:func:`guarded_app`)."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, PlainTextResponse, Response
-    from starlette.routing import Route
-
     batcher = Batcher(service)
     limits = guard.limits
 
@@ -886,8 +876,6 @@ class PortInUse(UserError):
 
 def check_address(host: str, port: int) -> None:
     """Raise :class:`PortInUse` (one line) when ``host:port`` cannot be bound now."""
-    import socket
-
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -898,8 +886,6 @@ def check_address(host: str, port: int) -> None:
 
 def run(service: EnsembleService, host: str, port: int) -> None:
     """Serve ``service`` until SIGTERM / Ctrl-C (blocks; module doc)."""
-    import uvicorn
-
     limits = service.limits
     guard = Guard(limits)
     # uvicorn's keep-alive timeout closes an idle connection as the guard's read timeout does; its
