@@ -83,6 +83,16 @@ def _refuse_a_sweep_without_multirun() -> None:
                       "without it one default cell would train")  # fmt: skip
 
 
+def _refuse_the_old_preset_group(argv: list[str]) -> None:
+    """``experiment=grid`` (the presets' group before it was named ``preset``, issue 39) is one line
+    that says so, not Hydra's advice to add ``+experiment=grid``, which the schema then refuses."""
+    for arg in argv:
+        name, _, value = arg.lstrip("+~").partition("=")
+        if name == "experiment":
+            raise ConfigError(f"{arg}: the presets are the preset group (preset={value or 'grid'}); "
+                              "the MLflow experiment is named by task=<name>")  # fmt: skip
+
+
 def _use_configured_threads(cfg: DictConfig) -> None:
     import torch
 
@@ -105,6 +115,7 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its table-creation notes on stderr
     with reported(PROG, debug=_DEBUG):
+        _refuse_the_old_preset_group(sys.argv[1:])
         try:
             _hydra_entry()
         except OSError as exc:  # raised before the job ran: Hydra could not make the run folder

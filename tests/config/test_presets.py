@@ -79,8 +79,10 @@ def test_a_preset_without_multirun_is_one_line(tmp_path, monkeypatch, capsys, pr
     assert not (tmp_path / "mlruns").exists()
 
 
-def test_experiment_is_no_config_group(tmp_path, monkeypatch, capsys):
-    """The presets' group is ``preset``: ``experiment=grid`` (its name before) is one line naming it, nothing run."""
+@pytest.mark.parametrize("override", ["experiment=grid", "+experiment=grid"])
+def test_experiment_is_no_config_group(tmp_path, monkeypatch, capsys, override):
+    """The presets' group is ``preset``: ``experiment=grid`` (its name before), or the ``+experiment=grid``
+    Hydra's own message advised, is one line that names the group to use, nothing run."""
     from foxhunt import train as entry
 
     assert not (CONF_DIR / "experiment").exists()
@@ -88,10 +90,11 @@ def test_experiment_is_no_config_group(tmp_path, monkeypatch, capsys):
     for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR"):
         monkeypatch.setenv(name, "0")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["foxhunt-train", "-m", "experiment=grid"])
+    monkeypatch.setattr(sys, "argv", ["foxhunt-train", "-m", override])
     with pytest.raises(SystemExit) as stopped:
         entry.main()
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert stopped.value.code == EXIT_USER_ERROR and len(err) == 1, err
-    assert err[0].startswith("foxhunt-train: config error: Could not override 'experiment'.")
+    assert err[0] == (f"foxhunt-train: config error: {override}: the presets are the preset group (preset=grid); "
+                      "the MLflow experiment is named by task=<name>")  # fmt: skip
     assert not (tmp_path / "mlruns").exists()
