@@ -101,7 +101,7 @@ def _int8_model_and_grads(seed: int = 0):
 
 
 def test_fused_fp32_states_leave_the_8bit_updates_unchanged_and_update_small_tensors_as_adamw():
-    """fuse_fp32_states: the tensors with 8-bit states get torchao's update bit for bit; the small
+    """fuse_fp32_states: the tensors with 8-bit states get the same 8-bit update bit for bit; the small
     ones (fp32 states) the update of torch's AdamW; the states are the same tensors either way."""
     import copy
 
@@ -127,7 +127,7 @@ def test_fused_fp32_states_leave_the_8bit_updates_unchanged_and_update_small_ten
             p.grad = g.clone()
         adamw.step()
     for (name, a), b, ref in zip(plain.named_parameters(), fused.parameters(), reference.parameters()):
-        if a.numel() >= 4096:  # 8-bit states: torchao's update in both
+        if a.numel() >= 4096:  # 8-bit states: the same update in both
             assert torch.equal(a, b), name
         else:
             assert torch.allclose(b, ref, rtol=1e-5, atol=1e-6), name

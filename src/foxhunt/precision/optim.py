@@ -11,16 +11,20 @@ multiple of the block size, in fp32. The rebuild happens before the first step a
 checkpoint's optimizer state is restored, and torch's optimizers allocate their state at the
 first step, so the fp32 optimizer never holds memory.
 
-torchao's optimizers also update int8 weights (they re-quantize the updated fp32 row with
-stochastic rounding); torch's ``AdamW`` cannot (its decoupled weight decay multiplies the int8
-tensor in place), so int8 weights need the 8-bit optimizers (the policy refuses int8 weights
-without 8-bit states).
+Their step is :class:`foxhunt.precision.eight_bit_step.EightBitStep` (mixed into torchao's
+class: its states, state creation and checkpoint layout stay torchao's), which also updates int8
+weights (the updated fp32 row re-quantized with counter-based stochastic rounding: exact on
+resume); torch's ``AdamW`` cannot (its decoupled weight decay multiplies the int8 tensor in
+place), so int8 weights need the 8-bit optimizers (the policy refuses int8 weights without 8-bit
+states). ``compile_optimizer`` and ``fuse_fp32_states`` choose how the step runs (see that module).
 
 Checkpoints: an 8-bit optimizer's ``state_dict`` holds each 8-bit state as a plain dict
 (``format``, ``codes``, ``scale``, ...) and ``load_state_dict`` rebuilds torchao's state
 tensors from it (the optimizer's public state-dict hooks), for the reason int8 weights are
 saved as plain tensors (:mod:`foxhunt.precision.quantize`): Lightning loads checkpoints with a
-callable ``map_location``, under which torch cannot rebuild a tensor subclass.
+callable ``map_location``, under which torch cannot rebuild a tensor subclass. Each param group
+holds its stochastic rounding's seed (``rounding_seed``, an integer); a group saved before it was
+kept takes the live group's.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 import torch
 
+from foxhunt.precision.eight_bit_step import ROUNDING_SEED, EightBitStep
 from foxhunt.precision.policy import PrecisionPolicy
 
 OPTIMIZER_KINDS = ("adam", "adamw")
@@ -106,12 +111,9 @@ def _eight_bit(optimizer: torch.optim.Optimizer, policy: PrecisionPolicy) -> tor
         cls = AdamWFp8 if kind == "adamw" else AdamFp8
     else:
         cls = AdamW8bit if kind == "adamw" else Adam8bit
-    if policy.fuse_fp32_states:
-        cls = type(f"FusedFp32{cls.__name__}", (_FusedFp32States, cls), {})
-    if policy.compile_optimizer:
-        cls = type(cls.__name__, (_EagerUnderDispatchMode, cls), {})
-    else:
-        cls = type(f"Eager{cls.__name__}", (_EagerStep, cls), {})
+    name = ("" if policy.compile_optimizer else "Eager") + ("FusedFp32" if policy.fuse_fp32_states else "") + cls.__name__
+    step_options = {"compile_update": policy.compile_optimizer, "fuse_fp32_states": policy.fuse_fp32_states}
+    cls = type(name, (EightBitStep, cls), step_options)
     torch_only = [key for key in defaults if key not in _SHARED_KEYS]
     options = {key: defaults[key] for key in _SHARED_KEYS if key in defaults}
     converted = cls(_groups(optimizer, drop=torch_only), block_size=policy.eight_bit_block_size, **options)
@@ -137,92 +139,6 @@ def _fused_supported(params: list[Any]) -> bool:
         and type(t) in (torch.Tensor, torch.nn.Parameter)
         for t in tensors
     )
-
-
-class _EagerStep:
-    """torchao's step with its per-parameter ``torch.compile`` turned off (run eagerly)."""
-
-    def step(self, closure=None):  # noqa: ANN001 (torch's signature)
-        with torch.compiler.set_stance("force_eager"):
-            return super().step(closure)
-
-
-class _EagerUnderDispatchMode:
-    """torchao's compiled step, run eagerly while a ``TorchDispatchMode`` is active.
-
-    ``torch.compile(fullgraph=True)`` cannot trace under a non-infra dispatch mode ("found no
-    compiled frames"): a mode that watches every op (the memory callback's allocator peak,
-    :mod:`foxhunt.memory.allocations`; a FLOP counter) would stop the run at its first step.
-    Under such a mode the update runs op by op, the same math, so the mode sees it; outside
-    one (every other step) it runs compiled."""
-
-    def step(self, closure=None):  # noqa: ANN001 (torch's signature)
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-        if _get_current_dispatch_mode() is None:
-            return super().step(closure)
-        with torch.compiler.set_stance("force_eager"):
-            return super().step(closure)
-
-
-class _FusedFp32States:
-    """torchao's 8-bit Adam(W) whose plain fp32 tensors (those torchao keeps fp32 states for: fewer
-    than 4,096 elements, or not a multiple of the block size; never an int8 weight) are updated by
-    one call of torch's fused Adam(W) kernel over all of them, instead of one compiled torchao
-    update per tensor, each with its guard checks and call overhead. Same states (``step``,
-    ``exp_avg``, ``exp_avg_sq``, fp32 tensors), so the same memory and checkpoints; the tensors
-    with 8-bit states and the int8 weights go through torchao's update as before."""
-
-    # what it reads of the torchao optimizer it is mixed into
-    block_size: int
-    is_adamw: bool
-    state: dict[torch.Tensor, dict[str, Any]]
-    param_groups: list[dict[str, Any]]
-
-    def _fp32_states(self, p: torch.Tensor) -> bool:
-        return (type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_floating_point()
-                and not (p.numel() >= 4096 and p.numel() % self.block_size == 0))  # fmt: skip
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        held: list[tuple[dict, list[torch.Tensor], list[torch.Tensor]]] = []
-        for group in self.param_groups:
-            small = [p for p in group["params"] if p.grad is not None and self._fp32_states(p) and not group["amsgrad"]]
-            grads = [p.grad for p in small]
-            for p in small:  # torchao's loop skips a tensor without a gradient
-                p.grad = None
-            held.append((group, small, grads))
-        try:
-            super().step()
-        finally:
-            for _, small, grads in held:
-                for p, grad in zip(small, grads):
-                    p.grad = grad
-        for group, small, grads in held:
-            if small:
-                self._fused_update(group, small, grads)
-        return loss
-
-    def _fused_update(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-        from torch.optim.adam import adam
-
-        states = []
-        for p in params:
-            state = self.state[p]
-            if len(state) == 0:  # as torchao initializes a tensor it keeps fp32 states for
-                state["step"] = torch.tensor(0.0)
-                state["exp_avg"] = torch.zeros_like(p)
-                state["exp_avg_sq"] = torch.zeros_like(p)
-            states.append(state)
-        beta1, beta2 = group["betas"]
-        adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
-             [s["step"] for s in states], fused=True, decoupled_weight_decay=self.is_adamw, amsgrad=False,
-             beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
-             maximize=False)  # fmt: skip
 
 
 # -- 8-bit states in checkpoints ---------------------------------------------------------------
@@ -260,7 +176,20 @@ def _subclass_states(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any
                 rebuilt[key] = OptimStateFp8(value["codes"], value["scale"], dtype=getattr(torch, value["dtype"]))
         unpacked[index] = rebuilt
     state_dict["state"] = unpacked
+    state_dict["param_groups"] = [_with_rounding_seed(saved, live, index) for index, (saved, live)
+                                  in enumerate(zip(state_dict["param_groups"], optimizer.param_groups))]  # fmt: skip
     return state_dict
+
+
+def _with_rounding_seed(saved: dict[str, Any], live: dict[str, Any], index: int) -> dict[str, Any]:
+    """A saved param group with its stochastic rounding's seed: the one it holds (checked: an
+    integer of 64 bits), or, from a checkpoint written before the seed was kept, the live group's."""
+    seed = saved.get(ROUNDING_SEED)
+    if seed is None:
+        return {**saved, ROUNDING_SEED: live[ROUNDING_SEED]}
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"optimizer state: param group {index} {ROUNDING_SEED}={seed!r}: not an integer in [0, 2**64)")
+    return saved
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
