@@ -2,8 +2,8 @@
 
 The weight matrices a :class:`~foxhunt.precision.policy.PrecisionPolicy` selects are stored as
 torchao's ``Int8QuantizedTrainingLinearWeight``: int8 values and one fp32 absmax scale per row;
-an optimizer update (torchao's 8-bit Adam) re-quantizes the updated row with stochastic
-rounding, so small updates are not lost on average. The conversion is ``torchao.quantize_``
+the optimizer's update (:mod:`foxhunt.precision.eight_bit_step`) re-quantizes the updated row with
+stochastic rounding, so small updates are not lost on average. The conversion is ``torchao.quantize_``
 with :class:`Int8WeightTrainingConfig`, whose handler swaps
 
 - ``nn.Linear`` -> :class:`Int8Linear`;
