@@ -42,10 +42,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import databento_dbn as dbn
 import numpy as np
 
+from foxhunt.data.calendar import calendar_for
 from foxhunt.data.errors import BarDataError
+from foxhunt.data.roll import RAW_CLOSE, ROLL_PRICE
+from foxhunt.data.sources.databento import outright_expiry_rank
 from foxhunt.errors import ConfigError
+
+# Lazy imports: (b) databento, the live client: an optional extra (foxhunt[databento]), missing is one line
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +91,6 @@ class FeedBar:
 def check_symbol(symbol: str, asset) -> str:
     """``symbol`` when it is the asset's (its parent, one of its contracts, a continuous
     symbol of its root), else a one-line ConfigError: the ensemble was trained on that asset only."""
-    from foxhunt.data.sources.databento import outright_expiry_rank
-
     root = str(asset.root)
     if symbol == str(asset.symbol) or symbol.startswith(f"{root}.") or outright_expiry_rank(symbol, root, 2000) is not None:
         return symbol
@@ -99,8 +103,6 @@ class FileFeed:
     paced by ``speed`` (module doc); ``after_ns``: bars at or before it are skipped (a resume)."""
 
     def __init__(self, bars, symbol: str, start: int, stop: int, speed: float, description: str) -> None:
-        from foxhunt.data.roll import RAW_CLOSE, ROLL_PRICE
-
         self.symbol = symbol
         self.description = description
         self.speed = float(speed)
@@ -166,7 +168,6 @@ class DatabentoLiveFeed:
 
     def __init__(self, asset, symbol: str, dataset: str, schema: str, key_env: str, poll_s: float,
                  client=None) -> None:  # fmt: skip
-        from foxhunt.data.calendar import calendar_for
 
         self.asset = asset
         self.symbol = symbol
@@ -248,8 +249,6 @@ class DatabentoLiveFeed:
         """The live client's callback: a symbol mapping names an instrument; an OHLCV bar of
         an outright contract of the root updates the contract choice and, when it is of the
         contract held, is queued as a bar; gateway errors and notices are logged."""
-        import databento_dbn as dbn
-
         if isinstance(record, dbn.SymbolMappingMsg):
             self._names[int(record.instrument_id)] = str(record.stype_out_symbol)
         elif isinstance(record, dbn.OHLCVMsg):
@@ -263,8 +262,6 @@ class DatabentoLiveFeed:
             log.info("Databento gateway: %s", record.msg)
 
     def _bar(self, record) -> FeedBar | None:
-        from foxhunt.data.sources.databento import outright_expiry_rank
-
         name = self._names.get(int(record.instrument_id))
         if name is None:
             return None
@@ -306,8 +303,6 @@ class DatabentoLiveFeed:
         return FeedBar(self.symbol, ts, o, h, lo, c, float(record.volume), o, c, roll, True, name)
 
     def _rank(self, name: str) -> int:
-        from foxhunt.data.sources.databento import outright_expiry_rank
-
         rank = outright_expiry_rank(name, str(self.asset.root), self._first_year or 2000)
         assert rank is not None, name  # only outrights are held or lead: _bar drops the rest
         return rank

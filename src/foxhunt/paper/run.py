@@ -27,11 +27,28 @@ import csv
 import dataclasses
 import json
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from foxhunt.config.schema import resolved_config
+from foxhunt.ensemble.loading import VersionWatcher, ensemble_engine, load_ensemble, load_member
+from foxhunt.ensemble.replay_run import scored_window
+from foxhunt.errors import ConfigError
+from foxhunt.evaluation.backtest import evaluation_annualization, from_steps
+from foxhunt.evaluation.plots import plot_equity
+from foxhunt.paper.feeds import DatabentoLiveFeed, FileFeed, check_symbol
+from foxhunt.paper.fills import FillModel
+from foxhunt.paper.ledger import Ledger
+from foxhunt.paper.risk import RiskLimits
+from foxhunt.paper.session import PaperSession
+from foxhunt.paper.view import PaperView
+from foxhunt.runs.tracked_run import TrackedRun
 
 SOURCE = "foxhunt ensemble paper"
 FILLS_FILE = "fills.csv"
@@ -49,11 +66,6 @@ class PaperReport:
 
 def build_feed(cfg, asset, symbol: str):
     """The configured feed (module doc of :mod:`foxhunt.paper.feeds`)."""
-    from hydra.utils import instantiate
-
-    from foxhunt.errors import ConfigError
-    from foxhunt.paper.feeds import DatabentoLiveFeed, FileFeed
-
     paper = cfg.paper
     if str(paper.feed) == "live":  # no key or no client package: one line here, before the ledger is opened
         live = paper.live
@@ -62,9 +74,6 @@ def build_feed(cfg, asset, symbol: str):
         raise ConfigError("data.source.adjust=ratio: paper orders fill at raw prices on the tick grid; "
                           "use adjust=difference or none")  # fmt: skip
     bars = instantiate(cfg.data.source).load(asset)
-    from omegaconf import OmegaConf
-
-    from foxhunt.ensemble.replay_run import scored_window
 
     scoped = OmegaConf.merge(cfg, {"ensemble": {"split": str(paper.split)}})
     start_ns, stop_ns, window = scored_window(scoped, asset, bars)
@@ -84,8 +93,6 @@ def session_identity(cfg, asset, members, feed, symbol: str) -> dict[str, str]:
     decided it, and the rule's weights are theirs), the rule and its threshold, the feed and its
     data (a file feed: the digest of its bars and window; live: dataset, schema, symbol), the
     symbol, the fill price, the costs, the capital and the risk limits."""
-    from omegaconf import OmegaConf
-
     ens = cfg.ensemble
     live = str(cfg.paper.feed) == "live"
     data = f"{cfg.paper.live.dataset} {cfg.paper.live.schema} {symbol} (live)" if live else feed.digest()
@@ -99,16 +106,6 @@ def session_identity(cfg, asset, members, feed, symbol: str) -> dict[str, str]:
 
 
 def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
-    from hydra.utils import instantiate
-
-    from foxhunt.ensemble.loading import VersionWatcher, ensemble_engine, load_ensemble, load_member
-    from foxhunt.errors import ConfigError
-    from foxhunt.paper.feeds import check_symbol
-    from foxhunt.paper.fills import FillModel
-    from foxhunt.paper.ledger import Ledger
-    from foxhunt.paper.risk import RiskLimits
-    from foxhunt.paper.session import PaperSession
-
     paper = cfg.paper
     asset = instantiate(cfg.asset)
     symbol = check_symbol(str(paper.symbol or asset.symbol), asset)
@@ -167,8 +164,6 @@ def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
 
 def _say(line: str) -> None:
     """A hot swap's one line (a refused version), on stderr."""
-    import sys
-
     print(f"{SOURCE}: {line}", file=sys.stderr, flush=True)
 
 
@@ -196,12 +191,9 @@ class _Signals:
 
 
 def _view(paper, title: str, risk):
-    import sys
-
     mode = str(paper.view)
     if mode == "never" or (mode == "auto" and not sys.stdout.isatty()):
         return None
-    from foxhunt.paper.view import PaperView
 
     return PaperView(float(paper.view_refresh_hz), title, risk)
 
@@ -214,8 +206,6 @@ def _stats(ns: list[int]) -> dict[str, float]:
 
 
 def _report(cfg, asset, members, session, ledger, feed, ended: str, seconds: float, resumed: bool) -> PaperReport:
-    from foxhunt.evaluation.backtest import evaluation_annualization, from_steps
-
     rows = ledger.equity_rows()
     fills = ledger.fills_rows()
     capital = float(cfg.paper.capital_usd)
@@ -264,8 +254,6 @@ def _report(cfg, asset, members, session, ledger, feed, ended: str, seconds: flo
             writer.writerow([f[0], f[1], f[2], str(np.datetime64(f[3], "ns")), *f[4:]])
     artifacts = [out / REPORT_FILE, out / FILLS_FILE]
     if cfg.paper.plot_equity and result is not None:
-        from foxhunt.evaluation.plots import plot_equity
-
         stamps = np.array([r[0] for r in rows], "datetime64[ns]")
         artifacts.append(plot_equity(result, stamps, out / EQUITY_FILE, title=f"paper {asset.key}, {feed.description}"))
     run_id = None
@@ -276,11 +264,6 @@ def _report(cfg, asset, members, session, ledger, feed, ended: str, seconds: flo
 
 
 def _log(cfg, members, metrics, artifacts, feed, ledger, ended: str) -> str:
-    from omegaconf import OmegaConf
-
-    from foxhunt.config.schema import resolved_config
-    from foxhunt.runs.tracked_run import TrackedRun
-
     tags = {"asset": str(cfg.asset.key), "rule": str(cfg.ensemble.rule), "members": ",".join(f"{f.name}:{f.version}" for f in members),
             "feed": feed.description, "ledger": str(ledger.path), "ended": ended}  # fmt: skip
     resolved = resolved_config(cfg)

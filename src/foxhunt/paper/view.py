@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from rich.live import Live
+from rich.table import Table
 
 
 class PaperView:
     def __init__(self, refresh_hz: float, title: str, limits) -> None:
-        from rich.live import Live
-
         self.period = 1.0 / float(refresh_hz)
         self.title = title
         self.limits = limits
@@ -40,8 +40,6 @@ class PaperView:
         self.live.update(self._table(session))
 
     def _table(self, session):
-        from rich.table import Table
-
         table = Table(title=self.title, show_header=True, expand=False)
         table.add_column("")
         table.add_column("value", justify="right")

@@ -31,8 +31,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.config.compose import compose_config
+from foxhunt.config.schema import resolved_config
 from foxhunt.config.stored import TARGET
+from foxhunt.ensemble.registry import SELECTION_PREFIXES, Choice, prepare
 from foxhunt.runs.tags import Tag
+from foxhunt.training.cell import run_cell
+from foxhunt.training.reproduce import reproduction_config
 
 WARM_START = "foxhunt.training.warm_start.WarmStart"  # conf/callbacks/default.yaml's warm_start
 ROLE_TAG = "roll.role"  # run tag in roll.experiment: roll (a step's run), family (its child per family), challenger, rollback
@@ -44,10 +49,6 @@ def challenger_config(
 ) -> DictConfig:
     """The champion's ``stored`` config training on ``window_file`` into ``out_dir``, its weights
     from ``champion_weights`` with ``roll.init=champion`` (module doc)."""
-    from foxhunt.config.compose import compose_config
-    from foxhunt.config.schema import resolved_config
-    from foxhunt.training.reproduce import reproduction_config
-
     logger = cfg.logger
     moved = reproduction_config(stored, out_dir, str(logger.tracking_uri), logger.artifact_location)
     csv = compose_config(["data=csv", f"data.source.path={window_file}", "data.source.bar_label=start"],
@@ -75,8 +76,6 @@ def challenger_config(
 
 def train_challenger(cfg: DictConfig, family: str, asset: str, parent_run_id: str, roll_run_id: str):
     """Train one challenger (its :class:`~foxhunt.runs.cell.CellResult`)."""
-    from foxhunt.training.cell import run_cell
-
     tags = {ROLE_TAG: "challenger", ROLL_RUN_TAG: roll_run_id}
     return run_cell(cfg, parent_run_id=parent_run_id, extra_tags=tags, run_name=f"challenger-{family}-{asset}")
 
@@ -84,8 +83,6 @@ def train_challenger(cfg: DictConfig, family: str, asset: str, parent_run_id: st
 def prepare_challenger(store, result, family: str, name: str, metric: str, workdir: Path, environment, example_decided: int):
     """The challenger's version, prepared and checked (module doc); None when its run has no value
     of the selection metric (nothing to register), with why."""
-    from foxhunt.ensemble.registry import SELECTION_PREFIXES, Choice, prepare
-
     run = store.get(result.run_id)
     value = run.metric(metric)
     if value is None:

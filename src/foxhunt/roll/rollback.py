@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from foxhunt.ensemble.loading import registered_names
 from foxhunt.ensemble.member_files import RegistryError
 from foxhunt.ensemble.registry import REGISTRY_LOCK, commit_moves, complete_pending, rollback_moves
 from foxhunt.roll.challenger import ROLE_TAG
+from foxhunt.runs.store import RunStore
+from foxhunt.runs.tracked_run import TrackedRun
 
 SOURCE = "foxhunt ensemble rollback"
 
@@ -24,10 +27,6 @@ class Rollback:
 
 
 def rollback_ensemble(cfg, dry_run: bool = False) -> Rollback:
-    from foxhunt.ensemble.loading import registered_names
-    from foxhunt.runs.store import RunStore
-    from foxhunt.runs.tracked_run import TrackedRun
-
     ens, roll = cfg.ensemble, cfg.roll
     store = RunStore(str(cfg.logger.tracking_uri))
     key = str(cfg.asset.key)

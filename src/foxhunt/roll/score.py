@@ -30,6 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from foxhunt.ensemble.engine import StreamingEngine
+from foxhunt.ensemble.replay import replay_bars
+from foxhunt.evaluation.deflated import deflated_sharpe_ratio
+from foxhunt.evaluation.scoring import ScoringSettings, score_positions
+from foxhunt.evaluation.stats import block_bootstrap
+
 CHAMPION, CHALLENGER = "champion", "challenger"
 SHARPE_PER_STEP = f"{CHALLENGER}/sharpe_per_step"  # a family child run's metric: a trial of its family and asset
 
@@ -46,10 +52,6 @@ class Verdict:
 def score_block(members: dict[str, tuple], asset, bars, start_ns: int, stop_ns: int, cfg) -> dict[str, tuple[dict, np.ndarray]]:
     """Each member's metrics and per-step PnL on the bars in [start_ns, stop_ns) (module doc);
     ``members``: name -> (Member, MemberInputs)."""
-    from foxhunt.ensemble.engine import StreamingEngine
-    from foxhunt.ensemble.replay import replay_bars
-    from foxhunt.evaluation.scoring import ScoringSettings, score_positions
-
     engine = StreamingEngine([m for m, _ in members.values()], {name: inputs for name, (_, inputs) in members.items()}, asset,
                              rule="majority", origin=f"roll, newest block of {asset.key}")  # fmt: skip
     replayed = replay_bars(engine, bars, start_ns=start_ns, stop_ns=stop_ns)
@@ -64,8 +66,6 @@ def score_block(members: dict[str, tuple], asset, bars, start_ns: int, stop_ns: 
 
 def paired_interval(challenger: np.ndarray, champion: np.ndarray, cfg, bars_per_year: float) -> tuple[float, float]:
     """The block-bootstrap interval of the mean per-bar PnL difference, challenger less champion."""
-    from foxhunt.evaluation.stats import block_bootstrap
-
     diff = np.asarray(challenger, np.float64) - np.asarray(champion, np.float64)
     if len(diff) < 2 or not np.std(diff) > 0:
         mean = float(diff.mean()) if len(diff) else 0.0
@@ -82,8 +82,6 @@ def trials(earlier: list[float], mine: float) -> list[float]:
 
 
 def deflated(metrics: dict, tried: list[float]) -> float:
-    from foxhunt.evaluation.deflated import deflated_sharpe_ratio
-
     try:
         return deflated_sharpe_ratio(metrics["sharpe_per_step"], tried, int(metrics["steps"]), metrics["pnl_skew"],
                                      metrics["pnl_kurtosis"])  # fmt: skip

@@ -40,8 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
+from foxhunt.config.schema import resolved_config
+from foxhunt.ensemble.loading import journal, registered_names
 from foxhunt.ensemble.member_files import ARTIFACTS_DIR, WEIGHTS_FILE, MemberFiles, RegistryError
+from foxhunt.ensemble.model_env import model_environment
+from foxhunt.ensemble.rebuild import build_member
 from foxhunt.ensemble.registry import (
     GATE_FORCED,
     REGISTRY_LOCK,
@@ -53,6 +59,8 @@ from foxhunt.ensemble.registry import (
     register_prepared,
     resolved_version,
 )
+from foxhunt.errors import ConfigError
+from foxhunt.evaluation.backtest import evaluation_annualization
 from foxhunt.roll.challenger import ROLE_TAG, ROLL_RUN_TAG, challenger_config, child_tags, prepare_challenger, train_challenger
 from foxhunt.roll.score import CHALLENGER, CHAMPION, SHARPE_PER_STEP, paired_interval, score_block, trials, verdict
 from foxhunt.roll.window import (
@@ -66,6 +74,8 @@ from foxhunt.roll.window import (
     trained_until,
     write_window,
 )
+from foxhunt.runs.store import RunStore
+from foxhunt.runs.tracked_run import TrackedRun
 
 SOURCE = "foxhunt ensemble roll"
 ROLL_LOCK = "roll"  # the store's lock held for a whole step
@@ -114,11 +124,6 @@ class RollReport:
 
 def roll_step(cfg, workdir: Path, force: bool = False) -> RollReport:
     """One step (module doc)."""
-    from hydra.utils import instantiate
-
-    from foxhunt.errors import ConfigError
-    from foxhunt.runs.store import RunStore
-
     if cfg.evaluation.get("holdout"):
         raise ConfigError(f"evaluation.holdout={cfg.evaluation.holdout}: a rolling ensemble's newest bars are its evaluation blocks; "
                           "roll with evaluation.holdout=null")  # fmt: skip
@@ -140,8 +145,6 @@ def roll_step(cfg, workdir: Path, force: bool = False) -> RollReport:
 
 
 def _champions(cfg, store, workdir: Path) -> list[Champion]:
-    from foxhunt.ensemble.loading import journal, registered_names
-
     ens = cfg.ensemble
     found = []
     for family, name in zip(ens.models, registered_names(cfg)):
@@ -162,12 +165,6 @@ def _champions(cfg, store, workdir: Path) -> list[Champion]:
 
 
 def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Path, force: bool) -> RollReport:
-    from omegaconf import OmegaConf
-
-    from foxhunt.config.schema import resolved_config
-    from foxhunt.ensemble.model_env import model_environment
-    from foxhunt.runs.tracked_run import TrackedRun
-
     ens, roll = cfg.ensemble, cfg.roll
     uri, experiment, key = str(cfg.logger.tracking_uri), str(roll.experiment), str(asset.key)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -228,9 +225,6 @@ def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Pa
 
 
 def _score(cfg, asset, champions, prepared, outcomes, bars, block, store, experiment: str, key: str, force: bool) -> None:
-    from foxhunt.ensemble.rebuild import build_member
-    from foxhunt.evaluation.backtest import evaluation_annualization
-
     ens = cfg.ensemble
     members = {}
     for champion in champions:
@@ -281,7 +275,6 @@ def _promote(cfg, store, champions, prepared, outcomes, run_id: str, seen_after:
     chosen = [c for c in champions if outcomes[c.family].promote and c.family in prepared]
     if not chosen:
         return []
-    from foxhunt.ensemble.loading import journal
 
     with store.exclusive(REGISTRY_LOCK):
         lines += complete_pending(store, str(roll.experiment))
