@@ -56,15 +56,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.config.schema import validate_shared
 from foxhunt.errors import TAG_TEXT_LIMIT, FolderError, error_line, is_user_error, one_line, one_line_error
+from foxhunt.runs.cell import CellKey, read_results
 from foxhunt.runs.environment import JOB_ID_ENV, PARENT_RUN_ENV, SWEEP_PID_ENV
-from foxhunt.runs.status import Status
+from foxhunt.runs.leaderboard import SEARCH_TRIALS_TAG
+from foxhunt.runs.provenance import process_tags, source_tags
+from foxhunt.runs.status import OK_RESULTS, Status
+from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import RUN_KIND_SWEEP, Tag
+from foxhunt.sweeps import search
 from foxhunt.sweeps.estimates import PLAN_FILE
-from foxhunt.sweeps.search import is_search, task_overrides
+from foxhunt.sweeps.packing import apply_plan, plan_sweep
+from foxhunt.sweeps.search import check_search_config, is_search, search_keys, searched_overrides, study_name, task_overrides
+from foxhunt.sweeps.study import per_cell_counts, study_view
+from foxhunt.sweeps.summary import failures, format_markdown, format_table, plot_summary
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +143,6 @@ def find_parent_run(store, experiment: str, sweep_dir: str, digest: str, job_id:
 def _validate_shared(config: DictConfig) -> None:
     """The settings every cell shares (``strategy.n_jobs``, ``logger``, ...), checked before any
     run or worker exists; the cells' own values (swept, searched) are checked in each job."""
-    from foxhunt.config.schema import validate_shared
-
     validate_shared(config)
 
 
@@ -148,8 +156,6 @@ class SweepCallback(Callback):
 
     # -- before the jobs ------------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydra.core.hydra_config import HydraConfig
-
         HydraConfig.instance().set_config(config)
         self.started = time.perf_counter()
         self.finished, self.pid = False, os.getpid()
@@ -162,8 +168,6 @@ class SweepCallback(Callback):
             except OSError as exc:
                 raise FolderError.of(exc, "paths.root_dir or hydra.sweep.dir") from None
             if is_search(config):
-                from foxhunt.sweeps.search import check_search_config
-
                 check_search_config(config)
             if config.logger.enabled:
                 self.parent_run_id = self._start_parent_run(config)
@@ -190,8 +194,6 @@ class SweepCallback(Callback):
         os.environ.pop(PARENT_RUN_ENV, None)
 
     def _pack(self, config: DictConfig) -> None:
-        from foxhunt.sweeps.packing import apply_plan, plan_sweep
-
         sweep_dir = self._sweep_dir()
         plan = plan_sweep(config)
         plan.write(sweep_dir)
@@ -208,13 +210,9 @@ class SweepCallback(Callback):
 
     @staticmethod
     def _store(config: DictConfig):
-        from foxhunt.runs.store import RunStore
-
         return RunStore(config.logger.tracking_uri)
 
     def _start_parent_run(self, config: DictConfig) -> str:
-        from foxhunt.runs.provenance import process_tags, source_tags
-
         sweep_dir = self._sweep_dir()
         logger = config.logger
         store = self._store(config)
@@ -234,8 +232,6 @@ class SweepCallback(Callback):
             Tag.HOST: process[Tag.HOST],
         }
         if is_search(config):
-            from foxhunt.sweeps.search import study_name
-
             tags[Tag.STUDY] = study_name(config) or ""
         if config.resume:
             run_id = find_parent_run(store, logger.experiment, tags[Tag.SWEEP_DIR], digest, os.environ.get(JOB_ID_ENV))
@@ -271,15 +267,6 @@ class SweepCallback(Callback):
 
     def _finish(self, config: DictConfig, error: str | None = None):
         """Print, write and log the summary; end the parent run. Returns (results, failed, noun)."""
-        from foxhunt.runs.cell import read_results
-        from foxhunt.sweeps import search
-        from foxhunt.sweeps.summary import (
-            failures,
-            format_markdown,
-            format_table,
-            plot_summary,
-        )
-
         assert self.sweep_dir is not None and self.started is not None
         self.finished = True
         wall = time.perf_counter() - self.started
@@ -326,9 +313,6 @@ class SweepCallback(Callback):
     def _study_view(self, config: DictConfig):
         """The search's study as the summary shows it; None (the folder's results instead) when
         its database cannot be read."""
-        from foxhunt.runs.cell import CellKey
-        from foxhunt.sweeps.study import study_view
-
         try:
             return study_view(config, CellKey.from_config(config))
         except Exception:
@@ -339,11 +323,6 @@ class SweepCallback(Callback):
     def _tag_trial_runs(config: DictConfig, view) -> None:
         """Each finished trial's run: its study and how many trials its cell's deflated Sharpe
         ratio counts (``foxhunt runs top`` reads them: :data:`foxhunt.runs.leaderboard.SEARCH_TRIALS_TAG`)."""
-        from foxhunt.runs.leaderboard import SEARCH_TRIALS_TAG
-        from foxhunt.runs.status import OK_RESULTS
-        from foxhunt.runs.store import RunStore
-        from foxhunt.sweeps.study import per_cell_counts
-
         counts = per_cell_counts(view)
         store = RunStore(config.logger.tracking_uri)
         for result in view.results:
@@ -356,8 +335,6 @@ class SweepCallback(Callback):
 
     @staticmethod
     def _best_tags(config: DictConfig, best, view=None) -> dict[str, str]:
-        from foxhunt.sweeps.search import search_keys, searched_overrides
-
         if view is not None and view.settings.multi_objective:  # the Pareto front's trials, by name
             names = {r.trial: r.cell for r in view.results}
             return (

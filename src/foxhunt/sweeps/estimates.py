@@ -37,6 +37,7 @@ estimated when it starts (:func:`estimate_peak`, the sources above) and checked 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -44,12 +45,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.config.schema import validate
 from foxhunt.errors import one_line_error
-from foxhunt.runs.cell import CellKey
+from foxhunt.memory import predict
+from foxhunt.runs.cell import CellKey, cell_name
+from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.status import Status
+from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Param, Tag
+from foxhunt.sweeps.resources import AUTO, threads_per_job
+from foxhunt.sweeps.search import trial_number
+from foxhunt.training.parts import MEASURE_DATA_DAYS, MEASURING_RUNS
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +164,6 @@ def estimate_peak(cfg: DictConfig, digest: str) -> PeakEstimate:
 
 
 def _measured(cfg: DictConfig, tags: dict, params: dict, what: str) -> tuple[float, str] | None:
-    from foxhunt.runs.store import RunStore
-
     runs = RunStore(cfg.logger.tracking_uri).search(
         cfg.logger.experiment, tags=tags, params=params, status=Status.FINISHED, max_results=MEASURED_RUNS_LIMIT
     )
@@ -170,8 +177,6 @@ def _measured(cfg: DictConfig, tags: dict, params: dict, what: str) -> tuple[flo
 
 def prediction_key(cfg: DictConfig) -> str:
     """What a prediction depends on: the model section, the precision, the accelerator."""
-    from omegaconf import OmegaConf
-
     part = {
         "model": OmegaConf.to_container(cfg.model, resolve=True),
         "precision": OmegaConf.to_container(cfg.precision, resolve=True),
@@ -198,20 +203,12 @@ def _predicted(cfg: DictConfig) -> tuple[float, str] | None:
 
 
 def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
-    import copy
-
-    from omegaconf import OmegaConf
-
-    from foxhunt.config.schema import validate
-    from foxhunt.memory.predict import predict_footprint
-    from foxhunt.training.parts import MEASURE_DATA_DAYS, MEASURING_RUNS
-
     probe = copy.deepcopy(cfg)
     OmegaConf.update(probe, "paths.output_dir", str(workdir), merge=False)
     if "days" in probe.data.source:  # probe fits need a few days of bars, as foxhunt memory's
         OmegaConf.update(probe, "data.source.days", MEASURE_DATA_DAYS, merge=False)
     validate(probe)
-    prediction = predict_footprint(probe, MEASURING_RUNS, workdir=workdir)
+    prediction = predict.predict_footprint(probe, MEASURING_RUNS, workdir=workdir)
     how = (
         f"predict_footprint: training footprint, {len(prediction.probes)} probe fits at "
         f"{prediction.batch_key}={[fit[0] for fit in prediction.probes]} extrapolated to {prediction.batch_size}, "
@@ -243,8 +240,6 @@ def plan_packing(
 ) -> PackingPlan:
     """``n_jobs`` and threads per job for these cells, or for up to ``trials`` trials at once
     of a search bounded by the largest of these estimates (see the module doc)."""
-    from foxhunt.sweeps.resources import AUTO, threads_per_job
-
     if trials is None:
         limits = {"cores": cores, "cells": max(1, len(estimates))}
         peaks = [e.mb for e in estimates.values()]
@@ -275,9 +270,6 @@ def check_fits(cfg: DictConfig, sweep_dir: Path) -> None:
     if plan.search is not None:  # a trial: within the bound, or its own estimate
         if plan.bound_mb <= available_mb(cfg):
             return
-        from foxhunt.runs.cell import cell_name
-        from foxhunt.runs.config_hash import config_hash
-        from foxhunt.sweeps.search import trial_number
 
         found = estimate_peak(cfg, config_hash(cfg))
         estimate: PeakEstimate | None = PeakEstimate(cell_name(CellKey.from_config(cfg), trial_number()), found.mb, found.source)
@@ -293,8 +285,6 @@ def check_fits(cfg: DictConfig, sweep_dir: Path) -> None:
 
 
 def _job_number() -> int | None:
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return None
     hydra_cfg = cast(DictConfig, HydraConfig.get())  # typed as the HydraConf dataclass; it is its DictConfig

@@ -21,25 +21,25 @@ from __future__ import annotations
 import logging
 import time
 
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, open_dict, read_write
 
+from foxhunt.runs.config_hash import config_hash
 from foxhunt.sweeps.estimates import (
     PackingPlan,
     available_mb,
     estimate_peak,
     plan_packing,
 )
+from foxhunt.sweeps.grid import expand_grid
+from foxhunt.sweeps.resources import available_cores, cuda_devices
+from foxhunt.sweeps.search import BASIC_SWEEPER, concurrent_trials, is_search, planning_cells, task_overrides
 
 log = logging.getLogger(__name__)
 
 
 def sweep_cells(config: DictConfig) -> list[list[str]]:
     """The override lists of every job, as Hydra's basic sweeper will launch them."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from foxhunt.sweeps.grid import expand_grid
-    from foxhunt.sweeps.search import BASIC_SWEEPER, task_overrides
-
     if config.hydra.sweeper._target_ != BASIC_SWEEPER:
         raise ValueError(
             f"strategy=parallel packs the cells of Hydra's basic sweeper; hydra.sweeper is "
@@ -53,12 +53,6 @@ def sweep_cells(config: DictConfig) -> list[list[str]]:
 
 def plan_sweep(config: DictConfig) -> PackingPlan:
     """Estimate every cell and decide ``n_jobs`` and the threads per job."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from foxhunt.runs.config_hash import config_hash
-    from foxhunt.sweeps.resources import available_cores, cuda_devices
-    from foxhunt.sweeps.search import concurrent_trials, is_search, planning_cells
-
     started = time.perf_counter()
     loader = GlobalHydra.instance().config_loader()
     search = is_search(config)

@@ -31,7 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import lightning.pytorch as pl
+import optuna
+from hydra.core.hydra_config import HydraConfig
 
+from foxhunt.runs.tracked_run import trainer_runs
+from foxhunt.sweeps.search import trial_number
 from foxhunt.sweeps.study import PRUNED_AT, StudyFile, open_storage
 
 if TYPE_CHECKING:
@@ -48,18 +52,13 @@ class TrialPruned(SystemExit):
 
 def current_trial(sweep_dir: Path | None = None, number: int | None = None) -> tuple[optuna.trial.Trial, StudyFile] | None:
     """``(trial, study_file)`` of the running search job, or None outside a search's trial."""
-    from foxhunt.sweeps.search import trial_number
-
     if sweep_dir is None or number is None:
-        from hydra.core.hydra_config import HydraConfig
-
         if not HydraConfig.initialized() or (number := trial_number()) is None:
             return None
         sweep_dir = Path(str(HydraConfig.get().sweep.dir))
     found = StudyFile.read(sweep_dir)
     if found is None or found.multi_objective:
         return None
-    import optuna
 
     storage = open_storage(found.storage)
     study = optuna.load_study(study_name=found.study_name, storage=storage, pruner=found.pruner_spec().build())
@@ -118,8 +117,6 @@ class TrialReporter(pl.Callback):
 
 def _tag_run(trainer: pl.Trainer, why: str) -> None:
     """The run's ``pruned`` tag, through the run's own logger (its store and run id)."""
-    from foxhunt.runs.tracked_run import trainer_runs
-
     for store, run_id in trainer_runs(trainer):
         try:
             store.tag(run_id, {PRUNED_TAG: why})

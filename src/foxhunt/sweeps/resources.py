@@ -12,10 +12,13 @@ of any launcher (joblib workers, submitit processes) agree without a coordinator
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 from pathlib import Path
 from typing import TextIO
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,6 @@ def cuda_devices(accelerator: str) -> int:
     """CUDA devices a job with ``trainer.accelerator=accelerator`` trains on (0: CPU)."""
     if str(accelerator) not in ("auto", "gpu", "cuda"):
         return 0
-    import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -64,8 +66,6 @@ class DeviceSlot:
 
     def acquire(self) -> int:
         """Take a free device, trying ``preferred`` first; wait on it when all are taken."""
-        import fcntl
-
         self.folder.mkdir(parents=True, exist_ok=True)
         order = [(self.preferred + i) % self.devices for i in range(self.devices)]
         for index in order:

@@ -45,11 +45,17 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Transformer
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.errors import ConfigError
 from foxhunt.runs.cell import CellResult
 from foxhunt.runs.status import OK_RESULTS
+from foxhunt.sweeps.grid import expand_grid
+from foxhunt.sweeps.space import distributions
+from foxhunt.sweeps.study import settings_from
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 JOB_NUM = "hydra.job.num"  # what a trial's folder name must hold
@@ -68,8 +74,6 @@ def is_search(config: DictConfig) -> bool:
 
 def trial_number() -> int | None:
     """The running job's trial number in a search sweep (its Hydra job number), else None."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return None
     hydra_cfg = cast(DictConfig, HydraConfig.get())  # typed as the HydraConf dataclass; it is its DictConfig
@@ -80,8 +84,6 @@ def trial_number() -> int | None:
 
 def job_overrides() -> list[str]:
     """The running job's task overrides (command line and what the sweeper chose)."""
-    from hydra.core.hydra_config import HydraConfig
-
     return task_overrides(HydraConfig.get().overrides.task)
 
 
@@ -115,8 +117,6 @@ def search_arguments(config: DictConfig) -> tuple[list[str], dict[str, str]]:
     """(fixed command-line overrides, searched key -> its override text), as the Optuna
     sweeper reads them: ``hydra.sweeper.params`` first, then the command line, whose plain
     value fixes a searched key and whose sweep (comma list, ``interval(...)``) searches one."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     params = config.hydra.sweeper.get("params") or {}
     space: dict[str, str] = {}
     for key, value in params.items():
@@ -156,8 +156,6 @@ def largest_value(override) -> Any | None:
 
     Numbers: the maximum (an interval: its upper bound); lists of numbers: the largest sum,
     then the longest (``hidden_sizes``); anything else (strings, booleans, groups): None."""
-    from hydra.core.override_parser.types import Transformer
-
     if override.is_interval_sweep():
         return override.value().end
     values = list(override.sweep_iterator(transformer=Transformer.identity))
@@ -171,9 +169,6 @@ def largest_value(override) -> Any | None:
 def planning_arguments(config: DictConfig) -> tuple[list[str], dict[str, str]]:
     """The overrides of the largest trial (see the module doc): a grid whose cells bound every
     trial, and what each searched key was planned at (for ``packing.json``)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import Transformer
-
     fixed, space = search_arguments(config)
     parser = OverridesParser.create()
     arguments, planned = list(fixed), {}
@@ -190,8 +185,6 @@ def planning_arguments(config: DictConfig) -> tuple[list[str], dict[str, str]]:
 
 def planning_cells(config: DictConfig, config_loader=None) -> tuple[list[list[str]], dict[str, str]]:
     """The override lists the packing estimates for a search sweep, and the planned values."""
-    from foxhunt.sweeps.grid import expand_grid
-
     arguments, planned = planning_arguments(config)
     return expand_grid(arguments, config_loader), planned
 
@@ -209,9 +202,6 @@ def check_search_config(config: DictConfig) -> None:
     """Refuse, in one line naming the key, a search sweep that cannot run as configured: trials
     that would share a folder, a study setting out of its range (:func:`foxhunt.sweeps.study.settings_from`),
     a searched key that is no search."""
-    from foxhunt.sweeps.space import distributions
-    from foxhunt.sweeps.study import settings_from
-
     sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
     assert isinstance(sweep, dict)  # hydra.sweep is a mapping
     subdir = str(sweep.get("subdir"))

@@ -39,6 +39,9 @@ import signal
 import subprocess
 from dataclasses import dataclass
 
+from submitit import JobEnvironment
+from submitit.core.utils import UncompletedJobError
+
 from foxhunt.training.graceful_stop import STOP_SIGNALS, Handler, clear_stop_request, request_stop
 
 log = logging.getLogger(__name__)
@@ -130,9 +133,6 @@ class Preemption:
     def requeue(self) -> str:
         """submitit's handler of its signal: it pickles the job again, requeues it and exits the
         process (``SystemExit``). Returns why it did not requeue."""
-        from submitit import JobEnvironment
-        from submitit.core.utils import UncompletedJobError
-
         signum = getattr(signal, f"SIG{JobEnvironment.USR_SIG}", None)
         handler = None if signum is None else self._before.get(signum)
         if signum is None or not callable(handler):

@@ -20,13 +20,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep, RangeSweep, Transformer
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
 from foxhunt.errors import ConfigError
 
 
 def _categorical(override) -> Any:
-    from hydra.core.override_parser.types import Transformer
-    from optuna.distributions import CategoricalDistribution
-
     choices = []
     for value in override.sweep_iterator(transformer=Transformer.encode):
         if not isinstance(value, (str, int, float, bool, type(None))):
@@ -37,9 +38,6 @@ def _categorical(override) -> Any:
 
 def distribution(override) -> Any:
     """The Optuna distribution of one searched key's sweep override (module doc)."""
-    from hydra.core.override_parser.types import IntervalSweep, RangeSweep
-    from optuna.distributions import FloatDistribution, IntDistribution
-
     value = override.value()
     if override.is_choice_sweep():
         return _categorical(override)
@@ -71,8 +69,6 @@ def distribution(override) -> Any:
 
 def distributions(space: dict[str, str]) -> dict[str, Any]:
     """``{key: override text}`` (the searched keys) -> ``{key: distribution}``."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parser = OverridesParser.create()
     return {key: distribution(parser.parse_override(f"{key}={text}")) for key, text in space.items()}
 

@@ -53,10 +53,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import optuna
+import psutil
 from omegaconf import DictConfig, OmegaConf
+from optuna.trial import TrialState
 
 from foxhunt.errors import ConfigError, UserError, one_line_error
 from foxhunt.runs.cell import CELL_RESULT_FILE, CellResult
+from foxhunt.runs.environment import sqlite_path
+from foxhunt.runs.leaderboard import METRIC_DIRECTIONS
 from foxhunt.runs.status import OK_RESULTS
 
 log = logging.getLogger(__name__)
@@ -103,8 +108,6 @@ class PrunerSpec:
 
     def build(self):
         """The Optuna pruner (``NopPruner`` for none)."""
-        import optuna
-
         if self.name == "median":
             return optuna.pruners.MedianPruner(n_startup_trials=self.startup_trials, n_warmup_steps=self.warmup_steps)
         if self.name == "hyperband":
@@ -154,8 +157,6 @@ def _direction_name(value: Any) -> str:
 
 def storage_url(config: DictConfig) -> str:
     """The study's database (module doc): ``hydra.sweeper.storage``, else beside the MLflow store."""
-    from foxhunt.runs.environment import sqlite_path
-
     given = config.hydra.sweeper.get("storage")
     if given is not None and str(given).strip():
         url = str(given).strip()
@@ -208,8 +209,6 @@ def pruner_spec(sweeper) -> PrunerSpec:
 
 def settings_from(config: DictConfig) -> StudySettings:
     """The search's study settings, each checked; a bad one is a :class:`ConfigError` naming its key."""
-    from foxhunt.runs.leaderboard import METRIC_DIRECTIONS
-
     sweeper = config.hydra.sweeper
     name = sweeper.get("study_name")
     if name is None or not str(name).strip():
@@ -263,8 +262,6 @@ def settings_from(config: DictConfig) -> StudySettings:
 def open_storage(url: str, heartbeat: bool = False):
     """Optuna's RDB storage at ``url`` (its SQLite file's folder made; a write waits for another
     process's lock up to :data:`SQLITE_TIMEOUT_S`); a database that cannot be opened is one line."""
-    import optuna
-
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///") :])
@@ -288,8 +285,6 @@ _DIRECTIONS: dict[str, Literal["minimize", "maximize"]] = {"minimize": "minimize
 def open_study(settings: StudySettings, sampler=None, pruner=None, storage=None):
     """The study ``settings.name`` in its database, created on first use, else continued; a
     study of that name with other directions is refused in one line."""
-    import optuna
-
     storage = storage if storage is not None else open_storage(settings.storage)
     study = optuna.create_study(storage=storage, study_name=settings.name, directions=[_DIRECTIONS[d] for d in settings.directions],
                                 sampler=sampler, pruner=pruner if pruner is not None else settings.pruner.build(),
@@ -340,16 +335,12 @@ class StudyFile:
 # -- the process that owns a running trial ---------------------------------------------------
 def process_identity() -> dict[str, Any]:
     """This process, as a trial's owner: host, pid and creation time (a reused pid is another process)."""
-    import psutil
-
     return {"host": socket.gethostname(), "pid": os.getpid(), "created": round(psutil.Process().create_time(), 3)}
 
 
 def owner_alive(owner: Mapping[str, Any]) -> bool | None:
     """Whether the process ``owner`` names still runs: True / False on this host, None elsewhere
     (it cannot be checked from here: its heartbeat decides)."""
-    import psutil
-
     if owner.get("host") != socket.gethostname():
         return None
     try:
@@ -410,8 +401,6 @@ def retried_numbers(trials: Sequence) -> set[int]:
 def counted(trials: Sequence) -> list:
     """The trials that count towards ``n_trials`` and in the deflated Sharpe ratio: every trial
     that ended (COMPLETE, PRUNED, FAIL), except a failure that a later trial retries."""
-    from optuna.trial import TrialState
-
     retried = retried_numbers(trials)
     ended = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     return [t for t in trials if t.state in ended and not (t.state == TrialState.FAIL and t.number in retried)]
@@ -432,8 +421,6 @@ class TrialCounts:
 
 
 def trial_counts(trials: Sequence) -> TrialCounts:
-    from optuna.trial import TrialState
-
     kept = counted(trials)
     return TrialCounts(*(sum(1 for t in kept if t.state == s) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
 
@@ -450,8 +437,6 @@ def retry_depth(trials_by_number: Mapping[int, Any], trial) -> int:
 def fail_and_retry(study, trial, reason: str, max_retries: int) -> int | None:
     """Tell ``trial`` FAILED with ``reason`` and, within ``max_retries`` along its chain, enqueue
     its parameters as a new trial (module doc). Returns the retry's number, or None."""
-    from optuna.trial import TrialState
-
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     study._storage.set_trial_user_attr(trial._trial_id, FAIL_REASON, reason)
     retry = None
@@ -514,8 +499,6 @@ def outcome_of(result: CellResult | None, pruned: bool, settings: StudySettings,
 
 def tell(study, trial, outcome: Outcome, max_retries: int) -> None:
     """Record ``outcome`` on the trial (its run, cell, folder) and tell the study."""
-    from optuna.trial import TrialState
-
     storage = study._storage
     if outcome.result is not None:
         key = outcome.result.key
@@ -552,8 +535,6 @@ def find_result(sweep_dir: Path | None, number: int) -> tuple[CellResult | None,
 def settle_stale(study, settings: StudySettings, alive: Callable[[Mapping[str, Any]], bool | None] = owner_alive) -> list[str]:
     """Settle the trials left RUNNING by a process that is gone (module doc); returns what was
     done, one line per trial."""
-    from optuna.trial import TrialState
-
     done = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if not is_stale(trial, settings.grace_s, alive):
@@ -595,9 +576,6 @@ def cell_of(result: CellResult | None, trial) -> str:
 
 def study_view(config: DictConfig, default_key) -> StudyView | None:
     """The study of this search, None when its database has no such study (module doc)."""
-    import optuna
-    from optuna.trial import TrialState
-
     settings = settings_from(config)
     storage = open_storage(settings.storage)
     try:

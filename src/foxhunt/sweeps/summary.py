@@ -38,7 +38,13 @@ import re
 from pathlib import Path
 
 import numpy as np
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
+from foxhunt.evaluation.deflated import deflated_sharpe_ratio
 from foxhunt.runs.cell import CellResult
 from foxhunt.runs.status import OK_RESULTS, Status
 from foxhunt.sweeps.study import PRUNED, RETRIED
@@ -102,8 +108,6 @@ def _tried(results: list[CellResult], n_trials: int | None) -> dict[str, int]:
 def deflated_sharpes(results: list[CellResult], n_trials: int | None = None) -> dict[str, float]:
     """Each cell's deflated Sharpe ratio against the cells with results on its data set (module
     doc); ``n_trials``: how many were tried (a search's study), when more than those with results."""
-    from foxhunt.evaluation.deflated import deflated_sharpe_ratio
-
     needed = ("test/sharpe_per_step", "test/steps", "test/pnl_skew", "test/pnl_kurtosis")
     scored = [r for r in results if r.status in OK_RESULTS and all(k in r.metrics for k in needed)]
     trials: dict[str, list[float]] = {}
@@ -266,11 +270,6 @@ def format_markdown(results: list[CellResult], title: str, best: str | None = No
 
 def plot_heatmap(results: list[CellResult], path: str | Path, title: str) -> Path:
     """Model x asset heatmap of ``test/sharpe``; failed cells grey with their status."""
-    from matplotlib import colormaps
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.colors import TwoSlopeNorm
-    from matplotlib.figure import Figure
-
     rows, columns, grid = _labels(results)
     values = np.full((len(rows), len(columns)), np.nan)
     for (row, column), result in grid.items():
@@ -311,10 +310,6 @@ def plot_summary(results: list[CellResult], path: str | Path, title: str, goal: 
 def plot_trials(results: list[CellResult], path: str | Path, title: str, goal: str | None = None) -> Path:
     """Each trial's value by trial number, the best so far as a step line (``goal``: maximize
     or minimize) and the trials without a value marked at the bottom."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
     trials = sorted((r.trial, r) for r in results if r.trial is not None)
     scored = [(number, r.objective) for number, r in trials
               if r.status in OK_RESULTS and r.objective is not None and math.isfinite(r.objective)]  # fmt: skip

@@ -31,29 +31,35 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from foxhunt.errors import EXIT_ON_SIGTERM, error_line
 from foxhunt.runs.cell import CellKey, CellResult
+from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.environment import PARENT_RUN_ENV
 from foxhunt.runs.status import Status, ending_status
+from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Tag
+from foxhunt.sweeps.estimates import PackingPlan, check_fits
+from foxhunt.sweeps.orphans import EXIT_ORPHANED, orphaned, watch_sweep_process
+from foxhunt.sweeps.pruning import TrialPruned
+from foxhunt.sweeps.resources import DeviceSlot, configured_threads, cuda_devices
+from foxhunt.sweeps.search import job_overrides, trial_number
+from foxhunt.sweeps.slurm import Preemption, SlurmJob
 
 log = logging.getLogger(__name__)
 
 
 def in_multirun() -> bool:
     """True inside a job of ``foxhunt-train -m``."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def current_sweep_dir() -> Path:
     """The sweep folder of the running job (``hydra.sweep.dir``)."""
-    from hydra.core.hydra_config import HydraConfig
-
     return Path(HydraConfig.get().sweep.dir)
 
 
@@ -67,8 +73,6 @@ def run_sweep_cell(cfg: DictConfig, run_cell: Callable) -> dict[str, float] | No
     """Run one cell with ``run_cell`` (:func:`foxhunt.training.cell.run_cell`); a failure returns
     ``None`` instead of raising, a stop request ends the sweep (in a SLURM job, unless the job
     is requeued: :func:`_run_slurm_cell`)."""
-    from foxhunt.sweeps.slurm import SlurmJob
-
     job = SlurmJob.current()
     if job is not None:
         return _run_slurm_cell(cfg, run_cell, job)
@@ -79,8 +83,6 @@ def _run_slurm_cell(cfg: DictConfig, run_cell: Callable, job) -> dict[str, float
     """A cell in a SLURM job (:mod:`foxhunt.sweeps.slurm`): a restarted job resumes the cell's run;
     SLURM's notice (SIGUSR1, SIGUSR2) stops the fit and requeues the job through submitit; the
     SIGTERM of a requeue leaves the sweep's parent run RUNNING."""
-    from foxhunt.sweeps.slurm import Preemption
-
     if job.requeued:
         log.warning("SLURM job %s restarted (%d): the cell continues its run (resume=true)", job.job_id, job.restarts)
         with open_dict(cfg):
@@ -109,9 +111,6 @@ def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult
     """:func:`run_sweep_cell`'s body. ``on_stop`` decides, once a stop request has ended the cell,
     what it does to the sweep (:data:`ENDS_SWEEP`, :data:`REQUEUED`, :data:`LEFT_KILLED`); it may
     note why on the cell's result."""
-    from foxhunt.sweeps.orphans import EXIT_ORPHANED, orphaned, watch_sweep_process
-    from foxhunt.sweeps.search import job_overrides, trial_number
-
     watch_sweep_process(cfg.strategy.get("orphan_grace_s"))  # a worker ends with the sweep's process
     started = time.perf_counter()
     sweep_dir = current_sweep_dir()
@@ -123,10 +122,6 @@ def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult
     trial_arg = {"trial": trial} if trial is not None else {}
 
     def before_fit() -> None:  # the config is valid and the cell's run exists
-        import torch
-
-        from foxhunt.sweeps.estimates import PackingPlan, check_fits
-        from foxhunt.sweeps.resources import configured_threads
 
         plan = PackingPlan.read(sweep_dir)
         torch.set_num_threads(plan.threads_per_job if plan is not None else configured_threads(cfg))
@@ -171,15 +166,11 @@ def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult
 
 def _pruned(exc: BaseException) -> bool:
     """A search's pruner stopped the trial (:class:`foxhunt.sweeps.pruning.TrialPruned`): no stop of the sweep."""
-    from foxhunt.sweeps.pruning import TrialPruned
-
     return isinstance(exc, TrialPruned)
 
 
 def _config_hash_or_none(cfg: DictConfig) -> str | None:
     """The cell's hash for its result; a config too broken to hash has none (its error says why)."""
-    from foxhunt.runs.config_hash import config_hash
-
     try:
         return config_hash(cfg)
     except Exception:
@@ -189,7 +180,6 @@ def _config_hash_or_none(cfg: DictConfig) -> str | None:
 def _end_parent_run_killed(cfg: DictConfig, parent_run_id: str | None, reason: str) -> None:
     if not parent_run_id or not cfg.logger.enabled:
         return
-    from foxhunt.runs.store import RunStore
 
     try:
         RunStore(cfg.logger.tracking_uri).end(parent_run_id, Status.KILLED, {Tag.STOP_REASON: reason})
@@ -199,10 +189,6 @@ def _end_parent_run_killed(cfg: DictConfig, parent_run_id: str | None, reason: s
 
 def _take_device(cfg: DictConfig, sweep_dir: Path):
     """On several GPUs, hold one device for this job (``trainer.devices=[i]``)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from foxhunt.sweeps.resources import DeviceSlot, cuda_devices
-
     devices = cuda_devices(cfg.trainer.accelerator)
     if devices < 2 or cfg.trainer.devices != 1:  # one device, or the user chose several per job
         return None

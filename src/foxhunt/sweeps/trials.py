@@ -43,9 +43,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+from hydra.core.utils import JobStatus
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
 from foxhunt.errors import error_line
 from foxhunt.runs.cell import CELL_RESULT_FILE, CellResult
 from foxhunt.sweeps import study as st
+from foxhunt.sweeps.search import search_arguments
+from foxhunt.sweeps.space import distributions, value_text
 
 log = logging.getLogger(__name__)
 
@@ -265,8 +272,6 @@ def hydra_launch(launcher) -> Launch:
     ``hydra.job.num``); its ``cell.json`` read back from the job's folder."""
 
     def launch(number: int, overrides: list[str]) -> tuple[CellResult | None, str | None]:
-        from hydra.core.utils import JobStatus
-
         (ret,) = launcher.launch([overrides], initial_job_idx=number)
         output_dir = None
         if ret.hydra_cfg is not None:
@@ -288,9 +293,6 @@ def hydra_launch(launcher) -> Launch:
 def run_search(config, launcher, sweep_dir: Path) -> PoolReport:
     """One launch of a search: open (or continue) its study, settle the trials a dead process
     left RUNNING, write ``study.json``, run the trials, write ``optimization_results.yaml``."""
-    from foxhunt.sweeps.search import search_arguments
-    from foxhunt.sweeps.space import distributions
-
     settings = st.settings_from(config)
     fixed, searched = search_arguments(config)
     space = distributions(searched)
@@ -317,9 +319,6 @@ def _sampler(node, earlier: int):
     """The configured sampler. A seeded sampler of a study that already holds ``earlier`` trials
     is seeded with ``seed + earlier``: a continued study would otherwise draw the first
     launch's trials again (the sampler's random draws start from its seed in every process)."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
     if node is None:
         return None
     seed = OmegaConf.select(node, "seed", default=None)
@@ -334,8 +333,6 @@ RESULTS_FILE = "optimization_results.yaml"  # in the sweep folder: the best tria
 def write_results(study, settings: st.StudySettings, sweep_dir: Path) -> Path | None:
     """``optimization_results.yaml``: the study's name, counts, and its best trial's parameters
     and value, or its Pareto front (several objectives)."""
-    import yaml
-
     trials = study.get_trials(deepcopy=False)
     counts = st.trial_counts(trials)
     data: dict[str, Any] = {"name": settings.name, "storage": settings.storage, "objectives": list(settings.objectives),
@@ -357,8 +354,6 @@ def write_results(study, settings: st.StudySettings, sweep_dir: Path) -> Path | 
 
 
 def _text(value: Any) -> str:
-    from foxhunt.sweeps.space import value_text
-
     return value_text(value)
 
 

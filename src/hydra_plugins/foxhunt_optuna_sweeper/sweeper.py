@@ -10,6 +10,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+# Lazy imports: (c) foxhunt.sweeps.trials (optuna): Hydra imports this plugin at every foxhunt-train start, --help included
+
 
 class FoxhuntOptunaSweeper(Sweeper):
     """Each trial asked for when a worker is free, launched alone through the sweep's launcher,
