@@ -29,7 +29,7 @@ What the update keeps:
   block with torchao's own quantizers (``quantize_fp8``; ``scale_tensor`` and
   ``quantize_8bit_with_qmap`` for dynamic-map codes);
 - an int8 weight: re-quantized per row as torchao's ``quantize_int8_rowwise`` (absmax / 127 per
-  row), each value rounded down or up with the probability of its distance to the other integer
+  row), each value ``x`` (in int8 steps) rounded up with probability ``x - floor(x)``, else down
   (:func:`stochastic_round`: unbiased up to 2^-24 of one int8 step), so updates far smaller than
   a row's step are kept on average;
 - exact resume: the draws of a step are a function of the group's ``rounding_seed``
@@ -238,8 +238,10 @@ class EightBitStep:
         super().add_param_group(param_group)  # type: ignore[misc]
         self.param_groups[-1].setdefault(ROUNDING_SEED, torch.initial_seed())
 
-    def fp32_states(self, p: Tensor) -> bool:
-        """Whether torchao keeps fp32 states for ``p`` (its ``_new_buffer`` rule); never an int8 weight."""
+    def plain_fp32(self, p: Tensor) -> bool:
+        """Whether ``p`` is an fp32 weight whose states torchao keeps in fp32 (its ``_new_buffer``
+        rule: under 4,096 elements or not a multiple of the block size), updated as such (torch's
+        fused Adam(W) or torchao's update); an int8 weight never is, whatever its states."""
         from foxhunt.precision.quantize import is_int8_weight
 
         return not is_int8_weight(p) and not (p.numel() >= 4096 and p.numel() % self.block_size == 0)
@@ -274,7 +276,7 @@ class EightBitStep:
                 state = self.state[p]
                 if len(state) == 0:
                     self._init_state(p, state, group)
-                if self.fuse_fp32_states and self.fp32_states(p) and not group["amsgrad"]:
+                if self.fuse_fp32_states and self.plain_fp32(p) and not group["amsgrad"]:
                     fused.append(p)
                 else:
                     state["step"] += 1
@@ -283,7 +285,7 @@ class EightBitStep:
                 self._fused_update(group, fused)
 
     def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        """torchao's state initialization (its ``step``)."""
+        """The states of ``p``, as torchao's step initializes them."""
         new_buffer = self._new_buffer  # type: ignore[attr-defined]
         state["step"] = torch.tensor(0.0)
         state["exp_avg"] = new_buffer(p, True)
@@ -295,7 +297,7 @@ class EightBitStep:
         self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any], position: int, compiled: bool
     ) -> None:
         beta1, beta2 = group["betas"]
-        if self.fp32_states(p):  # fp32 weight and states: torchao's update
+        if self.plain_fp32(p):  # fp32 weight and states: torchao's update
             from torchao.optim.adam import single_param_adam
 
             update = torch.compile(single_param_adam, fullgraph=True, dynamic=False) if compiled else single_param_adam
