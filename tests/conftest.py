@@ -1,9 +1,10 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the suite's hooks: a pytest-xdist worker's torch threads, the order of the files."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,52 @@ os.environ["COLUMNS"] = "200"
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "real"
+
+
+# The longest test files, longest first: seconds of one worker with one torch thread, measured file
+# by file at a load average of 4-6 on the two cores (issue 39): 81, 72-107, 64-80, 52-67, 50-60, 35,
+# 31, 33 (mypy with a cold cache), 29, 25. pytest-xdist's --dist loadfile runs a file whole on one
+# worker and hands out the files with the most tests first, so these files of one or two
+# minute-long tests came last, and the suite's last minutes ran on one worker while the other
+# idled. Started first, the two workers share them and the short files fill in after. Files not
+# named keep xdist's order, the most tests first.
+LONGEST_FIRST = (
+    "tests/test_kill_resume.py",
+    "tests/jobs/test_jobs_e2e.py",
+    "tests/test_bad_inputs.py",
+    "tests/test_run_records.py",
+    "tests/test_same_second_runs.py",
+    "tests/training/test_resume_point.py",
+    "tests/training/test_checkpoint_stamps.py",
+    "tests/test_style.py",
+    "tests/training/test_cell.py",
+    "tests/test_killed_sweep.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """:data:`LONGEST_FIRST`, then the other files by their number of tests (each file's tests
+    together, in their own order)."""
+    rank = {REPO_ROOT / name: place for place, name in enumerate(LONGEST_FIRST)}
+    tests_in = Counter(item.path for item in items)
+    items.sort(key=lambda item: (rank.get(item.path, len(rank)), -tests_in[item.path]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker trains with its share of the cores, as a sweep's jobs do
+    (foxhunt.sweeps.resources.threads_per_job): two workers of torch's default two threads each
+    on two cores waited on each other's spinning threads, tests/training/test_cell.py's eight
+    cells took 112-212 s beside a busy process, 37-64 s with one thread. The controller keeps
+    :data:`LONGEST_FIRST`'s order (xdist's own puts files with the most tests first)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        from foxhunt.sweeps.resources import threads_per_job
+
+        torch.set_num_threads(threads_per_job(int(workers)))
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 @pytest.fixture(autouse=True)
