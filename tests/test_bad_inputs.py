@@ -21,6 +21,7 @@ import pytest
 
 from configs import synthetic_source
 from foxhunt.errors import EXIT_USER_ERROR
+from train_entry import run_foxhunt_train
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 REAL_6E = REAL / "6e_minute" / "6EH4_1min_bars_20240101_20240131.csv.gz"
@@ -356,26 +357,16 @@ def _fill(text: str, battery: Battery) -> str:
     return text
 
 
-def _run_main(argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
-    from foxhunt import train
-
-    monkeypatch.setattr(sys, "argv", ["foxhunt-train", *argv])
-    with pytest.raises(SystemExit) as stopped:
-        train.main()
-    return stopped.value.code, capsys.readouterr().err
-
-
 @pytest.mark.parametrize(("args", "expected"), [c[1:] for c in TRAIN_CASES], ids=[c[0] for c in TRAIN_CASES])
 def test_bad_input_is_one_line_exit_2_no_traceback_and_nothing_changed(battery, args, expected, monkeypatch, capsys):
-    monkeypatch.setenv("FOXHUNT_ROOT", str(battery.root))
-    for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR", "MLFLOW_LOGGING_LEVEL"):
-        monkeypatch.setenv(name, "0" if name != "MLFLOW_LOGGING_LEVEL" else "WARNING")
+    monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "WARNING")
     argv = [_fill(a, battery) for a in args] + SMOKE
     if any(a.startswith("ckpt=") for a in argv):
         argv += NO_DATA
     before = _snapshot(battery)
 
-    code, err = _run_main(argv, monkeypatch, capsys)
+    code = run_foxhunt_train(monkeypatch, battery.root, argv)
+    err = capsys.readouterr().err
 
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == EXIT_USER_ERROR, err
@@ -458,22 +449,28 @@ def test_bad_cli_argument_is_one_line_and_nothing_changed(battery, args, expecte
 
 
 # ----------------------------------------------------------------------------- from a shell
-def _shell(args: list[str], root: Path) -> subprocess.CompletedProcess:
+def _shell(args: list[str], root: Path) -> subprocess.Popen:
     env = {**os.environ, "FOXHUNT_ROOT": str(root), "HYDRA_FULL_ERROR": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
     env.pop("FOXHUNT_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "foxhunt.train", *args], capture_output=True, text=True, env=env, cwd=root, timeout=300
-    )
+    return subprocess.Popen([sys.executable, "-m", "foxhunt.train", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=root)  # fmt: skip
+
+
+def _ended(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    out, err = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 def test_from_a_shell_a_data_error_and_a_checkpoint_error_are_one_line(battery):
-    """The real process: stderr holds the one line and nothing else (no Hydra line, no traceback)."""
-    data = _shell(["data=csv", f"data.source.path={battery.files['high_below_low.csv']}", *SMOKE], battery.root)
+    """The real process: stderr holds the one line and nothing else (no Hydra line, no traceback).
+    The two processes run at once (each spends seconds importing torch, Lightning and MLflow)."""
+    started = (_shell(["data=csv", f"data.source.path={battery.files['high_below_low.csv']}", *SMOKE], battery.root),
+               _shell([f"ckpt={battery.files['empty.csv']}", *SMOKE, *NO_DATA], battery.root))  # fmt: skip
+    data, ckpt = (_ended(process) for process in started)
     assert data.returncode == EXIT_USER_ERROR
     assert data.stderr.strip().splitlines() == [
         f"foxhunt-train: data error: {battery.files['high_below_low.csv']}: line 3 (2024-01-02T00:01:00+00:00): high=99.75 < low=100.0"
     ], data.stderr
-    ckpt = _shell([f"ckpt={battery.files['empty.csv']}", *SMOKE, *NO_DATA], battery.root)
     assert ckpt.returncode == EXIT_USER_ERROR
     (line,) = ckpt.stderr.strip().splitlines()
     assert line.startswith(f"foxhunt-train: checkpoint error: ckpt={battery.files['empty.csv']}: not a torch checkpoint archive")

@@ -4,11 +4,11 @@ details (in the run's log file) are not printed, and the Sharpe's annualization 
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 
 from foxhunt.console import silence_known_noise
+from train_entry import run_foxhunt_train
 
 QUICK = ["trainer=smoke", "data.source.days=3"]
 # What a default run printed before (2026-12-03), each a fragment of its line.
@@ -24,17 +24,11 @@ ANNUALIZATION_LINE_MAX = 120  # characters of the printed annualization line
 
 
 def test_a_default_run_prints_none_of_the_known_noise(tmp_path, monkeypatch, capfd):
-    from foxhunt import train as entry
-
-    monkeypatch.setenv("FOXHUNT_ROOT", str(tmp_path))
-    for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR"):
-        monkeypatch.setenv(name, "0")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["foxhunt-train", *QUICK])
     with warnings.catch_warnings(record=True) as caught:
         silence_known_noise()  # as importing foxhunt does in a fresh process (pytest undoes the filters set while it collects)
-        entry.main()
+        code = run_foxhunt_train(monkeypatch, tmp_path, QUICK)
     captured = capfd.readouterr()
+    assert code == 0, captured.err
     lines = [*captured.out.splitlines(), *captured.err.splitlines(), *(str(w.message) for w in caught)]
     noisy = [line for line in lines if any(noise in line for noise in NOISE)]
     assert noisy == [], "\n".join(noisy)

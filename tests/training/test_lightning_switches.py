@@ -5,8 +5,6 @@ without ``-m`` are one line each, before any run is made."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -15,6 +13,7 @@ from foxhunt.errors import EXIT_USER_ERROR, ConfigError
 from foxhunt.training.cell import train
 from foxhunt.training.fit import build_callbacks
 from foxhunt.training.progress import LineProgress
+from train_entry import run_foxhunt_train
 
 QUICK = ["trainer=smoke", "data.source.days=3", "logger=none", "evaluation.plot_equity=false"]
 
@@ -54,16 +53,8 @@ def test_a_gpu_accelerator_without_cuda_is_one_line_before_any_run(compose_cfg, 
 )  # fmt: skip
 def test_a_sweeping_preset_without_multirun_is_one_line(tmp_path, monkeypatch, capsys, preset, line):
     """Seen failing before: ``foxhunt-train preset=grid`` trained one default DQN cell."""
-    from foxhunt import train as entry
-
-    monkeypatch.setenv("FOXHUNT_ROOT", str(tmp_path))
-    for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR"):  # main() sets HYDRA_FULL_ERROR=1, which asks for tracebacks
-        monkeypatch.setenv(name, "0")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["foxhunt-train", preset, *QUICK])
-    with pytest.raises(SystemExit) as stopped:
-        entry.main()
+    code = run_foxhunt_train(monkeypatch, tmp_path, [preset, *QUICK])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert stopped.value.code == EXIT_USER_ERROR and len(err) == 1
+    assert code == EXIT_USER_ERROR and len(err) == 1
     assert err[0].startswith("foxhunt-train: config error: ") and line in err[0]
     assert not (tmp_path / "mlruns").exists()
