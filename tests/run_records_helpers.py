@@ -16,7 +16,10 @@ QUICK = [
     "evaluation.bootstrap.samples=50", "strategy.torch_threads=1",
 ]  # fmt: skip
 # Tiny sizes that keep at least one tensor torchao gives 8-bit states (>= 4,096 elements, a
-# multiple of its block): the compiled 8-bit update runs, as in a real int8 run.
+# multiple of its block): the compiled 8-bit update runs, as in a real int8 run. The update is
+# compiled once per weight shape (foxhunt.precision.eight_bit_step): the TFT's width of 24 has two
+# such shapes, (24, 192) and (24, 288), where 64 had eight (each a few seconds of inductor's C++
+# compilation on a CPU the first time; its on-disk cache, in /tmp, spares the later processes).
 TINY = {
     "dqn": ["model.module.hidden_sizes=[64,64]"],
     "ppo": [
@@ -34,7 +37,7 @@ TINY = {
         "model.window.horizon=5",
     ],  # fmt: skip
     "tft": [
-        "model.module.hidden_size=64",
+        "model.module.hidden_size=24",
         "model.module.num_heads=2",
         "model.module.lstm_layers=1",
         "model.window.seq_len=20",
