@@ -21,7 +21,9 @@ import pytest
 from foxhunt.runs.checkpoints import INTERRUPTED_CHECKPOINT
 from foxhunt.runs.liveness import process_alive
 
-TINY = ["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false"]
+# One torch thread: the suite's other pytest-xdist worker trains on the second core (a sweep of
+# torch's default two threads on two busy cores waits on its own spinning threads).
+TINY = ["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false", "strategy.torch_threads=1"]
 STEPS = 8  # trainer=smoke's 8 training batches: the step unit of every metric of a run (foxhunt.runs.steps)
 # Long enough to be stopped mid-training, short enough to finish soon after a resume: one epoch
 # of 200 batches (about 0.1 s a batch), progress reported every 10.
