@@ -5,6 +5,7 @@ src/foxhunt. A failure prints the tool's own findings; fix them with ``ruff chec
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,11 +31,27 @@ def test_ruff_finds_nothing(command):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 
+def mypy_cache_dir() -> Path:
+    """mypy's incremental cache: the user's cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``,
+    then foxhunt/mypy), shared by every checkout of this machine, else the checkout's own
+    .mypy_cache (gitignored). A fresh clone starts warm where the suite ran before: 0.9 s instead
+    of 33 s cold on two cores (4 s where another clone's src differs). mypy trusts no entry it
+    did not check: each is taken only where its source's hash, mypy's version and the options
+    match, and written by an atomic rename, so checkouts of other commits, even at once, only
+    recheck their differing modules. A CI machine that starts empty gains nothing (cold, 33 s)."""
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "foxhunt" / "mypy"
+    try:
+        user.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return ROOT / ".mypy_cache"
+    return user if os.access(user, os.W_OK) else ROOT / ".mypy_cache"
+
+
 def test_mypy_finds_nothing():
-    """mypy with pyproject's [tool.mypy] (its files, overrides and plugin), its cache under
-    .mypy_cache (gitignored): about 40 s cold on two cores, a few seconds once the cache is warm."""
+    """mypy with pyproject's [tool.mypy] (its files, overrides and plugin), its cache in
+    :func:`mypy_cache_dir`."""
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--cache-dir", str(ROOT / ".mypy_cache")],
+        [sys.executable, "-m", "mypy", "--cache-dir", str(mypy_cache_dir())],
         cwd=ROOT,
         capture_output=True,
         text=True,
