@@ -47,9 +47,8 @@ share of the training time as ``memory/callback_overhead_pct``.
 Resumed: every checkpoint holds what the fit measured of its steps (:meth:`state_dict`), and a
 fit resumed from one measures them only where its first attempt had not: the meters watch every
 op of the steps they measure (the allocator peak runs a ``TorchDispatchMode``, under which
-torchao's compiled 8-bit update runs op by op, with other random draws for its stochastic
-rounding), so measuring other steps on resume would train other weights than the fit never
-stopped.
+the compiled 8-bit update runs op by op: the same draws, float sums rounded in another order), so
+measuring other steps on resume would train other weights than the fit never stopped.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ optimizer are represented while training:
 - ``optimizer_states``: ``32bit``, or 8 bits per element with one fp32 scale per
   ``optimizer_block_size`` elements for Adam's two moments: ``fp8`` (float8 e4m3 codes,
   torchao ``Adam(W)Fp8``) or ``8bit`` (dynamic-map codes, torchao ``Adam(W)8bit``);
-  ``compile_optimizer`` false runs torchao's per-parameter update eagerly instead of
-  compiled; ``fuse_fp32_states`` updates the tensors torchao keeps fp32 states for (small
+  ``compile_optimizer`` false runs the 8-bit update (foxhunt's, :mod:`foxhunt.precision.eight_bit_step`,
+  over torchao's states) eagerly instead of compiled; ``fuse_fp32_states`` updates the tensors torchao keeps fp32 states for (small
   ones) with one fused torch Adam(W) call (:mod:`foxhunt.precision.optim`).
 
 The rule that picks the int8 layers, all from ``conf/precision/int8.yaml``:

@@ -14,7 +14,7 @@ What is printed, and how each figure is measured:
   int8 MB, reduction MB and %;
 - **training step time**: wall time from ``on_train_batch_start`` to ``on_train_batch_end`` of
   every step that ran an optimizer step (forward, backward, optimizer), median over
-  ``--steps`` steps after ``--warmup`` such steps (the first compiles torchao's optimizer);
+  ``--steps`` steps after ``--warmup`` such steps (the first compiles the 8-bit optimizer update);
   the two Trainers run in two threads that take turns step by step, so the precisions
   alternate and share the machine's state (a busy neighbour slows both alike); throughput =
   samples per step / median step time (the harness: :mod:`foxhunt.training.side_by_side`);
