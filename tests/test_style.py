@@ -39,10 +39,10 @@ def mypy_cache_dir() -> Path:
     did not check: each is taken only where its source's hash, mypy's version and the options
     match, and written by an atomic rename, so checkouts of other commits, even at once, only
     recheck their differing modules. A CI machine that starts empty gains nothing (cold, 33 s)."""
-    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "foxhunt" / "mypy"
     try:
+        user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "foxhunt" / "mypy"
         user.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: no home folder to be found
         return ROOT / ".mypy_cache"
     return user if os.access(user, os.W_OK) else ROOT / ".mypy_cache"
 
