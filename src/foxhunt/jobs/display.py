@@ -11,6 +11,7 @@ calibration of the weights. Functions of the job views: no I/O here but the chec
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
 from rich.console import Group, JustifyMethod, RenderableType
 from rich.progress_bar import ProgressBar
@@ -74,8 +75,6 @@ def fmt_mb(value: float | None, unit: bool = True) -> str:
 
 def short_path(path) -> str:
     """A path relative to the current folder when it lies inside it."""
-    from pathlib import Path
-
     try:
         return str(Path(path).relative_to(Path.cwd()))
     except ValueError:

@@ -42,17 +42,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from foxhunt.config.stored import check_stored_overrides
 from foxhunt.errors import one_line_error
 from foxhunt.jobs.job_lock import LOCK_FD_FLAG, JobLock, JobLockHeld
 from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
 from foxhunt.jobs.views import RESUME_FLAG, Job, find_job
 from foxhunt.runs.cell import CellKey
+from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.environment import JOB_ID_ENV, ROOT_ENV
 from foxhunt.runs.liveness import FOXHUNT_COMMAND, process_alive, run_state
 from foxhunt.runs.status import OK_RESULTS, Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Tag
+
+# Lazy imports: (c) Hydra, the schema (pydantic), the grid in plan_cells: foxhunt train stop imports this module too
 
 SWEEP_DIR_KEY = "hydra.sweep.dir"
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -114,7 +119,6 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dic
 
     from foxhunt.config.compose import compose_config
     from foxhunt.config.schema import ConfigError, validate
-    from foxhunt.runs.config_hash import config_hash
     from foxhunt.sweeps.grid import expand_grid
 
     try:
@@ -307,8 +311,6 @@ def check_stoppable(job: Job) -> int:
 def _not_the_jobs_process(pid: int, started_ms: int | None) -> str:
     """Why process ``pid`` is not a job's (empty when it is): it must be a foxhunt command and,
     for a pid from a launch file, created within :data:`LAUNCH_SLACK_S` of the launch."""
-    import psutil
-
     try:
         process = psutil.Process(pid)
         command = " ".join(process.cmdline())
@@ -358,7 +360,6 @@ def _signal(pid: int, signum: int) -> None:
             return
     except ProcessLookupError:
         return
-    import psutil
 
     try:
         leader = psutil.Process(pid)

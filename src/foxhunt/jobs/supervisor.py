@@ -28,6 +28,7 @@ until both have exited.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -45,6 +46,8 @@ from foxhunt.runs.provenance import source_tags
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Tag
+
+# Lazy imports: (e) mlflow, once training's process is started: the job's leader does not delay it by MLflow's import
 
 log = logging.getLogger("foxhunt.jobs.supervisor")
 
@@ -103,8 +106,6 @@ class Supervisor:
             return None
 
     def tags(self) -> dict[str, str]:
-        import json
-
         launch_file = self.launch_file
         tags = job_tags(launch_file.job_id, os.getpid(), display_command(launch_file.command), launch_file.overrides)
         tags[Tag.JOB_LOG] = launch_file.log
