@@ -296,12 +296,8 @@ def _step_with_meter(checkpointing: bool, int8_path: bool = False):
 
     torch.manual_seed(0)
     model = small_tft(hidden_size=32, dropout=0.2, activation_checkpointing=checkpointing)
-    if int8_path:  # the unfolded forward, the path quantized weights take
-        for vsn in (model.encoder_selection, model.decoder_selection, model.static_selection):
-            vsn.select = lambda x, embeddings, context=None, vsn=vsn: vsn(
-                x.unsqueeze(-1) * torch.cat([e.weight for e in embeddings]) + torch.cat([e.bias for e in embeddings]),
-                context,
-            )
+    if int8_path:  # the unfolded forward (the paper's order), the segment checkpointed there too
+        _unfolded(model)
     batch = random_batch(16, 12, 4, seed=3)
     torch.manual_seed(7)  # the dropout masks: recomputation must replay them exactly
     with ActivationMeter(exclude=model) as meter:
@@ -515,3 +511,69 @@ def test_a_forecast_without_gradients_after_a_fused_adam_step_reads_the_new_weig
         fresh.load_state_dict(model.state_dict())
         expected = fresh(batch)
     torch.testing.assert_close(after, expected, rtol=0, atol=0)
+
+
+def _int8_policy():
+    """conf/precision/int8.yaml, as a run instantiates it."""
+    return instantiate(OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "precision" / "int8.yaml"))
+
+
+def _unfolded(model: TemporalFusionTransformer) -> None:
+    """The variable selections run as the paper writes them: embed, then every layer on the embedding."""
+    for vsn in (model.encoder_selection, model.decoder_selection, model.static_selection):
+        vsn.select = lambda x, embeddings, context=None, vsn=vsn: vsn(
+            x.unsqueeze(-1) * torch.cat([e.weight for e in embeddings]) + torch.cat([e.bias for e in embeddings]),
+            context,
+        )
+
+
+def test_int8_weights_fold_into_the_variable_selection_as_their_dequantized_matrices():
+    """With int8 training weights the folded variable selection is the unfolded one: the same
+    forecasts and the same gradients (of the int8 weights, straight through), only the order of
+    float sums differs."""
+    from foxhunt.precision.quantize import is_int8_weight, quantize_model
+
+    def forecast_and_grads(unfold: bool):
+        torch.manual_seed(0)
+        model = small_tft(hidden_size=32, dropout=0.0)
+        quantize_model(model, _int8_policy())
+        assert is_int8_weight(model.encoder_selection.weight_grn.fc_input.weight)
+        if unfold:
+            _unfolded(model)
+        batch = random_batch(8, 12, 4, seed=3)
+        forecast = model(batch)
+        quantile_loss(forecast, batch["target"], model.quantile_levels).backward()
+        return forecast.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    folded, folded_grads = forecast_and_grads(unfold=False)
+    unfolded, unfolded_grads = forecast_and_grads(unfold=True)
+    torch.testing.assert_close(folded, unfolded, rtol=1e-5, atol=1e-6)
+    assert folded_grads.keys() == unfolded_grads.keys()
+    for name, grad in unfolded_grads.items():
+        torch.testing.assert_close(folded_grads[name].float(), grad.float(), rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_forecast_without_gradients_reads_int8_weights_replaced_since_the_last_one():
+    """The no-grad folds are cached by what holds the values: for an int8 weight its codes and
+    row scales (the wrapper's own storage and version never change), so a forecast after the
+    int8 weights alone were rewritten in place (as an 8-bit optimizer step does) is that of the
+    new weights."""
+    import copy
+
+    from foxhunt.precision.quantize import is_int8_weight, quantize_model
+
+    torch.manual_seed(0)
+    model = small_tft(hidden_size=64)
+    quantize_model(model, _int8_policy())
+    other = copy.deepcopy(model)
+    int8 = [(p, q) for p, q in zip(model.parameters(), other.parameters()) if is_int8_weight(p)]
+    assert int8
+    for _, q in int8:
+        q.int_data.neg_()  # other: the same model with every int8 matrix negated
+    batch = random_batch(8, 12, 4, seed=3)
+    with torch.no_grad():
+        model(batch)  # fills the cache
+        for p, q in int8:
+            p.int_data.copy_(q.int_data)
+            p.scale.copy_(q.scale)
+        torch.testing.assert_close(model(batch), other(batch), rtol=0, atol=0)

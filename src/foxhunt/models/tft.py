@@ -142,11 +142,24 @@ def _embedding_weights(embeddings: Sequence[VariableEmbedding]) -> tuple[Tensor,
     return torch.cat([e.weight for e in embeddings]), torch.cat([e.bias for e in embeddings])
 
 
-def _plain_weight(layer: nn.Module) -> bool:
-    """Whether ``layer`` has no weight or a plain float one (not a quantized tensor subclass,
-    whose matrix cannot be folded into another)."""
-    weight = getattr(layer, "weight", None)
-    return weight is None or type(weight) in (torch.Tensor, nn.Parameter)
+def _matrix(weight: Tensor) -> Tensor:
+    """A layer's weight as a plain float matrix to fold: itself, or an int8 training weight
+    (:mod:`foxhunt.precision.quantize`) dequantized, its gradient passed straight through."""
+    if type(weight) in (torch.Tensor, nn.Parameter):
+        return weight
+    # Imported here: it imports torchao (seconds), which only an int8 run needs.
+    from foxhunt.precision.quantize import dequantized
+
+    return dequantized(weight)
+
+
+def _storage_key(p: Tensor) -> tuple:
+    """What changes when a parameter's values are replaced: the storage and version counter of a
+    plain tensor, of an int8 weight's codes and row scales (its wrapper's own never change)."""
+    if type(p) in (torch.Tensor, nn.Parameter):
+        return (p.data_ptr(), p._version, p.dtype)
+    parts = [getattr(p, name) for name in ("int_data", "scale")]
+    return tuple((t.data_ptr(), t._version, t.dtype) for t in parts)
 
 
 class VariableEmbedding(nn.Module):
@@ -218,16 +231,14 @@ class VariableSelectionNetwork(nn.Module):
         x_j (W w_j) + (W b_j + b)``. The weight GRN's input and skip layers (``n_vars x
         hidden`` inputs each) become linear maps of the ``n_vars`` raw values, and each variable
         GRN's input layer (hidden x hidden) an outer product. Same function, same parameters;
-        only the order of the sums changes (float rounding). The embedding is still formed once,
+        only the order of the sums changes (float rounding); int8 training weights fold as the
+        dequantized matrices the unfolded layers would multiply by. The embedding is still formed once,
         as the variable GRNs' residual. Without gradients (evaluation, inference) the folded
         weights are kept until a parameter changes (see :meth:`_folds`).
         """
         weight = torch.cat([e.weight for e in embeddings]) if len(embeddings) > 1 else embeddings[0].weight
         bias = torch.cat([e.bias for e in embeddings]) if len(embeddings) > 1 else embeddings[0].bias
         grn = self.weight_grn
-        layers = [grn.fc_input, grn.skip, *(g.fc_input for g in self.grns)]
-        if not all(_plain_weight(layer) for layer in layers):  # e.g. int8 weights: no folding
-            return self(x.unsqueeze(-1) * weight + bias, context)
         hidden_w, hidden_b, skip_w, skip_b, scale, offset = self._folds(weight, bias, embeddings)
         weight_hidden = F.linear(x, hidden_w, hidden_b)
         if skip_w is None:
@@ -242,7 +253,7 @@ class VariableSelectionNetwork(nn.Module):
         """``GRN_i(xi_i)`` of the variables ``first .. first + n - 1`` from their raw values
         ``x_part`` (..., n): each depends on its own value only (the variable GRNs take no
         context), so a caller can compute them once for values that recur (the calendar's
-        minutes) and hand them to :meth:`select_given`. Plain weights only (the folded path)."""
+        minutes) and hand them to :meth:`select_given`."""
         weight, bias = _embedding_weights(embeddings)
         *_, scale, offset = self._folds(weight, bias, embeddings)
         part = slice(first, first + x_part.shape[-1])
@@ -303,20 +314,22 @@ class VariableSelectionNetwork(nn.Module):
             self._fold_cache = None
         else:
             sources = [*self.parameters(), *(p for e in embeddings for p in e.parameters())]
-            key = tuple((p.data_ptr(), p._version, p.dtype) for p in sources)
+            key = tuple(_storage_key(p) for p in sources)
             cached = getattr(self, "_fold_cache", None)
             if cached is not None and cached[0] == key:
                 return cached[1]
         n_vars, hidden = weight.shape
         grn = self.weight_grn
-        hidden_w = (grn.fc_input.weight.view(-1, n_vars, hidden) * weight).sum(-1)
-        hidden_b = grn.fc_input.bias + grn.fc_input.weight @ bias.flatten()
+        fc_input = _matrix(grn.fc_input.weight)
+        hidden_w = (fc_input.view(-1, n_vars, hidden) * weight).sum(-1)
+        hidden_b = grn.fc_input.bias + fc_input @ bias.flatten()
         skip_w = skip_b = None
         if isinstance(grn.skip, nn.Linear):
-            skip_w = (grn.skip.weight.view(-1, n_vars, hidden) * weight).sum(-1)
-            skip_b = grn.skip.bias + grn.skip.weight @ bias.flatten()
+            skip = _matrix(grn.skip.weight)
+            skip_w = (skip.view(-1, n_vars, hidden) * weight).sum(-1)
+            skip_b = grn.skip.bias + skip @ bias.flatten()
         grns = self.grns
-        input_weights = torch.stack([g.fc_input.weight for g in grns])  # (n, out, hidden)
+        input_weights = torch.stack([_matrix(g.fc_input.weight) for g in grns])  # (n, out, hidden)
         input_bias = torch.stack([g.fc_input.bias for g in grns])
         scale = (input_weights * weight.unsqueeze(1)).sum(-1)
         offset = input_bias + (input_weights * bias.unsqueeze(1)).sum(-1)
