@@ -22,10 +22,13 @@ import time
 from pathlib import Path
 
 import lightning.pytorch as pl
+from hydra.utils import instantiate
+from omegaconf import open_dict
 
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import torch_threads
 from foxhunt.bench.report import Row
+from foxhunt.training.parts import build_parts
 
 SECTION = "checkpoint"
 MB = 1024 * 1024
@@ -55,11 +58,6 @@ class WriteTimer(pl.Callback):
 
 def measure(ctx: BenchContext, model: str) -> dict[str, float]:
     """One fit of ``model`` (module doc): checkpoint bytes, seconds writing, seconds fitting."""
-    from hydra.utils import instantiate
-    from omegaconf import open_dict
-
-    from foxhunt.training.parts import build_parts
-
     s = ctx.settings.checkpoint
     out_dir = ctx.work_dir / "outputs" / SECTION / model
     cfg = ctx.compose(model, [*s.train_overrides], output_dir=out_dir)

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.config.compose import compose_config
+from foxhunt.training.parts import build_dataset
 
 
 @dataclass
@@ -40,8 +43,6 @@ class BenchContext:
     ) -> DictConfig:
         """``conf/train.yaml`` for ``model`` with the settings' overrides, the ``logger`` group
         option and every path under the work folder."""
-        from foxhunt.config.compose import compose_config
-
         return compose_config(
             [f"model={model}", f"logger={logger}", *self.settings.train_overrides, *overrides],
             root_dir=self.work_dir,
@@ -50,10 +51,6 @@ class BenchContext:
 
     def dataset(self, cfg: DictConfig):
         """The cached market dataset of ``cfg`` (loaded once per data config)."""
-        from omegaconf import OmegaConf
-
-        from foxhunt.training.parts import build_dataset
-
         key = OmegaConf.to_yaml(cfg.data) + OmegaConf.to_yaml(cfg.asset) + OmegaConf.to_yaml(cfg.evaluation)
         if key not in self._datasets:
             self._datasets[key] = build_dataset(cfg)

@@ -31,6 +31,7 @@ member, the rule). In the same run:
 from __future__ import annotations
 
 import copy
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,11 +39,18 @@ from typing import Any
 
 import numpy as np
 import torch
+from hydra.utils import instantiate
 
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import torch_threads
 from foxhunt.bench.report import Row
+from foxhunt.ensemble.engine import MemberInputs, StreamingEngine
+from foxhunt.ensemble.footprint import LoadDelta, capacity, measure_member, member_bars
+from foxhunt.ensemble.members import make_member
+from foxhunt.ensemble.replay import replay_bars
+from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, mlp_layers
 from foxhunt.errors import one_line_error
+from foxhunt.training.parts import build_datamodule, build_model
 
 SECTION = "ensemble"
 FAMILIES = ("dqn", "ppo", "mamba2", "tft")
@@ -50,9 +58,6 @@ LINEAR_FAMILIES = FAMILIES  # every family has Linear (and the TFT LSTM) layers:
 
 
 def _modules(ctx: BenchContext):
-    from foxhunt.ensemble.engine import MemberInputs
-    from foxhunt.training.parts import build_model
-
     modules, inputs, cfg, dataset = {}, {}, None, None
     for family in FAMILIES:
         cfg = ctx.compose(family)
@@ -64,8 +69,6 @@ def _modules(ctx: BenchContext):
 
 
 def _members(modules, inputs, weights: str, settings, workdir: Path, runtime: str = "auto", source=None):
-    from foxhunt.ensemble.members import make_member
-
     return [make_member(f, f, (source or modules)[f], weights, None, runtime, int(settings.probe_calls), inputs[f].groups,
                         workdir=workdir / weights, threads=torch.get_num_threads()) for f in FAMILIES]  # fmt: skip
 
@@ -80,8 +83,6 @@ def _loop_us(call, calls: int) -> np.ndarray:
 
 
 def _numpy_floor(module) -> Callable[[], np.ndarray]:
-    from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, mlp_layers
-
     layers = mlp_layers(module.acting_network)
     obs = np.zeros(module.obs_dim, np.float32)
 
@@ -102,14 +103,6 @@ def _step_us(replayed, name: str, skip: int) -> np.ndarray:
 
 
 def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
-    import tempfile
-
-    from hydra.utils import instantiate
-
-    from foxhunt.ensemble.engine import StreamingEngine
-    from foxhunt.ensemble.replay import replay_bars
-    from foxhunt.training.parts import build_datamodule
-
     settings = ctx.settings.ensemble
     goals = ctx.settings.goals
     modules, inputs, cfg, dataset = _modules(ctx)
@@ -183,8 +176,6 @@ def _cold_floor_rows(members, modules, inputs, asset, bars, stamps, stop, replay
     """The agents' numpy floor timed where the member runs, once per bar right after the whole
     ensemble's step (the other members' weights, the TFT's megabytes, have just passed through the
     caches): what the network alone costs in the ensemble, against the member's step there."""
-    from foxhunt.ensemble.engine import StreamingEngine
-
     engine = StreamingEngine(members, inputs, asset, rule="majority")
     values = bars[["open", "high", "low", "close", "volume"]].to_numpy(np.float64)
     all_stamps = bars.index.as_unit("ns").asi8
@@ -231,8 +222,6 @@ def _int8_rows(replays, threads: int, skip: int) -> list[Row]:
 
 def _symbols_rows(ctx, members, inputs, asset, bars, settings, goals, threads: int) -> list[Row]:
     """Many symbols at once (module doc): the ensemble's and the TFT's predictions per second."""
-    from foxhunt.ensemble.engine import StreamingEngine
-
     values = bars[["open", "high", "low", "close", "volume"]].to_numpy(np.float64)
     stamps = bars.index.as_unit("ns").asi8
     warm = int(settings.symbols_warm_bars)
@@ -264,9 +253,6 @@ def _symbols_rows(ctx, members, inputs, asset, bars, settings, goals, threads: i
 def _variant_rows(ctx, modules, inputs, asset, bars, stamps, stop, settings, workdir: Path, skip: int) -> list[Row]:
     """Each member's step with torchao's int8 copy and with PyTorch's dynamic quantization,
     beside foxhunt's int8 runtime and fp32 (all at 1 thread, the same bars)."""
-    from foxhunt.ensemble.engine import StreamingEngine
-    from foxhunt.ensemble.members import make_member
-    from foxhunt.ensemble.replay import replay_bars
 
     def dynamic(module):
         return torch.ao.quantization.quantize_dynamic(copy.deepcopy(module), {torch.nn.Linear, torch.nn.LSTM}, dtype=torch.qint8)
@@ -298,10 +284,6 @@ def _variant_rows(ctx, modules, inputs, asset, bars, stamps, stop, settings, wor
 
 def _capacity_row(ctx: BenchContext, modules, inputs, bars, asset, cfg, settings, workdir: Path) -> Row:
     """Whole ensembles that fit the budget in int8 over fp32 (module doc)."""
-    from hydra.utils import instantiate
-
-    from foxhunt.ensemble.footprint import LoadDelta, capacity, measure_member, member_bars
-
     budget = instantiate(cfg.budget)
     available = budget.available_mb * 1024 * 1024
     totals = {}

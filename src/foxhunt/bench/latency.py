@@ -32,11 +32,13 @@ from typing import Any
 
 import numpy as np
 import torch
+import torchao.quantization as quantization
 
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import torch_threads
 from foxhunt.bench.report import Row
 from foxhunt.errors import one_line_error
+from foxhunt.training.parts import build_datamodule, build_model
 from foxhunt.training.side_by_side import measure
 
 TARGETS = ("dqn", "ppo", "mamba2_step", "mamba2", "tft")
@@ -47,8 +49,6 @@ INT8_CONFIGS = {"weight_only": "Int8WeightOnlyConfig", "dynamic": "Int8DynamicAc
 
 def int8_copy(module: torch.nn.Module, kind: str) -> torch.nn.Module:
     """A deep copy of ``module`` whose ``nn.Linear`` weights are int8 (torchao ``quantize_``)."""
-    import torchao.quantization as quantization
-
     if kind not in INT8_CONFIGS:
         raise ValueError(f"latency.int8={kind!r}: use one of {sorted(INT8_CONFIGS)}")
     quantized = copy.deepcopy(module).eval()
@@ -60,8 +60,6 @@ def int8_copy(module: torch.nn.Module, kind: str) -> torch.nn.Module:
 
 def window_batch(cfg, dataset) -> dict[str, torch.Tensor]:
     """The first validation window as a batch of one (static, known, observed)."""
-    from foxhunt.training.parts import build_datamodule
-
     windows = build_datamodule(cfg, dataset).windows("val")
     return {key: windows[key][:1].clone() for key in ("static", "known", "observed")}
 
@@ -91,8 +89,6 @@ def compiled(call: Callable[[], object]) -> Callable[[], object]:
 
 
 def build_target(ctx: BenchContext, target: str):
-    from foxhunt.training.parts import build_model
-
     name = "mamba2" if target == "mamba2_step" else target
     cfg = ctx.compose(name)
     dataset = ctx.dataset(cfg)

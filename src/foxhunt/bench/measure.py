@@ -21,7 +21,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+import lightning
+import psutil
 import torch
+from lightning.pytorch.callbacks import Callback
 
 
 @dataclass
@@ -72,7 +75,6 @@ class Clock:
 def train_batch_timer(warmup: int):
     """A Lightning callback whose ``clock`` times the training batches from index ``warmup`` to
     the last one (``timed`` counts them): the timed window of a benchmark fit."""
-    from lightning.pytorch.callbacks import Callback
 
     class TrainBatchTimer(Callback):
         def __init__(self) -> None:
@@ -95,7 +97,6 @@ def train_batch_timer(warmup: int):
 def first_step_timer():
     """A Lightning callback whose ``seconds`` is the wall time of the fit's first training batch
     (a compiled step's compile time included)."""
-    from lightning.pytorch.callbacks import Callback
 
     class FirstStepTimer(Callback):
         def __init__(self) -> None:
@@ -149,8 +150,6 @@ def peak_rss_mb() -> float:
 
 
 def current_rss_mb() -> float:
-    import psutil
-
     return psutil.Process().memory_info().rss / 2**20
 
 
@@ -183,8 +182,6 @@ def cpu_model() -> str:
 
 def machine() -> dict:
     """What the figures were measured on."""
-    import lightning
-
     return {
         "cpu": cpu_model(),
         "logical_cpus": os.cpu_count(),

@@ -32,6 +32,9 @@ import torch
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import Clock, Timing, interleaved, median, paired_ratio, torch_threads
 from foxhunt.bench.report import Row
+from foxhunt.models.forecaster import quantile_loss
+from foxhunt.training.cell import train
+from foxhunt.training.parts import build_datamodule, build_model
 
 TIMER_KEY = "bench_timer"
 _run_ids = itertools.count()
@@ -83,8 +86,6 @@ def overhead_config(ctx: BenchContext, drop: str | None = None):
 
 def foxhunt_epoch(ctx: BenchContext, drop: str | None = None) -> Timing:
     """One ``train(cfg)`` run; the timing of its epoch (``extra``: batches only, whole run)."""
-    from foxhunt.training.cell import train
-
     cfg = overhead_config(ctx, drop)
     log_path = Path(cfg.paths.output_dir) / "train.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,9 +110,6 @@ def foxhunt_epoch(ctx: BenchContext, drop: str | None = None) -> Timing:
 
 def plain_epoch(ctx: BenchContext) -> Timing:
     """The same epoch as a plain PyTorch loop (see the module docstring)."""
-    from foxhunt.models.forecaster import quantile_loss
-    from foxhunt.training.parts import build_datamodule, build_model
-
     s = ctx.settings.overhead
     cfg = ctx.compose(str(s.model), [*s.train_overrides, "trainer.max_epochs=1"])
     pl.seed_everything(cfg.seed, verbose=False)

@@ -37,7 +37,10 @@ import itertools
 import warnings
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from hydra.utils import get_class
+from omegaconf import OmegaConf
 
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import (
@@ -51,6 +54,13 @@ from foxhunt.bench.measure import (
     train_batch_timer,
 )
 from foxhunt.bench.report import Row
+from foxhunt.models.agent import ACTIVATIONS, TradingAgent
+from foxhunt.models.dqn import ReplayBuffer, double_dqn_loss
+from foxhunt.models.ppo import categorical_log_prob_entropy, ppo_minibatch_losses
+from foxhunt.trading.env import NUM_ACTIONS, TradingEnv, TradingGymEnv
+from foxhunt.training.parts import build_datamodule, build_model, build_precision
+
+# Lazy imports: (b) stable_baselines3, the peer: the optional bench extra (foxhunt[bench]); without it its rows are skipped
 
 ALGORITHMS = ("ppo", "dqn")
 
@@ -80,10 +90,6 @@ def compiles_in_long_fits(cfg) -> bool:
     """Whether ``compile_step: auto`` compiles the agent of ``cfg`` on a CPU in a fit long enough
     (its ``compile_pays_after``): the benchmark's fits are short, so auto runs them eager, and the
     compiled side is measured apart (``compile_step: always``)."""
-    from hydra.utils import get_class
-
-    from foxhunt.models.agent import TradingAgent
-
     agent_class: type[TradingAgent] = get_class(cfg.model.module._target_)
     return "cpu" in agent_class.compile_pays_after
 
@@ -93,11 +99,6 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int, compile_step: str | None 
     """Train a fresh agent for ``warmup + steps`` training steps; time the last ``steps``
     (rounded up to whole ``training_step`` calls); ``extra['first_step_s']``: the first training
     step's wall time. ``compile_step``: that ``model.module.compile_step`` (None: the config's)."""
-    import lightning.pytorch as pl
-    from omegaconf import OmegaConf
-
-    from foxhunt.training.parts import build_datamodule, build_model, build_precision
-
     per_call = steps_per_call(cfg)
     warmup, steps = -(-warmup // per_call), -(-steps // per_call)  # training_step calls
     cfg = cfg.copy()
@@ -138,10 +139,6 @@ def sb3_model(cfg, dataset) -> Any:
     from stable_baselines3 import DQN, PPO
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
-
-    from foxhunt.models.agent import ACTIVATIONS
-    from foxhunt.trading.env import TradingEnv, TradingGymEnv
-    from foxhunt.training.parts import build_datamodule
 
     datamodule = build_datamodule(cfg, dataset)
     features, close = datamodule.split_tensors("train")
@@ -225,10 +222,6 @@ def sb3_run(cfg, dataset, warmup: int, steps: int) -> Timing:
 # ----------------------------------------------------------------------------------- bare loop
 def bare_run(cfg, warmup: int, steps: int) -> Timing:
     """Only the gradient steps of ``warmup + steps`` training steps; the last ``steps`` timed."""
-    import lightning.pytorch as pl
-
-    from foxhunt.training.parts import build_model
-
     pl.seed_everything(cfg.seed, verbose=False)
     agent = build_model(cfg)
     update = _bare_ppo_update(agent) if cfg.model.name == "ppo" else _bare_dqn_update(agent)
@@ -246,10 +239,6 @@ def bare_run(cfg, warmup: int, steps: int) -> Timing:
 def env_run(cfg, dataset, warmup: int, steps: int) -> Timing:
     """foxhunt's acting and env work of ``warmup + steps`` training steps, the last ``steps``
     timed: the agent's own methods on the training env of ``build_datamodule``, no Lightning."""
-    import lightning.pytorch as pl
-
-    from foxhunt.training.parts import build_datamodule, build_model
-
     pl.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(cfg, dataset)
     datamodule.setup("fit")
@@ -273,9 +262,6 @@ def env_run(cfg, dataset, warmup: int, steps: int) -> Timing:
 
 
 def _bare_ppo_update(agent):
-    from foxhunt.models.ppo import categorical_log_prob_entropy, ppo_minibatch_losses
-    from foxhunt.trading.env import NUM_ACTIONS
-
     hp = agent.hparams
     optimizer = agent.configure_optimizers()
     policy_params, value_params = list(agent.policy_net.parameters()), list(agent.value_net.parameters())
@@ -320,9 +306,6 @@ def _bare_ppo_update(agent):
 
 
 def _bare_dqn_update(agent):
-    from foxhunt.models.dqn import ReplayBuffer, double_dqn_loss
-    from foxhunt.trading.env import NUM_ACTIONS
-
     hp = agent.hparams
     optimizer = agent.configure_optimizers()
     params = list(agent.q_net.parameters())

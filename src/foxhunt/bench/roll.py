@@ -22,9 +22,19 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from hydra.utils import instantiate
 
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.report import Row
+from foxhunt.config.compose import compose_config
+from foxhunt.ensemble.loading import load_member, registered_names
+from foxhunt.ensemble.registry import register_champions
+from foxhunt.evaluation.backtest import evaluation_annualization
+from foxhunt.evaluation.stats import block_bootstrap, sharpe_ratio
+from foxhunt.roll.score import score_block
+from foxhunt.roll.step import roll_step
+from foxhunt.training.cell import train
 
 SECTION = "roll"
 
@@ -35,8 +45,6 @@ def _csv(folder: Path) -> list[str]:
 
 def write_dates(bars, folder: Path, dates: list[str]) -> int:
     """One CSV file per UTC date (``<date>.csv``); the bars written."""
-    import pandas as pd
-
     folder.mkdir(parents=True, exist_ok=True)
     days = np.datetime_as_string(bars.index.as_unit("ns").asi8.astype("datetime64[ns]"), unit="D")
     written = 0
@@ -52,13 +60,6 @@ def write_dates(bars, folder: Path, dates: list[str]) -> int:
 
 def demonstrate(ctx: BenchContext) -> dict:
     """The champion, the roll steps and the two ensembles' PnL after the change (module doc)."""
-    from hydra.utils import instantiate
-
-    from foxhunt.config.compose import compose_config
-    from foxhunt.ensemble.registry import register_champions
-    from foxhunt.roll.step import roll_step
-    from foxhunt.training.cell import train
-
     s = ctx.settings.roll
     root = ctx.work_dir / SECTION
     shutil.rmtree(root, ignore_errors=True)
@@ -102,11 +103,6 @@ def demonstrate(ctx: BenchContext) -> dict:
 
 def compare(result: dict) -> dict:
     """The rolled and the frozen ensemble on the newest blocks after the change (module doc)."""
-    from foxhunt.ensemble.loading import load_member, registered_names
-    from foxhunt.evaluation.backtest import evaluation_annualization
-    from foxhunt.evaluation.stats import block_bootstrap
-    from foxhunt.roll.score import score_block
-
     cfg, asset, bars = result["cfg"], result["asset"], result["bars"]
     name = registered_names(cfg)[0]
     work = Path(cfg.paths.root_dir) / "work" / "compare"
@@ -138,8 +134,6 @@ def compare(result: dict) -> dict:
         found = block_bootstrap(pnl, block_bars=min(int(boot.block_bars), len(pnl)), samples=int(boot.samples),
                                 confidence=float(boot.confidence), seed=int(boot.seed), periods_per_year=per_year)  # fmt: skip
         return found.mean_pnl, found.sharpe
-
-    from foxhunt.evaluation.stats import sharpe_ratio
 
     diff = mine - theirs
     return {"blocks": blocks, "bars": len(mine), "rolled_pnl": float(mine.sum()), "frozen_pnl": float(theirs.sum()),

@@ -21,6 +21,7 @@ from foxhunt.bench import checkpoints, ensemble, latency, overhead, report, rl, 
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import load_average, machine
 from foxhunt.bench.settings import DEFAULT_SETTINGS, load_settings
+from foxhunt.runs.environment import root_dir
 
 SECTION_MODULES = {
     "rl": rl,
@@ -102,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.overrides)
     if args.sections:
         overrides.append(f"sections=[{args.sections}]")
-    from foxhunt.runs.environment import root_dir
 
     root = Path(args.root).resolve() if args.root else root_dir()
     settings = load_settings(args.settings, quick=args.quick, overrides=overrides)

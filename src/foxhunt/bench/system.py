@@ -27,14 +27,14 @@ from pathlib import Path
 
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.report import Row
+from foxhunt.runs.cell import read_results
+from foxhunt.sweeps.summary import best_baseline, deflated_sharpes
 
 SECTION = "system"
 
 
 def run_grid(ctx: BenchContext) -> dict[str, list]:
     """Every pattern's cells, trained by ``foxhunt-train -m`` (pattern -> CellResult list)."""
-    from foxhunt.runs.cell import read_results
-
     s = ctx.settings.system
     root = ctx.work_dir / SECTION
     root.mkdir(parents=True, exist_ok=True)
@@ -73,8 +73,6 @@ def _train_command() -> list[str]:
 
 def judge(grid: dict[str, list], max_dsr_noise: float) -> list[Row]:
     """The section's rows from the cells of :func:`run_grid` (module doc)."""
-    from foxhunt.sweeps.summary import best_baseline, deflated_sharpes
-
     rows = []
     for pattern, results in grid.items():
         dsr = deflated_sharpes(results)

@@ -24,17 +24,26 @@ says whether foxhunt's side recomputed activations (``model.module.activation_ch
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 import warnings
 from pathlib import Path
 
+import lightning.pytorch as pl
+import numpy as np
+import pandas as pd
 import torch
+from omegaconf import OmegaConf
 
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import current_rss_mb, median, paired_ratio, peak_rss_mb, train_batch_timer
 from foxhunt.bench.report import Row
+from foxhunt.bench.settings import load_settings
+from foxhunt.training.parts import build_datamodule, build_model
+
+# Lazy imports: (b) pytorch_forecasting, the peer: the optional bench extra (foxhunt[bench]); without it its rows are skipped
 
 FOXHUNT = "foxhunt"
 PEER = "pytorch_forecasting"
@@ -54,8 +63,6 @@ def peer_available() -> bool:
 
 # ----------------------------------------------------------------------------------- the two sides
 def foxhunt_parts(cfg, dataset):
-    from foxhunt.training.parts import build_datamodule, build_model
-
     datamodule = build_datamodule(cfg, dataset)
     return build_model(cfg), datamodule.train_dataloader()
 
@@ -63,9 +70,6 @@ def foxhunt_parts(cfg, dataset):
 def peer_frame(dataset, split: str = "train"):
     """The split as a long pandas frame: the 16 features, the target (the 1-bar log return
     scaled by ``target_scale``, as ForecastDataModule's), a time index and a series id."""
-    import numpy as np
-    import pandas as pd
-
     arrays = dataset.splits[split]
     frame = pd.DataFrame(arrays.features, columns=list(dataset.feature_names))
     returns = np.zeros(len(arrays.close))
@@ -124,8 +128,6 @@ def peer_parts(cfg, dataset, hidden_continuous_size: int):
 
 def worker(ctx: BenchContext, side: str, threads: int, hidden_continuous_size: int, overrides: list[str] | None = None) -> dict:
     """Fit one side in this process; its throughput and memory (run by the subprocess)."""
-    import lightning.pytorch as pl
-
     torch.set_num_threads(int(threads))
     settings = ctx.settings.tft
     cfg = ctx.compose("tft", list(overrides or []))
@@ -201,8 +203,6 @@ def run_worker(
 
 
 def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
-    from omegaconf import OmegaConf
-
     settings = ctx.settings
     goals = settings.goals
     if not peer_available():
@@ -295,10 +295,6 @@ def _switch(fox: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    from foxhunt.bench.settings import load_settings
-
     parser = argparse.ArgumentParser(description="one side of the TFT benchmark (run by foxhunt.bench.tft)")
     parser.add_argument("--settings", required=True)
     parser.add_argument("--root", required=True)
