@@ -50,11 +50,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """The controller keeps :data:`LONGEST_FIRST`'s order (xdist's own puts files with the most
+    tests first)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _a_workers_share_of_the_cores() -> None:
     """A pytest-xdist worker trains with its share of the cores, as a sweep's jobs do
     (foxhunt.sweeps.resources.threads_per_job): two workers of torch's default two threads each
-    on two cores waited on each other's spinning threads, tests/training/test_cell.py's eight
-    cells took 112-212 s beside a busy process, 37-64 s with one thread. The controller keeps
-    :data:`LONGEST_FIRST`'s order (xdist's own puts files with the most tests first)."""
+    on two cores waited on each other's spinning threads: tests/training/test_cell.py's eight asset
+    cells took 112-212 s beside a busy process, 37-64 s with one thread. Set as the first test starts, not
+    in pytest_configure: an import there (torch's, foxhunt's) keeps its warning filters for the
+    whole session, where pytest undoes those of the imports made while it collects."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
         import torch
@@ -62,8 +71,6 @@ def pytest_configure(config: pytest.Config) -> None:
         from foxhunt.sweeps.resources import threads_per_job
 
         torch.set_num_threads(threads_per_job(int(workers)))
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
 
 
 @pytest.fixture(autouse=True)
