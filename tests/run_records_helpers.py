@@ -1,5 +1,6 @@
-"""Helpers of the end-to-end run-record tests (tests/test_run_records.py, tests/test_kill_resume.py):
-real ``foxhunt-train`` processes on a shared SQLite store, and what the store holds."""
+"""Helpers of the end-to-end run-record tests (tests/test_run_records.py, test_same_second_runs.py,
+test_kill_resume.py, test_killed_sweep.py): real ``foxhunt-train`` processes on a shared SQLite
+store, and what the store holds."""
 
 from __future__ import annotations
 
