@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import time
 from zoneinfo import ZoneInfo
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class AssetSpec:
@@ -76,8 +78,6 @@ class AssetSpec:
 
     def round_to_tick(self, price):
         """Nearest price on the tick grid (works on floats and numpy arrays)."""
-        import numpy as np
-
         return np.round(np.asarray(price, dtype=np.float64) / self.tick_size) * self.tick_size
 
 

@@ -14,8 +14,11 @@ values), once per process.
 from __future__ import annotations
 
 import functools
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 #: Where the families' config files are (the package's config group ``model``).
 MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -35,8 +38,6 @@ class Family:
 def families() -> dict[str, Family]:
     """Every family of ``conf/model/``, by name, in file-name order. A file whose ``name`` is not
     its stem or whose ``kind`` is not one of :data:`KINDS` is a broken install: ValueError."""
-    import yaml
-
     found: dict[str, Family] = {}
     for path in sorted(MODEL_DIR.glob("*.yaml")):
         data = yaml.safe_load(path.read_text()) or {}
@@ -52,8 +53,6 @@ def families() -> dict[str, Family]:
 def model_class(name: str) -> type:
     """The LightningModule class of family ``name`` (a class of foxhunt's own, named by the
     family's file in the package's ``conf/model/``)."""
-    import importlib
-
     module, _, attribute = families()[name].module.rpartition(".")
     return getattr(importlib.import_module(module), attribute)
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, Union
 
+from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 # The shared upper bounds: widths and replay memories are bounded by what a machine's memory
@@ -153,8 +154,6 @@ def field_rule(definition: type[Hyperparameters], name: str) -> FieldRule:
 
 def _plain(value: Any) -> Any:
     """OmegaConf containers (Hydra passes them to a constructor) as plain lists and dicts."""
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 

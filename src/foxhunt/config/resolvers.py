@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import secrets
 
+from omegaconf import OmegaConf
+
 RUN_SUFFIX = "foxhunt.run_suffix"
 SUFFIX_BYTES = 4  # 8 hex digits: a collision between two processes is one in 4 billion
 
@@ -27,8 +29,6 @@ def run_suffix() -> str:
 
 def register_resolvers() -> None:
     """Register the resolvers above with OmegaConf (idempotent)."""
-    from omegaconf import OmegaConf
-
     if not OmegaConf.has_resolver(RUN_SUFFIX):
         # cached like Hydra's ${now:}: a sweep's jobs, resolved in other processes, see the parent's value
         OmegaConf.register_new_resolver(RUN_SUFFIX, run_suffix, use_cache=True)

@@ -24,14 +24,17 @@ range, and refuses a number under a key it does not declare (:class:`_Ranged`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import date
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
+import pandas_market_calendars as mcal
 from annotated_types import Ge, GroupedMetadata, Gt, Le, Lt
 from omegaconf import DictConfig, OmegaConf
 from pydantic import (
@@ -59,6 +62,7 @@ from foxhunt.precision.policy import (
     OPTIMIZER_STATE_FORMATS,
     QUANTIZABLE_TYPES,
     WEIGHT_FORMATS,
+    PrecisionPolicy,
 )
 
 # ---------------------------------------------------------------------------------- ranges
@@ -283,8 +287,6 @@ class Evaluation(_Strict):
     @field_validator("annualization_span", mode="before")
     @classmethod
     def _annualization_span(cls, value: Any) -> Any:
-        from datetime import date
-
         rule = "must be [start, end], trading dates 'YYYY-MM-DD' with start <= end"
         try:
             first, last = (date.fromisoformat(str(d)) for d in value)
@@ -369,8 +371,6 @@ class AssetSection(_Ranged):
     @field_validator("calendar")
     @classmethod
     def _known_calendar(cls, value: str) -> str:
-        import pandas_market_calendars as mcal
-
         if value not in mcal.get_calendar_names():
             raise ValueError(
                 "unknown exchange calendar (pandas_market_calendars names, e.g. CME_Equity, "
@@ -450,10 +450,6 @@ class PrecisionSection(_Ranged):
         """The rules between the fields (int8 weights train under 32-true with 8-bit states, a size
         threshold and layer types; 8-bit states need a block size) have one owner,
         :class:`foxhunt.precision.policy.PrecisionPolicy`: checked here by building it."""
-        import dataclasses
-
-        from foxhunt.precision.policy import PrecisionPolicy
-
         try:
             PrecisionPolicy(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PrecisionPolicy)})
         except ValueError as exc:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
 
 from foxhunt.errors import ConfigError
 
@@ -121,8 +122,6 @@ def check_stored_config(config: Mapping[str, Any], origin: str) -> None:
 def load_stored_config(path: Path, origin: str):
     """The stored config at ``path`` as a DictConfig, checked (:func:`check_stored_config`)
     before omegaconf or Hydra sees it; a file that is not a YAML mapping is one line."""
-    from omegaconf import OmegaConf
-
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:

@@ -22,6 +22,8 @@ import glob
 import hashlib
 import json
 import math
+import zipfile
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -270,9 +272,6 @@ def resolve_files(path: str | Path, suffixes: Iterable[str], what: str) -> list[
 def unreadable(file: str | Path, exc: BaseException, what: str) -> BarDataError:
     """The one-line error for a file that cannot be read as ``what`` ("CSV", "zip"): a compressed
     file cut short is named truncated, damaged compressed data corrupt, anything else unreadable."""
-    import zipfile
-    import zlib
-
     text = " ".join(str(exc).split()) or type(exc).__name__
     name = str(file)
     if isinstance(exc, EOFError) or "ended before the end-of-stream" in text:

@@ -35,9 +35,13 @@ import importlib.metadata
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pandas as pd
+import pandas_market_calendars as mcal
+from pandas.tseries.holiday import GoodFriday
+from pandas_market_calendars.calendars.cme import BondsGoodFridayOpen
 
 if TYPE_CHECKING:
     from foxhunt.assets import AssetSpec
@@ -93,8 +97,6 @@ class SessionCalendar:
     """
 
     def __init__(self, name: str, key: str = "asset.calendar") -> None:
-        import pandas_market_calendars as mcal
-
         if not isinstance(name, str) or name not in mcal.get_calendar_names():
             raise CalendarError(
                 f"{key}={name!r}: unknown exchange calendar (pandas_market_calendars names, e.g. "
@@ -260,8 +262,6 @@ class SessionCalendar:
 # ----------------------------------------------------------------------------- helpers
 @functools.lru_cache(maxsize=64)
 def _library_schedule(name: str, first: date, last: date) -> pd.DataFrame:
-    import pandas_market_calendars as mcal
-
     return mcal.get_calendar(name).schedule(first, last)
 
 
@@ -288,9 +288,6 @@ def _corrected_schedule(name: str, first: date, last: date) -> pd.DataFrame:
 def _good_friday_fix(schedule: pd.DataFrame) -> pd.DataFrame:
     """Drop the Good Friday sessions from 2023 on that are not in the library's own list of
     Good Fridays CME opens (the employment-report days of ``CME_Bond``; see the module doc)."""
-    from pandas.tseries.holiday import GoodFriday
-    from pandas_market_calendars.calendars.cme import BondsGoodFridayOpen
-
     if schedule.empty:
         return schedule
     first, last = schedule.index[0], schedule.index[-1]
@@ -394,7 +391,6 @@ _ZONE_REFERENCE_DATE = date(2024, 1, 2)
 
 def _regular_hours(cal: SessionCalendar, zone: str) -> tuple[str, str]:
     """The calendar's regular open and close as local "HH:MM" in ``zone``."""
-    from zoneinfo import ZoneInfo
 
     def local(t) -> str:
         moment = datetime.combine(_ZONE_REFERENCE_DATE, t, tzinfo=ZoneInfo(cal.zone)).astimezone(ZoneInfo(zone))

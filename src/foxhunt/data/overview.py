@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import off_tick_mask
@@ -106,14 +108,11 @@ def describe(source: Any, asset: AssetSpec, bars: pd.DataFrame, rolls: pd.DataFr
 
 def plot_continuous(bars: pd.DataFrame, rolls: pd.DataFrame | None, asset: AssetSpec, adjust: str, path: Path) -> Path:
     """A PNG of the continuous close, raw and back-adjusted (``adjust``), with each roll marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     raw = bars[RAW_CLOSE] if RAW_CLOSE in bars else bars["close"]
     x = np.arange(len(bars))  # bar number: closed-market time takes no width
-    fig, ax = plt.subplots(figsize=(11, 4.5))
+    fig = Figure(figsize=(11, 4.5))
+    FigureCanvasAgg(fig)  # drawn off screen, without pyplot's global figure manager and backend
+    ax = fig.add_subplot()
     ax.plot(x, raw.to_numpy(), lw=0.8, label="raw close (the contract held)")
     if ROLL_PRICE in bars and not np.allclose(bars["close"].to_numpy(), raw.to_numpy()):
         ax.plot(x, bars["close"].to_numpy(), lw=0.8, label=f"adjusted close ({adjust})")
@@ -132,7 +131,6 @@ def plot_continuous(bars: pd.DataFrame, rolls: pd.DataFrame | None, asset: Asset
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

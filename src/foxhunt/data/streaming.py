@@ -29,6 +29,7 @@ Written by hand: no library streams these features, and they must equal foxhunt'
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from datetime import datetime, timezone
 from typing import Any
@@ -170,8 +171,6 @@ class StreamingFeatures:
     def state_bytes(self) -> int:
         """Bytes this stream's trailing windows hold (``sys.getsizeof`` of each deque and of
         its float entries); the calendar, which streams of one asset share, is not counted."""
-        import sys
-
         deques = (self._log_closes, self._square_returns.values, self._volumes.values)
         return int(sum(sys.getsizeof(d) + sum(sys.getsizeof(v) for v in d) for d in deques))
 

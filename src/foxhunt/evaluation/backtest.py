@@ -39,9 +39,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
 from foxhunt.assets import AssetSpec
 from foxhunt.console import detail_logger
+from foxhunt.data.calendar import calendar_for
 from foxhunt.data.features import BAR_INTERVAL
 from foxhunt.evaluation.stats import calmar_ratio, sharpe_ratio, sortino_ratio
 from foxhunt.trading.pnl import check_costs, contract_costs, walk_pnl
@@ -104,8 +106,6 @@ def annualization(asset: AssetSpec, sessions_per_year: Any = CALENDAR, span: Any
     """
     per_bar = BAR_INTERVAL / pd.Timedelta(minutes=1)
     if isinstance(sessions_per_year, str) and sessions_per_year == CALENDAR:
-        from foxhunt.data.calendar import calendar_for
-
         first, last = _span(span)
         cal = calendar_for(asset)
         figures = cal.annual(first, last)
@@ -170,12 +170,7 @@ def _span(span: Any) -> tuple[date, date]:
 
 
 def _plain(value: Any) -> Any:
-    try:
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-    except ImportError:  # pragma: no cover
-        return value
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
 def backtest(

@@ -61,6 +61,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import MLFlowLogger
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from foxhunt.console import detail_logger
 from foxhunt.memory.accounting import (
@@ -88,8 +89,6 @@ METRIC_PREFIX = "memory/"
 
 
 def _active_modes() -> list:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
     return list(_get_current_dispatch_mode_stack())
 
 

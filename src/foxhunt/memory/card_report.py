@@ -24,8 +24,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
 from foxhunt.memory.accounting import COMPONENT_METHODS, MemoryBreakdown, to_mb
 from foxhunt.memory.card import ASSUMPTION, CardVerdict
+from foxhunt.memory.predict import COMPONENT_PREDICTIONS
+from foxhunt.memory.report import COMPONENT_COLORS
 from foxhunt.memory.training_run import MEASURE_EXTRA_STEPS
 
 MARKDOWN_NAME = "memory_validate.md"
@@ -143,8 +148,6 @@ def _component_table(verdict: CardVerdict, predicted: bool) -> list[str]:
     lines.append("  measured, each component:")
     lines += [f"    {name}: {COMPONENT_METHODS[name]}" for name in COMPONENTS]
     if predicted:
-        from foxhunt.memory.predict import COMPONENT_PREDICTIONS
-
         lines.append("  predicted (before the measurement, from the config), each component:")
         lines += [f"    {name}: {COMPONENT_PREDICTIONS[name]}" for name in COMPONENTS]
     return lines
@@ -364,11 +367,6 @@ def to_json(verdict: CardVerdict, extra: dict[str, Any] | None = None) -> dict[s
 def plot(verdict: CardVerdict, path: str | Path) -> Path:
     """Left: each model's footprint stacked by component, its target (and prediction);
     right: the ensemble stacked by model against the budget's available and total memory."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from foxhunt.memory.report import COMPONENT_COLORS
-
     path = Path(path)
     figure = Figure(figsize=FIGURE_SIZE_INCHES, dpi=DPI)
     FigureCanvasAgg(figure)

@@ -49,11 +49,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.config.schema import ConfigError, resolved_config, validate
 from foxhunt.memory.accounting import MemoryBreakdown, to_mb
-from foxhunt.memory.training_run import RunFactory
+from foxhunt.memory.training_run import RunFactory, config_value, measure_run, quiet_lightning
 
 #: The smallest batch a probe fit runs at. Small enough that a probe costs a fraction of the
 #: configured step's memory; not smaller, because an agent's probe step runs one update per
@@ -215,10 +217,6 @@ def predict_static(cfg: DictConfig, factory: RunFactory) -> StaticPrediction:
 
 def _precision_converted(cfg: DictConfig, model):
     """``model`` as the run's Lightning precision plugin stores it (``bf16-true``: bf16)."""
-    import lightning.pytorch as pl
-
-    from foxhunt.memory.training_run import quiet_lightning
-
     precision = cfg.precision.trainer_precision
     with quiet_lightning():
         trainer = pl.Trainer(
@@ -250,8 +248,6 @@ def probe_configs(cfg: DictConfig, key: str, batch: int) -> list[tuple[int, Dict
     """Two ``(batch, config)`` pairs of ``cfg`` with ``key`` set to tiny valid batches: the
     smallest valid one >= :data:`MIN_PROBE_BATCH`, then the smallest valid one >= twice it
     (a value the config's validation rejects is skipped)."""
-    from foxhunt.config.schema import ConfigError, validate
-
     found: list[tuple[int, DictConfig]] = []
     candidate = MIN_PROBE_BATCH
     while len(found) < 2 and candidate <= MAX_PROBE_BATCH:
@@ -322,9 +318,6 @@ def predict_footprint(
     ``probe_cache``: a dict shared by several predictions of configs that differ only in the
     batch (their probe fits are the same): the measured ``(activations, model state)`` bytes
     per probe config (and the temporaries of their step)."""
-    from foxhunt.config.schema import resolved_config
-    from foxhunt.memory.training_run import config_value, measure_run
-
     started = time.perf_counter()
     static = predict_static(cfg, factory)
     notes = list(static.notes)

@@ -38,9 +38,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.memory.accounting import MemoryBreakdown, to_mb
+from foxhunt.memory.callback import MemoryBudgetCallback
 from foxhunt.memory.report import MeasuredFigure
 
 #: Training steps run after the first step with gradients: the second step is the first whose
@@ -122,7 +126,6 @@ class RunMeasurement:
 def _stopper(memory, extra_steps: int):
     """A Lightning callback that stops the fit ``extra_steps`` training steps after ``memory``
     (the measuring callback, earlier in the list) measured a step with gradients."""
-    import lightning.pytorch as pl
 
     class StopAfterMeasured(pl.Callback):
         def __init__(self) -> None:
@@ -144,11 +147,6 @@ def measure_run(
     the module doc). ``cfg`` is a composed, validated config
     (:func:`foxhunt.training.parts.measuring_config`); ``factory`` builds its parts.
     Raises :class:`MeasurementError` when no training step produced gradients."""
-    import lightning.pytorch as pl
-    from hydra.utils import instantiate
-
-    from foxhunt.memory.callback import MemoryBudgetCallback
-
     started = time.perf_counter()
     pl.seed_everything(int(cfg.seed), verbose=False)
     parts = factory.parts(cfg)
@@ -232,8 +230,6 @@ def measure_run(
 
 
 def _cuda_baseline(device) -> tuple[int, int]:
-    import torch
-
     if device.type != "cuda" or not torch.cuda.is_available():
         return (0, 0)
     _release(device)
@@ -242,8 +238,6 @@ def _cuda_baseline(device) -> tuple[int, int]:
 
 def _release(device) -> None:
     """Free what a finished fit left behind, so the next model's figures start from it."""
-    import torch
-
     gc.collect()
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()

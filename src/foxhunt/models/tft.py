@@ -40,7 +40,7 @@ Causality: every layer is position-wise except the LSTMs (left to right) and the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, cast
+from typing import Annotated, Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -49,11 +49,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from foxhunt.config.model_schemas import MAX_LAYERS, MAX_WIDTH, Related, defined_by
+from foxhunt.evaluation.interpret import Interpretation, InterpretationSums, SelectionNames, spaced_indices
 from foxhunt.models.forecaster import INPUT_KEYS, ForecasterHyperparameters, ForecasterModule
 from foxhunt.models.quantiles import QuantileHead
 
-if TYPE_CHECKING:
-    from foxhunt.evaluation.interpret import Interpretation, SelectionNames
+# Lazy imports: (c) precision.quantize (torchao, about 0.25 s), for an int8 weight only: fp32 runs start without it
 
 
 def _dropout(module: nn.Dropout, x: Tensor) -> Tensor:
@@ -147,8 +147,7 @@ def _matrix(weight: Tensor) -> Tensor:
     (:mod:`foxhunt.precision.quantize`) dequantized, its gradient passed straight through."""
     if type(weight) in (torch.Tensor, nn.Parameter):
         return weight
-    # Imported here: it imports torchao (seconds), which only an int8 run needs.
-    from foxhunt.precision.quantize import dequantized
+    from foxhunt.precision.quantize import dequantized  # torchao: see the Lazy imports line
 
     return dequantized(weight)
 
@@ -541,8 +540,6 @@ class TemporalFusionTransformer(ForecasterModule):
         (``datamodule.input_windows``: what :meth:`trading_positions` decides from), at most
         ``max_windows`` of them, spread evenly over the split; names from the dataset's feature
         list. See :meth:`interpret_windows`."""
-        from foxhunt.evaluation.interpret import SelectionNames, spaced_indices
-
         windows = datamodule.input_windows(split)
         total = len(windows["bar_index"])
         picked = torch.from_numpy(spaced_indices(total, max_windows))
@@ -563,8 +560,6 @@ class TemporalFusionTransformer(ForecasterModule):
         left as it was (its mode, its weights, its forecasts). ``names``: a
         :class:`~foxhunt.evaluation.interpret.SelectionNames`; ``forecasts``: a list that gets
         each batch's forecasts (float32, CPU) from the same passes."""
-        from foxhunt.evaluation.interpret import InterpretationSums
-
         sums = InterpretationSums(names, self.seq_len, self.horizon)
         was_training = self.training
         self.eval()
