@@ -35,7 +35,6 @@ import tracemalloc
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
@@ -43,15 +42,12 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.data.streaming import StreamingFeatures, normalize
+from foxhunt.data.streaming import KnownCalendar, StreamingFeatures, normalize
 from foxhunt.ensemble.rebuild import build_member
 from foxhunt.ensemble.registry import download_version, record_weights_choice, registered_name
 from foxhunt.memory.accounting import ByteCounter, to_mb
 from foxhunt.memory.allocations import AllocationPeak
 from foxhunt.memory.probes import DeviceProbes
-
-if TYPE_CHECKING:
-    from foxhunt.data.streaming import KnownCalendar
 
 MB = 1024 * 1024
 

@@ -39,7 +39,7 @@ import tempfile
 import weakref
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlflow
 import mlflow.pyfunc
@@ -59,9 +59,6 @@ from foxhunt.ensemble.engine import StreamingEngine
 from foxhunt.ensemble.member_files import CODE_FILE, DATASET_FILE, DIGESTS_TAG, MEMBER_FILE, RegistryError, check_digests
 from foxhunt.ensemble.rebuild import build_member
 from foxhunt.runs.store import RunStore
-
-if TYPE_CHECKING:
-    from foxhunt.ensemble.engine import StreamingEngine
 
 BAR_FIELDS = ("ts", "open", "high", "low", "close", "volume")
 WHEEL_ARTIFACT = "foxhunt_wheel"

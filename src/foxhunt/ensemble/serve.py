@@ -95,7 +95,7 @@ from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import uvicorn
@@ -109,9 +109,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from foxhunt.data.errors import BarDataError
 from foxhunt.ensemble.loading import SwapError, VersionWatcher, ensemble_engine, load_ensemble
 from foxhunt.errors import ConfigError, UserError
-
-if TYPE_CHECKING:
-    from foxhunt.ensemble.loading import VersionWatcher
 
 log = logging.getLogger(__name__)
 SYMBOL = re.compile(r"[A-Za-z0-9._:-]{1,32}")  # the whole symbol (fullmatch: re's $ matches before a trailing newline)

@@ -28,7 +28,7 @@ from foxhunt.runs.store import open_reader
 from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import Param, Tag
 
-# Lazy imports: training.checkpoint, which reads checkpoints with torch (c: train list/status import this module)
+# Lazy imports: (c) training.checkpoint (it reads checkpoints with torch): train list/status import this module
 
 CHECKPOINTS_FOLDER = "checkpoints"  # a run's checkpoints, in its output folder (conf/callbacks/default.yaml)
 

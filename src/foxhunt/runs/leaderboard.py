@@ -64,7 +64,7 @@ from foxhunt.errors import UserError
 from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import ROLE_FOLD, Tag
 
-# Lazy imports: mlflow (the client source) and evaluation.deflated (its package loads numpy, pandas) (c: runs top)
+# Lazy imports: (c) mlflow (the client source) and evaluation.deflated (its package loads numpy and pandas): runs top
 
 #: Direction of each known metric name (the part after the split, ``val/<name>``).
 METRIC_DIRECTIONS = {

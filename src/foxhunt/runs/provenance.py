@@ -58,7 +58,7 @@ from typing import Any
 from foxhunt.runs.environment import JOB_ID_ENV
 from foxhunt.runs.tags import SOURCE_TYPE_LOCAL, Tag
 
-# Lazy imports: numpy and torch, where a digest or the device needs them (c: train list imports this through the store)
+# Lazy imports: (c) numpy and torch, where a digest or the device needs them: train list imports this through the store
 
 DIGEST_LENGTH = 16  # MLflow keeps 36 characters of a dataset digest
 #: The key of a dataset input's profile holding the SHA-256 of its split's bars (what replay compares).

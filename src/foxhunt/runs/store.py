@@ -53,7 +53,7 @@ from foxhunt.runs.status import Status
 from foxhunt.runs.stored import Metric, StoredRun
 from foxhunt.runs.tags import EXPERIMENT_KIND, RUN_KIND_SWEEP, Param, Tag
 
-# Lazy imports: mlflow and sqlalchemy, in the methods that open the client (c: train list/status/watch import this module)
+# Lazy imports: (c) mlflow and sqlalchemy, in the methods that use the client: train list/status/watch import this module
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import lightning.pytorch as pl
 import optuna
@@ -37,9 +36,6 @@ from hydra.core.hydra_config import HydraConfig
 from foxhunt.runs.tracked_run import trainer_runs
 from foxhunt.sweeps.search import trial_number
 from foxhunt.sweeps.study import PRUNED_AT, StudyFile, open_storage
-
-if TYPE_CHECKING:
-    import optuna
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -51,9 +50,6 @@ from foxhunt.runs.provenance import (
 )
 from foxhunt.runs.tags import Tag
 from foxhunt.runs.tracked_run import TrackedRun
-
-if TYPE_CHECKING:
-    from foxhunt.runs.tracked_run import TrackedRun
 
 SPLITS = ("train", "val", "test")
 
