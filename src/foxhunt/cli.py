@@ -23,11 +23,16 @@ from typing import Protocol, TypeGuard
 import typer
 from typer.core import TyperGroup
 
+from foxhunt.commands.child import run_foreground
 from foxhunt.commands.data import data_app
 from foxhunt.commands.ensemble import ensemble_app
 from foxhunt.commands.memory import memory_app
 from foxhunt.commands.runs import runs_app
 from foxhunt.commands.train_jobs import train_app
+from foxhunt.errors import DEBUG_ENV, debug_requested, one_line, reported, strip_debug_flag
+from foxhunt.runs.environment import root_dir, sqlite_path, store_uri
+
+# Lazy imports: (a) runs.store (MLflow) in ui: --help, completion and the other commands start without it
 
 UI_STOP_GRACE_S = 10.0  # foxhunt ui stopped: seconds mlflow ui and its workers get to exit before they are killed
 
@@ -71,7 +76,6 @@ def _one_line_usage_errors() -> Iterator[None]:
     except Exception as exc:
         if not _is_usage_error(exc):
             raise
-        from foxhunt.errors import one_line
 
         path = _command_path(getattr(exc, "ctx", None))
         typer.echo(f"{path}: usage error: {one_line(exc.format_message())} (see {path} --help)", err=True)
@@ -119,8 +123,6 @@ def ui(
     experiment: str = typer.Option("foxhunt", help="Experiment whose runs table URL is printed."),
 ) -> None:
     """Serve the MLflow UI on the project's store (mlruns/mlflow.db) and print the runs URL."""
-    from foxhunt.runs.environment import root_dir, sqlite_path, store_uri
-
     uri = store_uri(Path(root) if root else root_dir())
     database = sqlite_path(uri)
     assert database is not None, uri  # store_uri names a sqlite:/// store
@@ -137,7 +139,6 @@ def ui(
         "--backend-store-uri", uri,
         "--host", host, "--port", str(port),
     ]  # fmt: skip
-    from foxhunt.commands.child import run_foreground
 
     raise typer.Exit(run_foreground(command, {**os.environ, "MLFLOW_TRACKING_URI": uri}, UI_STOP_GRACE_S))
 
@@ -145,8 +146,6 @@ def ui(
 def main() -> None:
     """``foxhunt``: an input error that a command does not report itself is one line on stderr
     and exit status 2 (``--debug`` / ``FOXHUNT_DEBUG=1``: its traceback); a bug keeps its traceback."""
-    from foxhunt.errors import DEBUG_ENV, debug_requested, reported, strip_debug_flag
-
     sys.argv, flag = strip_debug_flag(sys.argv)
     if flag:  # the commands' own reporters (and their child processes) read it from here
         os.environ[DEBUG_ENV] = "1"

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import typer
 
-from foxhunt.errors import EXIT_USER_ERROR
+from foxhunt.errors import EXIT_USER_ERROR, debug_requested, reported
+
+# Lazy imports: (a) Hydra, the schema and the data room, once data show runs: --help and completion start without them
 
 data_app = typer.Typer(help="The data a config yields: bars, rolls, calendar, gaps and splits.", no_args_is_help=True)
 
@@ -44,8 +46,6 @@ def show(
     min_gap: int = typer.Option(5, "--min-gap", min=1, help="List runs of at least this many open-market minutes without a bar."),
 ) -> None:
     """Load the bars of a data config and report what they hold (no training)."""
-    from foxhunt.errors import debug_requested, reported
-
     with reported("foxhunt data show", debug=debug_requested(), exit_code=EXIT_USER_ERROR):
         from hydra.utils import instantiate
 

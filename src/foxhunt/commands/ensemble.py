@@ -40,13 +40,21 @@ Exit 0 on success, 2 with one line on a bad override, a missing store, run or ve
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import signal
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import typer
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from foxhunt.errors import EXIT_USER_ERROR
+from foxhunt.errors import EXIT_USER_ERROR, debug_requested, reported
+
+# Lazy imports: (a) Hydra, the schema, the ensemble, paper and roll rooms, each once its command runs
 
 # MLflow draws a progress bar per artifact download; an ensemble downloads a few small files
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -70,15 +78,12 @@ def _reported(command: str):
     """An input error inside a command (config, data, registry, store): one line naming the
     command and the input, exit 2 (:func:`foxhunt.errors.reported`; FOXHUNT_DEBUG=1 or
     ``--debug``: the traceback)."""
-    from foxhunt.errors import debug_requested, reported
-
     with reported(f"foxhunt ensemble {command}", debug=debug_requested(), exit_code=EXIT_USER_ERROR):
         yield
 
 
 def _compose(command: str, overrides: list[str] | None):
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     from foxhunt.config.compose import compose_config
     from foxhunt.config.schema import ConfigError, validate
@@ -232,10 +237,6 @@ def footprint(overrides: list[str] | None = OVERRIDES) -> None:
 
 
 def _log_footprint(cfg, text: str, metrics: dict, fits: bool) -> str:
-    import math
-
-    from omegaconf import OmegaConf
-
     from foxhunt.config.schema import resolved_config
     from foxhunt.runs.tracked_run import TrackedRun
 
@@ -310,10 +311,6 @@ def roll(
 ) -> None:
     """One step of the rolling loop: new bars found, a challenger per family trained on the moved window, champion
     against challenger on the newest bars neither has seen, the winners promoted (@champion moved, the old one @previous)."""
-    import signal
-    import threading
-    import time
-
     from foxhunt.roll.step import roll_step
 
     cfg = _compose("roll", overrides)

@@ -16,8 +16,8 @@ Overrides are Hydra overrides of ``conf/train.yaml``: a plain one applies to eve
 and a colon applies to that model only (``tft:model.module.hidden_size=128``). ``model=`` is
 not an override here: ``--models`` picks the models. ``logger=none`` skips MLflow.
 
-Top-level imports are typer and the standard library only: torch, Lightning, Hydra and MLflow
-load inside the command.
+Its top-level imports are light (typer, OmegaConf, the standard library, the store's location and
+tags): torch, Lightning, Hydra and MLflow load inside the command (its ``# Lazy imports:`` line).
 """
 
 from __future__ import annotations
@@ -28,9 +28,15 @@ import time
 from pathlib import Path
 
 import typer
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from foxhunt.config.families import family_names
 from foxhunt.errors import EXIT_USER_ERROR, one_line_error
+from foxhunt.runs.environment import root_dir
+from foxhunt.runs.tags import Tag
+
+# Lazy imports: (a) Hydra, the schema, the training and memory rooms, once a memory command runs
 
 memory_app = typer.Typer(help="Measured training memory of the models against a device budget.", no_args_is_help=True)
 
@@ -113,19 +119,17 @@ def validate(
         shared, own = split_overrides(list(overrides or []), names)
     except UsageError as exc:
         raise _fail("", str(exc), EXIT_USER_ERROR) from None
-    from foxhunt.runs.environment import root_dir as default_root
 
-    root_dir = Path(root).resolve() if root else default_root()
-    out_dir = root_dir / "outputs" / "memory" / f"validate-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    configs = _compose(names, shared, own, root_dir, out_dir)
+    folder = Path(root).resolve() if root else root_dir()
+    out_dir = folder / "outputs" / "memory" / f"validate-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    configs = _compose(names, shared, own, folder, out_dir)
     budget = _budget(configs)
     code = _run(configs, budget, predict, as_json, out_dir, [*(overrides or [])])
     raise typer.Exit(code)
 
 
-def _compose(names, shared, own, root_dir: Path, out_dir: Path) -> dict:
+def _compose(names, shared, own, folder: Path, out_dir: Path) -> dict:
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     from foxhunt.config.schema import ConfigError
     from foxhunt.training.parts import measuring_config
@@ -133,7 +137,7 @@ def _compose(names, shared, own, root_dir: Path, out_dir: Path) -> dict:
     configs = {}
     for name in names:
         try:
-            configs[name] = measuring_config(name, [*shared, *own[name]], root_dir=root_dir, output_dir=out_dir)
+            configs[name] = measuring_config(name, [*shared, *own[name]], root_dir=folder, output_dir=out_dir)
         except (HydraException, OmegaConfBaseException, ConfigError) as exc:
             raise _fail(f"config error ({name}): ", one_line_error(exc, with_type=False), EXIT_USER_ERROR) from None
     return configs
@@ -141,7 +145,6 @@ def _compose(names, shared, own, root_dir: Path, out_dir: Path) -> dict:
 
 def _budget(configs: dict):
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
     budgets = {name: OmegaConf.to_container(cfg.budget, resolve=True) for name, cfg in configs.items()}
     first_name, first = next(iter(budgets.items()))
@@ -167,7 +170,6 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
         data_description,
         measure_run,
     )
-    from foxhunt.runs.tags import Tag
     from foxhunt.training.parts import MEASURING_RUNS
 
     first = next(iter(configs.values()))
@@ -216,7 +218,6 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
 def _tracked_run(cfg, precision: str, budget, names: list[str], overrides: list[str]):
     if not cfg.logger.enabled:
         return None
-    from foxhunt.runs.tags import Tag
     from foxhunt.runs.tracked_run import TrackedRun
 
     return TrackedRun(
@@ -232,8 +233,6 @@ def _tracked_run(cfg, precision: str, budget, names: list[str], overrides: list[
 
 def _write_configs(configs: dict, directory: Path) -> list[Path]:
     """Each model's resolved config as measured (``configs/<model>.yaml``)."""
-    from omegaconf import OmegaConf
-
     from foxhunt.config.schema import resolved_config
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -251,7 +250,6 @@ def _log(run, verdict, paths: list[Path]) -> None:
     metrics["memory/ensemble_mb"] = verdict.total_mb
     metrics["memory/headroom_mb"] = verdict.headroom_left_mb
     run.log_metrics(metrics)
-    from foxhunt.runs.tags import Tag
 
     run.set_tags({Tag.VERDICT: "PASS" if verdict.passed else "FAIL", Tag.DEVICE: verdict.device,
                   Tag.SUMMARY: verdict.summary_line()})  # fmt: skip
@@ -274,7 +272,6 @@ def compare(
 ) -> None:
     """Train the same model in fp32 and int8 side by side; print memory, speed, latency, accuracy."""
     from foxhunt.config.schema import ConfigError
-    from foxhunt.runs.environment import root_dir
     from foxhunt.training.memory_compare import run_compare
 
     try:

@@ -21,6 +21,8 @@ from foxhunt.commands.train_jobs import ROOT_HELP, URI_HELP, _root, _uri
 from foxhunt.errors import EXIT_USER_ERROR, UserError, one_line_error
 from foxhunt.runs import leaderboard as lb
 
+# Lazy imports: (a) runs.prune and the store (MLflow, the ensemble's registry), once runs prune runs
+
 PROG = "foxhunt runs prune"
 STORE_ERROR_WIDTH = 300  # characters of a store's error shown
 MB = 1024 * 1024

@@ -43,14 +43,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
+import tempfile
 from pathlib import Path
 
 import typer
 
 from foxhunt.commands.prune import prune
 from foxhunt.commands.train_jobs import ROOT_HELP, URI_HELP, _console, _root, _uri
-from foxhunt.errors import EXIT_USER_ERROR, UserError, one_line_error
+from foxhunt.errors import EXIT_USER_ERROR, UserError, one_line_error, reported
 from foxhunt.runs import leaderboard as lb
+from foxhunt.runs.environment import sqlite_path
+from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
+from foxhunt.runs.tags import Tag
+
+# Lazy imports: (a) the store and MLflow, reproduce and training, rich's table, each once its command runs
 
 runs_app = typer.Typer(help="Read the runs in the MLflow store: leaderboards, reproductions, pruning.", no_args_is_help=True)
 runs_app.command("prune")(prune)
@@ -125,12 +132,7 @@ def reproduce(
     tracking_uri: str | None = typer.Option(None, help=URI_HELP),
 ) -> None:
     """Retrain a run from its stored config; say identical (exit 0) or the first input that differs (exit 1)."""
-    import sys
-    import tempfile
-
-    from foxhunt.errors import reported
     from foxhunt.runs import reproduce as rp
-    from foxhunt.runs.tags import Tag
     from foxhunt.training.reproduce import reproduction_config, reproduction_folder, retrain
 
     root_dir = _root(root)
@@ -154,7 +156,6 @@ def reproduce(
 
 def _store(uri: str):
     """The store at ``uri``; a SQLite file that does not exist is one line (never created)."""
-    from foxhunt.runs.environment import sqlite_path
     from foxhunt.runs.store import RunStore
 
     path = sqlite_path(uri)
@@ -180,8 +181,6 @@ def _read_failures(uri: str):
 def _artifact_location(uri: str) -> str | None:
     """Where a new experiment of a SQLite store keeps its artifacts (conf/logger/mlflow.yaml:
     ``<mlruns>/artifacts`` beside ``<mlruns>/mlflow.db``); a server's own default otherwise."""
-    from foxhunt.runs.environment import sqlite_path
-
     path = sqlite_path(uri)
     return None if path is None else str(path.parent / "artifacts")
 
@@ -190,9 +189,6 @@ def _source(uri: str):
     """The SQLite reader on the project's store (the client for a server or a schema it does
     not know); a missing store, or a file without MLflow's tables, is one line, exit 2; a store
     locked by another writer is waited for, then :class:`~foxhunt.runs.sqlite_reader.StoreLocked`."""
-    from foxhunt.runs.environment import sqlite_path
-    from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
-
     path = sqlite_path(uri)
     if path is not None:
         if not path.is_file():

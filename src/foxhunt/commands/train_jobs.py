@@ -15,13 +15,18 @@ keeps running).
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
 import typer
 
 from foxhunt.errors import EXIT_USER_ERROR, UserError, error_line, one_line_error
+from foxhunt.runs.environment import root_dir, store_uri
 from foxhunt.runs.status import JOB_STATES, TERMINAL, Status
+
+# Lazy imports: (a) rich and the jobs room (views, display, launch): --help and completion start without them
 
 train_app = typer.Typer(
     help="Start, watch, list and stop training jobs (grids of foxhunt-train cells run in the background).",
@@ -41,14 +46,10 @@ URI_HELP = "MLflow tracking URI (default: sqlite:///<root>/mlruns/mlflow.db, the
 
 
 def _root(root: Path | None) -> Path:
-    from foxhunt.runs.environment import root_dir
-
     return Path(root).resolve() if root else root_dir()
 
 
 def _uri(root: Path, tracking_uri: str | None) -> str:
-    from foxhunt.runs.environment import store_uri
-
     return tracking_uri or store_uri(root)
 
 
@@ -60,9 +61,6 @@ def _fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
 def _console():
     """Rich's console; piped or captured output gets a wide page instead of rich's 80 columns
     (unless $COLUMNS says otherwise), so that tables stay one line per row in logs and files."""
-    import os
-    import sys
-
     from rich.console import Console
 
     wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
