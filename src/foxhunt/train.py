@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from foxhunt.errors import EXIT_ON_SIGTERM, ConfigError, FolderError, debug_requested, is_user_error, reported, strip_debug_flag
@@ -22,7 +23,7 @@ from foxhunt.errors import EXIT_ON_SIGTERM, ConfigError, FolderError, debug_requ
 if TYPE_CHECKING:
     from foxhunt.runs.cell import CellResult
 
-# Lazy imports: (a) training, sweeps, torch, Lightning once a job runs: --help, completion and a bad override answer without them
+# Lazy imports: (a) training, torch, Lightning once a job runs, sweeps in a -m job: --help and a bad override answer without them
 
 PROG = "foxhunt-train"
 
@@ -39,7 +40,6 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
     _ENTERED = True  # from here on an OSError is this job's, not Hydra's making of its folder
     import lightning.pytorch  # noqa: F401  (imported now so that its handlers exist to remove)
 
-    from foxhunt.sweeps.sweep_cell import in_multirun, run_sweep_cell
     from foxhunt.training.cell import OBJECTIVE
 
     # Lightning adds console handlers of its own (to `lightning` and `lightning.pytorch`); under
@@ -47,7 +47,9 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).handlers.clear()
 
-    if in_multirun():
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # a job of foxhunt-train -m: the sweep's cell
+        from foxhunt.sweeps.sweep_cell import run_sweep_cell
+
         metrics = run_sweep_cell(cfg, run_cell)  # a failing cell returns None
         return None if metrics is None else metrics.get(OBJECTIVE)
     try:  # an input error: one line and exit 2 from here (Hydra would print its job line first)

@@ -69,12 +69,8 @@ from foxhunt.runs.provenance import process_tags, source_tags
 from foxhunt.runs.status import OK_RESULTS, Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import RUN_KIND_SWEEP, Tag
-from foxhunt.sweeps import search
-from foxhunt.sweeps.estimates import PLAN_FILE
-from foxhunt.sweeps.packing import apply_plan, plan_sweep
-from foxhunt.sweeps.search import check_search_config, is_search, search_keys, searched_overrides, study_name, task_overrides
-from foxhunt.sweeps.study import per_cell_counts, study_view
-from foxhunt.sweeps.summary import failures, format_markdown, format_table, plot_summary
+
+# Lazy imports: (c) the sweep's search (optuna), packing, study, summary in its hooks: Hydra makes it at every foxhunt-train start
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +108,8 @@ def summary_step(store, run_id: str) -> int:
 
 def sweep_hash(config: DictConfig) -> str:
     """Identity of a sweep: its overrides and sweeper params, without the launch choices."""
+    from foxhunt.sweeps.search import task_overrides
+
     overrides = []
     for text in task_overrides(config.hydra.overrides.task):
         key = text.split("=", 1)[0].lstrip("+~")
@@ -157,6 +155,9 @@ class SweepCallback(Callback):
     # -- before the jobs ------------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         HydraConfig.instance().set_config(config)
+        from foxhunt.sweeps.estimates import PLAN_FILE
+        from foxhunt.sweeps.search import check_search_config, is_search
+
         self.started = time.perf_counter()
         self.finished, self.pid = False, os.getpid()
         os.environ[SWEEP_PID_ENV] = str(self.pid)  # its workers end when this process dies (foxhunt.sweeps.orphans)
@@ -195,6 +196,9 @@ class SweepCallback(Callback):
 
     def _pack(self, config: DictConfig) -> None:
         sweep_dir = self._sweep_dir()
+        from foxhunt.sweeps.estimates import PLAN_FILE
+        from foxhunt.sweeps.packing import apply_plan, plan_sweep
+
         plan = plan_sweep(config)
         plan.write(sweep_dir)
         apply_plan(config, plan)
@@ -214,6 +218,8 @@ class SweepCallback(Callback):
 
     def _start_parent_run(self, config: DictConfig) -> str:
         sweep_dir = self._sweep_dir()
+        from foxhunt.sweeps.search import is_search, study_name, task_overrides
+
         logger = config.logger
         store = self._store(config)
         experiment_id = store.ensure_experiment(logger.experiment, logger.artifact_location)
@@ -267,10 +273,13 @@ class SweepCallback(Callback):
 
     def _finish(self, config: DictConfig, error: str | None = None):
         """Print, write and log the summary; end the parent run. Returns (results, failed, noun)."""
+        from foxhunt.sweeps import search
+        from foxhunt.sweeps.summary import failures, format_markdown, format_table, plot_summary
+
         assert self.sweep_dir is not None and self.started is not None
         self.finished = True
         wall = time.perf_counter() - self.started
-        searching = is_search(config)
+        searching = search.is_search(config)
         view = self._study_view(config) if searching else None
         results = view.results if view is not None else read_results(self.sweep_dir)
         failed = failures(results)
@@ -314,6 +323,8 @@ class SweepCallback(Callback):
         """The search's study as the summary shows it; None (the folder's results instead) when
         its database cannot be read."""
         try:
+            from foxhunt.sweeps.study import study_view
+
             return study_view(config, CellKey.from_config(config))
         except Exception:
             log.exception("could not read the search's study: the summary shows this sweep folder's trials")
@@ -323,6 +334,8 @@ class SweepCallback(Callback):
     def _tag_trial_runs(config: DictConfig, view) -> None:
         """Each finished trial's run: its study and how many trials its cell's deflated Sharpe
         ratio counts (``foxhunt runs top`` reads them: :data:`foxhunt.runs.leaderboard.SEARCH_TRIALS_TAG`)."""
+        from foxhunt.sweeps.study import per_cell_counts
+
         counts = per_cell_counts(view)
         store = RunStore(config.logger.tracking_uri)
         for result in view.results:
@@ -335,6 +348,8 @@ class SweepCallback(Callback):
 
     @staticmethod
     def _best_tags(config: DictConfig, best, view=None) -> dict[str, str]:
+        from foxhunt.sweeps.search import search_keys, searched_overrides
+
         if view is not None and view.settings.multi_objective:  # the Pareto front's trials, by name
             names = {r.trial: r.cell for r in view.results}
             return (

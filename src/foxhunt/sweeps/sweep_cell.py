@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from foxhunt.errors import EXIT_ON_SIGTERM, error_line
@@ -51,11 +50,6 @@ from foxhunt.sweeps.search import job_overrides, trial_number
 from foxhunt.sweeps.slurm import Preemption, SlurmJob
 
 log = logging.getLogger(__name__)
-
-
-def in_multirun() -> bool:
-    """True inside a job of ``foxhunt-train -m``."""
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def current_sweep_dir() -> Path:

@@ -53,9 +53,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import OmegaConf
 
 from foxhunt.errors import UserError, one_line
-from foxhunt.models.quantiles import upgrade_state_dict
 from foxhunt.runs.steps import checkpoint_logging_step
 from foxhunt.training.parts import build_model
+
+# Lazy imports: (c) models.quantiles (numba, about 0.35 s), when a checkpoint is checked: a bad config value fails without it
 
 log = logging.getLogger(__name__)
 
@@ -366,6 +367,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _check_shapes(cfg, state: dict[str, Any], where: str) -> None:
+    from foxhunt.models.quantiles import upgrade_state_dict
+
     with torch.device("meta"):
         model = build_model(cfg)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
