@@ -152,13 +152,24 @@ def _matrix(weight: Tensor) -> Tensor:
     return dequantized(weight)
 
 
+def _foldable(layer: nn.Module) -> bool:
+    """Whether ``layer``'s weight folds: a plain float one, or an int8 training weight (its
+    ``int_data`` codes and row ``scale``); another tensor subclass (a quantized inference copy's
+    weight) does not, and its selection runs unfolded."""
+    weight = getattr(layer, "weight", None)
+    if weight is None or type(weight) in (torch.Tensor, nn.Parameter):
+        return True
+    return hasattr(weight, "int_data") and hasattr(weight, "scale")
+
+
 def _storage_key(p: Tensor) -> tuple:
     """What changes when a parameter's values are replaced: the storage and version counter of a
-    plain tensor, of an int8 weight's codes and row scales (its wrapper's own never change)."""
+    plain tensor, or of the inner tensors of a tensor subclass (an int8 weight's codes and row
+    scales: its wrapper's own never change)."""
     if type(p) in (torch.Tensor, nn.Parameter):
         return (p.data_ptr(), p._version, p.dtype)
-    parts = [getattr(p, name) for name in ("int_data", "scale")]
-    return tuple((t.data_ptr(), t._version, t.dtype) for t in parts)
+    names, _ = p.__tensor_flatten__()  # type: ignore[attr-defined]  # torch's protocol of wrapper subclasses
+    return tuple((t.data_ptr(), t._version, t.dtype) for t in (getattr(p, name) for name in names))
 
 
 class VariableEmbedding(nn.Module):
@@ -238,6 +249,8 @@ class VariableSelectionNetwork(nn.Module):
         weight = torch.cat([e.weight for e in embeddings]) if len(embeddings) > 1 else embeddings[0].weight
         bias = torch.cat([e.bias for e in embeddings]) if len(embeddings) > 1 else embeddings[0].bias
         grn = self.weight_grn
+        if not all(_foldable(layer) for layer in (grn.fc_input, grn.skip, *(g.fc_input for g in self.grns))):
+            return self(x.unsqueeze(-1) * weight + bias, context)
         hidden_w, hidden_b, skip_w, skip_b, scale, offset = self._folds(weight, bias, embeddings)
         weight_hidden = F.linear(x, hidden_w, hidden_b)
         if skip_w is None:
