@@ -7,29 +7,19 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
-import sys
 
 import pytest
 
 from configs import CONF_DIR
 from foxhunt.config.schema import validate
+from train_entry import run_foxhunt_train
 
 NO_DEFAULT = {"preset", "hparams_search", "debug"}  # null in conf/train.yaml's defaults
 COMPLETION = 'eval "$(foxhunt-train --shell-completion install=bash)"'
 
 
 def _run(monkeypatch, tmp_path, capsys, *args: str) -> str:
-    from foxhunt import train as entry
-
-    monkeypatch.setenv("FOXHUNT_ROOT", str(tmp_path))
-    for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR"):
-        monkeypatch.setenv(name, "0")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["foxhunt-train", *args])
-    try:
-        entry.main()
-    except SystemExit as stopped:  # Hydra ends some flags with exit status 0
-        assert not stopped.code
+    assert not run_foxhunt_train(monkeypatch, tmp_path, list(args))  # Hydra ends some flags with exit status 0
     return capsys.readouterr().out
 
 

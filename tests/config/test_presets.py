@@ -6,7 +6,6 @@ is run here: each is minutes to hours. "experiment" is the MLflow experiment alo
 from __future__ import annotations
 
 import itertools
-import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -14,6 +13,7 @@ from omegaconf import OmegaConf
 from configs import CONF_DIR
 from foxhunt.config.schema import validate
 from foxhunt.errors import EXIT_USER_ERROR
+from train_entry import run_foxhunt_train
 
 PRESETS = sorted(path.stem for path in (CONF_DIR / "preset").glob("*.yaml"))
 # What a preset needs from the command line (its data file: es_study reads your own bars).
@@ -64,17 +64,9 @@ def test_what_each_preset_sets(compose_cfg):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a_preset_without_multirun_is_one_line(tmp_path, monkeypatch, capsys, preset):
-    from foxhunt import train as entry
-
-    monkeypatch.setenv("FOXHUNT_ROOT", str(tmp_path))
-    for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR"):
-        monkeypatch.setenv(name, "0")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["foxhunt-train", f"preset={preset}", *NEEDS.get(preset, [])])
-    with pytest.raises(SystemExit) as stopped:
-        entry.main()
+    code = run_foxhunt_train(monkeypatch, tmp_path, [f"preset={preset}", *NEEDS.get(preset, [])])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert stopped.value.code == EXIT_USER_ERROR and len(err) == 1
+    assert code == EXIT_USER_ERROR and len(err) == 1
     assert err[0].startswith(f"foxhunt-train: config error: preset={preset} sweeps ") and "run it with -m" in err[0]
     assert not (tmp_path / "mlruns").exists()
 
@@ -83,18 +75,10 @@ def test_a_preset_without_multirun_is_one_line(tmp_path, monkeypatch, capsys, pr
 def test_experiment_is_no_config_group(tmp_path, monkeypatch, capsys, override):
     """The presets' group is ``preset``: ``experiment=grid`` (its name before), or the ``+experiment=grid``
     Hydra's own message advised, is one line that names the group to use, nothing run."""
-    from foxhunt import train as entry
-
     assert not (CONF_DIR / "experiment").exists()
-    monkeypatch.setenv("FOXHUNT_ROOT", str(tmp_path))
-    for name in ("FOXHUNT_DEBUG", "HYDRA_FULL_ERROR"):
-        monkeypatch.setenv(name, "0")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["foxhunt-train", "-m", override])
-    with pytest.raises(SystemExit) as stopped:
-        entry.main()
+    code = run_foxhunt_train(monkeypatch, tmp_path, ["-m", override])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert stopped.value.code == EXIT_USER_ERROR and len(err) == 1, err
+    assert code == EXIT_USER_ERROR and len(err) == 1, err
     assert err[0] == (f"foxhunt-train: config error: {override}: the presets are the preset group (preset=grid); "
                       "the MLflow experiment is named by task=<name>")  # fmt: skip
     assert not (tmp_path / "mlruns").exists()

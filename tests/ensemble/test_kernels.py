@@ -203,6 +203,13 @@ def _mamba2(seed: int) -> Mamba2Forecaster:
     return model
 
 
+def _kernel_bar(arrays_, x: torch.Tensor, slots: np.ndarray, conv: np.ndarray, ssm: np.ndarray, median: int) -> np.ndarray:
+    """``mamba2_step`` for one bar of the streams in ``slots`` (their state advanced in place):
+    the forecasts (streams, horizon 3, 5 quantiles)."""
+    out = np.empty((len(slots), 3, 5), np.float32)
+    return mamba2_step(x.numpy(), slots, *arrays_.weights, conv, ssm, *arrays_.dims, 3, 5, median, out)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_mamba2_step_equals_the_modules_step_for_streams_in_any_slots(seed):
     """Three streams in slots 3, 0 and 1 of a pool of 4, 40 bars each: the kernel's forecasts and
@@ -217,8 +224,7 @@ def test_mamba2_step_equals_the_modules_step_for_streams_in_any_slots(seed):
     for x in bars:
         with torch.no_grad():
             want, state = model.step(x, state)
-        out = np.empty((3, 3, 5), np.float32)
-        mamba2_step(x.numpy(), slots, *arrays_.weights, conv, ssm, *arrays_.dims, 3, 5, median, out)
+        out = _kernel_bar(arrays_, x, slots, conv, ssm, median)
         np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-5)
         assert np.all(np.diff(out, axis=-1) > 0)  # ordered quantiles
     for layer, s in enumerate(state):
@@ -261,8 +267,7 @@ def test_mamba2_step_with_int8_weights_is_the_module_with_those_weights():
     for x in bars:
         with torch.no_grad():
             want, state = dequantized.step(x, state)
-        out = np.empty((2, 3, 5), np.float32)
-        mamba2_step(x.numpy(), np.arange(2), *arrays_.weights, conv, ssm, *arrays_.dims, 3, 5, model.median_index, out)
+        out = _kernel_bar(arrays_, x, np.arange(2), conv, ssm, model.median_index)
         np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-5)
     with torch.no_grad():
         fp32, _ = model.step(bars[-1], model.init_state(2))
@@ -285,8 +290,7 @@ def test_mamba2_steps_quantiles_past_the_softplus_threshold_are_the_models():
     for x in bars:
         with torch.no_grad():
             want, state = model.step(x, state)
-        out = np.empty((2, 3, 5), np.float32)
-        mamba2_step(x.numpy(), np.arange(2), *arrays_.weights, conv, ssm, *arrays_.dims, 3, 5, model.median_index, out)
+        out = _kernel_bar(arrays_, x, np.arange(2), conv, ssm, model.median_index)
         np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-4)
         assert np.all(np.diff(out, axis=-1) >= 0)
     assert max(peaks) > 3 * 20.0  # the head's raw values did pass the threshold
