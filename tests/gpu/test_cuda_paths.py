@@ -34,6 +34,21 @@ def test_nvml_sees_an_allocation_and_the_allocator_peaks_agree():
     probes.close()
 
 
+def test_the_run_footprint_counts_memory_the_allocator_had_cached_before_the_run():
+    # an earlier allocation, freed: the caching allocator keeps its block, NVML still counts it
+    # as used; a run that reuses it must still read its own footprint (it read 0 before the fix)
+    from foxhunt.memory.probes import DeviceProbes
+
+    earlier = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda")
+    del earlier
+    probes = DeviceProbes("cuda")
+    probes.start()
+    block = torch.empty(128 * MIB, dtype=torch.uint8, device="cuda")
+    assert probes.sample().nvml_run_bytes >= 100 * MIB
+    del block
+    probes.close()
+
+
 def test_the_memory_callback_logs_device_figures_on_cuda(compose_cfg, tmp_path):
     from foxhunt.training.cell import train
 

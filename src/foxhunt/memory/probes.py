@@ -169,8 +169,12 @@ class DeviceProbes:
         return self.statuses[name].ran
 
     def start(self) -> DeviceSample:
-        """Reset the CUDA peaks and take the NVML and RSS baselines; return that reading."""
+        """Reset the CUDA peaks and take the NVML and RSS baselines; return that reading. Blocks the
+        caching allocator holds free from earlier work in this process (a test, an earlier trial) go
+        back to the driver first: else the run reuses them, NVML's used memory does not grow, and the
+        run's footprint would read 0."""
         if self.ran("cuda"):
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
         if self._nvml is not None:
             self._nvml_baseline = self._nvml_used()
