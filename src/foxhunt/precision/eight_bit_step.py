@@ -320,7 +320,16 @@ class EightBitStep:
         states = [self.state[p] for p in params]
         beta1, beta2 = group["betas"]
         grads = [p.grad for p in params if p.grad is not None]  # step() passes tensors with a gradient only
-        adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
-             [s["step"] for s in states], fused=True, decoupled_weight_decay=self.is_adamw, amsgrad=False,
-             beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
-             maximize=False)  # fmt: skip
+        steps, lr = [s["step"] for s in states], group["lr"]
+        device = params[0].device
+        if device.type != "cpu":
+            # A device's fused kernel reads the step counts and a tensor lr in device memory (a CPU
+            # tensor there is an illegal memory access on CUDA); the states keep them on the CPU, as
+            # torchao's step and its checkpoints do: counted on the device, copied back.
+            steps, lr = [step.to(device) for step in steps], lr.to(device) if isinstance(lr, Tensor) else lr
+        adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [], steps,
+             fused=True, decoupled_weight_decay=self.is_adamw, amsgrad=False, beta1=beta1, beta2=beta2, lr=lr,
+             weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)  # fmt: skip
+        for state, step in zip(states, steps, strict=True):
+            if step is not state["step"]:
+                state["step"].copy_(step)
