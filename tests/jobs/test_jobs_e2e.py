@@ -26,8 +26,10 @@ from foxhunt.runs.liveness import process_alive
 TINY = ["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false", "strategy.torch_threads=1"]
 STEPS = 8  # trainer=smoke's 8 training batches: the step unit of every metric of a run (foxhunt.runs.steps)
 # Long enough to be stopped mid-training, short enough to finish soon after a resume: one epoch
-# of 200 batches (about 0.1 s a batch), progress reported every 10.
-LONGER = [*TINY, "asset=es", "trainer.limit_train_batches=200"]
+# of 800 batches, progress reported every 10. Measured 2026-12-04 on 2 cores: 200 batches trained
+# in 3.6 s on a quiet machine, less than a status poll and the stop command's start-up take on a
+# loaded one, so the job sometimes finished before its stop arrived (FINISHED, not KILLED).
+LONGER = [*TINY, "asset=es", "trainer.limit_train_batches=800"]
 
 
 def cli(root: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
