@@ -27,6 +27,8 @@ import functools
 import logging
 from dataclasses import dataclass
 
+# Lazy imports: (c) torch, foxhunt.precision.bf16 (torch) and OmegaConf, in the functions: foxhunt/__init__ imports this module at every start (foxhunt --help, tab completion, the job supervisor), which loads neither until a config resolves precision=auto
+
 log = logging.getLogger(__name__)
 
 RESOLVER = "foxhunt.auto_precision"

@@ -30,6 +30,8 @@ from foxhunt.precision.bf16 import PRECISION_DTYPES_FILE, DtypeRecorder
 from foxhunt.precision.plugin import policy_of, policy_plugin
 from foxhunt.runs.tracked_run import trainer_runs
 
+# Lazy imports: (c) foxhunt.precision.quantize (it imports torchao, seconds), in on_fit_start: only an int8 run writes the quantized-layers report
+
 log = logging.getLogger(__name__)
 
 

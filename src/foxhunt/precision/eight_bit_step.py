@@ -46,10 +46,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.optim.adam import adam
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-# Lazy imports: torchao and foxhunt.precision.quantize (which imports torchao), in the functions that
-# need them: every model imports this module through make_optimizer (foxhunt.precision.optim), and
-# torchao takes seconds to import; a run imports it when it trains with 8-bit states.
+# Lazy imports: (c) torchao and foxhunt.precision.quantize (which imports torchao, seconds), in the update's functions: every model imports this module through make_optimizer (foxhunt.precision.optim), a run needs torchao only when it trains with 8-bit states
 
 #: The param-group key of the seed of an optimizer's stochastic rounding (see the module doc).
 ROUNDING_SEED = "rounding_seed"
@@ -248,8 +248,6 @@ class EightBitStep:
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 (torch's signature)
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -315,8 +313,6 @@ class EightBitStep:
 
     def _fused_update(self, group: dict[str, Any], params: list[Tensor]) -> None:
         """torch's fused Adam(W) over ``params`` (fp32 states, as torchao initializes them)."""
-        from torch.optim.adam import adam
-
         states = [self.state[p] for p in params]
         beta1, beta2 = group["betas"]
         grads = [p.grad for p in params if p.grad is not None]  # step() passes tensors with a gradient only

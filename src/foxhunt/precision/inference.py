@@ -23,11 +23,16 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+from importlib import resources
 
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torch import nn
 
-from foxhunt.precision.policy import PrecisionPolicy
+from foxhunt.precision.policy import INFERENCE_CONFIGS, PrecisionPolicy
+
+# Lazy imports: (c) torchao and foxhunt.precision.quantize (which imports torchao, seconds), in int8_inference_model: the ensemble and memory commands import this module for every member, an int8 copy needs them
 
 log = logging.getLogger(__name__)
 #: Shape of the probe product (int8 @ int8 -> int32), big enough for the gemm kernels.
@@ -62,7 +67,6 @@ def int8_inference_model(model: nn.Module, policy: PrecisionPolicy, config: str 
     """
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
 
-    from foxhunt.precision.policy import INFERENCE_CONFIGS
     from foxhunt.precision.quantize import Int8LSTM, dequantize_model, quantization_plan
 
     config = config or policy.inference_weights
@@ -99,10 +103,5 @@ def int8_inference_model(model: nn.Module, policy: PrecisionPolicy, config: str 
 def default_int8_policy() -> PrecisionPolicy:
     """The int8 policy of ``conf/precision/int8.yaml``: its layer rule picks the layers an int8
     inference copy quantizes (for a model whose run was not trained in int8)."""
-    from importlib import resources
-
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
     text = resources.files("foxhunt.conf").joinpath("precision", "int8.yaml").read_text()
     return instantiate(OmegaConf.create(text))

@@ -33,9 +33,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from foxhunt.precision.eight_bit_step import ROUNDING_SEED, EightBitStep
 from foxhunt.precision.policy import PrecisionPolicy
+
+# Lazy imports: (c) torchao (seconds to import), in the 8-bit paths: every model imports this module through make_optimizer, a run needs torchao only when it trains with 8-bit states
 
 OPTIMIZER_KINDS = ("adam", "adamw")
 
@@ -128,8 +131,6 @@ def _fused_supported(params: list[Any]) -> bool:
     prediction builds on). The fused step is one kernel per parameter instead of about ten
     element-wise ops, a few times faster for the agents' small networks on a CPU (the figures:
     docs/benchmarks.md; scripts/benchmark.py's RL section runs every optimizer step through it)."""
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
     devices = set(_get_fused_kernels_supported_devices())
     tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
     return bool(tensors) and all(

@@ -43,6 +43,8 @@ from foxhunt.precision.bf16 import bf16_support, describe, keep_fp32
 from foxhunt.precision.optim import convert_optimizer
 from foxhunt.precision.policy import PrecisionPolicy
 
+# Lazy imports: (c) foxhunt.precision.quantize (it imports torchao, seconds), in quantize: every run builds this plugin, only an int8 run quantizes
+
 log = logging.getLogger(__name__)
 
 
