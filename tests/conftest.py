@@ -73,6 +73,19 @@ def _a_workers_share_of_the_cores() -> None:
         torch.set_num_threads(threads_per_job(int(workers)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_stores_from_a_template(tmp_path_factory):
+    """Every empty SQLite MLflow store the tests' own process opens gets its tables from one store
+    migrated once (tests/store_template.py): MLflow's alembic migrations cost about a second of CPU
+    per new store, and most tests train into a store of their own. Imported as the first test
+    starts (as the fixture above), not at collection."""
+    import store_template
+
+    with pytest.MonkeyPatch.context() as patch:
+        store_template.install(patch, tmp_path_factory.mktemp("store_template"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _logging_as_found():
     """Each test ends with the root logger's handlers and level as it found them. A Hydra app run
