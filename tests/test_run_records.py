@@ -1,15 +1,16 @@
 """Every run records only its own: checkpoints, metrics and workers never cross between runs.
 
-End to end, as a user runs foxhunt: real ``foxhunt-train`` processes with the default callbacks,
-against the SQLite store they share. Each test starts its
-processes together and waits for them with a deadline (two cores: they share the machine).
+End to end, as a user runs foxhunt: ``foxhunt-train`` with the default callbacks, against the
+SQLite store its runs share.
 
 - every model x precision trains through the entry point with every default callback on
-  (the allocator-peak meter of the memory callback and torchao's compiled 8-bit update);
+  (the allocator-peak meter of the memory callback and torchao's compiled 8-bit update), in the
+  test's process (tests/train_entry.py): no process boundary is checked here, and each family
+  has a store of its own;
 - runs started in the same second get folders of their own, log only their own checkpoints
   (each stamped with its run's id), and two ``foxhunt ensemble register`` at once register once:
-  tests/test_same_second_runs.py;
-- killed with SIGKILL and resumed: tests/test_kill_resume.py.
+  real processes, tests/test_same_second_runs.py;
+- killed with SIGKILL and resumed: a real process, tests/test_kill_resume.py.
 
 (Each file holds one such test: pytest-xdist runs a file whole on one worker, and two of these
 minute-long tests in one file queued on it.)
@@ -17,20 +18,26 @@ minute-long tests in one file queued on it.)
 
 from __future__ import annotations
 
-from run_records_helpers import QUICK, TINY, _db, _finish, _logged_checkpoints, _repeated_metric_steps, _runs, _start
+import torch
+
+from run_records_helpers import QUICK, TINY, _db, _logged_checkpoints, _repeated_metric_steps, _runs
+from train_entry import run_foxhunt_train
 
 
-def test_every_model_and_precision_trains_through_foxhunt_train_with_the_default_callbacks(tmp_path):
-    """One ``foxhunt-train -m precision=fp32,bf16,int8`` sweep per family (the four at once):
+def test_every_model_and_precision_trains_through_foxhunt_train_with_the_default_callbacks(tmp_path, monkeypatch, capfd):
+    """One ``foxhunt-train -m precision=fp32,bf16,int8`` sweep per family, one after another:
     every cell FINISHED with its memory figures and its checkpoints, each (metric, step) once."""
-    sweeps = {}
+    threads = torch.get_num_threads()  # strategy.torch_threads=1 (QUICK) sets this process's: restored after each sweep
     for model, sizes in TINY.items():
         root = tmp_path / model
         root.mkdir()
-        sweeps[model] = (root, _start(["-m", f"model={model}", "precision=fp32,bf16,int8", *QUICK, *sizes,
-                                       "trainer.limit_train_batches=3"], root))  # fmt: skip
-    for model, (root, process) in sweeps.items():
-        _finish(process, f"{model} sweep")
+        try:
+            code = run_foxhunt_train(monkeypatch, root, ["-m", f"model={model}", "precision=fp32,bf16,int8", *QUICK,
+                                                         *sizes, "trainer.limit_train_batches=3"])  # fmt: skip
+        finally:
+            torch.set_num_threads(threads)
+        out, err = capfd.readouterr()
+        assert code == 0, f"{model} sweep: exit {code}\n{(out + err)[-4000:]}"
         cells = {run["name"]: (run_id, run) for run_id, run in _runs(root).items() if "config_hash" in run["tags"]}
         assert sorted(cells) == [f"{model}-es-{p}" for p in ("bf16", "fp32", "int8")]
         for name, (run_id, run) in cells.items():
