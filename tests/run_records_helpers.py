@@ -1,6 +1,7 @@
 """Helpers of the end-to-end run-record tests (tests/test_run_records.py, test_same_second_runs.py,
 test_kill_resume.py, test_killed_sweep.py): real ``foxhunt-train`` processes on a shared SQLite
-store, and what the store holds."""
+store, ``foxhunt-train`` in the test's process where no process boundary is checked, and what the
+store holds."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from train_entry import run_foxhunt_train
 
 BIN = Path(sys.executable).parent
 # Small and quick: a few batches of tiny networks on ten days of bars, scored on 300 bars.
@@ -58,6 +63,22 @@ def _finish(process: subprocess.Popen, what: str, expect: int = 0) -> str:
     out, _ = process.communicate(timeout=DEADLINE_S)
     assert process.returncode == expect, f"{what}: exit {process.returncode}\n{out[-4000:]}"
     return out
+
+
+def _train_here(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture, root: Path, args: list[str], what: str) -> str:
+    """``foxhunt-train *args`` from ``root`` in the test's process (tests/train_entry.py), as
+    :func:`_start` then :func:`_finish` with exit 0: what it printed. The torch threads it sets
+    (``strategy.torch_threads``) are this process's: put back as they were."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        code = run_foxhunt_train(monkeypatch, root, args)
+    finally:
+        torch.set_num_threads(threads)
+    out, err = capfd.readouterr()
+    assert code == 0, f"{what}: exit {code}\n{(out + err)[-4000:]}"
+    return out + err
 
 
 def _db(root: Path) -> sqlite3.Connection:

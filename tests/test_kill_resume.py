@@ -3,7 +3,8 @@
 
 - ``kill -9`` then ``resume=true``: the run continues, each (metric, step) holds one value, for
   the agents (whose optimizer steps outrun their logging steps), a forecaster and a walk-forward
-  cell (its cell run reopened, nothing left RUNNING);
+  cell (its cell run reopened, nothing left RUNNING). The killed runs are real processes (the kill
+  is the point); their resumes run in the test's process (tests/train_entry.py), one after another;
 - slow: killed anywhere after a checkpoint, the resumed fit ends with the weights and metrics of
   the fit never killed;
 - a ``strategy=parallel`` sweep killed with SIGKILL: tests/test_killed_sweep.py (a file of its
@@ -28,6 +29,7 @@ from run_records_helpers import (
     _runs,
     _start,
     _store_has_runs,
+    _train_here,
 )
 from waiting import wait_until
 
@@ -75,10 +77,11 @@ def _killable(root: Path, walk_forward: bool) -> bool:
     return logged is not None and logged >= step + 3
 
 
-def test_kill_9_then_resume_continues_the_run_with_each_metric_step_once(tmp_path):
-    """Each of DQN, PPO, Mamba-2 and a walk-forward DQN cell: killed with SIGKILL after its
-    checkpoint and a few logged steps beyond it, then ``resume=true``: the same run (the same
-    cell run) ends FINISHED, every (metric, step) holds one value, and no run is left RUNNING."""
+def test_kill_9_then_resume_continues_the_run_with_each_metric_step_once(tmp_path, monkeypatch, capfd):
+    """Each of DQN, PPO, Mamba-2 and a walk-forward DQN cell: a ``foxhunt-train`` process killed
+    with SIGKILL after its checkpoint and a few logged steps beyond it, then ``resume=true`` (in the
+    test's process): the same run (the same cell run) ends FINISHED, every (metric, step) holds one
+    value, and no run is left RUNNING."""
     common = [*QUICK, "trainer.max_epochs=3", "callbacks.progress.every_n_steps=1", "resume=true"]
     started = {}
     for label, overrides in KILLED.items():
@@ -98,9 +101,8 @@ def test_kill_9_then_resume_continues_the_run_with_each_metric_step_once(tmp_pat
         return not alive
 
     wait_until(kill_each_when_due, "each run: a checkpoint and steps logged after it", timeout=DEADLINE_S)
-    resumed = {label: (root, _start([*common, *KILLED[label]], root)) for label, (root, _) in started.items()}
-    for label, (root, process) in resumed.items():
-        _finish(process, f"{label} resumed")
+    for label, (root, _) in started.items():
+        _train_here(monkeypatch, capfd, root, [*common, *KILLED[label]], f"{label} resumed")
         runs = _runs(root)
         assert [r["name"] for r in runs.values() if r["status"] != "FINISHED"] == [], label
         trained = [run_id for run_id, r in runs.items() if r["tags"].get("foxhunt.role") != "cell"]

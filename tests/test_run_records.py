@@ -18,26 +18,17 @@ minute-long tests in one file queued on it.)
 
 from __future__ import annotations
 
-import torch
-
-from run_records_helpers import QUICK, TINY, _db, _logged_checkpoints, _repeated_metric_steps, _runs
-from train_entry import run_foxhunt_train
+from run_records_helpers import QUICK, TINY, _db, _logged_checkpoints, _repeated_metric_steps, _runs, _train_here
 
 
 def test_every_model_and_precision_trains_through_foxhunt_train_with_the_default_callbacks(tmp_path, monkeypatch, capfd):
     """One ``foxhunt-train -m precision=fp32,bf16,int8`` sweep per family, one after another:
     every cell FINISHED with its memory figures and its checkpoints, each (metric, step) once."""
-    threads = torch.get_num_threads()  # strategy.torch_threads=1 (QUICK) sets this process's: restored after each sweep
     for model, sizes in TINY.items():
         root = tmp_path / model
         root.mkdir()
-        try:
-            code = run_foxhunt_train(monkeypatch, root, ["-m", f"model={model}", "precision=fp32,bf16,int8", *QUICK,
-                                                         *sizes, "trainer.limit_train_batches=3"])  # fmt: skip
-        finally:
-            torch.set_num_threads(threads)
-        out, err = capfd.readouterr()
-        assert code == 0, f"{model} sweep: exit {code}\n{(out + err)[-4000:]}"
+        _train_here(monkeypatch, capfd, root, ["-m", f"model={model}", "precision=fp32,bf16,int8", *QUICK, *sizes,
+                                               "trainer.limit_train_batches=3"], f"{model} sweep")  # fmt: skip
         cells = {run["name"]: (run_id, run) for run_id, run in _runs(root).items() if "config_hash" in run["tags"]}
         assert sorted(cells) == [f"{model}-es-{p}" for p in ("bf16", "fp32", "int8")]
         for name, (run_id, run) in cells.items():
