@@ -1,5 +1,6 @@
-"""Helpers of the sweep tests: run ``foxhunt-train -m`` in a subprocess rooted in a tmp folder;
-a composed config with another command line."""
+"""Helpers of the sweep tests: run ``foxhunt-train -m`` rooted in a tmp folder, in a subprocess or
+in the test's process (where no process boundary is checked: a process start is seconds of
+imports); a composed config with another command line."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from omegaconf import read_write
 
 from configs import synthetic_source
 from foxhunt.runs.cell import CELL_RESULT_FILE, CellResult
+from train_entry import run_foxhunt_train
 
 # Small and fast: one epoch of 8 steps, one torch thread (two jobs share two cores), on a week
 # of synthetic bars (WEEK; not for the CSV source).
@@ -24,6 +27,25 @@ def foxhunt_train(args: list[str], root: Path, timeout: float = 240) -> subproce
     env = {**os.environ, "FOXHUNT_ROOT": str(root), "HYDRA_FULL_ERROR": "1"}
     command = [str(Path(sys.executable).parent / "foxhunt-train"), "-m", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=root, timeout=timeout)
+
+
+def foxhunt_train_here(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture, args: list[str], root: Path
+) -> subprocess.CompletedProcess:
+    """:func:`foxhunt_train` in the test's process (tests/train_entry.py): the same command line,
+    its exit status and what it printed, as a finished process; the torch threads it sets
+    (``strategy.torch_threads``) put back as they were."""
+    import torch
+
+    threads = torch.get_num_threads()
+    capfd.readouterr()  # what the test printed before: not the command's
+    try:
+        code = run_foxhunt_train(monkeypatch, root, ["-m", *args])
+    finally:
+        torch.set_num_threads(threads)
+    out, err = capfd.readouterr()
+    returncode = code if isinstance(code, int) else 1  # sys.exit("message"): status 1, as a process
+    return subprocess.CompletedProcess(["foxhunt-train", "-m", *args], returncode, out, err)
 
 
 def store(root: Path):

@@ -1,7 +1,7 @@
 """``foxhunt-train -m hparams_search=dqn_optuna``: foxhunt's Optuna sweeper through foxhunt's sweep.
 
-Real searches in a subprocess rooted in a tmp folder (``FOXHUNT_ROOT``), with smoke-sized DQN
-trials on a week of synthetic bars: the trials are nested runs of the sweep's parent run, in
+Real searches rooted in a tmp folder (``FOXHUNT_ROOT``), in the test's process (a subprocess where
+a search is killed), with smoke-sized DQN trials on a week of synthetic bars: the trials are nested runs of the sweep's parent run, in
 folders of their own, and the best one is printed and tagged; the same command again continues
 the study in ``mlruns/optuna.db``; a failed trial is recorded and the study goes on; a study
 whose every trial failed still ends its parent run.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, six_e_csv, store, sweep_dirs
+from sweep_helpers import SMOKE, WEEK, foxhunt_train, foxhunt_train_here, runs, six_e_csv, store, sweep_dirs
 
 from foxhunt.runs.cell import read_results
 from foxhunt.training.cell import OBJECTIVE
@@ -28,8 +28,8 @@ from foxhunt.training.cell import OBJECTIVE
 SEARCH = ["hparams_search=dqn_optuna", *SMOKE]
 
 
-def test_a_two_trial_search_nests_its_trials_and_names_the_best(tmp_path, check):
-    result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=2", *WEEK], tmp_path)
+def test_a_two_trial_search_nests_its_trials_and_names_the_best(tmp_path, monkeypatch, capfd, check):
+    result = foxhunt_train_here(monkeypatch, capfd, [*SEARCH, "hydra.sweeper.n_trials=2", *WEEK], tmp_path)
     check(result)
     (sweep,) = sweep_dirs(tmp_path)
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["dqn_es_fp32_trial0", "dqn_es_fp32_trial1"]
@@ -66,7 +66,7 @@ def test_a_two_trial_search_nests_its_trials_and_names_the_best(tmp_path, check)
     assert {t.data.tags["study"] for t in trials} == {"dqn-es"} and {t.data.tags["search.trials"] for t in trials} == {"2"}
 
     # the same command with a larger study continues it: one more trial, numbered after the others
-    again = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=3", *WEEK], tmp_path)
+    again = foxhunt_train_here(monkeypatch, capfd, [*SEARCH, "hydra.sweeper.n_trials=3", *WEEK], tmp_path)
     check(again)
     study = optuna.load_study(study_name="dqn-es", storage=f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}")
     assert [(t.number, t.state.name) for t in study.trials] == [(0, "COMPLETE"), (1, "COMPLETE"), (2, "COMPLETE")]
@@ -78,12 +78,12 @@ def test_a_two_trial_search_nests_its_trials_and_names_the_best(tmp_path, check)
     assert "study dqn-es (sqlite:///" in again.stdout and "3 trials (3 finished, 0 pruned, 0 failed)" in again.stdout
 
 
-def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path, check):
+def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path, monkeypatch, capfd, check):
     # 6E prices are off the ES tick grid: a trial the sampler sends to es fails inside its run.
     csv = six_e_csv(tmp_path / "6e.csv")
     data = ["data=csv", f"data.source.path={csv}", "data.source.bar_label=start", "asset=6e,es"]
     # seed=44 seeds the sampler too: its first trial goes to es, the next two to 6e (optuna 5.1)
-    result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=3", "seed=44", *data], tmp_path)
+    result = foxhunt_train_here(monkeypatch, capfd, [*SEARCH, "hydra.sweeper.n_trials=3", "seed=44", *data], tmp_path)
     check(result, 1)  # a failed trial fails the sweep, after the study
     cell_results = read_results(sweep_dirs(tmp_path)[0])
     assert [r.trial for r in cell_results] == [0, 1, 2]  # every trial ran
@@ -105,9 +105,10 @@ def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path, check):
     assert result.stderr.strip().splitlines()[-1].startswith(f"foxhunt-train: {len(by_asset['es'])} of 3 trials failed: ")
 
 
-def test_a_study_whose_every_trial_failed_still_ends_its_parent_run(tmp_path, check):
+def test_a_study_whose_every_trial_failed_still_ends_its_parent_run(tmp_path, monkeypatch, capfd, check):
     # a fixed batch size larger than any replay buffer searched: every trial fails its config check
-    result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=2", "model.module.batch_size=200000", *WEEK], tmp_path)
+    args = [*SEARCH, "hydra.sweeper.n_trials=2", "model.module.batch_size=200000", *WEEK]
+    result = foxhunt_train_here(monkeypatch, capfd, args, tmp_path)
     check(result, 1)
     cell_results = read_results(sweep_dirs(tmp_path)[0])
     assert [(r.trial, r.status) for r in cell_results] == [(0, "FAILED"), (1, "FAILED")]
@@ -124,9 +125,9 @@ PRUNING = ["hydra.sweeper.pruner=median", "hydra.sweeper.pruning.startup_trials=
            "trainer.max_epochs=4", "trainer.limit_train_batches=10", "model.module.min_replay_size=100"]  # fmt: skip
 
 
-def test_a_pruner_stops_trials_whose_validation_falls_behind_and_their_runs_end_killed(tmp_path, check):
+def test_a_pruner_stops_trials_whose_validation_falls_behind_and_their_runs_end_killed(tmp_path, monkeypatch, capfd, check):
     # four epochs of 40 agent steps, learning from the 25th: the trials' val/mean_reward part ways
-    result = foxhunt_train([*SEARCH, "hydra.sweeper.n_trials=5", *PRUNING, *WEEK], tmp_path)
+    result = foxhunt_train_here(monkeypatch, capfd, [*SEARCH, "hydra.sweeper.n_trials=5", *PRUNING, *WEEK], tmp_path)
     check(result)  # pruned trials are no failures
     study = optuna.load_study(study_name="dqn-es", storage=f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}")
     pruned = [t for t in study.trials if t.state.name == "PRUNED"]
