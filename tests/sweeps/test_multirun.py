@@ -1,7 +1,7 @@
 """``foxhunt-train -m``: strategies, grouping in MLflow, summary, failure isolation, resume.
 
-Each test runs real sweeps in a subprocess rooted in its own tmp folder (``FOXHUNT_ROOT``),
-with smoke-sized cells of the two agents (a TFT smoke cell takes ~25 s on a CPU core).
+Each test runs real sweeps rooted in its own tmp folder (``FOXHUNT_ROOT``), in a subprocess, or in
+the test's process where no process boundary is checked (a resume, a failing cell), with smoke-sized cells of the two agents (a TFT smoke cell takes ~25 s on a CPU core).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sweep_helpers import SMOKE, WEEK, foxhunt_train, runs, six_e_csv, store, sweep_dirs
+from sweep_helpers import SMOKE, WEEK, foxhunt_train, foxhunt_train_here, runs, six_e_csv, store, sweep_dirs
 
 from foxhunt.runs.cell import read_results
 from foxhunt.sweeps.resources import available_cores
@@ -54,7 +54,7 @@ def test_sequential_sweep_groups_its_cells_under_a_parent_run_with_a_summary(seq
     assert "| model | es |" in markdown and "2 of 2 cells ok" in markdown
 
 
-def test_resume_skips_finished_cells_and_resumes_a_killed_one_into_its_own_run(sequential, check):
+def test_resume_skips_finished_cells_and_resumes_a_killed_one_into_its_own_run(sequential, monkeypatch, capfd, check):
     root, first = sequential
     check(first)
     parents, cells = runs(root)
@@ -62,7 +62,7 @@ def test_resume_skips_finished_cells_and_resumes_a_killed_one_into_its_own_run(s
     killed = by_name["ppo-es-fp32"].info.run_id
     store(root).set_terminated(killed, "KILLED")  # as if stopped after its last checkpoint
 
-    result = foxhunt_train([*TWO_AGENTS, "resume=true"], root)
+    result = foxhunt_train_here(monkeypatch, capfd, [*TWO_AGENTS, "resume=true"], root)
     check(result)
     parents_after, cells_after = runs(root)
     assert [p.info.run_id for p in parents_after] == [parents[0].info.run_id]  # the sweep's parent reopened
@@ -116,11 +116,11 @@ def test_parallel_sweep_packs_by_memory_and_fails_a_cell_over_budget_before_trai
     assert last.startswith("foxhunt-train: 2 of 4 cells failed: tft-es-fp32 (FAILED: CellExceedsBudget: cell tft-es-fp32")
 
 
-def test_a_cell_with_bad_data_fails_alone_and_the_sweep_exits_non_zero(tmp_path, check):
+def test_a_cell_with_bad_data_fails_alone_and_the_sweep_exits_non_zero(tmp_path, monkeypatch, capfd, check):
     # 6E prices (1.09, on the 0.00005 grid) are off the ES grid (0.25): the es cell's data is bad.
     csv = six_e_csv(tmp_path / "6e.csv")
     data = ["data=csv", f"data.source.path={csv}", "data.source.bar_label=start"]
-    result = foxhunt_train(["model=dqn", "asset=6e,es", *data, *SMOKE], tmp_path)
+    result = foxhunt_train_here(monkeypatch, capfd, ["model=dqn", "asset=6e,es", *data, *SMOKE], tmp_path)
     check(result, 1)
     parents, cells = runs(tmp_path)
     status = {c.info.run_name: c for c in cells}
