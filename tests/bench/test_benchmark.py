@@ -129,7 +129,7 @@ def test_rl_against_stable_baselines3(tmp_path):
     names = {r["name"]: r for r in result["rows"]}
     for algo in ("PPO", "DQN"):
         row = names[f"{algo} vs Stable-Baselines3"]
-        assert row["goal"] == 1.5 and row["foxhunt"] > 0 and row["reference"] > 0 and finite(row["figure"])
+        assert row["goal"] == settings.goals.rl_vs_sb3 and row["foxhunt"] > 0 and row["reference"] > 0 and finite(row["figure"])
 
 
 def test_sb3_gets_the_seed_hyperparameters(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from agent_data import build_agent, cpu_trainer, env_datamodule, model_config, random_dataset
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from foxhunt.models.agent import direct_updates_allowed
+from foxhunt.models.agent import TradingAgent, direct_updates_allowed, step_optimizer
 
 # DQN: 30 agent steps, 24 filling the buffer and 6 learning (the 25th step stores its 100th transition, then learns); PPO: 2 training steps of 20 minibatches.
 FIT_STEPS = {"dqn": 30, "ppo": 40}
@@ -72,3 +72,65 @@ def test_a_grad_scaler_a_profiler_or_a_listening_callback_keeps_lightnings_wrapp
     assert not direct_updates_allowed(L.Trainer(plugins=[scaled], **options), agent)
     assert not direct_updates_allowed(L.Trainer(profiler="simple", **options), agent)
     assert not direct_updates_allowed(L.Trainer(callbacks=[SeesEveryUpdate()], **options), agent)
+
+
+def _gradients(scale: float, dtype: torch.dtype = torch.float32) -> list[torch.nn.Parameter]:
+    """The parameters of an agent-sized MLP with seeded random gradients of about ``scale``."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(17, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3)).to(dtype)
+    generator = torch.Generator().manual_seed(1)
+    for p in net.parameters():
+        p.grad = (torch.randn(p.shape, generator=generator) * scale).to(dtype)
+    return list(net.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_clip_grad_norm_is_torchs_bit_for_bit(dtype):
+    """TradingAgent.clip_grad_norm's CPU path (no grouping, no scaling where the coefficient is
+    exactly 1) leaves every gradient as torch's clip_grad_norm_ does: below, at and above max_norm,
+    at norms a rounding away from it, and with a non-finite norm."""
+    norm = float(torch.nn.utils.get_total_norm([p.grad for p in _gradients(1.0, dtype)]))
+    cases = [(scale, max_norm) for scale in (1e-3, 1.0, 1e3, float("inf")) for max_norm in (0.5, 10.0)]
+    cases += [(1.0, norm * (1 + k * 1e-8)) for k in range(-200, 201, 7)]  # max_norm within float32 roundings of the norm
+    for scale, max_norm in cases:
+        ours, theirs = _gradients(scale, dtype), _gradients(scale, dtype)
+        TradingAgent.clip_grad_norm(ours, max_norm)
+        torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a.grad, b.grad) or (a.grad.isnan().all() and b.grad.isnan().all()), (scale, max_norm)
+
+
+def _optimized(kind: type[torch.optim.Optimizer], fused: bool) -> tuple[list[torch.nn.Parameter], torch.optim.Optimizer]:
+    """Two parameter groups (different learning rates, as PPO's) of seeded parameters and their Adam(W)."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in ((64, 17), (64,), (3, 64), (3,))]
+    groups = [{"params": params[:2], "lr": 1e-3}, {"params": params[2:], "lr": 3e-4}]
+    return params, kind(groups, lr=1e-3, eps=1e-5, weight_decay=0.01, fused=fused)
+
+
+@pytest.mark.parametrize("kind", [torch.optim.Adam, torch.optim.AdamW])
+@pytest.mark.parametrize("fused", [True, False])
+def test_step_optimizer_is_the_optimizers_step_bit_for_bit(kind, fused):
+    """step_optimizer (the fused kernel called directly once every state exists; optimizer.step()
+    otherwise) leaves the parameters and states of optimizer.step(): the first step, steps where a
+    parameter has no gradient, and a step with a hook registered (which takes optimizer.step())."""
+    ours, ours_optimizer = _optimized(kind, fused)
+    theirs, theirs_optimizer = _optimized(kind, fused)
+    generator = torch.Generator().manual_seed(3)
+    seen: list[int] = []
+    for step in range(8):
+        grads = [torch.randn(p.shape, generator=generator) for p in ours]
+        for params in (ours, theirs):
+            for i, p in enumerate(params):
+                p.grad = None if step in (3, 4) and i == 1 else grads[i].clone()
+        if step == 6:
+            handle = ours_optimizer.register_step_post_hook(lambda *_: seen.append(step))
+        step_optimizer(ours_optimizer)
+        theirs_optimizer.step()
+        if step == 6:
+            handle.remove()
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a, b), (step, kind, fused)
+    assert seen == [6]
+    for state_a, state_b in zip(ours_optimizer.state_dict()["state"].values(), theirs_optimizer.state_dict()["state"].values()):
+        assert state_a.keys() == state_b.keys() and all(torch.equal(state_a[k], state_b[k]) for k in state_a)

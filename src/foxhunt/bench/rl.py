@@ -14,6 +14,7 @@ of the same market dataset, interleaved per repeat:
   express: one Adam for policy and value (foxhunt: one each, with their own learning rates),
   joint gradient clipping, plain (not double) DQN targets; they change no work per step.
 - **bare loop** (the limit): only the gradient steps, with the agent's own networks, optimizers
+  (stepped as the agent steps them, :func:`foxhunt.models.agent.step_optimizer`), clipping
   and loss functions (:func:`foxhunt.models.ppo.ppo_minibatch_losses`,
   :func:`foxhunt.models.dqn.double_dqn_loss`) on fixed random batches of the same sizes: no
   environment, no rollout, no replay writes, no Lightning, no logging.
@@ -54,7 +55,7 @@ from foxhunt.bench.measure import (
     train_batch_timer,
 )
 from foxhunt.bench.report import Row
-from foxhunt.models.agent import ACTIVATIONS, TradingAgent
+from foxhunt.models.agent import ACTIVATIONS, TradingAgent, step_optimizer
 from foxhunt.models.dqn import ReplayBuffer, double_dqn_loss
 from foxhunt.models.ppo import categorical_log_prob_entropy, ppo_minibatch_losses
 from foxhunt.trading.env import NUM_ACTIONS, TradingEnv, TradingGymEnv
@@ -300,7 +301,7 @@ def _bare_ppo_update(agent):
                 loss.backward()
                 agent.clip_grad_norm(policy_params, hp.max_grad_norm)
                 agent.clip_grad_norm(value_params, hp.max_grad_norm)
-                optimizer.step()
+                step_optimizer(optimizer)
 
     return update
 
@@ -326,7 +327,7 @@ def _bare_dqn_update(agent):
         optimizer.zero_grad()
         loss.backward()
         agent.clip_grad_norm(params, hp.max_grad_norm)
-        optimizer.step()
+        step_optimizer(optimizer)
         step[0] += 1
         if step[0] % hp.target_update_interval == 0:
             agent.target_net.load_state_dict(agent.q_net.state_dict())

@@ -55,6 +55,8 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from pydantic import Field
 from torch import Tensor, nn
+from torch.optim import optimizer as torch_optimizer_module
+from torch.utils._foreach_utils import _has_foreach_support
 
 from foxhunt.assets import AssetSpec
 from foxhunt.config.model_schemas import MAX_SEED, MAX_WIDTH, Hyperparameters
@@ -97,6 +99,11 @@ def compiled(function: Callable[..., Any], device_type: str) -> Callable[..., An
     return torch.compile(function, mode=COMPILE_MODES.get(device_type))
 
 
+#: torch's ``clip_grad_norm_`` constants: the epsilon added to the total norm, and the relative
+#: margin below ``max_norm`` under which its float32 clipping coefficient rounds to exactly 1 (two
+#: float32 roundings, each within 6e-8 relative, sit well inside it): :meth:`TradingAgent.clip_grad_norm`.
+_CLIP_EPS = 1e-6
+_CLIP_MARGIN = 1e-6
 #: The hooks Lightning's optimizer wrapper and ``manual_backward`` call around an update; a direct
 #: update (:func:`direct_updates_allowed`) is taken only where no callback listens to them.
 UPDATE_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
@@ -126,6 +133,65 @@ def direct_updates_allowed(trainer: Any, module: LightningModule) -> bool:
     return not any(
         is_overridden(hook, module, LightningModule) for hook in ("backward", "on_before_backward", "on_after_backward")
     )
+
+
+#: torch's fused Adam kernels by the ``decoupled_weight_decay`` of a group (AdamW's: True).
+_FUSED_ADAM_KERNELS = {False: torch._fused_adam_, True: torch._fused_adamw_}
+
+
+def step_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.step()``, bit for bit, with less around it where it can: for torch's fused
+    Adam or AdamW (:func:`foxhunt.precision.optim.make_optimizer`'s choice) on the CPU, every
+    parameter with a gradient already holding its state (stepped once), no step hook and no LR
+    scheduler wrapping the step, each group's parameters are stepped as torch's fused path steps
+    them, its step counts incremented and its fused kernel called on them, without
+    ``Optimizer.step``'s wrapper, ``_init_group`` and the grouping by device and dtype (on an
+    agent's six small tensors these cost more than the kernel: docs/benchmarks.md, issue 41).
+    Anything else: ``optimizer.step()`` itself."""
+    groups = _fused_adam_groups(optimizer)
+    if groups is None:
+        optimizer.step()
+        return
+    with torch.no_grad():
+        for group, params, grads, exp_avgs, exp_avg_sqs, steps in groups:
+            beta1, beta2 = group["betas"]
+            torch._foreach_add_(steps, 1)
+            _FUSED_ADAM_KERNELS[bool(group["decoupled_weight_decay"])](
+                params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=group["lr"], beta1=beta1,
+                beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+                grad_scale=None, found_inf=None,
+            )  # fmt: skip
+
+
+def _fused_adam_groups(optimizer: torch.optim.Optimizer) -> list[tuple[Any, ...]] | None:
+    """Per param group: the group, its parameters with gradients, their gradients, both moments
+    and step counts, where :func:`step_optimizer` may call the fused kernel itself; else None."""
+    if (
+        type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW)
+        or optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+        or torch_optimizer_module._global_optimizer_pre_hooks
+        or torch_optimizer_module._global_optimizer_post_hooks
+        or hasattr(optimizer.step, "_wrapped_by_lr_sched")
+    ):
+        return None
+    groups = []
+    for group in optimizer.param_groups:
+        if not group.get("fused") or group["amsgrad"] or group["maximize"] or group["capturable"] or group["differentiable"]:
+            return None
+        if not isinstance(group["lr"], float) or isinstance(group["betas"][0], Tensor) or isinstance(group["betas"][1], Tensor):
+            return None
+        params = [p for p in group["params"] if p.grad is not None]
+        states = [state for p in params if (state := optimizer.state.get(p))]
+        if not params or len(states) != len(params) or any("step" not in state for state in states):
+            return None
+        first = params[0]
+        for p in params:
+            if p.device.type != "cpu" or p.dtype != first.dtype or p.grad.dtype != p.dtype or p.grad.is_sparse or p.is_complex():
+                return None
+        groups.append((group, params, [p.grad for p in params], [state["exp_avg"] for state in states],
+                       [state["exp_avg_sq"] for state in states], [state["step"] for state in states]))  # fmt: skip
+    return groups
 
 
 def build_mlp(input_dim: int, hidden_sizes: Sequence[int], output_dim: int, activation: Activation) -> nn.Sequential:
@@ -314,15 +380,37 @@ class TradingAgent(LightningModule, ABC):
 
     @staticmethod
     def clip_grad_norm(params: Iterable[Tensor], max_norm: float | None) -> None:
-        """Clip the gradients of ``params`` to total norm ``max_norm`` (None: no clipping), with
-        torch's ``clip_grad_norm_`` directly. Called where Lightning has already unscaled the
-        gradients under a grad scaler (``configure_gradient_clipping``,
-        ``on_before_optimizer_step``); Lightning's own ``clip_gradients`` wrapper costs about as
-        much again as the clipping itself (measured around each call in a PPO update; figures in
-        docs/benchmarks.md)."""
+        """Clip the gradients of ``params`` to total norm ``max_norm`` (None: no clipping): torch's
+        ``clip_grad_norm_``, bit for bit. Called where Lightning has already unscaled the gradients
+        under a grad scaler (``configure_gradient_clipping``, ``on_before_optimizer_step``);
+        Lightning's own ``clip_gradients`` wrapper costs about as much again as the clipping itself
+        (measured around each call in a PPO update; figures in docs/benchmarks.md).
+
+        On the CPU, with every gradient of one dtype and of a type torch's foreach kernels take,
+        the same ops are run without torch's grouping by device and dtype, and the scaling is
+        skipped where the norm is below ``max_norm`` by a margin that makes torch's float32
+        coefficient ``min(max_norm / (norm + 1e-6), 1)`` exactly 1 (a multiply by 1 changes no
+        bit): on an agent's small networks every op is a few microseconds of dispatch, and the
+        norm is read on the CPU without a device synchronization. Elsewhere torch's function."""
         if max_norm is None:
             return
-        torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
+        with_grads = [p for p in params if p.grad is not None]
+        grads = [p.grad for p in with_grads if p.grad is not None]  # (the same, typed)
+        if not grads:
+            return
+        first = grads[0]
+        if (
+            first.device.type != "cpu"
+            or any(g.device != first.device or g.dtype != first.dtype for g in grads)
+            or not _has_foreach_support(grads, first.device)
+        ):
+            torch.nn.utils.clip_grad_norm_(with_grads, max_norm)
+            return
+        with torch.no_grad():
+            total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+            if float(total) + _CLIP_EPS <= max_norm * (1.0 - _CLIP_MARGIN):  # coefficient exactly 1: no change
+                return
+            torch._foreach_mul_(grads, torch.clamp(max_norm / (total + _CLIP_EPS), max=1.0))
 
     def compiles_on(self, device_type: str, planned_updates: float) -> bool:
         """Whether a fit on ``device_type`` of ``planned_updates`` gradient steps runs the compiled
@@ -384,7 +472,7 @@ class TradingAgent(LightningModule, ABC):
             self.clip_update_gradients(torch_optimizer)
         progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
         progress.increment_ready()
-        torch_optimizer.step()
+        step_optimizer(torch_optimizer)
         progress.increment_completed()
 
     def env_obs(self, obs: Tensor) -> Tensor:

@@ -161,14 +161,14 @@ class ReplayBuffer:
         """``batch_size`` transitions drawn uniformly among the filled slots."""
         if self.size == 0:
             raise RuntimeError("ReplayBuffer.sample: the buffer is empty")
-        idx = torch.randint(0, self.size, (batch_size,), generator=self.generator)
-        idx = idx.to(self.device)
+        idx = torch.randint(0, self.size, (batch_size,), generator=self.generator).to(self.device)
+        # index_select: the rows of advanced indexing, without its Python argument parsing
         return Transitions(
-            obs=self.obs[idx],
-            actions=self.actions[idx],
-            rewards=self.rewards[idx],
-            next_obs=self.next_obs[idx],
-            dones=self.dones[idx],
+            obs=self.obs.index_select(0, idx),
+            actions=self.actions.index_select(0, idx),
+            rewards=self.rewards.index_select(0, idx),
+            next_obs=self.next_obs.index_select(0, idx),
+            dones=self.dones.index_select(0, idx),
         )
 
 
