@@ -20,24 +20,29 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "real"
 
 
-# The longest test files, longest first: seconds of one worker with one torch thread, measured file
-# by file at a load average of 4-6 on the two cores (issue 39): 81, 72-107, 64-80, 52-67, 50-60, 35,
-# 31, 33 (mypy with a cold cache), 29, 25. pytest-xdist's --dist loadfile runs a file whole on one
-# worker and hands out the files with the most tests first, so these files of one or two
-# minute-long tests came last, and the suite's last minutes ran on one worker while the other
-# idled. Started first, the two workers share them and the short files fill in after. Files not
-# named keep xdist's order, the most tests first.
+# The longest test files, longest first: seconds of each file alone in one pytest process, measured
+# 2026-12-04 16:00-16:33 UTC on the two cores at a load average of 1.3-6 (others' work beside;
+# issue 39): 129 (with the roll tests' session fixtures), 128, 118, 102, 86, 86, 73 (23 + 50),
+# 60 (mypy with a cold cache, in the 15:38 suite), 58, 56, 53, 47, 38, 36. pytest-xdist's
+# --dist loadfile runs a file whole on one worker and hands out the files with the most tests
+# first, so files of one or two minute-long tests came last, and the suite's last minutes ran on
+# one worker while the other idled. Started first, the two workers share them and the short files
+# fill in after. Files not named keep xdist's order, the most tests first.
 LONGEST_FIRST = (
+    "tests/roll/test_roll_crash.py",
+    "tests/test_same_second_runs.py",
+    "tests/sweeps/test_multirun.py",
+    "tests/training/test_resume_point.py",
+    "tests/training/test_cell.py",
     "tests/test_kill_resume.py",
     "tests/jobs/test_jobs_e2e.py",
+    "tests/test_style.py",
     "tests/test_bad_inputs.py",
     "tests/test_run_records.py",
-    "tests/test_same_second_runs.py",
-    "tests/training/test_resume_point.py",
-    "tests/training/test_checkpoint_stamps.py",
-    "tests/test_style.py",
-    "tests/training/test_cell.py",
+    "tests/roll/test_swap.py",
+    "tests/sweeps/test_optuna_search.py",
     "tests/test_killed_sweep.py",
+    "tests/training/test_checkpoint_stamps.py",
 )
 
 
