@@ -156,7 +156,9 @@ def step_optimizer(optimizer: torch.optim.Optimizer) -> None:
         for group, params, grads, exp_avgs, exp_avg_sqs, steps in groups:
             beta1, beta2 = group["betas"]
             torch._foreach_add_(steps, 1)
-            _FUSED_ADAM_KERNELS[bool(group["decoupled_weight_decay"])](
+            # AdamW: a class of its own in older torch (no such group key), Adam with decoupled_weight_decay in newer
+            decoupled = type(optimizer) is torch.optim.AdamW or bool(group.get("decoupled_weight_decay", False))
+            _FUSED_ADAM_KERNELS[decoupled](
                 params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=group["lr"], beta1=beta1,
                 beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
                 grad_scale=None, found_inf=None,
