@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from train_entry import run_foxhunt_train
+from train_entry import train_here
 
 BIN = Path(sys.executable).parent
 # Small and quick: a few batches of tiny networks on ten days of bars, scored on 300 bars.
@@ -68,17 +68,11 @@ def _finish(process: subprocess.Popen, what: str, expect: int = 0) -> str:
 def _train_here(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture, root: Path, args: list[str], what: str) -> str:
     """``foxhunt-train *args`` from ``root`` in the test's process (tests/train_entry.py), as
     :func:`_start` then :func:`_finish` with exit 0: what it printed. The torch threads it sets
-    (``strategy.torch_threads``) are this process's: put back as they were."""
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        code = run_foxhunt_train(monkeypatch, root, args)
-    finally:
-        torch.set_num_threads(threads)
-    out, err = capfd.readouterr()
-    assert code == 0, f"{what}: exit {code}\n{(out + err)[-4000:]}"
-    return out + err
+    (``strategy.torch_threads``) are put back as they were."""
+    done = train_here(monkeypatch, capfd, root, args)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, f"{what}: exit {done.returncode}\n{out[-4000:]}"
+    return out
 
 
 def _db(root: Path) -> sqlite3.Connection:

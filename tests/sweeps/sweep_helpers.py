@@ -15,7 +15,7 @@ from omegaconf import read_write
 
 from configs import synthetic_source
 from foxhunt.runs.cell import CELL_RESULT_FILE, CellResult
-from train_entry import run_foxhunt_train
+from train_entry import train_here
 
 # Small and fast: one epoch of 8 steps, one torch thread (two jobs share two cores), on a week
 # of synthetic bars (WEEK; not for the CSV source).
@@ -35,17 +35,7 @@ def foxhunt_train_here(
     """:func:`foxhunt_train` in the test's process (tests/train_entry.py): the same command line,
     its exit status and what it printed, as a finished process; the torch threads it sets
     (``strategy.torch_threads``) put back as they were."""
-    import torch
-
-    threads = torch.get_num_threads()
-    capfd.readouterr()  # what the test printed before: not the command's
-    try:
-        code = run_foxhunt_train(monkeypatch, root, ["-m", *args])
-    finally:
-        torch.set_num_threads(threads)
-    out, err = capfd.readouterr()
-    returncode = code if isinstance(code, int) else 1  # sys.exit("message"): status 1, as a process
-    return subprocess.CompletedProcess(["foxhunt-train", "-m", *args], returncode, out, err)
+    return train_here(monkeypatch, capfd, root, ["-m", *args])
 
 
 def store(root: Path):
