@@ -40,6 +40,40 @@ def test_the_agents_activations_are_those_build_mlp_builds():
         assert type(build_mlp(17, [8], 3, name)[1]) is ACTIVATIONS[name]
 
 
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+def test_the_mlp_computes_what_its_layers_compute_as_modules(activation):
+    """MLP calls its layers' forward directly: the same outputs and gradients, bit for bit, as
+    torch's Sequential over the same layers."""
+    torch.manual_seed(0)
+    mlp = build_mlp(17, [32, 16], 3, activation)
+    plain = nn.Sequential(*mlp)
+    x = torch.randn(9, 17)
+    out, reference = mlp(x), plain(x)
+    assert torch.equal(out, reference)
+    grads = torch.autograd.grad(out.square().sum(), list(mlp.parameters()))
+    reference_grads = torch.autograd.grad(reference.square().sum(), list(plain.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(grads, reference_grads))
+
+
+def test_the_mlp_runs_every_hook_a_module_call_runs():
+    """A hook on a layer or a global module hook (a profiler's, a memory probe's) sees each layer
+    called as a module: the direct calls are taken only where no hook is registered."""
+    mlp = build_mlp(17, [8], 3, "relu")
+    seen: list[str] = []
+    handle = mlp[0].register_forward_hook(lambda module, args, out: seen.append("layer"))
+    mlp(torch.zeros(2, 17))
+    assert seen == ["layer"]
+    handle.remove()
+    handle = nn.modules.module.register_module_forward_hook(lambda module, args, out: seen.append(type(module).__name__))
+    try:
+        mlp(torch.zeros(2, 17))
+    finally:
+        handle.remove()
+    assert seen == ["layer", "Linear", "ReLU", "Linear", "MLP"]
+    mlp(torch.zeros(2, 17))
+    assert len(seen) == 5  # removed: none runs
+
+
 def test_walk_positions_follows_the_held_position():
     # columns: greedy action while holding -1, 0, +1
     table = np.array(

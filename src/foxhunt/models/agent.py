@@ -55,6 +55,12 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from pydantic import Field
 from torch import Tensor, nn
+from torch.nn.modules.module import (
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
 from torch.optim import optimizer as torch_optimizer_module
 from torch.utils._foreach_utils import _has_foreach_support
 
@@ -196,7 +202,57 @@ def _fused_adam_groups(optimizer: torch.optim.Optimizer) -> list[tuple[Any, ...]
     return groups
 
 
-def build_mlp(input_dim: int, hidden_sizes: Sequence[int], output_dim: int, activation: Activation) -> nn.Sequential:
+def clear_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.zero_grad()`` (``set_to_none=True``, torch's default): every parameter's
+    ``grad`` set to None, without the wrapper that keeps dynamo out of ``zero_grad`` and its
+    profiler range (on an agent's six tensors those are about 50 us of a DQN agent step of about
+    1,300; docs/benchmarks.md, issue 41)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.grad = None
+
+
+class MLP(nn.Sequential):
+    """The agents' networks: an ``nn.Sequential`` (same layers, state-dict keys and hooks) whose
+    forward calls each layer's ``forward`` itself where no hook could observe the difference:
+    torch's ``Module.__call__`` takes the same shortcut when a module has no hooks, but at two
+    Python frames per layer it is about a fifth of a DQN agent step's Python time (12 layer calls
+    per step; docs/benchmarks.md, issue 41). With any module or global hook, or under the TorchScript
+    tracer, the layers are called as modules."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        layers = self._modules.values()
+        if _hooks_may_run(layers):
+            return super().forward(x)
+        for layer in layers:
+            x = layer.forward(x)
+        return x
+
+
+def _hooks_may_run(layers: Iterable[nn.Module | None]) -> bool:
+    """Whether calling ``layers`` as modules could run more than their ``forward``: what
+    ``Module._call_impl`` checks before its own shortcut."""
+    if (
+        torch._C._get_tracing_state() is not None
+        or _global_forward_hooks
+        or _global_forward_pre_hooks
+        or _global_backward_hooks
+        or _global_backward_pre_hooks
+    ):
+        return True
+    for layer in layers:  # a loop: any() over a generator costs a frame per layer
+        if (
+            layer is None
+            or layer._forward_hooks
+            or layer._forward_pre_hooks
+            or layer._backward_hooks
+            or layer._backward_pre_hooks
+        ):
+            return True
+    return False
+
+
+def build_mlp(input_dim: int, hidden_sizes: Sequence[int], output_dim: int, activation: Activation) -> MLP:
     """``Linear -> activation`` for each hidden size, then a final ``Linear`` to ``output_dim``.
 
     ``hidden_sizes`` may be empty (a linear model). The sizes and the activation are the agents'
@@ -208,7 +264,7 @@ def build_mlp(input_dim: int, hidden_sizes: Sequence[int], output_dim: int, acti
         layers.append(nn.Linear(n_in, n_out))
         if i < len(sizes) - 2:
             layers.append(ACTIVATIONS[activation]())
-    return nn.Sequential(*layers)
+    return MLP(*layers)
 
 
 def orthogonal_init_(mlp: nn.Sequential, hidden_gain: float, output_gain: float) -> nn.Sequential:
@@ -468,7 +524,7 @@ class TradingAgent(LightningModule, ABC):
             optimizer.step()  # clipped first, in on_before_optimizer_step
             return
         torch_optimizer = optimizer.optimizer
-        torch_optimizer.zero_grad()
+        clear_gradients(torch_optimizer)
         if loss is not None:
             loss.backward()
             self.clip_update_gradients(torch_optimizer)
