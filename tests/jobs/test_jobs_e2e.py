@@ -24,12 +24,15 @@ from foxhunt.runs.liveness import process_alive
 # One torch thread: the suite's other pytest-xdist worker trains on the second core (a sweep of
 # torch's default two threads on two busy cores waits on its own spinning threads).
 TINY = ["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false", "strategy.torch_threads=1"]
-STEPS = 8  # trainer=smoke's 8 training batches: the step unit of every metric of a run (foxhunt.runs.steps)
+# trainer=smoke's 8 training batches of DQN's steps_per_call (25) agent steps: the step unit of every
+# metric of a DQN run, its agent steps (foxhunt.runs.steps.log_on_step)
+STEPS = 8 * 25
 # Long enough to be stopped mid-training, short enough to finish soon after a resume: one epoch
-# of 800 batches, progress reported every 10. Measured 2026-12-04 on 2 cores: 200 batches trained
-# in 3.6 s on a quiet machine, less than a status poll and the stop command's start-up take on a
-# loaded one, so the job sometimes finished before its stop arrived (FINISHED, not KILLED).
-LONGER = [*TINY, "asset=es", "trainer.limit_train_batches=800"]
+# of 80 training_step calls (2,000 agent steps), progress reported every 10. Measured 2026-12-04
+# on 2 cores: 200 batches of 4 agent steps trained in 3.6 s on a quiet machine, less than a status
+# poll and the stop command's start-up take on a loaded one, so a shorter job sometimes finished
+# before its stop arrived (FINISHED, not KILLED).
+LONGER = [*TINY, "asset=es", "trainer.limit_train_batches=80", "model.env.steps_per_epoch=80"]
 
 
 def cli(root: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:

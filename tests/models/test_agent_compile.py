@@ -65,7 +65,7 @@ class PlannedUpdates(L.Callback):
 
 @pytest.mark.parametrize("name", ["dqn", "ppo"])
 def test_planned_updates_count_the_fits_gradient_steps(name):
-    per_batch = 4 if name == "dqn" else 20  # steps_per_call 4; PPO 10 epochs x 64 / 32
+    per_batch = 25 if name == "dqn" else 20  # steps_per_call 25; PPO 10 epochs x 64 / 32
     dataset = random_dataset(seed=5)
     cfg = _cfg(name, "auto")
     agent = build_agent(cfg)

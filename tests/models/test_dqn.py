@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 
+import lightning.pytorch as L
 import numpy as np
 import pytest
 import torch
@@ -20,6 +21,7 @@ from agent_data import (
     random_dataset,
     single_torch_thread,  # noqa: F401  (autouse fixture)
 )
+from lightning.pytorch.loggers.logger import Logger
 
 from foxhunt.models.agent import walk_rewards
 from foxhunt.models.dqn import ReplayBuffer, double_dqn_loss, double_dqn_targets, epsilon_at
@@ -118,9 +120,10 @@ def test_target_network_updated_exactly_every_interval():
 
 def test_short_fit_logs_finite_metrics_and_syncs_the_target():
     dataset = random_dataset(seed=1)
-    # 15 training_step calls per epoch x steps_per_call 4 = 60 agent steps: two epochs
-    cfg = model_config("dqn", seed=0, env={"steps_per_epoch": 15, "episode_len": 50})
-    assert cfg.module.steps_per_call == 4
+    # 3 training_step calls per epoch x steps_per_call 25 = 75 agent steps: two epochs, the second
+    # cut at max_steps (45 agent steps: one call of 20)
+    cfg = model_config("dqn", seed=0, env={"steps_per_epoch": 3, "episode_len": 50})
+    assert cfg.module.steps_per_call == 25
     agent = build_agent(cfg)
     datamodule = env_datamodule(dataset, cfg)
     syncs = []
@@ -276,6 +279,50 @@ def test_several_agent_steps_per_training_step_take_the_one_step_updates(steps_p
     assert float(trainer.callback_metrics["train/epsilon"]) == pytest.approx(0.995 ** (EQUAL_UPDATE_STEPS - 1))
 
 
+class _Recording(Logger):
+    """A Lightning logger that keeps every row it is given."""
+
+    name, version = "recording", "0"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, dict[str, float]]] = []
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+
+def _train_rows(steps_per_call: int, log_every_n_steps: int) -> tuple[list[tuple[int, dict[str, float]]], L.Trainer]:
+    """The train-metric rows a fit of EQUAL_UPDATE_STEPS agent steps writes, by logging step."""
+    dataset = random_dataset(seed=4)
+    cfg = model_config("dqn", seed=3, env={"steps_per_epoch": 1000, "episode_len": 30}, steps_per_call=steps_per_call)
+    torch.manual_seed(3)
+    agent = build_agent(cfg)
+    logger = _Recording()
+    trainer = cpu_trainer(max_steps=EQUAL_UPDATE_STEPS, limit_val_batches=0, logger=logger, log_every_n_steps=log_every_n_steps)
+    trainer.fit(agent, datamodule=env_datamodule(dataset, cfg))
+    return [(step, row) for step, row in logger.rows if "train/epsilon" in row], trainer
+
+
+@pytest.mark.parametrize("steps_per_call", [5, 10])
+def test_train_metrics_are_written_every_log_every_n_steps_agent_steps_at_any_steps_per_call(steps_per_call):
+    """The logging axis and Lightning's logging gate count agent steps (runs.steps.log_on_step):
+    a fit of several agent steps per call writes the rows of the one-step fit, at the same steps
+    with the same values (the env throughput aside, a clock reading). Before, the gate and the
+    axis counted calls: rows every 10 calls (50 or 100 agent steps) at steps 9, 19, ..."""
+    one, one_trainer = _train_rows(steps_per_call=1, log_every_n_steps=10)
+    several, trainer = _train_rows(steps_per_call=steps_per_call, log_every_n_steps=10)
+    assert [step for step, _ in one] == [*range(9, EQUAL_UPDATE_STEPS, 10)]  # agent steps 10, 20, ..., 130
+    assert [step for step, _ in several] == [step for step, _ in one]
+    for (_, a), (_, b) in zip(one, several):
+        a.pop("train/env_steps_per_s", None), b.pop("train/env_steps_per_s", None)
+        assert a == b
+    assert trainer.fit_loop.epoch_loop._batches_that_stepped == trainer.global_step == EQUAL_UPDATE_STEPS
+
+
 def test_lightning_fit_takes_the_updates_of_the_plain_one_step_loop():
     dataset = random_dataset(seed=4)
     fitted, _ = _fit_agent(dataset, steps_per_call=4)
@@ -296,3 +343,21 @@ def test_a_bad_steps_per_call_is_a_one_line_config_error(value, tmp_path):
     with pytest.raises(ConfigError) as error:
         validate(cfg)
     assert str(error.value) == f"model.module.steps_per_call={value!r}: must be an integer >= 1 and <= 10000000"
+
+
+@pytest.mark.parametrize("every", [30, 26])
+def test_a_log_cadence_the_calls_cannot_keep_is_a_one_line_config_error(every, tmp_path):
+    from configs import compose_train_config
+    from foxhunt.config.schema import ConfigError, validate
+
+    cfg = compose_train_config(["model=dqn", "model.module.steps_per_call=25", f"trainer.log_every_n_steps={every}"], tmp_path)
+    with pytest.raises(ConfigError) as error:
+        validate(cfg)
+    assert str(error.value) == (
+        f"trainer.log_every_n_steps={every}: must be a multiple of model.module.steps_per_call (25) or at most it: "
+        "train metrics are written at the end of a training_step of 25 agent steps"
+    )
+    for fits in (50, 25, 5, 1):
+        validate(
+            compose_train_config(["model=dqn", "model.module.steps_per_call=25", f"trainer.log_every_n_steps={fits}"], tmp_path)
+        )

@@ -674,6 +674,19 @@ class TrainConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _log_cadence_fits_the_calls(self) -> TrainConfig:
+        # An agent that runs steps_per_call agent steps per training_step (DQN) logs on the
+        # agent-step axis (foxhunt.runs.steps.log_on_step) at the end of a call: every
+        # log_every_n_steps agent steps where the calls end there, every call where a call is longer.
+        per_call = (self.model.module.model_extra or {}).get("steps_per_call")
+        every = self.trainer.log_every_n_steps
+        if isinstance(per_call, int) and per_call > 1 and every is not None and every > per_call and every % per_call:
+            raise _KeyedError("trainer.log_every_n_steps", every,
+                              f"must be a multiple of model.module.steps_per_call ({per_call}) or at most it: train metrics "
+                              f"are written at the end of a training_step of {per_call} agent steps")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
     def _purge_covers_the_labels(self) -> TrainConfig:
         reach, why = label_reach(self.model)
         if self.evaluation.protocol == "walk_forward":

@@ -20,8 +20,10 @@ Algorithm (van Hasselt et al., 2016, "Deep Reinforcement Learning with Double Q-
   is exactly the step of a one-step ``training_step`` (same order of random draws, same
   ``global_step`` at each, the target update after its own step), so the updates do not depend
   on ``steps_per_call`` (tests/models/test_dqn.py checks it bit for bit). ``trainer.global_step``
-  counts agent steps, filling steps included; ``model.env.steps_per_epoch`` counts
-  ``training_step`` calls.
+  counts agent steps, filling steps included, and so does the logging axis
+  (:func:`foxhunt.runs.steps.log_on_step`): the train metrics are written every
+  ``trainer.log_every_n_steps`` agent steps, at the steps a one-step fit writes them;
+  ``model.env.steps_per_epoch`` counts ``training_step`` calls.
 - **Episode ends.** The env only truncates episodes (time limit, ``terminated`` is always
   False). A truncated transition is *not* terminal: its next state is ``info["final_obs"]``
   (the observation the episode reached, before the auto-reset) and its target bootstraps from
@@ -75,6 +77,7 @@ from torch import Tensor, nn
 from foxhunt.config.model_schemas import MAX_BATCH, MAX_MEMORY, MAX_STEPS, MAX_WIDTH, Related, defined_by
 from foxhunt.models.agent import Activation, AgentHyperparameters, CompileStep, TradingAgent, build_mlp
 from foxhunt.precision.optim import make_optimizer
+from foxhunt.runs.steps import log_on_step
 from foxhunt.trading.env import NUM_ACTIONS
 
 
@@ -371,12 +374,12 @@ class DQNAgent(TradingAgent):
         max_steps = self.trainer.max_steps
         if max_steps is not None and max_steps >= 0:
             steps = max(1, min(steps, max_steps - self.global_step))
-        log = self.log_due(batch_idx, optimizer_steps=steps)  # the steps a logger sees
         optimizer = self.optimizers()
         for _ in range(steps - 1):  # steps >= 1
             self.agent_step(optimizer)
         epsilon, loss, q_taken = self.agent_step(optimizer)  # the last one, whose metrics are logged
-        if log:
+        log_on_step(self.trainer, self.global_step)  # the logging axis and its cadence count agent steps
+        if self.log_due(batch_idx, optimizer_steps=0):  # the steps a logger sees
             self.log("train/epsilon", epsilon, on_step=True, on_epoch=False, batch_size=1)
             for key, value in self.pending_metrics().items():
                 self.log(key, value, on_step=True, on_epoch=False, batch_size=1)
