@@ -5,7 +5,10 @@
 # 1. pytest -m gpu: every CUDA / NVML path (probes, the memory callback's device samples, bf16 and
 #    int8 training on CUDA, CUDA allocation peaks, the ensemble streaming on CUDA, one device per job);
 # 2. foxhunt memory validate on the device against rtx3050ti;
-# 3. a smoke grid of the five models, registered, then foxhunt ensemble footprint on CUDA.
+# 3. a smoke grid of the five models, registered, then foxhunt ensemble footprint on CUDA;
+# 4. the training-speed sections on CUDA (scripts/benchmark.py --quick --sections rl,tft --set device=cuda:
+#    every side on the GPU, the agents' compiled side with CUDA graphs; the peers' rows need
+#    stable-baselines3 and pytorch-forecasting installed, else only the bare-loop rows).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -35,5 +38,9 @@ run() { timeout "${SECTION_TIMEOUT:-900}" "$@" 2>&1 | tail -n 60; echo "exit ${P
   (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" ensemble register asset=es --force)  # smoke runs rarely beat the baseline: forced, tagged gate=forced
   (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" ensemble footprint asset=es data.source.days=7 ensemble.device=cuda)
   (cd "$ROOT" && FOXHUNT_ROOT="$ROOT" run "$BIN/foxhunt" ensemble replay asset=es data.source.days=7 ensemble.device=cuda ensemble.runtime=torch)
+  echo '```'; } >> "$report"
+{ section "training speed on CUDA (benchmark sections rl, tft)"
+  run "$PY" scripts/benchmark.py --quick --sections rl,tft --set device=cuda --root "$ROOT"
+  cp "$ROOT/outputs/bench/benchmark.md" "$OUT/benchmark_cuda.md" 2>/dev/null
   echo '```'; } >> "$report"
 cat "$report"

@@ -12,8 +12,10 @@ import json
 import math
 
 import pytest
+import torch
 
 from foxhunt.bench import report, rl
+from foxhunt.bench.measure import Clock
 from foxhunt.bench.run import main, run
 from foxhunt.bench.settings import BenchSettingsError, load_settings
 
@@ -169,6 +171,40 @@ def test_settings_errors_name_the_key(tmp_path):
         load_settings(overrides=["threads=[0]"])
     quick = load_settings(quick=True)
     assert quick.repeats < load_settings().repeats and "quick" not in quick
+
+
+def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys):
+    """Before: BenchSettingsError's traceback."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--set", "threads=[0]", "--root", str(tmp_path)])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scripts/benchmark.py: settings error: threads=[0]: need a list of integers >= 1 (")
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_training_sections_device_is_cpu_or_a_cuda_device_torch_sees(monkeypatch):
+    assert load_settings().device == "cpu"
+    with pytest.raises(BenchSettingsError, match=r"^device='gpu': must be one of \['cpu', 'cuda'\] \("):
+        load_settings(overrides=["device=gpu"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BenchSettingsError, match=r"^device=cuda: torch sees no CUDA device on this machine \("):
+        load_settings(overrides=["device=cuda"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert load_settings(overrides=["device=cuda"]).device == "cuda"
+
+
+def test_the_clock_waits_for_the_device_it_times(monkeypatch):
+    """A CUDA clock reads the time after the queued kernels end (a synchronize at start and stop);
+    a CPU clock never synchronizes."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: calls.append("sync"))
+    for device, expected in (("cpu", []), ("cuda", ["sync", "sync"])):
+        calls.clear()
+        clock = Clock(device)
+        clock.start()
+        clock.stop()
+        assert calls == expected and clock.wall_s >= 0
 
 
 def test_cli_writes_both_reports(tmp_path, monkeypatch, capsys):

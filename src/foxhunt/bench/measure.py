@@ -50,19 +50,26 @@ class Timing:
 
 
 class Clock:
-    """Wall and CPU time between :meth:`start` and :meth:`stop`."""
+    """Wall and CPU time between :meth:`start` and :meth:`stop`. On a CUDA device (``device``
+    "cuda") each reading first waits for the work queued on it: kernels run asynchronously, so
+    without it the clock would time their launches."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
         self.wall_s = 0.0
         self.cpu_s = 0.0
         self._start: tuple[float, float] | None = None
+        self._synchronize = torch.cuda.synchronize if device == "cuda" else None
 
     def start(self) -> None:
+        if self._synchronize is not None:
+            self._synchronize()
         self._start = (time.perf_counter(), time.process_time())
 
     def stop(self) -> None:
         if self._start is None:
             raise RuntimeError("Clock.stop before Clock.start")
+        if self._synchronize is not None:
+            self._synchronize()
         wall, cpu = self._start
         self.wall_s += time.perf_counter() - wall
         self.cpu_s += time.process_time() - cpu
@@ -72,13 +79,13 @@ class Clock:
         return Timing(work=work, wall_s=self.wall_s, cpu_s=self.cpu_s, extra=dict(extra))
 
 
-def train_batch_timer(warmup: int):
+def train_batch_timer(warmup: int, device: str = "cpu"):
     """A Lightning callback whose ``clock`` times the training batches from index ``warmup`` to
-    the last one (``timed`` counts them): the timed window of a benchmark fit."""
+    the last one (``timed`` counts them) on ``device``: the timed window of a benchmark fit."""
 
     class TrainBatchTimer(Callback):
         def __init__(self) -> None:
-            self.clock = Clock()
+            self.clock = Clock(device)
             self.timed = 0
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

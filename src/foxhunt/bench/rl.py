@@ -1,7 +1,9 @@
 """Section 1: RL training throughput of foxhunt's PPO and DQN against Stable-Baselines3 and the limit.
 
 Three sides, at the default config's hyperparameters (``conf/model/{ppo,dqn}.yaml``), on the training split
-of the same market dataset, interleaved per repeat:
+of the same market dataset, interleaved per repeat, each training on the settings' ``device`` (``cuda``:
+the networks and the replay on the GPU, the env on the CPU as in a fit; the clock read after a
+synchronize; ``compile_step=always`` then compiles with CUDA graphs):
 
 - **foxhunt**: the agent trained by a Lightning ``Trainer`` as ``foxhunt-train`` builds it (the
   model's own logging at ``trainer.log_every_n_steps``), without the MLflow logger and the
@@ -87,19 +89,19 @@ def steps_per_call(cfg) -> int:
     return int(cfg.model.module.get("steps_per_call", 1)) if cfg.model.name == "dqn" else 1
 
 
-def compiles_in_long_fits(cfg) -> bool:
-    """Whether ``compile_step: auto`` compiles the agent of ``cfg`` on a CPU in a fit long enough
-    (its ``compile_pays_after``): the benchmark's fits are short, so auto runs them eager, and the
-    compiled side is measured apart (``compile_step: always``)."""
+def compiles_in_long_fits(cfg, device: str) -> bool:
+    """Whether ``compile_step: auto`` compiles the agent of ``cfg`` on ``device`` in a fit long
+    enough (its ``compile_pays_after``; on a GPU with CUDA graphs): the benchmark's fits are short,
+    so auto runs them eager, and the compiled side is measured apart (``compile_step: always``)."""
     agent_class: type[TradingAgent] = get_class(cfg.model.module._target_)
-    return "cpu" in agent_class.compile_pays_after
+    return device in agent_class.compile_pays_after
 
 
 # ----------------------------------------------------------------------------------- foxhunt
-def foxhunt_run(cfg, dataset, warmup: int, steps: int, compile_step: str | None = None) -> Timing:
-    """Train a fresh agent for ``warmup + steps`` training steps; time the last ``steps``
-    (rounded up to whole ``training_step`` calls); ``extra['first_step_s']``: the first training
-    step's wall time. ``compile_step``: that ``model.module.compile_step`` (None: the config's)."""
+def foxhunt_run(cfg, dataset, warmup: int, steps: int, compile_step: str | None = None, device: str = "cpu") -> Timing:
+    """Train a fresh agent on ``device`` for ``warmup + steps`` training steps; time the last
+    ``steps`` (rounded up to whole ``training_step`` calls); ``extra['first_step_s']``: the first
+    training step's wall time. ``compile_step``: that ``model.module.compile_step`` (None: the config's)."""
     per_call = steps_per_call(cfg)
     warmup, steps = -(-warmup // per_call), -(-steps // per_call)  # training_step calls
     cfg = cfg.copy()
@@ -109,10 +111,10 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int, compile_step: str | None 
     pl.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(cfg, dataset)
     model = build_model(cfg)
-    timer = train_batch_timer(warmup)
+    timer = train_batch_timer(warmup, device)
     first = first_step_timer()
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=device,
         devices=1,
         max_epochs=1,
         limit_train_batches=warmup + steps,
@@ -124,7 +126,7 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int, compile_step: str | None 
         enable_progress_bar=False,
         enable_model_summary=False,
         log_every_n_steps=int(cfg.trainer.log_every_n_steps),
-        plugins=[build_precision(cfg, accelerator="cpu")],
+        plugins=[build_precision(cfg, accelerator=device)],
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -135,8 +137,9 @@ def foxhunt_run(cfg, dataset, warmup: int, steps: int, compile_step: str | None 
 
 
 # ----------------------------------------------------------------------------------- SB3
-def sb3_model(cfg, dataset) -> Any:
-    """Stable-Baselines3's PPO or DQN for ``cfg.model`` on the gymnasium wrapper of the env."""
+def sb3_model(cfg, dataset, device: str = "cpu") -> Any:
+    """Stable-Baselines3's PPO or DQN for ``cfg.model`` on the gymnasium wrapper of the env, its
+    networks on ``device``."""
     from stable_baselines3 import DQN, PPO
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
@@ -183,7 +186,7 @@ def sb3_model(cfg, dataset) -> Any:
                 "activation_fn": activation,
                 "optimizer_kwargs": {"eps": float(m.adam_eps)},
             },
-            device="cpu",
+            device=device,
             seed=int(cfg.seed),
             verbose=0,
         )
@@ -202,18 +205,18 @@ def sb3_model(cfg, dataset) -> Any:
         exploration_final_eps=float(m.epsilon_end),
         max_grad_norm=float(m.max_grad_norm) if m.max_grad_norm is not None else float("inf"),
         policy_kwargs={"net_arch": list(m.hidden_sizes), "activation_fn": activation},
-        device="cpu",
+        device=device,
         seed=int(cfg.seed),
         verbose=0,
     )
 
 
-def sb3_run(cfg, dataset, warmup: int, steps: int) -> Timing:
+def sb3_run(cfg, dataset, warmup: int, steps: int, device: str = "cpu") -> Timing:
     """SB3 learns ``warmup`` training steps' worth of env steps, then ``steps``' worth, timed."""
-    model = sb3_model(cfg, dataset)
+    model = sb3_model(cfg, dataset, device)
     per_step = env_steps_per_training_step(cfg)
     model.learn(total_timesteps=warmup * per_step)
-    clock = Clock()
+    clock = Clock(device)
     clock.start()
     model.learn(total_timesteps=steps * per_step, reset_num_timesteps=False)
     clock.stop()
@@ -221,14 +224,15 @@ def sb3_run(cfg, dataset, warmup: int, steps: int) -> Timing:
 
 
 # ----------------------------------------------------------------------------------- bare loop
-def bare_run(cfg, warmup: int, steps: int) -> Timing:
-    """Only the gradient steps of ``warmup + steps`` training steps; the last ``steps`` timed."""
+def bare_run(cfg, warmup: int, steps: int, device: str = "cpu") -> Timing:
+    """Only the gradient steps of ``warmup + steps`` training steps on ``device``; the last
+    ``steps`` timed."""
     pl.seed_everything(cfg.seed, verbose=False)
-    agent = build_model(cfg)
+    agent = build_model(cfg).to(device)
     update = _bare_ppo_update(agent) if cfg.model.name == "ppo" else _bare_dqn_update(agent)
     for _ in range(warmup):
         update()
-    clock = Clock()
+    clock = Clock(device)
     clock.start()
     for _ in range(steps):
         update()
@@ -237,13 +241,14 @@ def bare_run(cfg, warmup: int, steps: int) -> Timing:
 
 
 # ----------------------------------------------------------------------------------- env side
-def env_run(cfg, dataset, warmup: int, steps: int) -> Timing:
+def env_run(cfg, dataset, warmup: int, steps: int, device: str = "cpu") -> Timing:
     """foxhunt's acting and env work of ``warmup + steps`` training steps, the last ``steps``
-    timed: the agent's own methods on the training env of ``build_datamodule``, no Lightning."""
+    timed: the agent's own methods (its networks on ``device``) on the training env of
+    ``build_datamodule``, no Lightning."""
     pl.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(cfg, dataset)
     datamodule.setup("fit")
-    agent = build_model(cfg)
+    agent = build_model(cfg).to(device)
     agent.train_env = datamodule.make_env("train", num_envs=agent.num_envs, seed=agent.seed)
     agent.on_train_start()  # what the fit does first: env reset (DQN: empty replay buffer)
     if cfg.model.name == "ppo":
@@ -254,7 +259,7 @@ def env_run(cfg, dataset, warmup: int, steps: int) -> Timing:
     with torch.no_grad():
         for _ in range(warmup):
             step()
-        clock = Clock()
+        clock = Clock(device)
         clock.start()
         for _ in range(steps):
             step()
@@ -267,18 +272,18 @@ def _bare_ppo_update(agent):
     optimizer = agent.configure_optimizers()
     policy_params, value_params = list(agent.policy_net.parameters()), list(agent.value_net.parameters())
     generator = torch.Generator().manual_seed(int(hp.seed))
-    size = agent.batch_size
-    obs = torch.randn(size, agent.obs_dim, generator=generator)
-    actions = torch.randint(0, NUM_ACTIONS, (size,), generator=generator)
+    size, device = agent.batch_size, agent.device
+    obs = torch.randn(size, agent.obs_dim, generator=generator).to(device)
+    actions = torch.randint(0, NUM_ACTIONS, (size,), generator=generator).to(device)
     with torch.no_grad():
         logprobs, _ = categorical_log_prob_entropy(agent.policy_net(obs), actions)
-    advantages = torch.randn(size, generator=generator)
-    returns = torch.randn(size, generator=generator)
+    advantages = torch.randn(size, generator=generator).to(device)
+    returns = torch.randn(size, generator=generator).to(device)
     batch = (obs, actions, logprobs, advantages, returns)
 
     def update() -> None:
         for _ in range(hp.update_epochs):
-            order = torch.randperm(size)
+            order = torch.randperm(size, device=device)
             shuffled = [tensor[order] for tensor in batch]
             for start in range(0, size, hp.minibatch_size):
                 obs_b, actions_b, logprobs_b, advantages_b, returns_b = (
@@ -310,7 +315,7 @@ def _bare_dqn_update(agent):
     hp = agent.hparams
     optimizer = agent.configure_optimizers()
     params = list(agent.q_net.parameters())
-    replay = ReplayBuffer(hp.replay_capacity, agent.obs_dim, "cpu", int(hp.seed))
+    replay = ReplayBuffer(hp.replay_capacity, agent.obs_dim, agent.device, int(hp.seed))
     generator = torch.Generator().manual_seed(int(hp.seed))
     count = int(hp.replay_capacity)
     replay.add(
@@ -340,6 +345,7 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
     """Rows of section 1 at every thread count; notes (e.g. SB3 missing)."""
     settings = ctx.settings
     goals = settings.goals
+    device = str(settings.device)
     with_sb3 = sb3_available()
     notes = [] if with_sb3 else ["Stable-Baselines3 is not installed (pip install '.[bench]'): no SB3 rows"]
     rows: list[Row] = []
@@ -348,14 +354,14 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
         dataset = ctx.dataset(cfg)
         node = settings.rl[algo]
         warmup, steps = int(node.warmup_steps), int(node.steps)
-        runners = {"foxhunt": lambda: foxhunt_run(cfg, dataset, warmup, steps)}
-        compiled = compiles_in_long_fits(cfg)
+        runners = {"foxhunt": lambda: foxhunt_run(cfg, dataset, warmup, steps, device=device)}
+        compiled = compiles_in_long_fits(cfg, device)
         if compiled:  # auto's choice in a long fit: its steady state apart, its compile time apart
-            runners["compiled"] = lambda: foxhunt_run(cfg, dataset, warmup, steps, compile_step="always")
+            runners["compiled"] = lambda: foxhunt_run(cfg, dataset, warmup, steps, compile_step="always", device=device)
         if with_sb3:
-            runners["sb3"] = lambda: sb3_run(cfg, dataset, warmup, steps)
-        runners["bare"] = lambda: bare_run(cfg, warmup, steps)
-        runners["env"] = lambda: env_run(cfg, dataset, warmup, steps)
+            runners["sb3"] = lambda: sb3_run(cfg, dataset, warmup, steps, device)
+        runners["bare"] = lambda: bare_run(cfg, warmup, steps, device)
+        runners["env"] = lambda: env_run(cfg, dataset, warmup, steps, device)
         for threads in settings.threads:
             ctx.log(f"rl: {algo} at {threads} thread(s), {settings.repeats} interleaved repeats")
             with torch_threads(int(threads)):

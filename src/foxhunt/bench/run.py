@@ -21,6 +21,7 @@ from foxhunt.bench import checkpoints, ensemble, latency, overhead, report, rl, 
 from foxhunt.bench.context import BenchContext
 from foxhunt.bench.measure import load_average, machine
 from foxhunt.bench.settings import DEFAULT_SETTINGS, load_settings
+from foxhunt.errors import debug_requested, reported
 from foxhunt.runs.environment import root_dir
 
 SECTION_MODULES = {
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"sections=[{args.sections}]")
 
     root = Path(args.root).resolve() if args.root else root_dir()
-    settings = load_settings(args.settings, quick=args.quick, overrides=overrides)
+    with reported(parser.prog, debug=debug_requested(argv)):  # a bad setting: one line, exit 2
+        settings = load_settings(args.settings, quick=args.quick, overrides=overrides)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
     command = shlex.join(["python", "scripts/benchmark.py", *(argv if argv is not None else sys.argv[1:])])

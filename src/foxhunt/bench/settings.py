@@ -10,17 +10,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
+
+from foxhunt.errors import UserError
 
 #: The settings file shipped with the package (conf/ is linked into src/foxhunt/conf).
 DEFAULT_SETTINGS = Path(__file__).resolve().parents[1] / "conf" / "bench" / "default.yaml"
 SECTIONS = ("rl", "tft", "latency", "overhead", "ensemble", "system", "checkpoint", "roll")
 QUICK_KEY = "quick"
+#: Where the training sections (rl, tft) train: foxhunt, its peers and the bare loop alike.
+DEVICES = ("cpu", "cuda")
 
 
-class BenchSettingsError(ValueError):
-    """A bad benchmark setting; the message names the key and the file."""
+class BenchSettingsError(UserError, ValueError):
+    """A bad benchmark setting; the message names the key and the file (``scripts/benchmark.py``
+    prints it as one line)."""
+
+    kind = "settings"
 
 
 def load_settings(path: str | Path | None = None, quick: bool = False, overrides: Sequence[str] = ()) -> DictConfig:
@@ -49,6 +57,11 @@ def load_settings(path: str | Path | None = None, quick: bool = False, overrides
 
 
 def _check(cfg: DictConfig, source: Path) -> None:
+    device = cfg.get("device")
+    if device not in DEVICES:
+        raise BenchSettingsError(f"device={device!r}: must be one of {list(DEVICES)} ({source})")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchSettingsError(f"device=cuda: torch sees no CUDA device on this machine ({source})")
     for key in ("repeats",):
         if int(cfg[key]) < 1:
             raise BenchSettingsError(f"{key}={cfg[key]}: must be >= 1 ({source})")

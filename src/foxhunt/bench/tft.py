@@ -20,6 +20,8 @@ of ``tft.foxhunt_variants`` (name -> conf/train.yaml overrides): ``default`` is 
 configured (activation checkpointing off: the default size meets its 500 MB target without it);
 others show what a setting costs or saves, each against the same peer processes. Each row's note
 says whether foxhunt's side recomputed activations (``model.module.activation_checkpointing``).
+Both sides train on the settings' ``device`` (``cuda``: the GPU, the clock read after a
+synchronize; the peak RSS rows are then the host process's memory, not the device's).
 """
 
 from __future__ import annotations
@@ -138,10 +140,11 @@ def worker(ctx: BenchContext, side: str, threads: int, hidden_continuous_size: i
     else:
         model, loader = peer_parts(cfg, dataset, hidden_continuous_size)
     warmup, steps = int(settings.warmup_steps), int(settings.steps)
-    timer = train_batch_timer(warmup)
+    device = str(ctx.settings.device)
+    timer = train_batch_timer(warmup, device)
     rss_before = current_rss_mb()
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=device,
         devices=1,
         max_epochs=1,
         limit_train_batches=warmup + steps,
