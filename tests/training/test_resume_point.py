@@ -141,7 +141,9 @@ QUICK = ["trainer=smoke", "data.source.days=8", "evaluation.plot_equity=false", 
          "evaluation.bootstrap.samples=20", "strategy.torch_threads=1", "trainer.max_epochs=2",
          "trainer.limit_train_batches=10", "callbacks.progress.every_n_steps=1"]  # fmt: skip
 FAMILIES = {  # the family, its sizes, and a global step after the first epoch's checkpoint where it is stopped
-    "dqn": (["model=dqn", "model.module.hidden_sizes=[32,32]", "model.module.min_replay_size=8"], 54),
+    # 10 batches of 25 agent steps an epoch: stopped as the 13th batch starts (300), after the first
+    # epoch's checkpoint (250) and the resume point's (200)
+    "dqn": (["model=dqn", "model.module.hidden_sizes=[32,32]", "model.module.min_replay_size=8"], 300),
     "tft": (["model=tft", "precision=fp32", "model.module.hidden_size=16", "model.module.num_heads=2",
              "model.module.lstm_layers=1", "model.window.seq_len=20", "model.window.horizon=5"], 14),
 }  # fmt: skip
@@ -183,6 +185,8 @@ def test_a_fit_stopped_after_a_checkpoint_and_resumed_ends_as_the_fit_never_stop
     with monkeypatch.context() as patched, pytest.raises(MachineDied):
         patched.setattr(cell, "fit_and_score", StopAt(stop_step).around(fit))
         _fit(stopped, [*QUICK, *overrides, "resume=true"])
+    saved = [torch.load(p, weights_only=True)["global_step"] for p in stopped.glob("outputs/*/checkpoints/last.ckpt")]
+    assert saved and 0 < max(saved) < stop_step  # the resume continues from a checkpoint of the stopped fit
     _fit(stopped, [*QUICK, *overrides, "resume=true"])
     expected, got = _final_weights(whole), _final_weights(stopped)
     assert expected.keys() == got.keys()
