@@ -318,7 +318,8 @@ def test_train_metrics_are_written_every_log_every_n_steps_agent_steps_at_any_st
     assert [step for step, _ in one] == [*range(9, EQUAL_UPDATE_STEPS, 10)]  # agent steps 10, 20, ..., 130
     assert [step for step, _ in several] == [step for step, _ in one]
     for (_, a), (_, b) in zip(one, several):
-        a.pop("train/env_steps_per_s", None), b.pop("train/env_steps_per_s", None)
+        for row in (a, b):
+            row.pop("train/env_steps_per_s", None)  # a clock reading
         assert a == b
     assert trainer.fit_loop.epoch_loop._batches_that_stepped == trainer.global_step == EQUAL_UPDATE_STEPS
 

@@ -16,7 +16,8 @@ synchronize; ``compile_step=always`` then compiles with CUDA graphs):
   express: one Adam for policy and value (foxhunt: one each, with their own learning rates),
   joint gradient clipping, plain (not double) DQN targets; they change no work per step.
 - **bare loop** (the limit): only the gradient steps, with the agent's own networks, optimizers
-  (stepped as the agent steps them, :func:`foxhunt.models.agent.step_optimizer`), clipping
+  (cleared and stepped as the agent does, :func:`foxhunt.models.agent.clear_gradients` and
+  :func:`~foxhunt.models.agent.step_optimizer`), clipping
   and loss functions (:func:`foxhunt.models.ppo.ppo_minibatch_losses`,
   :func:`foxhunt.models.dqn.double_dqn_loss`) on fixed random batches of the same sizes: no
   environment, no rollout, no replay writes, no Lightning, no logging.
@@ -57,7 +58,7 @@ from foxhunt.bench.measure import (
     train_batch_timer,
 )
 from foxhunt.bench.report import Row
-from foxhunt.models.agent import ACTIVATIONS, TradingAgent, step_optimizer
+from foxhunt.models.agent import ACTIVATIONS, TradingAgent, clear_gradients, step_optimizer
 from foxhunt.models.dqn import ReplayBuffer, double_dqn_loss
 from foxhunt.models.ppo import categorical_log_prob_entropy, ppo_minibatch_losses
 from foxhunt.trading.env import NUM_ACTIONS, TradingEnv, TradingGymEnv
@@ -302,7 +303,7 @@ def _bare_ppo_update(agent):
                     ent_coef=hp.ent_coef,
                     with_stats=False,
                 )
-                optimizer.zero_grad()
+                clear_gradients(optimizer)
                 loss.backward()
                 agent.clip_grad_norm(policy_params, hp.max_grad_norm)
                 agent.clip_grad_norm(value_params, hp.max_grad_norm)
@@ -329,7 +330,7 @@ def _bare_dqn_update(agent):
 
     def update() -> None:
         loss, _ = double_dqn_loss(agent.q_net, agent.target_net, replay.sample(hp.batch_size), hp.gamma)
-        optimizer.zero_grad()
+        clear_gradients(optimizer)
         loss.backward()
         agent.clip_grad_norm(params, hp.max_grad_norm)
         step_optimizer(optimizer)

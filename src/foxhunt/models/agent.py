@@ -205,8 +205,8 @@ def _fused_adam_groups(optimizer: torch.optim.Optimizer) -> list[tuple[Any, ...]
 def clear_gradients(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.zero_grad()`` (``set_to_none=True``, torch's default): every parameter's
     ``grad`` set to None, without the wrapper that keeps dynamo out of ``zero_grad`` and its
-    profiler range (on an agent's six tensors those are about 50 us of a DQN agent step of about
-    1,300; docs/benchmarks.md, issue 41)."""
+    profiler range, which cost more than clearing an agent's six tensors (docs/benchmarks.md,
+    issue 41)."""
     for group in optimizer.param_groups:
         for param in group["params"]:
             param.grad = None
@@ -215,9 +215,9 @@ def clear_gradients(optimizer: torch.optim.Optimizer) -> None:
 class MLP(nn.Sequential):
     """The agents' networks: an ``nn.Sequential`` (same layers, state-dict keys and hooks) whose
     forward calls each layer's ``forward`` itself where no hook could observe the difference:
-    torch's ``Module.__call__`` takes the same shortcut when a module has no hooks, but at two
-    Python frames per layer it is about a fifth of a DQN agent step's Python time (12 layer calls
-    per step; docs/benchmarks.md, issue 41). With any module or global hook, or under the TorchScript
+    torch's ``Module.__call__`` takes the same shortcut when a module has no hooks, after two
+    Python frames per layer (20 layer calls in a DQN agent step: four forwards of five layers;
+    docs/benchmarks.md, issue 41). With any module or global hook, or under the TorchScript
     tracer, the layers are called as modules."""
 
     def forward(self, x: Tensor) -> Tensor:

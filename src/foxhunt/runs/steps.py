@@ -22,7 +22,8 @@ _LOOP_KEYS = ("loops", "fit_loop", "epoch_loop.state_dict", "_batches_that_stepp
 
 
 def logging_step(trainer: Any) -> int:
-    """The step Lightning logs the trainer's metrics at now (training batches that stepped)."""
+    """The step Lightning logs the trainer's metrics at now (training batches that stepped, or
+    the steps :func:`log_on_step` counts)."""
     return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
