@@ -26,7 +26,7 @@ def result(side: str, rate: float, checkpointing: bool | None, **extra) -> dict:
 def test_rows_say_whether_foxhunt_recomputed_activations(states, said):
     fox = [result(FOXHUNT, 60.0, state) for state in states]
     peer = [result(PEER, 30.0, None) for _ in states]
-    speed, memory = _rows(1, "pytorch-forecasting", fox, peer, GOALS.tft_speed_vs_peer, GOALS.tft_memory_vs_peer)
+    speed, memory = _rows(1, "pytorch-forecasting", fox, peer, GOALS.tft_speed_vs_peer, GOALS.tft_memory_vs_peer, 0.9)
     assert f"foxhunt activation checkpointing {said}" in speed.note
     assert f"foxhunt activation checkpointing {said}" in memory.note
     assert speed.figure == pytest.approx(2.0)

@@ -7,6 +7,11 @@ clock and by the process's CPU time, and reports the median of the per-pair rati
 spell hits both members of a pair. With one thread the CPU-time ratio is also robust to other
 processes taking the core (the process is descheduled, its CPU clock stops), which the
 wall-clock ratio is not.
+
+How far a median of paired ratios can be trusted is measured too: :func:`paired_ratios` gives the
+distribution-free confidence interval of the median (the order statistics of the pairs, by
+scipy's ``quantile_test``; no assumption about how the noise is distributed), so a report can
+say whether a goal is met past the run-to-run noise or only at it (:class:`~foxhunt.bench.report.Row`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import lightning
 import psutil
+import scipy.stats
 import torch
 from lightning.pytorch.callbacks import Callback
 
@@ -137,7 +143,36 @@ def median(values: list[float]) -> float:
 
 def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
     """Median of ``numerators[i] / denominators[i]`` over the repeats."""
-    return median([a / b for a, b in zip(numerators, denominators) if b])
+    return median(_ratios(numerators, denominators))
+
+
+def _ratios(numerators: list[float], denominators: list[float]) -> list[float]:
+    return [a / b for a, b in zip(numerators, denominators) if b and a == a and b == b]
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """The median of ``pairs`` paired ratios and its two-sided ``confidence`` interval
+    ``[low, high]`` (NaN at both ends where the pairs are too few for that confidence: a
+    distribution-free interval needs 5 pairs at 90%)."""
+
+    median: float
+    low: float
+    high: float
+    confidence: float
+    pairs: int
+
+
+def paired_ratios(numerators: list[float], denominators: list[float], confidence: float) -> PairedRatio:
+    """:func:`paired_ratio` with the distribution-free ``confidence`` interval of its median:
+    order statistics of the ratios chosen by the binomial distribution (scipy.stats.quantile_test),
+    valid whatever the noise's distribution as long as the pairs are independent draws of it."""
+    ratios = _ratios(numerators, denominators)
+    low = high = float("nan")
+    if ratios:
+        interval = scipy.stats.quantile_test(ratios, q=median(ratios), p=0.5).confidence_interval(confidence)
+        low, high = float(interval.low), float(interval.high)
+    return PairedRatio(median(ratios), low, high, float(confidence), len(ratios))
 
 
 @contextmanager

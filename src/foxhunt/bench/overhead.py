@@ -30,7 +30,7 @@ import lightning.pytorch as pl
 import torch
 
 from foxhunt.bench.context import BenchContext
-from foxhunt.bench.measure import Clock, Timing, interleaved, median, paired_ratio, torch_threads
+from foxhunt.bench.measure import Clock, Timing, interleaved, median, paired_ratio, paired_ratios, torch_threads
 from foxhunt.bench.report import Row
 from foxhunt.models.forecaster import quantile_loss
 from foxhunt.training.cell import train
@@ -181,15 +181,14 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
             plain = [t.wall_s for t in results["plain"]]
             samples = {side: [t.to_dict() for t in timings] for side, timings in results.items()}
             rows.append(
-                Row(
+                Row.paired(
+                    paired_ratios(fox, plain, float(ctx.settings.confidence)),
                     section="overhead",
                     name=f"{s.model} epoch: foxhunt-train / plain loop",
                     threads=int(threads),
                     unit="s",
                     foxhunt=median(fox),
                     reference=median(plain),
-                    figure=paired_ratio(fox, plain),
-                    figure_kind="ratio",
                     goal_op="<=",
                     goal=goal,
                     cpu_figure=paired_ratio([t.cpu_s for t in results["foxhunt"]], [t.cpu_s for t in results["plain"]]),
@@ -199,15 +198,14 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
             fox_b = [t.extra["batches_wall_s"] for t in results["foxhunt"]]
             plain_b = [t.extra["batches_wall_s"] for t in results["plain"]]
             rows.append(
-                Row(
+                Row.paired(
+                    paired_ratios(fox_b, plain_b, float(ctx.settings.confidence)),
                     section="overhead",
                     name=f"{s.model} training batches only: foxhunt-train / plain loop",
                     threads=int(threads),
                     unit="s",
                     foxhunt=median(fox_b),
                     reference=median(plain_b),
-                    figure=paired_ratio(fox_b, plain_b),
-                    figure_kind="ratio",
                     goal_op=None,
                     goal=None,
                     cpu_figure=paired_ratio(

@@ -4,6 +4,11 @@ A :class:`Row` holds a comparison measured in one run: foxhunt's median, the ref
 median (a peer library, the bare loop, or nothing for an absolute latency), the figure judged
 against the goal (the median of paired ratios, or the latency itself), the goal, and the
 CPU-time ratio where one was taken (robust to other processes on the machine at 1 thread).
+
+A ratio row also holds the confidence interval of its median (:func:`foxhunt.bench.measure.paired_ratios`),
+and the report judges a goal twice: ``met`` by the median, ``met_past_noise`` by the whole
+interval. A goal is met past the noise when the interval lies on the goal's side; a median at the
+goal with an interval across it is a lead the run-to-run noise can hide, and the report says so.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+
+from foxhunt.bench.measure import PairedRatio
 
 SECTION_TITLES = {
     "rl": "1. RL training throughput (env-steps/s)",
@@ -40,15 +48,48 @@ class Row:
     cpu_figure: float | None = None  # the same ratio on process CPU time
     note: str = ""
     samples: dict = field(default_factory=dict)
+    # a ratio's confidence interval of its median over `pairs` paired repeats (None: not a paired
+    # ratio; NaN ends: too few pairs for `confidence`)
+    figure_low: float | None = None
+    figure_high: float | None = None
+    confidence: float | None = None
+    pairs: int | None = None
+
+    @classmethod
+    def paired(cls, ratio: PairedRatio, **fields: Any) -> Row:
+        """A ratio row whose figure is ``ratio``'s median, with its interval."""
+        return cls(figure=ratio.median, figure_kind="ratio", figure_low=ratio.low, figure_high=ratio.high,
+                   confidence=ratio.confidence, pairs=ratio.pairs, **fields)  # fmt: skip
 
     @property
     def met(self) -> bool | None:
+        """The goal judged by the median (None: no goal, or no figure)."""
         if self.goal_op is None or self.goal is None or not math.isfinite(self.figure):
             return None
-        return self.figure >= self.goal if self.goal_op == ">=" else self.figure <= self.goal
+        return self._meets(self.figure)
+
+    @property
+    def met_past_noise(self) -> bool | None:
+        """The goal judged by the whole confidence interval: True where every value in it meets
+        the goal, False where some value does not; None without a goal or a finite interval."""
+        if self.met is None or not self.has_interval:
+            return None
+        return self._meets(self.figure_low) and self._meets(self.figure_high)  # type: ignore[arg-type]
+
+    @property
+    def has_interval(self) -> bool:
+        return all(v is not None and math.isfinite(v) for v in (self.figure_low, self.figure_high))
+
+    def _meets(self, value: float) -> bool:
+        assert self.goal is not None
+        return value >= self.goal if self.goal_op == ">=" else value <= self.goal
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "met": self.met}
+        return {**asdict(self), "met": self.met, "met_past_noise": self.met_past_noise}
+
+
+#: What ``Row.to_dict`` adds to the fields (dropped when a row is read back).
+DERIVED_KEYS = ("met", "met_past_noise")
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -67,7 +108,25 @@ def _goal_text(row: Row) -> str:
 
 
 def _met_text(row: Row) -> str:
-    return {True: "yes", False: "**no**", None: "-"}[row.met]
+    """yes (past the noise where an interval was measured), within noise, or no."""
+    if row.met is None:
+        return "-"
+    if not row.met:
+        return "**no**"
+    if row.met_past_noise is False:
+        return "within noise"
+    if row.pairs is not None and not row.has_interval:
+        return f"yes ({row.pairs} pairs: noise not bounded)"
+    return "yes"
+
+
+def _interval_text(row: Row) -> str:
+    if row.pairs is None:
+        return "-"
+    if not row.has_interval:
+        return f"- ({row.pairs} pairs)"
+    unit = "x" if row.figure_kind == "ratio" else ""
+    return f"{_fmt(row.figure_low)}-{_fmt(row.figure_high)}{unit} ({row.confidence:.0%}, {row.pairs} pairs)"
 
 
 def markdown(report: dict) -> str:
@@ -87,10 +146,13 @@ def markdown(report: dict) -> str:
         "- `figure`: for a comparison, the median over interleaved repeats (A, B, A, B, ...) of "
         "foxhunt / reference measured back to back; for a latency, the percentile itself. `cpu`: the "
         "same figure on process CPU time (what the work costs when no other process takes the core; "
-        "robust to load at 1 thread)",
+        "robust to load at 1 thread); `interval`: the distribution-free confidence interval of the "
+        "median of paired ratios (order statistics; 5 pairs at least for 90%); `met`: yes where the "
+        "median meets the goal and the whole interval does too, `within noise` where the median meets "
+        "it and the interval crosses it (a lead the run-to-run noise can hide)",
         "",
     ]
-    rows = [Row(**{k: v for k, v in r.items() if k != "met"}) for r in report["rows"]]
+    rows = [Row(**{k: v for k, v in r.items() if k not in DERIVED_KEYS}) for r in report["rows"]]
     for section, title in SECTION_TITLES.items():
         section_rows = [r for r in rows if r.section == section]
         if not section_rows and section not in report.get("skipped", {}):
@@ -100,14 +162,14 @@ def markdown(report: dict) -> str:
             lines += [f"Skipped: {report['skipped'][section]}", ""]
         if section_rows:
             lines += [
-                "| comparison | threads | foxhunt | reference | unit | figure | cpu | goal | met |",
-                "|---|---|---|---|---|---|---|---|---|",
+                "| comparison | threads | foxhunt | reference | unit | figure | interval | cpu | goal | met |",
+                "|---|---|---|---|---|---|---|---|---|---|",
             ]
             for r in section_rows:
                 figure = f"{_fmt(r.figure)}x" if r.figure_kind == "ratio" else _fmt(r.figure)
                 lines.append(
                     f"| {r.name} | {r.threads} | {_fmt(r.foxhunt)} | {_fmt(r.reference)} | {r.unit} | "
-                    f"{figure} | {_fmt(r.cpu_figure)} | {_goal_text(r)} | {_met_text(r)} |"
+                    f"{figure} | {_interval_text(r)} | {_fmt(r.cpu_figure)} | {_goal_text(r)} | {_met_text(r)} |"
                 )
             notes = [f"- {r.name} ({r.threads} thr): {r.note}" for r in section_rows if r.note]
             if notes:

@@ -54,6 +54,7 @@ from foxhunt.bench.measure import (
     interleaved,
     median,
     paired_ratio,
+    paired_ratios,
     torch_threads,
     train_batch_timer,
 )
@@ -378,15 +379,14 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
                     if ours not in results or side not in results:
                         continue
                     rows.append(
-                        Row(
+                        Row.paired(
+                            paired_ratios(rates[ours], rates[side], float(settings.confidence)),
                             section="rl",
                             name=f"{algo.upper()} {prefix}vs {label}",
                             threads=int(threads),
                             unit="env-steps/s",
                             foxhunt=median(rates[ours]),
                             reference=median(rates[side]),
-                            figure=paired_ratio(rates[ours], rates[side]),
-                            figure_kind="ratio",
                             goal_op=">=",
                             goal=float(goal),
                             cpu_figure=paired_ratio(cpu_rates[ours], cpu_rates[side]),

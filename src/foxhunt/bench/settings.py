@@ -65,6 +65,9 @@ def _check(cfg: DictConfig, source: Path) -> None:
     for key in ("repeats",):
         if int(cfg[key]) < 1:
             raise BenchSettingsError(f"{key}={cfg[key]}: must be >= 1 ({source})")
+    confidence = cfg.get("confidence")
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+        raise BenchSettingsError(f"confidence={confidence!r}: must be a number between 0 and 1, e.g. 0.9 ({source})")
     threads = list(cfg.threads)
     if not threads or any(int(t) < 1 for t in threads):
         raise BenchSettingsError(f"threads={threads}: need a list of integers >= 1 ({source})")

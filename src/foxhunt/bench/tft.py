@@ -40,7 +40,7 @@ import torch
 from omegaconf import OmegaConf
 
 from foxhunt.bench.context import BenchContext
-from foxhunt.bench.measure import current_rss_mb, median, paired_ratio, peak_rss_mb, train_batch_timer
+from foxhunt.bench.measure import current_rss_mb, median, paired_ratio, paired_ratios, peak_rss_mb, train_batch_timer
 from foxhunt.bench.report import Row
 from foxhunt.bench.settings import load_settings
 from foxhunt.training.parts import build_datamodule, build_model
@@ -238,12 +238,13 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
                 label = "same architecture" if same else "its lighter per-variable width"
                 variant = f"pytorch-forecasting, hidden_continuous_size {hcs} ({label})"
                 speed_goal = goals.tft_speed_vs_peer if same else goals.tft_speed_vs_peer_own_width
-                rows += _rows(int(threads), variant, fox[name], peer, float(speed_goal), float(goals.tft_memory_vs_peer), prefix)
+                rows += _rows(int(threads), variant, fox[name], peer, float(speed_goal), float(goals.tft_memory_vs_peer),
+                              float(settings.confidence), prefix)  # fmt: skip
     return rows, []
 
 
 def _rows(threads: int, variant: str, fox: list[dict], peer: list[dict], speed_goal: float, memory_goal: float,
-          prefix: str = "") -> list[Row]:  # fmt: skip
+          confidence: float, prefix: str = "") -> list[Row]:  # fmt: skip
     def values(runs: list[dict], key: str) -> list[float]:
         return [r[key] for r in runs]
 
@@ -251,15 +252,14 @@ def _rows(threads: int, variant: str, fox: list[dict], peer: list[dict], speed_g
         return [r["peak_rss_mb"] - r["rss_before_fit_mb"] for r in runs]
 
     return [
-        Row(
+        Row.paired(
+            paired_ratios(values(fox, "samples_per_s"), values(peer, "samples_per_s"), confidence),
             section="tft",
             name=f"{prefix}samples/s vs {variant}",
             threads=threads,
             unit="samples/s",
             foxhunt=median(values(fox, "samples_per_s")),
             reference=median(values(peer, "samples_per_s")),
-            figure=paired_ratio(values(fox, "samples_per_s"), values(peer, "samples_per_s")),
-            figure_kind="ratio",
             goal_op=">=",
             goal=speed_goal,
             cpu_figure=paired_ratio(values(fox, "samples_per_cpu_s"), values(peer, "samples_per_cpu_s")),
@@ -269,15 +269,14 @@ def _rows(threads: int, variant: str, fox: list[dict], peer: list[dict], speed_g
             ),
             samples={"foxhunt": fox, "peer": peer},
         ),
-        Row(
+        Row.paired(
+            paired_ratios(values(fox, "peak_rss_mb"), values(peer, "peak_rss_mb"), confidence),
             section="tft",
             name=f"{prefix}peak RSS vs {variant}",
             threads=threads,
             unit="MB",
             foxhunt=median(values(fox, "peak_rss_mb")),
             reference=median(values(peer, "peak_rss_mb")),
-            figure=paired_ratio(values(fox, "peak_rss_mb"), values(peer, "peak_rss_mb")),
-            figure_kind="ratio",
             goal_op="<=",
             goal=memory_goal,
             note=(
