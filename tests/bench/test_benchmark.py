@@ -132,6 +132,12 @@ def test_rl_against_stable_baselines3(tmp_path):
     for algo in ("PPO", "DQN"):
         row = names[f"{algo} vs Stable-Baselines3"]
         assert row["goal"] == settings.goals.rl_vs_sb3 and row["foxhunt"] > 0 and row["reference"] > 0 and finite(row["figure"])
+        # what no framework could beat: foxhunt's bare gradient steps plus its env side, against SB3
+        ceiling = names[f"{algo} ceiling vs Stable-Baselines3 ((bare + env side) rate / SB3's)"]
+        sb3, bare = row["samples"]["sb3"][0], names[f"{algo} vs bare gradient-step loop"]["samples"]["bare"][0]
+        assert ceiling["reference"] == pytest.approx(sb3["work"] / sb3["wall_s"])
+        assert ceiling["foxhunt"] < bare["work"] / bare["wall_s"]  # the env side costs time too
+        assert ceiling["figure"] == pytest.approx(ceiling["foxhunt"] / ceiling["reference"])  # one repeat: one pair
 
 
 def test_sb3_gets_the_seed_hyperparameters(tmp_path):

@@ -396,7 +396,7 @@ def run_section(ctx: BenchContext) -> tuple[list[Row], list[str]]:
                     )
             if compiled:
                 rows.append(_compile_time_row(algo, int(threads), results, first_in_process=threads == settings.threads[0]))
-            rows.extend(_decomposition_rows(algo, int(threads), results))
+            rows.extend(_decomposition_rows(algo, int(threads), results, float(settings.confidence)))
     return rows, notes
 
 
@@ -433,10 +433,30 @@ def _compile_time_row(algo: str, threads: int, results: dict[str, list[Timing]],
     )
 
 
-def _decomposition_rows(algo: str, threads: int, results: dict[str, list[Timing]]) -> list[Row]:
+def _decomposition_rows(algo: str, threads: int, results: dict[str, list[Timing]], confidence: float) -> list[Row]:
     """Where foxhunt's step time goes, per repeat (seconds per env step, medians): the bare
-    gradient steps, the env side, and the rest (Lightning's loop, hooks and logging)."""
+    gradient steps, the env side, and the rest (Lightning's loop, hooks and logging); with
+    Stable-Baselines3 measured, the best ratio to it that foxhunt's gradient step and env side
+    allow (no framework at all)."""
     per_step = {side: [t.wall_s / t.work for t in results[side]] for side in ("foxhunt", "bare", "env")}
+    extra: list[Row] = []
+    if "sb3" in results:
+        sb3_per_step = [t.wall_s / t.work for t in results["sb3"]]
+        floor_per_step = [b + e for b, e in zip(per_step["bare"], per_step["env"])]
+        extra.append(
+            Row.paired(
+                paired_ratios(sb3_per_step, floor_per_step, confidence),
+                section="rl",
+                name=f"{algo.upper()} ceiling vs Stable-Baselines3 ((bare + env side) rate / SB3's)",
+                threads=threads,
+                unit="env-steps/s",
+                foxhunt=1.0 / median(floor_per_step),
+                reference=1.0 / median(sb3_per_step),
+                goal_op=None,
+                goal=None,
+                note="the best ratio to Stable-Baselines3 any framework can reach with foxhunt's eager gradient step and env side",
+            )
+        )
     ceiling = median([b / (b + e) for b, e in zip(per_step["bare"], per_step["env"])])
     rest = median([(f - b - e) / f for f, b, e in zip(per_step["foxhunt"], per_step["bare"], per_step["env"])])
     env_share = median([e / f for f, e in zip(per_step["foxhunt"], per_step["env"])])
@@ -471,4 +491,5 @@ def _decomposition_rows(algo: str, threads: int, results: dict[str, list[Timing]
             note="foxhunt step - bare gradient steps - env side: Lightning's loop, hooks, logging",
             **base,
         ),
+        *extra,
     ]
