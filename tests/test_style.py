@@ -58,3 +58,16 @@ def test_mypy_finds_nothing():
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+
+def test_every_test_module_has_a_name_of_its_own():
+    """tests/ has no packages, so pytest imports each test module (and each helper module beside
+    them) by its file name alone: two files of one name in different folders stop the suite at
+    collection ("import file mismatch") in whichever worker meets the second. conftest.py files
+    are pytest's own, imported by their folder."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if path.name != "conftest.py":
+            names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    shared = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not shared, f"test modules sharing a file name: {shared}"
