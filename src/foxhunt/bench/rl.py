@@ -488,7 +488,10 @@ def _decomposition_rows(algo: str, threads: int, results: dict[str, list[Timing]
             name=f"{algo.upper()} framework share of foxhunt's step",
             foxhunt=rest,
             figure=rest,
-            note="foxhunt step - bare gradient steps - env side: Lightning's loop, hooks, logging",
+            note=(
+                "foxhunt step - bare gradient steps - env side: Lightning's loop, hooks, logging; an upper bound "
+                "on them, as whatever else makes a fit slower than its parts timed alone counts here too"
+            ),
             **base,
         ),
         *extra,
