@@ -17,9 +17,10 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from foxhunt.bench.measure import PairedRatio
+if TYPE_CHECKING:  # an annotation only: reading and writing reports needs no torch
+    from foxhunt.bench.measure import PairedRatio
 
 SECTION_TITLES = {
     "rl": "1. RL training throughput (env-steps/s)",
@@ -125,8 +126,7 @@ def _interval_text(row: Row) -> str:
         return "-"
     if not row.has_interval:
         return f"- ({row.pairs} pairs)"
-    unit = "x" if row.figure_kind == "ratio" else ""
-    return f"{_fmt(row.figure_low)}-{_fmt(row.figure_high)}{unit} ({row.confidence:.0%}, {row.pairs} pairs)"
+    return f"{_fmt(row.figure_low)}-{_fmt(row.figure_high)}x ({row.confidence:.0%}, {row.pairs} pairs)"
 
 
 def markdown(report: dict) -> str:
