@@ -41,6 +41,8 @@ import copy
 import hashlib
 import json
 import logging
+import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -189,17 +191,41 @@ def prediction_key(cfg: DictConfig) -> str:
 def _predicted(cfg: DictConfig) -> tuple[float, str] | None:
     """A (cached) :func:`foxhunt.memory.predict.predict_footprint`; ``None`` when it fails."""
     cache = Path(str(cfg.strategy.prediction_cache)) / f"{prediction_key(cfg)}.json"
-    if cache.is_file():
-        data = json.loads(cache.read_text())
-        return float(data["mb"]), f"predicted (cached in {cache}; {data['how']})"
+    cached = _read_cached(cache)
+    if cached is not None:
+        mb, how = cached
+        return mb, f"predicted (cached in {cache}; {how})"
     try:
         mb, how = _predict(cfg, cache.parent / "probes")
     except Exception as exc:  # a prediction that cannot run leaves the next source
         log.warning("%s: no memory prediction (%s)", CellKey.from_config(cfg).name, one_line_error(exc))
         return None
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"mb": mb, "how": how}, indent=2))
+    # whole or not at all: sweeps started at once may predict the same config, and a sweep
+    # killed mid-write must not leave half a file for the next one to read
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"mb": mb, "how": how}, indent=2))
+    tmp.replace(cache)
     return mb, f"predicted ({how})"
+
+
+def _read_cached(cache: Path) -> tuple[float, str] | None:
+    """A cached prediction checked by content (an object with a finite positive ``mb`` and a
+    ``how`` text); a missing, unreadable or malformed file is no prediction (said in the log),
+    and the next prediction replaces it."""
+    if not cache.is_file():
+        return None
+    try:
+        data = json.loads(cache.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        log.warning("%s: ignored, not a prediction (%s)", cache, one_line_error(exc))
+        return None
+    mb = data.get("mb") if isinstance(data, dict) else None
+    how = data.get("how") if isinstance(data, dict) else None
+    if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not math.isfinite(mb) or mb <= 0 or not isinstance(how, str):
+        log.warning("%s: ignored, not a prediction (expected {\"mb\": a positive number of MB, \"how\": text})", cache)
+        return None
+    return float(mb), how
 
 
 def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
