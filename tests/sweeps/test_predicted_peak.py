@@ -53,8 +53,16 @@ def test_a_prediction_is_cached_whole_and_read_back(compose_cfg, monkeypatch, tm
 
 @pytest.mark.parametrize(
     "content",
-    [b"{\"mb\": 12", b"\xff\xfe", b"[1, 2]", b"{\"mb\": \"9\", \"how\": \"x\"}", b"{\"mb\": -1, \"how\": \"x\"}",
-     b"{\"mb\": NaN, \"how\": \"x\"}", b"{\"mb\": true, \"how\": \"x\"}", b"{\"mb\": 5}"],
+    [
+        b'{"mb": 12',
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'{"mb": "9", "how": "x"}',
+        b'{"mb": -1, "how": "x"}',
+        b'{"mb": NaN, "how": "x"}',
+        b'{"mb": true, "how": "x"}',
+        b'{"mb": 5}',
+    ],
     ids=["cut-short", "not-utf8", "a-list", "mb-a-string", "negative", "nan", "a-bool", "no-how"],
 )
 def test_a_damaged_cached_prediction_is_ignored_said_and_replaced(compose_cfg, monkeypatch, tmp_path, caplog, content):

@@ -223,7 +223,7 @@ def _read_cached(cache: Path) -> tuple[float, str] | None:
     mb = data.get("mb") if isinstance(data, dict) else None
     how = data.get("how") if isinstance(data, dict) else None
     if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not math.isfinite(mb) or mb <= 0 or not isinstance(how, str):
-        log.warning("%s: ignored, not a prediction (expected {\"mb\": a positive number of MB, \"how\": text})", cache)
+        log.warning('%s: ignored, not a prediction (expected {"mb": a positive number of MB, "how": text})', cache)
         return None
     return float(mb), how
 
