@@ -10,9 +10,10 @@ import functools
 import inspect
 import math
 import tempfile
+import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import pytest
 import yaml
@@ -108,6 +109,9 @@ def _refused(annotation: Any, metadata: list[Any]) -> st.SearchStrategy[Any]:
         (inner,) = [a for a in args if a is not type(None)]
         return _refused(inner, metadata).filter(lambda v: v is not None)
     wrong_type = st.sampled_from(["x", "0.5", [1], {"a": 1}])
+    if origin in (Union, types.UnionType) and all(a is bool or typing.get_origin(a) is Literal for a in args):
+        choices = {v for a in args if a is not bool for v in typing.get_args(a)}  # a switch with a third value
+        return st.one_of(_refused(bool, []), st.text(max_size=8).filter(lambda v: v not in choices))
     if origin is Literal:
         return st.one_of(st.text(max_size=8).filter(lambda v: v not in args), st.integers(), st.none())
     if origin is list:
@@ -178,7 +182,8 @@ def test_a_value_out_of_a_fields_range_is_one_line_naming_the_key(data):
         ("mamba2", {"A_init_range": [1.0, 2e4]}, "model.module.A_init_range=[1.0, 20000.0]: must be a list of 2 numbers > 0 and <= 10000"),
         ("mamba2", {"A_init_range": [1.0]}, "model.module.A_init_range=[1.0]: must be a list of 2 numbers > 0 and <= 10000"),
         ("tft", {"dropout": 1.0}, "model.module.dropout=1.0: must be a number >= 0 and < 1"),
-        ("tft", {"activation_checkpointing": 1}, "model.module.activation_checkpointing=1: must be true or false"),
+        ("tft", {"activation_checkpointing": 1}, "model.module.activation_checkpointing=1: must be one of true, false, auto"),
+        ("tft", {"activation_checkpointing": "on"}, "model.module.activation_checkpointing='on': must be one of true, false, auto"),
         ("dlinear", {"quantiles": [0.0, 0.5]}, "model.module.quantiles=[0.0, 0.5]: must be a non-empty list of numbers > 0 and < 1"),
     ],
 )  # fmt: skip

@@ -6,7 +6,6 @@ import pytest
 
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.tracked_run import TrackedRun
-from foxhunt.sweeps import estimates
 from foxhunt.sweeps.estimates import (
     CellExceedsBudget,
     PackingPlan,
@@ -16,6 +15,7 @@ from foxhunt.sweeps.estimates import (
     pack,
     plan_packing,
 )
+from foxhunt.training import memory_plan
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_estimate_order_measured_config_then_prediction_then_measured_cell_then_
         calls.append(workdir)
         return 321.0, "fake prediction"
 
-    monkeypatch.setattr(estimates, "_predict", fake_predict)
+    monkeypatch.setattr(memory_plan, "_predict", fake_predict)
     first = estimate_peak(cfg, digest)
     assert (first.mb, first.source) == (321.0, "predicted (fake prediction)")
     again = estimate_peak(cfg, digest)  # cached per model config: no second probe

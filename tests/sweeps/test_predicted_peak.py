@@ -1,4 +1,4 @@
-"""A sweep cell's predicted memory peak (foxhunt.sweeps.estimates._predict) reads the prediction's
+"""A sweep cell's predicted memory peak (foxhunt.training.memory_plan, as foxhunt.sweeps.estimates reads it) reads the prediction's
 probe fits as foxhunt.memory.predict makes them: (batch, activations, model state, allocator peak)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from foxhunt.memory import predict
 from foxhunt.memory.accounting import MemoryBreakdown
 from foxhunt.memory.predict import Prediction
 from foxhunt.sweeps import estimates
+from foxhunt.training import memory_plan
 
 
 def test_the_prediction_names_its_probe_batches(compose_cfg, monkeypatch, tmp_path):
@@ -20,7 +21,7 @@ def test_the_prediction_names_its_probe_batches(compose_cfg, monkeypatch, tmp_pa
     prediction = Prediction("dqn", breakdown, "model.batch_size", 64, probes=fits, seconds=1.5)
     monkeypatch.setattr(predict, "predict_footprint", lambda *args, **kwargs: prediction)
 
-    mb, how = estimates._predict(cfg, tmp_path / "probes")
+    mb, how = memory_plan._predict(cfg, tmp_path / "probes")
 
     assert mb == prediction.total_mb
     assert "2 probe fits at model.batch_size=[4, 8] extrapolated to 64" in how
@@ -31,7 +32,7 @@ def _predicting(monkeypatch, mb: float, calls: list[int]) -> None:
         calls.append(1)
         return mb, "2 probe fits (stub)"
 
-    monkeypatch.setattr(estimates, "_predict", predicted)
+    monkeypatch.setattr(memory_plan, "_predict", predicted)
 
 
 def _parallel_cfg(compose_cfg, tmp_path):
@@ -48,7 +49,7 @@ def test_a_prediction_is_cached_whole_and_read_back(compose_cfg, monkeypatch, tm
 
     assert first is not None and second is not None and first[0] == second[0] == 123.5 and calls == [1]
     assert "cached in" in second[1] and "2 probe fits (stub)" in second[1]
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"{estimates.prediction_key(cfg)}.json"]  # no temporary left
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"{memory_plan.prediction_key(cfg)}.json"]  # no temporary left
 
 
 @pytest.mark.parametrize(
@@ -70,11 +71,11 @@ def test_a_damaged_cached_prediction_is_ignored_said_and_replaced(compose_cfg, m
     sweep predicts again and replaces it, where it used to stop with a traceback from json."""
     cfg, calls = _parallel_cfg(compose_cfg, tmp_path), []
     _predicting(monkeypatch, 77.0, calls)
-    cache = tmp_path / "cache" / f"{estimates.prediction_key(cfg)}.json"
+    cache = tmp_path / "cache" / f"{memory_plan.prediction_key(cfg)}.json"
     cache.parent.mkdir(parents=True)
     cache.write_bytes(content)
 
-    with caplog.at_level(logging.WARNING, logger="foxhunt.sweeps.estimates"):
+    with caplog.at_level(logging.WARNING, logger="foxhunt.training.memory_plan"):
         found = estimates._predicted(cfg)
 
     assert found is not None and found[0] == 77.0 and calls == [1]

@@ -168,7 +168,10 @@ def worker(ctx: BenchContext, side: str, threads: int, hidden_continuous_size: i
         "threads": int(threads),
         "hidden_continuous_size": int(hidden_continuous_size),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "activation_checkpointing": bool(cfg.model.module.get("activation_checkpointing", False)) if side == FOXHUNT else None,
+        # as the model runs it (a config's auto is decided by a training run, not here: left undecided, it is off)
+        "activation_checkpointing": any(getattr(m, "activation_checkpointing", False) is True for m in model.modules())
+        if side == FOXHUNT
+        else None,
         "samples_per_s": timing.rate,
         "samples_per_cpu_s": timing.cpu_rate,
         "rss_before_fit_mb": rss_before,

@@ -170,6 +170,7 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
         data_description,
         measure_run,
     )
+    from foxhunt.training.memory_plan import plan_activation_checkpointing
     from foxhunt.training.parts import MEASURING_RUNS
 
     first = next(iter(configs.values()))
@@ -179,6 +180,9 @@ def _run(configs: dict, budget, predict: bool, as_json: bool, out_dir: Path, ove
     with run if run is not None else contextlib.nullcontext():
         for name, cfg in configs.items():
             try:
+                cfg, choice = plan_activation_checkpointing(cfg)  # decided as foxhunt-train decides it
+                if choice is not None:
+                    typer.echo(f"{name}: {choice.line}", err=True)
                 if predict:
                     predictions[name] = predict_footprint(cfg, MEASURING_RUNS, workdir=out_dir / name)
                     typer.echo(

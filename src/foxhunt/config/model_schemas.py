@@ -116,8 +116,14 @@ def _rule(annotation: Any, metadata: list[Any]) -> FieldRule:
         (inner,) = [a for a in args if a is not type(None)]
         rule = _rule(inner, metadata)
         return FieldRule(f"{rule.kind} or null", rule.interval, f"{rule.phrase} or null", f"{rule.shown}, or null")
-    if origin is Literal:
-        choices = ", ".join(str(a) for a in args)
+    if origin is Literal or (
+        origin in (Union, types.UnionType) and all(a is bool or typing.get_origin(a) is Literal for a in args)
+    ):
+        # the choices as YAML writes them (a switch with a third value: bool | Literal["auto"])
+        values = (
+            [v for a in args for v in ((True, False) if a is bool else typing.get_args(a))] if origin is not Literal else args
+        )
+        choices = ", ".join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)
         return FieldRule(f"one of {choices}", "", f"one of {choices}", f"one of {choices}")
     if origin is list:
         item = _rule(args[0], [])

@@ -637,6 +637,7 @@ class PathsSection(_Open):
     mlruns_dir: str
     cache_dir: str
     output_dir: str
+    prediction_cache: str | None = None  # absent from configs stored before it (foxhunt.training.memory_plan)
 
 
 class TrainConfig(_Strict):

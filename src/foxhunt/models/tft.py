@@ -40,7 +40,7 @@ Causality: every layer is position-wise except the LSTMs (left to right) and the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any, NamedTuple, cast
+from typing import Annotated, Any, Literal, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -407,7 +407,7 @@ class TFTHyperparameters(ForecasterHyperparameters):
     hidden_size: Annotated[int, Field(ge=1, le=MAX_WIDTH, description="d_model of every layer")]
     num_heads: Annotated[int, Field(ge=1, le=MAX_LAYERS, description="interpretable attention heads")]
     lstm_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS, description="layers of the LSTM encoder and of the LSTM decoder")]
-    activation_checkpointing: Annotated[bool, Field(description="recompute the encoder and decoder variable selections' GRNs in the backward pass instead of keeping their activations")]  # fmt: skip
+    activation_checkpointing: Annotated[bool | Literal["auto"], Field(description="recompute the encoder and decoder variable selections' GRNs in the backward pass instead of keeping their activations; auto: only where the run's predicted footprint exceeds its memory target (foxhunt.training.memory_plan)")]  # fmt: skip
 
     @model_validator(mode="after")
     def _heads_split_the_hidden_size(self) -> TFTHyperparameters:
@@ -431,7 +431,9 @@ class TemporalFusionTransformer(ForecasterModule):
     :class:`TFTHyperparameters`: seq_len is the encoder's steps, horizon the decoder's;
     activation_checkpointing recomputes the encoder and decoder variable selections'
     per-variable GRNs in the backward pass instead of keeping their activations (the same
-    gradients for less memory and some extra compute).
+    gradients for less memory and some extra compute); ``auto`` is decided by the run before it
+    builds the model (:mod:`foxhunt.training.memory_plan`), and a model built with ``auto`` left
+    undecided (for inference, a benchmark) keeps its activations.
     """
 
     def __init__(
@@ -451,7 +453,7 @@ class TemporalFusionTransformer(ForecasterModule):
         learning_rate: float,
         weight_decay: float,
         position_threshold: float,
-        activation_checkpointing: bool,
+        activation_checkpointing: bool | Literal["auto"],
     ) -> None:
         super().__init__(
             quantiles=quantiles,
@@ -476,12 +478,13 @@ class TemporalFusionTransformer(ForecasterModule):
         # Variable selection.
         # Time-varying selections may recompute their variable GRNs in the backward pass
         # (activation_checkpointing); the static one has no time axis and stays as it is.
+        recompute = activation_checkpointing is True  # "auto" left undecided: kept
         self.static_selection = VariableSelectionNetwork(static_dim, d, dropout, context_size=None)
         self.encoder_selection = VariableSelectionNetwork(
-            known_dim + observed_dim, d, dropout, context_size=d, activation_checkpointing=activation_checkpointing
+            known_dim + observed_dim, d, dropout, context_size=d, activation_checkpointing=recompute
         )
         self.decoder_selection = VariableSelectionNetwork(
-            known_dim, d, dropout, context_size=d, activation_checkpointing=activation_checkpointing
+            known_dim, d, dropout, context_size=d, activation_checkpointing=recompute
         )
 
         # Static covariate encoders: the four contexts.

@@ -10,7 +10,8 @@ is the SHA-256 (:data:`HASH_LENGTH` hex digits kept) of the resolved config
   (``strategy``, Hydra's node) or recorded (``logger``), the ``resume`` switch itself, and what
   only displays or samples it: progress bars and the progress metric, the logging cadence, the
   model summary, the memory callback's sampling cadence, the equity plot, the jobs' progress
-  weights (``model.expected_seconds_per_batch``, ``jobs``), and
+  weights (``model.expected_seconds_per_batch``, ``jobs``), where predicted footprints are cached
+  (``paths.prediction_cache``: a key runs were hashed without), and
   ``precision=auto``'s explanation of its choice (the precision it chose counts: an auto run that
   chose bf16 hashes as a ``precision=bf16`` one).
 
@@ -46,6 +47,7 @@ HASH_IGNORED = (
     "precision.choice",  # precision=auto's explanation (names the hardware); what it chose counts
     "model.expected_seconds_per_batch",  # the jobs' progress weights: how a plan is displayed
     "jobs",
+    "paths.prediction_cache",  # where predicted footprints are kept, a key added after runs were hashed without it
 )
 HASH_MASKED = ("paths",)
 

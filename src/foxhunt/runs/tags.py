@@ -17,6 +17,9 @@ class Tag:
     ASSET = "asset"
     PRECISION = "precision"
     PRECISION_CHOICE = "precision.choice"  # precision=auto: what it chose on the device and why
+    CHECKPOINTING_CHOICE = (
+        "activation_checkpointing.choice"  # activation_checkpointing=auto: on or off, and why (foxhunt.training.memory_plan)
+    )
     SEED = "seed"
     CONFIG_HASH = "config_hash"  # foxhunt.runs.config_hash: what resume=true looks runs up by
     STRATEGY = "strategy"

@@ -8,7 +8,7 @@ A cell's peak is the first of:
    RSS on a CPU budget, the accounted components with no CUDA device), so it is the one that
    must fit;
 2. **predicted** (``strategy.predict_memory: true``) by
-   :func:`foxhunt.memory.predict.predict_footprint`: parameters, gradients and optimizer state
+   :func:`foxhunt.training.memory_plan.cached_prediction`: parameters, gradients and optimizer state
    from a meta-device model, activations and model-owned state from two probe fits at tiny
    batches. It is the training footprint (accounted components, or CUDA-allocated bytes on a
    GPU): it leaves out the CUDA context that NVML counts. The probes take seconds to a minute
@@ -37,12 +37,8 @@ estimated when it starts (:func:`estimate_peak`, the sources above) and checked 
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import json
 import logging
-import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -50,9 +46,7 @@ from typing import Any, cast
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.config.schema import validate
 from foxhunt.errors import one_line_error
-from foxhunt.memory import predict
 from foxhunt.runs.cell import CellKey, cell_name
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.status import Status
@@ -60,7 +54,7 @@ from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Param, Tag
 from foxhunt.sweeps.resources import AUTO, threads_per_job
 from foxhunt.sweeps.search import trial_number
-from foxhunt.training.parts import MEASURE_DATA_DAYS, MEASURING_RUNS
+from foxhunt.training import memory_plan
 
 log = logging.getLogger(__name__)
 
@@ -177,70 +171,14 @@ def _measured(cfg: DictConfig, tags: dict, params: dict, what: str) -> tuple[flo
     return None
 
 
-def prediction_key(cfg: DictConfig) -> str:
-    """What a prediction depends on: the model section, the precision, the accelerator."""
-    part = {
-        "model": OmegaConf.to_container(cfg.model, resolve=True),
-        "precision": OmegaConf.to_container(cfg.precision, resolve=True),
-        "accelerator": str(cfg.trainer.accelerator),
-    }
-    text = json.dumps(part, sort_keys=True, default=str)
-    return f"{cfg.model.name}-{cfg.precision.name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-
-
 def _predicted(cfg: DictConfig) -> tuple[float, str] | None:
-    """A (cached) :func:`foxhunt.memory.predict.predict_footprint`; ``None`` when it fails."""
-    cache = Path(str(cfg.strategy.prediction_cache)) / f"{prediction_key(cfg)}.json"
-    cached = _read_cached(cache)
-    if cached is not None:
-        mb, how = cached
-        return mb, f"predicted (cached in {cache}; {how})"
+    """The cell's predicted training footprint (:func:`foxhunt.training.memory_plan.cached_prediction`,
+    cached in ``strategy.prediction_cache``); ``None`` when it fails."""
     try:
-        mb, how = _predict(cfg, cache.parent / "probes")
+        return memory_plan.cached_prediction(cfg, cfg.strategy.prediction_cache)
     except Exception as exc:  # a prediction that cannot run leaves the next source
         log.warning("%s: no memory prediction (%s)", CellKey.from_config(cfg).name, one_line_error(exc))
         return None
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    # whole or not at all: sweeps started at once may predict the same config, and a sweep
-    # killed mid-write must not leave half a file for the next one to read
-    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"mb": mb, "how": how}, indent=2))
-    tmp.replace(cache)
-    return mb, f"predicted ({how})"
-
-
-def _read_cached(cache: Path) -> tuple[float, str] | None:
-    """A cached prediction checked by content (an object with a finite positive ``mb`` and a
-    ``how`` text); a missing, unreadable or malformed file is no prediction (said in the log),
-    and the next prediction replaces it."""
-    if not cache.is_file():
-        return None
-    try:
-        data = json.loads(cache.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        log.warning("%s: ignored, not a prediction (%s)", cache, one_line_error(exc))
-        return None
-    mb = data.get("mb") if isinstance(data, dict) else None
-    how = data.get("how") if isinstance(data, dict) else None
-    if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not math.isfinite(mb) or mb <= 0 or not isinstance(how, str):
-        log.warning('%s: ignored, not a prediction (expected {"mb": a positive number of MB, "how": text})', cache)
-        return None
-    return float(mb), how
-
-
-def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
-    probe = copy.deepcopy(cfg)
-    OmegaConf.update(probe, "paths.output_dir", str(workdir), merge=False)
-    if "days" in probe.data.source:  # probe fits need a few days of bars, as foxhunt memory's
-        OmegaConf.update(probe, "data.source.days", MEASURE_DATA_DAYS, merge=False)
-    validate(probe)
-    prediction = predict.predict_footprint(probe, MEASURING_RUNS, workdir=workdir)
-    how = (
-        f"predict_footprint: training footprint, {len(prediction.probes)} probe fits at "
-        f"{prediction.batch_key}={[fit[0] for fit in prediction.probes]} extrapolated to {prediction.batch_size}, "
-        f"{prediction.seconds:.1f} s"
-    )
-    return prediction.total_mb, how
 
 
 def pack(peaks: list[float], available: float, cap: int) -> int:

@@ -36,6 +36,7 @@ from foxhunt.runs.tags import ROLE_CELL, Tag
 from foxhunt.training.checkpoint import check_checkpoint
 from foxhunt.training.fit import build_callbacks, check_accelerator, checkpoint_files, fit_and_score
 from foxhunt.training.folds import ChildResult, child_tags, children, describe_protocol, needs_protocol, record_protocol
+from foxhunt.training.memory_plan import plan_activation_checkpointing
 from foxhunt.training.provenance import opened_run
 
 log = logging.getLogger("foxhunt.train")
@@ -156,6 +157,9 @@ def _fit(cfg: DictConfig, name: str, tags: dict[str, str], parent_run_id: str | 
     from ``checkpoint``); its checkpoints reach the run whatever happened."""
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     with opened_run(cfg, name, tags, parent_run_id, reopened, SOURCE, before_fit) as (out_dir, run):
+        cfg, choice = plan_activation_checkpointing(cfg)  # the run's config stays as it was (its hash, its record)
+        if choice is not None and run is not None:
+            run.set_tags({Tag.CHECKPOINTING_CHOICE: choice.line})
         callbacks = build_callbacks(cfg)
         finished = False
         try:
