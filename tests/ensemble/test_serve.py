@@ -200,16 +200,56 @@ def test_a_huge_timestamp_does_not_break_the_symbols_later_bars(server):
     assert _post(url, {"symbol": "LATER", "bar": {**BAR, "ts": "2024-01-02T15:01:00Z"}})[0] == 200
 
 
-def test_symbols_are_bounded_and_info_lists_the_members(server):
+def _warm_bars(store_root, count: int) -> list[dict]:
+    """The first ``count`` bars of the served data set as request bars (enough fill every feature window)."""
+    from hydra.utils import instantiate
+
+    from foxhunt.training.parts import compose_config
+
+    cfg = compose_config(["asset=es", *DATA], root_dir=store_root, config_name="ensemble")
+    frame = instantiate(cfg.data.source).load(instantiate(cfg.asset)).iloc[:count]
+    values = frame[["open", "high", "low", "close", "volume"]].to_numpy().tolist()
+    return [dict(zip(BAR_KEYS, [int(ts), *v])) for ts, v in zip(frame.index.as_unit("ns").asi8.tolist(), values)]
+
+
+BAR_KEYS = ("ts", "open", "high", "low", "close", "volume")
+
+
+def test_symbols_are_bounded_and_info_lists_the_members(server, store_root):
+    """At max_symbols a new symbol takes a cold stream's place (one made up to fill the table, or
+    sent a bar and gone: 1,000 such held every new symbol off for an hour); only a table of warm
+    streams refuses it, with a 429 that says when to try again."""
     url, _ = server
     info = _get(url, "/info")
     assert set(info["members"]) == {"foxhunt-dqn-es", "foxhunt-ppo-es", "foxhunt-mamba2-es", "foxhunt-tft-es"}
     assert all({"version", "run_id", "runtime", "weights"} <= set(m) for m in info["members"].values())
     assert info["stream_bytes"] > 0 and "nbytes" in info["stream_bytes_method"] and info["uptime_s"] > 0
     statuses = [_post(url, {"symbol": f"MANY{i}", "bar": BAR})[0] for i in range(14)]
-    assert statuses.count(429) >= 1 and _get(url, "/info")["symbols"] <= 12
-    status, body = _post(url, {"symbol": "MANY99", "bar": BAR})
-    assert status == 429 and "ensemble.serve.max_symbols" in body["detail"]
+    info = _get(url, "/info")
+    assert statuses == [200] * 14 and info["symbols"] == 12 and info["cold_evicted"] >= 2
+    bars = _warm_bars(store_root, 120)
+    for i in range(12 - info["symbols_warm"]):  # the load test's streams are warm already
+        status, body = _post(url, {"symbol": f"WARM{i}", "bars": bars})
+        assert status == 200 and body["results"][-1]["warm"], body
+    assert _get(url, "/info")["symbols_warm"] == 12
+    request = urllib.request.Request(f"{url}/predict", data=json.dumps({"symbol": "MANY99", "bar": BAR}).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    detail = json.loads(refused.value.read())["detail"]
+    assert refused.value.code == 429 and "every one warm" in detail and "ensemble.serve.max_symbols" in detail
+    assert 0 < int(refused.value.headers["Retry-After"]) <= 345600  # the idle eviction of the stream seen longest ago
+    assert _get(url, "/info")["symbols"] == 12
+
+
+def test_an_unknown_path_or_method_is_a_json_refusal_and_no_redirect(server):
+    url, port = server
+    for method, path, status in (("GET", "/nowhere", 404), ("GET", "/predict", 405), ("POST", "/predict/", 404)):
+        request = urllib.request.Request(f"{url}{path}", data=b"{}" if method == "POST" else None, method=method)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == status and refused.value.headers["Content-Type"] == "application/json"
+        assert json.loads(refused.value.read())["detail"].startswith(f"{method} {path}: ")
 
 
 # ---------------------------------------------------------------------------------- clients bounded
@@ -369,12 +409,13 @@ def test_sigterm_answers_what_is_in_flight_and_exits_0_without_a_traceback(serve
     exit 0 without a traceback."""
     url, process = server
 
-    bars = [{**BAR, "ts": 1704207660_000_000_000 + i * 60_000_000_000} for i in range(200)]  # after MANY0's 15:00 bar
+    # after WARM0's bars (the data set's first 120, 2024-01-01 and 02): the symbols test left every stream warm
+    bars = [{**BAR, "ts": 1704207660_000_000_000 + i * 60_000_000_000} for i in range(200)]
     answer = {}
     slow = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(3)]
     for sock, first in zip(slow, (b"", HALF_HEADER, STALLED_BODY)):
         sock.sendall(first)
-    thread = threading.Thread(target=lambda: answer.update(result=_post(url, {"symbol": "MANY0", "bars": bars})))
+    thread = threading.Thread(target=lambda: answer.update(result=_post(url, {"symbol": "WARM0", "bars": bars})))
     thread.start()
     time.sleep(0.3)  # the request is in flight
     process.send_signal(signal.SIGTERM)

@@ -76,6 +76,7 @@ class Stream:
     slots: dict[str, int]
     last_bar_ns: int | None = None  # the start of the last bar it read (UTC ns)
     seen_monotonic: float = 0.0  # time.monotonic() of its last bar (idle eviction)
+    features_warm: bool = False  # its feature windows have filled: a bar of it reached the members
     #: the latest bars a SwappableEngine keeps for a member swapped in (foxhunt.ensemble.loading._Recent)
     recent: Any = field(default=None, repr=False, compare=False)
 
@@ -162,6 +163,7 @@ class StreamingEngine:
                 row = pipeline.update(*bar, checked=True)
                 if row is not None:
                     raw[config].append((i, row))
+                    stream.features_warm = True
         decisions: dict[int, dict[str, Decision]] = {}
         timings: dict[str, int] = {}
         for member in self.members:

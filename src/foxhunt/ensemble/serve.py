@@ -57,8 +57,14 @@ keeps every idle socket open, so the bounds are foxhunt's, on uvicorn's h11 prot
 
 **Symbols are bounded.** ``ensemble.serve.symbols`` (a list) admits only those; at most
 ``max_symbols`` streams live at once, a stream idle for ``idle_evict_s`` seconds is dropped
-(its slots reused); a new symbol beyond the limit is a 429. A stream is created only once its
-first bar passed the checks, so a refused request holds no memory.
+(its slots reused; the default, four days, outlasts CME's daily halt and a weekend, where a
+dropped stream would restart cold). Beyond the limit a new symbol takes the place of the cold
+stream (its feature windows never filled) seen longest ago: symbols made up to fill the table, or
+sent a few bars and gone, hold no decision anyone waits for and can never lock a real symbol out;
+with every stream warm it is a 429 whose ``Retry-After`` says when the stream seen longest ago
+will have been idle long enough to be dropped. A stream is created only once its first bar passed
+the checks, so a refused request holds no memory. Starlette's own refusals (an unknown path, 404;
+a wrong method, 405) are JSON lines too, and a trailing slash is a 404, never a redirect.
 
 **Hot swap** (``roll.swap.poll_s``): a :class:`~foxhunt.ensemble.loading.VersionWatcher` looks at the
 registry while the server runs; a promoted version is loaded and checked on the watcher's thread
@@ -102,6 +108,7 @@ from typing import Any
 import uvicorn
 from hydra.utils import instantiate
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -122,10 +129,11 @@ class BadRequest(ValueError):
     """A request the server refuses (one line); ``status`` is its HTTP status; ``close``: the
     connection is closed after the answer (the rest of its body is never read)."""
 
-    def __init__(self, message: str, status: int = 400, close: bool = False) -> None:
+    def __init__(self, message: str, status: int = 400, close: bool = False, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.close = close
+        self.retry_after_s = retry_after_s  # a Retry-After header: when trying again can succeed
 
 
 class ClientGone(Exception):
@@ -313,6 +321,7 @@ class EnsembleService:
         self.started = time.monotonic()
         self.stream_bytes = self.engine.stream_bytes()
         self.answered = 0
+        self.cold_evicted = 0  # cold streams that made room for a new symbol at max_symbols (_make_room)
         self.workdir = workdir
         self.watcher: VersionWatcher | None = None
         self.swaps: list[str] = []  # one line per member swapped in
@@ -350,14 +359,15 @@ class EnsembleService:
             "asset": str(self.asset.key), "rule": str(self.cfg.ensemble.rule),
             "members": {f.member.name: {"version": f.version, "run_id": f.run_id, "runtime": f.member.runtime,
                                         "weights": f.member.weights, "trained_precision": f.precision} for f in self.members},
-            "symbols": len(self.streams), "max_symbols": self.limits.max_symbols,
+            "symbols": len(self.streams), "symbols_warm": sum(s.features_warm for s in self.streams.values()),
+            "max_symbols": self.limits.max_symbols,
             "allowed_symbols": self.limits.symbols, "idle_evict_s": self.limits.idle_evict_s,
             "max_bars_per_request": self.limits.max_bars_per_request, "max_body_bytes": self.limits.max_body_bytes,
             "timeout_s": self.limits.timeout_s,
             "stream_bytes": self.stream_bytes,
             "stream_bytes_method": "one symbol's stream: every member's state slot (numpy nbytes) and its feature windows (sys.getsizeof)",
             "uptime_s": round(time.monotonic() - self.started, 3), "requests_answered": self.answered,
-            "swaps": list(self.swaps),
+            "swaps": list(self.swaps), "cold_evicted": self.cold_evicted,
         }  # fmt: skip
 
     def _evict_idle(self, now: float) -> None:
@@ -370,6 +380,23 @@ class EnsembleService:
                 break
             self.engine.close_stream(self.streams.pop(symbol))
 
+    def _make_room(self, symbol: str) -> None:
+        """At ``max_symbols``, a new symbol takes the place of the stream seen longest ago among
+        those still cold (their features never filled: a symbol sent a few bars and left, or one
+        of many made up to fill the table), which holds no decision anyone waits for; with every
+        stream warm it is a 429 that says when the first one may be evicted for idleness."""
+        cold = next((name for name, stream in self.streams.items() if not stream.features_warm), None)
+        if cold is not None:
+            self.engine.close_stream(self.streams.pop(cold))
+            self.cold_evicted += 1
+            return
+        idle = self.limits.idle_evict_s
+        oldest = next(iter(self.streams.values()))
+        retry = None if idle is None else max(1, math.ceil(idle - (time.monotonic() - oldest.seen_monotonic)))
+        raise BadRequest(f"symbol={symbol!r}: {len(self.streams)} symbols are streaming, every one warm, at most "
+                         f"{self.limits.max_symbols} (ensemble.serve.max_symbols); try again later", 429,
+                         retry_after_s=retry)  # fmt: skip
+
     def _stream(self, symbol: str, first_bar: tuple):
         """The symbol's stream; a new one only if the symbol is admitted and its first bar passes."""
         stream = self.streams.get(symbol)
@@ -379,8 +406,7 @@ class EnsembleService:
         if self.limits.symbols is not None and symbol not in self.limits.symbols:
             raise BadRequest(f"symbol={symbol!r}: not served here (ensemble.serve.symbols)", 403)
         if len(self.streams) >= self.limits.max_symbols:
-            raise BadRequest(f"symbol={symbol!r}: {len(self.streams)} symbols are streaming, at most "
-                             f"{self.limits.max_symbols} (ensemble.serve.max_symbols); try again later", 429)  # fmt: skip
+            self._make_room(symbol)
         stream = self.engine.open_stream(symbol)
         try:
             self.engine.check(stream, first_bar)
@@ -778,9 +804,10 @@ def build_app(service: EnsembleService, guard: Guard):
     limits = guard.limits
 
     def refuse(error: BadRequest) -> JSONResponse:
-        return JSONResponse(
-            {"detail": str(error)}, status_code=error.status, headers={"connection": "close"} if error.close else None
-        )
+        headers = {"connection": "close"} if error.close else {}
+        if error.retry_after_s is not None:
+            headers["retry-after"] = str(error.retry_after_s)
+        return JSONResponse({"detail": str(error)}, status_code=error.status, headers=headers or None)
 
     async def predict(request: Request):
         arrived, arrived_ns = time.monotonic(), time.perf_counter_ns()
@@ -823,8 +850,13 @@ def build_app(service: EnsembleService, guard: Guard):
         log.exception("foxhunt ensemble serve: %s %s", request.method, request.url.path)
         return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {str(exc)[:200]}"}, status_code=500)
 
+    async def refused(request: Request, exc: HTTPException):  # Starlette's own 404 and 405: JSON, as every refusal
+        return JSONResponse({"detail": f"{request.method} {request.url.path[:64]}: {exc.detail}"}, status_code=exc.status_code,
+                            headers=exc.headers)  # fmt: skip
+
     app = Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route(HEALTH_PATH, health), Route("/info", info)],
-                    lifespan=lifespan, exception_handlers={Exception: bug})  # fmt: skip
+                    lifespan=lifespan, exception_handlers={Exception: bug, HTTPException: refused})  # fmt: skip
+    app.router.redirect_slashes = False  # /predict/ is a 404, not a redirect to a URL built from the client's Host header
     return guarded_app(app, guard)
 
 
