@@ -850,7 +850,8 @@ def build_app(service: EnsembleService, guard: Guard):
         log.exception("foxhunt ensemble serve: %s %s", request.method, request.url.path)
         return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {str(exc)[:200]}"}, status_code=500)
 
-    async def refused(request: Request, exc: HTTPException):  # Starlette's own 404 and 405: JSON, as every refusal
+    async def refused(request: Request, exc: Exception):  # Starlette's own 404 and 405: JSON, as every refusal
+        assert isinstance(exc, HTTPException)  # the handler of that class only
         return JSONResponse({"detail": f"{request.method} {request.url.path[:64]}: {exc.detail}"}, status_code=exc.status_code,
                             headers=exc.headers)  # fmt: skip
 
