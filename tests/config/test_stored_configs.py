@@ -93,6 +93,7 @@ def test_a_file_that_is_not_a_config_is_one_line(tmp_path, text):
     [
         "model=dqn", "asset=es,nq", "model.module.lr=3e-4", "+trainer.max_steps=5", "hydra.sweeper.n_trials=3",
         "hydra.sweep.dir=/tmp/sweep", "strategy=slurm", "strategy.partition=gpu", "hparams_search=dqn_optuna",
+        "hydra.sweeper.params.model.module.lr=tag(log, interval(1e-4, 1e-2))", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
     ],
 )  # fmt: skip
 def test_plain_stored_overrides_pass(override):
@@ -106,6 +107,9 @@ def test_plain_stored_overrides_pass(override):
         "strategy.setup=[rm -rf ~]", "hydra.searchpath=[file:///tmp/planted]", "+hydra.callbacks.x._target_=planted.C",
         "hydra.job_logging.handlers.file.class=planted.Handler", "hydra/job_logging=planted", "--config-dir=/tmp/planted",
         "-cd", "model.module.lr=${oc.env:AWS_SECRET_ACCESS_KEY}", "+model.module.x.()=planted.factory",
+        "+hydra.job.env_set.GIT_CONFIG_COUNT='1'", "+hydra.job.env_set.GIT_CONFIG_VALUE_0='touch /tmp/x; false'",
+        "hydra.job.env_copy=[HOME]", "hydra.run.dir=/etc", "hydra.job.chdir=true", "hydra.output_subdir=../../x",
+        "~hydra.job", "hydra.mode=RUN",
     ],
 )  # fmt: skip
 def test_stored_overrides_that_name_code_are_refused(override):

@@ -134,6 +134,9 @@ def planted(jobs_store, tmp_path, launched):
         "hydra.searchpath=[file:///tmp/evil]",
         "--config-dir=/tmp/evil",
         "logger.experiment=${oc.env:DATABENTO_API_KEY}",
+        # git, run by the run's provenance, reads its config from the environment: core.fsmonitor runs a shell line
+        "+hydra.job.env_set.GIT_CONFIG_VALUE_0='touch /tmp/planted; false'",
+        "hydra.run.dir=/etc/planted",
     ],
 )
 def test_a_planted_stored_override_is_refused_in_one_line_and_nothing_is_launched(planted, launched, tmp_path, stored):

@@ -16,7 +16,9 @@ the source's ``_target_`` to check their arguments, so the checks here run first
   (``${oc.env:DATABENTO_API_KEY}`` copying a secret into logged params) is refused.
 - **Stored overrides** (a job's resume) may set plain values and pick group options, never a
   ``_target_``, a logging class, Hydra's search path, callbacks or launcher set-up, shell lines
-  (``strategy.setup``) or an interpolation (:func:`check_stored_overrides`).
+  (``strategy.setup``) or an interpolation, and of Hydra's own settings only the sweeper's, the
+  sweep folder and which sweeper or launcher runs (``hydra.job.env_set`` would set environment
+  variables the programs a run starts act on: :func:`check_stored_overrides`).
 
 Each refusal is one line naming where the config came from and the key. The user's own command
 line and config files are another trust domain: they are not checked here.
@@ -46,6 +48,13 @@ _CODE_KEYS = frozenset({TARGET, "class", "()", "setup"})
 #: callbacks, logging handlers, or shell lines run before each job.
 _CODE_PREFIXES = ("hydra.searchpath", "hydra.callbacks", "hydra.job_logging", "hydra.hydra_logging",
                   "hydra.launcher.setup", "hydra/job_logging", "hydra/hydra_logging", "hydra/callbacks", "strategy.setup")  # fmt: skip
+#: Hydra's own settings a stored override may set: the sweeper's (a search's trials, its study)
+#: and the sweep's folder, and which sweeper or launcher runs. Any other (``hydra.job.env_set``
+#: puts variables in the environment of every program the run starts: a ``GIT_CONFIG_*`` there
+#: made the run's own ``git diff`` run a shell line; ``hydra.run.dir``, ``hydra.job.chdir``, ...)
+#: is refused.
+_STORED_HYDRA = ("hydra.sweeper.", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.launcher.n_jobs", "hydra/sweeper",
+                 "hydra/launcher")  # fmt: skip
 #: Command-line flags that add a config folder or pick another primary config.
 _CODE_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--experimental-rerun")
 
@@ -150,6 +159,9 @@ def check_stored_overrides(overrides: Sequence[str], origin: str) -> None:
         ):
             raise ConfigError(f"{origin}: stored override {_shown(text)}: it can name code to run "
                               "(a class, a callback, a search path, shell lines); refused")  # fmt: skip
+        if parts[0] == "hydra" and not any(bare == allowed or bare.startswith(allowed) for allowed in _STORED_HYDRA):
+            raise ConfigError(f"{origin}: stored override {_shown(text)}: of Hydra's own settings a stored override may set "
+                              "only the sweeper's, the sweep folder and which sweeper or launcher runs; refused")  # fmt: skip
 
 
 def _shown(value: Any) -> str:
