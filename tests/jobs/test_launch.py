@@ -4,6 +4,7 @@ errors; stopping only the job's own process."""
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -102,9 +103,26 @@ def test_a_bad_override_fails_at_once_in_one_line(tmp_path, overrides, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):
-    """A launch file whose pid is another program's (hand-edited, or the pid reused): one line,
-    exit 2, and that program keeps running."""
+@pytest.mark.parametrize(
+    "program",
+    [
+        ["sleep", "300"],
+        ["tail", "-f", "{tmp}/my-foxhunt-notes.txt"],  # "foxhunt" in its line: once enough to be signalled
+        [sys.executable, "-c", "import time; time.sleep(300)", "foxhunt", "ui"],
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(300)",
+            "-m",
+            "foxhunt.jobs.supervisor",
+            "{tmp}/outputs/jobs/eeee6666.json",
+        ],
+    ],
+    ids=["sleep", "tail-foxhunt-notes", "foxhunt-ui", "another-jobs-supervisor"],
+)
+def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path, program):
+    """A launch file whose pid is another program's (hand-edited, planted, or the pid reused): one
+    line, exit 2, and that program keeps running."""
     import subprocess
     import time
 
@@ -117,7 +135,9 @@ def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):
     from foxhunt.runs.store import RunStore
 
     RunStore(store_uri(tmp_path)).ensure_experiment("foxhunt")
-    other = subprocess.Popen(["sleep", "300"])
+    (tmp_path / "my-foxhunt-notes.txt").write_text("notes\n")
+    argv = [part.replace("{tmp}", str(tmp_path)) for part in program]
+    other = subprocess.Popen(argv)
     try:
         started = int(psutil.Process(other.pid).create_time() * 1000) + 2000  # launched 2 s after it
         launch_file = LaunchFile(job_id="ffff7777", pid=other.pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
@@ -127,7 +147,7 @@ def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path):
         result = CliRunner().invoke(app, ["train", "stop", "ffff7777", "--root", str(tmp_path), "--timeout", "1"])
         assert result.exit_code == 2, result.output
         assert result.output.strip().splitlines()[-1] == (
-            f"foxhunt train: job ffff7777: pid {other.pid} is not the job's process (it runs 'sleep 300'): not signalled"
+            f"foxhunt train: job ffff7777: pid {other.pid} is not the job's process (it runs {' '.join(argv)[:80]!r}): not signalled"
         )
         time.sleep(0.2)
         assert other.poll() is None  # never signalled

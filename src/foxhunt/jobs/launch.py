@@ -52,7 +52,7 @@ from foxhunt.jobs.views import RESUME_FLAG, Job, find_job
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.environment import JOB_ID_ENV, ROOT_ENV
-from foxhunt.runs.liveness import FOXHUNT_COMMAND, process_alive, run_state
+from foxhunt.runs.liveness import process_alive, run_state
 from foxhunt.runs.status import OK_RESULTS, Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import Tag
@@ -60,6 +60,9 @@ from foxhunt.runs.tags import Tag
 # Lazy imports: (c) Hydra, the schema (pydantic), the grid in plan_cells: foxhunt train stop imports this module too
 
 SWEEP_DIR_KEY = "hydra.sweep.dir"
+#: The command lines a job's process runs (:func:`_runs_the_job`): its supervisor, or foxhunt-train.
+SUPERVISOR_MODULE = "foxhunt.jobs.supervisor"
+TRAIN_PROGRAM, TRAIN_MODULE = "foxhunt-train", "foxhunt.train"
 MULTIRUN_FLAGS = ("-m", "--multirun")
 LAUNCH_SLACK_S = 60.0  # a job's process is created within this of its launch file's time
 #: A job id as foxhunt makes them (8 hex digits; a sweep started by hand: its parent run's id);
@@ -234,7 +237,7 @@ def _launch(overrides, root: Path, job_id: str, sweep_dir, resume: bool, lock: J
                   f"{' '.join(command)}\n")  # fmt: skip
         out.flush()
         process = subprocess.Popen(
-            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(launch_path), LOCK_FD_FLAG, str(lock.fd)],
+            [sys.executable, "-m", SUPERVISOR_MODULE, str(launch_path), LOCK_FD_FLAG, str(lock.fd)],
             cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True, pass_fds=(lock.fd,),
         )  # fmt: skip
@@ -301,30 +304,45 @@ def check_stoppable(job: Job) -> int:
     if pid is None or not process_alive(pid, job.launch_file.started_ms if job.launch_file else None):
         raise LaunchError(f"job {job.job_id}: its process (pid {pid}) is gone: it is stale, resume it")
     problem = _not_the_jobs_process(
-        pid, job.launch_file.started_ms if job.launch_file is not None and job.launch_file.pid else None
+        pid, job.launch_file.started_ms if job.launch_file is not None and job.launch_file.pid else None, job.job_id
     )
     if problem:
         raise NotTheJobsProcess(f"job {job.job_id}: pid {pid} is not the job's process ({problem}): not signalled")
     return pid
 
 
-def _not_the_jobs_process(pid: int, started_ms: int | None) -> str:
-    """Why process ``pid`` is not a job's (empty when it is): it must be a foxhunt command and,
-    for a pid from a launch file, created within :data:`LAUNCH_SLACK_S` of the launch."""
+def _not_the_jobs_process(pid: int, started_ms: int | None, job_id: str) -> str:
+    """Why process ``pid`` is not job ``job_id``'s (empty when it is): it must be that job's
+    supervisor or a ``foxhunt-train`` sweep (:func:`_runs_the_job`) and, for a pid from a launch
+    file, created within :data:`LAUNCH_SLACK_S` of the launch."""
     try:
         process = psutil.Process(pid)
-        command = " ".join(process.cmdline())
+        argv = process.cmdline()
         created_ms = process.create_time() * 1000
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return "it is gone"
     except psutil.AccessDenied:
         return "its command line cannot be read"
-    if FOXHUNT_COMMAND not in command:
-        return f"it runs {command[:80]!r}"
+    if not _runs_the_job(argv, job_id):
+        return f"it runs {' '.join(argv)[:80]!r}"
     if started_ms is not None and abs(created_ms - started_ms) > LAUNCH_SLACK_S * 1000:
         when = datetime.fromtimestamp(created_ms / 1000).isoformat(timespec="seconds")
         return f"it started at {when}, not when the job was launched"
     return ""
+
+
+def _runs_the_job(argv: list[str], job_id: str) -> bool:
+    """Whether a command line is one a job runs as: its supervisor (``python -m
+    foxhunt.jobs.supervisor <root>/outputs/jobs/<job_id>.json``, as :func:`start` launches it) or
+    ``foxhunt-train`` (a sweep started by hand, whose parent run names its process). The words
+    alone, not a substring of the line: ``foxhunt ui``, ``foxhunt ensemble serve`` or a ``tail -f
+    foxhunt-notes.txt`` a record names is not signalled."""
+    if any(Path(part).name == TRAIN_PROGRAM for part in argv[:2]):
+        return True
+    supervised = any(a == "-m" and b in (SUPERVISOR_MODULE, TRAIN_MODULE) for a, b in zip(argv, argv[1:]))
+    if supervised and SUPERVISOR_MODULE in argv:
+        return any(Path(part).name == f"{job_id}.json" for part in argv)
+    return supervised
 
 
 def stop(job: Job, tracking_uri: str, timeout_s: float, force: bool, poll_s: float) -> StopResult:
