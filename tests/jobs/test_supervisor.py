@@ -18,12 +18,17 @@ from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
 from foxhunt.jobs.views import find_job
 
 
-def launch(root: Path, job_id: str, code: str, lock: JobLock | None = None) -> tuple[subprocess.Popen, Path]:
+def launch(
+    root: Path, job_id: str, code: str, lock: JobLock | None = None, filed: list[str] | None = None
+) -> tuple[subprocess.Popen, Path]:
+    """The supervisor of a job that runs ``code`` (the launcher's argument); ``filed``: another
+    command in the launch file (what a planted file says)."""
     folder = jobs_dir(root)
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{job_id}.log"
+    command = [sys.executable, "-c", code]
     launch_file = LaunchFile(
-        job_id=job_id, pid=0, host=socket.gethostname(), command=[sys.executable, "-c", code], overrides=["model=x"],
+        job_id=job_id, pid=0, host=socket.gethostname(), command=filed or command, overrides=["model=x"],
         log=str(log), tracking_uri=f"sqlite:///{root / 'mlruns' / 'mlflow.db'}", root=str(root),
         sweep_dir=str(root / "sweep"), started_ms=int(time.time() * 1000), plan=[], experiment="unit",
     )  # fmt: skip
@@ -32,7 +37,7 @@ def launch(root: Path, job_id: str, code: str, lock: JobLock | None = None) -> t
     handed = [LOCK_FD_FLAG, str(lock.fd)] if lock is not None else []
     with open(log, "a") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(path), *handed], cwd=root, stdout=out,
+            [sys.executable, "-m", "foxhunt.jobs.supervisor", str(path), *handed, "--", *command], cwd=root, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock.fd,) if lock is not None else (),
         )  # fmt: skip
     if lock is not None:
@@ -50,6 +55,24 @@ def test_a_job_that_dies_before_the_store_gets_a_failed_run_with_its_error(tmp_p
     assert job.state == "FAILED" and job.parent.experiment == "unit"
     assert "ModuleNotFoundError: No module named nowhere" in job.error
     assert job.overrides == ["model=x"] and job.pid == process.pid
+
+
+def test_what_runs_is_the_launchers_command_never_the_launch_files(tmp_path):
+    """The launch file sits in outputs/jobs, written twice by the launcher: a command swapped into
+    it between the writes ran (found by probing the job CLI as an attacker)."""
+    planted = tmp_path / "PWNED"
+    process, log = launch(tmp_path, "swap0001", "print('the launcher s command', flush=True)",
+                          filed=["sh", "-c", f"touch {planted}"])  # fmt: skip
+    assert process.wait(timeout=120) == 0
+    assert "the launcher s command" in log.read_text() and not planted.exists()
+
+
+def test_without_a_command_the_supervisor_runs_nothing(tmp_path):
+    path = jobs_dir(tmp_path) / "none0001.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "foxhunt.jobs.supervisor", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and done.stderr.startswith("usage: python -m foxhunt.jobs.supervisor <launch file .json>")
 
 
 def test_sigterm_to_the_group_ends_the_job_killed(tmp_path):

@@ -237,7 +237,7 @@ def _launch(overrides, root: Path, job_id: str, sweep_dir, resume: bool, lock: J
                   f"{' '.join(command)}\n")  # fmt: skip
         out.flush()
         process = subprocess.Popen(
-            [sys.executable, "-m", SUPERVISOR_MODULE, str(launch_path), LOCK_FD_FLAG, str(lock.fd)],
+            [sys.executable, "-m", SUPERVISOR_MODULE, str(launch_path), LOCK_FD_FLAG, str(lock.fd), "--", *command],
             cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True, pass_fds=(lock.fd,),
         )  # fmt: skip

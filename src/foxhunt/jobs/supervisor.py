@@ -1,8 +1,11 @@
 """The leader of a job's process group: runs ``foxhunt-train -m``, tags the parent run, and
 settles what training could not.
 
-``python -m foxhunt.jobs.supervisor <launch file>`` is what ``foxhunt train start`` launches
-in a new session. Why a process of its own rather than ``foxhunt-train`` directly:
+``python -m foxhunt.jobs.supervisor <launch file> --lock-fd N -- <command>`` is what ``foxhunt
+train start`` launches in a new session. The command it runs (``foxhunt-train -m`` and the job's
+checked overrides) comes from the launcher, as arguments: the launch file's copy is for display,
+and a file anyone who can write ``outputs/jobs`` could swap between two writes never names what
+runs. Why a process of its own rather than ``foxhunt-train`` directly:
 
 - The parent run is created by the sweep inside ``foxhunt-train``; the job's tags (leader
   pid, host, command, overrides, plan, log) are known only to the launcher. The supervisor
@@ -55,13 +58,15 @@ log = logging.getLogger("foxhunt.jobs.supervisor")
 # process settings of the supervisor, not training hyperparameters.
 POLL_S = 1.0
 ERROR_LINES = 5
+COMMAND_SEPARATOR = "--"  # before the command to run, in the supervisor's arguments
 DEFAULT_EXPERIMENT = "foxhunt"  # conf/train.yaml's task, for a launch file that names none
 SOURCE = "foxhunt train start"  # the Source of the run it creates for a job that never reached the store
 
 
 class Supervisor:
-    def __init__(self, launch_file: LaunchFile, lock_fd: int | None = None) -> None:
+    def __init__(self, launch_file: LaunchFile, command: list[str], lock_fd: int | None = None) -> None:
         self.launch_file = launch_file
+        self.command = command  # what to run: the launcher's argument, not the launch file's copy (display only)
         self.lock_fd = lock_fd  # the job's lock, held open for the process's life and handed to training
         self.stop_signal: int | None = None
         self.tagged_parent: str | None = None
@@ -79,7 +84,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         kept = (self.lock_fd,) if self.lock_fd is not None else ()
-        child = subprocess.Popen(self.launch_file.command, cwd=self.launch_file.root, pass_fds=kept)
+        child = subprocess.Popen(self.command, cwd=self.launch_file.root, pass_fds=kept)
         # mlflow is imported while training starts, not when the parent appears; the client is
         # not opened yet: opening it creates a missing store, which the sweep is creating
         # (two processes creating one SQLite store crash).
@@ -205,10 +210,15 @@ def _signal_name(signum: int | None, rc: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     lock_fd = None
+    command: list[str] = []
+    if COMMAND_SEPARATOR in argv:  # the command to run: from the launcher, never from the launch file (module doc)
+        at = argv.index(COMMAND_SEPARATOR)
+        argv, command = argv[:at], argv[at + 1 :]
     if len(argv) == 3 and argv[1] == LOCK_FD_FLAG and argv[2].isdigit():
         argv, lock_fd = argv[:1], int(argv[2])
-    if len(argv) != 1:
-        print(f"usage: python -m foxhunt.jobs.supervisor <launch file .json> [{LOCK_FD_FLAG} N]", file=sys.stderr)
+    if len(argv) != 1 or not command:
+        print(f"usage: python -m foxhunt.jobs.supervisor <launch file .json> [{LOCK_FD_FLAG} N] {COMMAND_SEPARATOR} <command>",
+              file=sys.stderr)  # fmt: skip
         return 2
     path = Path(argv[0])
     launch_file = None
@@ -222,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"foxhunt job: cannot read launch file {path}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return Supervisor(launch_file, lock_fd).run()
+    return Supervisor(launch_file, command, lock_fd).run()
 
 
 if __name__ == "__main__":
