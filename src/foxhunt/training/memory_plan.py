@@ -49,6 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.schema import validate
 from foxhunt.errors import one_line_error
+from foxhunt.memory import predict
 from foxhunt.training.parts import MEASURE_DATA_DAYS, MEASURING_RUNS
 
 log = logging.getLogger(__name__)
@@ -108,8 +109,6 @@ def _read_cached(cache: Path) -> tuple[float, str] | None:
 
 
 def _predict(cfg: DictConfig, workdir: Path) -> tuple[float, str]:
-    from foxhunt.memory import predict  # the probes' Lightning machinery: only when a prediction is made
-
     probe = copy.deepcopy(cfg)
     OmegaConf.update(probe, "paths.output_dir", str(workdir), merge=False)
     if "days" in probe.data.source:  # probe fits need a few days of bars, as foxhunt memory's
