@@ -197,3 +197,33 @@ def test_a_refusal_waits_for_a_holder_that_has_not_named_itself_yet(tmp_path):
             JobLock.acquire(tmp_path, "job1", "a resume")
     finally:
         holder.close()
+
+
+def test_links_planted_in_the_jobs_folder_are_never_written_through(tmp_path, launched):
+    """A link at the job's log (its output appended to another file) is refused in one line,
+    before anything is launched or written; one at the launch file's old temporary name or at the
+    launch file itself (the file overwritten with the job's JSON) is not followed."""
+    folder = jobs_dir(tmp_path)
+    folder.mkdir(parents=True)
+    failed_job(tmp_path, "feed0004", ["model=dqn"])
+    victims = {name: tmp_path / name for name in ("log-victim", "tmp-victim")}
+    for victim in victims.values():
+        victim.write_text("precious\n")
+    (folder / "feed0004.log").symlink_to(victims["log-victim"])
+    (folder / "feed0004.tmp").symlink_to(victims["tmp-victim"])
+    before = (folder / "feed0004.json").read_text()
+
+    result = runner.invoke(app, ["train", "start", "--resume", "feed0004", "--root", str(tmp_path)])
+
+    assert result.exit_code == 2 and launched == [], result.output
+    assert result.stderr.strip() == (f"foxhunt train: job feed0004: its log {folder / 'feed0004.log'} cannot be opened "
+                                     "(Too many levels of symbolic links; a symbolic link is refused)")  # fmt: skip
+    assert all(victim.read_text() == "precious\n" for victim in victims.values())
+    assert (folder / "feed0004.json").read_text() == before  # nothing launched, nothing rewritten
+
+    (folder / "feed0004.log").unlink()
+    (folder / "feed0004.json").unlink()
+    (folder / "feed0004.json").symlink_to(victims["tmp-victim"])  # a link where the launch file goes
+    failed_job(tmp_path, "feed0004", ["model=dqn"])
+    assert victims["tmp-victim"].read_text() == "precious\n" and not (folder / "feed0004.json").is_symlink()
+    assert not [p.name for p in folder.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]  # no temporary left

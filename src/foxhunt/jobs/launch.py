@@ -47,7 +47,7 @@ import psutil
 from foxhunt.config.stored import check_stored_overrides
 from foxhunt.errors import one_line_error
 from foxhunt.jobs.job_lock import LOCK_FD_FLAG, JobLock, JobLockHeld
-from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
+from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir, open_log
 from foxhunt.jobs.views import RESUME_FLAG, Job, find_job
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.config_hash import config_hash
@@ -230,9 +230,13 @@ def _launch(overrides, root: Path, job_id: str, sweep_dir, resume: bool, lock: J
         artifact_location=store["artifact_location"],
     )  # fmt: skip
     launch_path = folder / f"{job_id}.json"
+    try:  # before the launch file: a refusal leaves nothing behind
+        out = open_log(log)
+    except OSError as exc:
+        raise LaunchError(f"job {job_id}: its log {log} cannot be opened ({exc.strerror}; a symbolic link is refused)") from None
     launch_file.write(launch_path)
     env = {**os.environ, JOB_ID_ENV: job_id, ROOT_ENV: str(root), "PYTHONUNBUFFERED": "1"}
-    with open(log, "a") as out:
+    with out:
         out.write(f"=== {'resume' if resume else 'start'} {datetime.now().isoformat(timespec='seconds')}: "
                   f"{' '.join(command)}\n")  # fmt: skip
         out.flush()

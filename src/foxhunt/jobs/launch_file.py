@@ -10,6 +10,8 @@ for the moments before the store knows a job, or to tell a resume in progress (S
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shlex
 import socket
 from collections.abc import Iterable, Mapping
@@ -26,6 +28,12 @@ JOBS_SUBDIR = Path("outputs") / "jobs"
 def jobs_dir(root: Path) -> Path:
     """Where launch files (``<job_id>.json``) and job logs (``<job_id>.log``) live."""
     return Path(root) / JOBS_SUBDIR
+
+
+def open_log(path: Path):
+    """The job's log, opened to append; a symbolic link at its name (planted to have a job's
+    output written into another file) is refused with ``OSError`` (ELOOP), never followed."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a")
 
 
 @dataclass
@@ -90,9 +98,13 @@ class LaunchFile:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def write(self, path: Path) -> None:
+        """Whole or not at all: a temporary file of this process's own (created, never opened
+        through a link planted at its name), then renamed over ``path`` (a link there is replaced,
+        not followed)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as out:
+            out.write(json.dumps(self.to_dict(), indent=1))
         tmp.replace(path)
 
 
