@@ -29,7 +29,6 @@ anything is composed, written or launched.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -47,7 +46,7 @@ import psutil
 from foxhunt.config.stored import check_stored_overrides
 from foxhunt.errors import one_line_error
 from foxhunt.jobs.job_lock import LOCK_FD_FLAG, JobLock, JobLockHeld
-from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir, open_log
+from foxhunt.jobs.launch_file import JOB_ID_PATTERN, LaunchFile, PlannedCell, jobs_dir, open_log
 from foxhunt.jobs.views import RESUME_FLAG, Job, find_job
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.config_hash import config_hash
@@ -67,7 +66,7 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 LAUNCH_SLACK_S = 60.0  # a job's process is created within this of its launch file's time
 #: A job id as foxhunt makes them (8 hex digits; a sweep started by hand: its parent run's id);
 #: one read back from a store must be a plain name, as it becomes file names under outputs/jobs/.
-JOB_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")
+JOB_ID = JOB_ID_PATTERN
 
 
 class LaunchError(RuntimeError):

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shlex
 import socket
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +62,19 @@ class PlannedCell:
         )  # fmt: skip
 
 
+#: A job id (``foxhunt.jobs.launch`` makes them): what a launch file's name and ``job_id`` must be.
+JOB_ID_PATTERN = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")
+MAX_LAUNCH_FILE_BYTES = 1 << 20  # a grid's plan is a few KB
+MAX_PID = 1 << 22  # Linux's pid_max limit
+MAX_TIME_MS = 4_102_444_800_000  # 2100-01-01: a started_ms beyond it is no launch time
+#: The type of each field of a launch file (LaunchFile.from_dict); the last two may be absent.
+_FIELD_TYPES: dict[str, type] = {
+    "job_id": str, "pid": int, "host": str, "command": list, "overrides": list, "log": str, "tracking_uri": str,
+    "root": str, "sweep_dir": str, "started_ms": int, "plan": list, "experiment": str, "artifact_location": str,
+}  # fmt: skip
+_OPTIONAL = {"experiment", "artifact_location"}
+
+
 @dataclass
 class LaunchFile:
     """What ``foxhunt train start`` wrote next to the job's log before the store knew the job.
@@ -89,13 +104,52 @@ class LaunchFile:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LaunchFile:
+        """The launch file ``data`` describes, its fields checked by type and range (a ``ValueError``
+        naming the first that is not as foxhunt writes it): the file sits in a folder others may
+        write, and its values reach signals (``pid``), clocks and the terminal."""
+        if not isinstance(data, Mapping):
+            raise ValueError("not a JSON object")
         values = dict(data)
-        values["plan"] = [PlannedCell.from_dict(cell) for cell in data.get("plan", [])]
+        unknown = sorted(set(values) - set(_FIELD_TYPES))
+        if unknown:
+            raise ValueError(f"fields foxhunt does not write: {', '.join(map(str, unknown))[:80]}")
+        for name, kind in _FIELD_TYPES.items():
+            value = values.get(name)
+            if name not in values and name in _OPTIONAL:
+                continue
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ValueError(f"{name}: {str(value)[:40]!r} is not a {kind.__name__}")
+        if not JOB_ID_PATTERN.fullmatch(values["job_id"]):
+            raise ValueError(f"job_id: {values['job_id'][:40]!r} is not a job id")
+        if not 0 <= values["pid"] <= MAX_PID or not 0 <= values["started_ms"] <= MAX_TIME_MS:
+            raise ValueError(f"pid {values['pid']} or started_ms {values['started_ms']} out of range")
+        for name in ("command", "overrides"):
+            if not all(isinstance(item, str) for item in values[name]):
+                raise ValueError(f"{name}: not a list of strings")
+        if not all(isinstance(cell, Mapping) for cell in values["plan"]):
+            raise ValueError("plan: not a list of cells")
+        values["plan"] = [PlannedCell.from_dict(cell) for cell in values["plan"]]
         return cls(**values)
 
     @classmethod
     def read(cls, path: Path) -> LaunchFile:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The launch file at ``path``: a regular file (no link, no pipe: a reader never blocks),
+        of at most :data:`MAX_LAUNCH_FILE_BYTES`, named after its job; ``ValueError`` (or
+        ``OSError``) when it is not one."""
+        path = Path(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_LAUNCH_FILE_BYTES:
+                raise ValueError(f"{path.name}: not a launch file (not a regular file of at most {MAX_LAUNCH_FILE_BYTES} bytes)")
+            text = handle.read(MAX_LAUNCH_FILE_BYTES + 1)
+        try:
+            launch_file = cls.from_dict(json.loads(text))
+        except RecursionError:
+            raise ValueError(f"{path.name}: nested too deep to be a launch file") from None
+        if f"{launch_file.job_id}.json" != path.name:
+            raise ValueError(f"{path.name}: holds job {launch_file.job_id}, not the job it is named after")
+        return launch_file
 
     def write(self, path: Path) -> None:
         """Whole or not at all: a temporary file of this process's own (created, never opened

@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -41,6 +42,7 @@ METRIC_LOSS = "train/loss"
 METRIC_PEAK_MB = "memory/peak_mb"
 METRIC_SHARPE = "val/sharpe"  # the sweep objective (train.OBJECTIVE): the list's --sort sharpe
 RESUME_FLAG = "resume=true"
+LOG_TAIL_BYTES = 1 << 16  # the end of a job's log read for its last lines (its error)
 
 
 class JobNotFound(LookupError):
@@ -429,8 +431,14 @@ def resumable_checkpoint_of(cell: JobCell) -> Checkpoint | None:
 def log_tail(path: str | os.PathLike, lines: int) -> str:
     """The last ``lines`` non-empty lines of a job's log (the error of a job that never reached
     the store)."""
-    try:
-        text = Path(path).read_text(errors="replace")
+    try:  # a regular file only (a pipe or a device named as the log would block or never end), its end
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return ""
+            handle.seek(max(0, info.st_size - LOG_TAIL_BYTES))
+            text = handle.read(LOG_TAIL_BYTES).decode(errors="replace")
     except OSError:
         return ""
     return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
