@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, job_tags, jobs_dir
+from foxhunt.jobs.launch_file import JOB_ID_PATTERN, MAX_PID, MAX_TIME_MS, LaunchFile, PlannedCell, job_tags, jobs_dir
 from foxhunt.runs.cell import CellKey
 
 words = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
@@ -24,9 +24,9 @@ cells = st.builds(
 )
 launch_files = st.builds(
     LaunchFile,
-    job_id=words, pid=st.integers(0, 2**22), host=words, command=st.lists(words, max_size=4),
+    job_id=st.from_regex(JOB_ID_PATTERN, fullmatch=True), pid=st.integers(0, MAX_PID), host=words, command=st.lists(words, max_size=4),
     overrides=st.lists(words, max_size=4), log=words, tracking_uri=words, root=words, sweep_dir=words,
-    started_ms=st.integers(0, 2**45), plan=st.lists(cells, max_size=3), experiment=words, artifact_location=words,
+    started_ms=st.integers(0, MAX_TIME_MS), plan=st.lists(cells, max_size=3), experiment=words, artifact_location=words,
 )  # fmt: skip
 
 
@@ -41,10 +41,10 @@ def test_job_tags():
 @settings(max_examples=40, deadline=None)
 @given(launch=launch_files)
 def test_a_launch_file_reads_back_as_written(launch, tmp_path_factory):
-    path = jobs_dir(tmp_path_factory.mktemp("root")) / "job.json"
+    path = jobs_dir(tmp_path_factory.mktemp("root")) / f"{launch.job_id}.json"
     launch.write(path)
     assert LaunchFile.read(path) == launch
-    assert [p.name for p in path.parent.iterdir()] == ["job.json"]  # written whole, no temporary left
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # written whole, no temporary left
 
 
 def test_rewriting_a_launch_file_replaces_it_and_the_jobs_folder_is_under_outputs(tmp_path):
