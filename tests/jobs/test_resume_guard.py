@@ -227,3 +227,15 @@ def test_links_planted_in_the_jobs_folder_are_never_written_through(tmp_path, la
     failed_job(tmp_path, "feed0004", ["model=dqn"])
     assert victims["tmp-victim"].read_text() == "precious\n" and not (folder / "feed0004.json").is_symlink()
     assert not [p.name for p in folder.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]  # no temporary left
+
+
+def test_escape_sequences_planted_in_the_store_are_shown_not_sent_to_the_terminal(planted, tmp_path):
+    """A tag's escape sequences (retitle the terminal, clear it, a forged line) were printed raw."""
+    planted("command", "\x1b]0;OWNED-TITLE\x07\x1b[2J\x1b[31mRED\nfake line")
+    planted("error", "\x1b[5mBLINK", runs=(planted.cell,))
+    for args in (["train", "status", "bbbb3333"], ["train", "list"]):
+        result = runner.invoke(app, [*args, "--root", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        assert "\x1b" not in result.output and "\x07" not in result.output
+    status = runner.invoke(app, ["train", "status", "bbbb3333", "--root", str(tmp_path)]).output
+    assert "\\x1b]0;OWNED-TITLE\\x07" in status and "\\x1b[5mBLINK" in status  # shown, as escapes

@@ -52,6 +52,7 @@ import typer
 from foxhunt.commands.prune import prune
 from foxhunt.commands.train_jobs import ROOT_HELP, URI_HELP, _console, _root, _uri
 from foxhunt.errors import EXIT_USER_ERROR, UserError, one_line_error, reported
+from foxhunt.printable import shown
 from foxhunt.runs import leaderboard as lb
 from foxhunt.runs.environment import sqlite_path
 from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
@@ -235,8 +236,8 @@ def _table(board):
         runs = str(row.runs) if row.scored == row.runs else f"{row.runs} ({row.runs - row.scored} without)"
         dsr = MISSING if row.dsr is None else f"{row.dsr:.{DSR_DIGITS}f}"
         data = lb.data_label(row.data)
-        table.add_row(*(row.group[name] for name in query.by), data, _number(row.value), interval, baseline, dsr, str(row.dsr_trials), runs,
-                      row.run_name, row.run_id)  # fmt: skip
+        table.add_row(*(shown(row.group[name]) for name in query.by), shown(data), _number(row.value), interval, shown(baseline), dsr,
+                      str(row.dsr_trials), runs, shown(row.run_name), shown(row.run_id))  # fmt: skip
     return table
 
 

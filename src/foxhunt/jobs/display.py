@@ -20,6 +20,7 @@ from rich.text import Text
 
 from foxhunt.jobs.listing import Page
 from foxhunt.jobs.views import METRIC_LOSS, METRIC_PEAK_MB, METRIC_SHARPE, Job, JobCell, resumable_checkpoint_of
+from foxhunt.printable import shown
 from foxhunt.runs.cell import CellResult
 from foxhunt.runs.resume import skip_note
 from foxhunt.runs.status import Status
@@ -107,23 +108,23 @@ def job_header(job: Job, now_ms: int) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("job", Text.assemble(Text(job.job_id, style="bold"), "  ", state_text(job.state)))
+    grid.add_row("job", Text.assemble(shown(job.job_id, style="bold"), "  ", state_text(job.state)))
     if job.parent is not None:
-        grid.add_row("parent run", f"{job.parent.run_id} (experiment {job.parent.experiment})")
+        grid.add_row("parent run", shown(f"{job.parent.run_id} (experiment {job.parent.experiment})"))
     grid.add_row("started", f"{fmt_time(job.start_ms)}   duration {fmt_duration(job.duration_s(now_ms))}")
     if job.command:
-        grid.add_row("command", job.command)
+        grid.add_row("command", shown(job.command))
     if job.pid:
-        grid.add_row("process", f"pid {job.pid} on {job.host or '?'}")
+        grid.add_row("process", shown(f"pid {job.pid} on {job.host or '?'}"))
     if job.log:
-        grid.add_row("log", job.log)
+        grid.add_row("log", shown(job.log))
     if job.error:
-        grid.add_row("error", Text(job.error[:ERROR_WIDTH], style="red"))
+        grid.add_row("error", shown(job.error[:ERROR_WIDTH], style="red"))
     return grid
 
 
 def status_table(job: Job, now_ms: int) -> Table:
-    table = Table(title=f"cells of job {job.job_id}", title_justify="left", expand=False)
+    table = Table(title=Text.assemble("cells of job ", shown(job.job_id)), title_justify="left", expand=False)
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("cell", "left"), ("state", "left"), ("step", "right"), ("progress", "right"), ("loss", "right"),
         ("val/sharpe", "right"), ("peak mem", "right"), ("duration", "right"), ("error / checkpoint", "left"),
@@ -135,13 +136,13 @@ def status_table(job: Job, now_ms: int) -> Table:
         note = Text()
         checkpoint = resumable_checkpoint_of(cell)
         if run is not None and run.tags.get(Tag.ERROR):
-            note = Text(run.tags[Tag.ERROR][:ERROR_WIDTH], style="red")
+            note = shown(run.tags[Tag.ERROR][:ERROR_WIDTH], style="red")
         elif checkpoint is not None:
-            note = Text(short_path(checkpoint.path) if checkpoint.path else str(checkpoint), style="dim")
+            note = shown(short_path(checkpoint.path) if checkpoint.path else str(checkpoint), style="dim")
         elif cell.skipped is not None and run is None:
-            note = Text(skipped_note(cell.skipped), style="dim")
+            note = shown(skipped_note(cell.skipped), style="dim")
         table.add_row(
-            cell.name,
+            shown(cell.name),
             state_text(cell.state),
             "-" if cell.step() is None else str(cell.step()),
             f"{cell.fraction():.0%}" if cell.state != Status.PENDING else "-",
@@ -162,7 +163,7 @@ def skipped_note(skipped: CellResult) -> str:
 def status_view(job: Job, now_ms: int, log_excerpt: str = "") -> RenderableType:
     parts: list[RenderableType] = [job_header(job, now_ms), status_table(job, now_ms)]
     if log_excerpt:
-        parts.append(Text(log_excerpt, style="dim"))
+        parts.append(Text("\n").join(shown(line, style="dim") for line in log_excerpt.splitlines()))
     return Group(*parts)
 
 
@@ -179,13 +180,13 @@ def list_table(page: Page, now_ms: int) -> RenderableType:
         table.add_column(name, justify=justify)
     for job in page.jobs:
         table.add_row(
-            job.job_id,
+            shown(job.job_id),
             state_text(job.state),
             fmt_time(job.start_ms),
             fmt_duration(job.duration_s(now_ms)),
             counts_text(job),
-            ",".join(job.models) or "-",
-            ",".join(job.assets) or "-",
+            shown(",".join(job.models) or "-"),
+            shown(",".join(job.assets) or "-"),
             fmt_number(job.best_sharpe()),
         )
     footer = Text(f"page {page.page}/{page.pages}, {page.total} job{'s' if page.total != 1 else ''}", style="dim")
@@ -213,7 +214,7 @@ def _cell_eta(cell: JobCell, now_ms: int) -> str:
 
 def watch_view(job: Job, now_ms: int) -> RenderableType:
     table = Table(expand=False, title_justify="left",
-                  title=Text.assemble("job ", Text(job.job_id, style="bold"), "  ", state_text(job.state)))  # fmt: skip
+                  title=Text.assemble("job ", shown(job.job_id, style="bold"), "  ", state_text(job.state)))  # fmt: skip
     for name in ("cell", "state"):
         table.add_column(name, justify="left", no_wrap=True)
     table.add_column("progress", min_width=BAR_MIN_WIDTH, max_width=BAR_WIDTH)  # shrinks on a narrow terminal
@@ -221,7 +222,7 @@ def watch_view(job: Job, now_ms: int) -> RenderableType:
         table.add_column(name, justify="right", no_wrap=True)
     for cell in job.cells():
         table.add_row(
-            cell.name,
+            shown(cell.name),
             state_text(cell.state),
             _bar(cell.fraction(), cell.state),
             f"{cell.fraction():.0%}",
