@@ -49,6 +49,7 @@ def test_since_accepts_ages_and_dates():
     assert parse_since("2026-11-28T00:00+00:00", now) == int(midnight.timestamp() * 1000)
     with pytest.raises(ValueError, match="expected an age"):
         parse_since("yesterday", now)
+    assert parse_since("99999999999d", now) == 0  # older than any date: every job (an OverflowError traceback before)
 
 
 def test_json_carries_cells_errors_and_checkpoints(jobs, tmp_path):

@@ -239,3 +239,19 @@ def test_escape_sequences_planted_in_the_store_are_shown_not_sent_to_the_termina
         assert "\x1b" not in result.output and "\x07" not in result.output
     status = runner.invoke(app, ["train", "status", "bbbb3333", "--root", str(tmp_path)]).output
     assert "\\x1b]0;OWNED-TITLE\\x07" in status and "\\x1b[5mBLINK" in status  # shown, as escapes
+
+
+def test_a_stored_sweep_folder_outside_the_root_is_refused_unless_a_sweep_wrote_it(planted, launched, tmp_path):
+    """A job.sweep_dir planted to have a resume write its sweep folders anywhere is refused in one
+    line; a folder a sweep wrote (a user's choice outside the root, its multirun.yaml there) resumes."""
+    outside = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    planted("job.sweep_dir", str(outside))
+    result = runner.invoke(app, ["train", "start", "--resume", "bbbb3333", "--root", str(tmp_path)])
+    assert result.exit_code == 2 and launched == [], result.output
+    assert result.stderr.strip().startswith(f"foxhunt train: job bbbb3333: its stored sweep folder {str(outside)!r} is outside ")
+    assert not outside.exists()
+
+    outside.mkdir()
+    (outside / "multirun.yaml").write_text("hydra: {}\n")
+    result = runner.invoke(app, ["train", "start", "--resume", "bbbb3333", "--root", str(tmp_path)])
+    assert result.exit_code == 0 and len(launched) == 1, result.output

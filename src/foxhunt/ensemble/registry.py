@@ -90,7 +90,7 @@ from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metri
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
-from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, check_stamped_run
+from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, CheckpointError, check_stamped_run, load_weights_only
 from foxhunt.training.parts import build_dataset
 
 SELECTION_PREFIXES = ("val/",)
@@ -235,12 +235,14 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
         manifest = json.loads(store.download(run_id, DATASET_FILE, downloads).read_text())
     except Exception:  # a run trained before dataset.json was logged: rebuild the statistics
         manifest = _rebuild_manifest(cfg)
-    try:
-        loaded = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    try:  # training's own loader: tensors and plain values only, its refusal one line
+        loaded = load_weights_only(Path(ckpt_path), f"run {run_id}: {checkpoint}")
         state = loaded["state_dict"]
-    except Exception as exc:
+    except CheckpointError as exc:
+        raise RegistryError(str(exc)) from None
+    except (KeyError, TypeError) as exc:
         raise RegistryError(
-            f"run {run_id}: {checkpoint}: not a loadable foxhunt checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            f"run {run_id}: {checkpoint}: not a foxhunt checkpoint (no state_dict: {type(exc).__name__})"
         ) from None
     stamp = loaded.get(STAMP_KEY) if isinstance(loaded.get(STAMP_KEY), dict) else {}
     check_stamped_run(f"run {run_id} ({choice.run_name}): {checkpoint}", stamp.get(RUN_ID), run_id)

@@ -260,16 +260,16 @@ def resume(job: Job, root: Path, tracking_uri: str) -> Launched:
     Runs the store still shows RUNNING with their process gone (STALE) are then ended KILLED
     (tag ``stop_reason=stale``): the sweep resumes them like any interrupted cell."""
     root = Path(root).resolve()
-    _check_resumable(job)
+    _check_resumable(job, root)
     with _lock(root, job.job_id, "foxhunt train start --resume") as lock:
         job = _refind(job, tracking_uri, root)
-        _check_resumable(job)
+        _check_resumable(job, root)
         if job.state == Status.STALE or any(r.state == Status.STALE for r in job.runs):
             settle(job, Status.KILLED, "stale", tracking_uri=tracking_uri, only_dead=True)
         return start(job.overrides, root, job_id=job.job_id, sweep_dir=job.sweep_dir or None, resume=True, lock=lock)
 
 
-def _check_resumable(job: Job) -> None:
+def _check_resumable(job: Job, root: Path) -> None:
     """Refuse (one line) a job that runs, has nothing left to do, or whose stored id, overrides
     or sweep folder are not what foxhunt would have written (module doc)."""
     if not JOB_ID.fullmatch(job.job_id):
@@ -284,6 +284,20 @@ def _check_resumable(job: Job) -> None:
         raise LaunchError(f"job {job.job_id} has no stored overrides: start it again with foxhunt train start")
     folder = [f"{SWEEP_DIR_KEY}={job.sweep_dir}"] if job.sweep_dir else []
     check_stored_overrides([*job.overrides, *folder], origin=f"job {job.job_id}")
+    for override in [*job.overrides, *folder]:
+        if override.startswith(f"{SWEEP_DIR_KEY}="):
+            _check_sweep_folder(job.job_id, Path(override.split("=", 1)[1]), root)
+
+
+def _check_sweep_folder(job_id: str, folder: Path, root: Path) -> None:
+    """A sweep folder read back from the store is one the job may write: inside the root folder,
+    or one a sweep already wrote (its Hydra ``multirun.yaml``: the folder a user chose outside
+    the root when starting the job); a record planted to have a resume write elsewhere is refused."""
+    resolved, inside = folder.expanduser().resolve(), Path(root).resolve()
+    if resolved.is_relative_to(inside) or (resolved / "multirun.yaml").is_file():
+        return
+    raise LaunchError(f"job {job_id}: its stored sweep folder {str(folder)[:120]!r} is outside {inside} and holds no sweep "
+                      "(multirun.yaml): refused; start the grid again with foxhunt train start")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

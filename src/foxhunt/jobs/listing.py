@@ -26,7 +26,10 @@ def parse_since(text: str, now: datetime | None = None) -> int:
     now = now or datetime.now(timezone.utc)
     match = _SINCE.match(text.strip().lower())
     if match:
-        moment = now - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+        try:
+            moment = now - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+        except OverflowError:  # before year 1: every job is newer
+            return 0
     else:
         try:
             moment = datetime.fromisoformat(text.strip())

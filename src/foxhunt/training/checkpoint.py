@@ -284,7 +284,7 @@ def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt", run_id: st
         raise CheckpointError(f"{where}: not a file (a .ckpt file written by foxhunt-train)")
     if not zipfile.is_zipfile(file):
         raise CheckpointError(f"{where}: not a torch checkpoint archive ({_what_it_is(file)}; a .ckpt file is a torch.save zip)")
-    state = _load_weights_only(file, where)
+    state = load_weights_only(file, where)
     if not isinstance(state, dict) or "state_dict" not in state:
         found = ", ".join(sorted(map(str, state)))[:200] if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{where}: not a Lightning checkpoint (no state_dict; found {found or 'nothing'})")
@@ -315,7 +315,7 @@ def check_checkpoint(cfg, path: str | os.PathLike, key: str = "ckpt", run_id: st
 def read_stamp(path: str | os.PathLike) -> dict[str, Any] | None:
     """foxhunt's stamp of the checkpoint at ``path`` (None: unreadable, or not stamped)."""
     try:
-        state = _load_weights_only(Path(path), str(path))
+        state = load_weights_only(Path(path), str(path))
     except CheckpointError:
         return None
     stamp = state.get(STAMP_KEY) if isinstance(state, dict) else None
@@ -340,7 +340,9 @@ def _what_it_is(file: Path) -> str:
     return f"{size} bytes of something else"
 
 
-def _load_weights_only(file: Path, where: str) -> Any:
+def load_weights_only(file: Path, where: str) -> Any:
+    """``torch.load(weights_only=True)`` of a checkpoint file, its refusal or damage one line naming ``where``
+    (:class:`CheckpointError`), without torch's advice to load it another way."""
     try:
         return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
