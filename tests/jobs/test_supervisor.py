@@ -19,7 +19,7 @@ from foxhunt.jobs.views import find_job
 
 
 def launch(
-    root: Path, job_id: str, code: str, lock: JobLock | None = None, filed: list[str] | None = None
+    root: Path, job_id: str, code: str, lock: JobLock | None = None, filed: list[str] | None = None, as_train: bool = False
 ) -> tuple[subprocess.Popen, Path]:
     """The supervisor of a job that runs ``code`` (the launcher's argument); ``filed``: another
     command in the launch file (what a planted file says)."""
@@ -27,6 +27,9 @@ def launch(
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{job_id}.log"
     command = [sys.executable, "-c", code]
+    if as_train:  # run as foxhunt-train (a script of that name), the program a job trains with
+        (root / "foxhunt-train").write_text(code)
+        command = [sys.executable, str(root / "foxhunt-train")]
     launch_file = LaunchFile(
         job_id=job_id, pid=0, host=socket.gethostname(), command=filed or command, overrides=["model=x"],
         log=str(log), tracking_uri=f"sqlite:///{root / 'mlruns' / 'mlflow.db'}", root=str(root),
@@ -115,3 +118,31 @@ def test_the_job_lock_is_held_by_training_too_until_the_last_of_them_exits(tmp_p
         except JobLockHeld:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+
+
+def test_a_job_whose_supervisor_was_killed_alone_is_stopped_through_its_group(tmp_path):
+    """kill -9 of the supervisor alone left training running in the job's process group, and
+    'foxhunt train stop' answered 'its process is gone: it is stale, resume it' while resume
+    answered 'RUNNING: stop it first' (found by probing the job CLI as an attacker)."""
+    import psutil
+
+    from foxhunt.jobs.launch import stop
+    from foxhunt.jobs.views import Job
+    from foxhunt.runs.status import Status
+
+    code = "import os, time; print('training', os.getpid(), flush=True); time.sleep(120)"
+    process, log = launch(tmp_path, "orph0001", code, as_train=True)
+    deadline = time.monotonic() + 60
+    while "training" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    training = int(log.read_text().split("training", 1)[1].split()[0])
+    os.kill(process.pid, signal.SIGKILL)  # the supervisor alone
+    process.wait(timeout=60)
+    launch_file = LaunchFile.read(jobs_dir(tmp_path) / "orph0001.json")
+    job = Job("orph0001", None, [], [], Status.RUNNING, launch_file)  # as the store shows it: its cell's run RUNNING
+
+    result = stop(job, f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}", timeout_s=30, force=True, poll_s=0.1)
+
+    assert result.exited and not result.forced  # SIGTERM to the group reached training
+    assert not psutil.pid_exists(training) or psutil.Process(training).status() == psutil.STATUS_ZOMBIE

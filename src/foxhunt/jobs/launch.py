@@ -28,6 +28,7 @@ anything is composed, written or launched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -319,6 +320,8 @@ def check_stoppable(job: Job) -> int:
         raise LaunchError(f"job {job.job_id} runs on host {job.host}: stop it there")
     pid = job.pid
     if pid is None or not process_alive(pid, job.launch_file.started_ms if job.launch_file else None):
+        if pid is not None and _orphans(pid, job.job_id):  # its supervisor killed alone: training runs on in its group
+            return pid
         raise LaunchError(f"job {job.job_id}: its process (pid {pid}) is gone: it is stale, resume it")
     problem = _not_the_jobs_process(
         pid, job.launch_file.started_ms if job.launch_file is not None and job.launch_file.pid else None, job.job_id
@@ -326,6 +329,25 @@ def check_stoppable(job: Job) -> int:
     if problem:
         raise NotTheJobsProcess(f"job {job.job_id}: pid {pid} is not the job's process ({problem}): not signalled")
     return pid
+
+
+def _orphans(leader: int, job_id: str) -> list[psutil.Process]:
+    """The live processes of the process group ``leader`` led, once ``leader`` is gone, where one
+    of them runs job ``job_id`` (:func:`_runs_the_job`): a job whose supervisor was killed alone
+    (``kill -9`` of one pid) still trains in the group :func:`start` began; nothing otherwise."""
+    members = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.pid != leader and os.getpgid(process.pid) == leader and process.status() != psutil.STATUS_ZOMBIE:
+                members.append(process)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members if any(_runs_the_job(p.info["cmdline"] or [], job_id) for p in members) else []
+
+
+def _group_alive(pid: int, job_id: str) -> bool:
+    """The job's leader, or what its group still runs without it (:func:`_orphans`)."""
+    return process_alive(pid) or bool(_orphans(pid, job_id))
 
 
 def _not_the_jobs_process(pid: int, started_ms: int | None, job_id: str) -> str:
@@ -369,15 +391,15 @@ def stop(job: Job, tracking_uri: str, timeout_s: float, force: bool, poll_s: flo
     started = time.monotonic()
     _signal(pid, signal.SIGTERM)
     forced = False
-    while process_alive(pid) and time.monotonic() - started < timeout_s:
+    while _group_alive(pid, job.job_id) and time.monotonic() - started < timeout_s:
         time.sleep(poll_s)
-    if process_alive(pid) and force:
+    if _group_alive(pid, job.job_id) and force:
         _signal(pid, signal.SIGKILL)
         forced = True
         deadline = time.monotonic() + timeout_s
-        while process_alive(pid) and time.monotonic() < deadline:
+        while _group_alive(pid, job.job_id) and time.monotonic() < deadline:
             time.sleep(poll_s)
-    exited = not process_alive(pid)
+    exited = not _group_alive(pid, job.job_id)
     if exited:  # whatever the supervisor could not settle (it was killed, or there was none)
         fresh = _refind(job, tracking_uri)
         settle(fresh, Status.KILLED, "SIGKILL" if forced else "SIGTERM", tracking_uri=tracking_uri, only_dead=True)
@@ -393,7 +415,9 @@ def _signal(pid: int, signum: int) -> None:
         if os.getpgid(pid) == pid:
             os.killpg(pid, signum)
             return
-    except ProcessLookupError:
+    except ProcessLookupError:  # the leader is gone: its group, where what it started runs on (check_stoppable)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signum)
         return
 
     try:
