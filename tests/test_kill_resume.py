@@ -108,6 +108,13 @@ def test_kill_9_then_resume_continues_the_run_with_each_metric_step_once(tmp_pat
         trained = [run_id for run_id, r in runs.items() if r["tags"].get("foxhunt.role") != "cell"]
         for run_id in trained:
             assert _repeated_metric_steps(root, run_id) == [], f"{label}: {runs[run_id]['name']}"
+            # the memory rows measured before the checkpoint: written with it, not lost with the kill (they waited
+            # for the callback's overhead budget, and the resumed fit measures only the steps after the checkpoint)
+            with _db(root) as db:
+                steps = [
+                    s for (s,) in db.execute("SELECT step FROM metrics WHERE run_uuid = ? AND key = 'memory/peak_mb'", (run_id,))
+                ]
+            assert any(0 < step < max(steps) / 3 for step in steps), f"{label}: memory/peak_mb at steps {sorted(steps)}"
         if label == "walk_forward":
             (cell,) = [run_id for run_id, r in runs.items() if r["tags"].get("foxhunt.role") == "cell"]
             assert runs[cell]["tags"]["resume_count"] == "1"

@@ -41,7 +41,8 @@ pending rows on each MLflow run, through :func:`foxhunt.runs.tracked_run.trainer
 way a callback writes to the store), the newest row excepted: a later row of the same step
 merges into it, so each metric has one value per step; everything pending is written at the
 end, on an exception too. A fit restored from a checkpoint (``resume=true``, ``ckpt=``) logs no
-fit-start row: the run that wrote the checkpoint logged that moment. The callback times its per-step hooks (``time.perf_counter``) and logs that
+fit-start row: the run that wrote the checkpoint logged that moment; every checkpoint writes what
+is pending first, so a kill after it loses no row of the steps before it. The callback times its per-step hooks (``time.perf_counter``) and logs that
 share of the training time as ``memory/callback_overhead_pct``.
 
 Resumed: every checkpoint holds what the fit measured of its steps (:meth:`state_dict`), and a
@@ -273,6 +274,15 @@ class MemoryBudgetCallback(pl.Callback):
         if self._train_start is not None:
             self.train_seconds = time.perf_counter() - self._train_start
         self._finish(trainer, pl_module)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint is where a resumed fit continues, and it measures only the steps after it:
+        the rows measured before it are written now, so a kill after it loses none of them (they
+        waited for the overhead budget, and died with the process)."""
+        if self.pending:
+            started = time.perf_counter()
+            self._write(trainer, final=True)
+            self.loop_seconds += time.perf_counter() - started
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         try:
