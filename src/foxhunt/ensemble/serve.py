@@ -5,9 +5,13 @@ compute thread, so a request costs the ensemble's own work plus parsing, never a
 process. Requests that arrive while the ensemble is busy wait in a queue; the compute thread takes
 everything waiting (at most ``ensemble.serve.max_batch`` requests, one per symbol: a symbol's
 bars stay in order) and steps all their streams at once (:meth:`foxhunt.ensemble.engine.StreamingEngine.step_many`:
-one batched call per member), so eight clients on eight symbols cost about one ensemble step, not
-eight. Measured: ``scripts/load_test.py`` reports the in-process ensemble beside the HTTP round
-trip.
+one batched call per member), so eight clients on eight symbols cost about 3.3 single-symbol
+steps on a 2-core CPU, not eight (the ensemble's 213 predictions/s at one symbol against 512 at
+eight, ``scripts/benchmark.py --sections ensemble``, docs/benchmarks.md 2026-12-02: the TFT's step
+grows with the batch). A request of many bars holds the compute thread for all of them: a symbol's
+500-bar history delays every other symbol's live bar by its length (send history before going
+live, or in smaller requests). Measured: ``scripts/load_test.py`` reports the in-process ensemble
+beside the HTTP round trip.
 
 API (JSON, on ``127.0.0.1`` by default):
 
