@@ -279,9 +279,10 @@ class MemoryBudgetCallback(pl.Callback):
         """A checkpoint is where a resumed fit continues, and it measures only the steps after it:
         the rows measured before it are written now, so a kill after it loses none of them (they
         waited for the overhead budget, and died with the process)."""
-        if self.pending:
+        now = logging_step(trainer)
+        if any(step < now for step, _, _ in self.pending):  # rows of the current step may still merge: they wait
             started = time.perf_counter()
-            self._write(trainer, final=True)
+            self._write(trainer, before_step=now)
             self.loop_seconds += time.perf_counter() - started
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -462,11 +463,14 @@ class MemoryBudgetCallback(pl.Callback):
         elapsed = now - self._train_start
         return 100.0 * (self.loop_seconds + self._write_cost_seconds) <= self.max_overhead_pct * elapsed
 
-    def _write(self, trainer: pl.Trainer, final: bool = False) -> None:
+    def _write(self, trainer: pl.Trainer, final: bool = False, before_step: int | None = None) -> None:
         """Write the pending rows to every logger (one ``log_batch`` per MLflow logger); until
-        the ``final`` write the newest row waits, as a later row of its step merges into it."""
+        the ``final`` write the newest row waits, as a later row of its step merges into it
+        (``before_step``: only the rows of earlier steps)."""
         started = time.perf_counter()
         cut = len(self.pending) if final else len(self.pending) - 1
+        if before_step is not None:
+            cut = sum(1 for step, _, _ in self.pending if step < before_step)
         rows, self.pending = self.pending[:cut], self.pending[cut:]
         for store, run_id in trainer_runs(trainer):
             store.log_metric_rows(run_id, rows)
