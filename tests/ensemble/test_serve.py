@@ -180,8 +180,8 @@ BAR = {"ts": "2024-01-02T15:00:00Z", "open": 4800.0, "high": 4800.5, "low": 4799
          "open=1e-09 is below one tick (0.25): a price is at least one tick"),
         (json.dumps({"symbol": "H8", "bar": {**BAR, "low": 1e-9}}).encode(), "application/json", 400, "low=1e-09 is below one tick (0.25)"),
         # re's $ matches before a trailing newline: "H9\n" passed the symbol rule and opened a stream of its own
-        (json.dumps({"symbol": "H9\n", "bar": BAR}).encode(), "application/json", 400, "symbol='H9\\n': expected 1-32 letters"),
-        (json.dumps({"symbol": "H9\r\n", "bar": BAR}).encode(), "application/json", 400, "symbol='H9\\r\\n': expected 1-32 letters"),
+        (json.dumps({"symbol": "H9\n", "bar": BAR}).encode(), "application/json", 400, "symbol=\"H9\\n\": expected 1-32 letters"),
+        (json.dumps({"symbol": "H9\r\n", "bar": BAR}).encode(), "application/json", 400, "symbol=\"H9\\r\\n\": expected 1-32 letters"),
     ],
 )  # fmt: skip
 def test_every_hostile_body_is_a_4xx_with_its_line_and_holds_nothing(server, body, content_type, status, line):
@@ -240,6 +240,22 @@ def test_symbols_are_bounded_and_info_lists_the_members(server, store_root):
     assert refused.value.code == 429 and "every one warm" in detail and "ensemble.serve.max_symbols" in detail
     assert 0 < int(refused.value.headers["Retry-After"]) <= 345600  # the idle eviction of the stream seen longest ago
     assert _get(url, "/info")["symbols"] == 12
+
+
+def test_a_body_framed_two_ways_is_refused_and_the_connection_closed(server):
+    """Content-Length beside chunked encoding: a proxy in front may frame the body by the other one
+    (request smuggling), so the request is a 400 and the connection is not reused."""
+    body = json.dumps({"symbol": "TWOWAY", "bar": BAR}).encode()
+    request = (
+        HEADERS
+        + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
+    seconds, answer = _until_closed(server.port, request, give_up_s=8.0)
+    assert answer.startswith(b"HTTP/1.1 400") and b"both Content-Length and Transfer-Encoding" in answer, answer
+    assert seconds < 8.0  # closed by the server, not left open for a second request
 
 
 def test_an_unknown_path_or_method_is_a_json_refusal_and_no_redirect(server):

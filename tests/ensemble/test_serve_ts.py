@@ -80,3 +80,31 @@ def test_a_long_string_is_refused_at_once():
     for length in (41, 100_000, 1_048_400):
         with pytest.raises(BadRequest, match="expected integer nanoseconds or an ISO-8601 time with a zone"):
             parse_ts("1" * length)
+
+
+@pytest.mark.parametrize(
+    ("request_body", "line"),
+    [
+        ({"symbol": None, "bar": {}}, "symbol=null: expected 1-32 letters"),
+        ({"symbol": "ES", "bar": {"ts": None, "open": 1, "high": 1, "low": 1, "close": 1, "volume": 1}}, "ts=null: expected"),
+        (
+            {"symbol": "ES", "bar": {"ts": 1, "open": None, "high": 1, "low": 1, "close": 1, "volume": 1}},
+            "open=null: expected a number",
+        ),
+        (
+            {"symbol": "ES", "bar": {"ts": 1, "open": True, "high": 1, "low": 1, "close": 1, "volume": 1}},
+            "open=true: expected a number",
+        ),
+        (
+            {"symbol": "ES", "bar": {"ts": 1, "open": "1", "high": 1, "low": 1, "close": 1, "volume": 1}},
+            'open="1": expected a number',
+        ),
+    ],
+)
+def test_a_refused_value_is_shown_as_the_client_wrote_it(request_body, line):
+    """JSON's null, true and strings, not Python's None, True and quotes."""
+    from foxhunt.ensemble.serve import parse_request
+
+    with pytest.raises(BadRequest) as refused:
+        parse_request(request_body, max_bars=10)
+    assert line in str(refused.value)

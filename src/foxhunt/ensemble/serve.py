@@ -165,7 +165,7 @@ def parse_ts(value: Any) -> int:
     if isinstance(value, int):
         return value
     if not isinstance(value, str):
-        raise BadRequest(f"ts={str(value)[:64]!r}: expected {TS_FORMS}")
+        raise BadRequest(f"ts={_as_json(value)}: expected {TS_FORMS}")
     match = ISO_TS.fullmatch(value) if len(value) <= ISO_TS_MAX_LENGTH else None
     if match is None:
         if len(value) <= ISO_TS_MAX_LENGTH and re.fullmatch(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}([.,]\d+)?)?", value):
@@ -185,9 +185,15 @@ def parse_ts(value: Any) -> int:
     return seconds * 1_000_000_000 + fraction
 
 
+def _as_json(value: Any) -> str:
+    """A request's value as the client wrote it (JSON: ``null``, ``true``, ``"x"``), cut to 64 characters."""
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    return text if len(text) <= 64 else text[:61] + "..."
+
+
 def _number(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"{where}={str(value)[:64]!r}: expected a number")
+        raise BadRequest(f"{where}={_as_json(value)}: expected a number")
     try:
         number = float(value)
     except OverflowError:
@@ -203,7 +209,7 @@ def parse_request(request: Any, max_bars: int) -> tuple[str, list[tuple]]:
         raise BadRequest("body: expected a JSON object with symbol and bars")
     symbol = request.get("symbol")
     if not isinstance(symbol, str) or not SYMBOL.fullmatch(symbol):
-        raise BadRequest(f"symbol={str(symbol)[:64]!r}: expected 1-32 letters, digits or ._:-")
+        raise BadRequest(f"symbol={_as_json(symbol)}: expected 1-32 letters, digits or ._:-")
     bars = request.get("bars", [request["bar"]] if "bar" in request else None)
     if not isinstance(bars, list) or not bars:
         raise BadRequest("bars: expected a non-empty list of bars (or bar: one bar)")
@@ -872,6 +878,8 @@ async def _read_body(request, guard: Guard, deadline: float) -> bytes:
     limits = guard.limits
     limit = limits.max_body_bytes
     declared = request.headers.get("content-length")
+    if declared is not None and "transfer-encoding" in request.headers:  # RFC 9112 6.3: a proxy may read the body otherwise
+        raise BadRequest("body: both Content-Length and Transfer-Encoding: send one of them", 400, close=True)
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BadRequest(f"body: {int(declared)} bytes, at most {limit} (ensemble.serve.max_body_bytes)", 413, close=True)
     chunks, size = [], 0
