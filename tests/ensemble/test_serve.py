@@ -200,6 +200,26 @@ def test_a_huge_timestamp_does_not_break_the_symbols_later_bars(server):
     assert _post(url, {"symbol": "LATER", "bar": {**BAR, "ts": "2024-01-02T15:01:00Z"}})[0] == 200
 
 
+def test_a_request_resent_after_its_answer_was_lost_gets_the_same_answers(server):
+    """A client whose answer is lost (its connection closed before it read it, a 504) resends the
+    request: the bars already applied are answered again from the stream's recent answers, flagged
+    resent, and the new ones stepped; a resent bar that differs from the applied one is refused.
+    (Before, every resend was a 400 'out of order' and the decisions were gone.)"""
+    url, _ = server
+    bars = [{**BAR, "ts": f"2024-01-03T15:0{i}:00Z"} for i in range(3)]  # a symbol of its own (the table fills later)
+    status, first = _post(url, {"symbol": "RESEND", "bars": bars})
+    assert status == 200 and not any("resent" in r for r in first["results"])
+    status, again = _post(url, {"symbol": "RESEND", "bars": bars})
+    assert status == 200, again
+    strip = lambda r: {k: v for k, v in r.items() if k != "resent"}  # noqa: E731
+    assert [r["resent"] for r in again["results"]] == [True] * 3 and [strip(r) for r in again["results"]] == first["results"]
+    more = [*bars, {**BAR, "ts": "2024-01-03T15:03:00Z"}]
+    status, continued = _post(url, {"symbol": "RESEND", "bars": more})
+    assert status == 200 and [r.get("resent", False) for r in continued["results"]] == [True, True, True, False]
+    status, refused = _post(url, {"symbol": "RESEND", "bars": [{**bars[1], "close": 4800.5}]})
+    assert status == 400 and "out of order" in refused["detail"]
+
+
 def _warm_bars(store_root, count: int) -> list[dict]:
     """The first ``count`` bars of the served data set as request bars (enough fill every feature window)."""
     from hydra.utils import instantiate

@@ -739,6 +739,7 @@ class ServeSection(_Strict):
     health_reserve: Annotated[int, _ints(1, 65_536)]
     log_interval_s: Annotated[float, _reals(gt=0, le=86_400)]
     shutdown_grace_s: Annotated[float, _reals(ge=0, le=3600)]
+    resend_bars: Annotated[int, _ints(0, 100_000)]
 
 
 class EnsembleSection(_Strict):

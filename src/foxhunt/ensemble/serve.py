@@ -70,6 +70,11 @@ will have been idle long enough to be dropped. A stream is created only once its
 the checks, so a refused request holds no memory. Starlette's own refusals (an unknown path, 404;
 a wrong method, 405) are JSON lines too, and a trailing slash is a 404, never a redirect.
 
+**Resends are answered.** A client whose answer was lost (its connection closed before it read
+it, a 504 after some bars were applied) resends the request: the bars its symbol's stream
+applied already are answered from its last ``ensemble.serve.resend_bars`` answers (flagged
+``resent``), the new ones stepped; a resent bar that differs from the applied one is a 400.
+
 **Hot swap** (``roll.swap.poll_s``): a :class:`~foxhunt.ensemble.loading.VersionWatcher` looks at the
 registry while the server runs; a promoted version is loaded and checked on the watcher's thread
 (its files against their digests, its stored config) while requests are answered, then swapped
@@ -259,6 +264,7 @@ class Limits:
     health_reserve: int
     log_interval_s: float
     shutdown_grace_s: float
+    resend_bars: int  # answers kept per symbol for an identical resend (EnsembleService._resent)
 
     @classmethod
     def from_config(cls, node, timeout_s: float | None = None) -> Limits:
@@ -314,6 +320,7 @@ class Pending:
     deadline: float  # time.monotonic()
     results: list[dict] = field(default_factory=list)
     error: BadRequest | None = None
+    resent: int = 0  # leading bars answered from the stream's recent answers (an identical resend)
     started_ns: int = 0  # perf_counter_ns when the compute thread took it (its batch began)
     done_ns: int = 0  # ... and when its batch was answered
 
@@ -331,6 +338,7 @@ class EnsembleService:
         self.started = time.monotonic()
         self.stream_bytes = self.engine.stream_bytes()
         self.answered = 0
+        self.answers: dict[str, OrderedDict] = {}  # symbol -> its last answers by bar start (_remember, _resent)
         self.cold_evicted = 0  # cold streams that made room for a new symbol at max_symbols (_make_room)
         self.workdir = workdir
         self.watcher: VersionWatcher | None = None
@@ -389,6 +397,7 @@ class EnsembleService:
             if now - stream.seen_monotonic < idle:
                 break
             self.engine.close_stream(self.streams.pop(symbol))
+            self.answers.pop(symbol, None)
 
     def _make_room(self, symbol: str) -> None:
         """At ``max_symbols``, a new symbol takes the place of the stream seen longest ago among
@@ -398,6 +407,7 @@ class EnsembleService:
         cold = next((name for name, stream in self.streams.items() if not stream.features_warm), None)
         if cold is not None:
             self.engine.close_stream(self.streams.pop(cold))
+            self.answers.pop(cold, None)
             self.cold_evicted += 1
             return
         idle = self.limits.idle_evict_s
@@ -426,6 +436,31 @@ class EnsembleService:
         self.streams[symbol] = stream
         return stream
 
+    def _resent(self, pending: Pending, stream) -> int:
+        """Answer the leading bars of ``pending`` that its symbol's stream answered already, from
+        its recent answers, flagged ``resent`` (a client whose answer was lost, by a closed
+        connection or a 504, resends the request); returns how many. A bar at or before the
+        stream's last one that is not one of them, or differs from it, is left to the stream's
+        check (out of order: 400)."""
+        recent = self.answers.get(pending.symbol)
+        if recent and stream.last_bar_ns is not None:
+            for bar in pending.bars:
+                kept = recent.get(bar[0]) if bar[0] <= stream.last_bar_ns else None
+                if kept is None or kept[0] != bar:
+                    break
+                pending.results.append({**kept[1], "resent": True})
+                pending.resent += 1
+        return pending.resent
+
+    def _remember(self, symbol: str, bar: tuple, answer: dict) -> None:
+        """Keep the symbol's last ``resend_bars`` answers (bar and answer, by bar start)."""
+        if self.limits.resend_bars <= 0:
+            return
+        recent = self.answers.setdefault(symbol, OrderedDict())
+        recent[bar[0]] = (bar, answer)
+        while len(recent) > self.limits.resend_bars:
+            recent.popitem(last=False)
+
     def answer(self, batch: list[Pending]) -> None:
         """Step the bars of ``batch`` (distinct symbols), one bar of each request per round."""
         if self.watcher is not None:
@@ -443,24 +478,29 @@ class EnsembleService:
                 pending.error = BadRequest(f"bars[0]: {exc} (0 earlier bar(s) of this request applied)")
             except BadRequest as exc:
                 pending.error = exc
+        active = [(pending, stream) for pending, stream in active if self._resent(pending, stream) < len(pending.bars)]
         step = 0
         while active:
             now = time.monotonic()
             late = [(p, s) for p, s in active if now > p.deadline]
             for pending, _ in late:
                 pending.error = BadRequest(f"request timed out after {self.limits.timeout_s:g} s (ensemble.serve.timeout_s), "
-                                           f"{len(pending.results)} of {len(pending.bars)} bar(s) applied", 504)  # fmt: skip
+                                           f"{len(pending.results)} of {len(pending.bars)} bar(s) applied (resend the request: "
+                                           "the last ensemble.serve.resend_bars applied are answered again)", 504)  # fmt: skip
             active = [(p, s) for p, s in active if now <= p.deadline]
             if not active:
                 break
-            results = self.engine.step_many([(stream, pending.bars[step]) for pending, stream in active])
+            results = self.engine.step_many([(stream, pending.bars[pending.resent + step]) for pending, stream in active])
             still = []
             for (pending, stream), result in zip(active, results):
+                at = pending.resent + step
                 if isinstance(result, BarDataError):
-                    pending.error = BadRequest(f"bars[{step}]: {result} ({step} earlier bar(s) of this request applied)")
+                    pending.error = BadRequest(f"bars[{at}]: {result} ({at} earlier bar(s) of this request applied)")
                     continue
-                pending.results.append(result_json(result))
-                if step + 1 < len(pending.bars):
+                answer = result_json(result)
+                pending.results.append(answer)
+                self._remember(pending.symbol, pending.bars[at], answer)
+                if at + 1 < len(pending.bars):
                     still.append((pending, stream))
             active = still
             step += 1
