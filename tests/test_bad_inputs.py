@@ -418,6 +418,8 @@ CLI_CASES = [
     ("watch-job-id", ["train", "watch", "nosuchjob"], "nosuchjob"),
     ("stop-job-id", ["train", "stop", "nosuchjob"], "nosuchjob"),
     ("store-not-sqlite", ["train", "list", "--tracking-uri", "sqlite:///{text_store.db}"], "{text_store.db}"),
+    ("root-missing", ["train", "list", "--root", "/nonexistent/foxhunt"], "--root /nonexistent/foxhunt: no such folder"),
+    ("override-newline", ["train", "start", "model=dqn\nfake line"], "overrides model=dqn\\nfake line: "),
     # money (issue 35): bounded where float arithmetic stays exact to the cent, refused before the store is opened
     (
         "capital-absurd",

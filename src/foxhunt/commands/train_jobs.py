@@ -23,6 +23,7 @@ from pathlib import Path
 import typer
 
 from foxhunt.errors import EXIT_USER_ERROR, UserError, error_line, one_line_error
+from foxhunt.printable import visible
 from foxhunt.runs.environment import root_dir, store_uri
 from foxhunt.runs.status import JOB_STATES, TERMINAL, Status
 
@@ -46,7 +47,13 @@ URI_HELP = "MLflow tracking URI (default: sqlite:///<root>/mlruns/mlflow.db, the
 
 
 def _root(root: Path | None) -> Path:
-    return Path(root).resolve() if root else root_dir()
+    """``--root``, or the folder foxhunt runs from; a ``--root`` that is no folder is a usage error
+    (a typo listed an empty table, exit 0)."""
+    if root is None:
+        return root_dir()
+    if not Path(root).is_dir():
+        raise _fail(f"--root {visible(root)}: no such folder (the folder foxhunt-train ran from: mlruns/ and outputs/ are in it)")
+    return Path(root).resolve()
 
 
 def _uri(root: Path, tracking_uri: str | None) -> str:

@@ -49,6 +49,7 @@ from foxhunt.errors import one_line_error
 from foxhunt.jobs.job_lock import LOCK_FD_FLAG, JobLock, JobLockHeld
 from foxhunt.jobs.launch_file import JOB_ID_PATTERN, LaunchFile, PlannedCell, jobs_dir, open_log
 from foxhunt.jobs.views import RESUME_FLAG, Job, find_job
+from foxhunt.printable import visible
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.environment import JOB_ID_ENV, ROOT_ENV
@@ -127,7 +128,7 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dic
     try:
         cells = expand_grid(overrides)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise LaunchError(f"overrides {' '.join(overrides)}: {_first_line(exc)}") from None
+        raise LaunchError(f"overrides {visible(' '.join(overrides))}: {_first_line(exc)}") from None
     plan: list[PlannedCell] = []
     store: dict[str, Any] = {}
     for cell in cells:
