@@ -242,3 +242,31 @@ def test_register_refuses_a_logged_checkpoint_stamped_for_another_run(compose_cf
             example_decided=4,
         )
     assert store.get_version("foxhunt-dqn-es", 1) is None
+
+
+def test_a_save_removes_what_killed_writers_left_and_writes_through_no_link(tmp_path):
+    """A write killed mid-way leaves '.last.ckpt.<pid>.tmp' behind (0 bytes to the whole file):
+    the next save of that file removes those of processes gone, and its own temporary is created
+    afresh (a link planted at its name is replaced, never written through)."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from foxhunt.training.checkpoint import atomic_save
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    stale = tmp_path / f".last.ckpt.{dead}.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    other = tmp_path / f".best.ckpt.{dead}.tmp"  # another file's temporary: its own save removes it
+    other.write_bytes(b"x")
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / f".last.ckpt.{os.getpid()}.tmp").symlink_to(victim)
+
+    atomic_save({"state_dict": {"w": torch.ones(2)}}, tmp_path / "last.ckpt")
+
+    assert not stale.exists() and other.exists() and victim.read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other.name, "last.ckpt", "victim"])
+    assert torch.equal(torch.load(tmp_path / "last.ckpt", weights_only=True)["state_dict"]["w"], torch.ones(2))

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import psutil
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -80,9 +81,11 @@ def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
     fsynced and renamed over ``path``: ``path`` is always either the old file or the new one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(target)
     tmp = target.with_name(f".{target.name}.{os.getpid()}{_TMP_SUFFIX}")
+    tmp.unlink(missing_ok=True)  # a file or a link left at this name: created afresh, never written through
     try:
-        with open(tmp, "wb") as handle:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as handle:
             torch.save(checkpoint, handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -100,6 +103,16 @@ def atomic_save(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
         pass
     finally:
         os.close(folder)
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """The temporaries of ``target`` left by processes killed while writing it (``.<name>.<pid>.tmp``
+    of a pid that no longer runs): each would stay in the run's folder for good."""
+    prefix = f".{target.name}."
+    for stale in target.parent.glob(f"{prefix}*{_TMP_SUFFIX}"):
+        pid = stale.name[len(prefix) : -len(_TMP_SUFFIX)]
+        if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+            stale.unlink(missing_ok=True)
 
 
 def _atomic_checkpoint_io():
