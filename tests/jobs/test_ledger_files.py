@@ -93,5 +93,7 @@ def test_train_list_and_status_go_on_past_files_that_are_not_launch_files(tmp_pa
     assert not thread.is_alive(), "foxhunt train list or status hung on a pipe in outputs/jobs"
     listed, status = results["list"], results["status"]
     assert listed.exit_code == 0 and listed.exception is None, listed.output
+    # a job only its launch file knows (killed before its first run reached the store): listed, as status shows it
+    assert [job["job_id"] for job in json.loads(listed.stdout)["jobs"]] == ["good0001"], listed.stdout
     assert status.exception is None or isinstance(status.exception, SystemExit), status.output
     assert "Traceback" not in status.output

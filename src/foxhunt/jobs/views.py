@@ -340,12 +340,16 @@ def _latest_per_cell(runs: list[StoredRun]) -> list[StoredRun]:
 
 
 def load_jobs(tracking_uri: str, host: str | None = None, root: Path | None = None) -> list[Job]:
-    """Every job in the store; with ``root``, each with its launch file (see attach_launch_file)."""
+    """Every job in the store; with ``root``, each with its launch file (see attach_launch_file),
+    and the jobs only a launch file knows (started moments ago, or killed before their first run
+    reached the store: STARTING or FAILED, as ``status`` shows them)."""
     jobs = group_jobs(open_reader(tracking_uri).job_runs(), host)
     if root is not None:
         launch_files = _launch_files(root, "")
         for job in jobs:
             attach_launch_file(job, launch_files.get(job.job_id), host)
+        known = {job.job_id for job in jobs}
+        jobs += [_job_from_launch_file(found) for job_id, found in sorted(launch_files.items()) if job_id not in known]
     return jobs
 
 
