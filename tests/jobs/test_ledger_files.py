@@ -97,3 +97,20 @@ def test_train_list_and_status_go_on_past_files_that_are_not_launch_files(tmp_pa
     assert [job["job_id"] for job in json.loads(listed.stdout)["jobs"]] == ["good0001"], listed.stdout
     assert status.exception is None or isinstance(status.exception, SystemExit), status.output
     assert "Traceback" not in status.output
+
+
+def test_a_tracking_server_that_is_down_is_one_line_in_seconds_not_minutes(tmp_path, monkeypatch):
+    """MLflow's HTTP client retries 7 times with backoff: `foxhunt train list` on a server that is
+    down hung for minutes; a command a user waits on tries twice, 10 s each (foxhunt.commands.train_jobs)."""
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(name, "x")  # recorded as unset before the test: the command's defaults are undone after it
+        monkeypatch.delenv(name)
+    results: dict = {}
+    thread = threading.Thread(target=lambda: results.update(out=CliRunner().invoke(
+        app, ["train", "list", "--root", str(tmp_path), "--tracking-uri", "http://127.0.0.1:1"])), daemon=True)  # fmt: skip
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "foxhunt train list waited on a tracking server that is down"
+    result = results["out"]
+    assert result.exit_code == 2 and "cannot read the MLflow store http://127.0.0.1:1" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

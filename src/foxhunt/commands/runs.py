@@ -100,7 +100,7 @@ def top(
     except lb.LeaderboardError as exc:
         raise _fail(str(exc)) from None
     root_dir = _root(root)
-    uri = _uri(root_dir, tracking_uri)
+    uri = _uri(root_dir, tracking_uri, waited_on=True)
     query = lb.Query(experiment=task or lb.default_experiment(), metric=metric, by=group_by, filters=filters, limit=limit)
     try:
         source = _source(uri)

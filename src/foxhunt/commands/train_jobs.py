@@ -56,8 +56,21 @@ def _root(root: Path | None) -> Path:
     return Path(root).resolve()
 
 
-def _uri(root: Path, tracking_uri: str | None) -> str:
-    return tracking_uri or store_uri(root)
+#: A command a user waits on, reading a tracking server: MLflow's HTTP client retries 7 times with
+#: a growing backoff (minutes on a server that is down) and waits 120 s per request; these
+#: commands try twice and wait 10 s each instead, unless the environment sets its own values.
+#: Never in a command that trains (start, reproduce): the environment reaches the runs it starts.
+WAITED_ON_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def _uri(root: Path, tracking_uri: str | None, waited_on: bool = False) -> str:
+    """The store a command reads; ``waited_on``: a command that trains nothing (list, status,
+    watch, stop, runs top), whose reads of a tracking server give up after :data:`WAITED_ON_HTTP`."""
+    uri = tracking_uri or store_uri(root)
+    if waited_on and uri.startswith(("http://", "https://")):
+        for name, value in WAITED_ON_HTTP.items():
+            os.environ.setdefault(name, value)
+    return uri
 
 
 def _fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
@@ -112,7 +125,7 @@ def start(
         if resume:
             if overrides:
                 raise _fail("--resume takes the job's stored overrides: give no others")
-            uri = _uri(root_dir, tracking_uri)
+            uri = _uri(root_dir, tracking_uri)  # not waited_on: the job it launches inherits the environment
             launched = launch.resume(_find(resume, root_dir, uri), root_dir, uri)
         else:
             launched = launch.start(list(overrides or []), root_dir)
@@ -152,7 +165,7 @@ def watch(
     """Live progress of a job until it ends; exits with its final state (0 FINISHED, 1 FAILED,
     3 KILLED, 4 STALE). Ctrl-C leaves the job running."""
     root_dir = _root(root)
-    _watch(job, root_dir, _uri(root_dir, tracking_uri), interval)
+    _watch(job, root_dir, _uri(root_dir, tracking_uri, waited_on=True), interval)
 
 
 def _watch(key: str, root: Path, uri: str, interval: float) -> None:
@@ -193,7 +206,7 @@ def status(
     from foxhunt.jobs.views import log_tail, now_ms
 
     root_dir = _root(root)
-    found = _find(job, root_dir, _uri(root_dir, tracking_uri))
+    found = _find(job, root_dir, _uri(root_dir, tracking_uri, waited_on=True))
     now = now_ms()
     if as_json:
         typer.echo(json.dumps(job_to_dict(found, now), indent=1))
@@ -239,7 +252,7 @@ def list_jobs(
     if unknown:
         raise _fail(f"--status {','.join(unknown)}: expected one of {', '.join(LIST_STATES)}")
     root_dir = _root(root)
-    uri = _uri(root_dir, tracking_uri)
+    uri = _uri(root_dir, tracking_uri, waited_on=True)
     try:
         since_ms = parse_since(since) if since else None
         now = now_ms()
@@ -282,7 +295,7 @@ def stop(
     from foxhunt.jobs.views import now_ms
 
     root_dir = _root(root)
-    uri = _uri(root_dir, tracking_uri)
+    uri = _uri(root_dir, tracking_uri, waited_on=True)
     found = _find(job, root_dir, uri)
     try:
         launch.check_stoppable(found)
