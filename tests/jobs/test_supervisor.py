@@ -50,6 +50,15 @@ def launch(
     return process, log
 
 
+def _training_pid(log: Path) -> int:
+    """The pid the job's training prints as ``training <pid>``, once its log says it (within 60 s)."""
+    deadline = time.monotonic() + 60
+    while "training" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    return int(log.read_text().split("training", 1)[1].split()[0])
+
+
 def test_a_job_that_dies_before_the_store_gets_a_failed_run_with_its_error(tmp_path):
     crash = "print('ModuleNotFoundError: No module named nowhere'); raise SystemExit(3)"
     process, _ = launch(tmp_path, "dead0001", crash)
@@ -98,11 +107,7 @@ def test_the_job_lock_is_held_by_training_too_until_the_last_of_them_exits(tmp_p
         process, log = launch(
             tmp_path, "lock0001", "import os, time; print('training', os.getpid(), flush=True); time.sleep(120)", lock
         )
-    deadline = time.monotonic() + 60
-    while "training" not in log.read_text():
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
-    training = int(log.read_text().split("training", 1)[1].split()[0])
+    training = _training_pid(log)
     os.kill(process.pid, signal.SIGKILL)  # the supervisor alone
     process.wait(timeout=30)
     try:
@@ -132,11 +137,7 @@ def test_a_job_whose_supervisor_was_killed_alone_is_stopped_through_its_group(tm
 
     code = "import os, time; print('training', os.getpid(), flush=True); time.sleep(120)"
     process, log = launch(tmp_path, "orph0001", code, as_train=True)
-    deadline = time.monotonic() + 60
-    while "training" not in log.read_text():
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
-    training = int(log.read_text().split("training", 1)[1].split()[0])
+    training = _training_pid(log)
     os.kill(process.pid, signal.SIGKILL)  # the supervisor alone
     process.wait(timeout=60)
     launch_file = LaunchFile.read(jobs_dir(tmp_path) / "orph0001.json")

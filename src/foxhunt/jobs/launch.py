@@ -66,9 +66,6 @@ SUPERVISOR_MODULE = "foxhunt.jobs.supervisor"
 TRAIN_PROGRAM, TRAIN_MODULE = "foxhunt-train", "foxhunt.train"
 MULTIRUN_FLAGS = ("-m", "--multirun")
 LAUNCH_SLACK_S = 60.0  # a job's process is created within this of its launch file's time
-#: A job id as foxhunt makes them (8 hex digits; a sweep started by hand: its parent run's id);
-#: one read back from a store must be a plain name, as it becomes file names under outputs/jobs/.
-JOB_ID = JOB_ID_PATTERN
 
 
 class LaunchError(RuntimeError):
@@ -274,7 +271,7 @@ def resume(job: Job, root: Path, tracking_uri: str) -> Launched:
 def _check_resumable(job: Job, root: Path) -> None:
     """Refuse (one line) a job that runs, has nothing left to do, or whose stored id, overrides
     or sweep folder are not what foxhunt would have written (module doc)."""
-    if not JOB_ID.fullmatch(job.job_id):
+    if not JOB_ID_PATTERN.fullmatch(job.job_id):
         raise LaunchError(f"job id {job.job_id[:80]!r} read back from the store is not a job id (letters, digits, "
                           "'_' and '-'): refused")  # fmt: skip
     if job.state in (Status.RUNNING, Status.STARTING):

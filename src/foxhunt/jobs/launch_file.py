@@ -32,6 +32,20 @@ def jobs_dir(root: Path) -> Path:
     return Path(root) / JOBS_SUBDIR
 
 
+def read_regular_file(path: str | os.PathLike, limit: int, *, end: bool = False) -> bytes | None:
+    """The bytes of the regular file at ``path``, opened without following a link or blocking (a
+    pipe or a device named like a ledger file would hang its reader, or never end): None when it
+    is no regular file, or (unless ``end``) larger than ``limit``; with ``end``, its last ``limit``
+    bytes. ``OSError`` when it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (info.st_size > limit and not end):
+            return None
+        handle.seek(max(0, info.st_size - limit) if end else 0)
+        return handle.read(limit)
+
+
 def open_log(path: Path):
     """The job's log, opened to append; a symbolic link at its name (planted to have a job's
     output written into another file) is refused with ``OSError`` (ELOOP), never followed."""
@@ -62,7 +76,8 @@ class PlannedCell:
         )  # fmt: skip
 
 
-#: A job id (``foxhunt.jobs.launch`` makes them): what a launch file's name and ``job_id`` must be.
+#: A job id as foxhunt makes them (8 hex digits; a sweep started by hand: its parent run's id): what
+#: a launch file's name and ``job_id``, and an id read back from a store, must be (file names under outputs/jobs/).
 JOB_ID_PATTERN = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")
 MAX_LAUNCH_FILE_BYTES = 1 << 20  # a grid's plan is a few KB
 MAX_PID = 1 << 22  # Linux's pid_max limit
@@ -137,12 +152,9 @@ class LaunchFile:
         of at most :data:`MAX_LAUNCH_FILE_BYTES`, named after its job; ``ValueError`` (or
         ``OSError``) when it is not one."""
         path = Path(path)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_LAUNCH_FILE_BYTES:
-                raise ValueError(f"{path.name}: not a launch file (not a regular file of at most {MAX_LAUNCH_FILE_BYTES} bytes)")
-            text = handle.read(MAX_LAUNCH_FILE_BYTES + 1)
+        text = read_regular_file(path, MAX_LAUNCH_FILE_BYTES)
+        if text is None:
+            raise ValueError(f"{path.name}: not a launch file (not a regular file of at most {MAX_LAUNCH_FILE_BYTES} bytes)")
         try:
             launch_file = cls.from_dict(json.loads(text))
         except RecursionError:

@@ -20,14 +20,13 @@ import os
 import re
 import shlex
 import socket
-import stat
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from foxhunt.errors import ConfigError
-from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
+from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir, read_regular_file
 from foxhunt.runs.cell import CellKey, CellResult, skipped_cells
 from foxhunt.runs.checkpoints import Checkpoint, resumable_checkpoint
 from foxhunt.runs.liveness import process_alive, run_state
@@ -435,16 +434,11 @@ def resumable_checkpoint_of(cell: JobCell) -> Checkpoint | None:
 def log_tail(path: str | os.PathLike, lines: int) -> str:
     """The last ``lines`` non-empty lines of a job's log (the error of a job that never reached
     the store)."""
-    try:  # a regular file only (a pipe or a device named as the log would block or never end), its end
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                return ""
-            handle.seek(max(0, info.st_size - LOG_TAIL_BYTES))
-            text = handle.read(LOG_TAIL_BYTES).decode(errors="replace")
+    try:
+        tail = read_regular_file(path, LOG_TAIL_BYTES, end=True)
     except OSError:
         return ""
+    text = "" if tail is None else tail.decode(errors="replace")
     return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
 
 

@@ -45,11 +45,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.schema import validate
 from foxhunt.errors import one_line_error
 from foxhunt.memory import predict
+from foxhunt.memory.budget import MemoryBudget
 from foxhunt.training.parts import MEASURE_DATA_DAYS, MEASURING_RUNS
 
 log = logging.getLogger(__name__)
@@ -169,9 +171,8 @@ def _limit(cfg: DictConfig) -> tuple[float, str]:
     """The limit the memory-budget callback holds the training footprint to."""
     if cfg.model.get("memory_target_mb") is not None:
         return float(cfg.model.memory_target_mb), "(model.memory_target_mb)"
-    budget = cfg.budget
-    available = float(budget.total_mb) - float(budget.headroom_mb)
-    return available, f"(budget {budget.name}: {budget.total_mb:g} MB total - {budget.headroom_mb:g} MB headroom)"
+    budget: MemoryBudget = instantiate(cfg.budget)
+    return budget.available_mb, f"(budget {budget.name}: {budget.total_mb:g} MB total - {budget.headroom_mb:g} MB headroom)"
 
 
 @contextmanager
