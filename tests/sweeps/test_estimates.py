@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 
+from foxhunt.errors import error_line, is_user_error
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.tracked_run import TrackedRun
 from foxhunt.sweeps.estimates import (
     CellExceedsBudget,
     PackingPlan,
     PeakEstimate,
+    PlanFileError,
     check_fits,
     estimate_peak,
     pack,
@@ -121,3 +127,53 @@ def test_a_cell_over_the_budget_fails_with_one_line(compose_cfg, tmp_path):
         tmp_path
     )
     check_fits(cfg, tmp_path)  # fits: no error
+
+
+def _written_plan(folder: Path) -> dict:
+    plan = PackingPlan(1, 2, 2, 0, "rtx3050ti", 3596.0, "cores: 2", {"0": PeakEstimate("tft-es-fp32", 500.0, "x")})
+    return json.loads(plan.write(folder).read_text())
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: "{" * 10,  # cut short
+        lambda d: "[" * 100_000,  # nested too deep for the parser
+        lambda d: json.dumps([d]),  # not an object
+        lambda d: json.dumps({**d, "extra": 1}),  # a field foxhunt does not write
+        lambda d: json.dumps({k: v for k, v in d.items() if k != "cores"}),  # one missing
+        lambda d: json.dumps({**d, "threads_per_job": -1}),  # would reach torch.set_num_threads
+        lambda d: json.dumps({**d, "threads_per_job": 10**9}),
+        lambda d: json.dumps({**d, "n_jobs": True}),
+        lambda d: json.dumps({**d, "available_mb": "3596"}),
+        lambda d: json.dumps({**d, "estimates": {"0": {"cell": "tft-es-fp32", "mb": float("nan"), "source": "x"}}}),
+        lambda d: json.dumps({**d, "estimates": {"0": {"cell": "tft-es-fp32", "mb": -5.0, "source": "x"}}}),
+        lambda d: json.dumps({**d, "estimates": {"0": {"cell": "tft-es-fp32", "mb": 1.0, "source": "x", "code": "y"}}}),
+        lambda d: json.dumps({**d, "search": ["model.module.hidden_size"]}),
+    ],
+)
+def test_a_damaged_or_planted_plan_is_refused_in_one_line_naming_the_file(compose_cfg, tmp_path, damage):
+    """packing.json sits in a sweep folder others may write; its values reach
+    torch.set_num_threads and the budget check. A plan foxhunt did not write is a one-line input
+    error naming the file (a NaN estimate passed the budget check and -1 threads reached torch
+    before; a cut-short file was a JSONDecodeError traceback, an unknown field a TypeError)."""
+    data = _written_plan(tmp_path)
+    assert PackingPlan.read(tmp_path) == PackingPlan.from_dict(data)  # as written: read back whole
+    (tmp_path / "packing.json").write_text(damage(data))
+    with pytest.raises(PlanFileError) as error:
+        PackingPlan.read(tmp_path)
+    assert is_user_error(error.value) and str(tmp_path / "packing.json") in error_line(error.value)
+    assert "\n" not in error_line(error.value) and error_line(error.value).startswith("sweep error: ")
+    cfg = compose_cfg(["model=tft", "precision=fp32", "budget=rtx3050ti"])
+    with pytest.raises(PlanFileError):
+        check_fits(cfg, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "folder"])
+def test_a_plan_that_is_no_regular_file_is_refused_without_blocking(tmp_path, kind):
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    plan = tmp_path / "packing.json"
+    {"fifo": lambda: os.mkfifo(plan), "link": lambda: plan.symlink_to(target), "folder": lambda: plan.mkdir()}[kind]()
+    with pytest.raises(PlanFileError, match="packing.json: not a packing plan"):
+        PackingPlan.read(tmp_path)  # a FIFO blocked the reader for good before

@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shlex
 import socket
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from foxhunt.files import read_regular_file, write_whole
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.tags import Tag
 
@@ -30,20 +29,6 @@ JOBS_SUBDIR = Path("outputs") / "jobs"
 def jobs_dir(root: Path) -> Path:
     """Where launch files (``<job_id>.json``) and job logs (``<job_id>.log``) live."""
     return Path(root) / JOBS_SUBDIR
-
-
-def read_regular_file(path: str | os.PathLike, limit: int, *, end: bool = False) -> bytes | None:
-    """The bytes of the regular file at ``path``, opened without following a link or blocking (a
-    pipe or a device named like a ledger file would hang its reader, or never end): None when it
-    is no regular file, or (unless ``end``) larger than ``limit``; with ``end``, its last ``limit``
-    bytes. ``OSError`` when it cannot be opened."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or (info.st_size > limit and not end):
-            return None
-        handle.seek(max(0, info.st_size - limit) if end else 0)
-        return handle.read(limit)
 
 
 def open_log(path: Path):
@@ -167,11 +152,7 @@ class LaunchFile:
         """Whole or not at all: a temporary file of this process's own (created, never opened
         through a link planted at its name), then renamed over ``path`` (a link there is replaced,
         not followed)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as out:
-            out.write(json.dumps(self.to_dict(), indent=1))
-        tmp.replace(path)
+        write_whole(path, json.dumps(self.to_dict(), indent=1))
 
 
 def job_tags(job_id: str, pid: int, command: Iterable[str], overrides: Iterable[str]) -> dict[str, str]:

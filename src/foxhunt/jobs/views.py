@@ -26,7 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from foxhunt.errors import ConfigError
-from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir, read_regular_file
+from foxhunt.files import read_regular_file
+from foxhunt.jobs.launch_file import LaunchFile, PlannedCell, jobs_dir
 from foxhunt.runs.cell import CellKey, CellResult, skipped_cells
 from foxhunt.runs.checkpoints import Checkpoint, resumable_checkpoint
 from foxhunt.runs.liveness import process_alive, run_state

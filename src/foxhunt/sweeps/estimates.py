@@ -39,14 +39,17 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.errors import one_line_error
+from foxhunt.errors import UserError, one_line_error
+from foxhunt.files import read_regular_file, write_whole
 from foxhunt.runs.cell import CellKey, cell_name
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.status import Status
@@ -112,20 +115,91 @@ class PackingPlan:
         return line
 
     def write(self, sweep_dir: Path) -> Path:
+        """``<sweep_dir>/packing.json``, whole or not at all (a job never reads half a plan)."""
         path = Path(sweep_dir) / PLAN_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = asdict(self)
-        path.write_text(json.dumps(data, indent=2, sort_keys=True))
+        write_whole(path, json.dumps(asdict(self), indent=2, sort_keys=True))
         return path
 
     @classmethod
     def read(cls, sweep_dir: Path) -> PackingPlan | None:
+        """The plan in ``sweep_dir`` (None when there is none), checked by content: a regular file
+        of at most :data:`MAX_PLAN_BYTES` whose fields have the types and ranges :meth:`write`
+        gives them. The sweep folder may be written by others, and the plan's values reach
+        ``torch.set_num_threads`` and the budget check: a bad one is a :class:`PlanFileError`
+        naming the file and the field, and no job trains on it."""
         path = Path(sweep_dir) / PLAN_FILE
-        if not path.is_file():
+        if not os.path.lexists(path):
             return None
-        data: dict[str, Any] = json.loads(path.read_text())
-        data["estimates"] = {k: PeakEstimate(**v) for k, v in data["estimates"].items()}
-        return cls(**data)
+        try:
+            text = read_regular_file(path, MAX_PLAN_BYTES)
+            if text is None:
+                raise ValueError(f"not a regular file of at most {MAX_PLAN_BYTES} bytes")
+            return cls.from_dict(json.loads(text))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            reason = "nested too deep" if isinstance(exc, RecursionError) else one_line_error(exc, with_type=False, limit=200)
+            raise PlanFileError(f"{path}: not a packing plan foxhunt wrote ({reason}): not started") from None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PackingPlan:
+        """The plan ``data`` describes; ``ValueError`` naming the first field that is not as
+        :meth:`write` writes it."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        unknown = sorted(set(data) - set(_PLAN_FIELDS))
+        missing = sorted(set(_PLAN_FIELDS) - set(data))
+        if unknown:
+            raise ValueError(f"fields foxhunt does not write: {', '.join(unknown)}"[:200])
+        if missing:
+            raise ValueError(f"fields missing: {', '.join(missing)}")
+        for name in ("n_jobs", "threads_per_job", "cores"):
+            _check_count(name, data[name], 1)
+        _check_count("devices", data["devices"], 0)
+        for name in ("available_mb", "seconds"):
+            _check_megabytes(name, data[name])
+        for name in ("budget", "limited_by"):
+            _check_text(name, data[name])
+        estimates = data["estimates"]
+        if not isinstance(estimates, dict):
+            raise ValueError("estimates: not an object")
+        checked = {}
+        for key, value in estimates.items():
+            if not isinstance(value, dict) or set(value) != {"cell", "mb", "source"}:
+                raise ValueError(f"estimates[{key[:40]!r}]: not an object of cell, mb and source")
+            _check_text(f"estimates[{key[:40]!r}].cell", value["cell"])
+            _check_text(f"estimates[{key[:40]!r}].source", value["source"])
+            _check_megabytes(f"estimates[{key[:40]!r}].mb", value["mb"])
+            checked[key] = PeakEstimate(value["cell"], float(value["mb"]), value["source"])
+        search = data["search"]
+        if search is not None and not (isinstance(search, dict) and all(isinstance(v, str) for v in search.values())):
+            raise ValueError("search: not null or an object of texts")
+        values = {**data, "estimates": checked, "available_mb": float(data["available_mb"]), "seconds": float(data["seconds"])}
+        return cls(**values)
+
+
+class PlanFileError(UserError, ValueError):
+    """A sweep folder's ``packing.json`` that foxhunt did not write as it stands."""
+
+    kind = "sweep"
+
+
+MAX_PLAN_BYTES = 64 * 1024 * 1024  # about 200 bytes a cell: a grid of 300,000 cells
+MAX_THREADS = 4096  # cores, jobs and threads a plan may name (torch.set_num_threads reads it)
+_PLAN_FIELDS = {f.name for f in fields(PackingPlan)}
+
+
+def _check_count(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_THREADS:
+        raise ValueError(f"{name}: {str(value)[:40]!r} is not an integer in [{low}, {MAX_THREADS}]")
+
+
+def _check_megabytes(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}: {str(value)[:40]!r} is not a finite number >= 0")
+
+
+def _check_text(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: {str(value)[:40]!r} is not a text")
 
 
 def available_mb(cfg: DictConfig) -> float:

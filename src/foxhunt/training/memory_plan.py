@@ -50,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.schema import validate
 from foxhunt.errors import one_line_error
+from foxhunt.files import read_regular_file, write_whole
 from foxhunt.memory import predict
 from foxhunt.memory.budget import MemoryBudget
 from foxhunt.training.parts import MEASURE_DATA_DAYS, MEASURING_RUNS
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 #: The config key a model recomputes activations by, and the value that lets the budget decide.
 CHECKPOINTING_KEY = "model.module.activation_checkpointing"
 AUTO = "auto"
+MAX_PREDICTION_BYTES = 64 * 1024  # a cached prediction is about 300 bytes; a larger file is not one
 
 
 # ----------------------------------------------------------------------------------- prediction
@@ -82,12 +84,9 @@ def cached_prediction(cfg: DictConfig, cache_dir: str | Path) -> tuple[float, st
         mb, how = cached
         return mb, f"predicted (cached in {cache}; {how})"
     mb, how = _predict(cfg, cache.parent / "probes")
-    cache.parent.mkdir(parents=True, exist_ok=True)
     # whole or not at all: runs started at once may predict the same config, and a run killed
     # mid-write must not leave half a file for the next one to read
-    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"mb": mb, "how": how}, indent=2))
-    tmp.replace(cache)
+    write_whole(cache, json.dumps({"mb": mb, "how": how}, indent=2))
     return mb, f"predicted ({how})"
 
 
@@ -95,11 +94,12 @@ def _read_cached(cache: Path) -> tuple[float, str] | None:
     """A cached prediction checked by content (an object with a finite positive ``mb`` and a
     ``how`` text); a missing, unreadable or malformed file is no prediction (said in the log),
     and the next prediction replaces it."""
-    if not cache.is_file():
+    if not cache.exists():
         return None
     try:
-        data = json.loads(cache.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        text = read_regular_file(cache, MAX_PREDICTION_BYTES)
+        data = json.loads(text) if text is not None else None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         log.warning("%s: ignored, not a prediction (%s)", cache, one_line_error(exc))
         return None
     mb = data.get("mb") if isinstance(data, dict) else None
