@@ -45,9 +45,15 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-SERVE = ["ensemble.serve.max_symbols=12", "ensemble.serve.max_bars_per_request=300", "ensemble.serve.max_body_bytes=200000"]
+MAX_SYMBOLS = 20  # the load test, the long requests and the symbols test each make streams warm
+SERVE = [
+    f"ensemble.serve.max_symbols={MAX_SYMBOLS}",
+    "ensemble.serve.max_bars_per_request=300",
+    "ensemble.serve.max_body_bytes=200000",
+]
 # the client bounds, small enough to reach in a test (the conf/ defaults: 10 s, 30 s, 256, 16, 10 s)
 READ_TIMEOUT_S, TIMEOUT_S, MAX_CONNECTIONS, HEALTH_RESERVE, LOG_INTERVAL_S = 1.5, 5.0, 16, 4, 2.0
+MIN_BODY_RATE, BODY_GRACE_S = 16384, 1.0  # the conf/ defaults
 BOUNDS = [f"ensemble.serve.read_timeout_s={READ_TIMEOUT_S}", f"ensemble.serve.timeout_s={TIMEOUT_S}",
           f"ensemble.serve.max_connections={MAX_CONNECTIONS}", f"ensemble.serve.health_reserve={HEALTH_RESERVE}",
           f"ensemble.serve.log_interval_s={LOG_INTERVAL_S}"]  # fmt: skip
@@ -220,6 +226,39 @@ def test_a_request_resent_after_its_answer_was_lost_gets_the_same_answers(server
     assert status == 400 and "out of order" in refused["detail"]
 
 
+HISTORIES = 8
+
+
+def test_a_long_request_delays_another_symbols_live_bar_by_a_slice_not_its_length(server, store_root):
+    """Clients sending eight symbols' histories (300 bars each) while another symbol's live bar
+    arrives: the live bar is answered after a slice of the histories (ensemble.serve.slice_bars:
+    8), long before they end. Before, the compute thread stepped the histories whole first: the
+    live bar's answer came with theirs (measured 4.4 s behind a 500-bar request)."""
+    url, _ = server
+    history = _warm_bars(store_root, 300)
+    done: dict[str, float] = {}
+
+    def send_history(symbol: str) -> None:
+        status, answer = _post(url, {"symbol": symbol, "bars": history})
+        done[symbol] = time.monotonic()
+        assert status == 200 and len(answer["results"]) == 300, answer
+
+    started = time.monotonic()
+    senders = [threading.Thread(target=send_history, args=(f"HOL.{i}",)) for i in range(HISTORIES)]
+    for sender in senders:
+        sender.start()
+    time.sleep(0.02)  # the histories are queued (their stepping takes a second or more)
+    status, live = _post(url, {"symbol": "HOL.LIVE", "bar": BAR})
+    done["live"] = time.monotonic()
+    for sender in senders:
+        sender.join(timeout=120)
+    assert status == 200 and len(live["results"]) == 1, live
+    histories_s = min(done[f"HOL.{i}"] for i in range(HISTORIES)) - started
+    live_s = done["live"] - started
+    print(f"live bar answered {live_s:.3f} s after the histories were sent; the first history {histories_s:.3f} s")
+    assert live_s < 0.5 * histories_s, (live_s, histories_s, live["timing_us"])
+
+
 def _warm_bars(store_root, count: int) -> list[dict]:
     """The first ``count`` bars of the served data set as request bars (enough fill every feature window)."""
     from hydra.utils import instantiate
@@ -244,14 +283,15 @@ def test_symbols_are_bounded_and_info_lists_the_members(server, store_root):
     assert set(info["members"]) == {"foxhunt-dqn-es", "foxhunt-ppo-es", "foxhunt-mamba2-es", "foxhunt-tft-es"}
     assert all({"version", "run_id", "runtime", "weights"} <= set(m) for m in info["members"].values())
     assert info["stream_bytes"] > 0 and "nbytes" in info["stream_bytes_method"] and info["uptime_s"] > 0
-    statuses = [_post(url, {"symbol": f"MANY{i}", "bar": BAR})[0] for i in range(14)]
+    statuses = [_post(url, {"symbol": f"MANY{i}", "bar": BAR})[0] for i in range(MAX_SYMBOLS + 2)]
     info = _get(url, "/info")
-    assert statuses == [200] * 14 and info["symbols"] == 12 and info["cold_evicted"] >= 2
+    assert statuses == [200] * (MAX_SYMBOLS + 2) and info["symbols"] == MAX_SYMBOLS and info["cold_evicted"] >= 2
     bars = _warm_bars(store_root, 120)
-    for i in range(12 - info["symbols_warm"]):  # the load test's streams are warm already
+    assert info["symbols_warm"] < MAX_SYMBOLS  # WARM0 is made here (the SIGTERM test goes on with it)
+    for i in range(MAX_SYMBOLS - info["symbols_warm"]):  # the load test's streams are warm already
         status, body = _post(url, {"symbol": f"WARM{i}", "bars": bars})
         assert status == 200 and body["results"][-1]["warm"], body
-    assert _get(url, "/info")["symbols_warm"] == 12
+    assert _get(url, "/info")["symbols_warm"] == MAX_SYMBOLS
     request = urllib.request.Request(f"{url}/predict", data=json.dumps({"symbol": "MANY99", "bar": BAR}).encode(),
                                      headers={"Content-Type": "application/json"})  # fmt: skip
     with pytest.raises(urllib.error.HTTPError) as refused:
@@ -259,7 +299,7 @@ def test_symbols_are_bounded_and_info_lists_the_members(server, store_root):
     detail = json.loads(refused.value.read())["detail"]
     assert refused.value.code == 429 and "every one warm" in detail and "ensemble.serve.max_symbols" in detail
     assert 0 < int(refused.value.headers["Retry-After"]) <= 345600  # the idle eviction of the stream seen longest ago
-    assert _get(url, "/info")["symbols"] == 12
+    assert _get(url, "/info")["symbols"] == MAX_SYMBOLS
 
 
 def test_a_body_framed_two_ways_is_refused_and_the_connection_closed(server):
@@ -291,14 +331,15 @@ def test_an_unknown_path_or_method_is_a_json_refusal_and_no_redirect(server):
 # ---------------------------------------------------------------------------------- clients bounded
 HEADERS = b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
 STALLED_BODY = HEADERS + b"Content-Length: 100\r\n\r\n{"  # 1 byte of the 100 it declares, then nothing
+LONG_BODY = HEADERS + b"Content-Length: 199000\r\n\r\n{"  # under max_body_bytes, longer than timeout_s at twice the rate
 SHORT_CHUNK = HEADERS + b'Transfer-Encoding: chunked\r\n\r\n64\r\n{"symbol"'  # a chunk of 0x64 bytes, 9 sent
 HALF_HEADER = b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Le"
 
 
 def _until_closed(
-    port: int, first: bytes, drip: bytes = b"", every_s: float = 0.0, give_up_s: float = 12.0
+    port: int, first: bytes, drip: bytes = b"", every_s: float = 0.0, give_up_s: float = 12.0, chunk: int = 1
 ) -> tuple[float, bytes]:
-    """Connect, send ``first``, then one byte of ``drip`` every ``every_s`` seconds while reading:
+    """Connect, send ``first``, then ``chunk`` byte(s) of ``drip`` (cyclically) every ``every_s`` seconds while reading:
     (seconds from connecting until the server closed the socket, everything it answered); the
     seconds are ``inf`` when it was still open after ``give_up_s``."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
@@ -317,10 +358,10 @@ def _until_closed(
                 answer += data
             elif drip and time.monotonic() >= next_drip:
                 try:
-                    sock.send(drip[dripped % len(drip) :][:1])
+                    sock.send(bytes(drip[(dripped + i) % len(drip)] for i in range(chunk)))
                 except OSError:  # closed meanwhile: the next read says so
                     pass
-                dripped += 1
+                dripped += chunk
                 next_drip += every_s
         return float("inf"), answer
 
@@ -334,20 +375,25 @@ def _health_s(url: str) -> float:
 
 
 def test_slow_and_half_sent_requests_are_cut_off_at_their_timeouts(server):
-    """A body that stops or a chunk shorter than declared is a 408 at read_timeout_s; a body
-    dripping a byte every 0.5 s is a 408 at timeout_s; half a header, headers dripping a byte at a
-    time and a silent socket are closed at read_timeout_s (bytes do not restart the clock)."""
+    """A body dripping a byte every 0.5 s is a 408 once it falls below min_body_rate, about
+    body_grace_s after its headers (it held its request slot until timeout_s before: 256 such
+    clients kept every /predict at 503); a body fast enough but not complete by timeout_s is a 408
+    then; a body that stops or a chunk shorter than declared is a 408 at read_timeout_s (or below
+    the rate, whichever comes first); half a header, headers dripping a byte at a time and a silent
+    socket are closed at read_timeout_s (bytes do not restart the clock)."""
+    stalled_at = min(READ_TIMEOUT_S, BODY_GRACE_S + 1 / MIN_BODY_RATE)
     cases = {
-        "stalled body": (STALLED_BODY, b"", 0.0, READ_TIMEOUT_S, b"HTTP/1.1 408", b"ensemble.serve.read_timeout_s"),
-        "short chunk": (SHORT_CHUNK, b"", 0.0, READ_TIMEOUT_S, b"HTTP/1.1 408", b"ensemble.serve.read_timeout_s"),
-        "dripping body": (STALLED_BODY, b"x", 0.5, TIMEOUT_S, b"HTTP/1.1 408", b"ensemble.serve.timeout_s"),
+        "stalled body": (STALLED_BODY, b"", 0.0, stalled_at, b"HTTP/1.1 408", b"ensemble.serve.min_body_rate"),
+        "short chunk": (SHORT_CHUNK, b"", 0.0, stalled_at, b"HTTP/1.1 408", b"ensemble.serve.min_body_rate"),
+        "dripping body": (STALLED_BODY, b"x", 0.5, BODY_GRACE_S, b"HTTP/1.1 408", b"ensemble.serve.min_body_rate"),
+        "long body": (LONG_BODY, b"x", 0.25, TIMEOUT_S, b"HTTP/1.1 408", b"ensemble.serve.timeout_s", 2 * MIN_BODY_RATE // 4),
         "half a header": (HALF_HEADER, b"", 0.0, READ_TIMEOUT_S, b"HTTP/1.1 408", b"ensemble.serve.read_timeout_s"),
         "dripping header": (b"P", b"OST /predict HTTP/1.1\r\nHost: t\r\n", 0.3, READ_TIMEOUT_S, b"HTTP/1.1 408", b"read_timeout_s"),
         "silent": (b"", b"", 0.0, READ_TIMEOUT_S, b"", b""),
     }  # fmt: skip
     with ThreadPoolExecutor(len(cases)) as pool:
-        got = dict(zip(cases, pool.map(lambda c: _until_closed(server.port, c[0], c[1], c[2]), cases.values())))
-    for name, (_, _, _, at, status, line) in cases.items():
+        got = dict(zip(cases, pool.map(lambda c: _until_closed(server.port, *c[:3], chunk=(*c, 1)[6]), cases.values())))
+    for name, (_, _, _, at, status, line, *_) in cases.items():
         seconds, answer = got[name]
         assert at - 0.1 <= seconds <= at + 2.0, (
             f"{name}: closed after {seconds:.2f} s, expected {at} s; answered {answer[:200]!r}"
@@ -364,14 +410,14 @@ def test_beyond_the_cap_a_request_is_503_and_health_still_answers(server):
     held = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(MAX_CONNECTIONS)]
     stop = threading.Event()
 
-    def drip():  # a byte each 0.5 s: below read_timeout_s, so each request stays in progress
-        while not stop.wait(0.5):
+    def drip():  # twice min_body_rate, in pieces below read_timeout_s apart: each request stays in progress
+        while not stop.wait(0.25):
             for sock in held:
-                sock.send(b" ")
+                sock.send(b" " * (2 * MIN_BODY_RATE // 4))
 
     try:
         for sock in held:
-            sock.sendall(HEADERS + b"Content-Length: 1000\r\n\r\n{")
+            sock.sendall(LONG_BODY)
         dripper = threading.Thread(target=drip, daemon=True)
         dripper.start()
         time.sleep(0.5)  # every request's headers are in

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def limits(**over) -> Limits:
-    values = {"max_symbols": 4, "symbols": None, "idle_evict_s": None, "max_bars_per_request": 10, "max_body_bytes": 1000, "resend_bars": 4,
+    values = {"max_symbols": 4, "symbols": None, "idle_evict_s": None, "max_bars_per_request": 10, "max_body_bytes": 1000, "resend_bars": 4, "slice_bars": 8, "min_body_rate": 16384, "body_grace_s": 1.0,
               "max_batch": 4, "timeout_s": 5.0, "read_timeout_s": 1.0, "max_connections": 2, "health_reserve": 1,
               "log_interval_s": 10.0, "shutdown_grace_s": 1.0, **over}  # fmt: skip
     return Limits(**values)

@@ -740,6 +740,9 @@ class ServeSection(_Strict):
     log_interval_s: Annotated[float, _reals(gt=0, le=86_400)]
     shutdown_grace_s: Annotated[float, _reals(ge=0, le=3600)]
     resend_bars: Annotated[int, _ints(0, 100_000)]
+    min_body_rate: Annotated[int, _ints(1, 2**30)]
+    body_grace_s: Annotated[float, _reals(ge=0, le=86_400)]
+    slice_bars: Annotated[int, _ints(1, 1_000_000)]
 
 
 class EnsembleSection(_Strict):

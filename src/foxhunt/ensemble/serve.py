@@ -8,10 +8,11 @@ bars stay in order) and steps all their streams at once (:meth:`foxhunt.ensemble
 one batched call per member), so eight clients on eight symbols cost about 3.3 single-symbol
 steps on a 2-core CPU, not eight (the ensemble's 213 predictions/s at one symbol against 512 at
 eight, ``scripts/benchmark.py --sections ensemble``, docs/benchmarks.md 2026-12-02: the TFT's step
-grows with the batch). A request of many bars holds the compute thread for all of them: a symbol's
-500-bar history delays every other symbol's live bar by its length (send history before going
-live, or in smaller requests). Measured: ``scripts/load_test.py`` reports the in-process ensemble
-beside the HTTP round trip.
+grows with the batch). A request of many bars is stepped ``slice_bars`` (8) bars a batch and
+goes on in the next batch, ahead of its symbol's later requests: another symbol's live bar waits
+behind a 500-bar history for a slice, not for the whole history (it did before); a member
+swapped in meanwhile answers the rest of the history, as it would a later request. Measured:
+``scripts/load_test.py`` reports the in-process ensemble beside the HTTP round trip.
 
 API (JSON, on ``127.0.0.1`` by default):
 
@@ -45,8 +46,11 @@ keeps every idle socket open, so the bounds are foxhunt's, on uvicorn's h11 prot
 - *in time*: a connection sends its request headers within ``read_timeout_s`` of connecting (or
   of its previous answer), else it is closed, with a 408 when part of a request came (a client
   dripping header bytes is closed too: bytes do not restart the clock); a body pauses no longer
-  than ``read_timeout_s`` and is complete within ``timeout_s`` of its headers, else a 408 and
-  the connection is closed (a chunk shorter than it declared, a byte a second);
+  than ``read_timeout_s``, arrives at ``min_body_rate`` bytes/s on average from ``body_grace_s``
+  after its headers on, and is complete within ``timeout_s`` of them, else a 408 and the
+  connection is closed (a chunk shorter than it declared, a byte a second: such a client holds a
+  request slot for about ``body_grace_s``, so 256 of them no longer keep every request at 503
+  for ``timeout_s``);
 - *in count*: at most ``max_connections`` requests are in progress (body arriving, queued or
   stepped); one more is a 503 and its connection closed. ``GET /health`` is exempt: it is
   answered whatever the load, on the ``health_reserve`` sockets kept above the cap. At most
@@ -265,6 +269,9 @@ class Limits:
     log_interval_s: float
     shutdown_grace_s: float
     resend_bars: int  # answers kept per symbol for an identical resend (EnsembleService._resent)
+    min_body_rate: int  # bytes/s a body arrives at on average, from body_grace_s after its headers on (_read_body)
+    body_grace_s: float
+    slice_bars: int  # rounds (bars of each request) per batch; a request with more goes on in the next (EnsembleService.answer)
 
     @classmethod
     def from_config(cls, node, timeout_s: float | None = None) -> Limits:
@@ -321,8 +328,9 @@ class Pending:
     results: list[dict] = field(default_factory=list)
     error: BadRequest | None = None
     resent: int = 0  # leading bars answered from the stream's recent answers (an identical resend)
-    started_ns: int = 0  # perf_counter_ns when the compute thread took it (its batch began)
-    done_ns: int = 0  # ... and when its batch was answered
+    started_ns: int = 0  # perf_counter_ns when the compute thread took it (its first batch began)
+    done_ns: int = 0  # ... and when its last bar was answered
+    stream: Any = None  # its symbol's stream, once taken: a request with bars left after a batch goes on in the next
 
 
 class EnsembleService:
@@ -340,6 +348,7 @@ class EnsembleService:
         self.answered = 0
         self.answers: dict[str, OrderedDict] = {}  # symbol -> its last answers by bar start (_remember, _resent)
         self.cold_evicted = 0  # cold streams that made room for a new symbol at max_symbols (_make_room)
+        self.continuing: set[str] = set()  # symbols of requests with bars left after the last batch (answer)
         self.workdir = workdir
         self.watcher: VersionWatcher | None = None
         self.swaps: list[str] = []  # one line per member swapped in
@@ -404,7 +413,8 @@ class EnsembleService:
         those still cold (their features never filled: a symbol sent a few bars and left, or one
         of many made up to fill the table), which holds no decision anyone waits for; with every
         stream warm it is a 429 that says when the first one may be evicted for idleness."""
-        cold = next((name for name, stream in self.streams.items() if not stream.features_warm), None)
+        cold = next((name for name, stream in self.streams.items()
+                     if not stream.features_warm and name not in self.continuing), None)  # fmt: skip
         if cold is not None:
             self.engine.close_stream(self.streams.pop(cold))
             self.answers.pop(cold, None)
@@ -461,26 +471,33 @@ class EnsembleService:
         while len(recent) > self.limits.resend_bars:
             recent.popitem(last=False)
 
-    def answer(self, batch: list[Pending]) -> None:
-        """Step the bars of ``batch`` (distinct symbols), one bar of each request per round."""
+    def answer(self, batch: list[Pending]) -> list[Pending]:
+        """Step the bars of ``batch`` (distinct symbols), one bar of each request per round, for
+        at most ``ensemble.serve.slice_bars`` rounds; returns the requests with bars left, which go
+        on in the next batch (before any later request of their symbol), so that a long request
+        delays the live bars of other symbols by a slice, not by its whole length."""
         if self.watcher is not None:
             self._swap(self.watcher)
         now = time.monotonic()
         began = time.perf_counter_ns()
-        for pending in batch:
-            pending.started_ns = began
         self._evict_idle(now)
         active: list[tuple[Pending, Any]] = []
         for pending in batch:
+            if pending.stream is not None:  # a request going on from the last batch
+                active.append((pending, pending.stream))
+                continue
+            pending.started_ns = began
             try:
-                active.append((pending, self._stream(pending.symbol, pending.bars[0])))
+                stream = self._stream(pending.symbol, pending.bars[0])
             except BarDataError as exc:
                 pending.error = BadRequest(f"bars[0]: {exc} (0 earlier bar(s) of this request applied)")
+                continue
             except BadRequest as exc:
                 pending.error = exc
-        active = [(pending, stream) for pending, stream in active if self._resent(pending, stream) < len(pending.bars)]
-        step = 0
-        while active:
+                continue
+            if self._resent(pending, stream) < len(pending.bars):
+                active.append((pending, stream))
+        for _ in range(self.limits.slice_bars):
             now = time.monotonic()
             late = [(p, s) for p, s in active if now > p.deadline]
             for pending, _ in late:
@@ -490,10 +507,10 @@ class EnsembleService:
             active = [(p, s) for p, s in active if now <= p.deadline]
             if not active:
                 break
-            results = self.engine.step_many([(stream, pending.bars[pending.resent + step]) for pending, stream in active])
+            results = self.engine.step_many([(stream, pending.bars[len(pending.results)]) for pending, stream in active])
             still = []
             for (pending, stream), result in zip(active, results):
-                at = pending.resent + step
+                at = len(pending.results)
                 if isinstance(result, BarDataError):
                     pending.error = BadRequest(f"bars[{at}]: {result} ({at} earlier bar(s) of this request applied)")
                     continue
@@ -503,11 +520,16 @@ class EnsembleService:
                 if at + 1 < len(pending.bars):
                     still.append((pending, stream))
             active = still
-            step += 1
-        self.answered += len(batch)
         ended = time.perf_counter_ns()
+        going_on = {id(pending): pending for pending, _ in active}
+        for pending, stream in active:
+            pending.stream = stream
         for pending in batch:
-            pending.done_ns = ended
+            if id(pending) not in going_on:
+                pending.done_ns, pending.stream = ended, None
+                self.answered += 1
+        self.continuing = {pending.symbol for pending in going_on.values()}
+        return list(going_on.values())
 
 
 class Batcher:
@@ -553,13 +575,18 @@ class Batcher:
                 else:
                     symbols.add(item[0].symbol)
                     batch.append(item)
+            going_on: list = []
             try:
-                await loop.run_in_executor(self.pool, self.service.answer, [p for p, _ in batch])
+                going_on = await loop.run_in_executor(self.pool, self.service.answer, [p for p, _ in batch])
             except Exception as exc:  # a bug: every request of the batch gets it, the server goes on
+                self.service.continuing = set()
                 for pending, _ in batch:
                     pending.error = pending.error or BadRequest(f"internal error: {type(exc).__name__}: {exc}", 500)
+            unfinished = {id(pending) for pending in going_on}
+            # bars left: first in the next batch, ahead of later requests of the same symbol
+            held = [item for item in batch if id(item[0]) in unfinished] + held
             for pending, done in batch:
-                if not done.done():
+                if id(pending) not in unfinished and not done.done():
                     done.set_result(pending)
 
 
@@ -862,7 +889,7 @@ def build_app(service: EnsembleService, guard: Guard):
     async def predict(request: Request):
         arrived, arrived_ns = time.monotonic(), time.perf_counter_ns()
         try:
-            body = await _read_body(request, guard, arrived + limits.timeout_s)
+            body = await _read_body(request, guard, arrived)
             symbol, bars = parse_request(_parse_json(body, request.headers.get("content-type", "")), limits.max_bars_per_request)
         except BadRequest as error:
             return refuse(error)
@@ -911,12 +938,16 @@ def build_app(service: EnsembleService, guard: Guard):
     return guarded_app(app, guard)
 
 
-async def _read_body(request, guard: Guard, deadline: float) -> bytes:
+async def _read_body(request, guard: Guard, arrived: float) -> bytes:
     """The request's body: at most ``max_body_bytes`` (413), no pause longer than
-    ``read_timeout_s`` and complete by ``deadline`` (``time.monotonic()``; 408), a 503 when the
-    server stops meanwhile; :class:`ClientGone` when the client closed its connection."""
+    ``read_timeout_s``, arriving at ``min_body_rate`` bytes/s on average from ``body_grace_s``
+    after its headers (``arrived``, ``time.monotonic()``) on, and complete within ``timeout_s``
+    of them (408); a 503 when the server stops meanwhile; :class:`ClientGone` when the client
+    closed its connection. The rate bounds what a client dripping bytes costs the server: a
+    request slot for about ``body_grace_s``, not ``timeout_s``."""
     limits = guard.limits
     limit = limits.max_body_bytes
+    deadline = arrived + limits.timeout_s
     declared = request.headers.get("content-length")
     if declared is not None and "transfer-encoding" in request.headers:  # RFC 9112 6.3: a proxy may read the body otherwise
         raise BadRequest("body: both Content-Length and Transfer-Encoding: send one of them", 400, close=True)
@@ -924,13 +955,21 @@ async def _read_body(request, guard: Guard, deadline: float) -> bytes:
         raise BadRequest(f"body: {int(declared)} bytes, at most {limit} (ensemble.serve.max_body_bytes)", 413, close=True)
     chunks, size = [], 0
     while True:
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
+        behind = arrived + limits.body_grace_s + size / limits.min_body_rate - now  # until the body is too slow
         try:
-            message = await guard.next_message(request.receive, min(limits.read_timeout_s, left))
+            message = await guard.next_message(request.receive, min(limits.read_timeout_s, left, behind))
         except TimeoutError:
             if guard.stopping:
                 guard.event("stopped_read", "stopping: a request whose body was still arriving answered 503")
                 raise BadRequest(f"the server is stopping; {size} bytes of the body had come", 503, close=True) from None
+            if behind < min(left, limits.read_timeout_s):  # the body fell below the rate first
+                guard.event("slow_body", "read timeout: a request body arriving at under %d bytes/s "
+                                         "(ensemble.serve.min_body_rate): 408, closed", limits.min_body_rate)  # fmt: skip
+                raise BadRequest(f"body: {size} bytes in {time.monotonic() - arrived:.1f} s, under {limits.min_body_rate} "
+                                 f"bytes/s after the first {limits.body_grace_s:g} s (ensemble.serve.min_body_rate)",
+                                 408, close=True) from None  # fmt: skip
             if left <= limits.read_timeout_s:  # the whole request's deadline came first
                 guard.event("request_timeout", "read timeout: a request body not complete %g s after its headers "
                                                "(ensemble.serve.timeout_s): 408, closed", limits.timeout_s)  # fmt: skip
