@@ -1,20 +1,23 @@
 """The server's client bounds in-process (no ensemble): the rate-limited log, the connection cap's
 admission (the connection idle longest closed for a new one), a body read cut by its timeout or
-a stop, the file-descriptor reserve, and the settings read from conf/. The server end to end is
-tests/ensemble/test_serve.py."""
+a stop, the file-descriptor reserve, the settings read from conf/, and a long request stepped in
+slices. The server end to end is tests/ensemble/test_serve.py."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from foxhunt.ensemble.serve import Guard, Limits, RateLimitedLog, reserve_descriptors
+from foxhunt.ensemble.serve import EnsembleService, Guard, Limits, Pending, RateLimitedLog, reserve_descriptors
 from foxhunt.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,3 +220,55 @@ def test_the_server_settings_come_from_conf():
         node.read_timeout_s, node.max_connections, node.health_reserve, node.log_interval_s)  # fmt: skip
     assert read.max_sockets == node.max_connections + node.health_reserve
     assert Limits.from_config(node, timeout_s=2.5).timeout_s == 2.5
+
+
+class _Engine:
+    """The engine's part the service drives: streams, their check and a batched step (a bar's
+    answer is its own start), and which streams were closed."""
+
+    def __init__(self) -> None:
+        self.closed: list = []
+        self.batches: list[list[str]] = []
+
+    def open_stream(self, symbol: str):
+        return SimpleNamespace(symbol=symbol, last_bar_ns=None, seen_monotonic=time.monotonic(), features_warm=False)
+
+    def check(self, stream, bar) -> None:
+        assert stream not in self.closed, f"{stream.symbol}: stepped after it was closed"
+
+    def close_stream(self, stream) -> None:
+        self.closed.append(stream)
+
+    def step_many(self, items):
+        self.batches.append([stream.symbol for stream, _ in items])
+        for stream, bar in items:
+            self.check(stream, bar)
+            stream.last_bar_ns, stream.seen_monotonic = bar[0], time.monotonic()
+        return [SimpleNamespace(ts_ns=bar[0], warm=False, position=0, decisions={}, total_ns=0) for _, bar in items]
+
+
+def _service(**over) -> EnsembleService:
+    service = object.__new__(EnsembleService)  # the HTTP-free part, without loading an ensemble
+    service.limits, service.engine, service.watcher = limits(**over), _Engine(), None
+    service.streams, service.answers, service.continuing = OrderedDict(), {}, set()
+    service.cold_evicted = service.answered = 0
+    return service
+
+
+def test_a_long_request_goes_on_in_slices_and_its_stream_is_never_closed_under_it():
+    """A request of 10 bars at slice_bars=4 takes three batches; a live bar of another symbol
+    sent meanwhile is answered in the batch it joins; the long request's stream, idle by a tiny
+    idle_evict_s between two slices, is not closed under it (it was: the engine freed its slots
+    while the request went on stepping them)."""
+    service = _service(slice_bars=4, idle_evict_s=1e-9, max_bars_per_request=10, timeout_s=60.0)
+    deadline = time.monotonic() + 60
+    long = Pending("LONG", [(i, 1.0, 1.0, 1.0, 1.0, 1.0) for i in range(10)], deadline)
+    assert service.answer([long]) == [long] and len(long.results) == 4
+    time.sleep(0.01)  # idle for longer than idle_evict_s
+    live = Pending("LIVE", [(100, 1.0, 1.0, 1.0, 1.0, 1.0)], deadline)
+    assert service.answer([long, live]) == [long]
+    assert len(live.results) == 1 and live.done_ns > 0 and len(long.results) == 8
+    assert service.answer([long]) == [] and [r["ts"] for r in long.results] == list(range(10))
+    assert [s.symbol for s in service.engine.closed] == ["LIVE"]  # idle after its bar; LONG only once answered
+    assert service.answered == 2 and service.continuing == set()
+    assert service.engine.batches[:5] == [["LONG"]] * 4 + [["LONG", "LIVE"]]

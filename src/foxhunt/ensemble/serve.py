@@ -401,10 +401,11 @@ class EnsembleService:
         idle = self.limits.idle_evict_s
         if idle is None:
             return
-        while self.streams:
-            symbol, stream = next(iter(self.streams.items()))
+        for symbol, stream in list(self.streams.items()):  # least recently used first
             if now - stream.seen_monotonic < idle:
                 break
+            if symbol in self.continuing:  # a request is stepping it (answer): never closed under it
+                continue
             self.engine.close_stream(self.streams.pop(symbol))
             self.answers.pop(symbol, None)
 
