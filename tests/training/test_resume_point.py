@@ -105,13 +105,15 @@ def test_a_checkpoint_written_as_a_batch_starts_has_the_counters_of_the_batch_be
     completed, k batches stepped), which it resumes at batch k + 1 from, logging from step k + 1."""
     written = {"loops": {"fit_loop": {
         "epoch_loop.batch_progress": {"total": {"ready": 15, "started": 14, "processed": 14, "completed": 14},
-                                      "current": {"ready": 5, "started": 4, "processed": 4, "completed": 4}},
+                                      "current": {"ready": 5, "started": 4, "processed": 4, "completed": 4},
+                                      "is_last_batch": True},
         "epoch_loop.state_dict": {"_batches_that_stepped": 14}}}}  # fmt: skip
     as_written_at_batch_end(written)
     loop = written["loops"]["fit_loop"]
     assert loop["epoch_loop.batch_progress"]["current"] == {"ready": 4, "started": 4, "processed": 4, "completed": 3}
     assert loop["epoch_loop.batch_progress"]["total"] == {"ready": 14, "started": 14, "processed": 14, "completed": 13}
     assert loop["epoch_loop.state_dict"]["_batches_that_stepped"] == 13
+    assert loop["epoch_loop.batch_progress"]["is_last_batch"] is False  # batch 4 ended; batch 5, the last, not begun
 
 
 # ----------------------------------------------------------------------------- a fit stopped and resumed
@@ -135,6 +137,20 @@ class StopAt:
 
     def around(self, fit):
         return lambda cfg, callbacks, *args, **kwargs: fit(cfg, [*callbacks, self.callback], *args, **kwargs)
+
+
+class StopAtValidation(StopAt):
+    """The machine dies as the validation at ``step`` starts (after the epoch's last batch)."""
+
+    def __init__(self, step: int) -> None:
+        import lightning.pytorch as pl
+
+        class _Stop(pl.Callback):
+            def on_validation_start(self, trainer, pl_module) -> None:
+                if trainer.global_step >= step and not trainer.sanity_checking:
+                    raise MachineDied(f"stopped at the validation of global step {trainer.global_step}")
+
+        self.callback = _Stop()
 
 
 QUICK = ["trainer=smoke", "data.source.days=8", "evaluation.plot_equity=false", "evaluation.max_bars=200",
@@ -190,6 +206,32 @@ def test_a_fit_stopped_after_a_checkpoint_and_resumed_ends_as_the_fit_never_stop
     _fit(stopped, [*QUICK, *overrides, "resume=true"])
     expected, got = _final_weights(whole), _final_weights(stopped)
     assert expected.keys() == got.keys()
+    assert [key for key in expected if not torch.equal(expected[key], got[key])] == []
+    expected_metrics, got_metrics = _metrics(whole), _metrics(stopped)
+    assert {k: (v, got_metrics.get(k)) for k, v in expected_metrics.items() if got_metrics.get(k) != v} == {}
+    assert set(got_metrics) == set(expected_metrics)
+
+
+def test_a_fit_stopped_after_a_checkpoint_at_an_epochs_last_batch_trains_that_batch_on_resume(tmp_path, monkeypatch):
+    """The resume point falls as the last batch of the second epoch starts (global step 19 of
+    2 x 10 batches) and the machine dies in the validation after it: the resume trains that batch
+    and validates, ending on the weights and metrics of the fit never stopped. Before, the
+    checkpoint carried Lightning's last-batch flag, so the resume took the epoch as ended: the
+    batch and the validation were skipped and the run ended FINISHED on other weights (found by
+    probing kill -9 and resume=true through foxhunt-train)."""
+    overrides = [*FAMILIES["tft"][0], "callbacks.resume_point.every_n_train_steps=19"]
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    _fit(whole, [*QUICK, *overrides, "resume=true"])
+    import foxhunt.training.cell as cell
+
+    fit = cell.fit_and_score
+    with monkeypatch.context() as patched, pytest.raises(MachineDied):
+        patched.setattr(cell, "fit_and_score", StopAtValidation(20).around(fit))
+        _fit(stopped, [*QUICK, *overrides, "resume=true"])
+    saved = [torch.load(p, weights_only=True)["global_step"] for p in stopped.glob("outputs/*/checkpoints/last.ckpt")]
+    assert max(saved) == 19  # the resume point of the last batch's start, not the first epoch's end (10)
+    _fit(stopped, [*QUICK, *overrides, "resume=true"])
+    expected, got = _final_weights(whole), _final_weights(stopped)
     assert [key for key in expected if not torch.equal(expected[key], got[key])] == []
     expected_metrics, got_metrics = _metrics(whole), _metrics(stopped)
     assert {k: (v, got_metrics.get(k)) for k, v in expected_metrics.items() if got_metrics.get(k) != v} == {}

@@ -78,11 +78,16 @@ def as_written_at_batch_end(checkpoint: dict[str, Any]) -> None:
     was taken; at a batch's start it has counted the batch ready, a point it does not resume
     from exactly (it would log every later step one too far). Rewritten: the new batch not ready,
     the previous one not completed, ``_batches_that_stepped`` not yet counting it, which Lightning
-    completes and counts on resume."""
+    completes and counts on resume; and the epoch's last batch not flagged as started."""
     loop = checkpoint["loops"]["fit_loop"]
-    for counters in (loop["epoch_loop.batch_progress"]["total"], loop["epoch_loop.batch_progress"]["current"]):
+    progress = loop["epoch_loop.batch_progress"]
+    for counters in (progress["total"], progress["current"]):
         counters["ready"] -= 1
         counters["completed"] -= 1
+    # the batch that starts may be the epoch's last: Lightning flags it as it fetches it, and a
+    # checkpoint carrying the flag resumes as if the epoch had ended (its last batch and its
+    # validation skipped); at the end of the batch before, the flag is down
+    progress["is_last_batch"] = False
     loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
 
 
