@@ -100,3 +100,12 @@ def test_what_a_run_stores_of_its_checkpoints(tmp_path, retention, finished, sto
     its last one); a run that did not finish stores what resumes it; a stored config's true/false."""
     files = [tmp_path / name for name in ("best.ckpt", "interrupted.ckpt", "last.ckpt")]
     assert [p.name for p in stored_checkpoints(files, retention, finished)] == stored
+
+
+def test_a_finished_run_stores_the_file_its_best_is_in_whatever_lightning_named_it(tmp_path):
+    """A resumed fit's new best beside its killed attempt's best.ckpt is best-v1.ckpt: that file is
+    the run's best (stored as best.ckpt by the cell), not the stale best.ckpt."""
+    files = [tmp_path / name for name in ("best.ckpt", "best-v1.ckpt", "last.ckpt")]
+    assert stored_checkpoints(files, "best", True, best=files[1]) == [files[1]]
+    assert stored_checkpoints(files, "best", True) == [files[0]]  # the best not known: by its name
+    assert stored_checkpoints(files, "best", False, best=files[1]) == files  # not finished: what resumes it

@@ -179,6 +179,17 @@ def _final_weights(root: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)["state_dict"]
 
 
+def _stored_best(root: Path, into: Path) -> dict[str, torch.Tensor]:
+    """The weights of the root's one run's stored ``checkpoints/best.ckpt`` (what registration
+    and reproduction read)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    path = client.download_artifacts(run.info.run_id, "checkpoints/best.ckpt", str(into))
+    return torch.load(path, weights_only=True)["state_dict"]
+
+
 def _metrics(root: Path) -> dict[tuple[str, int], float]:
     with sqlite3.connect(root / "mlruns" / "mlflow.db") as db:
         rows = db.execute("SELECT key, step, value FROM metrics").fetchall()
@@ -200,6 +211,7 @@ def test_a_fit_stopped_after_a_checkpoint_and_resumed_ends_as_the_fit_never_stop
     fit = cell.fit_and_score
     with monkeypatch.context() as patched, pytest.raises(MachineDied):
         patched.setattr(cell, "fit_and_score", StopAt(stop_step).around(fit))
+        patched.setattr(cell, "stored_checkpoints", lambda *args: [])  # as a kill -9: nothing reaches the store
         _fit(stopped, [*QUICK, *overrides, "resume=true"])
     saved = [torch.load(p, weights_only=True)["global_step"] for p in stopped.glob("outputs/*/checkpoints/last.ckpt")]
     assert saved and 0 < max(saved) < stop_step  # the resume continues from a checkpoint of the stopped fit
@@ -210,6 +222,10 @@ def test_a_fit_stopped_after_a_checkpoint_and_resumed_ends_as_the_fit_never_stop
     expected_metrics, got_metrics = _metrics(whole), _metrics(stopped)
     assert {k: (v, got_metrics.get(k)) for k, v in expected_metrics.items() if got_metrics.get(k) != v} == {}
     assert set(got_metrics) == set(expected_metrics)
+    # the resumed run stores the best checkpoint of the run never stopped (registration reads it): before, a best
+    # written before a kill -9 (which logs nothing) and not bettered after the resume was never stored
+    expected_best, got_best = _stored_best(whole, tmp_path / "a"), _stored_best(stopped, tmp_path / "b")
+    assert [key for key in expected_best if not torch.equal(expected_best[key], got_best[key])] == []
 
 
 def test_a_fit_stopped_after_a_checkpoint_at_an_epochs_last_batch_trains_that_batch_on_resume(tmp_path, monkeypatch):
@@ -227,6 +243,7 @@ def test_a_fit_stopped_after_a_checkpoint_at_an_epochs_last_batch_trains_that_ba
     fit = cell.fit_and_score
     with monkeypatch.context() as patched, pytest.raises(MachineDied):
         patched.setattr(cell, "fit_and_score", StopAtValidation(20).around(fit))
+        patched.setattr(cell, "stored_checkpoints", lambda *args: [])  # as a kill -9: nothing reaches the store
         _fit(stopped, [*QUICK, *overrides, "resume=true"])
     saved = [torch.load(p, weights_only=True)["global_step"] for p in stopped.glob("outputs/*/checkpoints/last.ckpt")]
     assert max(saved) == 19  # the resume point of the last batch's start, not the first epoch's end (10)
@@ -236,3 +253,7 @@ def test_a_fit_stopped_after_a_checkpoint_at_an_epochs_last_batch_trains_that_ba
     expected_metrics, got_metrics = _metrics(whole), _metrics(stopped)
     assert {k: (v, got_metrics.get(k)) for k, v in expected_metrics.items() if got_metrics.get(k) != v} == {}
     assert set(got_metrics) == set(expected_metrics)
+    # the resumed run stores the best checkpoint of the run never stopped (registration reads it): before, a best
+    # written before a kill -9 (which logs nothing) and not bettered after the resume was never stored
+    expected_best, got_best = _stored_best(whole, tmp_path / "a"), _stored_best(stopped, tmp_path / "b")
+    assert [key for key in expected_best if not torch.equal(expected_best[key], got_best[key])] == []

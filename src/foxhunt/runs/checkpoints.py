@@ -41,18 +41,21 @@ CHECKPOINT_ARTIFACTS = "checkpoints"  # the artifact folder checkpoints are logg
 RETENTIONS = ("best", "all", "none")
 
 
-def stored_checkpoints(files: list[Path], retention: str | bool, finished: bool) -> list[Path]:
+def stored_checkpoints(files: list[Path], retention: str | bool, finished: bool, best: Path | None = None) -> list[Path]:
     """Which of the checkpoint ``files`` a run wrote go to its store (``logger.log_checkpoints``):
     ``all`` every one; ``none`` none; ``best`` (the default) ``best.ckpt`` only once the run
     finished (its ``last.ckpt`` stays in its folder: a finished run is not resumed), and every
     file when it did not (an interrupted run resumes from its ``interrupted.ckpt`` or
-    ``last.ckpt``, on this machine or another). ``true`` / ``false``, as configs stored before
-    the setting say it, are ``all`` / ``none``."""
+    ``last.ckpt``, on this machine or another). ``best``: the file the run's best is in, when
+    known (it is stored as ``best.ckpt``). ``true`` / ``false``, as configs stored before the
+    setting say it, are ``all`` / ``none``."""
     kept = {True: "all", False: "none"}.get(retention, retention) if isinstance(retention, bool) else retention
     if kept == "none":
         return []
     if kept == "all" or not finished:
         return list(files)
+    if best is not None and best in files:  # the monitoring callback's best, whatever Lightning named it
+        return [best]
     return [path for path in files if path.name == BEST_CHECKPOINT]
 
 

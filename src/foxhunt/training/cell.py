@@ -18,6 +18,8 @@ sweep's cell goes through :func:`foxhunt.sweeps.sweep_cell.run_sweep_cell`.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,14 +29,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.schema import validate
 from foxhunt.runs.cell import CellKey, CellResult, cell_name
-from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, check_folder_owner, stored_checkpoints
+from foxhunt.runs.checkpoints import BEST_CHECKPOINT, CHECKPOINT_ARTIFACTS, check_folder_owner, stored_checkpoints
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, plan_resume, rewind_run
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import ROLE_CELL, Tag
 from foxhunt.training.checkpoint import check_checkpoint
-from foxhunt.training.fit import build_callbacks, check_accelerator, checkpoint_files, fit_and_score
+from foxhunt.training.fit import best_checkpoint, build_callbacks, check_accelerator, checkpoint_files, fit_and_score
 from foxhunt.training.folds import ChildResult, child_tags, children, describe_protocol, needs_protocol, record_protocol
 from foxhunt.training.memory_plan import plan_activation_checkpointing
 from foxhunt.training.provenance import opened_run
@@ -167,9 +169,24 @@ def _fit(cfg: DictConfig, name: str, tags: dict[str, str], parent_run_id: str | 
             finished = True
         finally:  # an interrupted run's checkpoints too (logger.log_checkpoints: which ones)
             if run is not None:
-                for path in stored_checkpoints(checkpoint_files(callbacks, run.run_id), cfg.logger.log_checkpoints, finished):
-                    run.log_artifact(path, CHECKPOINT_ARTIFACTS)
+                best = best_checkpoint(callbacks)
+                for path in stored_checkpoints(
+                    checkpoint_files(callbacks, run.run_id), cfg.logger.log_checkpoints, finished, best
+                ):
+                    _log_checkpoint(run, path, BEST_CHECKPOINT if path == best else path.name)
     return metrics, scores, (run.run_id if run is not None else None)
+
+
+def _log_checkpoint(run, path: Path, name: str) -> None:
+    """``path`` stored as ``checkpoints/<name>`` (the best under ``best.ckpt``, the name
+    registration and reproduction read, whatever Lightning named the file)."""
+    if path.name == name:
+        run.log_artifact(path, CHECKPOINT_ARTIFACTS)
+        return
+    with tempfile.TemporaryDirectory(dir=path.parent) as folder:
+        named = Path(folder) / name
+        os.link(path, named)  # the same file under the stored name: no copy of a large checkpoint
+        run.log_artifact(named, CHECKPOINT_ARTIFACTS)
 
 
 def continued_in(cfg: DictConfig, folder: Path) -> DictConfig:

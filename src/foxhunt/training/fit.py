@@ -135,17 +135,31 @@ def _memory_peaks(callbacks) -> dict[str, float]:
     return {}
 
 
+def best_checkpoint(callbacks) -> Path | None:
+    """The file the monitoring checkpoint callback holds the run's best in: ``best.ckpt``, or
+    ``best-v1.ckpt`` when a resumed fit's new best found its killed attempt's file in the way
+    (Lightning names it apart); None before a best was written."""
+    for callback in callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.monitor is not None and callback.best_model_path:
+            return Path(callback.best_model_path).resolve()
+    return None
+
+
 def checkpoint_files(callbacks, run_id: str) -> list[Path]:
     """The checkpoint files this run wrote (best, last, interrupted, a memory breach's), each
-    once: as the stamp callback's checkpoint IO saw them written (never found by listing a
-    folder), and each stamped for ``run_id`` (a file stamped for another run is left out, said in
-    the log). Without the stamp callback or with another checkpoint IO: the files the checkpoint
-    and stop callbacks name."""
+    once: as the stamp callback's checkpoint IO saw them written, and the best and last files the
+    checkpoint callbacks point at when stamped for ``run_id`` (a resumed fit whose best stayed
+    its first attempt's, killed before it logged anything); never found by listing a folder, and
+    each stamped for ``run_id`` (a file stamped for another run is left out, said in the log).
+    Without the stamp callback or with another checkpoint IO: the files the checkpoint and stop
+    callbacks name."""
     written = next((c.written() for c in callbacks if isinstance(c, CheckpointStamp)), None)
+    named = [Path(p) for c in callbacks if isinstance(c, ModelCheckpoint) for p in (c.best_model_path, c.last_model_path) if p]
     if written is None:
-        named = [p for c in callbacks if isinstance(c, ModelCheckpoint) for p in (c.best_model_path, c.last_model_path)]
-        named += [str(c.checkpoint_path or "") for c in callbacks if isinstance(c, GracefulStop)]
-        written = [Path(p) for p in named if p and Path(p).is_file()]
+        named += [Path(str(c.checkpoint_path)) for c in callbacks if isinstance(c, GracefulStop) and c.checkpoint_path]
+        written = [p for p in named if p.is_file()]
+    else:  # a resumed fit's best (and last) may be its first attempt's, written before a kill -9 nothing logged
+        written = [*written, *(p for p in named if p.is_file() and (read_stamp(p) or {}).get(RUN_ID) == run_id)]
     files = sorted({p.resolve() for p in written})
     kept = []
     for path in files:
