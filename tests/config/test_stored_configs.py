@@ -3,6 +3,9 @@ interpolation, no override that names code; each refusal one line naming where a
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -116,3 +119,38 @@ def test_stored_overrides_that_name_code_are_refused(override):
     with pytest.raises(ConfigError) as caught:
         check_stored_overrides(["model=dqn", override], "job j")
     assert str(caught.value).startswith(f"job j: stored override {override!r}: ")
+
+
+def _laughs(levels: int) -> str:
+    text, previous = "l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n", "l0"
+    for level in range(1, levels):
+        text += f"l{level}: &l{level} [{', '.join([f'*{previous}'] * 10)}]\n"
+        previous = f"l{level}"
+    return text
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (_laughs(9) + "model: {}\n", "an anchor"),  # 10^9 strings once expanded: a reproduce hung at 100% CPU
+        ("model: *undefined\n", "an alias"),
+        ("deep: " + "[" * 20_000 + "]" * 20_000 + "\n", "nested too deep"),  # a RecursionError traceback before
+    ],
+)
+def test_a_stored_config_with_aliases_or_deep_nesting_is_one_line_at_once(tmp_path, text, line):
+    """A stored config is plain YAML: anchors and aliases (foxhunt writes none) and nesting past
+    the parser's depth are refused in one line, in well under a second."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"^v1: config.yaml is not") as refused:
+        load_stored_config(path, "v1")
+    assert line in str(refused.value) and "\n" not in str(refused.value)
+    assert time.monotonic() - started < 5.0
+
+
+def test_a_stored_config_that_is_no_regular_file_is_refused_without_blocking(tmp_path):
+    path = tmp_path / "config.yaml"
+    os.mkfifo(path)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_stored_config(path, "v1")

@@ -201,6 +201,9 @@ def test_a_planted_target_runs_nothing_and_is_refused(restored, tmp_path, monkey
         ("weight-nan", "weights.pt: "),
         ("family-other", "member.json: family='tft' but config.yaml says 'dqn'"),
         ("value-inf", "member.json: value=inf: must be a finite number"),
+        # a 7.28 TiB allocation's MemoryError traceback before (found by probing the registry)
+        ("window-huge", "dataset.json: not a feature or asset setting foxhunt accepts"),
+        ("nested-deep", "member.json is damaged (nested too deep)"),  # a RecursionError traceback before
     ],
 )  # fmt: skip
 def test_stored_values_are_checked_for_meaning(restored, how, expected):
@@ -222,10 +225,14 @@ def test_stored_values_are_checked_for_meaning(restored, how, expected):
         member["family"] = "tft"
     elif how == "value-inf":
         member["value"] = float("inf")
+    elif how == "window-huge":
+        manifest["feature_config"]["volume_bars"] = 10**12
+    elif how == "nested-deep":
+        member = None
     else:
         _edit_one_weight(artifacts / "weights.pt", float("nan"))
     (artifacts / "dataset.json").write_text(json.dumps(manifest))
-    (artifacts / "member.json").write_text(json.dumps(member))
+    (artifacts / "member.json").write_text(json.dumps(member) if member is not None else "[" * 200_000 + "]" * 200_000)
     _rerecord(root, folder)
     line = _replay(root)
     assert f"registry error: foxhunt-dqn-es: {expected}" in line and "register it again" in line, line

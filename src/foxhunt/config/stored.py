@@ -37,6 +37,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from foxhunt.errors import ConfigError
+from foxhunt.files import read_regular_file
 
 TARGET = "_target_"
 #: The first line of a config file that puts its keys at another package than its group's.
@@ -128,13 +129,39 @@ def check_stored_config(config: Mapping[str, Any], origin: str) -> None:
                               f"({rule}); refused, nothing imported")  # fmt: skip
 
 
+MAX_STORED_CONFIG_BYTES = 16 * 1024 * 1024  # a resolved run config is a few KB; a larger file is not one
+
+
+class _PlainYaml(yaml.SafeLoader):
+    """YAML without anchors and aliases: foxhunt writes none (omegaconf's dumper ignores them),
+    and nested aliases are an exponential expansion (a "billion laughs" file of a few hundred
+    bytes held a reproduce at 100% CPU past 90 s)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, "an alias (*name): a stored config holds none", self.peek_event().start_mark
+            )
+        event = self.peek_event()
+        if getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(None, None, "an anchor (&name): a stored config holds none", event.start_mark)
+        return super().compose_node(parent, index)
+
+
 def load_stored_config(path: Path, origin: str):
     """The stored config at ``path`` as a DictConfig, checked (:func:`check_stored_config`)
-    before omegaconf or Hydra sees it; a file that is not a YAML mapping is one line."""
+    before omegaconf or Hydra sees it: a regular file of at most :data:`MAX_STORED_CONFIG_BYTES`,
+    plain YAML (no anchor or alias); a file that is not a YAML mapping is one line."""
+    name = Path(path).name
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        text = read_regular_file(path, MAX_STORED_CONFIG_BYTES)
+        if text is None:
+            raise ConfigError(f"{origin}: {name} is not a config (not a regular file of at most {MAX_STORED_CONFIG_BYTES} bytes)")
+        data = yaml.load(text.decode(), Loader=_PlainYaml)  # noqa: S506  (a SafeLoader: plain values only)
+    except RecursionError:
+        raise ConfigError(f"{origin}: {name} is not a config (nested too deep)") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{origin}: {Path(path).name} is not readable YAML ({' '.join(str(exc).split())[:160]})") from None
+        raise ConfigError(f"{origin}: {name} is not readable YAML ({' '.join(str(exc).split())[:160]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: {Path(path).name} is not a config (not a YAML mapping)")
     check_stored_config(data, origin)

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from foxhunt.assets import AssetSpec
+from foxhunt.config.schema import Features
 from foxhunt.config.stored import load_stored_config
 from foxhunt.data.dataset import DATASET_FILE
 from foxhunt.data.features import FeatureConfig
@@ -186,7 +187,8 @@ class MemberFiles:
                 rule = "finite and > 0" if positive else "finite"
                 raise refuse(DATASET_FILE, f"{key}: must be {width} numbers (one per observed feature), each {rule}")
         try:
-            if manifest["feature_config"] is not None:
+            if manifest["feature_config"] is not None:  # the config's ranges first: a window of 10**12 bars is no setting
+                Features.model_validate(manifest["feature_config"])
                 FeatureConfig(**manifest["feature_config"])
             AssetSpec(**manifest["asset"])
         except (TypeError, ValueError) as exc:
@@ -209,6 +211,8 @@ def _json(path: Path, name: str) -> dict[str, Any]:
     _present(path, name)
     try:
         value = json.loads(path.read_text())
+    except RecursionError:
+        raise RegistryError(f"{name}: {path.name} is damaged (nested too deep); {_REREGISTER}") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise RegistryError(f"{name}: {path.name} is damaged ({one_line_error(exc, limit=160)}); {_REREGISTER}") from None
     if not isinstance(value, dict):

@@ -163,6 +163,6 @@ def read_results(sweep_dir: Path) -> list[CellResult]:
     for path in sorted(Path(sweep_dir).glob(f"*/{CELL_RESULT_FILE}")):
         try:
             results.append(CellResult.read(path))
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            log.error("unreadable cell result %s: %s", path, exc)
+        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+            log.error("unreadable cell result %s: %s", path, type(exc).__name__ if isinstance(exc, RecursionError) else exc)
     return sorted(results, key=lambda r: (r.trial is not None, r.trial or 0, r.key.model, r.key.asset, r.key.precision))

@@ -198,6 +198,8 @@ def checked_provenance(path: Path, origin: str, name: str) -> dict:
     """A provenance file read back from a store: JSON of foxhunt's layout, else one line."""
     try:
         content = json.loads(Path(path).read_text())
+    except RecursionError:
+        raise ReproduceError(f"{origin}: not readable JSON (nested too deep)") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ReproduceError(f"{origin}: not readable JSON ({' '.join(str(exc).split())[:120]})") from None
     if not isinstance(content, dict) or content.get("version") != PROVENANCE_VERSION:

@@ -325,7 +325,7 @@ class StudyFile:
             data = json.loads(path.read_text())
             return cls(str(data["storage"]), str(data["study_name"]), dict(data.get("pruner") or {}),
                        bool(data.get("multi_objective", False)))  # fmt: skip
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise StudyError(f"{path}: not a study file the sweeper wrote ({one_line_error(exc, limit=200)})") from None
 
     def pruner_spec(self) -> PrunerSpec:
