@@ -128,3 +128,24 @@ def test_the_window_and_the_newest_block():
     small = plan(stamps, int(stamps[899]), OmegaConf.merge(settings, {"eval_bars": 500}), "bars")
     assert small.eval_start == 900  # every new bar, when fewer than eval_bars
     assert iso(int(stamps[1])) == "1970-01-01T00:01:00Z"
+
+
+def test_register_after_a_roll_keeps_the_promoted_champion_unless_forced(roll_store, roll_bars):
+    """A plain register after a promotion chose among the training runs (the roll's challenger is
+    in the roll's experiment), registered the old best again and moved @champion to it: the old
+    model served, the promoted one left without an alias. Now it refuses in one line, and --force
+    replaces the champion as asked."""
+    write_days(roll_bars, roll_store / "data" / "es", utc_dates(roll_bars)[6:7])
+    forced = roll(roll_store, "--force")
+    assert forced.exit_code == 0, forced.output
+    promoted = aliases(roll_store)["champion"]
+    assert promoted == "2"
+    register = ["ensemble", "register", "asset=es", "ensemble.models=[dqn]", "ensemble.gate=none", *CSV,
+                f"data.source.path={roll_store / 'data' / 'es'}"]  # fmt: skip
+    refused = cli(roll_store, *register)
+    assert refused.exit_code == 2, refused.output
+    assert "foxhunt-dqn-es@champion is run" in refused.output and "(promoted by a roll)" in refused.output, refused.output
+    assert aliases(roll_store)["champion"] == promoted
+    replaced = cli(roll_store, *register, "--force")
+    assert replaced.exit_code == 0, replaced.output
+    assert aliases(roll_store)["champion"] == "3"

@@ -436,6 +436,28 @@ def _incumbents(store, families: list[str], prefix: str, asset: str, alias: str)
     return {family: version.run_id for family, version in current.items() if version is not None and version.run_id}
 
 
+def _replaces_promotion(store, choice: Choice, incumbents: dict[str, str], experiment: str, name: str,
+                        alias: str) -> str | None:  # fmt: skip
+    """Why ``choice`` may not take the alias from its family's champion: a champion a roll
+    promoted (its run is not of the training ``experiment``, where ``register`` chooses) was
+    trained on bars the training runs never saw, so their scores do not rank it, and replacing it
+    would undo the promotion with no ``previous`` alias to roll back to (found probing a roll,
+    then ``register``: the old model served again). None: nothing promoted stands in the way."""
+    incumbent = incumbents.get(choice.family)
+    if incumbent is None or incumbent == choice.run_id:
+        return None
+    try:
+        found = store.get(incumbent)
+    except Exception as exc:  # a champion whose run is gone from the store: register may replace it
+        if not type(exc).__module__.startswith("mlflow"):
+            raise
+        return None
+    if found.experiment == experiment:
+        return None
+    return (f"{name}@{alias} is run {incumbent} of experiment {found.experiment!r} (promoted by a roll), which the runs "
+            f"of {experiment!r} do not rank: registering run {choice.run_id} would undo that promotion")  # fmt: skip
+
+
 def _register_locked(store, experiment: str, asset: str, families: list[str], metric: str, prefix: str,
                      alias: str, gate: str, force: bool, example_decided: int) -> Registration:  # fmt: skip
     incumbents = _incumbents(store, families, prefix, asset, alias)
@@ -446,7 +468,8 @@ def _register_locked(store, experiment: str, asset: str, families: list[str], me
             f"no FINISHED {asset} run with {metric} for {', '.join(missing)} in experiment {experiment!r}: "
             f"train them first, or narrow ensemble.models"
         )
-    refused = [(c.family, why) for c in choices if (why := gate_refusal(c, gate)) is not None]
+    refused = [(c.family, why) for c in choices if (why := gate_refusal(c, gate) or _replaces_promotion(store, c, incumbents,
+               experiment, registered_name(prefix, c.family, asset), alias)) is not None]  # fmt: skip
     if refused and not force:
         return Registration(choices, refused=refused)
     passed = {c.family: GATE_FORCED if any(f == c.family for f, _ in refused) else gate for c in choices}
