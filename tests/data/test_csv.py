@@ -232,3 +232,20 @@ def test_bad_arguments_name_the_key():
         csv_source("x", timezone="Mars/Olympus")
     with pytest.raises(ValueError, match="timestamp_unit='m'"):
         csv_source("x", timestamp_unit="m")
+
+
+@pytest.mark.parametrize(
+    ("row", "kwargs", "expected"),
+    [
+        ("2262-04-12 00:00:00,4800.25,4801.00,4800.00,4800.75,12", {}, "line 3 (2262-04-11T23:59:00+00:00): a bar time outside"),
+        ("9999-01-01 00:00:00,4800.25,4801.00,4800.00,4800.75,12", {}, "line 3 (9998-12-31T23:59:00+00:00): a bar time outside"),
+        ("1000000000000000,4800.25,4801.00,4800.00,4800.75,12", {"timestamp_unit": "s", "bar_label": "start"},
+         "line 3: field 'timestamp_utc'='1000000000000000' is outside the epoch times foxhunt reads"),
+    ],
+)  # fmt: skip
+def test_a_time_nanoseconds_cannot_hold_is_one_line(tmp_path, row, kwargs, expected):
+    """Past 2262 (or an epoch number too large for its unit) a time does not fit pandas'
+    nanoseconds: an OutOfBoundsDatetime traceback before (found probing the loaders)."""
+    first = "1704205860,4800,4800.5,4799.75,4800.25,7" if "timestamp_unit" in kwargs else ROWS[0]
+    message, path = load_error(tmp_path, [first, row], **kwargs)
+    assert message.startswith(f"{path}: ") and expected in message, message

@@ -91,3 +91,17 @@ def test_bad_inputs_are_one_line(tmp_path):
     assert bad_key.exit_code == 2 and "roll.by='calendar'" in bad_key.output and "Traceback" not in bad_key.output
     missing = show(tmp_path, "data=lean", f"data.source.path={tmp_path / 'none'}", "asset=es")
     assert missing.exit_code == 2 and str(tmp_path / "none") in missing.output and "Traceback" not in missing.output
+
+
+def test_bars_on_a_holiday_alone_are_shown_and_an_unwritable_chart_is_one_line(tmp_path):
+    """Bars of one CME holiday (no session in their range: the calendar's early closes failed with
+    an AttributeError traceback), and --png under a file (a FileExistsError traceback after the
+    whole load): found probing the data commands."""
+    path = tmp_path / "holiday.csv"
+    path.write_text("timestamp_utc,open,high,low,close,volume\n2024-01-01 23:01:00,1.1076,1.10785,1.1076,1.1078,205\n"
+                    "2024-01-01 23:02:00,1.1078,1.1079,1.1077,1.1078,94\n")  # fmt: skip
+    shown = show(tmp_path, "asset=6e", "data=csv", f"data.source.path={path}")
+    assert shown.exit_code == 0 and "Traceback" not in shown.output, shown.output
+    chart = show(tmp_path, "data.source.days=7", "--png", str(path / "x.png"))
+    assert chart.exit_code == 2 and "Traceback" not in chart.output, chart.output
+    assert f"--png {path / 'x.png'}: the chart cannot be written there" in chart.output

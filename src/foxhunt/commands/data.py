@@ -20,7 +20,7 @@ from pathlib import Path
 
 import typer
 
-from foxhunt.errors import EXIT_USER_ERROR, debug_requested, reported
+from foxhunt.errors import EXIT_USER_ERROR, FolderError, debug_requested, reported
 
 # Lazy imports: (a) Hydra, the schema and the data room, once data show runs: --help and completion start without them
 
@@ -68,7 +68,10 @@ def show(
         target = png or Path(cfg.paths.root_dir) / "outputs" / "data" / chart
         if target.is_dir():  # --png <folder>: the chart goes inside it
             target = target / chart
-        summary["png"] = str(plot_continuous(bars, rolls, asset, summary["adjust"], target))
+        try:
+            summary["png"] = str(plot_continuous(bars, rolls, asset, summary["adjust"], target))
+        except OSError as exc:  # a path under a file, or one that cannot be written
+            raise FolderError(f"--png {target}: the chart cannot be written there ({exc.strerror or exc})") from None
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
         return

@@ -164,7 +164,14 @@ def validate_bars(
         raise BarDataError(f"{origin}: timestamps have no time zone, expected UTC")
     if not _is_utc(index.tz):
         raise BarDataError(f"{origin}: timestamps are in time zone {index.tz}, expected UTC")
-    index = index.tz_convert("UTC").as_unit("ns")
+    try:
+        index = index.tz_convert("UTC").as_unit("ns")
+    except (OverflowError, ValueError):  # pandas' OutOfBoundsDatetime: a time nanoseconds since 1970 cannot hold
+        outside = int(
+            np.flatnonzero((index < pd.Timestamp.min.tz_localize("UTC")) | (index > pd.Timestamp.max.tz_localize("UTC")))[0]
+        )
+        raise BarDataError(f"{origin}: {row_name} {row_ids[outside]} ({index[outside].isoformat()}): a bar time outside "
+                           f"{pd.Timestamp.min.year + 1}..{pd.Timestamp.max.year - 1}") from None  # fmt: skip
 
     def where(i: int) -> str:
         stamp = index[i]

@@ -136,6 +136,8 @@ class SessionCalendar:
         ``early_closes``): the close (UTC) by trading date."""
         first, last = _day(start), _day(end)
         schedule = self._library_schedule(first, last)
+        if schedule.empty:  # no session in the range (a holiday's bars alone): the library's .dt fails on it
+            return pd.Series([], index=pd.DatetimeIndex([], name=schedule.index.name), dtype="datetime64[ns, UTC]", name="close")
         early = self._cal.early_closes(schedule)
         keep = self._schedule(first, last).index
         return early["market_close"].reindex(early.index.intersection(keep)).astype("datetime64[ns, UTC]").rename("close")

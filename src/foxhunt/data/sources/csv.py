@@ -160,7 +160,15 @@ class CsvBarSource:
                     f"{origin}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not an epoch number "
                     f"in {self.timestamp_unit}"
                 )
-            index = pd.DatetimeIndex(pd.to_datetime(numbers.to_numpy(), unit=self.timestamp_unit, utc=True))
+            try:
+                index = pd.DatetimeIndex(pd.to_datetime(numbers.to_numpy(), unit=self.timestamp_unit, utc=True))
+            except (OverflowError, ValueError):  # pandas' OutOfBoundsDatetime: past what nanoseconds since 1970 hold
+                limit = pd.Timestamp.max.value / pd.Timedelta(1, unit=self.timestamp_unit).value
+                i = int(np.flatnonzero(~numbers.abs().le(limit).to_numpy())[0])
+                raise BarDataError(
+                    f"{origin}: line {lines[i]}: field '{name}'={str(column.iloc[i])!r} is outside the epoch times foxhunt reads "
+                    f"(years 1678..2261 in {self.timestamp_unit})"
+                ) from None
         else:
             text = column.astype(str).str.strip()
             try:
