@@ -411,3 +411,21 @@ def test_fingerprint_and_hydra_config(tmp_path):
     source = instantiate(cfg.source)
     assert isinstance(source, DatabentoBarSource) and source.rule.by == "volume"
     assert len(source.load(ES)) == len(bars)
+
+
+@pytest.mark.parametrize("where", ["after_the_mapping", "null_time"])
+def test_records_the_mappings_do_not_name_are_an_error_not_a_shorter_series(tmp_path, where):
+    """A record whose instrument the file's mappings do not name on its date (a mapping cut
+    short, or Databento's null ts_event) was dropped without a word: the series came back
+    shorter and the run trained on it (found probing the loaders)."""
+    ts = pd.Timestamp("2024-01-02 14:30", tz="UTC")
+    records = [bar(7, ts + pd.Timedelta(minutes=i), 4800, 4801, 4799, 4800, 5) for i in range(3)]
+    records.append(bar(7, pd.Timestamp("2024-01-03 14:30", tz="UTC"), 4800, 4801, 4799, 4800, 5))
+    if where == "null_time":
+        records[-1].ts_event = dbn.UNDEF_TIMESTAMP
+    mappings = {"ESH4": (7, dt.date(2024, 1, 2), dt.date(2024, 1, 3))}  # 2024-01-02 only (the end is exclusive)
+    path = encode(tmp_path / "short.dbn", metadata(["ESH4"], mappings), records)
+    with pytest.raises(BarDataError) as err:
+        read_databento_ohlcv(path)
+    assert str(err.value).startswith(f"{path}: record 3: instrument_id 7 has no symbol in the file's mappings on ")
+    assert "(1 such record(s))" in str(err.value)

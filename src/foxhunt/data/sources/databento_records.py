@@ -376,6 +376,14 @@ def _read_dbn(file: Path, definitions: _Definitions) -> pd.DataFrame | None:
     arr = _ohlcv_arrays(bars)
     table = _mapping_table(metadata)
     symbols = _resolve_symbols(arr["instrument_id"], arr["ts_event"], table)
+    unmapped = np.flatnonzero(pd.isna(symbols)) if not table.empty else np.empty(0, np.int64)
+    if unmapped.size:  # the file's mappings name every instrument of its records: damaged metadata or records
+        i = int(unmapped[0])
+        ts = int(arr["ts_event"][i])
+        when = pd.Timestamp(ts, tz="UTC").date().isoformat() if 0 <= ts <= pd.Timestamp.max.value else f"ts_event {ts}"
+        raise BarDataError(f"{file}: record {int(numbers[i])}: instrument_id {int(arr['instrument_id'][i])} has no symbol in "
+                           f"the file's mappings on {when} ({unmapped.size} such record(s)): a damaged file, refused "
+                           "rather than read shorter")  # fmt: skip
     frame = _records_frame(
         file,
         ts=arr["ts_event"].astype(np.int64),
