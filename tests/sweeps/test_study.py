@@ -141,6 +141,35 @@ def test_a_running_trial_of_a_live_process_or_a_fresh_heartbeat_is_left_alone(tm
     assert states[:3] == [TrialState.RUNNING, TrialState.RUNNING, TrialState.FAIL]
 
 
+def test_a_trial_asked_and_never_claimed_is_settled_after_the_grace(tmp_path):
+    """A kill -9 between asking a trial and claiming it left it RUNNING with no owner for good
+    (every summary listed it, and the sampler's constant liar counted it ever after): once older
+    than grace_s it is failed and retried; one just asked is left to the process claiming it."""
+    settings = _settings(tmp_path, grace_s=0.5)
+    study = st.open_study(settings)
+    orphan = study.ask(SPACE)
+    time.sleep(0.6)
+    fresh = study.ask(SPACE)
+    (line,) = st.settle_stale(study, settings)
+    assert line.startswith(f"trial {orphan.number}: never claimed by a sweep process") and "retried as trial" in line
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states[orphan.number] == TrialState.FAIL and states[fresh.number] == TrialState.RUNNING
+
+
+def test_a_trial_the_pruner_stopped_is_told_pruned_when_its_job_died_before_its_result(tmp_path):
+    """The pruner had stopped the trial (pruned_at set) and the process died before cell.json and
+    the tell: the trial was failed and retried, and the retry trained in full what the pruner had
+    stopped. It is told PRUNED, and nothing is retried."""
+    settings = _settings(tmp_path)
+    study = st.open_study(settings)
+    (trial,) = _kill_with_running(study, tmp_path, 1)
+    trial.report(-0.3, 0)
+    study._storage.set_trial_user_attr(trial._trial_id, st.PRUNED_AT, 0)
+    (line,) = st.settle_stale(study, settings)
+    assert line.endswith("told PRUNED"), line
+    assert [t.state for t in study.get_trials()] == [TrialState.PRUNED]
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     before=hst.lists(hst.sampled_from(["complete", "pruned", "fail"]), min_size=0, max_size=4),

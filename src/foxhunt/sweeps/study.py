@@ -375,11 +375,14 @@ def beat(study, trial_ids: Iterable[int]) -> None:
 def is_stale(
     trial, grace_s: float, alive: Callable[[Mapping[str, Any]], bool | None] = owner_alive, now: float | None = None
 ) -> bool:
-    """A RUNNING trial whose owner is gone (module doc); a trial without an owner was asked by
-    something else than a foxhunt search, and is left alone."""
+    """A RUNNING trial whose owner is gone (module doc). A trial without an owner is stale once
+    it is older than ``grace_s``: a search claims each trial it asks within milliseconds, so an
+    owner missing that long means its process died between the two (left RUNNING for good
+    before, and told as a phantom to the sampler's constant liar ever after)."""
     owner = trial.system_attrs.get(OWNER)
     if not isinstance(owner, Mapping):
-        return False
+        started = trial.datetime_start.timestamp() if trial.datetime_start is not None else None
+        return started is not None and (now or time.time()) - started > grace_s
     verdict = alive(owner)
     if verdict is not None:
         return not verdict
@@ -485,10 +488,10 @@ def objective_values(result: CellResult, settings: StudySettings) -> tuple[tuple
 
 def outcome_of(result: CellResult | None, pruned: bool, settings: StudySettings, output_dir: str | None = None) -> Outcome:
     """How a trial whose job ended with ``result`` (its ``cell.json``; None: none was written) is told."""
+    if pruned:  # the pruner stopped it (its job may have died before writing cell.json): retraining it would prune it again
+        return Outcome("pruned", result=result, output_dir=output_dir)
     if result is None:
         return Outcome("fail", reason="its job wrote no result (cell.json)", output_dir=output_dir)
-    if pruned:
-        return Outcome("pruned", result=result, output_dir=output_dir)
     if result.status not in OK_RESULTS:
         return Outcome("fail", reason=result.error or result.note or str(result.status), result=result, output_dir=output_dir)
     values, why = objective_values(result, settings)
@@ -539,12 +542,13 @@ def settle_stale(study, settings: StudySettings, alive: Callable[[Mapping[str, A
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if not is_stale(trial, settings.grace_s, alive):
             continue
-        owner = trial.system_attrs.get(OWNER) or {}
-        gone = f"its sweep process {owner.get('pid')} on {owner.get('host')} is gone"
+        owner = trial.system_attrs.get(OWNER)
+        gone = (f"its sweep process {owner.get('pid')} on {owner.get('host')} is gone" if isinstance(owner, Mapping)
+                else f"never claimed by a sweep process in {settings.grace_s:g} s (hydra.sweeper.grace_s)")  # fmt: skip
         sweep_dir = trial.system_attrs.get(SWEEP_DIR)
         result, folder = find_result(Path(sweep_dir) if sweep_dir else None, trial.number)
         outcome = outcome_of(result, bool(trial.user_attrs.get(PRUNED_AT) is not None), settings, folder)
-        if result is not None and outcome.state != "fail":
+        if outcome.state != "fail":  # its job had ended, or the pruner had stopped it
             tell(study, trial, outcome, settings.max_retries)
             done.append(f"trial {trial.number}: {gone}; its job had ended: told {outcome.state.upper()}")
             continue
