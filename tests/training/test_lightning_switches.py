@@ -46,6 +46,20 @@ def test_a_gpu_accelerator_without_cuda_is_one_line_before_any_run(compose_cfg, 
     assert not (tmp_path / "mlflow.db").exists()  # no run was made
 
 
+@pytest.mark.parametrize("devices", ["trainer.devices=2", "trainer.devices=[0,1]", "trainer.devices='0,1'",
+                                     "trainer.devices=-1", "+trainer.num_nodes=2"])  # fmt: skip
+def test_several_devices_for_one_run_are_one_line_before_any_run(compose_cfg, tmp_path, devices):
+    """trainer.devices=2 on a CPU ran Lightning's DDP: the whole cell twice, two FINISHED MLflow
+    runs of one cell, the test table printed twice (found probing the CLI). One run is one
+    process on one device; -1 asks for every core of a CPU, which is several here."""
+    cfg = compose_cfg([*QUICK[:2], devices, f"logger.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    if devices == "trainer.devices=-1" and (torch.cuda.device_count() or __import__("os").cpu_count() or 1) < 2:
+        pytest.skip("one device on this machine: -1 names one")
+    with pytest.raises(ConfigError, match=r"^trainer\.(devices|num_nodes)=.*: foxhunt trains a run in one process on one device"):
+        train(cfg)
+    assert not (tmp_path / "mlflow.db").exists()  # no run was made
+
+
 @pytest.mark.parametrize(
     ("preset", "line"),
     [("preset=grid", "preset=grid sweeps model, asset: run it with -m (foxhunt-train -m preset=grid)"),

@@ -5,6 +5,7 @@ and the checkpoint files the run wrote itself (stamped for it: :mod:`foxhunt.tra
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -57,6 +58,27 @@ def check_accelerator(cfg: DictConfig) -> None:
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(f"trainer.accelerator={accelerator}: this machine has no CUDA device that torch "
                           f"{torch.__version__} can use; use trainer.accelerator=cpu (or auto)")  # fmt: skip
+    devices, nodes = cfg.trainer.get("devices", 1), int(cfg.trainer.get("num_nodes", 1) or 1)
+    if _device_count(devices, accelerator) > 1 or nodes > 1:
+        what = f"trainer.devices={devices}" if nodes <= 1 else f"trainer.num_nodes={nodes}"
+        raise ConfigError(f"{what}: foxhunt trains a run in one process on one device (Lightning's DDP would run the "
+                          "whole cell once per device: as many MLflow runs); to use several devices, train several "
+                          "cells at once (strategy=parallel: one device per job)")  # fmt: skip
+
+
+def _device_count(devices, accelerator: str) -> int:
+    """How many devices ``trainer.devices`` asks Lightning for (``auto`` and -1: every device of
+    the accelerator it picks; a CPU counts as one for ``auto``, as Lightning's, and as its cores for -1)."""
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    if devices == "auto":
+        return torch.cuda.device_count() if on_gpu else 1
+    if devices == -1:
+        return torch.cuda.device_count() if on_gpu else (os.cpu_count() or 1)
+    if isinstance(devices, str):
+        return len([part for part in devices.split(",") if part.strip()])
+    if isinstance(devices, int):
+        return devices
+    return len(list(devices))
 
 
 def fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> tuple[dict[str, float], dict]:
