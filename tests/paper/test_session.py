@@ -292,6 +292,37 @@ def test_an_edited_ledger_is_refused_in_one_line_and_left_as_it_was(tmp_path, ed
     refused(lambda: _resume(path, decide), *words, unchanged=path)
 
 
+FORGED = {
+    # a file feed has no heartbeats: a planted stale flat replayed "consistently", passed the comparison and
+    # changed the fills and PnL from there on (found probing the ledger)
+    "a heartbeat planted in a file feed's ledger": (
+        "INSERT INTO events (ts_ns, symbol, kind, message, after_seq) VALUES ((SELECT ts_ns FROM bars WHERE seq = 3) + 60000000000, "
+        "'ES.FUT', 'stale', 'stale feed', 3)", True, "between bars"),
+    # each of these was a traceback (a UTF-8 decode error of sqlite3, an OutOfBoundsDatetime of pandas)
+    "text that is not UTF-8": ("UPDATE bars SET contract = CAST(x'fffe41' AS TEXT) WHERE seq = 2", False, "unreadable"),
+    "an event at the end of int64": ("INSERT INTO events (ts_ns, symbol, kind, message, after_seq) "
+                                     "VALUES (9223372036854775807, 'ES.FUT', 'stale', 'x', 3)", False, "not a time"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("edit", list(FORGED), ids=list(FORGED))
+def test_a_forged_or_undecodable_ledger_is_one_line(tmp_path, edit):
+    path, bars, decide = _history_session(tmp_path)
+    sql, file_feed, words = FORGED[edit]
+    _edit(path, sql)
+    refused(lambda: _resume(path, decide, (lambda n: bars[:n]) if file_feed else None), f"paper.ledger={path}", words,
+            "nothing was written", unchanged=path)  # fmt: skip
+
+
+def test_a_stored_version_is_ascii_digits_in_the_registrys_range():
+    """'²' passed str.isdigit and failed int() with a ValueError traceback; 10**26 reached the
+    registry's query as an MlflowException traceback."""
+    from foxhunt.paper.session import _version_number
+
+    assert _version_number("1") and _version_number("1000000000")
+    assert not any(_version_number(text) for text in ("²", "0", "1000000001", "9" * 26, "-1", "", "1.0", "١"))
+
+
 # The tables of format 4 as foxhunt wrote them before the deployed set was named the ensemble everywhere (a ledger a
 # user resumes holds this text in its sqlite_master, which an existing ledger is checked against).
 FORMAT_4_TABLES = """

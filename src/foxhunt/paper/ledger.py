@@ -71,6 +71,7 @@ FORMAT = "4"  # the layout and booking of the tables below, kept in meta as `for
 #  ledger of 3 with a stale flat would replay as edited: refused by its format instead)
 SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's files beside the ledger
 AGAIN = "use another paper.ledger to start afresh"
+MAX_TIME_NS = 7_258_118_400_000_000_000  # 2200-01-01 UTC: the latest time a ledger holds (pandas ends in 2262)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT;
@@ -373,7 +374,7 @@ class Ledger:
         """The times of the events written between bars (heartbeats), by the count of bars stored then."""
         beats: dict[int, list[int]] = {}
         for after, ts in self._db.execute("SELECT after_seq, ts_ns FROM events WHERE after_seq IS NOT NULL ORDER BY id"):
-            if not isinstance(ts, int):
+            if not isinstance(ts, int) or not 0 <= ts <= MAX_TIME_NS:
                 raise LedgerError(
                     f"{self.where}: events: an event between bars at {ts!r}, not a time; nothing was written ({AGAIN})"
                 )

@@ -39,11 +39,13 @@ Written by hand: it is foxhunt's own composition of its engine, fill model, limi
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from foxhunt.config.schema import MAX_STEPS
 from foxhunt.data.calendar import MINUTE_NS
 from foxhunt.ensemble.loading import SwapError, VersionWatcher
 from foxhunt.errors import UserError, one_line_error
@@ -122,12 +124,20 @@ class PaperSession:
         stored). ``history(n)``: the feed's first ``n`` bars (a file feed), else the stored bars
         are replayed."""
         real = self.ledger
-        stored = real.stored_bars()
-        if not stored:
-            return None
+        try:
+            stored = real.stored_bars()
+            if not stored:
+                return None
+            versions = real.stored_versions()
+            beats = real.between_events()
+        except sqlite3.DatabaseError as exc:  # text that is not UTF-8, a value of another type: an edited file
+            raise LedgerError(f"{real.where}: unreadable ({one_line_error(exc, limit=160)}): the ledger was edited; "
+                              "nothing was written") from None  # fmt: skip
+        if history is not None and beats:  # heartbeats come from a live feed's polls only
+            raise LedgerError(f"{real.where}: holds {sum(map(len, beats.values()))} event(s) between bars (a live feed's "
+                              "heartbeats), but its bars come from a file, which has none: the ledger was edited; "
+                              "nothing was written")  # fmt: skip
         bars = stored if history is None else list(history(len(stored)))
-        versions = real.stored_versions()
-        beats = real.between_events()
         replayed = real.scratch(real.identity)
         self.ledger = replayed
         self._replaying = True
@@ -152,7 +162,11 @@ class PaperSession:
             if self.priming:  # stored on their own (the run ended before its first traded bar)
                 replayed.record_priming(self.priming)
                 self.priming = []
-            real.compare(replayed)
+            try:
+                real.compare(replayed)
+            except sqlite3.DatabaseError as exc:
+                raise LedgerError(f"{real.where}: unreadable ({one_line_error(exc, limit=160)}): the ledger was edited; "
+                                  "nothing was written") from None  # fmt: skip
             real.adopt(replayed)
         finally:
             self.ledger = real
@@ -271,7 +285,7 @@ class PaperSession:
         names = list(self.members)
         parts = [item.split(":") for item in (recorded or "").split(",")]
         ok = len(parts) == len(names) and all(
-            len(p) == 3 and p[0] == name and p[1].isdigit() and p[2] in ("fp32", "int8") for p, name in zip(parts, names))  # fmt: skip
+            len(p) == 3 and p[0] == name and _version_number(p[1]) and p[2] in ("fp32", "int8") for p, name in zip(parts, names))  # fmt: skip
         if not ok:
             raise LedgerError(f"its versions are {recorded!r}, not those of this ensemble's members ({', '.join(names)}, each "
                               "name:version:fp32|int8): the ledger was edited")  # fmt: skip
@@ -311,3 +325,9 @@ class PaperSession:
             if self.done:
                 return f"stopped by a risk limit: {self.state.reason}"
         return "stopped by signal" if should_stop() else "the feed ended"  # a feed ends early on a signal
+
+
+def _version_number(text: str) -> bool:
+    """A registered version as a ledger stores it: ASCII digits of a number in ensemble.versions'
+    range, [1, MAX_STEPS] (``str.isdigit`` also takes '²', which ``int`` refuses)."""
+    return text.isascii() and text.isdigit() and len(text) <= 10 and 1 <= int(text) <= MAX_STEPS
