@@ -149,3 +149,19 @@ def test_register_after_a_roll_keeps_the_promoted_champion_unless_forced(roll_st
     replaced = cli(roll_store, *register, "--force")
     assert replaced.exit_code == 0, replaced.output
     assert aliases(roll_store)["champion"] == "3"
+
+
+def test_a_rollback_to_a_version_that_fails_its_checks_moves_nothing(roll_store, roll_bars):
+    """Rollback moved @champion to a version whose files no longer matched their record and
+    exited 0; every server and paper session then refused to start (found probing the rollback).
+    The version the champion moves back to passes the loading checks first, or nothing moves."""
+    write_days(roll_bars, roll_store / "data" / "es", utc_dates(roll_bars)[6:7])
+    assert roll(roll_store, "--force").exit_code == 0
+    assert aliases(roll_store) == {"champion": "2", "previous": "1"}
+    s = store(roll_store)
+    digests = json.loads(s.get_version(NAME, "1").tags[DIGESTS_TAG])
+    weights = next(file for file in digests if file.endswith(WEIGHTS_FILE))
+    s.set_version_tags(NAME, "1", {DIGESTS_TAG: json.dumps({**digests, weights: "0" * 64})})  # v1's weights: not as recorded
+    line = one_line(cli(roll_store, "ensemble", "rollback", "asset=es", "ensemble.models=[dqn]"))
+    assert f"{NAME}@champion not moved back to v1: " in line and "nothing moved" in line, line
+    assert aliases(roll_store) == {"champion": "2", "previous": "1"}

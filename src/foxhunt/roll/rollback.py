@@ -8,11 +8,13 @@ nothing moved."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from foxhunt.ensemble.loading import registered_names
 from foxhunt.ensemble.member_files import RegistryError
-from foxhunt.ensemble.registry import REGISTRY_LOCK, commit_moves, complete_pending, rollback_moves
+from foxhunt.ensemble.registry import REGISTRY_LOCK, commit_moves, complete_pending, download_version, rollback_moves
 from foxhunt.roll.challenger import ROLE_TAG
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tracked_run import TrackedRun
@@ -40,6 +42,7 @@ def rollback_ensemble(cfg, dry_run: bool = False) -> Rollback:
                 skipped.append(str(exc))
         if not moves:
             raise RegistryError(f"nothing to roll back for {key}: " + "; ".join(skipped))
+        _check_targets(str(cfg.logger.tracking_uri), [m for m in moves if m.alias == str(ens.alias)])
         lines += [f"{SOURCE}: {line}: left as it is" for line in skipped]
         if dry_run:
             return Rollback([*lines, *(f"would move {m.line()}" for m in moves), "dry run: nothing moved"], None)
@@ -48,3 +51,17 @@ def rollback_ensemble(cfg, dry_run: bool = False) -> Rollback:
                         source=SOURCE) as run:  # fmt: skip
             commit_moves(store, run.run_id, moves)
     return Rollback([*lines, *(f"moved {m.line()}" for m in moves)], run.run_id)
+
+
+def _check_targets(tracking_uri: str, moves: list) -> None:
+    """Each version the champion alias moves back to passes the checks every ensemble loads it
+    through (its files' digests, its model folder, its code file: :func:`download_version`),
+    before anything moves: a version whose files were edited would otherwise become the
+    champion, and every server and paper session would then refuse to start (found probing the
+    rollback)."""
+    with tempfile.TemporaryDirectory(prefix="foxhunt-rollback-") as folder:
+        for move in moves:
+            try:
+                download_version(tracking_uri, move.name, None, int(move.version), Path(folder) / move.name)
+            except RegistryError as exc:
+                raise RegistryError(f"{move.name}@{move.alias} not moved back to v{move.version}: {exc}; nothing moved") from None
