@@ -212,3 +212,12 @@ def test_full_grid_in_parallel_isolates_a_failing_cell_and_resume_trains_only_th
     parents_after, cells_after = runs(tmp_path)
     assert [p.info.run_id for p in parents_after] == [parent.info.run_id] and parents_after[0].info.status == "FINISHED"
     assert len(cells_after) == 17  # the 16 cells + the new tft-zn run (the failed one had no checkpoint)
+
+
+def test_a_job_hydra_cannot_compose_ends_the_sweep_with_its_parent_run_failed(tmp_path):
+    """model=dqn,nope: Hydra's launcher raises at the second job, after the parent run was made,
+    and skips on_multirun_end: the parent run stayed RUNNING for good (found probing the CLI)."""
+    result = foxhunt_train(["model=dqn,nope", *SMOKE, *WEEK], tmp_path)
+    assert result.returncode != 0 and "nope" in result.stderr, result.stderr[-2000:]
+    parents, _ = runs(tmp_path)
+    assert [p.info.status for p in parents] == ["FAILED"], [p.info.status for p in parents]

@@ -323,3 +323,17 @@ def test_every_trial_counts_in_the_deflated_sharpe_ratio():
     results = [CellResult(KEY, "FINISHED", trial=n, metrics={"test/sharpe_per_step": s, "test/steps": 2000, "test/pnl_skew": 0.0,
                                                                "test/pnl_kurtosis": 3.0}) for n, s in enumerate(srs)]  # fmt: skip
     assert deflated_sharpes(results, 30)["dqn-es-fp32-trial0"] == pytest.approx(honest)
+
+
+def test_a_database_of_other_tables_is_one_line_naming_it(tmp_path):
+    """A study database with a table of optuna's name but not its columns: about 215 lines of
+    SQLAlchemy and optuna tracebacks before (found probing the search)."""
+    import sqlite3
+
+    settings = _settings(tmp_path)
+    with sqlite3.connect(tmp_path / "optuna.db") as db:
+        db.execute("CREATE TABLE studies (x INTEGER)")
+    with pytest.raises(st.StudyError) as refused:
+        st.open_study(settings)
+    line = str(refused.value)
+    assert line.startswith(f"hydra.sweeper.storage={settings.storage}: ") and "\n" not in line, line

@@ -34,9 +34,10 @@ printed and tagged on the parent run (``best_trial``, ``best_trial.value``,
 ``best_trial.overrides``, ``best_trial.run_id``, metric ``sweep/best_value``; several
 objectives: ``best_trial`` names the Pareto front), with the sweeper's
 ``optimization_results.yaml``; each finished trial's run is tagged with its study and its
-cell's trial count (what ``foxhunt runs top`` deflates by). When the sweeper raises (a stop,
-a study database that fails) Hydra skips ``on_multirun_end``; an exit handler then prints the
-summary and ends the parent run FAILED instead of leaving it RUNNING (unless a stop ended it KILLED).
+cell's trial count (what ``foxhunt runs top`` deflates by). When the sweeper or the launcher
+raises (a stop, a study database that fails, a job whose overrides Hydra cannot compose) Hydra
+skips ``on_multirun_end``; an exit handler then prints the summary and ends the parent run FAILED
+instead of leaving it RUNNING (unless a stop ended it KILLED).
 
 Hydra turns an exception raised by a callback into a warning and carries on, so this callback
 exits itself (``SystemExit``, which Hydra lets through): with status 2 and one line when the
@@ -177,8 +178,9 @@ class SweepCallback(Callback):
                 self._pack(config)
             else:  # a plan left in a reused sweep folder must not size this sweep's jobs
                 (self.sweep_dir / PLAN_FILE).unlink(missing_ok=True)
-            if is_search(config):  # a study whose every trial failed ends without on_multirun_end
-                atexit.register(self._end_unfinished, config)
+            # a study whose every trial failed, or a job Hydra cannot compose (model=dqn,nope: the
+            # launcher raises at that job), ends without on_multirun_end: the parent run must not stay RUNNING
+            atexit.register(self._end_unfinished, config)
         except Exception as exc:  # Hydra would only warn and start the jobs anyway
             log.debug("sweep preparation failed", exc_info=True)
             line = error_line(exc, limit=None) if is_user_error(exc) else one_line_error(exc)
@@ -258,8 +260,9 @@ class SweepCallback(Callback):
             sys.exit(1)
 
     def _end_unfinished(self, config: DictConfig) -> None:
-        """At exit: a search sweep whose sweeper raised (every trial failed) still gets its
-        summary, and its parent run ends FAILED rather than staying RUNNING."""
+        """At exit: a sweep whose sweeper or launcher raised (every trial failed, a job that
+        cannot be composed) still gets its summary, and its parent run ends FAILED rather than
+        staying RUNNING."""
         if self.finished or os.getpid() != self.pid:  # ended normally, or a forked child
             return
         try:
@@ -326,8 +329,12 @@ class SweepCallback(Callback):
             from foxhunt.sweeps.study import study_view
 
             return study_view(config, CellKey.from_config(config))
-        except Exception:
-            log.exception("could not read the search's study: the summary shows this sweep folder's trials")
+        except Exception as exc:
+            if is_user_error(exc):  # its database: said once already, one line
+                log.warning("could not read the search's study (%s): the summary shows this sweep folder's trials",
+                            error_line(exc, limit=300))  # fmt: skip
+            else:
+                log.exception("could not read the search's study: the summary shows this sweep folder's trials")
             return None
 
     @staticmethod

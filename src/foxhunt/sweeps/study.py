@@ -286,9 +286,15 @@ def open_study(settings: StudySettings, sampler=None, pruner=None, storage=None)
     """The study ``settings.name`` in its database, created on first use, else continued; a
     study of that name with other directions is refused in one line."""
     storage = storage if storage is not None else open_storage(settings.storage)
-    study = optuna.create_study(storage=storage, study_name=settings.name, directions=[_DIRECTIONS[d] for d in settings.directions],
-                                sampler=sampler, pruner=pruner if pruner is not None else settings.pruner.build(),
-                                load_if_exists=True)  # fmt: skip
+    try:
+        study = optuna.create_study(storage=storage, study_name=settings.name, directions=[_DIRECTIONS[d] for d in settings.directions],
+                                    sampler=sampler, pruner=pruner if pruner is not None else settings.pruner.build(),
+                                    load_if_exists=True)  # fmt: skip
+    except Exception as exc:  # a database of other tables, a damaged file: optuna's and SQLAlchemy's errors
+        if not type(exc).__module__.startswith(("optuna", "sqlalchemy", "sqlite3")):
+            raise
+        raise StudyError(f"hydra.sweeper.storage={settings.storage}: not a study database optuna can use "
+                         f"({one_line_error(exc, first_line=True, limit=200)})") from None  # fmt: skip
     found = tuple(_direction_name(d) for d in study.directions)
     if found != settings.directions:
         raise StudyError(f"hydra.sweeper.study_name={settings.name}: the study in {settings.storage} has direction "
