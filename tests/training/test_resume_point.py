@@ -160,6 +160,11 @@ FAMILIES = {  # the family, its sizes, and a global step after the first epoch's
     # 10 batches of 25 agent steps an epoch: stopped as the 13th batch starts (300), after the first
     # epoch's checkpoint (250) and the resume point's (200)
     "dqn": (["model=dqn", "model.module.hidden_sizes=[32,32]", "model.module.min_replay_size=8"], 300),
+    # resumed in the second epoch from the resume point at 300, after an episode's return was logged at 274 (episodes
+    # of 130 bars) and before the next episode ends: Lightning re-logs the epoch's last episode_reward at every logged
+    # step, which the resumed fit (its Lightning kept nothing) did not: 349 and 374 were missing
+    "dqn-in-epoch": (["model=dqn", "model.module.hidden_sizes=[32,32]", "model.module.min_replay_size=8",
+                      "model.env.episode_len=130", "callbacks.resume_point.every_n_train_steps=100"], 310),
     "tft": (["model=tft", "precision=fp32", "model.module.hidden_size=16", "model.module.num_heads=2",
              "model.module.lstm_layers=1", "model.window.seq_len=20", "model.window.horizon=5"], 14),
 }  # fmt: skip

@@ -372,6 +372,7 @@ class TradingAgent(LightningModule, ABC):
         # Training statistics gathered between two logged steps (see ``log_due``).
         self._pending_returns: list[Tensor] = []
         self._pending_env_steps = 0
+        self._shown_return: tuple[int, float] | None = None  # (epoch, train/episode_reward last logged in it)
         self._direct_updates = False  # decided when a fit starts (direct_updates_allowed)
 
     # ---------------------------------------------------------------- what each agent defines
@@ -587,10 +588,15 @@ class TradingAgent(LightningModule, ABC):
     def pending_metrics(self) -> dict[str, float]:
         """``train/episode_reward`` (mean return of the episodes finished since the previous
         logged step, when any) and ``train/env_steps_per_s`` (over the same interval); resets
-        both."""
+        both. Without a finished episode, the epoch's last ``train/episode_reward`` is logged
+        again: what Lightning writes at every logged step from the value it keeps for the epoch,
+        said here so that a fit resumed in the epoch (whose Lightning kept nothing) writes it too."""
         metrics: dict[str, float] = {}
         if self._pending_returns:
             metrics["train/episode_reward"] = float(torch.cat(self._pending_returns).mean())
+            self._shown_return = (self.current_epoch, metrics["train/episode_reward"])
+        elif self._shown_return is not None and self._shown_return[0] == self.current_epoch:
+            metrics["train/episode_reward"] = self._shown_return[1]
         rate = self.env_steps_per_s(self._pending_env_steps)
         if rate is not None:
             metrics["train/env_steps_per_s"] = rate
@@ -605,6 +611,7 @@ class TradingAgent(LightningModule, ABC):
         self._last_step_time = time.perf_counter()
         self._pending_returns = []
         self._pending_env_steps = 0
+        self._shown_return = None
         trainer = self._trainer
         self._direct_updates = trainer is not None and direct_updates_allowed(trainer, self)
         self._compiled_step = self.compiles_on(self.device.type, self.planned_updates())
@@ -618,6 +625,8 @@ class TradingAgent(LightningModule, ABC):
         self._episode_return = None if returns is None else returns.to(env.device)
         self._pending_returns = [r.to(env.device) for r in saved["pending_returns"]]
         self._pending_env_steps = int(saved["pending_env_steps"])
+        shown = saved.get("shown_return")  # absent from checkpoints written before it was kept
+        self._shown_return = None if shown is None else (int(shown[0]), float(shown[1]))
         self.restore_agent_state(saved)
 
     # ------------------------------------------------------------------------ exact resume
@@ -639,7 +648,7 @@ class TradingAgent(LightningModule, ABC):
             "env": self.train_env.state_dict(), "obs": self._obs.detach().cpu().clone(),
             "episode_return": None if self._episode_return is None else self._episode_return.detach().cpu().clone(),
             "pending_returns": [r.detach().cpu().clone() for r in self._pending_returns],
-            "pending_env_steps": self._pending_env_steps, **self.agent_state(),
+            "pending_env_steps": self._pending_env_steps, "shown_return": self._shown_return, **self.agent_state(),
         }  # fmt: skip
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
