@@ -337,3 +337,30 @@ def test_a_database_of_other_tables_is_one_line_naming_it(tmp_path):
         st.open_study(settings)
     line = str(refused.value)
     assert line.startswith(f"hydra.sweeper.storage={settings.storage}: ") and "\n" not in line, line
+
+
+class TerminatedWorkerError(Exception):
+    """Stands in for joblib's (loky's) error of a worker killed under a running trial."""
+
+
+def test_a_trial_whose_worker_died_is_retried_not_failed_for_good(tmp_path):
+    """kill -9 of one joblib worker broke the pool under every running trial: each was failed
+    with 'its launch failed' and never retried (found probing the search). A worker's death is
+    the process's, not the trial's: it is failed and retried."""
+    settings = _settings(tmp_path, n_trials=2)
+    study = st.open_study(settings)
+    jobs = Jobs(tmp_path)
+    died = []
+
+    def launch(number: int, overrides: list[str]):
+        if not died:
+            died.append(number)
+            raise TerminatedWorkerError("A worker process managed by the executor was unexpectedly terminated.")
+        return jobs(number, overrides)
+
+    jobs.study = study
+    TrialPool(study, settings, SPACE, ["trainer=smoke"], launch, 1, True, tmp_path).run()
+    trials = study.get_trials()
+    assert trials[died[0]].state == TrialState.FAIL and "its worker process died" in trials[died[0]].user_attrs[st.FAIL_REASON]
+    assert [t.user_attrs.get(st.RETRY_OF) for t in trials if t.state == TrialState.COMPLETE].count(died[0]) == 1
+    assert len(st.counted(trials)) == 2 and st.trial_counts(trials).finished == 2

@@ -209,6 +209,8 @@ class TrialPool:
             self._stop = self._stop or exc
             self._halted = True
             return st.Outcome("fail", reason=f"stopped ({type(exc).__name__})", retry=True)
+        if type(exc).__name__ in WORKER_DIED:  # a worker killed (kill -9, out of memory) broke the pool under it
+            return st.Outcome("fail", reason=f"its worker process died ({error_line(exc, limit=300)})", retry=True)
         return st.Outcome("fail", reason=f"its launch failed: {error_line(exc)}")
 
     def _finish(self, number: int, result: Callable[[], tuple[CellResult | None, str | None]]) -> None:
@@ -265,6 +267,13 @@ class TrialPool:
     def _heartbeats(self) -> None:
         while not self._beating.wait(self.settings.heartbeat_s):
             st.beat(self.study, [t._trial_id for t in list(self.running.values())])
+
+
+#: A launcher's errors for a worker process that died under a trial (not the trial's own error):
+#: joblib's loky executor breaks for every trial running on it when one worker is killed, and the
+#: standard process pool does the same; each such trial is failed and retried, like one whose sweep
+#: process died (a kill -9 of one worker failed its neighbour for good before).
+WORKER_DIED = frozenset({"TerminatedWorkerError", "BrokenProcessPool"})
 
 
 def hydra_launch(launcher) -> Launch:
