@@ -364,3 +364,18 @@ def test_a_trial_whose_worker_died_is_retried_not_failed_for_good(tmp_path):
     assert trials[died[0]].state == TrialState.FAIL and "its worker process died" in trials[died[0]].user_attrs[st.FAIL_REASON]
     assert [t.user_attrs.get(st.RETRY_OF) for t in trials if t.state == TrialState.COMPLETE].count(died[0]) == 1
     assert len(st.counted(trials)) == 2 and st.trial_counts(trials).finished == 2
+
+
+def test_a_search_counts_the_trials_another_search_runs_on_the_same_study(tmp_path):
+    """Two searches of n_trials=4 on one study ended with 5 (and 2 gave 3): each subtracted only
+    its own running trials (found probing the search). Another live search's RUNNING trial
+    counts towards n_trials."""
+    settings = _settings(tmp_path, n_trials=3)
+    study = st.open_study(settings)
+    other = study.ask(SPACE)  # the other search's trial, running in a live process
+    st.claim(study, other._trial_id, st.process_identity(), tmp_path)
+    jobs = Jobs(tmp_path)
+    _pool(study, settings, jobs, tmp_path).run()
+    assert len(jobs.launched) == 2  # 3 - the one the other search runs
+    study.tell(other.number, [0.5])
+    assert len(st.counted(study.get_trials())) == 3

@@ -47,6 +47,7 @@ import yaml
 from hydra.core.utils import JobStatus
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from optuna.trial import TrialState
 
 from foxhunt.errors import error_line
 from foxhunt.runs.cell import CELL_RESULT_FILE, CellResult
@@ -160,11 +161,15 @@ class TrialPool:
 
     # -- what to ask --------------------------------------------------------------------------
     def wanted(self) -> int:
-        """Trials still to start in this launch for the study to hold ``n_trials`` that count."""
+        """Trials still to start in this launch for the study to hold ``n_trials`` that count,
+        those running included: every RUNNING trial of the study, another search's on the same
+        study too (two searches counted only their own and together ran past n_trials; a stale
+        one was settled when the study was opened)."""
         if self._halted:
             return 0
         trials = self.study.get_trials(deepcopy=False)
-        return max(0, self.settings.n_trials - len(st.counted(trials)) - len(self.running))
+        running = {t.number for t in trials if t.state == TrialState.RUNNING} | set(self.running)
+        return max(0, self.settings.n_trials - len(st.counted(trials)) - len(running))
 
     def _check_failures(self) -> None:
         counts = st.trial_counts(self.study.get_trials(deepcopy=False))
