@@ -172,6 +172,17 @@ def test_missing_file(tmp_path):
     assert str(err.value) == f"{missing}: file not found (OHLCV CSV files)"
 
 
+@pytest.mark.parametrize("kind", ["fifo", "device", "broken link"])
+def test_a_path_that_is_no_file_is_named_as_what_it_is(tmp_path, kind):
+    """A FIFO or a link to /dev/zero was reported as "file not found" (it exists)."""
+    path = tmp_path / "bars.csv"
+    {"fifo": lambda: os.mkfifo(path), "device": lambda: path.symlink_to("/dev/zero"),
+     "broken link": lambda: path.symlink_to(tmp_path / "gone.csv")}[kind]()  # fmt: skip
+    with pytest.raises(BarDataError) as err:
+        csv_source(str(path)).load(ES)
+    assert str(err.value) == f"{path}: not a regular file or a directory (OHLCV CSV files): a pipe, a device or a broken link"
+
+
 def test_missing_column(tmp_path):
     path = write(
         tmp_path,

@@ -273,6 +273,8 @@ def resolve_files(path: str | Path, suffixes: Iterable[str], what: str) -> list[
         return files
     if expanded.is_file():
         return [expanded]
+    if expanded.exists() or expanded.is_symlink():  # a pipe, a device, a link to nothing: named as what it is
+        raise BarDataError(f"{text}: not a regular file or a directory ({what}): a pipe, a device or a broken link")
     raise BarDataError(f"{text}: file not found ({what})")
 
 
