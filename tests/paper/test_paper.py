@@ -61,6 +61,10 @@ def test_paper_pnl_equals_the_replay_backtest_to_the_cent(paper_store, tmp_path)
     artifacts = {a.path for a in client(paper_store).list_artifacts(run.info.run_id)}
     assert {"fills.csv", "equity_paper.png", "paper.md"} <= artifacts
     assert run.data.metrics["paper/fills"] == len(book["fills"])
+    again = cli(paper_store, "ensemble", "paper", *ENSEMBLE, f"paper.ledger={opened}",
+                "paper.risk.max_daily_loss_usd=null", "paper.risk.max_drawdown_usd=null")  # fmt: skip
+    assert again.exit_code == 0, again.output  # resumed, no new bar: nothing measured, said so (it printed "p50 nan us")
+    assert "no bar stepped, nothing measured" in again.output and " nan " not in again.output, again.output
 
 
 def test_a_breach_flattens_records_why_and_stops(paper_store, tmp_path):

@@ -234,8 +234,9 @@ def _report(cfg, asset, members, session, ledger, feed, ended: str, seconds: flo
         + (f" ({state.reason})" if state.reason else ""),
         f"positions: {', '.join(f'{s} {a.position:+d}' for s, a in session.accounts.items()) or 'none'}; costs "
         f"{cfg.execution.commission_usd} USD + {cfg.execution.slippage_ticks} ticks per contract per side, fills at {cfg.paper.fill_price}",
-        f"latency per bar (this run): ensemble p50 {stepped['p50']:.1f} us p99 {stepped['p99']:.1f} us; loop added (fills, limits, "
-        f"ledger commit) p50 {added['p50']:.1f} us p99 {added['p99']:.1f} us",
+        (f"latency per bar (this run): ensemble p50 {stepped['p50']:.1f} us p99 {stepped['p99']:.1f} us; loop added (fills, limits, "
+         f"ledger commit) p50 {added['p50']:.1f} us p99 {added['p99']:.1f} us") if session.ensemble_ns
+        else "latency per bar (this run): no bar stepped, nothing measured",
     ]  # fmt: skip
     changes = ledger.version_changes()
     if len(changes) > 1:
