@@ -179,6 +179,21 @@ def test_a_planted_target_or_no_config_artifact_is_refused_before_anything_is_im
     assert RunStore(_uri(tmp_path)).experiment_id(REPRODUCTIONS_EXPERIMENT) is None  # nothing trained
 
 
+def test_a_run_killed_by_kill_9_is_named_stale_not_running(tmp_path):
+    """A run whose process died stays RUNNING in the store; reproduce said 'is RUNNING', as if it
+    were training (found probing the runs commands). It says STALE and how to finish it."""
+    import socket
+    import subprocess
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store = RunStore(_uri(tmp_path))
+    experiment = store.ensure_experiment("foxhunt", str(tmp_path / "mlruns" / "artifacts"))
+    run_id = store.create(experiment, "dqn-es-fp32", {Tag.MODEL: "dqn", Tag.HOST: socket.gethostname(), Tag.PID: str(dead.pid)})
+    _one_line_exit_2(_reproduce(tmp_path, run_id), f"run {run_id}", "is STALE (RUNNING in the store, its process gone: "
+                     "finish it with resume=true, then reproduce it): only a FINISHED run")  # fmt: skip
+
+
 # -- the comparison, in-process ---------------------------------------------------------------
 def _inputs(**changes):
     from foxhunt.runs.provenance import CODE_FILE, DEVICE_FILE

@@ -61,6 +61,7 @@ from mlflow.exceptions import MlflowException
 from foxhunt.config.stored import load_stored_config
 from foxhunt.errors import UserError
 from foxhunt.runs.checkpoints import BEST_CHECKPOINT, CHECKPOINT_ARTIFACTS, LAST_CHECKPOINT
+from foxhunt.runs.liveness import run_state
 from foxhunt.runs.provenance import (
     CODE_FILE,
     DATA_FILE,
@@ -143,7 +144,10 @@ def open_original(store, run_id: str, workdir: Path) -> Original:
     run = _get_run(store, run_id)
     origin = f"run {run_id} ({run.name})"
     if run.status != Status.FINISHED:
-        raise ReproduceError(f"{origin} is {run.status}: only a FINISHED run has results to reproduce")
+        state = run_state(run)  # a run killed by kill -9 is RUNNING in the store: said as what it is
+        why = (" (RUNNING in the store, its process gone: finish it with resume=true, then reproduce it)"
+               if state == Status.STALE else "")  # fmt: skip
+        raise ReproduceError(f"{origin} is {state}{why}: only a FINISHED run has results to reproduce")
     if run.tags.get(Tag.ROLE) == ROLE_CELL:
         raise ReproduceError(f"{origin} is a cell of folds or seeds (tag {Tag.ROLE}={ROLE_CELL}): reproduce each of its runs "
                              f"(tag {Tag.PARENT}={run_id})")  # fmt: skip
