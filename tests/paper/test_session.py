@@ -283,13 +283,19 @@ EDITS = {
 }  # fmt: skip
 
 
+def _refused_once_edited(tmp_path, sql: str, *words: str, file_feed: bool = False) -> None:
+    """A session's ledger edited by ``sql`` is refused on resume (from its stored bars, or from a
+    file feed's), in one line naming the ledger and ``words``, and left as it was."""
+    path, bars, decide = _history_session(tmp_path)
+    _edit(path, sql)
+    history = (lambda n: bars[:n]) if file_feed else None
+    refused(lambda: _resume(path, decide, history), f"paper.ledger={path}", "nothing was written", *words, unchanged=path)
+
+
 @pytest.mark.parametrize("edit", list(EDITS), ids=list(EDITS))
 def test_an_edited_ledger_is_refused_in_one_line_and_left_as_it_was(tmp_path, edit):
-    path, bars, decide = _history_session(tmp_path)
     sql, table, column = EDITS[edit]
-    _edit(path, sql)
-    words = [f"paper.ledger={path}", "nothing was written", *([table] if table else []), *([column] if column else [])]
-    refused(lambda: _resume(path, decide), *words, unchanged=path)
+    _refused_once_edited(tmp_path, sql, *([table] if table else []), *([column] if column else []))
 
 
 FORGED = {
@@ -307,11 +313,8 @@ FORGED = {
 
 @pytest.mark.parametrize("edit", list(FORGED), ids=list(FORGED))
 def test_a_forged_or_undecodable_ledger_is_one_line(tmp_path, edit):
-    path, bars, decide = _history_session(tmp_path)
     sql, file_feed, words = FORGED[edit]
-    _edit(path, sql)
-    refused(lambda: _resume(path, decide, (lambda n: bars[:n]) if file_feed else None), f"paper.ledger={path}", words,
-            "nothing was written", unchanged=path)  # fmt: skip
+    _refused_once_edited(tmp_path, sql, words, file_feed=file_feed)
 
 
 def test_a_stored_version_is_ascii_digits_in_the_registrys_range():

@@ -201,25 +201,27 @@ def _metrics(root: Path) -> dict[tuple[str, int], float]:
     return {(key, step): value for key, step, value in rows if not any(part in key for part in UNEQUAL)}
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_a_fit_stopped_after_a_checkpoint_and_resumed_ends_as_the_fit_never_stopped(tmp_path, monkeypatch, family):
-    """The machine dies in the second epoch (the first epoch's end wrote last.ckpt); resume=true
-    continues in the same run: the final weights are torch.equal to those of the fit never
-    stopped, and so is every (metric, step) that does not measure time or memory. Seen failing
-    before the resume kept the envs, buffer, random streams and windows' order: DQN's weights
-    differed after its resume refilled the buffer, the TFT's after its windows' order restarted."""
-    overrides, stop_step = FAMILIES[family]
-    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    _fit(whole, [*QUICK, *overrides, "resume=true"])
+def _stopped_as_by_kill_9(tmp_path: Path, monkeypatch, overrides: list[str], stop: StopAt) -> list[int]:
+    """The fit never stopped in ``tmp_path/whole``, and the same fit in ``tmp_path/stopped`` that
+    the machine dies in at ``stop``, as a kill -9 would leave it (nothing reaches the store on the
+    way out); the global steps of the stopped fit's last.ckpt files."""
+    _fit(tmp_path / "whole", [*QUICK, *overrides, "resume=true"])
     import foxhunt.training.cell as cell
 
     fit = cell.fit_and_score
     with monkeypatch.context() as patched, pytest.raises(MachineDied):
-        patched.setattr(cell, "fit_and_score", StopAt(stop_step).around(fit))
+        patched.setattr(cell, "fit_and_score", stop.around(fit))
         patched.setattr(cell, "stored_checkpoints", lambda *args: [])  # as a kill -9: nothing reaches the store
-        _fit(stopped, [*QUICK, *overrides, "resume=true"])
-    saved = [torch.load(p, weights_only=True)["global_step"] for p in stopped.glob("outputs/*/checkpoints/last.ckpt")]
-    assert saved and 0 < max(saved) < stop_step  # the resume continues from a checkpoint of the stopped fit
+        _fit(tmp_path / "stopped", [*QUICK, *overrides, "resume=true"])
+    return [
+        torch.load(p, weights_only=True)["global_step"] for p in (tmp_path / "stopped").glob("outputs/*/checkpoints/last.ckpt")
+    ]
+
+
+def _resumed_as_never_stopped(tmp_path: Path, overrides: list[str]) -> None:
+    """resume=true on the stopped fit ends on the weights of the fit never stopped, with every
+    (metric, step) and the stored best checkpoint equal to its."""
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     _fit(stopped, [*QUICK, *overrides, "resume=true"])
     expected, got = _final_weights(whole), _final_weights(stopped)
     assert expected.keys() == got.keys()
@@ -233,6 +235,19 @@ def test_a_fit_stopped_after_a_checkpoint_and_resumed_ends_as_the_fit_never_stop
     assert [key for key in expected_best if not torch.equal(expected_best[key], got_best[key])] == []
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_fit_stopped_after_a_checkpoint_and_resumed_ends_as_the_fit_never_stopped(tmp_path, monkeypatch, family):
+    """The machine dies in the second epoch (the first epoch's end wrote last.ckpt); resume=true
+    continues in the same run: the final weights are torch.equal to those of the fit never
+    stopped, and so is every (metric, step) that does not measure time or memory. Seen failing
+    before the resume kept the envs, buffer, random streams and windows' order: DQN's weights
+    differed after its resume refilled the buffer, the TFT's after its windows' order restarted."""
+    overrides, stop_step = FAMILIES[family]
+    saved = _stopped_as_by_kill_9(tmp_path, monkeypatch, overrides, StopAt(stop_step))
+    assert saved and 0 < max(saved) < stop_step  # the resume continues from a checkpoint of the stopped fit
+    _resumed_as_never_stopped(tmp_path, overrides)
+
+
 def test_a_fit_stopped_after_a_checkpoint_at_an_epochs_last_batch_trains_that_batch_on_resume(tmp_path, monkeypatch):
     """The resume point falls as the last batch of the second epoch starts (global step 19 of
     2 x 10 batches) and the machine dies in the validation after it: the resume trains that batch
@@ -241,24 +256,6 @@ def test_a_fit_stopped_after_a_checkpoint_at_an_epochs_last_batch_trains_that_ba
     batch and the validation were skipped and the run ended FINISHED on other weights (found by
     probing kill -9 and resume=true through foxhunt-train)."""
     overrides = [*FAMILIES["tft"][0], "callbacks.resume_point.every_n_train_steps=19"]
-    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    _fit(whole, [*QUICK, *overrides, "resume=true"])
-    import foxhunt.training.cell as cell
-
-    fit = cell.fit_and_score
-    with monkeypatch.context() as patched, pytest.raises(MachineDied):
-        patched.setattr(cell, "fit_and_score", StopAtValidation(20).around(fit))
-        patched.setattr(cell, "stored_checkpoints", lambda *args: [])  # as a kill -9: nothing reaches the store
-        _fit(stopped, [*QUICK, *overrides, "resume=true"])
-    saved = [torch.load(p, weights_only=True)["global_step"] for p in stopped.glob("outputs/*/checkpoints/last.ckpt")]
+    saved = _stopped_as_by_kill_9(tmp_path, monkeypatch, overrides, StopAtValidation(20))
     assert max(saved) == 19  # the resume point of the last batch's start, not the first epoch's end (10)
-    _fit(stopped, [*QUICK, *overrides, "resume=true"])
-    expected, got = _final_weights(whole), _final_weights(stopped)
-    assert [key for key in expected if not torch.equal(expected[key], got[key])] == []
-    expected_metrics, got_metrics = _metrics(whole), _metrics(stopped)
-    assert {k: (v, got_metrics.get(k)) for k, v in expected_metrics.items() if got_metrics.get(k) != v} == {}
-    assert set(got_metrics) == set(expected_metrics)
-    # the resumed run stores the best checkpoint of the run never stopped (registration reads it): before, a best
-    # written before a kill -9 (which logs nothing) and not bettered after the resume was never stored
-    expected_best, got_best = _stored_best(whole, tmp_path / "a"), _stored_best(stopped, tmp_path / "b")
-    assert [key for key in expected_best if not torch.equal(expected_best[key], got_best[key])] == []
+    _resumed_as_never_stopped(tmp_path, overrides)

@@ -138,13 +138,10 @@ class _PlainYaml(yaml.SafeLoader):
     bytes held a reproduce at 100% CPU past 90 s)."""
 
     def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.composer.ComposerError(
-                None, None, "an alias (*name): a stored config holds none", self.peek_event().start_mark
-            )
         event = self.peek_event()
-        if getattr(event, "anchor", None) is not None:
-            raise yaml.composer.ComposerError(None, None, "an anchor (&name): a stored config holds none", event.start_mark)
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            what = "an alias (*name)" if isinstance(event, yaml.AliasEvent) else "an anchor (&name)"
+            raise yaml.composer.ComposerError(None, None, f"{what}: a stored config holds none", event.start_mark)
         return super().compose_node(parent, index)
 
 
@@ -163,7 +160,7 @@ def load_stored_config(path: Path, origin: str):
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{origin}: {name} is not readable YAML ({' '.join(str(exc).split())[:160]})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: {Path(path).name} is not a config (not a YAML mapping)")
+        raise ConfigError(f"{origin}: {name} is not a config (not a YAML mapping)")
     check_stored_config(data, origin)
     return OmegaConf.create(data)
 

@@ -131,8 +131,7 @@ class PaperSession:
             versions = real.stored_versions()
             beats = real.between_events()
         except sqlite3.DatabaseError as exc:  # text that is not UTF-8, a value of another type: an edited file
-            raise LedgerError(f"{real.where}: unreadable ({one_line_error(exc, limit=160)}): the ledger was edited; "
-                              "nothing was written") from None  # fmt: skip
+            raise _unreadable(real, exc) from None
         if history is not None and beats:  # heartbeats come from a live feed's polls only
             raise LedgerError(f"{real.where}: holds {sum(map(len, beats.values()))} event(s) between bars (a live feed's "
                               "heartbeats), but its bars come from a file, which has none: the ledger was edited; "
@@ -165,8 +164,7 @@ class PaperSession:
             try:
                 real.compare(replayed)
             except sqlite3.DatabaseError as exc:
-                raise LedgerError(f"{real.where}: unreadable ({one_line_error(exc, limit=160)}): the ledger was edited; "
-                                  "nothing was written") from None  # fmt: skip
+                raise _unreadable(real, exc) from None
             real.adopt(replayed)
         finally:
             self.ledger = real
@@ -331,3 +329,10 @@ def _version_number(text: str) -> bool:
     """A registered version as a ledger stores it: ASCII digits of a number in ensemble.versions'
     range, [1, MAX_STEPS] (``str.isdigit`` also takes '²', which ``int`` refuses)."""
     return text.isascii() and text.isdigit() and len(text) <= 10 and 1 <= int(text) <= MAX_STEPS
+
+
+def _unreadable(ledger, exc: sqlite3.DatabaseError) -> LedgerError:
+    """A ledger whose cells sqlite3 cannot read back (text that is not UTF-8, a value of another type)."""
+    return LedgerError(
+        f"{ledger.where}: unreadable ({one_line_error(exc, limit=160)}): the ledger was edited; nothing was written"
+    )

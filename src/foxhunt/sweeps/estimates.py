@@ -48,6 +48,7 @@ from typing import Any, cast
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from foxhunt.config.schema import MAX_CORES
 from foxhunt.errors import UserError, one_line_error
 from foxhunt.files import read_regular_file, write_whole
 from foxhunt.runs.cell import CellKey, cell_name
@@ -155,7 +156,7 @@ class PackingPlan:
             _check_count(name, data[name], 1)
         _check_count("devices", data["devices"], 0)
         for name in ("available_mb", "seconds"):
-            _check_megabytes(name, data[name])
+            _check_amount(name, data[name])
         for name in ("budget", "limited_by"):
             _check_text(name, data[name])
         estimates = data["estimates"]
@@ -167,7 +168,7 @@ class PackingPlan:
                 raise ValueError(f"estimates[{key[:40]!r}]: not an object of cell, mb and source")
             _check_text(f"estimates[{key[:40]!r}].cell", value["cell"])
             _check_text(f"estimates[{key[:40]!r}].source", value["source"])
-            _check_megabytes(f"estimates[{key[:40]!r}].mb", value["mb"])
+            _check_amount(f"estimates[{key[:40]!r}].mb", value["mb"])
             checked[key] = PeakEstimate(value["cell"], float(value["mb"]), value["source"])
         search = data["search"]
         if search is not None and not (isinstance(search, dict) and all(isinstance(v, str) for v in search.values())):
@@ -183,16 +184,16 @@ class PlanFileError(UserError, ValueError):
 
 
 MAX_PLAN_BYTES = 64 * 1024 * 1024  # about 200 bytes a cell: a grid of 300,000 cells
-MAX_THREADS = 4096  # cores, jobs and threads a plan may name (torch.set_num_threads reads it)
 _PLAN_FIELDS = {f.name for f in fields(PackingPlan)}
 
 
 def _check_count(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_THREADS:
-        raise ValueError(f"{name}: {str(value)[:40]!r} is not an integer in [{low}, {MAX_THREADS}]")
+    """Cores, jobs, threads or devices: the config's bound on them (torch.set_num_threads reads one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_CORES:
+        raise ValueError(f"{name}: {str(value)[:40]!r} is not an integer in [{low}, {MAX_CORES}]")
 
 
-def _check_megabytes(name: str, value: Any) -> None:
+def _check_amount(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name}: {str(value)[:40]!r} is not a finite number >= 0")
 
