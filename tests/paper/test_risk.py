@@ -28,7 +28,7 @@ def utc(text: str) -> int:
 @settings(deadline=None)  # the first example loads the exchange calendar
 @given(st.integers(-6, 6), st.integers(0, 4))
 def test_a_target_breaches_exactly_beyond_max_position(target, max_position):
-    line = limits(max_position=max_position).breach(RiskState(), 0.0, {"ES.FUT": target})
+    line = limits(max_position=max_position).breach(RiskState(), 10_000.0, {"ES.FUT": target})
     assert (line is not None) == (abs(target) > max_position)
     if line:
         assert line.startswith(f"max position: ES.FUT target {target:+d} beyond {max_position} contract(s)")
@@ -107,3 +107,14 @@ def test_a_stale_feed_counts_only_open_market_minutes(last, now, stale):
         assert line == "stale feed: no bar for 5 open-market minutes (limit 5, CME_Equity)"
     assert limits(stale_minutes=None).stale(utc(last), utc(now)) is None
     assert limits(stale_minutes=5).stale(None, utc(now)) is None
+
+
+@pytest.mark.parametrize("on_breach", ["stop", "pause"])
+@pytest.mark.parametrize("equity", [0.0, -0.01, -5_000.0])
+def test_an_equity_at_or_below_zero_breaches_and_stops_whatever_the_limits(equity, on_breach):
+    risk = limits(on_breach=on_breach)  # no loss limit at all
+    state = RiskState(day="2024-03-12", day_start=10_000.0, peak=10_000.0)
+    line = risk.breach(state, equity, {"ES.FUT": 0})
+    assert line == f"account exhausted: equity {equity:,.2f} USD, nothing left to trade"
+    assert risk.trip(state, line) == "stop" and state.status == STOPPED
+    assert risk.breach(state, 0.01, {"ES.FUT": 0}) is None

@@ -515,3 +515,21 @@ def test_a_stale_flat_books_the_gap_from_the_close_it_replaces(tmp_path):
     (flat,) = [f for f in s.ledger.fills_rows() if f[3] == bars[3].ts_ns]
     assert (flat[4], flat[5], flat[8], flat[9]) == (-1, 4810.0, 4803.0, -350.0)
     s.ledger.close()
+
+
+@pytest.mark.parametrize("on_breach", ["stop", "pause"])
+def test_an_exhausted_account_stops_whatever_the_limits(tmp_path, on_breach):
+    """No loss limits and 1,200 USD of capital, always long while ES falls 10 points (500 USD) a
+    bar: the session traded on with a negative equity, status active. An equity at or below zero
+    is a breach that stops, even with on_breach=pause (a pause would end at the next date)."""
+    bars = [bar(i, 4800.0 - 10 * i, 4800.0 - 10 * (i + 1)) for i in range(8)]
+    ledger = Ledger(tmp_path / "paper.sqlite", IDENTITY)
+    ledger.open()
+    s = PaperSession(ScriptedEnsemble(lambda ts: 1), ledger, FillModel(ES, 2.25, 0.0, "next_open"),
+                     limits(on_breach=on_breach), 1_200.0, ES.multiplier)  # fmt: skip
+    ended = s.run(iter(bars), lambda: False)
+    book = booked(s)
+    # long from bar 1's open 4790, marked 4780 (-502.25: 697.75), 4770 (197.75), 4760 (-302.25): flatten
+    assert s.state.status == STOPPED and s.state.reason.startswith("account exhausted: equity -302.25 USD")
+    assert [kind for kind, _ in book["events"]] == ["breach"] and book["events"][0][1].endswith("flatten, then stop")
+    assert ended.startswith("stopped by a risk limit: account exhausted") and book["positions"][-1] == 0

@@ -13,6 +13,8 @@
 A breach of the first three flattens, is recorded with its reason, and then (``on_breach``)
 ``stop``: the session ends once the flat has filled; ``pause``: the account stays flat until the
 next trading date, where the day's loss and the drawdown's peak start again from the equity.
+Whatever the limits (all three losses may be null), an equity at or below zero is a breach that
+always stops: an exhausted account has nothing left to trade with, so no pause can end it.
 Written by hand: the limits are a few comparisons on the ledger's own figures.
 """
 
@@ -25,6 +27,7 @@ import numpy as np
 from foxhunt.data.calendar import MINUTE_NS, calendar_for
 
 ACTIVE, PAUSED, STOPPED = "active", "paused", "stopped"
+EXHAUSTED = "account exhausted"  # the breach that stops whatever ``on_breach`` says
 
 
 @dataclass
@@ -76,6 +79,8 @@ class RiskLimits:
     def breach(self, state: RiskState, equity: float, targets: dict[str, int]) -> str | None:
         """After a bar is marked: the first limit breached, as a line (None: within limits)."""
         state.peak = max(state.peak, equity)
+        if equity <= 0:
+            return f"{EXHAUSTED}: equity {equity:,.2f} USD, nothing left to trade"
         for symbol, target in targets.items():
             if abs(target) > self.max_position:
                 return (
@@ -89,6 +94,9 @@ class RiskLimits:
             return f"max drawdown: {drawdown:,.2f} USD below the peak {state.peak:,.2f} (paper.risk.max_drawdown_usd={self.max_drawdown:g})"
         return None
 
-    def trip(self, state: RiskState, reason: str) -> None:
-        state.status = STOPPED if self.on_breach == "stop" else PAUSED
+    def trip(self, state: RiskState, reason: str) -> str:
+        """Flatten for ``reason``; returns what follows: ``stop`` or ``pause``."""
+        final = self.on_breach == "stop" or reason.startswith(EXHAUSTED)
+        state.status = STOPPED if final else PAUSED
         state.reason = reason
+        return "stop" if final else "pause"

@@ -223,8 +223,8 @@ class PaperSession:
         if self.state.status == ACTIVE:
             breach = self.risk.breach(self.state, self.equity, {symbol: target})
             if breach:
-                self.risk.trip(self.state, breach)
-                events.append(("breach", f"{breach}: flatten, then {self.risk.on_breach}"))
+                then = self.risk.trip(self.state, breach)
+                events.append(("breach", f"{breach}: flatten, then {then}"))
         else:
             self.state.peak = max(self.state.peak, self.equity)
         if self.state.status != ACTIVE:
