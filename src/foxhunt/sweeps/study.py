@@ -17,6 +17,14 @@ memory, so that a search outlives the process that runs it:
   ``hydra.sweeper.n_trials`` is the size of the study, not of one launch: a launch asks for
   trials until the study holds that many that ended (:func:`counted`: finished, pruned, or
   failed, except a failure that was retried), so a search that already has them launches none.
+- **Launches at once.** Two launches on one study (two terminals, a SLURM array) each count the
+  trials the study holds and ask for the rest, and the first to touch a fresh database creates
+  its tables. :func:`study_lock` makes each of these one step per study database on a host (an
+  exclusive ``flock`` on ``<database>.lock`` beside a SQLite study): two launches racing for
+  the last slot cannot both take it (both did: the study ended with ``n_trials + 1``), and the
+  second launch on a fresh database waits for the first's tables (it failed on their version
+  row). A server database (PostgreSQL) has no file to lock: launches on different hosts may
+  still overshoot by the trials asked in the same instant.
 - **Trials left RUNNING** by a process that died (``kill -9``, out of memory, a rebooted host)
   are settled when the next launch opens the study (:func:`settle_stale`). A trial is stale when
   the sweep process that asked for it is gone from this host (its ``host``, ``pid`` and process
@@ -42,13 +50,15 @@ the trial's Optuna number (:mod:`foxhunt.sweeps.pruning`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -259,6 +269,31 @@ def settings_from(config: DictConfig) -> StudySettings:
 
 
 # -- the database ----------------------------------------------------------------------------
+LOCK_SUFFIX = ".lock"
+
+
+@contextmanager
+def study_lock(url: str) -> Iterator[None]:
+    """One step at a time among this host's launches on the study database ``url`` (module doc:
+    Launches at once): held while a launch creates the database or the study, and while it counts
+    the trials it wants and asks for them. Not reentrant. The kernel drops the lock when its
+    holder exits, ``kill -9`` included, so it cannot go stale."""
+    if not url.startswith("sqlite:///"):
+        yield
+        return
+    path = Path(url[len("sqlite:///") :] + LOCK_SUFFIX)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError:  # a folder this process may only read: nothing it does there needs the lock
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
 def open_storage(url: str, heartbeat: bool = False):
     """Optuna's RDB storage at ``url`` (its SQLite file's folder made; a write waits for another
     process's lock up to :data:`SQLITE_TIMEOUT_S`); a database that cannot be opened is one line."""
@@ -270,12 +305,13 @@ def open_storage(url: str, heartbeat: bool = False):
         except OSError as exc:
             raise StudyError(f"hydra.sweeper.storage={url}: cannot make {path.parent}: {exc.strerror or exc}") from None
         engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    except Exception as exc:  # a driver that is missing, a server that refuses, a file that is no database
-        raise StudyError(
-            f"hydra.sweeper.storage={url}: cannot open the study's database: {one_line_error(exc, limit=300)}"
-        ) from None
+    with study_lock(url):  # a fresh database's tables made by one launch, not two at once
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except Exception as exc:  # a driver that is missing, a server that refuses, a file that is no database
+            raise StudyError(
+                f"hydra.sweeper.storage={url}: cannot open the study's database: {one_line_error(exc, limit=300)}"
+            ) from None
 
 
 #: optuna's direction literals by name (settings_from checked each is one)
@@ -287,9 +323,10 @@ def open_study(settings: StudySettings, sampler=None, pruner=None, storage=None)
     study of that name with other directions is refused in one line."""
     storage = storage if storage is not None else open_storage(settings.storage)
     try:
-        study = optuna.create_study(storage=storage, study_name=settings.name, directions=[_DIRECTIONS[d] for d in settings.directions],
-                                    sampler=sampler, pruner=pruner if pruner is not None else settings.pruner.build(),
-                                    load_if_exists=True)  # fmt: skip
+        with study_lock(settings.storage):
+            study = optuna.create_study(storage=storage, study_name=settings.name, directions=[_DIRECTIONS[d] for d in settings.directions],
+                                        sampler=sampler, pruner=pruner if pruner is not None else settings.pruner.build(),
+                                        load_if_exists=True)  # fmt: skip
     except Exception as exc:  # a database of other tables, a damaged file: optuna's and SQLAlchemy's errors
         if not type(exc).__module__.startswith(("optuna", "sqlalchemy", "sqlite3")):
             raise

@@ -243,9 +243,15 @@ class TrialPool:
             raise self._stop
         return self.report
 
+    def _next(self, free: int) -> list[tuple[Any, list[str]]]:
+        """Up to ``free`` trials asked, as many as the study still wants: counted and asked as one
+        step among this host's launches on the study (:func:`foxhunt.sweeps.study.study_lock`)."""
+        with st.study_lock(self.settings.storage):
+            return [self._ask() for _ in range(min(free, self.wanted()))]
+
     def _run_inline(self) -> None:
-        while self.wanted() > 0:
-            trial, overrides = self._ask()
+        while asked := self._next(1):
+            ((trial, overrides),) = asked
             self._finish(trial.number, lambda: self.launch(trial.number, overrides))
 
     def _run_pool(self) -> None:
@@ -255,8 +261,7 @@ class TrialPool:
                 while True:
                     free = self.workers - len(futures)
                     if free > 0 and not (self.settings.barrier and futures):
-                        for _ in range(min(free, self.wanted())):
-                            trial, overrides = self._ask()
+                        for trial, overrides in self._next(free):
                             futures[pool.submit(self.launch, trial.number, overrides)] = trial.number
                     if not futures:
                         return
