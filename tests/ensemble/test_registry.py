@@ -213,3 +213,39 @@ def test_validate_measures_fp32_and_int8_footprints_and_capacity(store_root):
     tiny = cli(store_root, "ensemble", "footprint", "asset=es", *DATA, "ensemble.footprint.probe_calls=5", "budget.total_mb=0.01",
                "budget.headroom_mb=0.005", "logger.enabled=false")  # fmt: skip
     assert tiny.exit_code == 1 and "FAIL" in tiny.output
+
+
+def _shift_means(manifest):
+    return {**manifest, "observed_mean": [m + 50 for m in manifest["observed_mean"]]}
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_shift_means, "dataset.json: observed_mean differs from the dataset its config yields now"),
+        (lambda manifest: [1, 2], "dataset.json: not a dataset manifest"),
+        (lambda manifest: {**manifest, "feature_config": 5}, "dataset.json: feature_config differs"),
+    ],
+)
+def test_a_runs_edited_dataset_manifest_is_refused_not_registered(store_root, edit, message):
+    """A run's dataset.json is an artifact of the store: register took its normalization
+    statistics on trust (shifted means were registered as a verified version, found by a helper
+    probing the registry) and a damaged one was a TypeError traceback. It must say what the run's
+    config and data yield now; the refusal is one line and registers nothing."""
+    import json
+    from pathlib import Path
+
+    c = client(store_root)
+    experiment = c.get_experiment_by_name("foxhunt").experiment_id
+    runs = c.search_runs([experiment], "tags.model = 'dqn' and attributes.status = 'FINISHED'")
+    files = [Path(r.info.artifact_uri.removeprefix("file://")) / "dataset.json" for r in runs]  # local: edited, then put back
+    saved = {path: path.read_text() for path in files}
+    try:
+        for path, text in saved.items():
+            path.write_text(json.dumps(edit(json.loads(text))))
+        test_bad_input_gets_one_line_and_registers_nothing_half_way(
+            store_root, ["ensemble", "register", "asset=es", "ensemble.gate=none", "ensemble.models=[dqn]",
+                         f"ensemble.registry_prefix=edited{len(message)}"], message)  # fmt: skip
+    finally:
+        for path, text in saved.items():
+            path.write_text(text)

@@ -56,6 +56,7 @@ applies them first (:func:`complete_pending`) and says so.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -70,7 +71,6 @@ import torch
 from hydra.utils import instantiate
 
 from foxhunt.config.stored import load_stored_config
-from foxhunt.data.features import FeatureConfig
 from foxhunt.ensemble.member_files import (
     ARTIFACTS_DIR,
     CONFIG_FILE,
@@ -86,6 +86,7 @@ from foxhunt.ensemble.model_env import model_environment
 from foxhunt.ensemble.pyfunc import check_model_folder, save_member_model, stamp_logged_model
 from foxhunt.ensemble.rebuild import rebuild_model
 from foxhunt.errors import ConfigError, one_line_error
+from foxhunt.files import read_regular_file
 from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metric directions
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
@@ -102,6 +103,7 @@ MODEL_ARTIFACT_PATH = "champion"  # the run artifact folder of versions register
 LINKED_METRICS = ("val/", "test/")  # the run's metrics a version's logged model is linked to
 MODEL_TYPE = "foxhunt-member"  # the logged models' model_type
 CHECKPOINTS = ("checkpoints/best.ckpt", "checkpoints/last.ckpt")
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # a run's dataset.json read back: a few KB written (rolls and split extents)
 REGISTRY_LOCK = "registry"  # the store's lock held while champions are chosen and registered
 PROMOTION_TAG = "foxhunt.promotion"  # run tag of a roll or rollback: its alias moves (JSON), the commit record
 PROMOTION_STATE_TAG = "foxhunt.promotion.state"  # committed (written with the moves, in one batch) | applied
@@ -231,10 +233,12 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
         cfg = load_stored_config(config_path, f"run {run_id} ({choice.run_name}): {CONFIG_FILE}")
     except ConfigError as exc:
         raise RegistryError(str(exc)) from None
-    try:
-        manifest = json.loads(store.download(run_id, DATASET_FILE, downloads).read_text())
-    except Exception:  # a run trained before dataset.json was logged: rebuild the statistics
-        manifest = _rebuild_manifest(cfg)
+    origin = f"run {run_id} ({choice.run_name})"
+    bars, dataset = _read_dataset(cfg, origin)
+    stored = None
+    if DATASET_FILE in store.logged_files(run_id, ""):  # a run trained before dataset.json was logged has none
+        stored = store.download(run_id, DATASET_FILE, downloads)
+    manifest = checked_manifest(stored, dataset.manifest(), f"{origin}: {DATASET_FILE}")
     try:  # training's own loader: tensors and plain values only, its refusal one line
         loaded = load_weights_only(Path(ckpt_path), f"run {run_id}: {checkpoint}")
         state = loaded["state_dict"]
@@ -257,7 +261,7 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
         "cell_run_id": choice.found_run_id,
     }  # fmt: skip
     folder = workdir / f"{choice.family}-model"
-    example = input_example(cfg, manifest, example_decided, origin=f"run {run_id} ({choice.run_name})")
+    example = input_example(cfg, bars, dataset, example_decided)
     save_member_model(folder, weights=weights, config=config_path, manifest=manifest, member=member,
                       environment=environment, input_example=example)  # fmt: skip
     try:
@@ -289,19 +293,57 @@ def deployed_run(store, choice: Choice, metric: str) -> str:
     return max(candidates, key=lambda r: (sign * (r.metric(metric) or 0.0), r.start_ms)).run_id
 
 
-def input_example(cfg, manifest: dict, decided: int, origin: str):
+def _read_dataset(cfg, origin: str):
+    """(bars, dataset) of a run's config, read now from its data files."""
+    try:
+        asset, source = instantiate(cfg.asset), instantiate(cfg.data.source)
+        return source.load(asset), build_dataset(cfg, asset, source)
+    except Exception as exc:  # noqa: BLE001 (a data file moved or unreadable since training: one line)
+        raise RegistryError(f"{origin}: cannot read its bars ({cfg.data.source._target_.rsplit('.', 1)[-1]}): "
+                            f"{one_line_error(exc, first_line=True, limit=200)}") from None  # fmt: skip
+
+
+def checked_manifest(stored: Path | None, rebuilt: dict[str, Any], origin: str) -> dict[str, Any]:
+    """The manifest a version keeps: the one rebuilt now from the run's config and data, after
+    the run's own ``dataset.json`` (an artifact of the store, trusted for nothing) is found to say
+    the same, field by field (floats to 1e-9 relative: another machine's summation order). An
+    edited statistic would otherwise be registered as the member's, and a data file changed
+    since training would pair the weights with statistics they were never trained on."""
+    if stored is None:
+        return rebuilt
+    text = read_regular_file(stored, MAX_MANIFEST_BYTES)
+    try:
+        found = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
+        found = None
+    if not isinstance(found, dict):
+        raise RegistryError(f"{origin}: not a dataset manifest (a JSON object of at most {MAX_MANIFEST_BYTES} bytes)")
+    expected = json.loads(json.dumps(rebuilt))
+    for key in sorted(set(found) & set(expected) - {"version"}):
+        if not _same(found[key], expected[key]):
+            raise RegistryError(f"{origin}: {key} differs from the dataset its config yields now (an edited file, or "
+                                "data changed since training: retrain on this data)")  # fmt: skip
+    return rebuilt
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def input_example(cfg, bars, dataset, decided: int):
     """The bars ending the run's validation split, as the pyfunc takes them (``ts`` in UTC ns):
     enough to warm the features (``warmup_bars``) and fill a forecaster's window (``seq_len``),
     then ``decided`` bars it decides on. Never test or lockbox bars."""
-    try:
-        asset, source = instantiate(cfg.asset), instantiate(cfg.data.source)
-        bars = source.load(asset)
-        dataset = build_dataset(cfg, asset, source)
-    except Exception as exc:  # noqa: BLE001 (a data file moved or unreadable since training: one line)
-        raise RegistryError(f"{origin}: cannot read its bars ({cfg.data.source._target_.rsplit('.', 1)[-1]}) for the model's "
-                            f"input example: {one_line_error(exc, first_line=True, limit=200)}") from None  # fmt: skip
     window = cfg.model.get("window") or {}
-    need = FeatureConfig(**manifest["feature_config"]).warmup_bars + int(window.get("seq_len") or 0) + decided
+    need = dataset.feature_config.warmup_bars + int(window.get("seq_len") or 0) + decided
     last = int(dataset.splits["val"].timestamps[-1].astype("datetime64[ns]").astype(np.int64))
     stamps = bars.index.as_unit("ns").asi8
     stop = int(np.searchsorted(stamps, last, side="right"))
@@ -310,10 +352,6 @@ def input_example(cfg, manifest: dict, decided: int, origin: str):
     for column in ("open", "high", "low", "close", "volume"):
         frame[column] = chosen[column].to_numpy(dtype=np.float64)
     return frame
-
-
-def _rebuild_manifest(cfg) -> dict[str, Any]:
-    return build_dataset(cfg).manifest()
 
 
 def record_weights_choice(tracking_uri: str, versions: dict, choices: dict[str, tuple[str, str]]) -> None:
