@@ -190,3 +190,23 @@ def test_a_changed_code_file_is_refused_by_foxhunt_in_one_line(store_root, versi
     (folder / CODE_FILE.name).write_text("import os\nos.system('echo pwned')\n")
     with pytest.raises(RegistryError, match=r"^models:/foxhunt-dqn-es@champion: pyfunc_entry.py is not foxhunt's"):
         check_code_file(folder, "models:/foxhunt-dqn-es@champion")
+
+
+def test_a_folder_whose_mlmodel_lost_its_model_id_is_refused_not_loaded_unverified(store_root, versions, tmp_path):
+    """Edited weights are refused by their digest; deleting model_id from MLmodel (a line of the
+    folder's own) skipped the check and scored with the edited weights (found by a helper probing
+    the registry). Only a folder this process has just saved may name no logged model."""
+    import mlflow.pyfunc
+    import torch
+
+    from foxhunt.ensemble.member_files import RegistryError
+
+    folder = shutil.copytree(versions["dqn"], tmp_path / "dqn")
+    weights = folder / "artifacts" / "weights.pt"
+    state = torch.load(weights, weights_only=True)
+    torch.save({k: torch.zeros_like(v) if v.is_floating_point() else v for k, v in state.items()}, weights)
+    mlmodel = folder / "MLmodel"
+    mlmodel.write_text("".join(line for line in mlmodel.read_text().splitlines(keepends=True)
+                               if not line.startswith(("model_id:", "model_uuid:"))))  # fmt: skip
+    with tracking(store_root), pytest.raises(RegistryError, match=r"its MLmodel names no logged model \(model_id\)"):
+        mlflow.pyfunc.load_model(str(folder))

@@ -118,17 +118,27 @@ class FoxhuntMember(PythonModel):
         return pd.DataFrame({"position": np.asarray(positions, dtype=np.int64), "signal": pd.Series(signals, dtype=object)})
 
 
+#: Folders :func:`save_member_model` wrote in this process and nothing has logged yet (resolved
+#: paths): the only folders loaded without a logged model to verify against.
+_SAVED_HERE: set[Path] = set()
+
+
 def verify_logged_folder(folder: Path) -> str | None:
     """Check a pyfunc model folder that names its logged model (``model_id`` in its ``MLmodel``)
     against the file digests the tracking store recorded for that model when it was registered
     (:func:`foxhunt.ensemble.member_files.check_digests`), before any of its data is read; the
-    store is MLflow's current tracking URI. A folder saved but never logged (``register``'s own
-    check before anything is written) names no model and has nothing to verify against: None.
-    MLflow has already run the folder's code file when this runs (module doc): this guards the
-    data; foxhunt's own commands guard both."""
+    store is MLflow's current tracking URI. Only a folder this process has just saved and not
+    yet logged (``register``'s own check before anything is written) may name no model: None.
+    Any other folder without a ``model_id`` is refused: the id is a line of the folder's own
+    ``MLmodel``, and deleting it loaded edited weights unchecked (found by a helper probing the
+    registry). MLflow has already run the folder's code file when this runs (module doc): this
+    guards the data; foxhunt's own commands guard both."""
     model_id = Model.load(str(folder / "MLmodel")).model_id
     if not model_id:
-        return None
+        if Path(folder).resolve() in _SAVED_HERE:
+            return None
+        raise RegistryError(f"{folder}: its MLmodel names no logged model (model_id), so its files cannot be verified "
+                            "against the tracking store; load a registered version (models:/<name>/<version>)")  # fmt: skip
     origin = f"logged model {model_id}"
     uri = mlflow.get_tracking_uri()
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():  # never made here
@@ -154,6 +164,7 @@ def save_member_model(folder: Path, weights: Path, config: Path, manifest: dict,
     """Write the pyfunc model folder of one member (nothing is logged anywhere): the code file,
     the member's files, ``environment`` (:class:`foxhunt.ensemble.model_env.ModelEnvironment`)
     and ``input_example`` (a frame of bars)."""
+    _SAVED_HERE.add(Path(folder).resolve())  # MLflow loads it to check the example before save_model returns
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
         (scratch / DATASET_FILE).write_text(json.dumps(manifest, indent=1))
@@ -187,6 +198,7 @@ def check_model_folder(folder: Path, example) -> None:
 def stamp_logged_model(folder: Path, model_id: str, run_id: str, artifact_location: str) -> None:
     """Write the logged model's id, run and location into the folder's ``MLmodel``, as
     ``Model.log`` does before it uploads a folder."""
+    _SAVED_HERE.discard(Path(folder).resolve())  # logged now: verified against the store whenever loaded
     mlmodel = folder / "MLmodel"
     model = Model.load(str(mlmodel))
     model.model_id = model.model_uuid = model_id
