@@ -97,6 +97,8 @@ def test_a_file_that_is_not_a_config_is_one_line(tmp_path, text):
         "model=dqn", "asset=es,nq", "model.module.lr=3e-4", "+trainer.max_steps=5", "hydra.sweeper.n_trials=3",
         "hydra.sweep.dir=/tmp/sweep", "strategy=slurm", "strategy.partition=gpu", "hparams_search=dqn_optuna",
         "hydra.sweeper.params.model.module.lr=tag(log, interval(1e-4, 1e-2))", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+        "hydra.sweeper.params={model.module.lr:'tag(log, interval(1e-4, 1e-2))',model.module.batch_size:'choice(32,64)'}",
+        "hydra.sweeper.sampler.seed=7", "+trainer={max_steps:5}",
     ],
 )  # fmt: skip
 def test_plain_stored_overrides_pass(override):
@@ -113,6 +115,12 @@ def test_plain_stored_overrides_pass(override):
         "+hydra.job.env_set.GIT_CONFIG_COUNT='1'", "+hydra.job.env_set.GIT_CONFIG_VALUE_0='touch /tmp/x; false'",
         "hydra.job.env_copy=[HOME]", "hydra.run.dir=/etc", "hydra.job.chdir=true", "hydra.output_subdir=../../x",
         "~hydra.job", "hydra.mode=RUN",
+        # keys inside values (found by a helper probing resume: the first ran a shell line through git diff)
+        "++hydra.sweeper.params={a:'choice(1)',+hydra.job.env_set.GIT_CONFIG_KEY_0:'choice(core.fsmonitor)'}",
+        "hydra.sweeper.params.hydra.job.env_set.X=choice(1)", "hydra.sweeper.params={hydra.callbacks.x:'choice(1)'}",
+        "hydra.sweeper.params={model.module:'choice({_target_:os.system})'}", "hydra.sweeper.sampler={_target_:os.system,command:ls}",
+        "model.module={_target_:os.system}", "seed=choice({_target_:os.system},2)", "+trainer=[1,{x:{_args_:[rm]}}]",
+        "hydra.sweeper.params=[a]", "model=dqn)(",
     ],
 )  # fmt: skip
 def test_stored_overrides_that_name_code_are_refused(override):

@@ -137,6 +137,9 @@ def planted(jobs_store, tmp_path, launched):
         # git, run by the run's provenance, reads its config from the environment: core.fsmonitor runs a shell line
         "+hydra.job.env_set.GIT_CONFIG_VALUE_0='touch /tmp/planted; false'",
         "hydra.run.dir=/etc/planted",
+        # keys inside a value: the searched keys of a stored search ran a shell line the same way (found by a helper)
+        "++hydra.sweeper.params={a:'choice(1)',+hydra.job.env_set.GIT_CONFIG_KEY_0:'choice(core.fsmonitor)'}",
+        "hydra.sweeper.sampler={_target_:os.system,command:ls}",
     ],
 )
 def test_a_planted_stored_override_is_refused_in_one_line_and_nothing_is_launched(planted, launched, tmp_path, stored):
@@ -255,3 +258,16 @@ def test_a_stored_sweep_folder_outside_the_root_is_refused_unless_a_sweep_wrote_
     (outside / "multirun.yaml").write_text("hydra: {}\n")
     result = runner.invoke(app, ["train", "start", "--resume", "bbbb3333", "--root", str(tmp_path)])
     assert result.exit_code == 0 and len(launched) == 1, result.output
+
+
+@pytest.mark.parametrize("stored", ["hydra.sweep.subdir=/tmp/planted-cells", "hydra.sweep.subdir=../../../planted",
+                                    "++hydra.sweep.dir=/tmp/planted-sweep"])  # fmt: skip
+def test_a_stored_sweep_subfolder_or_a_forced_sweep_folder_that_leaves_is_refused(planted, launched, tmp_path, stored):
+    """A stored hydra.sweep.subdir (absolute, or with '..') had a resume write the cells' files
+    anywhere, and ++hydra.sweep.dir passed the sweep-folder check that looked for 'hydra.sweep.dir='
+    only (found by a helper probing resume)."""
+    planted("job.overrides", json.dumps(["model=mamba2", stored]))
+    result = runner.invoke(app, ["train", "start", "--resume", "bbbb3333", "--root", str(tmp_path)])
+    assert result.exit_code == 2 and launched == [], result.output
+    assert result.stderr.startswith("foxhunt train: job bbbb3333: its stored ") and "refused" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -166,26 +166,85 @@ def load_stored_config(path: Path, origin: str):
 
 
 def check_stored_overrides(overrides: Sequence[str], origin: str) -> None:
-    """Refuse stored Hydra overrides that could name code or read the environment (module doc)."""
+    """Refuse stored Hydra overrides that could name code or read the environment (module doc):
+    their keys, and every key inside their values (a dict value, a sweep's options), read by
+    Hydra's own override parser; the searched keys of ``hydra.sweeper.params`` are overrides of
+    each trial, checked as stored overrides themselves (a ``+hydra.job.env_set.GIT_CONFIG_*`` key
+    there ran a shell line through the trial's ``git diff``: found by a helper probing resume)."""
     for item in overrides:
         text = str(item)
         if text.split("=", 1)[0] in _CODE_FLAGS or text.startswith(tuple(f"{flag}=" for flag in _CODE_FLAGS)):
             raise ConfigError(f"{origin}: stored override {_shown(text)}: adds a config folder; refused")
-        key, _, value = text.partition("=")
-        bare = key.lstrip("+~")
-        if "${" in value or "${" in key:
+        if "${" in text:
             raise ConfigError(f"{origin}: stored override {_shown(text)}: an interpolation read from a store is refused")
-        parts = re.split(r"[./]", bare)
-        if (
-            any(part in _CODE_KEYS for part in parts)
-            or bare.startswith(_CODE_PREFIXES)
-            or bare.replace("/", ".").startswith(_CODE_PREFIXES)
-        ):
-            raise ConfigError(f"{origin}: stored override {_shown(text)}: it can name code to run "
-                              "(a class, a callback, a search path, shell lines); refused")  # fmt: skip
-        if parts[0] == "hydra" and not any(bare == allowed or bare.startswith(allowed) for allowed in _STORED_HYDRA):
-            raise ConfigError(f"{origin}: stored override {_shown(text)}: of Hydra's own settings a stored override may set "
-                              "only the sweeper's, the sweep folder and which sweeper or launcher runs; refused")  # fmt: skip
+        key = text.partition("=")[0]
+        _check_key(key, text, origin)
+        value = _parsed_value(text, origin)
+        bare = key.lstrip("+~")
+        if bare == _SEARCHED or bare.startswith(_SEARCHED + "."):
+            searched = value if bare == _SEARCHED else {bare[len(_SEARCHED) + 1 :]: value}
+            if not isinstance(searched, Mapping | None):
+                raise ConfigError(
+                    f"{origin}: stored override {_shown(text)}: {_SEARCHED} must map keys to searched values; refused"
+                )
+            for param, options in (searched or {}).items():
+                _check_key(str(param), text, origin)
+                _check_value(_parsed_value(f"{param}={options}", origin) if isinstance(options, str) else options, text, origin)
+        else:
+            _check_value(value, text, origin)
+
+
+_SEARCHED = "hydra.sweeper.params"  # its keys are overrides of each trial
+
+
+def _check_key(key: str, text: str, origin: str) -> None:
+    bare = key.lstrip("+~")
+    parts = re.split(r"[./]", bare)
+    if (
+        any(part in _CODE_KEYS for part in parts)
+        or bare.startswith(_CODE_PREFIXES)
+        or bare.replace("/", ".").startswith(_CODE_PREFIXES)
+    ):
+        raise ConfigError(f"{origin}: stored override {_shown(text)}: it can name code to run "
+                          "(a class, a callback, a search path, shell lines); refused")  # fmt: skip
+    if parts[0] == "hydra" and not any(bare == allowed or bare.startswith(allowed) for allowed in _STORED_HYDRA):
+        raise ConfigError(f"{origin}: stored override {_shown(text)}: of Hydra's own settings a stored override may set "
+                          "only the sweeper's, the sweep folder and which sweeper or launcher runs; refused")  # fmt: skip
+
+
+def _parsed_value(text: str, origin: str) -> Any:
+    """The value of the override ``text`` as Hydra's parser reads it (a dict, a list, a sweep)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_override(text).value()
+    except (HydraException, RecursionError, ValueError) as exc:
+        raise ConfigError(f"{origin}: stored override {_shown(text)}: not an override Hydra parses "
+                          f"({type(exc).__name__}); refused") from None  # fmt: skip
+
+
+def _check_value(value: Any, text: str, origin: str) -> None:
+    """Refuse a value holding a key that can name code (``_target_``, a logging ``class``, any
+    of Hydra's ``_special_`` keys), at any depth of its dicts, lists and sweep options."""
+    for _key, node in _walk(_plain(value), ""):
+        if not isinstance(node, Mapping):
+            continue
+        for inner in map(str, node):
+            parts = re.split(r"[./]", inner.lstrip("+~"))
+            if any(part in _CODE_KEYS or (part.startswith("_") and part.endswith("_") and len(part) > 1) for part in parts):
+                raise ConfigError(f"{origin}: stored override {_shown(text)}: its value holds {inner!r}, which can name "
+                                  "code to run; refused")  # fmt: skip
+
+
+def _plain(value: Any) -> Any:
+    """A parsed override value with its sweeps' options as lists (a choice's, a glob's)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    options = getattr(value, "list", None)
+    return [_plain(v) for v in options] if isinstance(options, list) else value
 
 
 def _shown(value: Any) -> str:

@@ -61,6 +61,7 @@ from foxhunt.runs.tags import Tag
 # Lazy imports: (c) Hydra, the schema (pydantic), the grid in plan_cells: foxhunt train stop imports this module too
 
 SWEEP_DIR_KEY = "hydra.sweep.dir"
+SWEEP_SUBDIR_KEY = "hydra.sweep.subdir"  # a cell's folder under it: a stored one stays inside
 #: The command lines a job's process runs (:func:`_runs_the_job`): its supervisor, or foxhunt-train.
 SUPERVISOR_MODULE = "foxhunt.jobs.supervisor"
 TRAIN_PROGRAM, TRAIN_MODULE = "foxhunt-train", "foxhunt.train"
@@ -284,8 +285,13 @@ def _check_resumable(job: Job, root: Path) -> None:
     folder = [f"{SWEEP_DIR_KEY}={job.sweep_dir}"] if job.sweep_dir else []
     check_stored_overrides([*job.overrides, *folder], origin=f"job {job.job_id}")
     for override in [*job.overrides, *folder]:
-        if override.startswith(f"{SWEEP_DIR_KEY}="):
-            _check_sweep_folder(job.job_id, Path(override.split("=", 1)[1]), root)
+        key, _, value = override.partition("=")
+        key = key.lstrip("+~")  # ++hydra.sweep.dir=... sets it as well
+        if key == SWEEP_DIR_KEY:
+            _check_sweep_folder(job.job_id, Path(value), root)
+        elif key == SWEEP_SUBDIR_KEY and (Path(value).is_absolute() or ".." in Path(value).parts):
+            raise LaunchError(f"job {job.job_id}: its stored {SWEEP_SUBDIR_KEY}={value[:120]!r} leaves the sweep folder "
+                              "(absolute, or '..'): refused; start the grid again with foxhunt train start")  # fmt: skip
 
 
 def _check_sweep_folder(job_id: str, folder: Path, root: Path) -> None:
