@@ -203,3 +203,19 @@ def test_a_bad_request_is_one_line(built, args, message):
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1 and message in result.output, result.output
     assert all(_present(built).values())
+
+
+def test_a_run_whose_record_points_at_another_runs_folder_is_not_pruned_through_it(built):
+    """A losing run's artifact_uri edited to name the best run's folder: --yes removed the best
+    run's checkpoints with the loser's (found by a helper probing prune). A folder that is not
+    <location>/<run id>/artifacts is not the run's own and is left alone."""
+    with sqlite3.connect(built.root / "mlruns" / "mlflow.db") as db:
+        db.execute("UPDATE runs SET artifact_uri = ? WHERE run_uuid = ?",
+                   (built.store.get(built.ids["s1"]).artifact_uri, built.ids["s3"]))  # fmt: skip
+    result = built.invoke("--keep", "2", "--yes")
+    assert result.exit_code == 0, result.output
+    assert (built.folder("s1") / "best.ckpt").is_file()  # the best run keeps its checkpoints
+    assert (
+        "its artifact folder" in result.output
+        and f"is not its own (<experiment's location>/{built.ids['s3']}/artifacts)" in result.output
+    )

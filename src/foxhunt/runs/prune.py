@@ -169,8 +169,8 @@ def cell_ranks(experiment: str, finished: Sequence[StoredRun], metric: str) -> d
 
 def checkpoint_folder(run: StoredRun, root: Path) -> tuple[Path | None, str | None]:
     """The run's stored ``checkpoints/`` folder, and None; or None and why it is not touched (its
-    artifacts are not files here, or lie outside the store's folder ``root``, through ``..`` or a
-    symbolic link)."""
+    artifacts are not files here, not the run's own folder, or lie outside the store's folder
+    ``root``, through ``..`` or a symbolic link)."""
     folder = artifact_folder(run)
     if folder is None:
         return None, f"its artifacts {run.artifact_uri or '(none)'} are not files of this machine"
@@ -183,6 +183,10 @@ def checkpoint_folder(run: StoredRun, root: Path) -> tuple[Path | None, str | No
         if part.is_symlink():
             return None, f"{part} is a symbolic link (it leads out of the store's folder {root})"
         part = part.parent
+    if Path(os.path.normpath(folder)).parts[-2:] != (run.run_id, "artifacts"):
+        # MLflow gives each run <experiment's location>/<run id>/artifacts: a record pointing elsewhere (another
+        # run's folder: its checkpoints were removed with this run's) is not this run's to prune
+        return None, f"its artifact folder {folder} is not its own (<experiment's location>/{run.run_id}/artifacts)"
     return target, None
 
 
