@@ -154,3 +154,42 @@ def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path, program):
     finally:
         other.kill()
         other.wait()
+
+
+def test_stop_never_signals_another_jobs_training(tmp_path):
+    """A launch file planted with the pid of another job's foxhunt-train: 'train stop' of the
+    planted job SIGTERMed the other job's training, which ended KILLED (found by a helper probing
+    the job CLI). A process launched for a job carries its id (FOXHUNT_JOB_ID): another id is not
+    signalled."""
+    import os
+    import subprocess
+    import time
+
+    import psutil
+    from typer.testing import CliRunner
+
+    from foxhunt.cli import app
+    from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
+    from foxhunt.runs.environment import JOB_ID_ENV, store_uri
+    from foxhunt.runs.store import RunStore
+
+    RunStore(store_uri(tmp_path)).ensure_experiment("foxhunt")
+    script = tmp_path / "foxhunt-train"
+    script.write_text("import time; time.sleep(300)\n")
+    other = subprocess.Popen([sys.executable, str(script), "-m"], env={**os.environ, JOB_ID_ENV: "aaaa0000"})
+    try:
+        started = int(psutil.Process(other.pid).create_time() * 1000)
+        launch_file = LaunchFile(job_id="fake0001", pid=other.pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
+                                 overrides=[], log=str(tmp_path / "job.log"), tracking_uri=store_uri(tmp_path),
+                                 root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"), started_ms=started, plan=[])  # fmt: skip
+        launch_file.write(jobs_dir(tmp_path) / "fake0001.json")
+        result = CliRunner().invoke(app, ["train", "stop", "fake0001", "--root", str(tmp_path), "--timeout", "1"])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().splitlines()[-1] == (
+            f"foxhunt train: job fake0001: pid {other.pid} is not the job's process (it trains job 'aaaa0000'): not signalled"
+        )
+        time.sleep(0.2)
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait()

@@ -346,7 +346,8 @@ def _orphans(leader: int, job_id: str) -> list[psutil.Process]:
                 members.append(process)
         except (ProcessLookupError, psutil.Error):
             continue
-    return members if any(_runs_the_job(p.info["cmdline"] or [], job_id) for p in members) else []
+    ours = [p for p in members if _runs_the_job(p.info["cmdline"] or [], job_id) and _job_of(p) in (None, job_id)]
+    return members if ours else []
 
 
 def _group_alive(pid: int, job_id: str) -> bool:
@@ -368,10 +369,23 @@ def _not_the_jobs_process(pid: int, started_ms: int | None, job_id: str) -> str:
         return "its command line cannot be read"
     if not _runs_the_job(argv, job_id):
         return f"it runs {' '.join(argv)[:80]!r}"
+    other = _job_of(process)
+    if other is not None and other != job_id:  # a planted launch file naming another job's training
+        return f"it trains job {other[:64]!r}"
     if started_ms is not None and abs(created_ms - started_ms) > LAUNCH_SLACK_S * 1000:
         when = datetime.fromtimestamp(created_ms / 1000).isoformat(timespec="seconds")
         return f"it started at {when}, not when the job was launched"
     return ""
+
+
+def _job_of(process: psutil.Process) -> str | None:
+    """The job a process was launched for (``FOXHUNT_JOB_ID`` in its environment, which
+    :func:`start` sets for the supervisor and everything it starts); None when it has none (a
+    sweep started by hand) or it cannot be read."""
+    try:
+        return process.environ().get(JOB_ID_ENV)
+    except psutil.Error:
+        return None
 
 
 def _runs_the_job(argv: list[str], job_id: str) -> bool:
