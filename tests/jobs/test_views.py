@@ -111,3 +111,18 @@ def test_a_walk_forward_cell_is_one_cell_of_its_job_not_its_folds():
     assert job.parent.run_id == "sweep" and [r.run_id for r in job.runs] == ["cell"]
     (alone,) = group_jobs(runs[1:])  # a walk-forward run without a sweep: one cell, not a job of folds
     assert alone.parent is None and [r.run_id for r in alone.runs] == ["cell"]
+
+
+def test_a_job_whose_supervisor_died_alone_is_running_while_a_cell_trains():
+    """kill -9 of the supervisor alone: its parent run (the supervisor's pid) is STALE while the
+    cell's training goes on; the job showed STALE and 'train stop' said 'nothing to stop' (found
+    by a helper probing the job CLI). A damaged job.plan tag is no plan, not an error for every job."""
+    from types import SimpleNamespace
+
+    from foxhunt.jobs.views import _stored_plan, job_state
+
+    parent = SimpleNamespace(state="STALE")
+    assert job_state(parent, [SimpleNamespace(state="RUNNING")]) == "RUNNING"
+    assert job_state(parent, [SimpleNamespace(state="KILLED")]) == "STALE"
+    for text in ("not json", "[1,2]", '[{"model":"dqn"}]', "{}", "[" * 100_000):
+        assert _stored_plan(text) == []

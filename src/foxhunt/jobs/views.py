@@ -265,8 +265,12 @@ class Job:
 
 def job_state(parent: StoredRun | None, runs: list[StoredRun]) -> str:
     """The parent run's state when there is one (what the MLflow UI shows for the job), else the
-    cells' together: any alive RUNNING -> RUNNING, else any STALE, FAILED, KILLED, in that order."""
+    cells' together: any alive RUNNING -> RUNNING, else any STALE, FAILED, KILLED, in that order.
+    A parent STALE with a cell still training (its supervisor killed alone: training goes on in
+    the job's group) is RUNNING: it was shown STALE, and ``stop`` answered 'nothing to stop'."""
     if parent is not None:
+        if parent.state == Status.STALE and any(r.state == Status.RUNNING for r in runs):
+            return Status.RUNNING
         return parent.state
     states = {r.state for r in runs}
     for state in (Status.RUNNING, Status.STALE, Status.FAILED, Status.KILLED):
@@ -319,10 +323,21 @@ def group_jobs(runs: list[StoredRun], host: str | None = None) -> list[Job]:
         parent = max(roots, key=lambda r: r.start_ms) if roots else None
         root_ids = {r.run_id for r in roots}
         cells = _latest_per_cell([r for r in members if r.run_id not in root_ids])
-        plan_text = parent.tags.get(Tag.JOB_PLAN) if parent is not None else None
-        plan = [PlannedCell.from_dict(c) for c in json.loads(plan_text)] if plan_text else []
+        plan = _stored_plan(parent.tags.get(Tag.JOB_PLAN)) if parent is not None else []
         jobs.append(Job(key, parent, cells, plan, job_state(parent, cells)))
     return jobs
+
+
+def _stored_plan(text: str | None) -> list[PlannedCell]:
+    """A parent run's ``job.plan`` tag, or no plan when it is not one foxhunt writes: one damaged
+    tag stopped ``train list`` and ``status`` for every job ('cannot read the MLflow store')."""
+    if not text:
+        return []
+    try:
+        cells = json.loads(text)
+        return [PlannedCell.from_dict(c) for c in cells] if isinstance(cells, list) else []
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return []
 
 
 def _latest_per_cell(runs: list[StoredRun]) -> list[StoredRun]:
