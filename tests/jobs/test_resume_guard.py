@@ -271,3 +271,22 @@ def test_a_stored_sweep_subfolder_or_a_forced_sweep_folder_that_leaves_is_refuse
     assert result.exit_code == 2 and launched == [], result.output
     assert result.stderr.startswith("foxhunt train: job bbbb3333: its stored ") and "refused" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_second_job_on_a_running_jobs_sweep_folder_is_refused(tmp_path, launched):
+    """Two jobs started with one hydra.sweep.dir wrote their cells into the same folders (the
+    second's checkpoints beside the first's, one parent run taken for the other's; found by a
+    helper probing the job CLI). While the first runs, the second is refused in one line; once it
+    has ended, the folder is free."""
+    shared = tmp_path / "outputs" / "shared"
+    result = runner.invoke(app, ["train", "start", "model=dqn", f"hydra.sweep.dir={shared}", "--root", str(tmp_path)])
+    assert result.exit_code == 0 and len(launched) == 1, result.output
+    first = result.output.split("job ", 1)[1].split()[0].rstrip(":")
+    again = runner.invoke(app, ["train", "start", "model=dqn", "seed=2", f"hydra.sweep.dir={shared}/.", "--root", str(tmp_path)])
+    assert again.exit_code == 2 and len(launched) == 1, again.output
+    assert again.stderr.strip().endswith(f"is job {first}'s, which is running: name another hydra.sweep.dir, or stop it "
+                                         f"(foxhunt train stop {first})")  # fmt: skip
+    launched[0].kill()
+    launched[0].wait()
+    later = runner.invoke(app, ["train", "start", "model=dqn", "seed=2", f"hydra.sweep.dir={shared}", "--root", str(tmp_path)])
+    assert later.exit_code == 0 and len(launched) == 2, later.output

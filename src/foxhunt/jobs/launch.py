@@ -217,6 +217,7 @@ def _launch(overrides, root: Path, job_id: str, sweep_dir, resume: bool, lock: J
     log = folder / f"{job_id}.log"
     user_sweep_dir = next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{SWEEP_DIR_KEY}=")), None)
     sweep_dir = user_sweep_dir or sweep_dir or str(root / "outputs" / "sweeps" / f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{job_id}")
+    _check_sweep_folder_free(root, job_id, sweep_dir)
     command = [*train_command(), "-m", *overrides]
     if not user_sweep_dir:  # one folder per job, kept on resume (two jobs may start in one second)
         command.append(f"{SWEEP_DIR_KEY}={sweep_dir}")
@@ -248,6 +249,25 @@ def _launch(overrides, root: Path, job_id: str, sweep_dir, resume: bool, lock: J
     launch_file.pid = process.pid
     launch_file.write(launch_path)
     return Launched(job_id, process.pid, log, store["tracking_uri"], len(plan))
+
+
+def _check_sweep_folder_free(root: Path, job_id: str, sweep_dir: str) -> None:
+    """Refuse a sweep folder another live job of this root writes: two jobs given one
+    ``hydra.sweep.dir`` wrote their cells into the same folders (a cell's checkpoints beside the
+    other's, a resume loading the other job's), and the second job's parent run took the
+    first's (found by a helper probing the job CLI)."""
+    wanted = Path(sweep_dir).expanduser().resolve()
+    here = socket.gethostname()
+    for path in sorted(jobs_dir(root).glob("*.json")):
+        try:
+            other = LaunchFile.read(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if other.job_id == job_id or other.host != here or not other.sweep_dir:
+            continue
+        if Path(other.sweep_dir).expanduser().resolve() == wanted and process_alive(other.pid, other.started_ms):
+            raise LaunchError(f"job {job_id}: its sweep folder {str(wanted)[:120]} is job {other.job_id}'s, which is "
+                              f"running: name another hydra.sweep.dir, or stop it (foxhunt train stop {other.job_id})")  # fmt: skip
 
 
 def resume(job: Job, root: Path, tracking_uri: str) -> Launched:
