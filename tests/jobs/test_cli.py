@@ -140,3 +140,34 @@ def test_read_commands_import_neither_torch_lightning_nor_mlflow(jobs_store):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
     assert "cccc4444" in out.stdout
+
+
+def test_json_is_strict_when_a_metric_is_not_a_number(jobs_store, tmp_path):
+    """A diverged run (a NaN loss) or an infinite sharpe made train status/list --json print NaN
+    and Infinity, which strict JSON parsers reject (found by a helper probing the job CLI): they
+    are null, as the tables show them missing."""
+    shutil.copytree(jobs_store.root / "mlruns", tmp_path / "mlruns")
+    with sqlite3.connect(tmp_path / "mlruns" / "mlflow.db") as db:
+        for table in ("metrics", "latest_metrics"):
+            db.execute(f"UPDATE {table} SET value = 9e999 WHERE key = 'val/sharpe'")
+            db.execute(f"UPDATE {table} SET is_nan = 1, value = 0 WHERE key != 'val/sharpe'")
+
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in --json output"))
+
+    for args in (["status", "aaaa1111", "--json"], ["list", "--json"]):
+        result = runner.invoke(app, ["train", *args, "--root", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        strict(result.output)
+    assert (
+        strict(runner.invoke(app, ["train", "status", "aaaa1111", "--json", "--root", str(tmp_path)]).output)["best_val_sharpe"]
+        is None
+    )
+
+
+@pytest.mark.parametrize("interval", ["inf", "1e300", "nan", "0"])
+def test_a_watch_interval_out_of_range_is_a_usage_line(jobs_store, interval):
+    """--interval inf overflowed time.sleep: an OverflowError traceback (found by a helper)."""
+    result = train(jobs_store, "watch", "dddd5555", "--interval", interval)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "Invalid value for '--interval'" in result.output

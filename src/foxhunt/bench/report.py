@@ -13,11 +13,12 @@ goal with an interval across it is a lead the run-to-run noise can hide, and the
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from foxhunt import json_output
 
 if TYPE_CHECKING:  # an annotation only: reading and writing reports needs no torch
     from foxhunt.bench.measure import PairedRatio
@@ -198,20 +199,9 @@ def write(report: dict, output_dir: Path) -> tuple[Path, Path]:
     output_dir.mkdir(parents=True, exist_ok=True)
     json_path = output_dir / "benchmark.json"
     md_path = output_dir / "benchmark.md"
-    json_path.write_text(json.dumps(_finite(report), indent=2, default=_json_default, allow_nan=False) + "\n")
+    json_path.write_text(json_output.dumps(report, indent=2, default=_json_default) + "\n")
     md_path.write_text(markdown(report))
     return json_path, md_path
-
-
-def _finite(value):
-    """``value`` with every NaN or infinite float replaced by None (JSON has neither)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
 
 
 def _json_default(value):

@@ -14,7 +14,6 @@ keeps running).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import typer
 
+from foxhunt import json_output
 from foxhunt.errors import EXIT_USER_ERROR, UserError, error_line, one_line_error
 from foxhunt.printable import visible
 from foxhunt.runs.environment import root_dir, store_uri
@@ -39,6 +39,7 @@ EXIT_INTERRUPTED = 130
 PIPE_WIDTH = 180  # columns of tables written to a pipe or file
 STOP_POLL_S = 0.5  # how often stop checks whether the job's processes are gone
 WATCH_INTERVAL_S = 2.0  # seconds between reads of the store while watching
+MAX_WATCH_INTERVAL_S = 3600.0  # --interval's bound: inf or 1e300 overflowed time.sleep (a traceback)
 LIST_STATES = tuple(str(state) for state in JOB_STATES)
 STORE_ERROR_WIDTH = 300  # characters of a store's error shown
 
@@ -158,7 +159,9 @@ def _relative(path: Path) -> str:
 @train_app.command()
 def watch(
     job: str = typer.Argument(..., help="Job id (or a unique prefix of it)."),
-    interval: float = typer.Option(WATCH_INTERVAL_S, min=0.1, help="Seconds between reads of the store."),
+    interval: float = typer.Option(
+        WATCH_INTERVAL_S, min=0.1, max=MAX_WATCH_INTERVAL_S, help="Seconds between reads of the store."
+    ),
     root: Path | None = typer.Option(None, help=ROOT_HELP),
     tracking_uri: str | None = typer.Option(None, help=URI_HELP),
 ) -> None:
@@ -209,7 +212,7 @@ def status(
     found = _find(job, root_dir, _uri(root_dir, tracking_uri, waited_on=True))
     now = now_ms()
     if as_json:
-        typer.echo(json.dumps(job_to_dict(found, now), indent=1))
+        typer.echo(json_output.dumps(job_to_dict(found, now), indent=1))
         return
     excerpt = ""
     if not found.runs and not found.skipped and found.log:  # nothing in the store yet, or never: the log says why
@@ -270,7 +273,7 @@ def list_jobs(
             "page": shown.page, "pages": shown.pages, "total": shown.total, "limit": limit,
             "jobs": [job_to_dict(j, now) for j in shown.jobs],
         }  # fmt: skip
-        typer.echo(json.dumps(payload, indent=1))
+        typer.echo(json_output.dumps(payload, indent=1))
         return
     _console().print(list_table(shown, now))
 
