@@ -219,3 +219,17 @@ def test_a_run_whose_record_points_at_another_runs_folder_is_not_pruned_through_
         "its artifact folder" in result.output
         and f"is not its own (<experiment's location>/{built.ids['s3']}/artifacts)" in result.output
     )
+
+
+@pytest.mark.parametrize("args", [["prune"], ["prune", "--yes"], ["reproduce", "abc"], ["top"]])
+def test_a_file_that_is_no_store_is_one_line_and_left_as_it_was(tmp_path, args):
+    """An empty mlflow.db: runs prune and runs reproduce opened it with MLflow's client, which
+    wrote its tables into it (0 bytes grew to 950 KB), then said 'experiment not in the store'
+    (found by a helper probing the runs commands). runs top refused it; all three do now."""
+    database = tmp_path / "mlruns" / "mlflow.db"
+    database.parent.mkdir()
+    database.write_bytes(b"")
+    result = runner.invoke(app, ["runs", *args, "--root", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().endswith(f"cannot read the MLflow store {database}: not an SQLite store with MLflow's tables")
+    assert len(result.output.strip().splitlines()) == 1 and database.stat().st_size == 0

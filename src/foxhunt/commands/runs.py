@@ -55,7 +55,7 @@ from foxhunt.errors import EXIT_USER_ERROR, UserError, one_line_error, reported
 from foxhunt.printable import shown
 from foxhunt.runs import leaderboard as lb
 from foxhunt.runs.environment import sqlite_path
-from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
+from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader, not_a_store
 from foxhunt.runs.tags import Tag
 
 # Lazy imports: (a) the store and MLflow, reproduce and training, rich's table, each once its command runs
@@ -162,6 +162,9 @@ def _store(uri: str):
     path = sqlite_path(uri)
     if path is not None and not path.is_file():
         raise _fail(f"no MLflow store at {path}: run foxhunt-train first (or pass --root)")
+    problem = not_a_store(path) if path is not None else None
+    if problem:
+        raise _fail(f"cannot read the MLflow store {path}: {problem}")
     return RunStore(uri)
 
 

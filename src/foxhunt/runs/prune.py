@@ -51,6 +51,7 @@ from foxhunt.errors import UserError
 from foxhunt.runs import leaderboard as lb
 from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, artifact_folder
 from foxhunt.runs.environment import sqlite_path
+from foxhunt.runs.sqlite_reader import not_a_store
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.stored import StoredRun
@@ -124,6 +125,9 @@ def store_folder(tracking_uri: str) -> Path:
                          "a server's artifacts are not files here")  # fmt: skip
     if not database.is_file():
         raise PruneError(f"no MLflow store at {database}: run foxhunt-train first (or pass --root)")
+    problem = not_a_store(database)
+    if problem:
+        raise PruneError(f"cannot read the MLflow store {database}: {problem}")
     return database.parent
 
 

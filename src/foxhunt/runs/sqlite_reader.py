@@ -53,6 +53,15 @@ def _is_locked(exc: sqlite3.Error) -> bool:
     return (code is not None and code & 0xFF in _BUSY) or "database is locked" in str(exc)
 
 
+def not_a_store(path: Path) -> str | None:
+    """Why the existing SQLite file ``path`` is no MLflow store a command may open with MLflow's
+    client (which would create MLflow's tables in any file it is given: a 0-byte ``mlflow.db``
+    grew to 950 KB under ``runs prune``); None when it is one (or of a newer schema)."""
+    if SqliteReader(path).schema() == INCOMPLETE:
+        return "not an SQLite store with MLflow's tables"
+    return None
+
+
 class SqliteReader:
     """Queries on MLflow's SQLite store (its tables, not its Python API: see above); no writes."""
 
