@@ -14,6 +14,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig
 
 from foxhunt.runs.environment import root_dir as default_root
@@ -36,10 +37,27 @@ def compose_config(
     out = output_dir or str(root / "outputs" / "commands")
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="foxhunt.conf", version_base="1.3"):
-        cfg = compose(
-            config_name,
-            overrides=[f"paths.root_dir={root}", f"paths.output_dir={out}", *overrides],
-            return_hydra_config=True,
-        )
+        try:
+            cfg = compose(
+                config_name,
+                overrides=[f"paths.root_dir={root}", f"paths.output_dir={out}", *overrides],
+                return_hydra_config=True,
+            )
+        except (AttributeError, AssertionError, TypeError) as exc:
+            if not _raised_in_hydra(exc):
+                raise
+            # Hydra applying an override to a node its schema leaves null (hydra.sweeper.params={seed:1} on the
+            # basic sweeper) fails inside OmegaConf, unwrapped: Hydra's own error, so every caller says it in one line
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigCompositionException(f"cannot apply the overrides {overrides}: {first}") from None
     HydraConfig.instance().set_config(cfg)
     return cfg
+
+
+def _raised_in_hydra(exc: BaseException) -> bool:
+    """Whether the innermost frame of ``exc`` is Hydra's or OmegaConf's code (not foxhunt's)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    return any(f"{os.sep}{package}{os.sep}" in where for package in ("hydra", "omegaconf"))
