@@ -290,3 +290,22 @@ def test_a_second_job_on_a_running_jobs_sweep_folder_is_refused(tmp_path, launch
     launched[0].wait()
     later = runner.invoke(app, ["train", "start", "model=dqn", "seed=2", f"hydra.sweep.dir={shared}", "--root", str(tmp_path)])
     assert later.exit_code == 0 and len(launched) == 2, later.output
+
+
+@pytest.mark.parametrize("planted_at", ["jobs-folder-a-file", "lock-a-folder", "lock-a-dangling-link"])
+def test_a_lock_that_cannot_be_opened_is_one_line(tmp_path, launched, planted_at):
+    """A dangling link or a folder at the job's lock path, or a file where the jobs folder goes:
+    OSError tracebacks (found by a helper probing the job CLI)."""
+    if planted_at == "jobs-folder-a-file":
+        jobs_dir(tmp_path).parent.mkdir(parents=True)
+        jobs_dir(tmp_path).write_text("")
+        args = ["train", "start", "model=dqn"]
+    else:
+        failed_job(tmp_path, "feed0009", ["model=dqn"])
+        lock = jobs_dir(tmp_path) / "feed0009.lock"
+        lock.mkdir() if planted_at == "lock-a-folder" else lock.symlink_to(tmp_path / "nowhere")
+        args = ["train", "start", "--resume", "feed0009"]
+    result = runner.invoke(app, [*args, "--root", str(tmp_path)])
+    assert result.exit_code == 2 and launched == [], result.output
+    assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert "its lock" in result.stderr and "cannot be opened" in result.stderr

@@ -37,7 +37,8 @@ HOLDER_POLL_S = 0.02
 
 
 class JobLockHeld(RuntimeError):
-    """Another process holds the job's lock; the message (one line) names it."""
+    """Another process holds the job's lock, or its file cannot be opened; the message (one
+    line) names the holder or the path."""
 
 
 def lock_path(root: Path, job_id: str) -> Path:
@@ -55,8 +56,12 @@ class JobLock:
         """Take job ``job_id``'s lock at once, naming this process and ``what`` it does as the
         holder; :class:`JobLockHeld` when another process holds it (nothing waits)."""
         path = lock_path(root, job_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:  # a link or a folder planted at its name, the jobs folder a file: one line
+            raise JobLockHeld(f"job {job_id}: its lock {path} cannot be opened ({exc.strerror or exc}; a symbolic link is "
+                              "refused): remove what is at that path") from None  # fmt: skip
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
