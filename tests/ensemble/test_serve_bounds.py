@@ -219,7 +219,28 @@ def test_the_server_settings_come_from_conf():
     assert (read.read_timeout_s, read.max_connections, read.health_reserve, read.log_interval_s) == (
         node.read_timeout_s, node.max_connections, node.health_reserve, node.log_interval_s)  # fmt: skip
     assert read.max_sockets == node.max_connections + node.health_reserve
-    assert Limits.from_config(node, timeout_s=2.5).timeout_s == 2.5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--timeout", "nan"], "ensemble.serve.timeout_s=nan: "), (["--timeout", "-1"], "ensemble.serve.timeout_s=-1.0: "),
+        (["--timeout", "1e9"], "ensemble.serve.timeout_s=1000000000.0: "), (["--port", "70000"], "--port 70000: must be 0..65535"),
+        (["--port", "-1"], "--port -1: must be 0..65535"),
+        # a device this machine lacks: a 157-line traceback from the first member's .to() (any ensemble command)
+        (["ensemble.device=cuda:999"], "config error: ensemble.device=cuda:999: this machine has no such CUDA device"),
+    ],
+)  # fmt: skip
+def test_serve_options_out_of_range_are_one_line_before_anything_loads(tmp_path, args, message):
+    """--timeout bypassed the schema (nan answered 200 with no bar applied, -1 a 408 for every
+    request) and --port 70000 was an OverflowError traceback (found by a helper probing serve)."""
+    from typer.testing import CliRunner
+
+    from foxhunt.cli import app
+
+    result = CliRunner().invoke(app, ["ensemble", "serve", "asset=es", *args], env={"FOXHUNT_ROOT": str(tmp_path)})
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
 
 
 class _Engine:

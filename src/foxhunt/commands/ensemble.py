@@ -63,6 +63,7 @@ ensemble_app = typer.Typer(
     help="The ensemble: register the best run of each family, replay bars through it.", no_args_is_help=True
 )
 
+MAX_PORT = 65535  # --port: 0 (any free port) .. 65535
 OVERRIDES = typer.Argument(
     None, help="Hydra overrides of conf/ensemble.yaml: asset=es ensemble.metric=val/sharpe ensemble.models=[dqn,tft] ..."
 )
@@ -93,6 +94,14 @@ def _compose(command: str, overrides: list[str] | None):
         validate(cfg)
     except (HydraException, OmegaConfBaseException, ConfigError) as exc:
         raise _fail(command, f"config error: {str(exc).strip().splitlines()[0]}") from None
+    device = str(cfg.ensemble.device)
+    if device.startswith("cuda"):  # a device this machine lacks was a traceback from the first member's .to()
+        import torch
+
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise _fail(command, f"config error: ensemble.device={device}: this machine has no such CUDA device that torch "
+                                 f"{torch.__version__} can use ({torch.cuda.device_count()} found); use ensemble.device=cpu")  # fmt: skip
     return cfg
 
 
@@ -204,13 +213,17 @@ def serve(
     """Serve the registered ensemble over HTTP: POST /predict bars for a symbol, GET /health, GET /info."""
     from foxhunt.ensemble.serve import EnsembleService, Limits, check_address, run
 
-    cfg = _compose("serve", overrides)
+    if not 0 <= port <= MAX_PORT:
+        raise _fail("serve", f"--port {port}: must be 0..{MAX_PORT}")
+    # --timeout is ensemble.serve.timeout_s, checked by the config's schema (nan and -1 passed before: nan answered
+    # 200 with no bar applied, -1 a 408 for every request)
+    cfg = _compose("serve", [*(overrides or []), *([f"ensemble.serve.timeout_s={timeout!r}"] if timeout is not None else [])])
     _check_store("serve", cfg)
     ens = cfg.ensemble
     with tempfile.TemporaryDirectory(prefix="foxhunt-serve-") as workdir:  # removed on exit, whatever ends the server
         with _reported("serve"):  # the ensemble loads before the URL is printed: a bad version is one line here
             check_address(host, port)
-            service = EnsembleService(cfg, Path(workdir), Limits.from_config(ens.serve, timeout))
+            service = EnsembleService(cfg, Path(workdir), Limits.from_config(ens.serve))
         typer.echo(f"foxhunt ensemble serve: {', '.join(map(str, ens.models))} for {cfg.asset.key} on http://{host}:{port} "
                    f"(POST /predict, GET /health, GET /info); one symbol's stream holds {service.stream_bytes:,} bytes")  # fmt: skip
         run(service, host, port)

@@ -274,13 +274,12 @@ class Limits:
     slice_bars: int  # rounds (bars of each request) per batch; a request with more goes on in the next (EnsembleService.answer)
 
     @classmethod
-    def from_config(cls, node, timeout_s: float | None = None) -> Limits:
-        """The limits of ``node`` (``ensemble.serve``); the process's file-descriptor limit is
-        made to fit them here, before the ensemble loads (:func:`reserve_descriptors`)."""
+    def from_config(cls, node) -> Limits:
+        """The limits of ``node`` (``ensemble.serve``, validated: ``--timeout`` is its
+        ``timeout_s``); the process's file-descriptor limit is made to fit them here, before the
+        ensemble loads (:func:`reserve_descriptors`)."""
         values = {k: node[k] for k in cls.__dataclass_fields__}
         values["symbols"] = list(values["symbols"]) if values["symbols"] is not None else None
-        if timeout_s is not None:
-            values["timeout_s"] = float(timeout_s)
         limits = cls(**values)
         reserve_descriptors(limits)
         return limits
