@@ -108,3 +108,51 @@ def test_a_refused_value_is_shown_as_the_client_wrote_it(request_body, line):
     with pytest.raises(BadRequest) as refused:
         parse_request(request_body, max_bars=10)
     assert line in str(refused.value)
+
+
+def _bar(minute: int, close: float = 4800.25) -> dict:
+    return {"ts": 1_710_000_000_000_000_000 + minute * 60_000_000_000, "open": close, "high": close, "low": close,
+            "close": close, "volume": 1}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "line"),
+    [
+        ('{"symbol":"ES","symbol":"A1","bar":%s}', 'body: the key "symbol" appears twice in one object'),
+        ('{"symbol":"ES","bar":{"ts":1710000000000000000,"open":1,"high":1,"low":1,"close":1,"close":2,"volume":1}}',
+         'body: the key "close" appears twice in one object'),
+        ('{"symbol":"ES","bar":%s,"bars":[%s]}', "body: both bar and bars given"),
+    ],
+)  # fmt: skip
+def test_a_body_that_says_one_thing_twice_is_refused(body, line):
+    """Duplicate keys: the last silently won; bar beside bars: bar was silently ignored (found by
+    a helper probing serve). A proxy reading the first value saw another bar than the one scored."""
+    import json
+
+    from foxhunt.ensemble.serve import _parse_json, parse_request
+
+    text = body.replace("%s", json.dumps(_bar(0)))
+    with pytest.raises(BadRequest) as refused:
+        parse_request(_parse_json(text.encode(), "application/json"), max_bars=10)
+    assert str(refused.value).startswith(line)
+
+
+@pytest.mark.parametrize("minutes", [[5, 3, 9], [1, 2, 2], [4, 4], [0, 9, 10, 9]])
+def test_a_requests_bars_out_of_time_order_or_repeated_are_refused_before_any_is_applied(minutes):
+    """Bars 5, 3, 9, 9 resent in a request were each answered 'resent' from the cache, in any
+    order and twice (found by a helper probing serve): a request's bars go forward in time."""
+    from foxhunt.ensemble.serve import parse_request
+
+    with pytest.raises(BadRequest) as refused:
+        parse_request({"symbol": "ES", "bars": [_bar(m) for m in minutes]}, max_bars=10)
+    at = next(i for i in range(1, len(minutes)) if minutes[i] <= minutes[i - 1])
+    assert str(refused.value).startswith(f"bars[{at}]: ts ") and str(refused.value).endswith("nothing applied")
+
+
+def test_a_refusal_quoting_a_huge_value_is_cut():
+    """A 4,000-digit integer ts came back whole in the stream's refusal: an 8 KB detail (found by a
+    helper probing serve). Every refusal's detail is cut to MAX_DETAIL characters."""
+    from foxhunt.ensemble.serve import MAX_DETAIL
+
+    detail = str(BadRequest(f"bars[0]: ts {10**3999} is out of range (0 earlier bar(s) of this request applied)"))
+    assert len(detail) == MAX_DETAIL and detail.endswith("...") and detail.startswith("bars[0]: ts 1000")

@@ -138,12 +138,16 @@ JSON_TYPES = ("application/json",)
 HEALTH_PATH = "/health"  # answered whatever the load (exempt from max_connections)
 
 
+MAX_DETAIL = 400  # characters of a refusal's detail
+
+
 class BadRequest(ValueError):
     """A request the server refuses (one line); ``status`` is its HTTP status; ``close``: the
     connection is closed after the answer (the rest of its body is never read)."""
 
     def __init__(self, message: str, status: int = 400, close: bool = False, retry_after_s: int | None = None) -> None:
-        super().__init__(message)
+        # a detail quoting what the client sent is cut: a 4,000-digit ts came back whole (8 KB)
+        super().__init__(message if len(message) <= MAX_DETAIL else message[: MAX_DETAIL - 3] + "...")
         self.status = status
         self.close = close
         self.retry_after_s = retry_after_s  # a Retry-After header: when trying again can succeed
@@ -219,6 +223,8 @@ def parse_request(request: Any, max_bars: int) -> tuple[str, list[tuple]]:
     symbol = request.get("symbol")
     if not isinstance(symbol, str) or not SYMBOL.fullmatch(symbol):
         raise BadRequest(f"symbol={_as_json(symbol)}: expected 1-32 letters, digits or ._:-")
+    if "bar" in request and "bars" in request:  # one was silently ignored
+        raise BadRequest("body: both bar and bars given: send one bar, or a list of bars")
     bars = request.get("bars", [request["bar"]] if "bar" in request else None)
     if not isinstance(bars, list) or not bars:
         raise BadRequest("bars: expected a non-empty list of bars (or bar: one bar)")
@@ -233,6 +239,9 @@ def parse_request(request: Any, max_bars: int) -> tuple[str, list[tuple]]:
             raise BadRequest(f"bars[{i}]: missing {', '.join(missing)}")
         values = [_number(bar[key], f"bars[{i}].{key}") for key in BAR_KEYS[1:]]
         parsed.append((parse_ts(bar["ts"]), *values))
+        if i and parsed[i][0] <= parsed[i - 1][0]:  # a resent prefix was matched bar by bar, in any order and repeated
+            raise BadRequest(f"bars[{i}]: ts {parsed[i][0]} is not after bars[{i - 1}]'s {parsed[i - 1][0]} (a request's "
+                             "bars are in time order, each once); nothing applied")  # fmt: skip
     return symbol, parsed
 
 
@@ -1001,11 +1010,22 @@ def _parse_json(body: bytes, content_type: str) -> Any:
     except UnicodeDecodeError as exc:
         raise BadRequest(f"body: not UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except BadRequest:
         raise
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"body: not JSON ({str(exc)[:120]})") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: with a key twice the last silently won, so a
+    proxy or an audit reading the first saw another bar than the one scored."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise BadRequest(f"body: the key {_as_json(key)} appears twice in one object")
+        found[key] = value
+    return found
 
 
 def _refuse_constant(name: str):
