@@ -171,3 +171,27 @@ def test_a_watch_interval_out_of_range_is_a_usage_line(jobs_store, interval):
     result = train(jobs_store, "watch", "dddd5555", "--interval", interval)
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "Invalid value for '--interval'" in result.output
+
+
+def test_status_shows_only_the_jobs_own_log(tmp_path):
+    """A launch file naming /etc/passwd (or any file) as its log had train status print that
+    file's end (found by a helper probing the job CLI); the job's own log is still shown."""
+    import socket
+    import time
+
+    from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the secret line\n")
+    for job_id, log in (("feed00aa", secret), ("feed00bb", jobs_dir(tmp_path) / "feed00bb.log")):
+        jobs_dir(tmp_path).mkdir(parents=True, exist_ok=True)
+        if log != secret:
+            log.write_text("Error: the job's own last line\n")
+        LaunchFile(job_id=job_id, pid=1 << 21, host=socket.gethostname(), command=["foxhunt-train", "-m"], overrides=[],
+                   log=str(log), tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db", root=str(tmp_path),
+                   sweep_dir=str(tmp_path / "sweep"), started_ms=int(time.time() * 1000) - 60_000, plan=[],
+                   ).write(jobs_dir(tmp_path) / f"{job_id}.json")  # fmt: skip
+    planted = runner.invoke(app, ["train", "status", "feed00aa", "--root", str(tmp_path)])
+    own = runner.invoke(app, ["train", "status", "feed00bb", "--root", str(tmp_path)])
+    assert planted.exit_code == 0 and own.exit_code == 0, (planted.output, own.output)
+    assert "the secret line" not in planted.output and "the job's own last line" in own.output

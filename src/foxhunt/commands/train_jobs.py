@@ -205,6 +205,7 @@ def status(
 ) -> None:
     """A job's state and each cell's step, metrics, peak memory, duration, error or checkpoint."""
     from foxhunt.jobs.display import status_view
+    from foxhunt.jobs.launch_file import jobs_dir
     from foxhunt.jobs.listing import job_to_dict
     from foxhunt.jobs.views import log_tail, now_ms
 
@@ -215,7 +216,10 @@ def status(
         typer.echo(json_output.dumps(job_to_dict(found, now), indent=1))
         return
     excerpt = ""
-    if not found.runs and not found.skipped and found.log:  # nothing in the store yet, or never: the log says why
+    # the log a record names is shown only when it is the job's own (a launch file or a tag naming /etc/passwd had its
+    # end printed)
+    own_log = (jobs_dir(root_dir) / f"{found.job_id}.log").resolve()
+    if not found.runs and not found.skipped and found.log and Path(found.log).resolve() == own_log:
         excerpt = log_tail(found.log, 10)
     _console().print(status_view(found, now, excerpt))
 
