@@ -4,8 +4,10 @@ A tag value, a run name or a job's log line is written by whoever can write the 
 it is, an escape sequence in it retitles the terminal, clears the screen or forges a line, and a
 ``[red]`` in it is rich markup. :func:`shown` makes every control character visible as its escape
 (``\\x1b``, ``\\n``) and returns rich :class:`~rich.text.Text`, which rich never parses as
-markup. Written here because rich strips only a few control codes (bell, backspace, carriage
-return), never ESC.
+markup. Unicode's bidirectional controls (U+202A-U+202E, U+2066-U+2069, U+200E, U+200F, U+061C)
+are made visible as well (``\\u202e``): printed, they reorder the rest of a line, so an asset
+or a run name could show as another ("Trojan Source"). Written here because rich strips only a
+few control codes (bell, backspace, carriage return), never ESC nor these.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import re
 
 from rich.text import Text
 
-#: C0 and C1 control characters and DEL (tab included: it moves the cursor in a table cell).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: C0 and C1 control characters and DEL (tab included: it moves the cursor in a table cell), and
+#: Unicode's bidirectional controls (module doc).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def visible(value: object) -> str:
