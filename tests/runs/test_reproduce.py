@@ -151,6 +151,8 @@ def test_a_run_that_is_not_in_the_store_and_a_missing_store_are_one_line(tmp_pat
     unknown, version = "0123456789abcdef0123456789abcdef", "models:/foxhunt-dqn-es@champion"
     _one_line_exit_2(_reproduce(tmp_path, unknown), f"run {unknown}: not in the store")
     _one_line_exit_2(_reproduce(tmp_path, version), f"{version}: no such registered version")
+    huge = "models:/foxhunt-dqn-es/99999999999999999999999"  # blamed the store: 'Python int too large' (found by a helper)
+    _one_line_exit_2(_reproduce(tmp_path, huge), f"{huge}: no such registered version")
 
 
 def _finished_run(root: Path, config: dict | None, status: str = "FINISHED") -> str:
@@ -174,6 +176,10 @@ def test_a_planted_target_or_no_config_artifact_is_refused_before_anything_is_im
     assert "planted_module_of_test_reproduce.Evil" in line and "planted_module_of_test_reproduce" not in sys.modules
     bare = _finished_run(tmp_path, None)
     _one_line_exit_2(_reproduce(tmp_path, bare), f"run {bare}", "no config.yaml artifact")
+    config = resolved_config(compose_train_config(["model=dqn", "trainer=smoke"], tmp_path))
+    del config["task"]  # an invalid stored config: the line names its file (it said only 'config error: task: missing')
+    damaged = _finished_run(tmp_path, config)
+    _one_line_exit_2(_reproduce(tmp_path, damaged), f"run {damaged} (dqn-es-fp32): config.yaml: task")
     failed = _finished_run(tmp_path, None, status="FAILED")
     _one_line_exit_2(_reproduce(tmp_path, failed), f"run {failed}", "is FAILED: only a FINISHED run has results to reproduce")
     assert RunStore(_uri(tmp_path)).experiment_id(REPRODUCTIONS_EXPERIMENT) is None  # nothing trained

@@ -58,8 +58,9 @@ from typing import Any
 import torch
 from mlflow.exceptions import MlflowException
 
+from foxhunt.config.schema import validate
 from foxhunt.config.stored import load_stored_config
-from foxhunt.errors import UserError
+from foxhunt.errors import ConfigError, UserError
 from foxhunt.runs.checkpoints import BEST_CHECKPOINT, CHECKPOINT_ARTIFACTS, LAST_CHECKPOINT
 from foxhunt.runs.liveness import run_state
 from foxhunt.runs.provenance import (
@@ -86,6 +87,7 @@ EXCLUDED_SUFFIXES = ("_per_s", "_s", "_ms")  # throughput and durations
 EXIT_IDENTICAL, EXIT_DIFFERS = 0, 1
 FIRST_ATTEMPT = "original"
 MORE_SHOWN = 1  # packages named per verdict line; the rest counted
+MAX_VERSION = 2**63 - 1  # SQLite's largest integer: a registered version number is at most this
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -114,6 +116,8 @@ def resolve_target(store, target: str) -> str:
     if match is None:
         raise ReproduceError(f"{target}: not a run id, models:/NAME@ALIAS or models:/NAME/VERSION")
     name, alias, version = match.group("name"), match.group("alias"), match.group("version")
+    if version and int(version) > MAX_VERSION:  # no store holds one; SQLite's integer overflowed ('cannot read the store')
+        raise ReproduceError(f"{target}: no such registered version in {store.tracking_uri}")
     found = store.get_version(name, version) if version else store.get_version_by_alias(name, alias)
     if found is None:
         raise ReproduceError(f"{target}: no such registered version in {store.tracking_uri}")
@@ -157,6 +161,10 @@ def open_original(store, run_id: str, workdir: Path) -> Original:
     if CONFIG_ARTIFACT not in store.logged_files(run_id, ""):
         raise ReproduceError(f"{origin}: no {CONFIG_ARTIFACT} artifact: nothing to retrain it from")
     config = load_stored_config(store.download(run_id, CONFIG_ARTIFACT, root), f"{origin}: {CONFIG_ARTIFACT}")
+    try:  # checked here, so a refusal names the file (the retrain's own said only 'config error: task: missing')
+        validate(config)
+    except ConfigError as exc:
+        raise ReproduceError(f"{origin}: {CONFIG_ARTIFACT}: {str(exc).strip().splitlines()[0]}") from None
     logged = set(store.logged_files(run_id, CHECKPOINT_ARTIFACTS))
     names = [name for name in COMPARED_CHECKPOINTS if name in logged]
     if not names:
