@@ -148,7 +148,12 @@ def test_register_after_a_roll_keeps_the_promoted_champion_unless_forced(roll_st
     assert aliases(roll_store)["champion"] == promoted
     replaced = cli(roll_store, *register, "--force")
     assert replaced.exit_code == 0, replaced.output
-    assert aliases(roll_store)["champion"] == "3"
+    # the replaced champion is kept as @previous, so a rollback returns to it (it left @previous on v1, and a rollback
+    # went back past the promotion, to v1: the last note's leftover)
+    assert aliases(roll_store) == {"champion": "3", "previous": promoted}
+    back = cli(roll_store, "ensemble", "rollback", "asset=es", "ensemble.models=[dqn]")
+    assert back.exit_code == 0, back.output
+    assert aliases(roll_store) == {"champion": promoted, "previous": "3"}
 
 
 def test_a_rollback_to_a_version_that_fails_its_checks_moves_nothing(roll_store, roll_bars):

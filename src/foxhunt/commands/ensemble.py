@@ -140,6 +140,8 @@ def register(
             uri, str(cfg.task), asset, [str(m) for m in ens.models], str(ens.metric), str(ens.registry_prefix),
             str(ens.alias), dry_run, gate=str(ens.gate), force=force, example_decided=int(ens.input_example_decided),
             journal=str(cfg.roll.experiment) if cfg.get("roll") is not None else None,
+            previous=str(cfg.roll.previous_alias) if cfg.get("roll") is not None else None,
+            artifact_location=cfg.logger.get("artifact_location"),
         )  # fmt: skip
     for line in outcome.completed:
         typer.echo(f"foxhunt ensemble register: {line}")

@@ -29,7 +29,9 @@ The version's tags name the run (``run_id``), the metric and its value, and reco
 of every file of its folder (``foxhunt.files_sha256``; also a tag of its logged model), which
 :func:`download_version` checks before any file of a version is read
 (:mod:`foxhunt.ensemble.member_files`); the alias
-(``ensemble.alias``, default ``champion``) moves to the new version. When a family's best run
+(``ensemble.alias``, default ``champion``) moves to the new version, and the version it replaces
+keeps the ``previous`` alias, both moves one committed record as a roll's promotion (below), so
+a rollback after a register returns to the version it replaced. When a family's best run
 already is the aliased version, nothing new is registered. Every choice is prepared and checked
 (checkpoint present, loadable and stamped for the run that logged it, config valid, the saved
 folder loaded by ``mlflow.pyfunc.load_model`` and answering its input example) before anything
@@ -451,10 +453,14 @@ class Registration:
 
 def register_champions(tracking_uri: str, experiment: str, asset: str, families: list[str], metric: str,
                        prefix: str, alias: str, dry_run: bool, gate: str = "baseline",
-                       force: bool = False, *, example_decided: int, journal: str | None = None) -> Registration:  # fmt: skip
+                       force: bool = False, *, example_decided: int, journal: str | None = None,
+                       previous: str | None = None, artifact_location: str | None = None) -> Registration:  # fmt: skip
     """Choose, gate, prepare every version, then register them (see the module doc). ``journal``:
     the experiment of the promotion records (``roll.experiment``): one committed and not applied
-    is applied first."""
+    is applied first. With ``journal`` and ``previous`` (``roll.previous_alias``), a version that
+    replaces a champion leaves ``previous`` on it, both moves committed as one record in a run
+    ``register-<asset>`` of ``journal`` (artifacts at ``artifact_location``), as a roll's
+    promotion does: ``rollback`` then goes back to the version a register replaced."""
     if gate not in GATES:
         raise RegistryError(f"ensemble.gate={gate!r}: must be one of {', '.join(GATES)}")
     store = RunStore(tracking_uri)
@@ -465,6 +471,7 @@ def register_champions(tracking_uri: str, experiment: str, asset: str, families:
     with store.exclusive(REGISTRY_LOCK):  # a concurrent register waits, then finds the champions registered
         completed = complete_pending(store, journal) if journal else []
         registration = _register_locked(store, experiment, asset, families, metric, prefix, alias, gate, force, example_decided)
+        _keep_previous(store, registration, asset, alias, journal, previous, artifact_location)
         registration.completed = completed
         return registration
 
@@ -525,10 +532,33 @@ def _register_locked(store, experiment: str, asset: str, families: list[str], me
             if environment is None:  # one wheel for every version of this register
                 environment = model_environment(work, ARTIFACTS_DIR)
             todo.append(prepare(store, choice, name, metric, work, environment, example_decided))  # every check before any write
-        results += [register_prepared(store, prepared, alias, passed[prepared.choice.family]) for prepared in todo]
+        # a version that replaces a champion is registered without the alias: its move, and previous's, are
+        # committed together afterwards (_keep_previous); a family's first version takes the alias at once
+        results += [register_prepared(store, prepared, None if store.get_version_by_alias(prepared.name, alias) else alias,
+                                      passed[prepared.choice.family]) for prepared in todo]  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Registration(choices, results, refused)
+
+
+def _keep_previous(store, registration: Registration, asset: str, alias: str, journal: str | None, previous: str | None,
+                   artifact_location: str | None) -> None:  # fmt: skip
+    """Move ``alias`` to each new version registered without it, keeping ``previous`` on the
+    version it replaces, all moves committed as one record (:func:`commit_moves`; register_champions'
+    doc). Without a journal the alias simply moves (nothing can keep ``previous`` atomically)."""
+    fresh = [r for r in registration.registered if not r.unchanged and alias not in store.get_version(r.name, r.version).aliases]
+    if not fresh:
+        return
+    if not journal or not previous:
+        for r in fresh:
+            store.set_alias(r.name, alias, r.version)
+        return
+    moves = [m for r in fresh for m in promotion_moves(store, r.name, alias, previous, r.version)]
+    from foxhunt.runs.tracked_run import TrackedRun  # the journal's run: as a roll's and a rollback's
+
+    with TrackedRun(store.tracking_uri, journal, artifact_location, f"register-{asset}", {"asset": asset},
+                    source="foxhunt ensemble register") as run:  # fmt: skip
+        commit_moves(store, run.run_id, moves)
 
 
 # -- promotion and rollback ------------------------------------------------------------------
