@@ -20,29 +20,38 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "real"
 
 
-# The longest test files, longest first: seconds of each file alone in one pytest process, measured
-# 2026-12-04 16:00-16:33 UTC on the two cores at a load average of 1.3-6 (others' work beside;
-# issue 39): 129 (with the roll tests' session fixtures), 128, 118, 102, 86, 86, 73 (23 + 50),
-# 60 (mypy with a cold cache, in the 15:38 suite), 58, 56, 53, 47, 38, 36. pytest-xdist's
+# The longest test files, longest first, by the seconds of their tests in the suite (pytest
+# --durations, two workers), measured 2026-12-05 03:10-03:43 UTC beside two probing helpers (load
+# 5-7, so about three times the quiet figures): 296, 223, 221, 180, 120, 114, 102, 99, 94, 88, 83, 79,
+# 75, 73, 60, 59, 54, 48, then the rest under 45 (issue 39 listed the first order; the memory
+# prediction, export, registry and serve files had grown past it and ran last). pytest-xdist's
 # --dist loadfile runs a file whole on one worker and hands out the files with the most tests
 # first, so files of one or two minute-long tests came last, and the suite's last minutes ran on
 # one worker while the other idled. Started first, the two workers share them and the short files
 # fill in after. Files not named keep xdist's order, the most tests first.
 LONGEST_FIRST = (
+    "tests/memory/test_predict.py",
     "tests/roll/test_roll_crash.py",
-    "tests/test_same_second_runs.py",
     "tests/sweeps/test_multirun.py",
-    "tests/training/test_resume_point.py",
-    "tests/training/test_cell.py",
-    "tests/test_kill_resume.py",
+    "tests/ensemble/test_export.py",
+    "tests/training/test_checkpoint_stamps.py",
+    "tests/test_same_second_runs.py",
+    "tests/ensemble/test_registry.py",
+    "tests/roll/test_swap.py",
+    "tests/ensemble/test_serve.py",
     "tests/jobs/test_jobs_e2e.py",
+    "tests/sweeps/test_optuna_search.py",
+    "tests/training/test_resume_point.py",
+    "tests/memory/test_validate.py",
+    "tests/test_run_records.py",
+    "tests/models/test_tft.py",
+    "tests/test_kill_resume.py",
+    "tests/ensemble/test_swap_state.py",
+    "tests/precision/test_bf16.py",
     "tests/test_style.py",
     "tests/test_bad_inputs.py",
-    "tests/test_run_records.py",
-    "tests/roll/test_swap.py",
-    "tests/sweeps/test_optuna_search.py",
+    "tests/training/test_cell.py",
     "tests/test_killed_sweep.py",
-    "tests/training/test_checkpoint_stamps.py",
 )
 
 
