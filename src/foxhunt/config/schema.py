@@ -745,12 +745,25 @@ class ServeSection(_Strict):
     slice_bars: Annotated[int, _ints(1, 1_000_000)]
 
 
+def _is_alias(value: Any) -> bool:
+    """A registry alias MLflow accepts and keeps: letters, digits, '_' and '-' from a letter, at
+    most 64, and none it reserves ('latest' in any case, 'v' with a number: a version's own name).
+    roll.previous_alias=latest trained, committed a promotion MLflow then refused to apply, and every
+    roll, rollback and register failed on that record from then on (found by a helper probing the roll)."""
+    return (isinstance(value, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", value) is not None
+            and value.lower() != "latest" and re.fullmatch(r"[vV]\d+", value) is None)  # fmt: skip
+
+
+Alias = Annotated[str, _only(_is_alias, "must be a registry alias: a letter, then up to 63 letters, digits, '_' or '-'; "
+                                        "not 'latest' nor 'v' and a number (MLflow reserves them)")]  # fmt: skip
+
+
 class EnsembleSection(_Strict):
     """``conf/ensemble``: the ensemble's members, how they load and how they combine."""
 
     models: list[str] = Field(min_length=1)  # families of conf/model/ (foxhunt.config.families)
     metric: str = Field(min_length=1)
-    alias: str = Field(min_length=1)
+    alias: Alias
     gate: Literal["baseline", "interval", "none"]
     versions: dict[str, Annotated[int, _ints(1, MAX_STEPS)] | None]
     registry_prefix: str = Field(min_length=1)
@@ -843,7 +856,7 @@ class RollSection(_Strict):
     min_dsr: Annotated[float, _reals(ge=0, le=1)] | None
     init: Literal["scratch", "champion"] = "scratch"
     experiment: str = Field(min_length=1)
-    previous_alias: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+    previous_alias: Alias
     swap: RollSwap
 
 

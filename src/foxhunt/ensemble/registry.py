@@ -632,13 +632,30 @@ def pending_moves(store, journal: str | None) -> list[tuple[str, list[AliasMove]
     pending = []
     for run in sorted(found, key=lambda r: r.start_ms):
         try:
-            moves = [AliasMove(str(m["name"]), str(m["alias"]), str(m["version"]), None if m.get("was") is None else str(m["was"]))
-                     for m in json.loads(run.tags.get(PROMOTION_TAG, ""))]  # fmt: skip
-        except (ValueError, TypeError, KeyError) as exc:
+            moves = [_recorded_move(m) for m in json.loads(run.tags.get(PROMOTION_TAG, ""))]
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise RegistryError(f"run {run.run_id} of experiment {journal!r}: its tag {PROMOTION_TAG} is not a promotion record "
                                 f"({type(exc).__name__}); the registry tags of that run were edited") from None  # fmt: skip
         pending.append((run.run_id, moves))
     return pending
+
+
+MAX_VERSION = 2**63 - 1  # SQLite's largest integer: no registered version is numbered beyond it
+
+
+def _recorded_move(item: Any) -> AliasMove:
+    """One move of a promotion record, checked: names and aliases text, versions ASCII digits
+    within :data:`MAX_VERSION` (a 23-digit version overflowed SQLite's integer in every command
+    that read the record: a traceback, found by a helper probing the roll)."""
+    name, alias, version, was = item["name"], item["alias"], item["version"], item.get("was")
+    if not (isinstance(name, str) and isinstance(alias, str) and _version_text(version) and (was is None or _version_text(was))):
+        raise ValueError("a move names a model, an alias and versions (positive numbers)")
+    return AliasMove(name, alias, str(version), None if was is None else str(was))
+
+
+def _version_text(value: Any) -> bool:
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    return isinstance(text, str) and text.isascii() and text.isdigit() and 0 < int(text[:20]) <= MAX_VERSION
 
 
 def complete_pending(store, journal: str | None) -> list[str]:

@@ -1,0 +1,58 @@
+"""The alias records a roll, a rollback and a register commit (foxhunt.ensemble.registry): read
+back from a store anyone may edit, checked by content; aliases MLflow reserves refused by the config."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from foxhunt.ensemble.member_files import RegistryError
+from foxhunt.ensemble.registry import PROMOTION_TAG, pending_moves
+
+
+def _store(record: str):
+    run = SimpleNamespace(run_id="r1", start_ms=1, tags={PROMOTION_TAG: record})
+    return SimpleNamespace(experiment_id=lambda name: "1", search=lambda journal, tags: [run])
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        "[" * 5000 + "]" * 5000,  # a RecursionError traceback in every command before
+        json.dumps([{"name": "foxhunt-dqn-es", "alias": "champion", "version": "99999999999999999999999"}]),  # an overflow
+        json.dumps([{"name": "foxhunt-dqn-es", "alias": "champion", "version": "abc"}]),
+        json.dumps([{"name": "foxhunt-dqn-es", "alias": "champion", "version": "-1"}]),
+        json.dumps([{"name": "foxhunt-dqn-es", "alias": "champion", "version": "2", "was": "0"}]),
+        json.dumps([{"name": 5, "alias": "champion", "version": "2"}]),
+        json.dumps(["x"]), json.dumps({"name": "x"}), "not json",
+    ],
+)  # fmt: skip
+def test_an_edited_promotion_record_is_one_line(record):
+    """Found by a helper probing the roll: a record nested 5,000 deep or naming a 23-digit version
+    crashed roll, rollback, register, replay, serve and paper with a traceback."""
+    with pytest.raises(RegistryError, match=r"^run r1 of experiment 'roll': its tag foxhunt.promotion is not a promotion record"):
+        pending_moves(_store(record), "roll")
+
+
+def test_an_honest_record_is_read():
+    record = json.dumps([{"name": "foxhunt-dqn-es", "alias": "previous", "version": "1", "was": None},
+                         {"name": "foxhunt-dqn-es", "alias": "champion", "version": 2, "was": "1"}])  # fmt: skip
+    ((run_id, moves),) = pending_moves(_store(record), "roll")
+    assert run_id == "r1" and [(m.alias, m.version, m.was) for m in moves] == [("previous", "1", None), ("champion", "2", "1")]
+
+
+@pytest.mark.parametrize("alias", ["LATEST", "v7", "a b"])
+@pytest.mark.parametrize("key", ["roll.previous_alias", "ensemble.alias"])
+def test_an_alias_mlflow_reserves_is_refused_before_anything_trains(key, alias, tmp_path):
+    """roll.previous_alias=latest trained, then committed a promotion MLflow refused to apply:
+    every later roll, rollback and register failed on it (found by a helper probing the roll)."""
+    from typer.testing import CliRunner
+
+    from foxhunt.cli import app
+
+    result = CliRunner().invoke(app, ["ensemble", "rollback", "asset=es", f"{key}={alias}"], env={"FOXHUNT_ROOT": str(tmp_path)})
+    assert result.exit_code == 2, result.output
+    assert f"config error: {key}=" in result.output and "must be a registry alias" in result.output
+    assert len(result.output.strip().splitlines()) == 1
