@@ -88,3 +88,20 @@ def test_registered_run_ids_name_every_run_a_version_points_at(store, tmp_path):
     runs.complete_logged_model(model_id, ids["c"], folder, ("val/",))
     runs.register_model_version("tft-es", ids["a"], f"models:/{model_id}", tags={"weights_run_id": ids["b"]}, model_id=model_id)
     assert runs.registered_run_ids() == {ids["a"], ids["b"], ids["c"]}
+
+
+@pytest.mark.parametrize("planted", ["dangling-link", "folder"])
+def test_the_stores_lock_is_never_opened_through_a_link_nor_a_folder(tmp_path, planted):
+    """A dangling link at mlflow.db.registry.lock made the lock create the file it pointed to, and
+    a folder there was an IsADirectoryError traceback (found by a helper probing the roll)."""
+    from foxhunt.runs.store import RunStore, StoreError
+
+    (tmp_path / "mlruns").mkdir()
+    lock = tmp_path / "mlruns" / "mlflow.db.registry.lock"
+    target = tmp_path / "made-by-the-lock"
+    lock.symlink_to(target) if planted == "dangling-link" else lock.mkdir()
+    store = RunStore(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    with pytest.raises(StoreError, match=r"the store's lock .*mlflow.db.registry.lock cannot be opened"):
+        with store.exclusive("registry"):
+            pass
+    assert not target.exists()

@@ -37,6 +37,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
@@ -201,13 +202,18 @@ class RunStore:
             yield
             return
 
-        database.parent.mkdir(parents=True, exist_ok=True)
-        with open(database.with_name(f"{database.name}.{name}{STORE_LOCK_SUFFIX}"), "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        path = database.with_name(f"{database.name}.{name}{STORE_LOCK_SUFFIX}")
+        try:  # never through a link planted at its name (one made the file it pointed to), nor a folder there
+            database.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StoreError(f"the store's lock {path} cannot be opened ({exc.strerror or exc}; a symbolic link is refused): "
+                             "remove what is at that path") from None  # fmt: skip
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # drops the flock
 
     # -- experiments ---------------------------------------------------------------------
     def ensure_experiment(self, name: str, artifact_location: str | None = None) -> str:
