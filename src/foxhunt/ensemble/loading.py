@@ -333,29 +333,44 @@ class VersionWatcher:
                          "the ensemble goes on as it is")  # fmt: skip
 
     def poll(self) -> list[LoadedMember]:
-        """One look at the registry: each family whose version moved is loaded (module doc)."""
+        """One look at the registry: each family whose version moved is loaded, and the members
+        loaded are handed over together (module doc). The versions are read twice and used only
+        when both reads agree: a promotion committed between two families' reads is looked at again
+        at the next poll, so the versions handed over are ones the registry held together (a
+        two-family promotion was swapped in one family at a time: bars were decided by the new
+        DQN beside the old PPO, found by a helper probing the roll). A family whose alias is back
+        on the version deciding (a rollback) drops the load waiting for it (it was swapped in)."""
         self.polls += 1
         store = RunStore(str(self.cfg.logger.tracking_uri))
+        wanted = self._resolve(store)
+        if wanted != self._resolve(store):
+            return []
         loaded = []
-        for family, name in zip(self.cfg.ensemble.models, registered_names(self.cfg)):
-            if pinned(self.cfg, family) is not None:
-                continue
-            found = resolved_version(store, name, str(self.cfg.ensemble.alias), journal(self.cfg))
+        for name, version in wanted.items():
             with self._lock:
-                known = {self.current.get(name), self.failed.get(name), self._handed.get(name),
-                         getattr(self._ready.get(name), "version", None)}  # fmt: skip
-            if found is None or found.version in known:
+                if version is None or version == self.current.get(name):
+                    self._ready.pop(name, None)
+                    continue
+                known = {self.failed.get(name), self._handed.get(name), getattr(self._ready.get(name), "version", None)}
+            if version in known:
                 continue
             try:
-                member = load_member(self.cfg, name, int(found.version), None, self.workdir / "swaps")
+                member = load_member(self.cfg, name, int(version), None, self.workdir / "swaps")
             except UserError as exc:  # a version whose files or config are refused: the old one keeps deciding
                 with self._lock:
-                    self.failed[name] = found.version
-                self.say(f"{name} v{found.version}: refused, not swapped in ({one_line_error(exc, with_type=False)}); "
+                    self.failed[name] = version
+                self.say(f"{name} v{version}: refused, not swapped in ({one_line_error(exc, with_type=False)}); "
                          f"v{self.current.get(name)} keeps deciding")  # fmt: skip
                 continue
             loaded.append(member)
-            with self._lock:
-                self.failed.pop(name, None)
-                self._ready[name] = member
+        with self._lock:  # together: take() never hands over part of what moved at once
+            for member in loaded:
+                self.failed.pop(member.name, None)
+                self._ready[member.name] = member
         return loaded
+
+    def _resolve(self, store) -> dict[str, str | None]:
+        """name -> the version its alias resolves to now (None: none), for every family not pinned."""
+        return {name: getattr(resolved_version(store, name, str(self.cfg.ensemble.alias), journal(self.cfg)), "version", None)
+                for family, name in zip(self.cfg.ensemble.models, registered_names(self.cfg))
+                if pinned(self.cfg, family) is None}  # fmt: skip
