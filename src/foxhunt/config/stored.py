@@ -39,6 +39,8 @@ from omegaconf import OmegaConf
 from foxhunt.errors import ConfigError
 from foxhunt.files import read_regular_file
 
+# Lazy imports: (c) Hydra's override parser in _parsed_value: foxhunt train stop imports jobs.launch, which imports this module
+
 TARGET = "_target_"
 #: The first line of a config file that puts its keys at another package than its group's.
 _PACKAGE_HEADER = re.compile(r"^#\s*@package\s+(\S+)")

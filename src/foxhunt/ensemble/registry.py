@@ -93,6 +93,7 @@ from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metri
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
+from foxhunt.runs.tracked_run import TrackedRun
 from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, CheckpointError, check_stamped_run, load_weights_only
 from foxhunt.training.parts import build_dataset
 
@@ -554,8 +555,6 @@ def _keep_previous(store, registration: Registration, asset: str, alias: str, jo
             store.set_alias(r.name, alias, r.version)
         return
     moves = [m for r in fresh for m in promotion_moves(store, r.name, alias, previous, r.version)]
-    from foxhunt.runs.tracked_run import TrackedRun  # the journal's run: as a roll's and a rollback's
-
     with TrackedRun(store.tracking_uri, journal, artifact_location, f"register-{asset}", {"asset": asset},
                     source="foxhunt ensemble register") as run:  # fmt: skip
         commit_moves(store, run.run_id, moves)
