@@ -170,3 +170,19 @@ def test_a_rollback_to_a_version_that_fails_its_checks_moves_nothing(roll_store,
     line = one_line(cli(roll_store, "ensemble", "rollback", "asset=es", "ensemble.models=[dqn]"))
     assert f"{NAME}@champion not moved back to v1: " in line and "nothing moved" in line, line
     assert aliases(roll_store) == {"champion": "2", "previous": "1"}
+
+
+def test_a_promoted_champion_kept_later_does_not_score_the_same_block_again(roll_store, roll_bars):
+    """A version promoted by a roll and kept by the next roll was re-scored on the same block by
+    every roll after (its own roll.seen_until tag stayed at its promotion while the kept step
+    tagged its run; found by a helper probing the roll): a third roll with no new bar trained a
+    challenger again and counted one more trial."""
+    dates = utc_dates(roll_bars)
+    write_days(roll_bars, roll_store / "data" / "es", dates[6:7])
+    assert roll(roll_store, "--force").exit_code == 0
+    write_days(roll_bars, roll_store / "data" / "es", dates[7:8])
+    kept = roll(roll_store, "roll.min_dsr=0.99999")
+    assert kept.exit_code == 0 and "new bar(s) since" in kept.output, kept.output
+    again = roll(roll_store, "roll.min_dsr=0.99999")
+    assert again.exit_code == 0, again.output
+    assert "0 new bar(s)" in again.output and "nothing to do" in again.output, again.output

@@ -155,9 +155,13 @@ def _champions(cfg, store, workdir: Path) -> list[Champion]:
         folder, version = download_version(str(cfg.logger.tracking_uri), name, None, int(version.version), workdir / name)
         files = MemberFiles.read(folder / ARTIFACTS_DIR, name)
         where = f"{name} v{version.version}"
-        seen = seen_from_tag(version.tags.get(SEEN_TAG), f"{where}: tag {SEEN_TAG}")
-        if seen is None and version.run_id:
-            seen = seen_from_tag(store.get(version.run_id).tags.get(SEEN_TAG), f"{where}: its run's tag {SEEN_TAG}")
+        # the version's tag (a roll writes it on every champion it scores), else its run's (written by rolls before);
+        # the later of the two: a promoted version's own tag stayed at its promotion while kept champions' runs were
+        # tagged, and every later roll re-scored the same block (found by a helper probing the roll)
+        marks = [seen_from_tag(version.tags.get(SEEN_TAG), f"{where}: tag {SEEN_TAG}")]
+        if version.run_id:
+            marks.append(seen_from_tag(store.get(version.run_id).tags.get(SEEN_TAG), f"{where}: its run's tag {SEEN_TAG}"))
+        seen = max((mark for mark in marks if mark is not None), default=None)
         if seen is None:
             seen = trained_until(files.manifest, where)
         found.append(Champion(str(family), name, version, folder, files, seen))
@@ -206,9 +210,9 @@ def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Pa
         moves = _promote(cfg, store, champions, prepared, outcomes, run.run_id, seen_after, lines)
         for champion in champions:
             _log_child(store, children[champion.family], outcomes[champion.family])
-        for champion in champions:  # every champion scored has seen the block
-            if champion.version.run_id:
-                store.tag(champion.version.run_id, {SEEN_TAG: seen_after})
+        for champion in champions:  # every champion scored has seen the block: said on its version, which stays (its
+            # training run may have been deleted: tagging it failed at the very end of every roll)
+            store.set_version_tags(champion.name, champion.version.version, {SEEN_TAG: seen_after})
         promoted = [o.family for o in outcomes.values() if o.registered]
         run.set_tags({"roll.promoted": ",".join(promoted) or "none", SEEN_TAG: seen_after})
         text = _text(lines, outcomes, moves, ens.metric)
