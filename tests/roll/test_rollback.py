@@ -56,3 +56,21 @@ def test_an_alias_mlflow_reserves_is_refused_before_anything_trains(key, alias, 
     assert result.exit_code == 2, result.output
     assert f"config error: {key}=" in result.output and "must be a registry alias" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_committed_promotion_naming_a_deleted_version_is_abandoned_not_refused_forever():
+    """A roll killed after its commit, then its new version deleted: every roll, rollback and
+    register refused on the record, and nothing cleared it (found by a helper probing the roll).
+    The record is abandoned (the aliases stay as they were), said in one line, and read no more."""
+    from foxhunt.ensemble.registry import ABANDONED, PROMOTION_STATE_TAG, complete_pending
+
+    record = json.dumps([{"name": "foxhunt-dqn-es", "alias": "previous", "version": "1", "was": None},
+                         {"name": "foxhunt-dqn-es", "alias": "champion", "version": "2", "was": "1"}])  # fmt: skip
+    store = _store(record)
+    tagged: dict = {}
+    store.get_version = lambda name, version: None if version == "2" else SimpleNamespace(version=version)
+    store.tag = lambda run_id, tags: tagged.update(tags)
+    store.set_alias = lambda *args: pytest.fail("an alias moved")
+    (line,) = complete_pending(store, "roll")
+    assert line.startswith("abandoned the promotion of run r1: it names foxhunt-dqn-es v2, which is not in the registry")
+    assert tagged == {PROMOTION_STATE_TAG: ABANDONED}

@@ -110,7 +110,7 @@ MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # a run's dataset.json read back: a few K
 REGISTRY_LOCK = "registry"  # the store's lock held while champions are chosen and registered
 PROMOTION_TAG = "foxhunt.promotion"  # run tag of a roll or rollback: its alias moves (JSON), the commit record
 PROMOTION_STATE_TAG = "foxhunt.promotion.state"  # committed (written with the moves, in one batch) | applied
-COMMITTED, APPLIED = "committed", "applied"
+COMMITTED, APPLIED, ABANDONED = "committed", "applied", "abandoned"  # abandoned: it names a version deleted since
 KILL_ENV = (
     "FOXHUNT_ROLL_KILL_AT"  # <point>: the process kills itself (SIGKILL) there (the crash tests: committed, moved-<k>, applied)
 )
@@ -661,10 +661,13 @@ def complete_pending(store, journal: str | None) -> list[str]:
     """Apply every committed record not yet applied (under the registry lock); one line each."""
     lines = []
     for run_id, moves in pending_moves(store, journal):
-        for move in moves:
-            if store.get_version(move.name, move.version) is None:
-                raise RegistryError(f"run {run_id}: its committed promotion names {move.name} v{move.version}, which is not in the "
-                                    "registry (deleted since?); nothing moved")  # fmt: skip
+        gone = next((m for m in moves if store.get_version(m.name, m.version) is None), None)
+        if gone is not None:  # none of it can be applied whole: abandoned, the aliases as they were (it was refused
+            # for good before: every roll, rollback and register refused, while ensembles loaded the aliases)
+            store.tag(run_id, {PROMOTION_STATE_TAG: ABANDONED})
+            lines.append(f"abandoned the promotion of run {run_id}: it names {gone.name} v{gone.version}, which is not in the "
+                         "registry (deleted since); nothing of it moved")  # fmt: skip
+            continue
         apply_moves(store, run_id, moves)
         lines.append(
             f"completed the promotion of run {run_id}, interrupted after its commit: {'; '.join(m.line() for m in moves)}"
