@@ -259,3 +259,47 @@ def test_a_fit_stopped_after_a_checkpoint_at_an_epochs_last_batch_trains_that_ba
     saved = _stopped_as_by_kill_9(tmp_path, monkeypatch, overrides, StopAtValidation(20))
     assert max(saved) == 19  # the resume point of the last batch's start, not the first epoch's end (10)
     _resumed_as_never_stopped(tmp_path, overrides)
+
+
+def test_a_resume_on_data_edited_since_the_kill_is_refused_in_one_line(tmp_path, monkeypatch):
+    """One volume of the CSV edited between a kill -9 and resume=true: the resume trained on
+    the new bars and the run recorded only them (found by a helper probing resume). The resumed
+    attempt's data.digest must be the interrupted one's; with the file restored it resumes."""
+    import pandas as pd
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from configs import synthetic_source
+    from foxhunt.data.errors import BarDataError
+
+    asset = instantiate(OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "asset" / "es.yaml"))
+    bars = synthetic_source(days=8, seed=7, start="2024-01-01").load(asset)
+    data = tmp_path / "es.csv"
+    stamps = bars.index.strftime("%Y-%m-%dT%H:%M:%SZ")
+    pd.DataFrame({"timestamp_utc": stamps, **{c: bars[c].to_numpy() for c in ("open", "high", "low", "close", "volume")}}).to_csv(
+        data, index=False
+    )
+    overrides = [
+        *(o for o in QUICK if not o.startswith("data.source.days")),
+        *FAMILIES["dqn"][0],
+        "data=csv",
+        "data.source.bar_label=start",
+        f"data.source.path={data}",
+        "resume=true",
+    ]
+    import foxhunt.training.cell as cell
+
+    fit = cell.fit_and_score
+    with monkeypatch.context() as patched, pytest.raises(MachineDied):
+        patched.setattr(cell, "fit_and_score", StopAt(FAMILIES["dqn"][1]).around(fit))
+        patched.setattr(cell, "stored_checkpoints", lambda *args: [])
+        _fit(tmp_path, overrides)
+    original = data.read_text()
+    lines = original.splitlines()
+    row = lines[3001].split(",")
+    lines[3001] = ",".join([*row[:-1], str(float(row[-1]) + 1)])  # one volume, the rows as they were
+    data.write_text("\n".join(lines) + "\n")
+    with pytest.raises(BarDataError, match=r"its data changed since the interrupted attempt \(data.digest "):
+        _fit(tmp_path, overrides)
+    data.write_text(original)
+    _fit(tmp_path, overrides)  # restored: it resumes

@@ -24,7 +24,7 @@ from foxhunt.training.checkpoint import RUN_ID, CheckpointStamp, read_stamp
 from foxhunt.training.graceful_stop import GracefulStop
 from foxhunt.training.parts import build_parts
 from foxhunt.training.progress import LineProgress
-from foxhunt.training.provenance import bars_datasets, log_dataset_manifest
+from foxhunt.training.provenance import bars_datasets, check_resumed_data, log_dataset_manifest
 from foxhunt.training.scoring import SCORED, interpret_test_split, print_summary, score_split, scoring_datamodule
 
 log = logging.getLogger("foxhunt.train")
@@ -93,7 +93,9 @@ def fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str
 def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: str | None) -> tuple[dict[str, float], dict]:
     parts = build_parts(cfg)
     if run is not None:
-        run.log_datasets(bars_datasets(cfg, parts))
+        inputs = bars_datasets(cfg, parts)  # writes provenance/data.json
+        check_resumed_data(out_dir, run)  # before anything of this attempt is logged or trained
+        run.log_datasets(inputs)
     model, datamodule, asset = parts.model, parts.datamodule, parts.asset
     log_dataset_manifest(parts.dataset, out_dir, run)
     try:

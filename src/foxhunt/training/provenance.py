@@ -126,6 +126,23 @@ def log_dataset_manifest(dataset, out_dir: Path, run) -> None:
         _log_data_provenance(out_dir, run)
 
 
+def check_resumed_data(out_dir: Path, run) -> None:
+    """A resumed attempt reads the bars the interrupted one read: the ``data.digest`` of the
+    run (the first attempt's tag) and of ``data.json`` written now must agree, else one line
+    (:class:`~foxhunt.data.errors.BarDataError`). A data file edited between a kill -9 and
+    ``resume=true`` was trained on silently, the run then recording only the new file; one with
+    other rows was a traceback from the environment's state (found by a helper probing resume)."""
+    if run is None or not getattr(run, "resume_run_id", None):
+        return
+    path = out_dir / PROVENANCE_FOLDER / DATA_FILE
+    before = run.store.get(run.run_id).tags.get(Tag.DATA_DIGEST)
+    now = provenance_tags(DATA_FILE, json.loads(path.read_text())).get(Tag.DATA_DIGEST) if path.is_file() else None
+    if before and now and before != now:
+        raise BarDataError(f"resume of run {run.run_id}: its data changed since the interrupted attempt (data.digest "
+                           f"{before[:12]} -> {now[:12]}): resume=true would go on training on other bars; restore the "
+                           "data, or start a new run (resume=false)")  # fmt: skip
+
+
 def _log_data_provenance(out_dir: Path, run) -> None:
     """``data.json``, as :func:`bars_datasets` wrote it in the run's folder moments ago, logged
     with its tag."""
