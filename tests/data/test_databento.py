@@ -315,6 +315,14 @@ def test_symbol_argument_takes_one_contract(tmp_path):
         databento_source(str(parent_file(tmp_path)), symbol="ESZ5").load(ES)
 
 
+@pytest.mark.parametrize(("symbol", "named"), [("ESU5", "ESU5"), ("ESH5-ESM5", "ESH5-ESM5")])
+def test_symbol_argument_of_another_root_or_a_spread_is_refused(tmp_path, symbol, named):
+    """symbol=ESU4 with asset=nq read the ES contract as NQ (trained and scored with NQ's
+    multiplier on ES prices; found by a helper probing the data): the contract's root is the asset's."""
+    with pytest.raises(BarDataError, match=rf"symbol='{symbol}' names {named}, not an outright (NQ|ES) futures contract"):
+        databento_source(str(parent_file(tmp_path)), symbol=symbol).load(asset("nq") if symbol == "ESU5" else ES)
+
+
 def test_outright_expiry_rank():
     assert outright_expiry_rank("ESU4", "ES", 2024) == 2024 * 12 + 8
     assert outright_expiry_rank("ESH0", "ES", 2019) == 2020 * 12 + 2  # first year ending in 0 from 2019

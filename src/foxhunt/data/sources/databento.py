@@ -222,6 +222,12 @@ class DatabentoBarSource:
                 found = sorted(set(symbols.dropna())) or sorted(set(iids.astype(str)))
                 raise BarDataError(f"{self.path}: symbol {self.symbol!r} not found (contracts found: {', '.join(found)})")
             picked = records.loc[mask].copy()
+            # the contract's own root must be the asset's, as without symbol=: ESU4 read as asset=nq was trained and
+            # scored with NQ's multiplier on ES prices (found by a helper probing the data)
+            for symbol, year in picked.groupby("symbol")["ts_event"].min().dt.year.items():
+                if outright_expiry_rank(str(symbol), asset.root, int(year)) is None:
+                    raise BarDataError(f"{self.path}: symbol={self.symbol!r} names {symbol}, not an outright {asset.root} "
+                                       f"futures contract (asset={asset.key})")  # fmt: skip
             picked["contract"] = self.symbol
             picked["rank"] = 0.0
             picked["month"] = np.nan
