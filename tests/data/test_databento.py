@@ -437,3 +437,28 @@ def test_records_the_mappings_do_not_name_are_an_error_not_a_shorter_series(tmp_
         read_databento_ohlcv(path)
     assert str(err.value).startswith(f"{path}: record 3: instrument_id 7 has no symbol in the file's mappings on ")
     assert "(1 such record(s))" in str(err.value)
+
+
+def test_a_metadata_header_past_64_kib_is_read(tmp_path):
+    """A request whose header holds a few hundred symbol mappings (95 KB) was called 'DBN data
+    without metadata header' (only its first 64 KiB were decoded; found by a helper)."""
+    day = TRADE_DATES[0]
+    records = [
+        bar(IDS["ESH5"], day + pd.Timedelta(hours=14, minutes=30 + m), 5800.0, 5800.25, 5799.75, 5800.0, 10) for m in range(3)
+    ]
+    mappings = {"ESH5": (IDS["ESH5"], dt.date(2025, 3, 1), dt.date(2025, 3, 8))}
+    mappings.update({f"ESH5-ESM{i}": (100_000 + i, dt.date(2025, 3, 1), dt.date(2025, 3, 8)) for i in range(600)})
+    path = encode(tmp_path / "big.dbn", metadata(["ES.FUT"], mappings, stype_in=dbn.SType.PARENT, start=day.value), records)
+    assert path.stat().st_size > 1 << 16
+    assert len(databento_source(str(path)).load(ES)) == 3
+
+
+def test_a_record_the_rust_decoder_panics_on_is_one_line(tmp_path):
+    """A header flag flipped (ts_out) made databento-dbn's decoder panic: a PanicException (a
+    BaseException) and a Rust stack trace instead of the data error (found by a helper)."""
+    path = parent_file(tmp_path, "es.dbn")
+    raw = bytearray(path.read_bytes())
+    raw[52] ^= 0x10
+    path.write_bytes(bytes(raw))
+    with pytest.raises(BarDataError, match=r"es.dbn: corrupt DBN data"):
+        databento_source(str(path)).load(ES)

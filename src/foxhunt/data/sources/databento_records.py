@@ -157,6 +157,10 @@ def _decode_dbn(file: Path) -> tuple[dbn.Metadata, list]:
         if isinstance(exc, BarDataError):
             raise
         raise BarDataError(f"{file}: corrupt DBN data, cannot decode it ({one_line(str(exc))})") from None
+    except BaseException as exc:
+        if not _is_panic(exc):
+            raise
+        raise BarDataError(f"{file}: corrupt DBN data, its decoder gave up ({one_line(str(exc))[:200]})") from None
     if not out or not isinstance(out[0], dbn.Metadata):
         if leftover:
             raise BarDataError(f"{file}: truncated: the file ends inside its DBN metadata header ({leftover} bytes)")
@@ -169,20 +173,36 @@ def _decode_dbn(file: Path) -> tuple[dbn.Metadata, list]:
     return out[0], out[1:]
 
 
-def _dbn_metadata(file: Path, head_bytes: int = 1 << 16):
-    """The metadata header of a DBN file (only its first bytes are read and decoded)."""
+def _dbn_metadata(file: Path, chunk_bytes: int = 1 << 16):
+    """The metadata header of a DBN file: read and decoded a chunk at a time until the header is
+    whole (only the first 64 KiB were read: a header of a few hundred symbol mappings, 95 KB, was
+    called missing; found by a helper probing the data)."""
     with open(file, "rb") as handle:
-        head = handle.read(head_bytes)
-    compression = dbn.Compression.ZSTD if head[:4] == _ZSTD_MAGIC else dbn.Compression.NONE
-    decoder = dbn.DBNDecoder(compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
-    try:
-        decoder.write(head)
-        decoded = decoder.decode()
-    except (dbn.DBNError, ValueError, RuntimeError) as exc:
-        raise BarDataError(f"{file}: corrupt DBN data, cannot decode its metadata ({one_line(str(exc))})") from None
+        head = handle.read(chunk_bytes)
+        compression = dbn.Compression.ZSTD if head[:4] == _ZSTD_MAGIC else dbn.Compression.NONE
+        decoder = dbn.DBNDecoder(compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
+        try:
+            decoder.write(head)
+            decoded = decoder.decode()
+            while not decoded and (chunk := handle.read(chunk_bytes)):
+                decoder.write(chunk)
+                decoded = decoder.decode()
+        except (dbn.DBNError, ValueError, RuntimeError) as exc:
+            raise BarDataError(f"{file}: corrupt DBN data, cannot decode its metadata ({one_line(str(exc))})") from None
+        except BaseException as exc:
+            if not _is_panic(exc):
+                raise
+            raise BarDataError(f"{file}: corrupt DBN data, its decoder gave up ({one_line(str(exc))[:200]})") from None
     if not decoded or not isinstance(decoded[0], dbn.Metadata):
         raise BarDataError(f"{file}: DBN data without metadata header")
     return decoded[0]
+
+
+def _is_panic(exc: BaseException) -> bool:
+    """databento-dbn's Rust decoder panicking on a malformed record (pyo3's PanicException, a
+    BaseException so that ``except Exception`` does not catch it: a Rust stack trace, found by a
+    helper flipping a header flag)."""
+    return type(exc).__name__ == "PanicException"
 
 
 _ZSTD_FRAME_MAGIC = 0xFD2FB528
