@@ -119,6 +119,17 @@ def test_epoch_and_offset_timestamps(tmp_path):
     assert bars.index[0] == pd.Timestamp("2024-01-02 14:31", tz="UTC")  # the offset wins over `timezone`
 
 
+def test_offsets_that_change_across_a_dst_change_are_each_converted(tmp_path):
+    """-05:00, then -04:00 after 10 March 2024: refused as 'Mixed timezones detected' (found by a
+    helper probing the data). Naive and zoned times mixed stay refused."""
+    rows = ["2024-03-08T16:59:00-05:00,4800,4800.5,4799.75,4800.25,7", "2024-03-11T09:30:00-04:00,4801,4801.5,4800.75,4801.25,8"]
+    bars = csv_source(str(write(tmp_path, rows, name="dst.csv")), bar_label="start").load(ES)
+    assert bars.index.tolist() == [pd.Timestamp("2024-03-08 21:59", tz="UTC"), pd.Timestamp("2024-03-11 13:30", tz="UTC")]
+    mixed = write(tmp_path, [rows[0], "2024-03-11T09:30:00,4801,4801.5,4800.75,4801.25,8"], name="mixed.csv")
+    with pytest.raises(BarDataError, match=r"cannot parse timestamps|is not a timestamp"):
+        csv_source(str(mixed), bar_label="start").load(ES)
+
+
 def test_gzip_directory_and_glob(tmp_path):
     with gzip.open(tmp_path / "a.csv.gz", "wt") as handle:
         handle.write(HEADER + ROWS[0] + "\n")

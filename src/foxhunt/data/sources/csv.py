@@ -31,6 +31,9 @@ from foxhunt.data.bars import (
 from foxhunt.data.errors import BarDataError
 from foxhunt.errors import one_line
 
+#: A time of day followed by its zone (Z, +hh, +hhmm, +hh:mm): a timestamp that carries its own offset.
+_ZONED = r"\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\s*(?:Z|[+-]\d{2}(?::?\d{2})?)$"
+
 CSV_SUFFIXES = (".csv", ".csv.gz", ".txt", ".txt.gz")
 BAR_LABELS = ("start", "close")
 EPOCH_UNITS = ("s", "ms", "us", "ns")
@@ -171,8 +174,11 @@ class CsvBarSource:
                 ) from None
         else:
             text = column.astype(str).str.strip()
+            # every time with its own offset: each converted from it (-05:00, then -04:00 after a DST change, was
+            # refused as 'Mixed timezones detected'; found by a helper probing the data); naive and zoned mixed stay refused
+            zoned = bool(text.str.contains(_ZONED, regex=True).all())
             try:
-                parsed = pd.to_datetime(text, format=self.timestamp_format or "ISO8601", errors="coerce")
+                parsed = pd.to_datetime(text, format=self.timestamp_format or "ISO8601", errors="coerce", utc=zoned)
             except (ValueError, TypeError) as exc:  # e.g. naive and offset timestamps mixed
                 raise BarDataError(f"{origin}: field '{name}': cannot parse timestamps ({one_line(str(exc))})") from None
             bad = np.flatnonzero(parsed.isna().to_numpy())
