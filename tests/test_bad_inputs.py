@@ -159,6 +159,14 @@ def _snapshot(battery: Battery) -> tuple:
 # (id, command-line arguments with {file} placeholders, what the one line must contain)
 TRAIN_CASES = [
     # config
+    # checked by the callback only: a traceback after the run began (found by a helper)
+    (
+        "on-breach",
+        ["callbacks.memory_budget.on_breach=explode"],
+        "config error: callbacks.memory_budget.on_breach='explode': Input should be 'warn', 'stop' or 'fail'",
+    ),
+    # in range [1, ...] but no backtest has one bar: a traceback after training (found by a helper)
+    ("max-bars", ["evaluation.max_bars=1"], "config error: evaluation.max_bars=1: Input should be greater than or equal to 2"),
     (
         "horizon",
         ["model=tft", "model.window.horizon=60"],

@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from foxhunt.errors import error_line
 from foxhunt.memory.accounting import BYTES_PER_MB
 from foxhunt.memory.budget import MemoryBudget
 from foxhunt.memory.callback import BREACH_CHECKPOINT, BREACH_TAG, MemoryBudgetCallback, MemoryBudgetExceeded
@@ -147,6 +148,9 @@ def test_one_mb_budget_with_fail_raises_one_clear_line(store, tmp_path):
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith("memory budget exceeded at step 0: ")
+    # a user's error (the config asks for more than it allows): foxhunt-train says it in one line, no traceback
+    # (a 62-line traceback before, found by a helper)
+    assert error_line(caught.value) == f"memory budget error: {message}"
     assert message.endswith("> 1.00 MB (budget one_mb: 1 MB total - 0 MB headroom)")
     assert "process RSS (psutil)" in message
     # the run is marked and the report written even though the fit failed

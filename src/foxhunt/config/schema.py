@@ -263,7 +263,7 @@ class Interpret(_Strict):
 
 class Evaluation(_Strict):
     plot_equity: bool
-    max_bars: Annotated[int, _ints(1, MAX_BARS)] | None = None
+    max_bars: Annotated[int, _ints(2, MAX_BARS)] | None = None  # a backtest needs two bars (1 crashed after training)
     sessions_per_year: Annotated[float, _reals(gt=0, le=366)] | Literal["calendar"]
     annualization_span: list[str]
     protocol: Literal["single", "walk_forward"]
@@ -570,6 +570,7 @@ class MemoryBudgetSettings(_Ranged):
 
     budget: BudgetSection
     target_mb: MegaBytes | None
+    on_breach: Literal["warn", "stop", "fail"] = "warn"  # checked in the callback only: a bad one failed after the run began
     sample_every_n_steps: Annotated[int, _ints(1, MAX_STEPS)]
     max_overhead_pct: Annotated[float, _reals(gt=0, le=100)]
 

@@ -65,6 +65,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from foxhunt.console import detail_logger
+from foxhunt.errors import UserError
 from foxhunt.memory.accounting import (
     ActivationMeter,
     GradientMeter,
@@ -93,8 +94,12 @@ def _active_modes() -> list:
     return list(_get_current_dispatch_mode_stack())
 
 
-class MemoryBudgetExceeded(RuntimeError):
-    """A measured memory figure exceeded the model's target or the budget (``on_breach: fail``)."""
+class MemoryBudgetExceeded(UserError, RuntimeError):
+    """A measured memory figure exceeded the model's target or the budget (``on_breach: fail``):
+    the config asked for more than it allows, so one line, no traceback (it was a 62-line
+    traceback although docs/concepts/memory.md says one line; found by a helper)."""
+
+    kind = "memory budget"
 
 
 class MemoryBudgetCallback(pl.Callback):
