@@ -105,3 +105,8 @@ def test_bars_on_a_holiday_alone_are_shown_and_an_unwritable_chart_is_one_line(t
     chart = show(tmp_path, "data.source.days=7", "--png", str(path / "x.png"))
     assert chart.exit_code == 2 and "Traceback" not in chart.output, chart.output
     assert f"--png {path / 'x.png'}: the chart cannot be written there" in chart.output
+    # a name not ending in .png: matplotlib's traceback for out.csv, a chart written as NOTES.png named NOTES (found by a helper)
+    for name in ("out.csv", "NOTES"):
+        refused = show(tmp_path, "data.source.days=7", "--png", str(tmp_path / name))
+        assert refused.exit_code == 2 and "Traceback" not in refused.output, refused.output
+        assert f"--png {tmp_path / name}: the chart is a PNG file" in refused.output and not (tmp_path / name).exists()

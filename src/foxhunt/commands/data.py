@@ -68,6 +68,9 @@ def show(
         target = png or Path(cfg.paths.root_dir) / "outputs" / "data" / chart
         if target.is_dir():  # --png <folder>: the chart goes inside it
             target = target / chart
+        elif target.suffix.lower() != ".png":  # matplotlib wrote NOTES.png for NOTES (the path said: NOTES) and a
+            # traceback for out.csv: 'Format csv is not supported' (found by a helper)
+            raise FolderError(f"--png {target}: the chart is a PNG file: name one ending in .png, or a folder")
         try:
             summary["png"] = str(plot_continuous(bars, rolls, asset, summary["adjust"], target))
         except OSError as exc:  # a path under a file, or one that cannot be written
