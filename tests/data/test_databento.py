@@ -300,6 +300,11 @@ def test_parent_symbol_csv_export_rolls_the_same(tmp_path):
     text = pd.read_csv(csv).drop(columns=["rtype"])
     text.to_csv(tmp_path / "plain.ohlcv-1m.csv", index=False)
     pd.testing.assert_frame_equal(databento_source(str(tmp_path / "plain.ohlcv-1m.csv")).load(ES), expected)
+    # a row without its symbol among mapped rows: dropped unsaid before (found by a helper), refused naming its line
+    text.loc[2, "symbol"] = None
+    text.to_csv(tmp_path / "blank.ohlcv-1m.csv", index=False)
+    with pytest.raises(BarDataError, match=r"blank.ohlcv-1m.csv: line 4: field 'symbol' is empty \(instrument_id "):
+        databento_source(str(tmp_path / "blank.ohlcv-1m.csv")).load(ES)
 
 
 def test_no_outright_of_the_root(tmp_path):

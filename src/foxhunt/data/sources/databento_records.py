@@ -543,6 +543,11 @@ def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
     symbol = np.full(len(raw), None, dtype=object)
     if "symbol" in raw.columns:
         present = raw["symbol"].notna().to_numpy()
+        if present.any() and not present.all():  # rows of a mapped file without their symbol were dropped unsaid, as
+            # unmapped DBN records were (found by a helper): a damaged file, refused rather than read shorter
+            i = int(np.flatnonzero(~present)[0])
+            raise BarDataError(f"{file}: line {lines[i]}: field 'symbol' is empty (instrument_id {instrument_id[i]}) while "
+                               "other rows have theirs: a damaged export, refused rather than read shorter")  # fmt: skip
         symbol[present] = raw["symbol"].to_numpy(dtype=object)[present]
     return _records_frame(
         file,
