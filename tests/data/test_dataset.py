@@ -200,7 +200,18 @@ def test_cache_key_covers_version_and_is_stable():
     assert CACHE_VERSION
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncate", "empty"])
+def _edited(path, value: float | None) -> None:
+    """The cache's train features set to ``value`` (None: a small finite shift), the rest as written."""
+    with np.load(path) as data:
+        arrays = {name: data[name] for name in data.files}
+    arrays["train_features"] = arrays["train_features"] + 1e-3 if value is None else np.full_like(arrays["train_features"], value)
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+# nan and shifted: arrays edited in place, the file still a zip with every array (a NaN crashed the environment after
+# a 'cache hit', a finite edit was trained on silently; found by a helper probing the data)
+@pytest.mark.parametrize("damage", ["garbage", "truncate", "empty", "nan", "shifted"])
 def test_corrupt_cache_is_rebuilt(bars, dataset, tmp_path, damage):
     source = CountingSource(bars)
     first = load_market_dataset(source, ES, FEATURES_CFG, SPLIT_CFG, tmp_path)
@@ -210,6 +221,8 @@ def test_corrupt_cache_is_rebuilt(bars, dataset, tmp_path, damage):
         path.write_bytes(b"not a zip file" * 10)
     elif damage == "truncate":
         path.write_bytes(content[: len(content) // 2])
+    elif damage in ("nan", "shifted"):
+        _edited(path, np.nan if damage == "nan" else None)
     else:
         path.write_bytes(b"")
     rebuilt = load_market_dataset(source, ES, FEATURES_CFG, SPLIT_CFG, tmp_path)

@@ -268,6 +268,7 @@ def _write_cache(path: Path, dataset: MarketDataset) -> None:
             arrays[f"{name}_roll_price"] = split.roll_price
     arrays["rolls"] = np.array(json.dumps(dataset.rolls))
     arrays["split_names"] = np.array(list(dataset.splits))
+    arrays[CONTENT_KEY] = np.array(_content_sha256(arrays))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -285,6 +286,23 @@ def _write_cache(path: Path, dataset: MarketDataset) -> None:
         raise
 
 
+CONTENT_KEY = "content_sha256"  # the cache file's own digest of every array it holds
+
+
+def _content_sha256(arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 of ``arrays`` (names, dtypes, shapes and bytes, in name order): a cache file read
+    back is used only when its arrays are the ones written. Its key names the inputs; an array
+    edited in place (NaN features crashed the environment, a finite edit was trained on; found
+    by a helper probing the data) no longer matches and the dataset is rebuilt. A digest an
+    editor recomputes is not caught: a cache folder is as trusted as the data folder beside it."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
 def _read_cache(path: Path, asset: AssetSpec, key: str) -> MarketDataset | None:
     if not path.is_file():
         return None
@@ -292,6 +310,9 @@ def _read_cache(path: Path, asset: AssetSpec, key: str) -> MarketDataset | None:
         with np.load(path, allow_pickle=False) as data:
             if str(data["cache_key"]) != key:
                 raise ValueError("stored key differs")
+            stored = {name: data[name] for name in data.files if name != CONTENT_KEY}
+            if CONTENT_KEY not in data.files or str(data[CONTENT_KEY]) != _content_sha256(stored):
+                raise ValueError("its content is not what was written (no digest, or another one)")
             names = [str(n) for n in data["feature_names"]]
             if names != list(FEATURE_NAMES):
                 raise ValueError("feature names differ")
