@@ -218,7 +218,7 @@ def _cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
         ("precision.trainer_precision=fp8", "precision.trainer_precision='fp8': Input should be"),
         ("+model.module.hidden_sise=64", "model.module.hidden_sise: not a parameter of TemporalFusionTransformer"),
         ("model.module.num_heads=3", "model.module.num_heads=3: must divide model.module.hidden_size (256)"),
-        ("evaluation.max_bars=0", "evaluation.max_bars=0: Input should be greater than or equal to 1"),
+        ("evaluation.max_bars=0", "evaluation.max_bars=0: Input should be greater than or equal to 2"),
         ("model.module.horizon=500", "model.module.horizon=500: the model's horizon is model.window.horizon (10); set that key"),
     ],
 )
