@@ -233,6 +233,20 @@ def test_impossible_values_fail_with_one_line_and_leave_no_run(tmp_path, monkeyp
     assert not (tmp_path / "mlruns").exists()
 
 
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_a_feature_cache_under_a_file_fails_with_one_line_and_leaves_no_run(tmp_path, monkeypatch, capsys, under):
+    """data.cache_dir naming a file (or a folder under one) was an OSError traceback after the run
+    had begun and the data had loaded, leaving a FAILED run (found by a helper probing the data)."""
+    (tmp_path / "afile").write_text("")
+    target = tmp_path / "afile" / under if under else tmp_path / "afile"
+    code = run_foxhunt_train(monkeypatch, tmp_path, ["model=dqn", "trainer=smoke", f"data.cache_dir={target}"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert f"data.cache_dir={target}: {tmp_path / 'afile'} is not a folder" in lines[0]
+    assert not (tmp_path / "mlruns").exists()
+
+
 def test_unknown_group_option_fails_with_hydras_message(tmp_path):
     """The real console script, as a shell runs it."""
     result = _cli(["model=nope"], tmp_path)

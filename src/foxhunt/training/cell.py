@@ -36,7 +36,14 @@ from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import ROLE_CELL, Tag
 from foxhunt.training.checkpoint import check_checkpoint
-from foxhunt.training.fit import best_checkpoint, build_callbacks, check_accelerator, checkpoint_files, fit_and_score
+from foxhunt.training.fit import (
+    best_checkpoint,
+    build_callbacks,
+    check_accelerator,
+    check_cache_dir,
+    checkpoint_files,
+    fit_and_score,
+)
 from foxhunt.training.folds import ChildResult, child_tags, children, describe_protocol, needs_protocol, record_protocol
 from foxhunt.training.memory_plan import plan_activation_checkpointing
 from foxhunt.training.provenance import opened_run
@@ -87,6 +94,7 @@ def run_cell(
     and ``run_name`` are a protocol child's."""
     validate(cfg)  # before anything heavy: one clear line on a bad value
     check_accelerator(cfg)  # ... and on a device this machine lacks
+    check_cache_dir(cfg)  # ... and on a feature cache that cannot be written
     lineage = _starting_checkpoint(cfg)  # a ckpt= that cannot start this run fails here too
     key = CellKey.from_config(cfg, config_hash(cfg))
     protocol = needs_protocol(cfg)

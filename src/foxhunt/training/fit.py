@@ -66,6 +66,18 @@ def check_accelerator(cfg: DictConfig) -> None:
                           "cells at once (strategy=parallel: one device per job)")  # fmt: skip
 
 
+def check_cache_dir(cfg: DictConfig) -> None:
+    """``data.cache_dir`` is a folder or can be made one, or one line before the run is made: a
+    file there (or above it) was an OSError traceback after the run had begun and the data had
+    loaded (found by a helper probing the data)."""
+    folder = Path(str(cfg.data.cache_dir)).expanduser()
+    part = folder
+    while not part.exists() and part != part.parent:
+        part = part.parent
+    if not part.is_dir():
+        raise ConfigError(f"data.cache_dir={folder}: {part} is not a folder (the feature cache is written under it)")
+
+
 def _device_count(devices, accelerator: str) -> int:
     """How many devices ``trainer.devices`` asks Lightning for (``auto`` and -1: every device of
     the accelerator it picks; a CPU counts as one for ``auto``, as Lightning's, and as its cores for -1)."""
