@@ -106,6 +106,40 @@ def test_a_bad_override_fails_at_once_in_one_line(tmp_path, overrides, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def _stop_refused(tmp_path, job_id: str, argv: list[str], why: str, env=None, after_s: int = 0) -> None:
+    """``argv`` started, a launch file of job ``job_id`` naming its pid (launched ``after_s`` after
+    it), then ``train stop job_id``: one line, exit 2, the process never signalled."""
+    import subprocess
+    import time
+
+    import psutil
+    from typer.testing import CliRunner
+
+    from foxhunt.cli import app
+    from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
+    from foxhunt.runs.environment import store_uri
+    from foxhunt.runs.store import RunStore
+
+    RunStore(store_uri(tmp_path)).ensure_experiment("foxhunt")
+    other = subprocess.Popen(argv, env=env)
+    try:
+        started = int(psutil.Process(other.pid).create_time() * 1000) + after_s * 1000
+        launch_file = LaunchFile(job_id=job_id, pid=other.pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
+                                 overrides=[], log=str(tmp_path / "job.log"), tracking_uri=store_uri(tmp_path),
+                                 root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"), started_ms=started, plan=[])  # fmt: skip
+        launch_file.write(jobs_dir(tmp_path) / f"{job_id}.json")
+        result = CliRunner().invoke(app, ["train", "stop", job_id, "--root", str(tmp_path), "--timeout", "1"])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().splitlines()[-1] == (
+            f"foxhunt train: job {job_id}: pid {other.pid} is not the job's process ({why}): not signalled"
+        )
+        time.sleep(0.2)
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait()
+
+
 @pytest.mark.parametrize(
     "program",
     [
@@ -126,37 +160,9 @@ def test_a_bad_override_fails_at_once_in_one_line(tmp_path, overrides, message):
 def test_stop_never_signals_a_process_that_is_not_the_jobs(tmp_path, program):
     """A launch file whose pid is another program's (hand-edited, planted, or the pid reused): one
     line, exit 2, and that program keeps running."""
-    import subprocess
-    import time
-
-    import psutil
-    from typer.testing import CliRunner
-
-    from foxhunt.cli import app
-    from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
-    from foxhunt.runs.environment import store_uri
-    from foxhunt.runs.store import RunStore
-
-    RunStore(store_uri(tmp_path)).ensure_experiment("foxhunt")
     (tmp_path / "my-foxhunt-notes.txt").write_text("notes\n")
     argv = [part.replace("{tmp}", str(tmp_path)) for part in program]
-    other = subprocess.Popen(argv)
-    try:
-        started = int(psutil.Process(other.pid).create_time() * 1000) + 2000  # launched 2 s after it
-        launch_file = LaunchFile(job_id="ffff7777", pid=other.pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
-                                 overrides=[], log=str(tmp_path / "job.log"), tracking_uri=store_uri(tmp_path),
-                                 root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"), started_ms=started, plan=[])  # fmt: skip
-        launch_file.write(jobs_dir(tmp_path) / "ffff7777.json")
-        result = CliRunner().invoke(app, ["train", "stop", "ffff7777", "--root", str(tmp_path), "--timeout", "1"])
-        assert result.exit_code == 2, result.output
-        assert result.output.strip().splitlines()[-1] == (
-            f"foxhunt train: job ffff7777: pid {other.pid} is not the job's process (it runs {' '.join(argv)[:80]!r}): not signalled"
-        )
-        time.sleep(0.2)
-        assert other.poll() is None  # never signalled
-    finally:
-        other.kill()
-        other.wait()
+    _stop_refused(tmp_path, "ffff7777", argv, f"it runs {' '.join(argv)[:80]!r}", after_s=2)  # launched 2 s after it
 
 
 def test_stop_never_signals_another_jobs_training(tmp_path):
@@ -165,34 +171,10 @@ def test_stop_never_signals_another_jobs_training(tmp_path):
     the job CLI). A process launched for a job carries its id (FOXHUNT_JOB_ID): another id is not
     signalled."""
     import os
-    import subprocess
-    import time
 
-    import psutil
-    from typer.testing import CliRunner
+    from foxhunt.runs.environment import JOB_ID_ENV
 
-    from foxhunt.cli import app
-    from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
-    from foxhunt.runs.environment import JOB_ID_ENV, store_uri
-    from foxhunt.runs.store import RunStore
-
-    RunStore(store_uri(tmp_path)).ensure_experiment("foxhunt")
     script = tmp_path / "foxhunt-train"
     script.write_text("import time; time.sleep(300)\n")
-    other = subprocess.Popen([sys.executable, str(script), "-m"], env={**os.environ, JOB_ID_ENV: "aaaa0000"})
-    try:
-        started = int(psutil.Process(other.pid).create_time() * 1000)
-        launch_file = LaunchFile(job_id="fake0001", pid=other.pid, host=socket.gethostname(), command=["foxhunt-train", "-m"],
-                                 overrides=[], log=str(tmp_path / "job.log"), tracking_uri=store_uri(tmp_path),
-                                 root=str(tmp_path), sweep_dir=str(tmp_path / "sweep"), started_ms=started, plan=[])  # fmt: skip
-        launch_file.write(jobs_dir(tmp_path) / "fake0001.json")
-        result = CliRunner().invoke(app, ["train", "stop", "fake0001", "--root", str(tmp_path), "--timeout", "1"])
-        assert result.exit_code == 2, result.output
-        assert result.output.strip().splitlines()[-1] == (
-            f"foxhunt train: job fake0001: pid {other.pid} is not the job's process (it trains job 'aaaa0000'): not signalled"
-        )
-        time.sleep(0.2)
-        assert other.poll() is None  # never signalled
-    finally:
-        other.kill()
-        other.wait()
+    _stop_refused(tmp_path, "fake0001", [sys.executable, str(script), "-m"], "it trains job 'aaaa0000'",
+                  env={**os.environ, JOB_ID_ENV: "aaaa0000"})  # fmt: skip

@@ -91,7 +91,7 @@ from foxhunt.errors import ConfigError, one_line_error
 from foxhunt.files import read_regular_file
 from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metric directions
 from foxhunt.runs.status import Status
-from foxhunt.runs.store import RunStore
+from foxhunt.runs.store import RunStore, is_version_number
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
 from foxhunt.runs.tracked_run import TrackedRun
 from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, CheckpointError, check_stamped_run, load_weights_only
@@ -639,22 +639,19 @@ def pending_moves(store, journal: str | None) -> list[tuple[str, list[AliasMove]
     return pending
 
 
-MAX_VERSION = 2**63 - 1  # SQLite's largest integer: no registered version is numbered beyond it
-
-
 def _recorded_move(item: Any) -> AliasMove:
-    """One move of a promotion record, checked: names and aliases text, versions ASCII digits
-    within :data:`MAX_VERSION` (a 23-digit version overflowed SQLite's integer in every command
-    that read the record: a traceback, found by a helper probing the roll)."""
+    """One move of a promotion record, checked: names and aliases text, versions numbers that pass
+    :func:`~foxhunt.runs.store.is_version_number` (a 23-digit version overflowed SQLite's integer in
+    every command that read the record: a traceback, found by a helper probing the roll)."""
     name, alias, version, was = item["name"], item["alias"], item["version"], item.get("was")
-    if not (isinstance(name, str) and isinstance(alias, str) and _version_text(version) and (was is None or _version_text(was))):
+    if not (
+        isinstance(name, str)
+        and isinstance(alias, str)
+        and is_version_number(version)
+        and (was is None or is_version_number(was))
+    ):
         raise ValueError("a move names a model, an alias and versions (positive numbers)")
     return AliasMove(name, alias, str(version), None if was is None else str(was))
-
-
-def _version_text(value: Any) -> bool:
-    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    return isinstance(text, str) and text.isascii() and text.isdigit() and 0 < int(text[:20]) <= MAX_VERSION
 
 
 def complete_pending(store, journal: str | None) -> list[str]:

@@ -74,6 +74,7 @@ from foxhunt.runs.provenance import (
     RESUMED_PREFIX,
 )
 from foxhunt.runs.status import Status
+from foxhunt.runs.store import is_version_number
 from foxhunt.runs.stored import StoredRun
 from foxhunt.runs.tags import REPRODUCTIONS_EXPERIMENT, ROLE_CELL, Tag
 from foxhunt.runs.tracked_run import CONFIG_ARTIFACT
@@ -87,7 +88,6 @@ EXCLUDED_SUFFIXES = ("_per_s", "_s", "_ms")  # throughput and durations
 EXIT_IDENTICAL, EXIT_DIFFERS = 0, 1
 FIRST_ATTEMPT = "original"
 MORE_SHOWN = 1  # packages named per verdict line; the rest counted
-MAX_VERSION = 2**63 - 1  # SQLite's largest integer: a registered version number is at most this
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -116,7 +116,7 @@ def resolve_target(store, target: str) -> str:
     if match is None:
         raise ReproduceError(f"{target}: not a run id, models:/NAME@ALIAS or models:/NAME/VERSION")
     name, alias, version = match.group("name"), match.group("alias"), match.group("version")
-    if version and int(version) > MAX_VERSION:  # no store holds one; SQLite's integer overflowed ('cannot read the store')
+    if version and not is_version_number(version):  # no store holds one; SQLite's integer overflowed ('cannot read the store')
         raise ReproduceError(f"{target}: no such registered version in {store.tracking_uri}")
     found = store.get_version(name, version) if version else store.get_version_by_alias(name, alias)
     if found is None:

@@ -72,6 +72,15 @@ _ACCEPTED_URIS = "sqlite:///<file> (created when missing) or an http(s):// MLflo
 SYSTEM_METRICS_LOGGER = "mlflow.system_metrics"  # MLflow's monitor logs its start and stop at INFO
 #: The version tags naming runs (foxhunt.ensemble.registry: the cell run chosen, the run whose weights it holds).
 VERSION_RUN_TAGS = ("run_id", "weights_run_id")
+MAX_VERSION = 2**63 - 1  # SQLite's largest integer: no registered version is numbered beyond it
+
+
+def is_version_number(value: Any) -> bool:
+    """Whether ``value`` (text or an int) can number a registered version: ASCII digits of a
+    positive number within :data:`MAX_VERSION` (a larger one overflowed SQLite's integer in the
+    store's query: a traceback blaming the store)."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    return isinstance(text, str) and text.isascii() and text.isdigit() and 0 < int(text[:20]) <= MAX_VERSION
 
 
 # Each key's latest value as MLflow keeps it: the greatest (step, timestamp, value).

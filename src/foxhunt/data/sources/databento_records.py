@@ -157,10 +157,8 @@ def _decode_dbn(file: Path) -> tuple[dbn.Metadata, list]:
         if isinstance(exc, BarDataError):
             raise
         raise BarDataError(f"{file}: corrupt DBN data, cannot decode it ({one_line(str(exc))})") from None
-    except BaseException as exc:
-        if not _is_panic(exc):
-            raise
-        raise BarDataError(f"{file}: corrupt DBN data, its decoder gave up ({one_line(str(exc))[:200]})") from None
+    except BaseException as exc:  # noqa: BLE001 (a decoder panic only: _panic re-raises anything else)
+        raise _panic(file, exc) from None
     if not out or not isinstance(out[0], dbn.Metadata):
         if leftover:
             raise BarDataError(f"{file}: truncated: the file ends inside its DBN metadata header ({leftover} bytes)")
@@ -189,20 +187,20 @@ def _dbn_metadata(file: Path, chunk_bytes: int = 1 << 16):
                 decoded = decoder.decode()
         except (dbn.DBNError, ValueError, RuntimeError) as exc:
             raise BarDataError(f"{file}: corrupt DBN data, cannot decode its metadata ({one_line(str(exc))})") from None
-        except BaseException as exc:
-            if not _is_panic(exc):
-                raise
-            raise BarDataError(f"{file}: corrupt DBN data, its decoder gave up ({one_line(str(exc))[:200]})") from None
+        except BaseException as exc:  # noqa: BLE001 (a decoder panic only: _panic re-raises anything else)
+            raise _panic(file, exc) from None
     if not decoded or not isinstance(decoded[0], dbn.Metadata):
         raise BarDataError(f"{file}: DBN data without metadata header")
     return decoded[0]
 
 
-def _is_panic(exc: BaseException) -> bool:
-    """databento-dbn's Rust decoder panicking on a malformed record (pyo3's PanicException, a
-    BaseException so that ``except Exception`` does not catch it: a Rust stack trace, found by a
-    helper flipping a header flag)."""
-    return type(exc).__name__ == "PanicException"
+def _panic(file: Path, exc: BaseException) -> BarDataError:
+    """The data error for databento-dbn's Rust decoder panicking on a malformed record (pyo3's
+    PanicException, a BaseException so that ``except Exception`` does not catch it: a Rust stack
+    trace, found by a helper flipping a header flag); any other exception is re-raised as it is."""
+    if type(exc).__name__ != "PanicException":
+        raise exc
+    return BarDataError(f"{file}: corrupt DBN data, its decoder gave up ({one_line(str(exc))[:200]})")
 
 
 _ZSTD_FRAME_MAGIC = 0xFD2FB528
