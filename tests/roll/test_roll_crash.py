@@ -93,3 +93,26 @@ def test_a_committed_promotion_is_what_an_ensemble_loads(roll_store, roll_bars, 
     apply_moves(s, run.run_id, moves)
     apply_moves(s, run.run_id, moves)  # applying twice is applying once
     assert aliases(roll_store) == AFTER
+
+
+def _trials(root) -> list[float]:
+    """roll/trials of each dqn child of roll.experiment, oldest first."""
+    children = store(root).search("roll", tags={"roll.role": "family", "model": "dqn"})
+    return [c.metric("roll/trials") for c in sorted(children, key=lambda c: c.start_ms) if c.metric("roll/trials")]
+
+
+@pytest.mark.parametrize("point", ["committed", pytest.param("registered", marks=pytest.mark.slow)])
+def test_a_killed_roll_counts_its_trial_once_whatever_the_point(roll_store, roll_bars, point):
+    """The deflated Sharpe ratio's trials do not depend on where a roll was killed: a roll killed
+    after its commit point had logged no scores, so the next block's step counted one trial fewer
+    (1 where an uninterrupted pair of steps counts 2); one killed before it and run again must not
+    count its block twice either."""
+    dates = utc_dates(roll_bars)
+    write_days(roll_bars, roll_store / "data" / "es", dates[6:7])
+    assert _killed_roll(roll_store, point).returncode == -signal.SIGKILL
+    again = roll(roll_store)  # completes the committed promotion, or rolls the same block again
+    assert again.exit_code == 0, again.output
+    write_days(roll_bars, roll_store / "data" / "es", dates[7:8])
+    last = roll(roll_store)
+    assert last.exit_code == 0, last.output
+    assert _trials(roll_store)[-1] == 2.0  # the first block's challenger and this one

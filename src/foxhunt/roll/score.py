@@ -19,8 +19,8 @@ by, here on the newest block):
 
 With ``roll.min_dsr`` its deflated Sharpe ratio must also reach it; the trials are every
 challenger of its family and asset ever tried in ``roll.experiment`` (each child run's
-``challenger/sharpe_per_step``), this one included (:func:`trials`), reported whatever the
-setting. ``--force`` promotes whatever the verdict says (the version tagged ``gate=forced``).
+``challenger/sharpe_per_step``, once per block and champion: :func:`earlier_trials`), this one
+included (:func:`trials`), reported whatever the setting. ``--force`` promotes whatever the verdict says (the version tagged ``gate=forced``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from foxhunt.evaluation.stats import block_bootstrap
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 SHARPE_PER_STEP = f"{CHALLENGER}/sharpe_per_step"  # a family child run's metric: a trial of its family and asset
+BLOCK_TAG = "roll.block"  # a roll run's and its family children's tag: the newest block's first and last bar
+CHAMPION_VERSION_TAG = "champion.version"  # a family child's tag: the version its challenger started from
 
 
 @dataclass
@@ -74,6 +76,23 @@ def paired_interval(challenger: np.ndarray, champion: np.ndarray, cfg, bars_per_
     found = block_bootstrap(diff, block_bars=min(int(boot.block_bars), len(diff)), samples=int(boot.samples),
                             confidence=float(boot.confidence), seed=int(boot.seed), periods_per_year=bars_per_year)  # fmt: skip
     return float(found.mean_pnl[0]), float(found.mean_pnl[1])
+
+
+def earlier_trials(children, mine: tuple[str, str]) -> list[float]:
+    """The trials before this one: each family child run's ``challenger/sharpe_per_step``, once per
+    block and champion. A challenger is a function of its champion and its window, so a step that
+    scores the same block from the same champion again (after a roll killed before its commit
+    point, or one whose champions moved meanwhile) tried nothing new: counted once, and not at all
+    when it is this step's own ``mine`` (block, champion version), so the count never depends on
+    where a roll was killed. Runs from before the tags count one each."""
+    found: dict[object, float] = {}
+    for run in sorted(children, key=lambda r: (r.start_ms, r.run_id)):
+        value = run.metric(SHARPE_PER_STEP)
+        block, champion = run.tags.get(BLOCK_TAG), run.tags.get(CHAMPION_VERSION_TAG)
+        key = run.run_id if block is None or champion is None else (block, champion)
+        if value is not None and key != mine:
+            found.setdefault(key, value)
+    return list(found.values())
 
 
 def trials(earlier: list[float], mine: float) -> list[float]:

@@ -62,7 +62,17 @@ from foxhunt.ensemble.registry import (
 from foxhunt.errors import ConfigError
 from foxhunt.evaluation.backtest import evaluation_annualization
 from foxhunt.roll.challenger import ROLE_TAG, ROLL_RUN_TAG, challenger_config, child_tags, prepare_challenger, train_challenger
-from foxhunt.roll.score import CHALLENGER, CHAMPION, SHARPE_PER_STEP, paired_interval, score_block, trials, verdict
+from foxhunt.roll.score import (
+    BLOCK_TAG,
+    CHALLENGER,
+    CHAMPION,
+    CHAMPION_VERSION_TAG,
+    earlier_trials,
+    paired_interval,
+    score_block,
+    trials,
+    verdict,
+)
 from foxhunt.roll.window import (
     SEEN_TAG,
     NothingNew,
@@ -177,7 +187,7 @@ def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Pa
     block = (int(stamps[layout.eval_start]), int(stamps[layout.eval_stop - 1]))
     seen_after = iso(block[1])
     lines.append(f"{SOURCE}: {key}: {layout.new_bars:,} new bar(s) since {iso(layout.seen_ns)}; {layout.describe(stamps)}")
-    tags = {ROLE_TAG: "roll", "asset": key, "roll.new_bars": layout.new_bars, "roll.block": f"{iso(block[0])}..{seen_after}",
+    tags = {ROLE_TAG: "roll", "asset": key, "roll.new_bars": layout.new_bars, BLOCK_TAG: f"{iso(block[0])}..{seen_after}",
             "roll.window_file": str(window), "roll.forced": str(force).lower()}  # fmt: skip
     outcomes = {c.family: FamilyOutcome(c.family, str(c.version.version)) for c in champions}
     prepared, work = {}, workdir / "prepared"
@@ -188,7 +198,7 @@ def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Pa
         for champion in champions:
             outcome = outcomes[champion.family]
             with TrackedRun(uri, experiment, cfg.logger.artifact_location, f"roll-{champion.family}-{key}",
-                            {**child_tags(champion.family, key), "champion.version": outcome.champion},
+                            {**child_tags(champion.family, key), CHAMPION_VERSION_TAG: outcome.champion, BLOCK_TAG: tags[BLOCK_TAG]},
                             parent_run_id=run.run_id, source=SOURCE) as child:  # fmt: skip
                 children[champion.family] = child.run_id
                 config = challenger_config(
@@ -207,9 +217,12 @@ def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Pa
                 child.set_tags({"challenger.run_id": result.run_id})
         kill_point("trained")
         _score(cfg, asset, champions, prepared, outcomes, bars, block, store, experiment, key, force)
+        for champion in champions:  # the scores before the commit point: a roll killed after it still leaves its
+            # trial for the next step's deflated Sharpe ratio (found by a helper probing the roll)
+            _log_scores(store, children[champion.family], outcomes[champion.family])
         moves = _promote(cfg, store, champions, prepared, outcomes, run.run_id, seen_after, lines)
         for champion in champions:
-            _log_child(store, children[champion.family], outcomes[champion.family])
+            _tag_verdict(store, children[champion.family], outcomes[champion.family])
         for champion in champions:  # every champion scored has seen the block: said on its version, which stays (its
             # training run may have been deleted: tagging it failed at the very end of every roll)
             store.set_version_tags(champion.name, champion.version.version, {SEEN_TAG: seen_after})
@@ -230,6 +243,7 @@ def _step(cfg, store, asset, champions, bars, stamps, layout, lines, workdir: Pa
 
 def _score(cfg, asset, champions, prepared, outcomes, bars, block, store, experiment: str, key: str, force: bool) -> None:
     ens = cfg.ensemble
+    block_tag = f"{iso(block[0])}..{iso(block[1])}"
     members = {}
     for champion in champions:
         built = {CHAMPION: champion.folder}
@@ -251,9 +265,8 @@ def _score(cfg, asset, champions, prepared, outcomes, bars, block, store, experi
             continue
         mine, pnl = scores[f"{champion.family}/{CHALLENGER}"]
         outcome.challenger_metrics = mine
-        earlier = [r.metric(SHARPE_PER_STEP) for r in store.search(experiment, tags={ROLE_TAG: "family", "model": champion.family,
-                                                                                    "asset": key})]  # fmt: skip
-        tried = trials([v for v in earlier if v is not None], mine["sharpe_per_step"])
+        children = store.search(experiment, tags={ROLE_TAG: "family", "model": champion.family, "asset": key})
+        tried = trials(earlier_trials(children, (block_tag, outcome.champion)), mine["sharpe_per_step"])
         diff = paired_interval(pnl, scores[f"{champion.family}/{CHAMPION}"][1], cfg, per_year)
         judged = verdict(outcome.champion_metrics, mine, diff, str(ens.gate), tried, min_dsr)
         outcome.promote, outcome.reason, outcome.dsr, outcome.trials, outcome.diff_ci = (
@@ -261,7 +274,7 @@ def _score(cfg, asset, champions, prepared, outcomes, bars, block, store, experi
         outcome.forced = force and not judged.promote
 
 
-def _log_child(store, run_id: str, outcome: FamilyOutcome) -> None:
+def _log_scores(store, run_id: str, outcome: FamilyOutcome) -> None:
     metrics = {f"{CHAMPION}/{k}": v for k, v in outcome.champion_metrics.items() if k in LOGGED or k.startswith("baseline/")}
     metrics.update(
         {f"{CHALLENGER}/{k}": v for k, v in outcome.challenger_metrics.items() if k in LOGGED or k.startswith("baseline/")}
@@ -270,6 +283,9 @@ def _log_child(store, run_id: str, outcome: FamilyOutcome) -> None:
         metrics.update({"roll/dsr": outcome.dsr, "roll/trials": float(outcome.trials), "roll/diff_mean_pnl_ci_low": outcome.diff_ci[0],
                         "roll/diff_mean_pnl_ci_high": outcome.diff_ci[1]})  # fmt: skip
     store.log_metrics(run_id, {k: float(v) for k, v in metrics.items() if np.isfinite(v)})
+
+
+def _tag_verdict(store, run_id: str, outcome: FamilyOutcome) -> None:
     store.tag(run_id, {"roll.verdict": _verdict_word(outcome), "roll.reason": outcome.reason[:4000]})
 
 
