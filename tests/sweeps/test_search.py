@@ -205,6 +205,10 @@ def test_the_study_lives_beside_the_mlflow_store_with_this_optuna_and_sqlalchemy
     assert int(optuna.__version__.split(".")[0]) >= 5 and sqlalchemy.__version__ >= "2"
     settings = settings_from(compose_search(["hparams_search=dqn_optuna"]))
     assert settings.storage == f"sqlite:///{(tmp_path / 'mlruns' / 'optuna.db').resolve()}" and settings.name == "dqn-es"
+    assert settings.server is None  # a SQLite study's lock is an flock on its host
+    named = settings_from(compose_search(["hparams_search=dqn_optuna", "logger.tracking_uri=http://mlflow-host:5000",
+                                          "hydra.sweeper.storage=postgresql://u@db-host/optuna"]))  # fmt: skip
+    assert named.server == "http://mlflow-host:5000"  # a server study's lock is held on the team's MLflow server
 
 
 def _trial(number: int, value: float | None, status: str = "FINISHED") -> CellResult:

@@ -49,6 +49,7 @@ from typing import Any
 from foxhunt.errors import UserError, one_line_error
 from foxhunt.runs.environment import sqlite_path
 from foxhunt.runs.provenance import SPLIT_SHA256, DatasetProvenance
+from foxhunt.runs.server_lock import server_lock
 from foxhunt.runs.sqlite_reader import INCOMPLETE, KNOWN, SqliteReader
 from foxhunt.runs.status import Status
 from foxhunt.runs.stored import Metric, StoredRun
@@ -204,11 +205,12 @@ class RunStore:
         """Hold the store's lock ``name`` (``<store>.<name>.lock`` beside the SQLite file) for a
         step that reads then writes and must not interleave with another process's same step
         (``foxhunt ensemble register``: two at once would both find no champion and register
-        one each). A server store has no lock file: the step runs unlocked, said in the log."""
+        one each). A server store's lock is held on the server, for every host that reaches it
+        (:mod:`foxhunt.runs.server_lock`); before, its steps ran unlocked."""
         database = sqlite_path(self.tracking_uri)
         if database is None:
-            log.info("%s: a server store: %s runs without a cross-process lock", self.tracking_uri, name)
-            yield
+            with server_lock(self.client, name):
+                yield
             return
 
         path = database.with_name(f"{database.name}.{name}{STORE_LOCK_SUFFIX}")

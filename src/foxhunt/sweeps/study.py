@@ -23,8 +23,8 @@ memory, so that a search outlives the process that runs it:
   exclusive ``flock`` on ``<database>.lock`` beside a SQLite study): two launches racing for
   the last slot cannot both take it (both did: the study ended with ``n_trials + 1``), and the
   second launch on a fresh database waits for the first's tables (it failed on their version
-  row). A server database (PostgreSQL) has no file to lock: launches on different hosts may
-  still overshoot by the trials asked in the same instant.
+  row). A server database (PostgreSQL) has no file to lock: with an MLflow server store the lock
+  is held there, for launches on every host (:mod:`foxhunt.runs.server_lock`).
 - **Trials left RUNNING** by a process that died (``kill -9``, out of memory, a rebooted host)
   are settled when the next launch opens the study (:func:`settle_stale`). A trial is stale when
   the sweep process that asked for it is gone from this host (its ``host``, ``pid`` and process
@@ -51,6 +51,7 @@ the trial's Optuna number (:mod:`foxhunt.sweeps.pruning`).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -73,6 +74,7 @@ from foxhunt.runs.cell import CELL_RESULT_FILE, CellResult
 from foxhunt.runs.environment import sqlite_path
 from foxhunt.runs.leaderboard import METRIC_DIRECTIONS
 from foxhunt.runs.status import OK_RESULTS
+from foxhunt.runs.store import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +144,7 @@ class StudySettings:
     heartbeat_s: float = 30.0
     grace_s: float = 300.0
     walk_forward: bool = False
+    server: str | None = None  # the MLflow server store (logger.tracking_uri) that holds a server study's lock
 
     @property
     def multi_objective(self) -> bool:
@@ -248,7 +251,10 @@ def settings_from(config: DictConfig) -> StudySettings:
     if walk_forward and any(o != "val/sharpe" for o in objectives):
         raise _key_error("objectives", objectives, "under evaluation.protocol=walk_forward a search optimizes the mean across "
                                                    "folds, which the cell logs for val/sharpe only (val/sharpe_fold_mean)")  # fmt: skip
+    logger = config.logger
+    server = str(logger.tracking_uri) if logger.enabled and sqlite_path(str(logger.tracking_uri)) is None else None
     settings = StudySettings(
+        server=server,
         name=str(name).strip(),
         storage=storage_url(config),
         objectives=tuple(objectives),
@@ -273,13 +279,20 @@ LOCK_SUFFIX = ".lock"
 
 
 @contextmanager
-def study_lock(url: str) -> Iterator[None]:
-    """One step at a time among this host's launches on the study database ``url`` (module doc:
+def study_lock(url: str, server: str | None = None) -> Iterator[None]:
+    """One step at a time among the launches on the study database ``url`` (module doc:
     Launches at once): held while a launch creates the database or the study, and while it counts
-    the trials it wants and asks for them. Not reentrant. The kernel drops the lock when its
-    holder exits, ``kill -9`` included, so it cannot go stale."""
+    the trials it wants and asks for them. Not reentrant. A SQLite study's is an ``flock`` the
+    kernel drops when its holder exits, ``kill -9`` included, so it cannot go stale; a server
+    study's is held on the MLflow server store ``server`` for every host
+    (:mod:`foxhunt.runs.server_lock`: one a holder killed left lapses after its lease), named
+    by a digest of the URL (which may carry a password); without one, none."""
     if not url.startswith("sqlite:///"):
-        yield
+        if server is None:
+            yield
+            return
+        with RunStore(server).exclusive("study-" + hashlib.sha256(url.encode()).hexdigest()[:16]):
+            yield
         return
     path = Path(url[len("sqlite:///") :] + LOCK_SUFFIX)
     try:
@@ -294,9 +307,10 @@ def study_lock(url: str) -> Iterator[None]:
         os.close(fd)  # drops the flock
 
 
-def open_storage(url: str, heartbeat: bool = False):
+def open_storage(url: str, heartbeat: bool = False, server: str | None = None):
     """Optuna's RDB storage at ``url`` (its SQLite file's folder made; a write waits for another
-    process's lock up to :data:`SQLITE_TIMEOUT_S`); a database that cannot be opened is one line."""
+    process's lock up to :data:`SQLITE_TIMEOUT_S`); a database that cannot be opened is one line.
+    ``server``: :func:`study_lock`'s."""
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///") :])
@@ -305,7 +319,7 @@ def open_storage(url: str, heartbeat: bool = False):
         except OSError as exc:
             raise StudyError(f"hydra.sweeper.storage={url}: cannot make {path.parent}: {exc.strerror or exc}") from None
         engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
-    with study_lock(url):  # a fresh database's tables made by one launch, not two at once
+    with study_lock(url, server):  # a fresh database's tables made by one launch, not two at once
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
         except Exception as exc:  # a driver that is missing, a server that refuses, a file that is no database
@@ -321,9 +335,9 @@ _DIRECTIONS: dict[str, Literal["minimize", "maximize"]] = {"minimize": "minimize
 def open_study(settings: StudySettings, sampler=None, pruner=None, storage=None):
     """The study ``settings.name`` in its database, created on first use, else continued; a
     study of that name with other directions is refused in one line."""
-    storage = storage if storage is not None else open_storage(settings.storage)
+    storage = storage if storage is not None else open_storage(settings.storage, server=settings.server)
     try:
-        with study_lock(settings.storage):
+        with study_lock(settings.storage, settings.server):
             study = optuna.create_study(storage=storage, study_name=settings.name, directions=[_DIRECTIONS[d] for d in settings.directions],
                                         sampler=sampler, pruner=pruner if pruner is not None else settings.pruner.build(),
                                         load_if_exists=True)  # fmt: skip
@@ -624,7 +638,7 @@ def cell_of(result: CellResult | None, trial) -> str:
 def study_view(config: DictConfig, default_key) -> StudyView | None:
     """The study of this search, None when its database has no such study (module doc)."""
     settings = settings_from(config)
-    storage = open_storage(settings.storage)
+    storage = open_storage(settings.storage, server=settings.server)
     try:
         study = optuna.load_study(study_name=settings.name, storage=storage)
     except KeyError:

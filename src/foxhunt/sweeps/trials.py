@@ -245,8 +245,8 @@ class TrialPool:
 
     def _next(self, free: int) -> list[tuple[Any, list[str]]]:
         """Up to ``free`` trials asked, as many as the study still wants: counted and asked as one
-        step among this host's launches on the study (:func:`foxhunt.sweeps.study.study_lock`)."""
-        with st.study_lock(self.settings.storage):
+        step among the launches on the study (:func:`foxhunt.sweeps.study.study_lock`)."""
+        with st.study_lock(self.settings.storage, self.settings.server):
             return [self._ask() for _ in range(min(free, self.wanted()))]
 
     def _run_inline(self) -> None:
