@@ -132,6 +132,22 @@ def test_a_cell_with_bad_data_fails_alone_and_the_sweep_exits_non_zero(tmp_path,
     assert "1 of 2 cells failed: dqn-es-fp32 (FAILED: data error: " in result.stderr.splitlines()[-1]
 
 
+@pytest.mark.parametrize(("values", "line"), [
+    (["evaluation.max_bars=100,1"], "in cell [model=dqn trainer=smoke evaluation.max_bars=1] (2 of 2): evaluation.max_bars=1: "
+                                    "Input should be greater than or equal to 2"),
+    (["model=dqn,nope"], "in cell [model=nope trainer=smoke] (2 of 2): In 'train': Could not find 'model/nope'"),
+])  # fmt: skip
+def test_a_bad_value_in_any_cell_refuses_the_sweep_before_the_first_trains(monkeypatch, capfd, tmp_path, check, values, line):
+    """Every cell's values are checked before any run exists: the last cell's bad value failed
+    that cell only, after the first had trained (exit 1, a FINISHED and a FAILED run)."""
+    args = ["model=dqn", "trainer=smoke", *values] if values[0].startswith("evaluation") else [*values, "trainer=smoke"]
+    result = foxhunt_train_here(monkeypatch, capfd, args, tmp_path)
+    check(result, 2)
+    assert result.stderr.strip().splitlines()[-1].startswith(f"foxhunt-train: cannot prepare the sweep: config error: {line}")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists() or runs(tmp_path) == ([], [])  # nothing trained, no run
+
+
 def test_submitit_local_runs_each_cell_in_its_own_process(tmp_path, check):
     result = foxhunt_train(["model=dqn", "asset=es,nq", "strategy=submitit_local", *SMOKE, *WEEK], tmp_path)
     check(result)
@@ -212,12 +228,3 @@ def test_full_grid_in_parallel_isolates_a_failing_cell_and_resume_trains_only_th
     parents_after, cells_after = runs(tmp_path)
     assert [p.info.run_id for p in parents_after] == [parent.info.run_id] and parents_after[0].info.status == "FINISHED"
     assert len(cells_after) == 17  # the 16 cells + the new tft-zn run (the failed one had no checkpoint)
-
-
-def test_a_job_hydra_cannot_compose_ends_the_sweep_with_its_parent_run_failed(tmp_path):
-    """model=dqn,nope: Hydra's launcher raises at the second job, after the parent run was made,
-    and skips on_multirun_end: the parent run stayed RUNNING for good (found probing the CLI)."""
-    result = foxhunt_train(["model=dqn,nope", *SMOKE, *WEEK], tmp_path)
-    assert result.returncode != 0 and "nope" in result.stderr, result.stderr[-2000:]
-    parents, _ = runs(tmp_path)
-    assert [p.info.status for p in parents] == ["FAILED"], [p.info.status for p in parents]

@@ -145,6 +145,15 @@ def _validate_shared(config: DictConfig) -> None:
     validate_shared(config)
 
 
+def _check_cells(config: DictConfig) -> None:
+    from hydra.core.global_hydra import GlobalHydra
+
+    from foxhunt.sweeps.grid import check_cells
+    from foxhunt.sweeps.packing import sweep_cells
+
+    check_cells(config, sweep_cells(config), GlobalHydra.instance().config_loader())
+
+
 class SweepCallback(Callback):
     def __init__(self) -> None:
         self.parent_run_id: str | None = None
@@ -171,6 +180,8 @@ class SweepCallback(Callback):
                 raise FolderError.of(exc, "paths.root_dir or hydra.sweep.dir") from None
             if is_search(config):
                 check_search_config(config)
+            else:  # every cell's values before any run exists (a search's trials are checked as they start)
+                _check_cells(config)
             if config.logger.enabled:
                 self.parent_run_id = self._start_parent_run(config)
                 os.environ[PARENT_RUN_ENV] = self.parent_run_id
@@ -178,8 +189,8 @@ class SweepCallback(Callback):
                 self._pack(config)
             else:  # a plan left in a reused sweep folder must not size this sweep's jobs
                 (self.sweep_dir / PLAN_FILE).unlink(missing_ok=True)
-            # a study whose every trial failed, or a job Hydra cannot compose (model=dqn,nope: the
-            # launcher raises at that job), ends without on_multirun_end: the parent run must not stay RUNNING
+            # a study whose every trial failed, or a launcher that raises (a search's trial Hydra cannot
+            # compose), ends without on_multirun_end: the parent run must not stay RUNNING
             atexit.register(self._end_unfinished, config)
         except Exception as exc:  # Hydra would only warn and start the jobs anyway
             log.debug("sweep preparation failed", exc_info=True)
