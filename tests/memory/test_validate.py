@@ -127,6 +127,7 @@ def test_a_1_mb_budget_below_its_own_headroom_is_a_config_error(tmp_path):
         (["--models", "dqn", "ppo:model.module.rollout_steps=4"], "model 'ppo' is not among --models (dqn)"),
         (["--models", "dqn,lstm"], "--models: unknown model 'lstm' (available: dlinear, dqn, mamba2, ppo, tft)"),
         (["seed"], "Error parsing override 'seed'"),
+        (["xx:"], "validate: config error: Error parsing override 'xx:'"),  # no model's error: it blamed "(dlinear)"
     ],
 )
 def test_a_bad_override_or_option_exits_2_with_one_line(args, message, tmp_path):
@@ -134,6 +135,17 @@ def test_a_bad_override_or_option_exits_2_with_one_line(args, message, tmp_path)
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("foxhunt memory validate: ") and message in lines[0]
+
+
+def test_a_root_that_is_not_there_is_refused_not_made(tmp_path):
+    missing = tmp_path / "typo"
+    result = validate("--root", str(missing), "--models", "dqn")
+    assert result.exit_code == 2, result.output
+    assert (
+        result.stderr.strip()
+        == f"foxhunt memory validate: --root {missing}: no such folder (the folder holding mlruns/ and the feature cache)"
+    )
+    assert not missing.exists()  # it was made, and the models measured into it
 
 
 def test_predict_shows_the_prediction_beside_the_measurement_as_json(tmp_path):

@@ -33,6 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from foxhunt.config.families import family_names
 from foxhunt.errors import EXIT_USER_ERROR, one_line_error
+from foxhunt.printable import visible
 from foxhunt.runs.environment import root_dir
 from foxhunt.runs.tags import Tag
 
@@ -121,11 +122,29 @@ def validate(
         raise _fail("", str(exc), EXIT_USER_ERROR) from None
 
     folder = Path(root).resolve() if root else root_dir()
+    if not folder.is_dir():  # it made the folder, where every other command refuses one that is not there
+        raise _fail("", f"--root {visible(str(root))}: no such folder (the folder holding mlruns/ and the feature cache)",
+                    EXIT_USER_ERROR)  # fmt: skip
+    _check_syntax([*shared, *(item for items in own.values() for item in items)])
     out_dir = folder / "outputs" / "memory" / f"validate-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     configs = _compose(names, shared, own, folder, out_dir)
     budget = _budget(configs)
     code = _run(configs, budget, predict, as_json, out_dir, [*(overrides or [])])
     raise typer.Exit(code)
+
+
+def _check_syntax(overrides: list[str]) -> None:
+    """Each override parsed by Hydra's grammar first: a malformed one is no model's error (it was
+    reported against the first model composed, \"config error (dlinear)\")."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        try:
+            parser.parse_overrides([item])
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise _fail("config error: ", one_line_error(exc, with_type=False), EXIT_USER_ERROR) from None
 
 
 def _compose(names, shared, own, folder: Path, out_dir: Path) -> dict:
