@@ -36,6 +36,8 @@ def test_list_table_shows_every_job_newest_first(jobs_store):
     assert shown[:5] == ["cccc4444", "eeee6666", "dddd5555", "bbbb3333", "aaaa2222"]
     assert "1 stale" in result.output and "4 finished" in result.output
     assert lines[-1] == "page 1/1, 7 jobs"
+    past = train(jobs_store, "list", "--page", "99")  # empty, and said so: it read "page 99/1"
+    assert past.exit_code == 0 and past.output.splitlines()[-1] == "page 99: past the last page (1), 7 jobs"
 
 
 def test_list_filters_sorting_and_pages_as_json(jobs_store):

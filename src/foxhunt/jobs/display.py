@@ -189,7 +189,10 @@ def list_table(page: Page, now_ms: int) -> RenderableType:
             shown(",".join(job.assets) or "-"),
             fmt_number(job.best_sharpe()),
         )
-    footer = Text(f"page {page.page}/{page.pages}, {page.total} job{'s' if page.total != 1 else ''}", style="dim")
+    jobs = f"{page.total} job{'s' if page.total != 1 else ''}"
+    past = page.page > page.pages  # said, not shown as "page 99/1"
+    footer = Text(f"page {page.page}: past the last page ({page.pages}), {jobs}" if past else f"page {page.page}/{page.pages}, {jobs}",
+                  style="dim")  # fmt: skip
     return Group(table, footer)
 
 
