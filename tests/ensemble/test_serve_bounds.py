@@ -293,3 +293,31 @@ def test_a_long_request_goes_on_in_slices_and_its_stream_is_never_closed_under_i
     assert [s.symbol for s in service.engine.closed] == ["LIVE"]  # idle after its bar; LONG only once answered
     assert service.answered == 2 and service.continuing == set()
     assert service.engine.batches[:5] == [["LONG"]] * 4 + [["LONG", "LIVE"]]
+
+
+def test_a_swap_of_two_families_logs_both_under_the_rate_limit():
+    """The roll promoted DQN and PPO together: the swap log said one (the second line had the
+    first's template and was held back by the rate limit); /info named both."""
+    from types import SimpleNamespace
+
+    found = [SimpleNamespace(name=name, version="2", member=SimpleNamespace(weights="fp32"), inputs=None, value=None)
+             for name in ("foxhunt-dqn-es", "foxhunt-ppo-es")]  # fmt: skip
+    watcher = SimpleNamespace(take=lambda: found, swapped=lambda f: None, refused=lambda f, why: None)
+    service = EnsembleService.__new__(EnsembleService)
+    service.members = [SimpleNamespace(name=f.name, version="1") for f in found]
+    service.engine = SimpleNamespace(swap=lambda *args: 5)
+    service.streams, service.swaps = {}, []
+    logger = logging.getLogger("foxhunt.ensemble.serve")
+    rate, lines = RateLimitedLog(10.0, clock=Clock()), Lines()
+    logger.addFilter(rate)
+    logger.addHandler(lines)
+    try:
+        service._swap(watcher)
+    finally:
+        logger.removeFilter(rate)
+        logger.removeHandler(lines)
+    assert [line.split(" v1 ")[0] for line in lines.lines] == [
+        "foxhunt ensemble serve: swapped foxhunt-dqn-es",
+        "foxhunt ensemble serve: swapped foxhunt-ppo-es",
+    ]
+    assert len(service.swaps) == 2

@@ -386,8 +386,8 @@ class EnsembleService:
             watcher.swapped(found)
             line = (f"{found.name} v{old.version} -> v{found.version} ({found.member.weights}), warmed on up to {warmed} bars "
                     f"of {len(self.streams)} symbol(s)")  # fmt: skip
-            self.swaps.append(line)
-            log.warning("foxhunt ensemble serve: swapped %s", line)
+            self.swaps.append(line)  # never held back by the rate limit (one template: a two-family swap logged one family)
+            log.warning("foxhunt ensemble serve: swapped %s", line, extra={RateLimitedLog.SUMMARY: True})
 
     def info(self) -> dict:
         return {
