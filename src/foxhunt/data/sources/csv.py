@@ -108,10 +108,14 @@ class CsvBarSource:
 
     def load(self, asset: AssetSpec) -> pd.DataFrame:
         """All bars of the files, start-labelled in UTC, checked against the contract."""
-        frames = [self._read_file(file, asset) for file in self.files()]
+        files = self.files()
+        frames = [self._read_file(file, asset) for file in files]
         if len(frames) == 1:
             return frames[0]
-        return validate_bars(pd.concat(frames), asset.tick_size, origin=self.path)
+        # each row named by its file and line: a row of the files joined, counted from 0, named none of them
+        labels = np.concatenate([[f"{_relative(file, self.path)}, line {n}" for n in np.arange(len(frame)) + 2]
+                                 for file, frame in zip(files, frames)])  # fmt: skip
+        return validate_bars(pd.concat(frames), asset.tick_size, origin=self.path, rows=labels, row_name="file")
 
     def fingerprint(self, asset: AssetSpec) -> str:
         return source_fingerprint("csv", self._params(), asset, self.files())
@@ -201,3 +205,12 @@ class CsvBarSource:
         if self.bar_label == "close":
             index = index - timedelta(minutes=self.bar_minutes)
         return index
+
+
+def _relative(file: Path, path: str) -> str:
+    """``file`` as found under ``path`` (a folder or a pattern): its name below the folder."""
+    folder = Path(path)
+    try:
+        return str(file.relative_to(folder)) if folder.is_dir() else file.name
+    except ValueError:
+        return str(file)
