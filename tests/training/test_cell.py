@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import os
@@ -78,9 +79,13 @@ def test_a_run_says_where_it_came_from_source_commit_and_bars(compose_cfg, tmp_p
     assert sorted(inputs) == ["test", "train", "val"]
     dataset = build_parts(cfg).dataset
     for split, found in inputs.items():
-        assert found.name == f"es-SyntheticBarSource-{split}" and found.digest == dataset.cache_key[:16]
-        assert json.loads(found.profile)["rows"] == len(dataset.splits[split])
+        profile = json.loads(found.profile)
+        # the digest is the split's own bars (all three splits carried one digest, the feature cache key's)
+        assert found.name == f"es-SyntheticBarSource-{split}" and found.digest == profile["sha256"][:16]
+        assert profile["rows"] == len(dataset.splits[split])
         assert json.loads(found.source)["settings"]["days"] == 7
+    assert len({found.digest for found in inputs.values()}) == 3
+    assert run.data.tags["mlflow.user"] == run.info.user_id == getpass.getuser()  # user_id was "unknown"
 
 
 def test_resume_says_in_one_line_that_it_found_nothing_then_skips_the_finished_run(compose_cfg, tmp_path, caplog):

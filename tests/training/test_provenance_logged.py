@@ -49,6 +49,12 @@ def test_the_bars_digest_is_each_files_bytes_where_the_cache_key_misses_an_edit(
     assert before["files"] == [{"path": str(csv.resolve()), "bytes": csv.stat().st_size, "sha256": digest}]
     inputs = bars_datasets(cfg, parts)  # the dataset inputs carry each split's bars digest; data.json is written
     assert {d.context: d.profile["sha256"] for d in inputs} == before["splits"]
+    assert {d.context: d.digest for d in inputs} == {split: sha[:16] for split, sha in before["splits"].items()}
+    import mlflow.data
+    from mlflow.entities import Dataset
+
+    source = mlflow.data.get_source(Dataset(inputs[0].name, inputs[0].digest, inputs[0].source_type, inputs[0].source_json()))
+    assert source.uri == csv.resolve().as_uri()  # MLflow's own reader of a local source (it failed: no "uri")
     assert json.loads((Path(cfg.paths.output_dir) / PROVENANCE_FOLDER / DATA_FILE).read_text()) == before
 
     stat = csv.stat()

@@ -2,18 +2,18 @@
 Dataset columns show.
 
 - ``host``, ``pid`` and ``job_id`` (``$FOXHUNT_JOB_ID``): the process, which
-  :mod:`foxhunt.runs.liveness` checks;
+  :mod:`foxhunt.runs.liveness` checks; ``mlflow.user``, its user (the run's ``user_id``);
 - ``mlflow.source.name``: the entry point and its command (``foxhunt-train``, ``foxhunt-train
   -m`` for a sweep's parent run, ``foxhunt memory validate``, ...), ``mlflow.source.type``
   ``LOCAL``; ``mlflow.source.git.commit`` when foxhunt runs from a git checkout (read from its
   ``.git``: ``HEAD``, the ref it names, or ``packed-refs``; a worktree's ``.git`` file points at
   its own folder; no ``git`` process);
 - a dataset input per split (:class:`DatasetProvenance`): name ``<asset>-<source>-<split>``, digest
-  (the first :data:`DIGEST_LENGTH` hex digits of the feature cache key, itself a SHA-256 of the
-  source's fingerprint, the asset, the features and the split: equal digests, equal bars),
-  source (the source class, its path and files), a profile (rows, first and last bar) and the
-  split as the input's context tag; the profile adds ``sha256``, a digest of the split's bars as
-  the run read them (:func:`split_sha256`).
+  (the first :data:`DIGEST_LENGTH` hex digits of ``sha256``, the SHA-256 of the split's bars as
+  the run read them, :func:`split_sha256`: equal digests, equal bars), source (the source class,
+  its path, its ``uri`` as MLflow's local source reads it, and its files; a generated source's
+  settings), a profile (rows, first and last bar, ``sha256``) and the split as the input's
+  context tag.
 
 What a reproduction (``foxhunt runs reproduce``, :mod:`foxhunt.runs.reproduce`) compares, as JSON
 files in the run's artifact folder ``provenance/`` (:data:`PROVENANCE_FOLDER`) and as tags:
@@ -42,6 +42,7 @@ A resumed attempt logs its own files under ``provenance/resumed-<N>/`` (``N``: i
 from __future__ import annotations
 
 import difflib
+import getpass
 import hashlib
 import importlib.metadata
 import json
@@ -85,8 +86,18 @@ _SKIPPED_SUFFIXES = (".pyc", ".pyo")
 
 
 def process_tags() -> dict[str, str]:
-    """The process that runs a run: host, pid, and the job it belongs to (if any)."""
-    return {Tag.HOST: socket.gethostname(), Tag.PID: str(os.getpid()), Tag.JOB_ID: os.environ.get(JOB_ID_ENV, "")}
+    """The process that runs a run: host, pid, the job it belongs to (if any), and its user as
+    ``mlflow.start_run`` records one (the run's ``user_id`` was "unknown")."""
+    return {Tag.HOST: socket.gethostname(), Tag.PID: str(os.getpid()), Tag.JOB_ID: os.environ.get(JOB_ID_ENV, ""),
+            Tag.USER: process_user()}  # fmt: skip
+
+
+def process_user() -> str:
+    """The login name of this process, as MLflow's default run context finds it."""
+    try:
+        return getpass.getuser()
+    except (ImportError, KeyError, OSError):  # no such variable and no password entry for the uid (a bare container)
+        return "unknown"
 
 
 def source_tags(source_name: str) -> dict[str, str]:

@@ -86,6 +86,7 @@ class Tag:
     SOURCE_NAME = "mlflow.source.name"
     SOURCE_TYPE = "mlflow.source.type"
     GIT_COMMIT = "mlflow.source.git.commit"
+    USER = "mlflow.user"  # the runs table's User column, and the run's user_id (MLflow's create_run reads this tag)
     DATASET_CONTEXT = "mlflow.data.context"  # on a dataset input: which split
 
 

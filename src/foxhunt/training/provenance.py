@@ -14,7 +14,6 @@ read (:func:`bars_datasets` writes it in the run's folder, the latest attempt's,
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -155,8 +154,8 @@ def _log_data_provenance(out_dir: Path, run) -> None:
 
 def bars_datasets(cfg: DictConfig, parts) -> list:
     """The run's bars as MLflow dataset inputs, one per split (:mod:`foxhunt.runs.provenance`):
-    the source and its files, the feature cache key as the digest, each split's extent and the
-    SHA-256 of its bars; and ``provenance/data.json`` in the run's folder (:func:`data_provenance`),
+    the source and its files, each split's extent and the SHA-256 of its bars (its first hex
+    digits the digest); and ``provenance/data.json`` in the run's folder (:func:`data_provenance`),
     which :func:`log_dataset_manifest` logs."""
     source_cfg = OmegaConf.to_container(cfg.data.source, resolve=True)
     assert isinstance(source_cfg, dict)  # data.source is a mapping
@@ -164,14 +163,14 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
     kind = target.rsplit(".", 1)[-1]
     path = source_cfg.get("path")
     source = {"class": target, "asset": parts.asset.key}
-    if path:
-        source.update(path=str(path), files=[str(p) for p in _source_files(parts.source, path)])
+    if path:  # uri: what MLflow's LocalArtifactDatasetSource reads (mlflow.data.get_source failed without it)
+        source.update(uri=Path(str(path)).resolve().as_uri(), path=str(path),
+                      files=[str(p) for p in _source_files(parts.source, path)])  # fmt: skip
     else:  # generated: its settings are the data
         source["settings"] = source_cfg
     dataset = parts.dataset
     content = data_provenance(cfg, parts)
     write_provenance(Path(cfg.paths.output_dir) / PROVENANCE_FOLDER, DATA_FILE, content)
-    digest = (dataset.cache_key or hashlib.sha256(repr(sorted(source.items())).encode()).hexdigest())[:DIGEST_LENGTH]
     inputs = []
     for split in SPLITS:
         arrays = dataset.splits.get(split)
@@ -182,6 +181,7 @@ def bars_datasets(cfg: DictConfig, parts) -> list:
         if len(arrays):
             first, last = np.datetime_as_string(arrays.timestamps[[0, -1]], unit="s")
             profile.update(first_bar=f"{first}Z", last_bar=f"{last}Z")
+        digest = content["splits"][split][:DIGEST_LENGTH]  # the split's bars: each split its own (all three had one)
         inputs.append(
             DatasetProvenance(f"{parts.asset.key}-{kind}-{split}", digest, "local" if path else "code", source, split, profile)
         )
