@@ -85,7 +85,7 @@ BATCHES = "must be a number of batches, an integer in [0, 1000000000], or a frac
         ("train", ["trainer.devices=0"], "trainer.devices=0: must be auto, -1 (every device), a number of devices in [1, 1024], or device indices (a list or '0,1')"),
         ("train", ["+trainer.val_check_interval=0.0"], "trainer.val_check_interval=0.0: must be a number of training batches, an integer in [1, 1000000000], a fraction of the epoch in (0.0, 1.0], or a time 'DD:HH:MM:SS'"),
         ("train", ["trainer.gradient_clip_val=-1.0"], "trainer.gradient_clip_val=-1.0: Input should be greater than or equal to 0 (allowed: a number in [0, 1e6])"),
-        ("train", ["+trainer.gradient_clip_vall=1.0"], "trainer.gradient_clip_vall=1.0: no range is known for a number under this key"),
+        ("train", ["+trainer.gradient_clip_vall=1.0"], "trainer.gradient_clip_vall: not a parameter of Trainer"),  # a typo is named as one
         ("train", ["+trainer.profilr=simple"], "trainer.profilr: not a parameter of Trainer"),
         ("train", ["+trainer.max_steps=null"], "trainer.max_steps=None: Input should be a valid integer (allowed: an integer in [-1, 1000000000])"),
         ("train", ["seed=4294967296"], "seed=4294967296: Input should be less than or equal to 4294967295 (allowed: an integer in [0, 4294967295])"),

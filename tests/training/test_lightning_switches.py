@@ -72,3 +72,36 @@ def test_a_sweeping_preset_without_multirun_is_one_line(tmp_path, monkeypatch, c
     assert code == EXIT_USER_ERROR and len(err) == 1
     assert err[0].startswith("foxhunt-train: config error: ") and line in err[0]
     assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [(["+trainer.precision=bf16-mixed"], "trainer.precision='bf16-mixed': foxhunt sets this Trainer argument itself: choose the "
+                                         "precision group"),
+     (["+trainer.max_step=3"], "trainer.max_step: not a parameter of Trainer (allowed: "),  # said "no range is known"
+     (["model=dqn", "trainer.gradient_clip_val=0.5"], "Lightning refuses the trainer and callback settings for model=dqn: "
+                                                      "Automatic gradient clipping is not supported for manual optimization"),
+     (["model=dlinear", "+trainer.val_check_interval=100"], "for model=dlinear: `val_check_interval` (100) must be less than"),
+     (["model=dlinear", "+callbacks.early_stopping._target_=lightning.pytorch.callbacks.EarlyStopping",
+       "+callbacks.early_stopping.monitor=val/los"], "for model=dlinear: Early stopping conditioned on metric `val/los`")],
+)  # fmt: skip
+def test_a_trainer_switch_lightning_refuses_is_one_line(tmp_path, monkeypatch, capsys, overrides, line):
+    """Each was a traceback of 60-80 lines (found by a helper probing Lightning's switches): one
+    line naming the setting and what Lightning said, exit 2."""
+    code = run_foxhunt_train(monkeypatch, tmp_path, [*QUICK, *overrides])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == EXIT_USER_ERROR and "Traceback" not in "\n".join(err), err[-5:]
+    assert err[-1].startswith("foxhunt-train: config error: ") and line in err[-1], err[-1]
+
+
+def test_a_fast_dev_run_checkpoint_starts_a_later_run(compose_cfg, tmp_path):
+    """Lightning's DummyLogger (fast_dev_run) answers run_id with a method, which was stamped on
+    the checkpoint: every ckpt= of it was refused ("stamped for run <function DummyLogger...>")."""
+    from pathlib import Path
+
+    cfg = compose_cfg(["model=dlinear", "trainer=smoke", "data.source.days=3", "evaluation.plot_equity=false",
+                       "+trainer.fast_dev_run=true"])  # fmt: skip
+    train(cfg)
+    (last,) = Path(cfg.paths.output_dir).rglob("last.ckpt")
+    again = compose_cfg(["model=dlinear", "trainer=smoke", "data.source.days=3", "evaluation.plot_equity=false", f"ckpt={last}"])
+    assert "val/sharpe" in train(again)

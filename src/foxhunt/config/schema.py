@@ -556,6 +556,26 @@ class TrainerSection(_Ranged):
             raise ValueError("must be >= 1, or -1 for no limit")
         return value
 
+    @model_validator(mode="after")
+    def _not_foxhunts_own(self) -> TrainerSection:
+        # Trainer arguments foxhunt passes itself: +trainer.precision=bf16-mixed was an 81-line traceback
+        # ("Received both precision=... and plugins=...") after the run had begun
+        for key in self.model_extra or {}:
+            if key in TRAINER_ARGUMENTS_OWNED:
+                raise _KeyedError(key, (self.model_extra or {})[key],
+                                  f"foxhunt sets this Trainer argument itself: {TRAINER_ARGUMENTS_OWNED[key]}")  # fmt: skip
+        return self
+
+
+#: The Trainer arguments foxhunt passes from its own sections, and where a user sets them instead.
+TRAINER_ARGUMENTS_OWNED = {
+    "precision": "choose the precision group (precision=fp32, bf16 or int8)",
+    "plugins": "the precision group's plugin is the Trainer's (precision=fp32, bf16 or int8)",
+    "logger": "choose the logger group (logger=mlflow or none)",
+    "callbacks": "add or set callbacks under callbacks.<name> (conf/callbacks)",
+    "default_root_dir": "set paths.output_dir",
+}
+
 
 class CheckpointSettings(_Ranged):
     """``callbacks.model_checkpoint``: Lightning's ModelCheckpoint."""
@@ -981,6 +1001,10 @@ def validate(cfg: DictConfig) -> TrainConfig:
 def validate_resolved(resolved: dict[str, Any]) -> TrainConfig:
     """:func:`validate` on the config already resolved to plain containers (:func:`resolved_config`)."""
     schema = EnsembleConfig if "ensemble" in resolved else TrainConfig
+    trainer = resolved.get("trainer")
+    if isinstance(trainer, dict) and isinstance(trainer.get("_target_"), str):
+        # a key the Trainer does not take first: +trainer.max_step=3 said "no range is known for a number under this key"
+        check_constructor_args("trainer", trainer)
     try:
         parsed = schema.model_validate(resolved)
     except ValidationError as exc:

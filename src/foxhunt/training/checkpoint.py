@@ -159,7 +159,9 @@ def _checkpoint_stamp_class() -> type:
                 self.io = _atomic_checkpoint_io()
             if self.io is not None:
                 trainer.strategy.checkpoint_io = self.io
-            run_id = next((logger.run_id for logger in trainer.loggers if getattr(logger, "run_id", None)), None)
+            # a run id is text: Lightning's DummyLogger (trainer.fast_dev_run) answers any attribute with a method,
+            # which was stamped on the checkpoint and refused by every later ckpt= (found by a helper)
+            run_id = next((logger.run_id for logger in trainer.loggers if isinstance(getattr(logger, "run_id", None), str)), None)
             if run_id:  # the MLflow run this Trainer logs to: its checkpoints are that run's
                 self.stamp[RUN_ID] = str(run_id)
 

@@ -123,7 +123,13 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
         if isinstance(cause, MisconfigurationException):
             raise ConfigError(f"trainer: Lightning refuses these settings: {str(cause).splitlines()[0]}") from None
         raise
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    except (MisconfigurationException, ValueError, RuntimeError) as exc:
+        refusal = lightning_refusal(exc, trainer)
+        if refusal is None:
+            raise
+        raise ConfigError(f"Lightning refuses the trainer and callback settings for model={cfg.model.name}: {refusal}") from None
     if trainer.interrupted:  # Lightning turned a stop request into a clean return
         raise KeyboardInterrupt("training interrupted")
     # fit's last values (val/loss, ...): Lightning resets callback_metrics when test starts
@@ -148,6 +154,30 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
     if interpretation is not None:
         print(f"  {interpretation.summary_line()}")
     return metrics, scores
+
+
+def lightning_refusal(exc: BaseException, trainer: pl.Trainer) -> str | None:
+    """The first line of an error Lightning raised about the settings it was given, None for any
+    other (a bug keeps its traceback). It is the settings' when Lightning's own code raised it
+    (the innermost frame is Lightning's) and it is Lightning's word for a bad setting
+    (``MisconfigurationException``: gradient clipping or accumulation on a family that steps
+    its optimizer itself, a monitor no metric matches), a ``ValueError`` before the first step
+    (``val_check_interval`` past the epoch's batches), or early stopping on a metric no one logs.
+    Each was a traceback of 60-80 lines (found by a helper probing Lightning's switches)."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    module = frame.tb_frame.f_globals.get("__name__", "") if frame is not None else ""
+    if not module.startswith("lightning."):
+        return None
+    text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, MisconfigurationException):
+        return text
+    if isinstance(exc, ValueError) and trainer.global_step == 0:
+        return text
+    if isinstance(exc, RuntimeError) and module.startswith("lightning.pytorch.callbacks.early_stopping"):
+        return text
+    return None
 
 
 def _best_checkpoint(callbacks) -> str | None:
