@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from configs import synthetic_source
+from foxhunt.config.families import family_names
 from foxhunt.errors import EXIT_USER_ERROR
 from train_entry import run_foxhunt_train
 
@@ -175,7 +176,7 @@ TRAIN_CASES = [
     (
         "unknown-option",
         ["model=nope"],
-        "config error: In 'train': Could not find 'model/nope' Available options in 'model': dlinear, dqn, mamba2, ppo, tft",
+        f"config error: In 'train': Could not find 'model/nope' Available options in 'model': {', '.join(sorted(family_names()))}",
     ),
     # a model hyperparameter: its family's definition (foxhunt.config.model_schemas), before anything is built
     (

@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from test_members import Agent
 
+from foxhunt.config.families import family_names
 from foxhunt.data.features import FeatureConfig
 from foxhunt.ensemble.engine import MemberInputs
 from foxhunt.ensemble.loading import LoadedMember, ensemble_engine
@@ -51,7 +52,7 @@ def test_the_engine_takes_the_rule_and_the_metric_values_as_weights():
         ([("a", "val/loss", 0.1)], "weighted", "ensemble.rule=weighted: the members were registered on val/loss, better when lower"),
         ([("a", "val/sharpe", -1.0), ("b", "val/sharpe", None)], "weighted",
          "ensemble.rule=weighted: no member has a positive val/sharpe, so every weight would be 0"),
-        ([("a", "val/sharpe", 1.0)], "mean_forecast", "ensemble.rule=mean_forecast: the ensemble has no forecaster (dlinear, mamba2, tft)"),
+        ([("a", "val/sharpe", 1.0)], "mean_forecast", f"ensemble.rule=mean_forecast: the ensemble has no forecaster ({', '.join(family_names('forecaster'))})"),
         ([("a", "val/sharpe", 1.0)], "median", "ensemble.rule='median': must be one of majority, mean_forecast, weighted"),
     ],
 )  # fmt: skip

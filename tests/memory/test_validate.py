@@ -125,7 +125,7 @@ def test_a_1_mb_budget_below_its_own_headroom_is_a_config_error(tmp_path):
         (["tft:model.module.hidden_size=0"], "config error (tft): model.module.hidden_size=0: must be an integer >= 1"),
         (["model=tft"], "the models are picked with --models"),
         (["--models", "dqn", "ppo:model.module.rollout_steps=4"], "model 'ppo' is not among --models (dqn)"),
-        (["--models", "dqn,lstm"], "--models: unknown model 'lstm' (available: dlinear, dqn, mamba2, ppo, tft)"),
+        (["--models", "dqn,lstm"], f"--models: unknown model 'lstm' (available: {', '.join(sorted(family_names()))})"),
         (["seed"], "Error parsing override 'seed'"),
         (["xx:"], "validate: config error: Error parsing override 'xx:'"),  # no model's error: it blamed "(dlinear)"
     ],
