@@ -20,6 +20,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
+from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
 
@@ -441,3 +442,26 @@ def test_launches_opening_a_fresh_study_database_at_once_all_open_it(tmp_path):
         for thread in threads:
             thread.join()
         assert not errors and len(set(opened)) == 1 and len(opened) == 4
+
+
+def test_a_search_stopped_and_launched_again_draws_the_trials_of_one_never_stopped(tmp_path):
+    """Each trial is drawn by the sampler seeded with the seed and the trials sampled before it,
+    whichever launch asks it: a second launch's sampler was seeded once, with seed + the trials the
+    study held, and drew other trials than the search never stopped (found by a helper: another
+    best trial after a kill)."""
+    sampler = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 7, "n_startup_trials": 2})
+
+    def search(root: Path, launches: list[int]) -> list[dict]:
+        settings = _settings(root)
+        for n, count in enumerate(launches):
+            sweep = root / f"sweep{n}"
+            pool = TrialPool(st.open_study(settings), dataclasses.replace(settings, n_trials=count), SPACE, ["trainer=smoke"],
+                             Jobs(sweep), 1, True, sweep, sampler=sampler)  # fmt: skip
+            pool.launch.study = pool.study
+            pool.run()
+        return [t.params for t in st.open_study(settings).get_trials()]
+
+    whole = search(tmp_path / "whole", [5])
+    assert search(tmp_path / "stopped", [2, 5]) == whole
+    assert search(tmp_path / "twice", [1, 3, 5]) == whole
+    assert len({t["model.module.lr"] for t in whole}) == 5

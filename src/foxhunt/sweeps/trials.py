@@ -147,8 +147,10 @@ class TrialPool:
     """Asks, launches and tells the trials of one launch of a search (module doc)."""
 
     def __init__(self, study, settings: st.StudySettings, space: dict[str, Any], fixed: list[str], launch: Launch,
-                 workers: int, inline: bool, sweep_dir: Path, owner: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 workers: int, inline: bool, sweep_dir: Path, owner: dict[str, Any] | None = None,
+                 sampler=None) -> None:  # fmt: skip
         self.study, self.settings, self.space, self.fixed = study, settings, space, fixed
+        self.sampler = sampler  # hydra.sweeper.sampler: made again before each ask (_ask)
         self.launch, self.workers, self.inline, self.sweep_dir = launch, max(1, workers), inline, Path(sweep_dir)
         self.owner = owner or st.process_identity()
         self.report = PoolReport(self.workers, settings.barrier)
@@ -179,6 +181,12 @@ class TrialPool:
             self._halted = True
 
     def _ask(self):
+        if self.sampler is not None:
+            # seeded by the trials sampled before this one, whichever launch sampled them: a launch's sampler
+            # seeded once (seed + the study's trials at its start) drew other trials after a kill or a stop than
+            # the search never interrupted (found by a helper probing searches)
+            sampled = sum(st.RETRY_OF not in t.user_attrs for t in self.study.get_trials(deepcopy=False))
+            self.study.sampler = _sampler(self.sampler, sampled)
         trial = self.study.ask(self.space)
         st.claim(self.study, trial._trial_id, self.owner, self.sweep_dir)
         slot = min(set(range(self.workers)) - set(self._slots.values()))
@@ -316,7 +324,6 @@ def run_search(config, launcher, sweep_dir: Path) -> PoolReport:
     fixed, searched = search_arguments(config)
     space = distributions(searched)
     study = st.open_study(settings)
-    study.sampler = _sampler(config.hydra.sweeper.get("sampler"), len(study.get_trials(deepcopy=False)))
     for line in st.settle_stale(study, settings):
         log.warning("%s", line)
     Path(sweep_dir).mkdir(parents=True, exist_ok=True)
@@ -325,7 +332,8 @@ def run_search(config, launcher, sweep_dir: Path) -> PoolReport:
     before = st.trial_counts(study.get_trials(deepcopy=False))
     log.info("study %s in %s: %s so far; n_trials=%d; %d trial(s) at once; pruner %s", settings.name, settings.storage,
              before.describe(), settings.n_trials, workers, settings.pruner.name)  # fmt: skip
-    pool = TrialPool(study, settings, space, fixed, hydra_launch(launcher), workers, inline, Path(sweep_dir))
+    pool = TrialPool(study, settings, space, fixed, hydra_launch(launcher), workers, inline, Path(sweep_dir),
+                     sampler=config.hydra.sweeper.get("sampler"))  # fmt: skip
     try:
         report = pool.run()
     finally:
@@ -335,9 +343,11 @@ def run_search(config, launcher, sweep_dir: Path) -> PoolReport:
 
 
 def _sampler(node, earlier: int):
-    """The configured sampler. A seeded sampler of a study that already holds ``earlier`` trials
-    is seeded with ``seed + earlier``: a continued study would otherwise draw the first
-    launch's trials again (the sampler's random draws start from its seed in every process)."""
+    """The configured sampler for the trial sampled after ``earlier`` others (retries, which
+    sample nothing, not counted): a seeded one is seeded with ``seed + earlier``, so each trial's
+    draw is a function of the seed and the study's history, not of the launch that asks it (a
+    continued study would otherwise draw the first launch's trials again, and a launch seeded once
+    drew other trials than an uninterrupted search)."""
     if node is None:
         return None
     seed = OmegaConf.select(node, "seed", default=None)
