@@ -130,6 +130,22 @@ def test_a_retry_that_dies_again_is_not_retried_twice(tmp_path):
     assert counts == st.TrialCounts(0, 0, 1)  # the retried failure counts once, through its retry
 
 
+def test_a_process_killed_between_the_retry_and_the_fail_retries_once(tmp_path):
+    """kill -9 after the retry was enqueued and before the trial was told FAILED: the next launch
+    settled it again and enqueued a second retry; both ran with the same parameters and counted
+    twice (found by a helper probing searches)."""
+    settings = _settings(tmp_path, n_trials=2)
+    study = st.open_study(settings)
+    (lost,) = _kill_with_running(study, tmp_path, 1)
+    study.enqueue_trial(dict(lost.params), user_attrs={st.RETRY_OF: lost.number})  # what the killed process did
+    assert st.settle_stale(study, settings)[0].endswith("retried as trial 1")
+    jobs = Jobs(tmp_path / "sweep")
+    _pool(study, settings, jobs, tmp_path / "sweep").run()
+    trials = study.get_trials()
+    assert [t.user_attrs.get(st.RETRY_OF) for t in trials] == [None, 0, None]  # one retry, then a new trial
+    assert jobs.launched == [1, 2] and trials[2].params != lost.params
+
+
 def test_a_running_trial_of_a_live_process_or_a_fresh_heartbeat_is_left_alone(tmp_path):
     settings = _settings(tmp_path, grace_s=60.0, heartbeat_s=5.0)
     study = st.open_study(settings)

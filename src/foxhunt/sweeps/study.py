@@ -496,11 +496,14 @@ def retry_depth(trials_by_number: Mapping[int, Any], trial) -> int:
 
 def fail_and_retry(study, trial, reason: str, max_retries: int) -> int | None:
     """Tell ``trial`` FAILED with ``reason`` and, within ``max_retries`` along its chain, enqueue
-    its parameters as a new trial (module doc). Returns the retry's number, or None."""
+    its parameters as a new trial (module doc), once: a retry already enqueued is the retry.
+    Returns the retry's number, or None."""
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     study._storage.set_trial_user_attr(trial._trial_id, FAIL_REASON, reason)
-    retry = None
-    if retry_depth(trials, trial) < max_retries and trial.params:
+    # a retry enqueued already (a process killed between the enqueue and the tell below): that one, not a
+    # second (both ran, same parameters, counted twice; found by a helper probing searches)
+    retry = next((t.number for t in trials.values() if t.user_attrs.get(RETRY_OF) == trial.number), None)
+    if retry is None and retry_depth(trials, trial) < max_retries and trial.params:
         study.enqueue_trial(dict(trial.params), user_attrs={RETRY_OF: trial.number})
         waiting = [
             t
