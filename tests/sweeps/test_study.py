@@ -481,3 +481,23 @@ def test_a_search_stopped_and_launched_again_draws_the_trials_of_one_never_stopp
     assert search(tmp_path / "stopped", [2, 5]) == whole
     assert search(tmp_path / "twice", [1, 3, 5]) == whole
     assert len({t["model.module.lr"] for t in whole}) == 5
+
+
+def test_a_run_another_study_finished_is_reused_not_retagged(tmp_path):
+    """resume=true found a FINISHED run of the same config in another study and the summary tagged
+    it with this study and this study's trial count (found by a helper): that study's records
+    changed. Only this study's own runs are tagged."""
+    from foxhunt.runs.store import RunStore
+    from foxhunt.runs.tags import Tag
+    from foxhunt.sweeps.callback import SweepCallback
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = RunStore(uri)
+    experiment = store.ensure_experiment("foxhunt")
+    theirs = store.create(experiment, "dqn-es-fp32-trial0", {Tag.STUDY: "pp3", "search.trials": "3"})
+    mine = store.create(experiment, "dqn-es-fp32-trial1", {})
+    results = [CellResult(KEY, "SKIPPED", theirs, trial=0), CellResult(KEY, "FINISHED", mine, trial=1)]
+    view = SimpleNamespace(settings=SimpleNamespace(name="x1"), results=results, cells={0: "dqn-es-fp32-42", 1: "dqn-es-fp32-42"})
+    SweepCallback._tag_trial_runs(OmegaConf.create({"logger": {"tracking_uri": uri}}), view)
+    assert (store.get(theirs).tags[Tag.STUDY], store.get(theirs).tags["search.trials"]) == ("pp3", "3")
+    assert (store.get(mine).tags[Tag.STUDY], store.get(mine).tags["search.trials"]) == ("x1", "2")

@@ -360,6 +360,11 @@ class SweepCallback(Callback):
             cell = view.cells.get(result.trial)
             if result.status in OK_RESULTS and result.run_id and cell in counts:
                 try:
+                    owner = store.get(result.run_id).tags.get(Tag.STUDY)
+                    if owner and owner != view.settings.name:  # a run resume=true found finished in another study:
+                        # its result is reused, its records stay that study's (they were re-tagged: study and trial count)
+                        log.info("trial %s reused run %s of study %s: left as it is", result.trial, result.run_id, owner)
+                        continue
                     store.tag(result.run_id, {Tag.STUDY: view.settings.name, SEARCH_TRIALS_TAG: str(counts[cell])})
                 except Exception:  # a run of an earlier launch that is gone: the count waits for the next summary
                     log.warning("could not tag run %s with its study's trial count", result.run_id, exc_info=True)
