@@ -49,8 +49,9 @@ def test_only_a_child_of_the_sweep_is_watched(monkeypatch):
     monkeypatch.setenv(SWEEP_PID_ENV, str(os.getpid()))
     assert not orphans.watch_sweep_process(1.0)  # the sweep's own process (Hydra's basic launcher)
     monkeypatch.setenv(SWEEP_PID_ENV, str(os.getppid() + 1))
+    monkeypatch.setenv(orphans.SLURM_JOB_ENV, "42")
     assert not orphans.watch_sweep_process(1.0)  # not its child (a SLURM task on another node)
-    monkeypatch.setenv(SWEEP_PID_ENV, str(os.getppid()))
+    monkeypatch.setenv(SWEEP_PID_ENV, str(os.getppid()))  # its child, but unwatched:
     assert not orphans.watch_sweep_process(None)  # strategy.orphan_grace_s: null
     assert not orphans.orphaned()
 
@@ -76,3 +77,25 @@ def test_a_worker_whose_sweep_is_killed_gets_sigterm_then_ends_after_the_grace(t
         sweep.kill()
         if not process_gone(worker):
             os.kill(worker, 9)
+
+
+# A worker whose sweep's process died before its job began: re-parented already, it starts nothing.
+LATE = textwrap.dedent("""
+    import os, sys
+    from foxhunt.sweeps import orphans
+    os.environ.pop(orphans.SLURM_JOB_ENV, None)
+    os.environ["FOXHUNT_SWEEP_PID"] = sys.argv[1]
+    print(orphans.watch_sweep_process(0.5), orphans.orphaned())
+""")
+
+
+def test_a_worker_its_sweep_left_before_its_job_began_starts_nothing(tmp_path):
+    """loky workers orphaned while importing were not watched (their parent was no longer the
+    sweep's process) and trained their trials minutes after the kill, racing the relaunch (found
+    by a helper): a local worker whose sweep's process is gone is orphaned at once."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no process holds now (the sweep's, killed)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", LATE, str(gone.pid)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.stdout.split() == ["False", "True"], done.stderr[-2000:]  # not watched: orphaned already
+    assert "is gone before this worker's job began" in done.stderr

@@ -14,7 +14,8 @@ run KILLED: :mod:`foxhunt.training.graceful_stop`), and after ``strategy.orphan_
 ends the process whatever it is doing. :func:`orphaned` tells a finished job to exit at once.
 The sweep's process names itself in ``$FOXHUNT_SWEEP_PID`` (:mod:`foxhunt.runs.environment`)
 before any job starts; a job running inside that process (Hydra's basic launcher) or on
-another host (SLURM) is not its child, and is not watched.
+another host (SLURM) is not its child, and is not watched. A local worker whose job begins after
+the sweep's process died (re-parented already) does not start the job (:func:`orphaned`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ import signal
 import threading
 import time
 
+import psutil
+
 from foxhunt.runs.environment import SWEEP_PID_ENV
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often the parent is checked: the delay between the sweep's death and the stop
 EXIT_ORPHANED = 128 + signal.SIGTERM  # the status of a worker ended by the watcher
+SLURM_JOB_ENV = "SLURM_JOB_ID"  # set in a SLURM job: on another host than the sweep's process
 
 _orphaned = threading.Event()
 _watching: int | None = None  # the sweep pid this process watches
@@ -46,7 +50,16 @@ def watch_sweep_process(grace_s: float | None) -> bool:
     process; ``grace_s`` None: not watched. Returns whether this process is watched."""
     global _watching
     pid = sweep_pid()
-    if grace_s is None or pid is None or pid == os.getpid() or os.getppid() != pid:
+    if grace_s is None or pid is None or pid == os.getpid():
+        return False
+    if os.getppid() != pid:
+        # not the sweep's child: a SLURM job (another host: the pid means nothing here), or a worker this
+        # host's sweep process left before its job began (it was re-parented already: such workers trained
+        # their trials minutes after the kill, racing the relaunch; found by a helper probing searches)
+        if not os.environ.get(SLURM_JOB_ENV) and not psutil.pid_exists(pid):
+            _orphaned.set()
+            log.warning("the sweep's process %d is gone before this worker's job began: not starting it (pid %d)",
+                        pid, os.getpid())  # fmt: skip
         return False
     if _watching != pid:
         _watching = pid

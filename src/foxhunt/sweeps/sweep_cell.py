@@ -106,6 +106,8 @@ def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult
     what it does to the sweep (:data:`ENDS_SWEEP`, :data:`REQUEUED`, :data:`LEFT_KILLED`); it may
     note why on the cell's result."""
     watch_sweep_process(cfg.strategy.get("orphan_grace_s"))  # a worker ends with the sweep's process
+    if orphaned():  # ... and one its sweep left before this job began starts nothing
+        os._exit(EXIT_ORPHANED)
     started = time.perf_counter()
     sweep_dir = current_sweep_dir()
     parent_run_id = os.environ.get(PARENT_RUN_ENV) or None
