@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf, read_write
+from omegaconf import OmegaConf, open_dict, read_write
 
 from foxhunt.errors import ConfigError
 from foxhunt.runs.cell import CellKey, CellResult, read_results
@@ -194,6 +194,29 @@ def test_a_search_whose_trials_would_share_a_folder_or_whose_study_is_misconfigu
     server = compose_search(["hparams_search=dqn_optuna", "logger.tracking_uri=http://127.0.0.1:5000"])
     with pytest.raises(ConfigError, match=r"^hydra.sweeper.storage=null: the MLflow store http://127.0.0.1:5000 is a server"):
         search.check_search_config(server)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "searched", "message"),
+    [(["hydra.sweeper.sampler._target_=optuna.samplers.Nope"], None, "hydra.sweeper.sampler: cannot make the sampler (ImportError: "),
+     (["+hydra.sweeper.sampler.bogus=1"], None, "hydra.sweeper.sampler: cannot make the sampler (TypeError: "),
+     ([], "model.module.nope", "model.module.nope=choice(1,2): model.module.nope is no setting of the config")],
+)  # fmt: skip
+def test_a_bad_sampler_or_an_unknown_searched_key_is_refused_before_the_study(compose_search, overrides, searched, message):
+    """A sampler that cannot be made was a traceback after the parent run was made; an unknown
+    searched key was trial 0's failure, counted in n_trials for good (found by a helper)."""
+    cfg = compose_search(["hparams_search=dqn_optuna", *overrides])
+    if searched is not None:
+        with read_write(cfg.hydra), open_dict(cfg.hydra.sweeper.params):
+            cfg.hydra.sweeper.params[searched] = "choice(1,2)"
+    with pytest.raises(ConfigError) as error:
+        search.check_search_config(cfg)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+    if searched is not None:
+        with read_write(cfg.hydra), open_dict(cfg.hydra.sweeper.params):
+            del cfg.hydra.sweeper.params[searched]
+            cfg.hydra.sweeper.params["+model.module.extra"] = "choice(1,2)"  # + adds a key: searched
+        search.check_search_config(cfg)
 
 
 def test_the_study_lives_beside_the_mlflow_store_with_this_optuna_and_sqlalchemy(compose_search, tmp_path):

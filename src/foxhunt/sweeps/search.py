@@ -48,9 +48,10 @@ from typing import Any, cast
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Transformer
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.errors import ConfigError
+from foxhunt.errors import ConfigError, one_line_error
 from foxhunt.runs.cell import CellResult
 from foxhunt.runs.status import OK_RESULTS
 from foxhunt.sweeps.grid import expand_grid
@@ -211,7 +212,35 @@ def check_search_config(config: DictConfig) -> None:
             f"so their folder needs ${{{JOB_NUM}}} (the hparams_search configs set it)"
         )
     settings_from(config)
-    distributions(search_arguments(config)[1])
+    searched = search_arguments(config)[1]
+    distributions(searched)
+    _check_searched_keys(config, searched)
+    _check_sampler(config)
+
+
+def _check_searched_keys(config: DictConfig, searched: dict[str, str]) -> None:
+    """Each searched key names a setting of the config (``+key`` adds one): an unknown key was
+    trial 0's failure after the study and the parent run were made, counted in n_trials for good."""
+    missing = object()
+    for key in searched:
+        if key.startswith(("+", "~")) or key.startswith("hydra."):
+            continue
+        if OmegaConf.select(config, key.lstrip("+"), default=missing, throw_on_missing=False) is missing:
+            raise SearchConfigError(f"{key}={searched[key]}: {key} is no setting of the config (a searched key must "
+                                    f"exist; +{key}=... adds one)")  # fmt: skip
+
+
+def _check_sampler(config: DictConfig) -> None:
+    """``hydra.sweeper.sampler`` made once before anything else: a class that does not exist or a
+    bad argument was a traceback after the parent run was made."""
+    node = config.hydra.sweeper.get("sampler")
+    if node is None:
+        return
+    try:
+        instantiate(node)
+    except Exception as exc:  # Hydra's InstantiationException around the sampler's own error
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        raise SearchConfigError(f"hydra.sweeper.sampler: cannot make the sampler ({one_line_error(cause, limit=300)})") from None
 
 
 def trials(results: Iterable[CellResult]) -> list[CellResult]:
