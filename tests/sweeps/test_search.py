@@ -283,3 +283,27 @@ def test_a_search_summary_lists_trials_with_their_value_and_plots_them(tmp_path)
     assert text.rstrip().endswith("2 of 3 trials ok; failed: dqn-es-fp32-trial1")
     path = plot_summary(results, tmp_path / "summary.png", "sweep x", "maximize")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_finished_trials_whose_folders_are_gone_are_still_finished(compose_search, tmp_path):
+    """The summary read each trial's cell.json: with the sweep folder moved away, every finished
+    trial was FAILED, the best trial none and the exit status 1, while the study said finished
+    (found by a helper). A trial the study holds COMPLETE is finished with the value it was told."""
+    import dataclasses
+    import shutil
+
+    from test_study import KEY, SPACE, Jobs
+
+    from foxhunt.sweeps.study import open_study, settings_from, study_view
+    from foxhunt.sweeps.trials import TrialPool
+
+    cfg = compose_search(["hparams_search=dqn_optuna"])
+    settings = settings_from(cfg)
+    study, sweep = open_study(settings), tmp_path / "sweep"
+    jobs = Jobs(sweep)
+    jobs.study = study
+    TrialPool(study, dataclasses.replace(settings, n_trials=2), SPACE, ["trainer=smoke"], jobs, 1, True, sweep).run()
+    shutil.rmtree(sweep)
+    view = study_view(cfg, KEY)
+    assert [(r.status, r.objective) for r in view.results] == [("FINISHED", v[0]) for v in view.values.values()]
+    assert search.best_trial(view.results, "maximize") is not None

@@ -672,6 +672,9 @@ def study_view(config: DictConfig, default_key) -> StudyView | None:
         if trial.state == TrialState.COMPLETE:
             values[trial.number] = tuple(float(v) for v in trial.values)
             result.objective = values[trial.number][0]
+            if synthesized:  # finished, its folder gone since (moved, cleaned): the study's word, not FAILED
+                result.status, result.run_id = "FINISHED", trial.user_attrs.get(RUN_ID) or result.run_id
+                result.note = "its folder is gone: the value the study was told"
         elif trial.state == TrialState.PRUNED:
             result.status, result.objective = PRUNED, None
             result.note = result.note or f"pruned at validation {trial.user_attrs.get(PRUNED_AT)}"
