@@ -307,3 +307,25 @@ def test_finished_trials_whose_folders_are_gone_are_still_finished(compose_searc
     view = study_view(cfg, KEY)
     assert [(r.status, r.objective) for r in view.results] == [("FINISHED", v[0]) for v in view.values.values()]
     assert search.best_trial(view.results, "maximize") is not None
+
+
+def test_a_study_whose_records_optuna_cannot_read_is_one_line(compose_search, tmp_path):
+    """An edited or damaged study database (a distribution that is no JSON, found by a helper with
+    others like it) was a JSONDecodeError traceback out of the search."""
+    import sqlite3
+
+    from test_study import SPACE
+
+    from foxhunt.sweeps.study import StudyError, open_study, settings_from
+    from foxhunt.sweeps.trials import run_search
+
+    cfg = compose_search(["hparams_search=dqn_optuna"])
+    settings = settings_from(cfg)
+    study = open_study(settings)
+    study.tell(study.ask(SPACE), 1.0)
+    with sqlite3.connect(settings.storage.removeprefix("sqlite:///")) as db:
+        db.execute("UPDATE trial_params SET distribution_json = '{not json'")
+    with pytest.raises(StudyError) as error:
+        run_search(cfg, None, tmp_path / "sweep")
+    assert str(error.value).startswith(f"hydra.sweeper.storage={settings.storage}: study dqn-es has records Optuna cannot read "
+                                       "(JSONDecodeError: ")  # fmt: skip

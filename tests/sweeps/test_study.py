@@ -501,3 +501,21 @@ def test_a_run_another_study_finished_is_reused_not_retagged(tmp_path):
     SweepCallback._tag_trial_runs(OmegaConf.create({"logger": {"tracking_uri": uri}}), view)
     assert (store.get(theirs).tags[Tag.STUDY], store.get(theirs).tags["search.trials"]) == ("pp3", "3")
     assert (store.get(mine).tags[Tag.STUDY], store.get(mine).tags["search.trials"]) == ("x1", "2")
+
+
+def test_a_study_of_another_search_is_refused_in_one_line(tmp_path):
+    """A PPO search given a DQN study's name ran its trials into it, and a trial of other
+    parameters became the study's best (found by a helper)."""
+    settings = _settings(tmp_path, n_trials=1)
+    study = st.open_study(settings)
+    jobs = Jobs(tmp_path / "sweep")
+    _pool(study, settings, jobs, tmp_path / "sweep").run()
+    st.check_space(study, settings, SPACE)  # its own search continues
+    st.check_space(study, settings, {**SPACE, "model.module.gamma": FloatDistribution(0.9, 0.999)})  # one more key searched
+    st.check_space(study, settings, {"model.module.lr": SPACE["model.module.lr"]}, fixed=["model.module.batch_size"])
+    ppo = {"model.module.clip_ratio": FloatDistribution(0.1, 0.3)}
+    with pytest.raises(st.StudyError, match=r"^hydra.sweeper.study_name=dqn-es: the study in sqlite:///.* holds trials of another "
+                                            r"search \(parameters model.module.batch_size, model.module.lr are not searched here"):  # fmt: skip
+        st.check_space(study, settings, ppo)
+    with pytest.raises(st.StudyError, match=r"searched model.module.batch_size as CategoricalDistribution"):
+        st.check_space(study, settings, {**SPACE, "model.module.batch_size": FloatDistribution(1, 2)})

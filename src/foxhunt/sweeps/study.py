@@ -494,6 +494,28 @@ def retry_depth(trials_by_number: Mapping[int, Any], trial) -> int:
     return depth
 
 
+def check_space(study, settings: StudySettings, space: Mapping[str, Any], fixed: Iterable[str] = ()) -> None:
+    """The study continued is this search's: each parameter its trials hold is searched here, with
+    a distribution of the same kind, or fixed on the command line (``fixed``: keys). A PPO search given a DQN study's name ran its trials into
+    it, and a trial of other parameters became the study's best (found by a helper)."""
+    held: dict[str, Any] = {}
+    for trial in study.get_trials(deepcopy=False):
+        held.update(trial.distributions)
+    foreign = sorted(set(held) - set(space) - set(fixed))
+    where = f"hydra.sweeper.study_name={settings.name}: the study in {settings.storage}"
+    if foreign:
+        raise StudyError(f"{where} holds trials of another search (parameters {', '.join(foreign)} are not searched here: "
+                         f"{', '.join(sorted(space))}); name another study")  # fmt: skip
+    for name, distribution in held.items():
+        if name not in space:
+            continue
+        try:
+            optuna.distributions.check_distribution_compatibility(distribution, space[name])
+        except ValueError as exc:
+            raise StudyError(f"{where} searched {name} as {distribution}, this search as {space[name]} ({exc}); "
+                             "name another study") from None  # fmt: skip
+
+
 def fail_and_retry(study, trial, reason: str, max_retries: int) -> int | None:
     """Tell ``trial`` FAILED with ``reason`` and, within ``max_retries`` along its chain, enqueue
     its parameters as a new trial (module doc), once: a retry already enqueued is the retry.
