@@ -324,8 +324,20 @@ def test_symbol_argument_takes_one_contract(tmp_path):
 def test_symbol_argument_of_another_root_or_a_spread_is_refused(tmp_path, symbol, named):
     """symbol=ESU4 with asset=nq read the ES contract as NQ (trained and scored with NQ's
     multiplier on ES prices; found by a helper probing the data): the contract's root is the asset's."""
-    with pytest.raises(BarDataError, match=rf"symbol='{symbol}' names {named}, not an outright (NQ|ES) futures contract"):
+    with pytest.raises(BarDataError, match=rf"symbol='{symbol}' names {named}, not an outright (NQ|ES) futures contract nor"):
         databento_source(str(parent_file(tmp_path)), symbol=symbol).load(asset("nq") if symbol == "ESU5" else ES)
+
+
+@pytest.mark.parametrize("suffix", [".dbn.zst", ".csv"])
+def test_a_continuous_symbol_is_read_as_databento_rolled_it(tmp_path, suffix):
+    """symbol=ES.c.0, as the docs say: refused since the root check came in ('names ES.c.0, not an
+    outright ES futures contract'; found by a helper). Another root's continuous symbol is refused."""
+    bars = synthetic_source(days=3, seed=5).load(ES)
+    path = write_ohlcv_1m(bars, tmp_path / f"es-continuous{suffix}", symbol="ES.c.0", instrument_id=42)
+    back = databento_source(str(path), symbol="ES.c.0").load(ES)
+    pd.testing.assert_frame_equal(back[OHLCV], bars, check_exact=True)
+    with pytest.raises(BarDataError, match=r"names ES.c.0, not an outright NQ futures contract nor a continuous one \(NQ.c.0\)"):
+        databento_source(str(path), symbol="ES.c.0").load(asset("nq"))
 
 
 def test_outright_expiry_rank():

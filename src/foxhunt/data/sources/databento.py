@@ -225,9 +225,11 @@ class DatabentoBarSource:
             # the contract's own root must be the asset's, as without symbol=: ESU4 read as asset=nq was trained and
             # scored with NQ's multiplier on ES prices (found by a helper probing the data)
             for symbol, year in picked.groupby("symbol")["ts_event"].min().dt.year.items():
+                if _continuous_of(str(symbol), asset.root):  # ES.c.0: Databento's own continuous series of the root
+                    continue
                 if outright_expiry_rank(str(symbol), asset.root, int(year)) is None:
                     raise BarDataError(f"{self.path}: symbol={self.symbol!r} names {symbol}, not an outright {asset.root} "
-                                       f"futures contract (asset={asset.key})")  # fmt: skip
+                                       f"futures contract nor a continuous one ({asset.root}.c.0) (asset={asset.key})")  # fmt: skip
             picked["contract"] = self.symbol
             picked["rank"] = 0.0
             picked["month"] = np.nan
@@ -383,3 +385,13 @@ def write_ohlcv_1m(
         data = gzip.compress(data, mtime=0)
     target.write_bytes(data)
     return target
+
+
+_CONTINUOUS = re.compile(r"^(?P<root>[A-Z0-9]+)\.[cnv]\.\d+$")  # Databento's continuous symbology: ES.c.0, ES.n.1, ES.v.0
+
+
+def _continuous_of(symbol: str, root: str) -> bool:
+    """Whether ``symbol`` is a continuous contract of ``root`` in Databento's symbology (calendar
+    ``c``, open interest ``n`` or volume ``v`` rank): the series Databento rolled, read as it is."""
+    found = _CONTINUOUS.match(symbol)
+    return found is not None and found.group("root") == root
