@@ -479,3 +479,13 @@ def test_a_record_the_rust_decoder_panics_on_is_one_line(tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(BarDataError, match=r"es.dbn: corrupt DBN data"):
         databento_source(str(path)).load(ES)
+
+
+def test_a_decimal_price_read_as_fixed_point_names_the_field_as_written(tmp_path):
+    """The line showed numpy's repr: field 'open'=np.float64(5527.25) (found by a helper)."""
+    bars = synthetic_source(days=3, seed=3).load(ES)
+    bars = bars[bars["open"] % 1 != 0]  # a price with decimals first
+    path = write_ohlcv_1m(bars, tmp_path / "es.csv", symbol="ESH4", instrument_id=42)
+    with pytest.raises(BarDataError) as error:
+        databento_source(str(path), csv_prices="fixed").load(ES)
+    assert f"line 2: field 'open'={float(bars['open'].iloc[0])!r} is not a fixed-point integer price" in str(error.value)

@@ -494,7 +494,7 @@ def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
         if bad.size:
             i = int(bad[0])
             raise BarDataError(
-                f"{file}: line {lines[i]}: field 'ts_event'={ts_column.iloc[i]!r} is neither integer "
+                f"{file}: line {lines[i]}: field 'ts_event'={_shown(ts_column.iloc[i])} is neither integer "
                 "nanoseconds nor an ISO-8601 timestamp"
             )
         ts = pd.DatetimeIndex(parsed).as_unit("ns").asi8
@@ -510,7 +510,7 @@ def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
                 bad = np.flatnonzero(numeric.isna().to_numpy() | (numeric % 1 != 0).to_numpy())
                 i = int(bad[0]) if bad.size else 0
                 raise BarDataError(
-                    f"{file}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not a fixed-point "
+                    f"{file}: line {lines[i]}: field '{name}'={_shown(column.iloc[i])} is not a fixed-point "
                     "integer price (csv_prices='fixed')"
                 )
             prices[name] = column.to_numpy(dtype=np.int64)
@@ -519,7 +519,7 @@ def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
             bad = np.flatnonzero(numeric.isna().to_numpy() & column.notna().to_numpy())
             if bad.size:
                 i = int(bad[0])
-                raise BarDataError(f"{file}: line {lines[i]}: field '{name}'={column.iloc[i]!r} is not a number")
+                raise BarDataError(f"{file}: line {lines[i]}: field '{name}'={_shown(column.iloc[i])} is not a number")
             prices[name] = numeric.to_numpy(dtype=np.float64)
 
     for name in ("instrument_id", "volume"):
@@ -527,7 +527,7 @@ def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
         bad = np.flatnonzero(numeric.isna().to_numpy())
         if bad.size:
             i = int(bad[0])
-            raise BarDataError(f"{file}: line {lines[i]}: field '{name}'={raw[name].iloc[i]!r} is not a number")
+            raise BarDataError(f"{file}: line {lines[i]}: field '{name}'={_shown(raw[name].iloc[i])} is not a number")
     instrument_id = raw["instrument_id"].to_numpy(dtype=np.int64)
     if "rtype" in raw.columns:
         rtype = pd.to_numeric(raw["rtype"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
@@ -627,3 +627,8 @@ def read_databento_ohlcv(path: str | Path, definitions: str | None = None, csv_p
     """
     records, _, _ = _read_all(path, definitions, csv_prices)
     return records
+
+
+def _shown(value) -> str:
+    """A CSV field as the user wrote it: ``5527.25``, not numpy's ``np.float64(5527.25)``."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
