@@ -210,3 +210,18 @@ def _complete(storage: Path) -> int:
             return db.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
     except sqlite3.Error:  # tables not made yet
         return 0
+
+
+def test_a_study_database_that_cannot_be_opened_is_one_line(tmp_path, check):
+    """Its line was followed by a second, "0 of 0 trials failed: none recorded" (found by a helper)."""
+    bad = tmp_path / "bad.db"
+    bad.write_text("not a database")
+    env = {**os.environ, "FOXHUNT_ROOT": str(tmp_path)}  # a process of its own: the second line came from its exit handler
+    command = [str(Path(sys.executable).parent / "foxhunt-train"), "-m", *SEARCH, "hydra.sweeper.n_trials=1",
+               f"hydra.sweeper.storage=sqlite:///{bad}"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
+    check(result, 2)
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("foxhunt-train:")]
+    assert line.startswith(
+        f"foxhunt-train: store error: hydra.sweeper.storage=sqlite:///{bad}: cannot open the study's database: "
+    )

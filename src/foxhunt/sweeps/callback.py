@@ -280,8 +280,9 @@ class SweepCallback(Callback):
             if self.parent_run_id is not None and self._store(config).get(self.parent_run_id).status != Status.RUNNING:
                 return  # ended already (a stop request ends it KILLED)
             results, failed, noun = self._finish(config, error=UNFINISHED)
-            names = ", ".join(f"{r.cell} ({r.status}: {r.error})" for r in failed) or "none recorded"
-            print(f"foxhunt-train: {len(failed)} of {len(results)} {noun} failed: {names}", file=sys.stderr, flush=True)
+            if failed:  # none: what ended the sweep said its own line (a second, "0 of 0 trials failed", misled)
+                names = ", ".join(f"{r.cell} ({r.status}: {r.error})" for r in failed)
+                print(f"foxhunt-train: {len(failed)} of {len(results)} {noun} failed: {names}", file=sys.stderr, flush=True)
         except Exception:
             log.exception("could not end the sweep's parent run at exit")
 
