@@ -107,6 +107,10 @@ BATCHES = "must be a number of batches, an integer in [0, 1000000000], or a frac
         ("train", ["jobs.batches_per_epoch_if_unknown=0"], "jobs.batches_per_epoch_if_unknown=0: Input should be greater than or equal to 1 (allowed: an integer in [1, 1000000000])"),
         ("train", ["+jobs.seconds=1"], "jobs.seconds: unknown key"),
         ("train", ["model=ppo", "model.module.rollout_steps=0"], "model.module.rollout_steps=0: must be an integer >= 1 and <= 10000000"),
+        # the features' widths (a ValueError traceback from the first forward pass, after the run began)
+        ("train", ["model=dlinear", "model.module.input_dim=17"], "model.module.input_dim=17: must be 16: the features per bar are"),
+        ("train", ["model=dqn", "model.module.state_dim=15"], "model.module.state_dim=15: must be 16: the features per bar are"),
+        ("train", ["model=tft", "model.module.known_dim=7"], "model.module.known_dim=7: must be 8: the features per bar are"),
         ("train", ["strategy=parallel", "strategy.n_jobs=2000"], "strategy.n_jobs=2000: must be an integer in [1, 1024] or auto"),
         ("train", ["evaluation.sessions_per_year=400"], "evaluation.sessions_per_year=400: must be 'calendar' (the asset's exchange calendar) or a number of sessions per year in (0, 366]"),
         ("ensemble", ["paper.capital_usd=1e308"], "paper.capital_usd=1e+308: Input should be less than or equal to 10000000000 (allowed: a number in (0, 1e10])"),

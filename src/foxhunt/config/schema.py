@@ -55,6 +55,7 @@ from pydantic_core import CoreSchema
 
 from foxhunt.config.families import family_names
 from foxhunt.config.model_schemas import MAX_BATCH, MAX_SEED, HyperparameterError, Hyperparameters, shown_bound
+from foxhunt.data.features import FEATURE_GROUPS, FEATURE_NAMES
 from foxhunt.errors import ConfigError
 from foxhunt.precision.policy import (
     INFERENCE_CONFIGS,
@@ -693,6 +694,20 @@ class TrainConfig(_Strict):
             if window is not None and name in module and module[name] != getattr(window, name):
                 raise _KeyedError(f"model.module.{name}", module[name],
                                   f"the model's {name} is model.window.{name} ({getattr(window, name)}); set that key")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _widths_are_the_features(self) -> TrainConfig:
+        # the features per bar are foxhunt.data.features' (fixed): a width that differs was a ValueError traceback
+        # from the first forward pass, after the run began (found by a helper adding a family)
+        module = self.model.module.model_extra or {}
+        widths = {"input_dim": len(FEATURE_NAMES), "state_dim": len(FEATURE_NAMES),
+                  **{f"{group}_dim": len(names) for group, names in FEATURE_GROUPS.items()}}  # fmt: skip
+        for key, width in widths.items():
+            if key in module and module[key] != width:
+                raise _KeyedError(f"model.module.{key}", module[key],
+                                  f"must be {width}: the features per bar are foxhunt.data.features' "
+                                  f"({', '.join(f'{g} {len(n)}' for g, n in FEATURE_GROUPS.items())})")  # fmt: skip
         return self
 
     @model_validator(mode="after")
