@@ -13,7 +13,7 @@ from ensemble_helpers import cli
 from test_parity import _parts, member_of, replay_split
 
 from foxhunt.ensemble.export import run_onnx, streaming_step, write_step
-from foxhunt.ensemble.members import forecaster_position
+from foxhunt.models.forecaster import signal_position
 
 TOLERANCE = 1e-4
 
@@ -52,7 +52,7 @@ def test_exported_mamba2_carries_its_state_as_foxhunt_does(compose_cfg, tmp_path
         signal = float(forecast[0, :, model.median_index].sum())
         ready = bar + 1 >= model.seq_len
         signals.append(signal if ready else np.nan)
-        positions.append(forecaster_position(signal, float(model.position_threshold)) if ready else 0)
+        positions.append(signal_position(signal, float(model.position_threshold)) if ready else 0)
     np.testing.assert_array_equal(positions, replayed.positions["mamba2"])
     np.testing.assert_allclose(signals, replayed.signals["mamba2"], atol=TOLERANCE, rtol=0)
 
@@ -75,7 +75,7 @@ def test_exported_window_forecasts_as_foxhunt_streams(compose_cfg, tmp_path, fam
     signals = forecast[..., model.median_index].sum(-1)
     bars = windows["bar_index"].numpy()
     np.testing.assert_allclose(signals, replayed.signals[family][bars], atol=TOLERANCE, rtol=0)
-    positions = [forecaster_position(float(s), float(model.position_threshold)) for s in signals]
+    positions = [signal_position(float(s), float(model.position_threshold)) for s in signals]
     np.testing.assert_array_equal(positions, replayed.positions[family][bars])
 
 

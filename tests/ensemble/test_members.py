@@ -11,8 +11,9 @@ import torch
 from test_kernels import MAMBA2
 from torch import nn
 
-from foxhunt.ensemble.members import POOL_GROWTH, AgentMember, Mamba2Member, forecaster_position
+from foxhunt.ensemble.members import POOL_GROWTH, AgentMember, Mamba2Member
 from foxhunt.models.agent import build_mlp
+from foxhunt.models.forecaster import signal_position
 from foxhunt.models.mamba2 import Mamba2Forecaster
 
 FEATURES = 16
@@ -86,7 +87,7 @@ def test_mamba2_is_flat_until_seq_len_bars_and_its_runtimes_agree():
                 assert a.position == b.position == 0 and a.signal is None and b.signal is None
             else:
                 assert a.signal == pytest.approx(float(a.forecast[:, model.median_index].sum()), rel=1e-6)
-                assert a.position == forecaster_position(a.signal, 0.0) == b.position
+                assert a.position == signal_position(a.signal, 0.0) == b.position
     member = members["numba"]
     member.reset(0)  # a reset slot is flat again for seq_len - 1 bars and forecasts as a new stream
     again = member.step(rows[0, :1], np.array([0]), np.zeros(1, np.int64), None)[0]
@@ -95,8 +96,8 @@ def test_mamba2_is_flat_until_seq_len_bars_and_its_runtimes_agree():
 
 
 def test_the_forecasters_rule_is_a_strict_threshold():
-    assert [forecaster_position(s, 0.5) for s in (-0.6, -0.5, 0.0, 0.5, 0.51)] == [-1, 0, 0, 0, 1]
-    assert forecaster_position(1e-9, 0.0) == 1 and forecaster_position(0.0, 0.0) == 0
+    assert [signal_position(s, 0.5) for s in (-0.6, -0.5, 0.0, 0.5, 0.51)] == [-1, 0, 0, 0, 1]
+    assert signal_position(1e-9, 0.0) == 1 and signal_position(0.0, 0.0) == 0
 
 
 def test_the_runtime_is_chosen_as_asked_or_falls_back_saying_why():

@@ -53,6 +53,7 @@ import torch
 from foxhunt.ensemble.kernels import linear, mamba2_step, quantize_rows
 from foxhunt.ensemble.onnx_runtime import Graph, export_tft
 from foxhunt.ensemble.runtimes import NUMPY_ACTIVATIONS, Mamba2Arrays, UnsupportedModule, mamba2_arrays, mlp_layers
+from foxhunt.models.forecaster import forecast_signal, signal_position
 from foxhunt.models.tft import StaticContexts
 from foxhunt.precision.inference import default_int8_policy, int8_inference_model
 
@@ -91,13 +92,6 @@ def _median_us(call: Callable[[], Any], calls: int) -> float:
         call()
         times.append(time.perf_counter_ns() - started)
     return float(np.median(times)) / 1e3
-
-
-def forecaster_position(signal: float, threshold: float) -> int:
-    """The forecasters' rule (``ForecasterModule.positions_from_forecasts``) for one forecast."""
-    if abs(signal) > threshold:
-        return 1 if signal > 0 else -1
-    return 0
 
 
 class Member(ABC):
@@ -380,9 +374,9 @@ class Mamba2Member(Member):
                 pool.conv[index], pool.ssm[index] = layer.conv, layer.ssm
         self.bars[slots] += 1
         ready = (self.bars[slots] >= self.seq_len).tolist()  # the batch path's first seq_len - 1 bars are flat
-        signals = forecasts[:, :, self.median].sum(axis=1).tolist()
+        signals = forecast_signal(forecasts, self.median).tolist()
         return [
-            Decision(forecaster_position(s, self.threshold), f, s) if ok else Decision(0, f, None)
+            Decision(signal_position(s, self.threshold), f, s) if ok else Decision(0, f, None)
             for f, s, ok in zip(forecasts, signals, ready)
         ]
 
@@ -435,9 +429,9 @@ class _WindowedMember(Member):
     def _decided(self, batch: int, ready: np.ndarray, forecasts: np.ndarray) -> list[Decision]:
         """The decisions of a batch: flat where a stream has fewer than ``seq_len`` bars."""
         decisions = [Decision(0)] * batch
-        signals = forecasts[:, :, self.median].sum(axis=1).tolist()
+        signals = forecast_signal(forecasts, self.median).tolist()
         for i, forecast, signal in zip(ready.tolist(), forecasts, signals):
-            decisions[i] = Decision(forecaster_position(signal, self.threshold), forecast, signal)
+            decisions[i] = Decision(signal_position(signal, self.threshold), forecast, signal)
         return decisions
 
 

@@ -54,6 +54,7 @@ from foxhunt.ensemble.replay import ENSEMBLE, latency_us, replay_bars, replayed_
 from foxhunt.evaluation.backtest import evaluation_annualization
 from foxhunt.evaluation.interpret import INTERPRET_DIR, SelectionNames, write_interpretation
 from foxhunt.evaluation.plots import plot_equities
+from foxhunt.models.forecaster import forecast_signal
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tracked_run import TrackedRun
 from foxhunt.training.parts import build_dataset
@@ -226,7 +227,7 @@ def _interpret_member(cfg, f, asset, bars, start: int | None, stop: int | None, 
     forecasts: list = []  # the same passes' forecasts: the member's signals, to check the windows by
     result = model.interpret_windows(windows, int(files.cfg.model.window.eval_batch_size), names, source=f"replay, {window}",
                                      total_windows=total, forecasts=forecasts)  # fmt: skip
-    signals = np.concatenate([fc[..., model.median_index].sum(-1).numpy() for fc in forecasts]) if forecasts else np.zeros(0)
+    signals = np.concatenate([forecast_signal(fc, model.median_index).numpy() for fc in forecasts]) if forecasts else np.zeros(0)
     mismatch = float(np.max(np.abs(signals - replayed.signals[f.member.name][windows["bar_index"]]), initial=0.0))
     paths = write_interpretation(result, folder, title=f"{f.name} v{f.version} replay")
     seconds = time.perf_counter() - started

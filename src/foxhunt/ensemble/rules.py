@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 from foxhunt.config.families import family_names
 from foxhunt.config.schema import ConfigError
-from foxhunt.ensemble.members import Decision, forecaster_position
+from foxhunt.ensemble.members import Decision
+from foxhunt.models.forecaster import signal_position
 
 RULES = ("majority", "mean_forecast", "weighted")
 POSITIONS = (-1, 0, 1)
@@ -44,7 +45,7 @@ def combine(
         signals = [d.signal for d in decisions.values() if d.signal is not None]
         if not signals:
             return 0
-        return forecaster_position(sum(signals) / len(signals), forecast_threshold)
+        return signal_position(sum(signals) / len(signals), forecast_threshold)
     if rule == "weighted":
         if weights is None:
             raise ValueError("ensemble.rule=weighted: no member weights")

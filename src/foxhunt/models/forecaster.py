@@ -47,6 +47,23 @@ TRAIN_LOSS_KEY = "foxhunt_train_loss"  # a checkpoint's key of the epoch's runni
 _LEVEL_TOLERANCE = 1e-9
 
 
+def forecast_signal(forecasts, median_index: int):
+    """The forecasters' signal: the median forecast summed over the horizon, per window, of
+    forecasts (..., horizon, Q) as a torch tensor or a numpy array (the batch path's, a streaming
+    member's, a replay's: this one expression)."""
+    return forecasts[..., median_index].sum(-1)
+
+
+def signal_position(signal: float, threshold: float) -> int:
+    """The forecasters' trading rule, the one place it is written: long (1) or short (-1) by the
+    signal's sign when its magnitude exceeds ``threshold`` (``position_threshold``, target-scale
+    units), else flat (0). The batch path, every streaming member and the ensemble's
+    ``mean_forecast`` rule decide by it."""
+    if abs(signal) > threshold:
+        return 1 if signal > 0 else -1
+    return 0
+
+
 class ForecasterHyperparameters(Hyperparameters):
     """What every forecaster takes (``model.module.*`` of conf/model/<forecaster>.yaml)."""
 
@@ -254,9 +271,8 @@ class ForecasterModule(LightningModule):
     def positions_from_forecasts(self, forecasts: Tensor) -> np.ndarray:
         """Positions in {-1, 0, 1} from forecasts (N, horizon, Q): sign of the summed median when
         its magnitude exceeds `position_threshold`, else 0."""
-        summed = forecasts[..., self.median_index].sum(dim=1)
-        position = torch.sign(summed) * (summed.abs() > self.position_threshold)
-        return position.to(torch.int8).numpy()
+        signals = forecast_signal(forecasts, self.median_index).tolist()
+        return np.array([signal_position(s, self.position_threshold) for s in signals], dtype=np.int8)
 
     def trading_positions(self, datamodule: Any, split: str) -> np.ndarray:
         """Positions (T,) in {-1, 0, 1} aligned with `datamodule.dataset.splits[split].close`.
