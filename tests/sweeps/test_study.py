@@ -77,7 +77,12 @@ def _pool(study, settings, jobs, sweep_dir, owner=None, workers=1, inline=True) 
 
 
 def _kill_with_running(study, sweep_dir: Path, count: int) -> list:
-    """What a kill -9 leaves: ``count`` trials asked by the dead process, still RUNNING."""
+    """What a kill -9 leaves: ``count`` trials asked by the dead process, still RUNNING, and the
+    study.json its launch wrote in its sweep folder first."""
+    storage = study._storage._backend.url  # the RDB storage behind optuna's cache
+    if not (sweep_dir / st.STUDY_FILE).is_file():
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        st.StudyFile(storage, study.study_name).write(sweep_dir)
     asked = []
     for _ in range(count):
         trial = study.ask(SPACE)
@@ -519,3 +524,20 @@ def test_a_study_of_another_search_is_refused_in_one_line(tmp_path):
         st.check_space(study, settings, ppo)
     with pytest.raises(st.StudyError, match=r"searched model.module.batch_size as CategoricalDistribution"):
         st.check_space(study, settings, {**SPACE, "model.module.batch_size": FloatDistribution(1, 2)})
+
+
+def test_a_folder_the_study_names_is_read_only_when_it_is_the_studys(tmp_path):
+    """An edited record named '/' as a stale trial's sweep folder: the search scanned the whole file
+    system and told a stray cell.json's metrics to the study (found by a helper). A folder is read
+    only when its study.json names this study and its database."""
+    settings = _settings(tmp_path, n_trials=1)
+    study = st.open_study(settings)
+    (trial,) = _kill_with_running(study, tmp_path / "ours", 1)
+    stray = tmp_path / "elsewhere"
+    Jobs(stray)(trial.number, [f"model.module.lr={trial.params['model.module.lr']}"])  # a cell.json of that number
+    study._storage.set_trial_system_attr(trial._trial_id, st.SWEEP_DIR, str(stray))
+    study._storage.set_trial_user_attr(trial._trial_id, st.OUTPUT_DIR, str(next(stray.iterdir())))
+    (line,) = st.settle_stale(study, settings)
+    assert "FAILED, retried as trial 1" in line  # not "its job had ended: told COMPLETE"
+    assert not st.is_study_folder(stray, settings) and st.is_study_folder(tmp_path / "ours", settings)
+    assert not st.is_study_folder(tmp_path / "ours", dataclasses.replace(settings, name="other"))

@@ -603,10 +603,26 @@ def tell(study, trial, outcome: Outcome, max_retries: int) -> None:
         study.tell(trial.number, state=TrialState.FAIL)
 
 
-def find_result(sweep_dir: Path | None, number: int) -> tuple[CellResult | None, str | None]:
-    """The ``cell.json`` of trial ``number`` in ``sweep_dir`` (and its folder), if its job wrote one."""
+def is_study_folder(sweep_dir: Path | str | None, settings: StudySettings) -> bool:
+    """Whether ``sweep_dir`` is a sweep folder of this study: its ``study.json`` names the study
+    and its database. A folder the study's records name (``foxhunt.sweep_dir``, ``output_dir``) is
+    read only then: an edited record named ``/`` and the search scanned the whole file system,
+    then told a stray ``cell.json``'s metrics to the study (found by a helper probing searches)."""
     if sweep_dir is None or not Path(sweep_dir).is_dir():
+        return False
+    try:
+        found = StudyFile.read(Path(sweep_dir))
+    except StudyError:
+        return False
+    return found is not None and (found.study_name, found.storage) == (settings.name, settings.storage)
+
+
+def find_result(sweep_dir: Path | None, number: int, settings: StudySettings) -> tuple[CellResult | None, str | None]:
+    """The ``cell.json`` of trial ``number`` in ``sweep_dir`` (and its folder), if its job wrote
+    one and the folder is this study's (:func:`is_study_folder`)."""
+    if not is_study_folder(sweep_dir, settings):
         return None, None
+    assert sweep_dir is not None  # a study folder
     for path in sorted(Path(sweep_dir).rglob(CELL_RESULT_FILE)):
         try:
             result = CellResult.read(path)
@@ -628,7 +644,7 @@ def settle_stale(study, settings: StudySettings, alive: Callable[[Mapping[str, A
         gone = (f"its sweep process {owner.get('pid')} on {owner.get('host')} is gone" if isinstance(owner, Mapping)
                 else f"never claimed by a sweep process in {settings.grace_s:g} s (hydra.sweeper.grace_s)")  # fmt: skip
         sweep_dir = trial.system_attrs.get(SWEEP_DIR)
-        result, folder = find_result(Path(sweep_dir) if sweep_dir else None, trial.number)
+        result, folder = find_result(Path(sweep_dir) if sweep_dir else None, trial.number, settings)
         outcome = outcome_of(result, bool(trial.user_attrs.get(PRUNED_AT) is not None), settings, folder)
         if outcome.state != "fail":  # its job had ended, or the pruner had stopped it
             tell(study, trial, outcome, settings.max_retries)
@@ -678,14 +694,14 @@ def study_view(config: DictConfig, default_key) -> StudyView | None:
             continue
         result = None
         folder = trial.user_attrs.get(OUTPUT_DIR)
-        if folder and (Path(folder) / CELL_RESULT_FILE).is_file():
+        if folder and is_study_folder(Path(str(folder)).parent, settings) and (Path(folder) / CELL_RESULT_FILE).is_file():
             try:
                 result = CellResult.read(Path(folder) / CELL_RESULT_FILE)
             except (OSError, ValueError, KeyError, TypeError):
                 result = None
         if result is None:
             sweep_dir = trial.system_attrs.get(SWEEP_DIR)
-            result, _ = find_result(Path(sweep_dir) if sweep_dir else None, trial.number)
+            result, _ = find_result(Path(sweep_dir) if sweep_dir else None, trial.number, settings)
         synthesized = result is None  # its job wrote no result (it died first, or never started)
         if result is None:
             result = CellResult(default_key, "FAILED")

@@ -237,6 +237,8 @@ class TrialPool:
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> PoolReport:
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)  # study.json first: how each trial's job, and a later
+        st.StudyFile.of(self.settings).write(self.sweep_dir)  # launch settling this one's trials, know it is the study's
         heart = threading.Thread(target=self._heartbeats, name="foxhunt-trial-heartbeat", daemon=True)
         heart.start()
         try:
@@ -347,8 +349,6 @@ def _run_search(config, launcher, sweep_dir: Path, settings: st.StudySettings) -
     st.check_space(study, settings, space, (text.split("=", 1)[0].lstrip("+~") for text in fixed))
     for line in st.settle_stale(study, settings):
         log.warning("%s", line)
-    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
-    st.StudyFile.of(settings).write(sweep_dir)
     workers, inline = worker_count(config, settings.n_jobs)
     before = st.trial_counts(study.get_trials(deepcopy=False))
     log.info("study %s in %s: %s so far; n_trials=%d; %d trial(s) at once; pruner %s", settings.name, settings.storage,
