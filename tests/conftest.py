@@ -52,6 +52,7 @@ LONGEST_FIRST = (
     "tests/test_bad_inputs.py",
     "tests/training/test_cell.py",
     "tests/test_killed_sweep.py",
+    "tests/runs/test_server_lock.py",
 )
 
 
