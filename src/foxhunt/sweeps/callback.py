@@ -151,7 +151,9 @@ def _check_cells(config: DictConfig) -> None:
     from foxhunt.sweeps.grid import check_cells
     from foxhunt.sweeps.packing import sweep_cells
 
-    check_cells(config, sweep_cells(config), GlobalHydra.instance().config_loader())
+    cells = sweep_cells(config)
+    if len(cells) > 1:  # one cell checks its values first thing, as any run does: nothing trains before it
+        check_cells(config, cells, GlobalHydra.instance().config_loader())
 
 
 class SweepCallback(Callback):
