@@ -108,6 +108,16 @@ class FolderError(UserError):
         return cls(f"cannot make the folder {where}: {exc.strerror or exc} (set {keys} to a folder that can be written)")
 
 
+def raised_in(exc: BaseException) -> str:
+    """The module whose code raised ``exc`` (its traceback's innermost frame; "" without one): a
+    library's own check of what it was given (Hydra's, Lightning's, Optuna's reading a record) is
+    the input's error, a foxhunt frame's is a bug."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return str(frame.tb_frame.f_globals.get("__name__", "")) if frame is not None else ""
+
+
 def is_user_error(exc: BaseException) -> bool:
     """True for an error the user's input caused: a :class:`UserError`, or Hydra's error for
     a bad override or a config group option that does not exist."""

@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig
 
+from foxhunt.errors import raised_in
 from foxhunt.runs.environment import root_dir as default_root
 
 
@@ -44,7 +45,7 @@ def compose_config(
                 return_hydra_config=True,
             )
         except (AttributeError, AssertionError, TypeError) as exc:
-            if not _raised_in_hydra(exc):
+            if raised_in(exc).split(".")[0] not in ("hydra", "omegaconf"):  # foxhunt's own frame: a bug
                 raise
             # Hydra applying an override to a node its schema leaves null (hydra.sweeper.params={seed:1} on the
             # basic sweeper) fails inside OmegaConf, unwrapped: Hydra's own error, so every caller says it in one line
@@ -52,12 +53,3 @@ def compose_config(
             raise ConfigCompositionException(f"cannot apply the overrides {overrides}: {first}") from None
     HydraConfig.instance().set_config(cfg)
     return cfg
-
-
-def _raised_in_hydra(exc: BaseException) -> bool:
-    """Whether the innermost frame of ``exc`` is Hydra's or OmegaConf's code (not foxhunt's)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
-    return any(f"{os.sep}{package}{os.sep}" in where for package in ("hydra", "omegaconf"))

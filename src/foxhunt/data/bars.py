@@ -24,7 +24,7 @@ import json
 import math
 import zipfile
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +130,7 @@ def validate_bars(
     tick_size: float,
     origin: str,
     *,
-    rows: Sequence[int] | np.ndarray | None = None,
+    rows: Sequence[int] | np.ndarray | Callable[[int], str] | None = None,
     row_name: str = "row",
     tick_tolerance: float = TICK_TOLERANCE,
 ) -> pd.DataFrame:
@@ -138,7 +138,8 @@ def validate_bars(
 
     ``origin`` names where the bars came from (a file path or a source name); ``rows`` gives
     each row's number in that origin (e.g. the CSV line or the DBN record index, with
-    ``row_name`` "line" or "record"); without it rows are counted from 0. The first failed
+    ``row_name`` "line" or "record"), or a function of the row's position making its label (only
+    for the row an error names); without it rows are counted from 0. The first failed
     check raises BarDataError ``"<origin>: <row_name> <n> (<timestamp>): <problem>"``.
 
     Checks, in order: required columns present and numeric; UTC DatetimeIndex without NaT;
@@ -153,9 +154,13 @@ def validate_bars(
     if missing:
         found = ", ".join(map(str, df.columns)) or "none"
         raise BarDataError(f"{origin}: missing column(s) {', '.join(missing)} (columns found: {found})")
-    row_ids = np.arange(len(df)) if rows is None else np.asarray(rows)
-    if len(row_ids) != len(df):
-        raise ValueError(f"rows has {len(row_ids)} entries for {len(df)} bars of {origin}")
+    if callable(rows):  # a label made only for the row an error names (a folder of files: its file and line)
+        row_id = rows
+    else:
+        row_ids = np.arange(len(df)) if rows is None else np.asarray(rows)
+        if len(row_ids) != len(df):
+            raise ValueError(f"rows has {len(row_ids)} entries for {len(df)} bars of {origin}")
+        row_id = row_ids.__getitem__
 
     index = df.index
     if not isinstance(index, pd.DatetimeIndex):
@@ -170,13 +175,13 @@ def validate_bars(
         outside = int(
             np.flatnonzero((index < pd.Timestamp.min.tz_localize("UTC")) | (index > pd.Timestamp.max.tz_localize("UTC")))[0]
         )
-        raise BarDataError(f"{origin}: {row_name} {row_ids[outside]} ({index[outside].isoformat()}): a bar time outside "
+        raise BarDataError(f"{origin}: {row_name} {row_id(outside)} ({index[outside].isoformat()}): a bar time outside "
                            f"{pd.Timestamp.min.year + 1}..{pd.Timestamp.max.year - 1}") from None  # fmt: skip
 
     def where(i: int) -> str:
         stamp = index[i]
         when = "NaT" if pd.isna(stamp) else stamp.isoformat()
-        return f"{origin}: {row_name} {row_ids[i]} ({when})"
+        return f"{origin}: {row_name} {row_id(i)} ({when})"
 
     nat = np.flatnonzero(index.isna())
     if nat.size:
@@ -186,7 +191,7 @@ def validate_bars(
     bad = np.flatnonzero(steps <= 0)
     if bad.size:
         i = int(bad[0]) + 1
-        previous = f"{row_name} {row_ids[i - 1]} ({index[i - 1].isoformat()})"
+        previous = f"{row_name} {row_id(i - 1)} ({index[i - 1].isoformat()})"
         if steps[i - 1] == 0:
             raise BarDataError(f"{where(i)}: duplicated timestamp, same as {previous}")
         raise BarDataError(f"{where(i)}: timestamps not in increasing order, earlier than {previous}")

@@ -57,6 +57,11 @@ class LockError(UserError):
     kind = "store"
 
 
+def _holder() -> str:
+    """This process, as a lock version's description names it (the "waiting behind" line)."""
+    return f"host {socket.gethostname()} pid {os.getpid()}"
+
+
 def lock_model(name: str) -> str:
     return PREFIX + name
 
@@ -79,7 +84,7 @@ def server_lock(client, name: str, lease_s: float = LEASE_S, poll_s: float = POL
         yield
     finally:
         beat.stop()
-        _release(client, model, mine, beat.lost, where)
+        _release(client, model, mine, beat.lost, where, lease_s)
 
 
 def _enqueue(client, model: str) -> tuple[int, int]:
@@ -91,8 +96,7 @@ def _enqueue(client, model: str) -> tuple[int, int]:
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    holder = f"host {socket.gethostname()} pid {os.getpid()}"
-    made = client.create_model_version(model, SOURCE, tags={"holder": holder}, description=f"waiting: {holder}",
+    made = client.create_model_version(model, SOURCE, tags={"holder": _holder()}, description=f"{_holder()}: waiting",
                                        await_creation_for=0)  # fmt: skip
     return int(made.version), int(made.last_updated_timestamp)
 
@@ -148,9 +152,7 @@ class _Heartbeat(threading.Thread):
         while not self._done.wait(self.every_s):
             sent = time.monotonic()
             try:
-                done = self.client.update_model_version(
-                    self.model, self.version, description=f"held or waiting: beat {self.beats}"
-                )
+                done = self.client.update_model_version(self.model, self.version, description=f"{_holder()}: beat {self.beats}")
             except MlflowException as exc:
                 if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
                     self.lost = True
@@ -182,14 +184,14 @@ def _delete(client, model: str, version: int) -> bool:
     return True
 
 
-def _release(client, model: str, mine: int, lost: bool, where: str) -> None:
+def _release(client, model: str, mine: int, lost: bool, where: str, lease_s: float) -> None:
     from mlflow.exceptions import MlflowException
 
     try:
         gone = not _delete(client, model, mine)
     except MlflowException as exc:  # left behind: the next process removes it after the lease
         log.warning(
-            "%s: version %s not released (%s); it lapses after %g s", where, mine, one_line_error(exc, limit=200), LEASE_S
+            "%s: version %s not released (%s); it lapses after %g s", where, mine, one_line_error(exc, limit=200), lease_s
         )
         return
     if gone or lost:

@@ -225,7 +225,7 @@ def _check_searched_keys(config: DictConfig, searched: dict[str, str]) -> None:
     for key in searched:
         if key.startswith(("+", "~")) or key.startswith("hydra."):
             continue
-        if OmegaConf.select(config, key.lstrip("+"), default=missing, throw_on_missing=False) is missing:
+        if OmegaConf.select(config, key, default=missing, throw_on_missing=False) is missing:
             raise SearchConfigError(f"{key}={searched[key]}: {key} is no setting of the config (a searched key must "
                                     f"exist; +{key}=... adds one)")  # fmt: skip
 

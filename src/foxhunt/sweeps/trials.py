@@ -49,7 +49,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from foxhunt.errors import error_line, one_line_error
+from foxhunt.errors import error_line, one_line_error, raised_in
 from foxhunt.runs.cell import CELL_RESULT_FILE, CellResult
 from foxhunt.sweeps import study as st
 from foxhunt.sweeps.search import search_arguments
@@ -321,25 +321,17 @@ def hydra_launch(launcher) -> Launch:
 
 def run_search(config, launcher, sweep_dir: Path) -> PoolReport:
     """One launch of a search: open (or continue) its study, settle the trials a dead process
-    left RUNNING, write ``study.json``, run the trials, write ``optimization_results.yaml``. A
+    left RUNNING, run the trials (the pool writes ``study.json`` first), write ``optimization_results.yaml``. A
     study whose records Optuna cannot read (edited or damaged: a value that is no JSON, a choice
     the distribution lacks, a number past a float, a row gone) is one line naming its database."""
     settings = st.settings_from(config)
     try:
         return _run_search(config, launcher, sweep_dir, settings)
     except (ValueError, KeyError, TypeError, OverflowError, LookupError) as exc:
-        if not _raised_in(exc, ("optuna.", "sqlalchemy.", "json.")):
+        if not raised_in(exc).startswith(("optuna.", "sqlalchemy.", "json.")):
             raise
         raise st.StudyError(f"hydra.sweeper.storage={settings.storage}: study {settings.name} has records Optuna cannot read "
                             f"({one_line_error(exc, limit=300)}): repair it or name another study") from None  # fmt: skip
-
-
-def _raised_in(exc: BaseException, modules: tuple[str, ...]) -> bool:
-    """Whether the innermost frame of ``exc``'s traceback is in one of ``modules`` (prefixes)."""
-    frame = exc.__traceback__
-    while frame is not None and frame.tb_next is not None:
-        frame = frame.tb_next
-    return frame is not None and str(frame.tb_frame.f_globals.get("__name__", "")).startswith(modules)
 
 
 def _run_search(config, launcher, sweep_dir: Path, settings: st.StudySettings) -> PoolReport:

@@ -17,7 +17,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
-from foxhunt.errors import ConfigError
+from foxhunt.errors import ConfigError, raised_in
 from foxhunt.memory.callback import METRIC_PREFIX, MemoryBudgetCallback
 from foxhunt.runs.steps import logging_step
 from foxhunt.training.checkpoint import RUN_ID, CheckpointStamp, read_stamp
@@ -121,7 +121,7 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
     except Exception as exc:  # Lightning refusing a combination of its switches: the user's config
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         if isinstance(cause, MisconfigurationException):
-            raise ConfigError(f"trainer: Lightning refuses these settings: {str(cause).splitlines()[0]}") from None
+            raise _refused(cfg, str(cause).splitlines()[0]) from None
         raise
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -129,7 +129,7 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
         refusal = lightning_refusal(exc, trainer)
         if refusal is None:
             raise
-        raise ConfigError(f"Lightning refuses the trainer and callback settings for model={cfg.model.name}: {refusal}") from None
+        raise _refused(cfg, refusal) from None
     if trainer.interrupted:  # Lightning turned a stop request into a clean return
         raise KeyboardInterrupt("training interrupted")
     # fit's last values (val/loss, ...): Lightning resets callback_metrics when test starts
@@ -156,6 +156,11 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
     return metrics, scores
 
 
+def _refused(cfg: DictConfig, said: str) -> ConfigError:
+    """What Lightning said when it refused its settings (building the Trainer, or at fit), one line."""
+    return ConfigError(f"Lightning refuses the trainer and callback settings for model={cfg.model.name}: {said}")
+
+
 def lightning_refusal(exc: BaseException, trainer: pl.Trainer) -> str | None:
     """The first line of an error Lightning raised about the settings it was given, None for any
     other (a bug keeps its traceback). It is the settings' when Lightning's own code raised it
@@ -164,10 +169,7 @@ def lightning_refusal(exc: BaseException, trainer: pl.Trainer) -> str | None:
     its optimizer itself, a monitor no metric matches), a ``ValueError`` before the first step
     (``val_check_interval`` past the epoch's batches), or early stopping on a metric no one logs.
     Each was a traceback of 60-80 lines (found by a helper probing Lightning's switches)."""
-    frame = exc.__traceback__
-    while frame is not None and frame.tb_next is not None:
-        frame = frame.tb_next
-    module = frame.tb_frame.f_globals.get("__name__", "") if frame is not None else ""
+    module = raised_in(exc)
     if not module.startswith("lightning."):
         return None
     text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__

@@ -112,10 +112,16 @@ class CsvBarSource:
         frames = [self._read_file(file, asset) for file in files]
         if len(frames) == 1:
             return frames[0]
-        # each row named by its file and line: a row of the files joined, counted from 0, named none of them
-        labels = np.concatenate([[f"{_relative(file, self.path)}, line {n}" for n in np.arange(len(frame)) + 2]
-                                 for file, frame in zip(files, frames)])  # fmt: skip
-        return validate_bars(pd.concat(frames), asset.tick_size, origin=self.path, rows=labels, row_name="file")
+        # each row named by its file and line (a row of the files joined, counted from 0, named none of them),
+        # the label made for the row an error names only
+        names = [_relative(file, self.path) for file in files]
+        starts = np.cumsum([0, *(len(frame) for frame in frames)])
+
+        def label(i: int) -> str:
+            which = int(np.searchsorted(starts, i, side="right")) - 1
+            return f"{names[which]}, line {i - starts[which] + 2}"  # line 1 is the header
+
+        return validate_bars(pd.concat(frames), asset.tick_size, origin=self.path, rows=label, row_name="file")
 
     def fingerprint(self, asset: AssetSpec) -> str:
         return source_fingerprint("csv", self._params(), asset, self.files())
