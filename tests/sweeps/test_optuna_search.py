@@ -95,6 +95,7 @@ def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path, monkeypatch,
     (parent,), trials = runs(tmp_path)
     assert {t.info.run_name: t.info.status for t in trials} == {r.cell: r.status for r in cell_results}
     assert all(t.data.tags["mlflow.parentRunId"] == parent.info.run_id for t in trials)
+    assert {t.data.tags.get("study") for t in trials} == {"dqn-es"}  # the failed trial's run too
     best = max(by_asset["6e"], key=lambda r: r.objective)
     assert parent.info.status == "FAILED" and parent.data.tags["best_trial"] in {r.cell for r in by_asset["6e"]}
     assert float(parent.data.tags["best_trial.value"]) == best.objective
@@ -141,6 +142,7 @@ def test_a_pruner_stops_trials_whose_validation_falls_behind_and_their_runs_end_
     for trial in pruned:
         run = by_trial[trial.number]
         assert run.info.status == "KILLED" and run.data.tags["stop_reason"] == "TrialPruned"
+        assert run.data.tags["study"] == "dqn-es"  # a study's runs name it, pruned ones too: `runs` filters on it
         assert run.data.tags["pruned"].startswith(f"validation {trial.user_attrs['pruned_at']}: val/mean_reward=")
         assert f"dqn-es-fp32-trial{trial.number}  PRUNED" in result.stdout
     assert parent.info.status == "FINISHED" and parent.data.metrics["sweep/trials_pruned"] == len(pruned)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
@@ -56,7 +57,7 @@ from foxhunt.runs.cell import CellResult
 from foxhunt.runs.status import OK_RESULTS
 from foxhunt.sweeps.grid import expand_grid
 from foxhunt.sweeps.space import distributions
-from foxhunt.sweeps.study import settings_from
+from foxhunt.sweeps.study import StudyFile, settings_from
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 JOB_NUM = "hydra.job.num"  # what a trial's folder name must hold
@@ -81,6 +82,15 @@ def trial_number() -> int | None:
     if str(hydra_cfg.sweeper.get("_target_", BASIC_SWEEPER)) == BASIC_SWEEPER or hydra_cfg.job.get("num") is None:
         return None
     return int(hydra_cfg.job.num)
+
+
+def trial_study() -> str | None:
+    """The running trial's study, as its sweep's ``study.json`` names it (the job's own
+    ``study_name`` may resolve otherwise: ``${model.name}-${asset.name}`` under a searched asset), else None."""
+    if trial_number() is None:
+        return None
+    found = StudyFile.read(Path(str(HydraConfig.get().sweep.dir)))
+    return None if found is None else found.study_name
 
 
 def job_overrides() -> list[str]:

@@ -46,7 +46,7 @@ from foxhunt.sweeps.estimates import PackingPlan, check_fits
 from foxhunt.sweeps.orphans import EXIT_ORPHANED, orphaned, watch_sweep_process
 from foxhunt.sweeps.pruning import TrialPruned
 from foxhunt.sweeps.resources import DeviceSlot, configured_threads, cuda_devices
-from foxhunt.sweeps.search import job_overrides, trial_number
+from foxhunt.sweeps.search import job_overrides, trial_number, trial_study
 from foxhunt.sweeps.slurm import Preemption, SlurmJob
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,10 @@ def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult
     overrides = job_overrides() if trial is not None else None
     result = CellResult(CellKey.from_config(cfg, _config_hash_or_none(cfg) or ""), trial=trial, overrides=overrides)
     slots = []
-    trial_arg = {"trial": trial} if trial is not None else {}
+    # a trial's run names its study from the start: a pruned, failed or killed one too (the sweep's summary
+    # tagged finished ones only, so `runs` filtered on the study missed the rest)
+    study = trial_study()
+    trial_arg = {"trial": trial, **({"extra_tags": {Tag.STUDY: study}} if study else {})} if trial is not None else {}
 
     def before_fit() -> None:  # the config is valid and the cell's run exists
 
