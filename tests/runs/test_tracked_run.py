@@ -93,7 +93,10 @@ def test_reopened_run_continues_and_ends_finished(store):
             raise KeyboardInterrupt()
     client = MlflowClient(uri)
     client.set_tag(first.run_id, "error", "old error")
-    with TrackedRun(uri, "unit", artifacts, "tft-es-fp32", {"model": "tft"}, resume_run_id=first.run_id) as again:
+    # reopened under another name (a search's retry resumes its failed trial's run as trial<N+1>): the run takes it,
+    # as it takes the retry's tags (it kept the first name while tagged with the retry's trial)
+    name = "tft-es-fp32-trial2"
+    with TrackedRun(uri, "unit", artifacts, name, {"model": "tft", "trial": "2"}, resume_run_id=first.run_id) as again:
         assert client.get_run(first.run_id).info.status == "RUNNING"
         # a changed folder must not trip MLflow's "params cannot change" rule
         again.log_config({"seed": 7, "paths": {"output_dir": "/b"}}, "seed: 7\n")
@@ -102,6 +105,7 @@ def test_reopened_run_continues_and_ends_finished(store):
     data = client.get_run(first.run_id)
     assert data.info.status == "FINISHED"
     assert data.data.tags["resume_count"] == "1" and "error" not in data.data.tags
+    assert (data.info.run_name, data.data.tags["mlflow.runName"], data.data.tags["trial"]) == (name, name, "2")
     assert "stop_reason" not in data.data.tags  # the first attempt's KeyboardInterrupt is not why this one ended
     assert data.data.params["paths.output_dir"] == "/a"
     assert [m.value for m in client.get_metric_history(first.run_id, "train/loss")] == [2.0, 1.0]

@@ -135,7 +135,9 @@ class TrackedRun:
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> TrackedRun:
         if self.resume_run_id:
-            self.store.reopen(self.resume_run_id, self.tags)
+            # its name too: a search's retry resumes its failed trial's run as trial<N+1> (it kept trial<N>'s name
+            # under the retry's trial tag)
+            self.store.reopen(self.resume_run_id, {**self.tags, Tag.RUN_NAME: self.run_name})
             self._run_id = self.resume_run_id
         else:
             self._run_id = self.store.create(self.experiment_id, self.run_name, self.tags)
