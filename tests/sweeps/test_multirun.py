@@ -146,6 +146,7 @@ def test_a_bad_value_in_any_cell_refuses_the_sweep_before_the_first_trains(monke
     assert result.stderr.strip().splitlines()[-1].startswith(f"foxhunt-train: cannot prepare the sweep: config error: {line}")
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "mlruns" / "mlflow.db").exists() or runs(tmp_path) == ([], [])  # nothing trained, no run
+    assert sweep_dirs(tmp_path) == []  # ... and no empty sweep folder left behind
 
 
 def test_submitit_local_runs_each_cell_in_its_own_process(tmp_path, check):

@@ -48,6 +48,7 @@ when a cell failed.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import logging
@@ -173,10 +174,12 @@ class SweepCallback(Callback):
         self.started = time.perf_counter()
         self.finished, self.pid = False, os.getpid()
         os.environ[SWEEP_PID_ENV] = str(self.pid)  # its workers end when this process dies (foxhunt.sweeps.orphans)
+        made: Path | None = None  # the sweep folder, if this made it: a refused sweep leaves none behind
         try:
             self.sweep_dir = Path(str(config.hydra.sweep.dir))
             _validate_shared(config)
             try:
+                made = None if self.sweep_dir.exists() else self.sweep_dir
                 self.sweep_dir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise FolderError.of(exc, "paths.root_dir or hydra.sweep.dir") from None
@@ -199,6 +202,9 @@ class SweepCallback(Callback):
             line = error_line(exc, limit=None) if is_user_error(exc) else one_line_error(exc)
             if self.parent_run_id is not None:
                 self._fail_parent_run(config, line)
+            elif made is not None:
+                with contextlib.suppress(OSError):  # only while it is empty
+                    made.rmdir()
             print(f"foxhunt-train: cannot prepare the sweep: {line}", file=sys.stderr)
             sys.exit(2)
 
