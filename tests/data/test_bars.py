@@ -106,6 +106,16 @@ def broken(row_index: int, field: str, value) -> pd.DataFrame:
             "row 1 (2024-01-02T14:31:00+00:00): field 'low'=-4800.0 is not a positive price",
         ),
         (broken(0, "volume", -1), "row 0 (2024-01-02T14:30:00+00:00): field 'volume'=-1.0 is negative"),
+        # a count of contracts: a fractional one, or DBN's u64 maximum (a column read wrong), passed
+        (
+            broken(1, "volume", 812.5),
+            "row 1 (2024-01-02T14:31:00+00:00): field 'volume'=812.5 is not a whole number of contracts",
+        ),
+        (
+            broken(2, "volume", 2.0**64 - 1),
+            "row 2 (2024-01-02T14:32:00+00:00): field 'volume'=1.8446744073709552e+19 is past 1e+15, "
+            "the most contracts a bar may hold",
+        ),  # fmt: skip
         (
             broken(1, "high", 4800.10),
             "row 1 (2024-01-02T14:31:00+00:00): field 'high'=4800.1 is off the 0.25 tick grid (19200.400000 ticks)",
@@ -283,3 +293,31 @@ def test_one_price_rule_for_a_training_load_and_a_stream(value, tick):
         assert 1 <= round(snapped / tick) < MAX_PRICE_TICKS and snapped >= tick
     elif math.isfinite(value):
         assert batch.endswith(f"field 'open'={value!r} {problem}"), (batch, problem)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(0, 10**6).map(float),
+        st.floats(min_value=0, max_value=1e3),
+        st.sampled_from([0.0, -0.0, 1e15, 1e15 - 1, 2.0**53, 2.0**64 - 1, 0.5, 5e-324]),
+    )
+)
+def test_one_volume_rule_for_a_training_load_and_a_stream(value):
+    """validate_bars and a stream's bar (the server, paper trading) accept the same volumes: a
+    stream refused 1e16 that a training file passed, and neither refused a fractional count."""
+    from foxhunt.data.bars import MAX_VOLUME, volume_problem
+
+    frame = bars([(4800.0, 4800.0, 4800.0, 4800.0, value)])
+    try:
+        validate_bars(frame, 0.25, origin="v")
+        batch = None
+    except BarDataError as exc:
+        batch = str(exc)
+    problem = volume_problem(value)
+    assert (batch is None) == (problem is None), (batch, problem)
+    if problem is None:
+        assert 0 <= value < MAX_VOLUME and value == int(value)
+    elif math.isfinite(value):
+        assert batch.endswith(f"field 'volume'={value!r} {problem}"), (batch, problem)

@@ -95,7 +95,10 @@ def _bar(stream, ts, **over):
         ({"ts": "2024-03-07 19:59"}, "out of order"),
         ({"ts": "2024-03-07 20:01", "close": 5000.1}, "close=5000.1 is off the tick grid of es, tick 0.25 (20000.400000 ticks)"),
         ({"ts": "2024-03-07 20:01", "close": float("nan")}, "close=nan is not a finite price"),
-        ({"ts": "2024-03-07 20:01", "volume": -1.0}, "volume=-1.0: must be finite, >= 0 and below 1e+15"),
+        ({"ts": "2024-03-07 20:01", "volume": -1.0}, "volume=-1.0 is negative"),
+        # a fractional count passed, and a training file's 1e16 passed where a stream refused it (one rule now)
+        ({"ts": "2024-03-07 20:01", "volume": 812.5}, "volume=812.5 is not a whole number of contracts"),
+        ({"ts": "2024-03-07 20:01", "volume": 2.0**64 - 1}, "volume=1.8446744073709552e+19 is past 1e+15"),
         ({"ts": "2024-03-07 20:01", "high": 4999.0}, "do not bound"),
         # 4e-9 ticks: within the grid's float-noise tolerance of tick 0, so it passed as on the grid
         ({"ts": "2024-03-07 20:01", "low": 1e-9}, "low=1e-09 is below one tick (0.25): a price is at least one tick"),

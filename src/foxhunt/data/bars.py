@@ -44,6 +44,7 @@ INDEX_NAME = "ts"
 # slack only absorbs float noise from decimal parsing and fixed-point conversion.
 TICK_TOLERANCE = 1e-6
 MAX_PRICE_TICKS = 2**53  # a price is an exact count of ticks in float64 below this
+MAX_VOLUME = 1e15  # contracts in one bar: far past any exchange's minute, below float64's exact integers (2**53)
 
 _UTC_NAMES = {"UTC", "ETC/UTC", "Z", "UTC+00:00", "ZULU", "UNIVERSAL", "GMT", "ETC/GMT"}
 _GLOB_CHARS = set("*?[")
@@ -119,6 +120,31 @@ def bad_price_mask(prices: Any, tick_size: float, tolerance: float = TICK_TOLERA
 
 
 # ----------------------------------------------------------------------------- validation
+def volume_problem(value: float) -> str | None:
+    """Why ``value`` cannot be a bar's volume (the words after ``volume=<value>``), or None.
+
+    The one volume rule, for a training load (:func:`validate_bars`, vectorized there as
+    :func:`bad_volume_mask`) and for each bar of a stream (:meth:`foxhunt.data.streaming.StreamingFeatures.check`):
+    a count of contracts, so finite, >= 0, whole, and below :data:`MAX_VOLUME`. A stream refused
+    1e16 that a training file passed, and neither refused a fractional count or DBN's u64 maximum
+    (a column mapped wrong reads as such numbers)."""
+    if not math.isfinite(value):
+        return "is not a finite count of contracts"
+    if value < 0:
+        return "is negative"
+    if not value < MAX_VOLUME:
+        return f"is past {MAX_VOLUME:g}, the most contracts a bar may hold"
+    if value != math.floor(value):
+        return "is not a whole number of contracts"
+    return None
+
+
+def bad_volume_mask(volumes: np.ndarray) -> np.ndarray:
+    """:func:`volume_problem` over an array: True where a volume is refused."""
+    with np.errstate(invalid="ignore"):
+        return ~(np.isfinite(volumes) & (volumes >= 0) & (volumes < MAX_VOLUME) & (volumes == np.floor(volumes)))
+
+
 def _is_utc(tz: Any) -> bool:
     if tz is None:
         return False
@@ -143,7 +169,8 @@ def validate_bars(
     check raises BarDataError ``"<origin>: <row_name> <n> (<timestamp>): <problem>"``.
 
     Checks, in order: required columns present and numeric; UTC DatetimeIndex without NaT;
-    timestamps strictly increasing (no duplicates); no NaN or infinite value; volume >= 0;
+    timestamps strictly increasing (no duplicates); no NaN or infinite value; volume by
+    :func:`volume_problem` (a whole count of contracts below :data:`MAX_VOLUME`);
     prices by :func:`price_problem` (positive, at least one tick, on the tick grid within
     ``tick_tolerance`` ticks, below :data:`MAX_PRICE_TICKS` ticks; float noise is snapped onto the
     exact grid); high >= low; high >= max(open, close); low <= min(open, close).
@@ -213,10 +240,11 @@ def validate_bars(
         if bad.size:
             i = int(bad[0])
             raise BarDataError(f"{where(i)}: field '{column}' is {float(values[column][i])} (missing price or volume)")
-    bad = np.flatnonzero(values["volume"] < 0)
+    bad = np.flatnonzero(bad_volume_mask(values["volume"]))
     if bad.size:
         i = int(bad[0])
-        raise BarDataError(f"{where(i)}: field 'volume'={float(values['volume'][i])!r} is negative")
+        volume = float(values["volume"][i])
+        raise BarDataError(f"{where(i)}: field 'volume'={volume!r} {volume_problem(volume)}")
 
     off = np.zeros(len(df), dtype=bool)
     for column in PRICE_COLUMNS:

@@ -45,6 +45,7 @@ import pandas as pd
 
 from foxhunt.assets import AssetSpec
 from foxhunt.config.sections import dataclass_values
+from foxhunt.data.bars import BAR_COLUMNS, bad_volume_mask
 from foxhunt.data.calendar import calendar_for
 
 MINUTES_PER_DAY = 24 * 60
@@ -56,7 +57,6 @@ PERCENT = 100.0
 #: Every source yields 1-minute bars: the step of the future calendar (decoder inputs).
 BAR_INTERVAL = np.timedelta64(60, "s")
 
-BAR_COLUMNS = ("open", "high", "low", "close", "volume")
 
 FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
     "static": (
@@ -254,7 +254,7 @@ def _check_bars(bars: pd.DataFrame) -> None:
     volume = bars["volume"].to_numpy(dtype=np.float64)
     checks = (
         ("close", close, np.isfinite(close) & (close > 0), "> 0"),
-        ("volume", volume, np.isfinite(volume) & (volume >= 0), ">= 0"),
+        ("volume", volume, ~bad_volume_mask(volume), "a whole count of contracts (foxhunt.data.bars.volume_problem)"),
     )
     for column, values, ok, rule in checks:
         bad = ~ok

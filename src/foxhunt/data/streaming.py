@@ -20,7 +20,8 @@ train statistics (the batch pipeline's z-normalization of the observed group).
 
 Each bar is checked as it arrives: timestamps strictly increasing, prices by the one price rule
 of a bar (:func:`foxhunt.data.bars.price_problem`: finite, at least one tick, on the asset's tick
-grid, below the grid's exact range), volume >= 0; a bad bar raises :class:`~foxhunt.data.errors.BarDataError`
+grid, below the grid's exact range), volume by the one volume rule
+(:func:`foxhunt.data.bars.volume_problem`: a whole count of contracts below a bound); a bad bar raises :class:`~foxhunt.data.errors.BarDataError`
 naming the stream, the bar and the field, and leaves the state as it was.
 
 Written by hand: no library streams these features, and they must equal foxhunt's own.
@@ -38,7 +39,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import price_problem
+from foxhunt.data.bars import price_problem, volume_problem
 from foxhunt.data.calendar import calendar_for
 from foxhunt.data.dataset import feature_groups
 from foxhunt.data.errors import BarDataError
@@ -61,7 +62,6 @@ KNOWN_CACHE_MINUTES = 4096  # memoised calendar rows (the decoder's future minut
 #: The bar times a stream reads: 1970-01-01 .. 2200-01-01 UTC (within int64 nanoseconds, and the
 #: exchange calendars' range).
 MIN_TS_NS, MAX_TS_NS = 0, 7_258_118_400 * NS_PER_S
-MAX_VOLUME = 1e15  # contracts in one bar
 
 
 class _RunningMean:
@@ -185,8 +185,9 @@ class StreamingFeatures:
             problem = price_problem(value, tick, grid=self._grid)
             if problem is not None:
                 self._reject(ts_ns, f"{name}={value!r} {problem}")
-        if not (math.isfinite(volume) and 0 <= volume < MAX_VOLUME):
-            self._reject(ts_ns, f"volume={volume!r}: must be finite, >= 0 and below {MAX_VOLUME:g}")
+        problem = volume_problem(volume)
+        if problem is not None:
+            self._reject(ts_ns, f"volume={volume!r} {problem}")
         if high < low or high < max(open_, close) or low > min(open_, close):
             self._reject(ts_ns, f"high={high}, low={low} do not bound open={open_}, close={close}")
 
