@@ -130,13 +130,17 @@ def test_offsets_that_change_across_a_dst_change_are_each_converted(tmp_path):
         csv_source(str(mixed), bar_label="start").load(ES)
 
 
-def test_gzip_directory_and_glob(tmp_path):
+def test_gzip_zstd_directory_and_glob(tmp_path):
+    import zstandard
+
     with gzip.open(tmp_path / "a.csv.gz", "wt") as handle:
         handle.write(HEADER + ROWS[0] + "\n")
-    write(tmp_path, ROWS[1:], name="b.csv")
+    # zstd, as a Databento batch download compresses (a .csv.zst in the folder was left out)
+    (tmp_path / "b.csv.zst").write_bytes(zstandard.ZstdCompressor().compress((HEADER + ROWS[1] + "\n").encode()))
+    write(tmp_path, ROWS[2:], name="c.csv")
     bars = csv_source(str(tmp_path)).load(ES)
     assert len(bars) == 3 and bars["volume"].tolist() == [10.0, 12.0, 3.0]
-    assert len(csv_source(str(tmp_path / "b*")).load(ES)) == 2
+    assert len(csv_source(str(tmp_path / "[bc]*")).load(ES)) == 2
 
 
 def test_overlapping_files_are_rejected(tmp_path):

@@ -229,6 +229,19 @@ def test_real_file_as_databento_csv_export_reads_the_same(real_data_dir, tmp_pat
     )
 
 
+@pytest.mark.realdata
+def test_a_zstd_compressed_csv_download_reads_as_its_dbn_file(real_data_dir, tmp_path):
+    """A batch download's default compression is zstd: its CSV export arrives as .csv.zst (it was
+    refused as an unsupported suffix)."""
+    meta, records = decode(real_data_dir / "databento" / HISTORICAL)
+    csv = encode(tmp_path / "export.csv.zst", meta, records, dbn.Encoding.CSV, pretty_px=True, map_symbols=True)
+    assert csv.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"  # the zstd frame magic: compressed as Databento does
+    pd.testing.assert_frame_equal(
+        databento_source(str(csv)).load(ES), databento_source(str(real_data_dir / "databento" / HISTORICAL)).load(ES)
+    )
+    pd.testing.assert_frame_equal(databento_source(str(tmp_path)).load(ES), databento_source(str(csv)).load(ES))  # a folder
+
+
 # ------------------------------------------------------------------------------ parent symbol
 TRADE_DATES = pd.date_range("2025-03-03", periods=5, freq="D")  # Monday..Friday
 # per trading date: volume per contract (ESH5 < ESM5 < ESU5 by expiry; a spread; another root)

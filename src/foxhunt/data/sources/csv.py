@@ -1,11 +1,11 @@
-"""Generic OHLCV CSV files (plain or gzip) as a bars source.
+"""Generic OHLCV CSV files (plain, gzip or zstd) as a bars source.
 
 Column names, the time zone of naive timestamps, the timestamp format (or the epoch unit of
 numeric timestamps) and the bar-label convention are all arguments, so the same class reads
 most vendors' minute files. Bars labelled at their CLOSE (the real 6E file's convention)
 are shifted back by one bar so the output is labelled at the bar START, like every source.
 
-``path`` may be one file, a directory (every ``*.csv`` / ``*.csv.gz`` in it) or a glob;
+``path`` may be one file, a directory (every ``*.csv``, ``*.csv.gz``, ``*.csv.zst``, ``*.txt``... in it) or a glob;
 files are read in name order and must not overlap. Each file is checked with
 :func:`~foxhunt.data.bars.validate_bars` with the file path as origin and CSV line numbers
 (the header is line 1), then the concatenation is checked once more.
@@ -34,7 +34,7 @@ from foxhunt.errors import one_line
 #: A time of day followed by its zone (Z, +hh, +hhmm, +hh:mm): a timestamp that carries its own offset.
 _ZONED = r"\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\s*(?:Z|[+-]\d{2}(?::?\d{2})?)$"
 
-CSV_SUFFIXES = (".csv", ".csv.gz", ".txt", ".txt.gz")
+CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.zst", ".txt", ".txt.gz", ".txt.zst")
 BAR_LABELS = ("start", "close")
 EPOCH_UNITS = ("s", "ms", "us", "ns")
 MAX_BAR_MINUTES = 1440  # a day: the longest bar whose close label is shifted back to its start
@@ -46,7 +46,7 @@ class CsvBarSource:
     Every setting comes from the config (conf/data/csv.yaml holds the defaults: the 6E files' format).
 
     Args:
-        path: a CSV file (``.gz`` allowed), a directory of them or a glob.
+        path: a CSV file (``.gz`` or ``.zst`` allowed), a directory of them or a glob.
         timestamp_column, open_column, high_column, low_column, close_column, volume_column:
             the header names of the six fields.
         timezone: IANA zone of naive (offset-less) timestamps; timestamps that carry an

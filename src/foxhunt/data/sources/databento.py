@@ -6,7 +6,7 @@ Inputs. ``path`` is a file, a directory or a glob of:
   (the ``databento`` client is not needed). OHLCV records give the bars; definition
   records (schema ``definition``, in the same path or in ``definitions``) give symbols and
   expirations; a file of any other schema (trades, mbp-1, ...) is an error.
-* Databento CSV exports (``.csv``, ``.csv.gz``): columns ``ts_event, rtype, publisher_id,
+* Databento CSV exports (``.csv``, ``.csv.gz``, ``.csv.zst``): columns ``ts_event, rtype, publisher_id,
   instrument_id, open, high, low, close, volume`` and optionally ``symbol``; prices either
   raw fixed-point integers (1 unit = 1e-9) or decimals, timestamps either integer
   nanoseconds or ISO-8601 (what ``databento_dbn.Transcoder`` / ``DBNStore.to_csv`` write).
@@ -114,7 +114,7 @@ class DatabentoBarSource:
     dataset, rolled by volume, not adjusted, CSV prices told apart by their type).
 
     Args:
-        path: a DBN (``.dbn``/``.dbn.zst``) or Databento CSV (``.csv``/``.csv.gz``) file, a
+        path: a DBN (``.dbn``/``.dbn.zst``) or Databento CSV (``.csv``/``.csv.gz``/``.csv.zst``) file, a
             directory of them, or a glob. Definition files among them are used for symbols.
         definitions: extra definition DBN files (file, directory or glob) naming
             instrument ids when the data files carry no symbol mappings; None for none.

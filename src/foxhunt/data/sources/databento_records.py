@@ -39,7 +39,7 @@ UNDEF_PRICE = dbn.UNDEF_PRICE  # 2**63 - 1, Databento's null price
 OHLCV_SCHEMAS = {32: "ohlcv-1s", 33: "ohlcv-1m", 34: "ohlcv-1h", 35: "ohlcv-1d", 36: "ohlcv-eod"}
 TRAINING_SCHEMA = "ohlcv-1m"
 DBN_SUFFIXES = (".dbn", ".dbn.zst")
-DATABENTO_CSV_SUFFIXES = (".csv", ".csv.gz")
+DATABENTO_CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.zst")  # .zst: a batch download's default compression
 MONTH_CODES = "FGHJKMNQUVXZ"  # CME futures month codes, January..December
 RAW_COLUMNS = (
     "ts_event", "rtype", "schema", "publisher_id", "instrument_id", "symbol",
