@@ -88,6 +88,29 @@ def test_the_input_example_is_real_bars_it_decides_on(store_root, versions):
             assert out["signal"].isna().all()
 
 
+def test_bars_are_taken_in_the_types_users_hold_them(store_root, versions):
+    """Integer volume and price columns (pandas' type for a CSV of whole numbers) answer as the
+    example does: MLflow's typed schema refused them ("Can not safely convert int64 to float64").
+    A column of text is one line naming column and row."""
+    import mlflow.pyfunc
+    import numpy as np
+    from mlflow.exceptions import MlflowException
+
+    example = _example(versions["dqn"])
+    whole = example.assign(**{c: (example[c] // 1).astype(np.int64) for c in ("open", "high", "low", "close", "volume")})
+    with tracking(store_root):
+        model = mlflow.pyfunc.load_model(str(versions["dqn"]))
+        assert (
+            model.predict(example.assign(volume=whole["volume"]))["position"].tolist()
+            == model.predict(example)["position"].tolist()
+        )
+        floats = example.assign(**{c: whole[c].astype(np.float64) for c in whole.columns if c != "ts"})
+        assert model.predict(whole)["position"].tolist() == model.predict(floats)["position"].tolist()
+        text = example.assign(close=example["close"].astype(object).where(example.index != 2, "n/a"))
+        with pytest.raises(MlflowException, match="close, row 2: 'n/a' is not a number"):
+            model.predict(text)
+
+
 @pytest.fixture(scope="module")
 def scoring(store_root, versions, tmp_path_factory):
     """``mlflow models serve`` (MLflow's scoring server, env-manager local) on the TFT version: a

@@ -8,10 +8,16 @@ run), the member's files under ``artifacts/`` (:mod:`foxhunt.ensemble.member_fil
 foxhunt wheel and pinned requirements that rebuild its environment
 (:mod:`foxhunt.ensemble.model_env`), a signature and an input example.
 
-The signature: a frame of 1-minute bars in (``ts`` as UTC nanoseconds, ``open``, ``high``,
-``low``, ``close``, ``volume``), one row per bar out (``position``, -1/0/1; ``signal``, the
+The signature: a frame of 1-minute bars in (``ts``, ``open``, ``high``, ``low``, ``close``,
+``volume``), one row per bar out (``position``, -1/0/1; ``signal``, the
 summed median forecast of a forecaster, null for an agent or a bar before the member is warm:
-``None`` in the frame, so ``mlflow models serve`` answers JSON ``null``, never ``NaN``). A bad
+``None`` in the frame, so ``mlflow models serve`` answers JSON ``null``, never ``NaN``). The
+price and volume columns are typed ``any``: MLflow's schema check casts only where numpy calls
+it safe, so a ``double`` column refused what users hold (an integer volume or price column, which
+is what pandas reads a CSV of whole numbers as); :func:`bar_rows` takes any numeric type and
+refuses anything else naming the column and row. ``ts`` stays ``long`` (int64 nanoseconds since
+the epoch): typed ``any``, ``mlflow models serve`` read a JSON body's integers as float64, which
+cannot hold a nanosecond time exactly. A bad
 bar (out of order, non-finite, off the tick grid, ...) is an ``MlflowException`` with
 ``INVALID_PARAMETER_VALUE`` naming the bar, which ``mlflow models serve`` answers with HTTP 400.
 
@@ -51,7 +57,7 @@ from mlflow.models import Model
 from mlflow.models.signature import ModelSignature
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
-from mlflow.types.schema import ColSpec, Schema
+from mlflow.types.schema import AnyType, ColSpec, Schema
 from omegaconf import OmegaConf
 
 from foxhunt.assets import AssetSpec
@@ -65,7 +71,9 @@ WHEEL_ARTIFACT = "foxhunt_wheel"
 
 
 def _signature():
-    inputs = Schema([ColSpec("long", "ts"), *(ColSpec("double", c) for c in BAR_FIELDS[1:])])
+    # ts typed: JSON's integers reach predict exact (typed any, mlflow models serve read them as float64);
+    # the prices and volume any: bar_rows converts and checks them (module doc)
+    inputs = Schema([ColSpec("long", "ts"), *(ColSpec(AnyType(), c) for c in BAR_FIELDS[1:])])
     outputs = Schema([ColSpec("long", "position"), ColSpec("double", "signal", required=False)])
     return ModelSignature(inputs=inputs, outputs=outputs)
 
@@ -102,11 +110,11 @@ class FoxhuntMember(PythonModel):
             raise MlflowException(
                 f"bars lack the column(s) {', '.join(missing)} (need {', '.join(BAR_FIELDS)})", INVALID_PARAMETER_VALUE
             )
+        bars = bar_rows(frame)
         stream = engine.open_stream("request")  # a fresh stream per request: its bars carry their history
         positions, signals = [], []
         try:
-            for row in frame[list(BAR_FIELDS)].itertuples(index=False):
-                bar = (int(row.ts), float(row.open), float(row.high), float(row.low), float(row.close), float(row.volume))
+            for bar in bars:
                 result = engine.step_many([(stream, bar)])[0]
                 if isinstance(result, Exception):  # a bad bar (foxhunt.data.errors.BarDataError): one line naming it
                     raise MlflowException(str(result), INVALID_PARAMETER_VALUE) from None
@@ -116,6 +124,24 @@ class FoxhuntMember(PythonModel):
         finally:
             engine.close_stream(stream)
         return pd.DataFrame({"position": np.asarray(positions, dtype=np.int64), "signal": pd.Series(signals, dtype=object)})
+
+
+def bar_rows(frame: pd.DataFrame) -> list[tuple[int, float, float, float, float, float]]:
+    """The frame's bars as ``(ts_ns, open, high, low, close, volume)``: ``ts`` as the signature
+    typed it (int64), the others numbers of any numeric type (module doc); anything else is an
+    ``MlflowException`` naming the column and row. The values are checked by the engine, as every
+    stream's are."""
+    values = {name: _numbers(frame[name], name) for name in BAR_FIELDS[1:]}
+    return [(int(ts), *(values[name][i] for name in BAR_FIELDS[1:])) for i, ts in enumerate(frame["ts"].tolist())]  # type: ignore[misc]
+
+
+def _numbers(column: pd.Series, name: str) -> list[float]:
+    if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+        return column.to_numpy(dtype=np.float64).tolist()
+    for row, value in enumerate(column.tolist()):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise MlflowException(f"{name}, row {row}: {str(value)[:64]!r} is not a number", INVALID_PARAMETER_VALUE)
+    return [float(v) for v in column.tolist()]
 
 
 #: Folders :func:`save_member_model` wrote in this process and nothing has logged yet (resolved
