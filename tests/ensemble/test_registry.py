@@ -249,3 +249,30 @@ def test_a_runs_edited_dataset_manifest_is_refused_not_registered(store_root, ed
     finally:
         for path, text in saved.items():
             path.write_text(text)
+
+
+def test_a_runs_config_edited_after_the_run_is_refused_not_registered(store_root):
+    """A run's config.yaml is an artifact of the store; register copied an edited one into the
+    version, and a roll's challenger trained from it wrote where it said (a checkpoint folder in
+    another run's artifacts: found by a helper probing stored files). It must hash to the run's
+    config_hash tag, the tracking store's record; the refusal is one line and registers nothing."""
+    from pathlib import Path
+
+    import yaml
+
+    c = client(store_root)
+    experiment = c.get_experiment_by_name("foxhunt").experiment_id
+    runs = c.search_runs([experiment], "tags.model = 'dqn' and attributes.status = 'FINISHED'")
+    files = [Path(r.info.artifact_uri.removeprefix("file://")) / "config.yaml" for r in runs]  # local: edited, then put back
+    saved = {path: path.read_text() for path in files}
+    try:
+        for path, text in saved.items():
+            config = yaml.safe_load(text)
+            config["callbacks"]["model_checkpoint"]["dirpath"] = "/tmp/elsewhere"
+            path.write_text(yaml.safe_dump(config))
+        test_bad_input_gets_one_line_and_registers_nothing_half_way(
+            store_root, ["ensemble", "register", "asset=es", "ensemble.gate=none", "ensemble.models=[dqn]",
+                         "ensemble.registry_prefix=edited-config"], "the file was changed after the run")  # fmt: skip
+    finally:
+        for path, text in saved.items():
+            path.write_text(text)

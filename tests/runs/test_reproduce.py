@@ -78,6 +78,17 @@ def test_a_dqn_smoke_run_reproduces_identical_in_its_own_run(tmp_path):
     original = _identical(tmp_path, "dqn")
     tags = RunStore(_uri(tmp_path)).get(original).tags  # what the original recorded for it
     assert all(tags.get(key) for key in (Tag.DATA_DIGEST, Tag.CODE_DIGEST, Tag.ENVIRONMENT_DIGEST, Tag.DEVICE_NAME))
+    # its config.yaml edited in the artifact store to write elsewhere: the reproduction wrote its checkpoints into
+    # another run's artifacts and a ../ file name out of its folder, and said "identical" (found by a helper)
+    path = _artifact(tmp_path, original, "config.yaml")
+    config = yaml.safe_load(path.read_text())
+    victim = tmp_path / "victim"
+    config["callbacks"]["model_checkpoint"].update(dirpath=str(victim), filename="../outside")
+    path.write_text(yaml.safe_dump(config))
+    _one_line_exit_2(_reproduce(tmp_path, original), f"run {original} (dqn-es-fp32): config.yaml hashes to ",
+                     f"config_hash={tags[Tag.CONFIG_HASH]}: the file was changed after the run")  # fmt: skip
+    assert not victim.exists() and not (tmp_path / "outside.ckpt").exists()
+    assert len(RunStore(_uri(tmp_path)).search(REPRODUCTIONS_EXPERIMENT)) == 1  # the first, honest one only
 
 
 @pytest.mark.slow  # ~40 s for the three (dqn above stays in the default suite)

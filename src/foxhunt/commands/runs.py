@@ -134,7 +134,7 @@ def reproduce(
 ) -> None:
     """Retrain a run from its stored config; say identical (exit 0) or the first input that differs (exit 1)."""
     from foxhunt.runs import reproduce as rp
-    from foxhunt.training.reproduce import reproduction_config, reproduction_folder, retrain
+    from foxhunt.training.reproduce import check_stored_hash, reproduction_config, reproduction_folder, retrain
 
     root_dir = _root(root)
     uri = _uri(root_dir, tracking_uri)
@@ -143,6 +143,9 @@ def reproduce(
         workdir = Path(scratch)
         with _read_failures(uri):
             original = rp.open_original(store, rp.resolve_target(store, target), workdir)
+        origin = f"run {original.run.run_id} ({original.run.name})"
+        with reported(PROG):  # a config.yaml changed after its run: one line, nothing trained
+            check_stored_hash(original.config, original.run.tags.get(Tag.CONFIG_HASH), origin)
         out_dir = reproduction_folder(root_dir, original.run.name)
         cfg = reproduction_config(original.config, out_dir, uri, _artifact_location(uri))
         with reported(PROG), contextlib.redirect_stdout(sys.stderr):  # the verdict alone on stdout

@@ -96,6 +96,7 @@ from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
 from foxhunt.runs.tracked_run import TrackedRun
 from foxhunt.training.checkpoint import RUN_ID, STAMP_KEY, CheckpointError, check_stamped_run, load_weights_only
 from foxhunt.training.parts import build_dataset
+from foxhunt.training.reproduce import check_stored_hash
 
 SELECTION_PREFIXES = ("val/",)
 VAL_SHARPE, VAL_BASELINE = "val/sharpe", "val/baseline/"
@@ -232,8 +233,10 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
         raise RegistryError(f"run {run_id} ({choice.run_name}): no checkpoints/best.ckpt or last.ckpt artifact to register")
     ckpt_path = store.download(run_id, checkpoint, downloads)
     config_path = store.download(run_id, CONFIG_FILE, downloads)
-    try:  # the run's artifact, read back from the store: it may name only foxhunt's own classes
+    try:  # the run's artifact, read back from the store: it may name only foxhunt's own classes, and must hash
+        # to the run's config_hash (an edited one chose where a roll's challenger, trained from it, wrote)
         cfg = load_stored_config(config_path, f"run {run_id} ({choice.run_name}): {CONFIG_FILE}")
+        check_stored_hash(cfg, store.get(run_id).tags.get(Tag.CONFIG_HASH), f"run {run_id} ({choice.run_name})")
     except ConfigError as exc:
         raise RegistryError(str(exc)) from None
     origin = f"run {run_id} ({choice.run_name})"

@@ -11,7 +11,8 @@ reads back nothing it did not make:
   ``${paths.output_dir}/...`` again (a stored config is resolved: written so, the config hash,
   which masks ``paths``, is the original's);
 - ``data.cache_dir`` is ``${paths.cache_dir}``, a fresh folder inside it: the bars are read from
-  the source again, never from a feature cache another run wrote;
+  the source again, never from a feature cache another run wrote; ``paths.prediction_cache`` is
+  a fresh folder inside it too (the hash masks ``paths``: a stored one could name any folder);
 - its MLflow run lands in the store the original was read from, in the experiment
   :data:`~foxhunt.runs.tags.REPRODUCTIONS_EXPERIMENT` (not the original's: leaderboards, selection,
   deflated Sharpe ratios and ``resume=true`` never count a reproduction), tagged
@@ -21,7 +22,12 @@ reads back nothing it did not make:
   round differently.
 
 Everything else (model, data source and files, split, seed, trainer, precision, ``ckpt``) is the
-original's, so its config hash is the original's too.
+original's, so its config hash is the original's too; :func:`check_stored_hash` refuses a stored
+config for which it is not. That is what keeps an edited ``config.yaml`` artifact from choosing
+where a reproduction, a roll's challenger or a registered version writes or what it trains: a
+checkpoint folder named into another run's artifacts, a ``../`` file name, another data file
+(found by a helper probing stored files). The run's ``config_hash`` tag is in the tracking store,
+the record foxhunt trusts; the artifact store's files are checked against it.
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.resolvers import run_suffix
+from foxhunt.errors import ConfigError
+from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.tags import REPRODUCTIONS_EXPERIMENT, Tag
 from foxhunt.training.cell import run_cell
 
 REPRODUCTIONS_FOLDER = Path("outputs") / "reproductions"  # under the project folder
 FEATURE_CACHE_FOLDER = "feature_cache"  # inside the reproduction's folder: empty, so never a hit
+PREDICTION_CACHE_FOLDER = "memory_predictions"  # inside it too: predicted footprints it made itself
 OUTPUT_DIR, CACHE_DIR = "${paths.output_dir}", "${paths.cache_dir}"  # as conf/ writes them
 
 
@@ -60,8 +69,11 @@ def reproduction_config(stored: DictConfig, out_dir: Path, tracking_uri: str, ar
     old = str(plain.get("paths", {}).get("output_dir") or "")
     if old:
         plain = _moved(plain, old.rstrip("/"), OUTPUT_DIR)
-    plain.setdefault("paths", {}).update(output_dir=str(out_dir), cache_dir=str(out_dir / FEATURE_CACHE_FOLDER))
+    plain.setdefault("paths", {}).update(output_dir=str(out_dir), cache_dir=str(out_dir / FEATURE_CACHE_FOLDER),
+                                         prediction_cache=str(out_dir / PREDICTION_CACHE_FOLDER))  # fmt: skip
     plain.setdefault("data", {})["cache_dir"] = CACHE_DIR
+    if isinstance(plain.get("strategy"), dict) and plain["strategy"].get("prediction_cache"):  # unhashed, as strategy is
+        plain["strategy"]["prediction_cache"] = "${paths.prediction_cache}"
     logger = plain.setdefault("logger", {})
     logger.update(enabled=True, tracking_uri=tracking_uri, artifact_location=artifact_location,
                   experiment=REPRODUCTIONS_EXPERIMENT, log_checkpoints=True)  # fmt: skip
@@ -69,6 +81,24 @@ def reproduction_config(stored: DictConfig, out_dir: Path, tracking_uri: str, ar
     moved = OmegaConf.create(plain)
     assert isinstance(moved, DictConfig)
     return moved
+
+
+def stored_hash(stored: DictConfig) -> str:
+    """The config hash of a stored (resolved) config as the run that stored it computed it: its
+    folders moved back under ``${paths.output_dir}``, as a reproduction moves them (the hash masks
+    ``paths`` and ignores the logger, so the folder and store given here do not count)."""
+    return config_hash(reproduction_config(stored, Path(OUTPUT_DIR), "", None))
+
+
+def check_stored_hash(stored: DictConfig, expected: str | None, origin: str) -> None:
+    """Refuse, in one line naming ``origin``, a stored config that does not hash to ``expected``,
+    the run's ``config_hash`` tag (module doc)."""
+    if not expected:
+        raise ConfigError(f"{origin}: its run has no config_hash tag, so its config.yaml cannot be checked; refused")
+    found = stored_hash(stored)
+    if found != expected:
+        raise ConfigError(f"{origin}: config.yaml hashes to {found}, its run recorded config_hash={expected}: the file was "
+                          "changed after the run; refused, nothing trained or written from it")  # fmt: skip
 
 
 def _moved(node: Any, old: str, new: str) -> Any:
