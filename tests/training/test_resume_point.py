@@ -303,3 +303,43 @@ def test_a_resume_on_data_edited_since_the_kill_is_refused_in_one_line(tmp_path,
         _fit(tmp_path, overrides)
     data.write_text(original)
     _fit(tmp_path, overrides)  # restored: it resumes
+
+
+class CtrlCAt(StopAt):
+    """Ctrl-C (a real SIGINT to this process) as the fit reaches ``step``."""
+
+    def __init__(self, step: int) -> None:
+        import signal
+
+        import lightning.pytorch as pl
+
+        class _Press(pl.Callback):
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+                if trainer.global_step == step:
+                    signal.raise_signal(signal.SIGINT)
+
+        self.callback = _Press()
+
+
+def test_a_fit_stopped_with_ctrl_c_and_resumed_ends_as_the_fit_never_stopped(tmp_path, monkeypatch):
+    """Ctrl-C mid-fit, then resume=true: the weights and every (metric, step) of the fit never
+    stopped. Python's KeyboardInterrupt landed mid-step and its interrupted.ckpt held a half-done
+    batch's counters: the forecasters' resume ended on other weights, the agents' logged a step
+    twice or lost one (found by a helper probing kill and resume)."""
+    import signal
+
+    import foxhunt.training.cell as cell
+
+    overrides, stop_step = FAMILIES["tft"]
+    _fit(tmp_path / "whole", [*QUICK, *overrides, "resume=true"])
+    fit = cell.fit_and_score
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        with monkeypatch.context() as patched, pytest.raises(SystemExit):
+            patched.setattr(cell, "fit_and_score", CtrlCAt(stop_step).around(fit))
+            _fit(tmp_path / "stopped", [*QUICK, *overrides, "resume=true"])
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    (interrupted,) = (tmp_path / "stopped").glob("outputs/*/checkpoints/interrupted.ckpt")
+    assert torch.load(interrupted, weights_only=True)["global_step"] == stop_step + 1  # the step in flight ended
+    _resumed_as_never_stopped(tmp_path, overrides)

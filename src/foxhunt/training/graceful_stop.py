@@ -1,11 +1,19 @@
 """Graceful stop: on SIGTERM, SIGUSR1, SIGUSR2 or Ctrl-C, save a checkpoint before the run ends.
 
-Lightning already turns SIGTERM into a ``SIGTERMException`` raised at the next step boundary
-and Ctrl-C into a ``KeyboardInterrupt``; both reach callbacks through ``on_exception``. This
-callback writes ``interrupted.ckpt`` there (weights, optimizer and loop state, resumable with
-``ckpt=<path>``; ``resume=true`` finds it: :mod:`foxhunt.runs.checkpoints`), so a stopped run
-loses at most the step in flight. The run's :class:`~foxhunt.runs.tracked_run.TrackedRun` then
-ends it KILLED.
+Lightning already turns SIGTERM into a ``SIGTERMException`` raised at the next step boundary,
+which reaches callbacks through ``on_exception``. This callback writes ``interrupted.ckpt``
+there (weights, optimizer and loop state, resumable with ``ckpt=<path>``; ``resume=true`` finds
+it: :mod:`foxhunt.runs.checkpoints`), so a stopped run loses at most the step in flight. The
+run's :class:`~foxhunt.runs.tracked_run.TrackedRun` then ends it KILLED.
+
+Ctrl-C (SIGINT) during a fit is the same stop, after the step in flight: Python's own
+``KeyboardInterrupt`` lands wherever the interpreter is (the forward pass, the optimizer, an
+MLflow write), and a checkpoint saved there held the counters of a half-done batch, so the
+resume logged steps twice or shifted and a forecaster's windows went out of order (different
+weights); one landing in a store write left the process locked out of its own store (found by a
+helper probing kill and resume). A second Ctrl-C stops at once, as Python's does: that
+``KeyboardInterrupt`` saves no checkpoint, so ``resume=true`` continues from the last one a
+finished step wrote, exactly.
 
 SIGUSR1 and SIGUSR2 (:data:`STOP_SIGNALS`) are what schedulers send before a time limit or a
 preemption (``sbatch --signal``): while a fit runs, this callback takes them as Lightning takes
@@ -42,6 +50,7 @@ Handler = Callable[[int, FrameType | None], Any] | int | None
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # a scheduler's notice before a time limit or a preemption
+INTERRUPT = signal.SIGINT  # Ctrl-C: the same stop; a second one stops at once (module doc)
 
 _catching: GracefulStop | None = None  # the callback whose fit holds the stop signals now
 _requested: str | None = None  # a stop requested while no fit ran, for the next fit
@@ -85,7 +94,7 @@ class GracefulStop(pl.Callback):
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
         self.stop_signal, self._lightning_listens, self._undelivered = None, False, False
-        for signum in STOP_SIGNALS:
+        for signum in (*STOP_SIGNALS, INTERRUPT):
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)
         _catching = self
@@ -129,6 +138,13 @@ class GracefulStop(pl.Callback):
         if _catching is not self:  # left over after the fit (Lightning put it back): what was there before
             self._hand_back(signum, frame)
             return
+        if signum == INTERRUPT:
+            if self.stop_signal is not None:  # Ctrl-C again: at once, as Python's own
+                self._release()
+                raise KeyboardInterrupt
+            log.warning("Ctrl-C: the fit stops after its current step; press Ctrl-C again to stop at once")
+            self.stop(signal.Signals(signum).name)
+            return
         self.stop(signal.Signals(signum).name)
         previous = self._previous.get(signum)
         if callable(previous):  # a listener from before the fit hears it too
@@ -155,6 +171,10 @@ class GracefulStop(pl.Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._release()
         if not is_stop_request(exception) or trainer.state.fn != "fit":
+            return
+        if isinstance(exception, KeyboardInterrupt):  # raised wherever it landed, maybe mid-step (module doc)
+            log.warning("stopped at once (%s): no checkpoint of a step half done; resume=true continues from the last "
+                        "checkpoint a finished step wrote", type(exception).__name__)  # fmt: skip
             return
         self.dirpath.mkdir(parents=True, exist_ok=True)
         path = self.dirpath / INTERRUPTED_CHECKPOINT
