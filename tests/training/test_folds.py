@@ -91,3 +91,31 @@ def test_register_selects_the_cell_and_takes_its_last_fold(cell):
     weights = store.get(deployed_run(store, choice, "val/sharpe"))
     assert weights.tags[Tag.ROLE] == ROLE_FOLD and weights.tags[Tag.FOLD] == "1"
     assert weights.parent_id == outcome.run_id
+
+
+def test_a_skipped_childs_scores_are_pooled_only_as_its_run_logged_them(cell):
+    """A cell killed after its folds finished resumes by reading the folds' scores back from the
+    store. An edited scores/val.npz entered the cell's pooled metrics (a forged val/sharpe, what
+    registration selects by), a malformed one was a traceback (found by a helper probing stored
+    files): each is checked against the SHA-256 its run recorded. Runs last: it edits the store."""
+    from foxhunt.errors import UserError
+
+    root, _, outcome, store, runs = cell
+    kid = next(r for r in runs if r.tags.get(Tag.ROLE) == ROLE_FOLD and r.tags[Tag.FOLD] == "0")
+    store.end(outcome.run_id, "KILLED")  # as a kill left it: every fold FINISHED, the cell not
+    honest = run_cell(compose_train_config([*OVERRIDES, "resume=true"], root))  # the folds skipped, read back
+    assert honest.status == "FINISHED" and honest.metrics["val/sharpe"] == pytest.approx(outcome.metrics["val/sharpe"])
+    store.end(outcome.run_id, "KILLED")
+    path = store.download(kid.run_id, f"{SCORES_DIR}/{scores_file('val')}", root / "peek")
+    stored = next((root / "mlruns").rglob(f"{kid.run_id}/artifacts/{SCORES_DIR}/{scores_file('val')}"))
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["model.gross"] = np.abs(arrays["model.gross"]) * 1000 + 5  # a forged edge
+    original = stored.read_bytes()
+    try:
+        np.savez_compressed(stored, **arrays)
+        with pytest.raises(UserError, match=rf"run {kid.run_id}: scores/val.npz: it is not the file its run logged"):
+            run_cell(compose_train_config([*OVERRIDES, "resume=true"], root))
+    finally:
+        stored.write_bytes(original)
+        store.end(outcome.run_id, "FINISHED")

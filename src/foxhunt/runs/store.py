@@ -96,7 +96,8 @@ GROUP BY key
 
 
 class StoreError(UserError):
-    """The MLflow store cannot be opened: the message names the URI and what is accepted."""
+    """The MLflow store cannot be opened (the message names the URI and what is accepted), or a
+    record read back from it is not what its run recorded (the message names the run and the file)."""
 
     kind = "store"
 

@@ -48,9 +48,10 @@ from foxhunt.data.dataset import DATASET_FILE
 from foxhunt.evaluation.backtest import evaluation_annualization
 from foxhunt.evaluation.plots import plot_equity
 from foxhunt.evaluation.scoring import ScoringSettings, SplitScore, pool_scores, summary_lines
-from foxhunt.runs.store import RunStore
+from foxhunt.runs.provenance import file_sha256
+from foxhunt.runs.store import RunStore, StoreError
 from foxhunt.runs.tags import ROLE_FOLD, Tag
-from foxhunt.training.scoring import SCORES_DIR, scores_file
+from foxhunt.training.scoring import SCORES_DIR, scores_digest_tag, scores_file
 
 log = logging.getLogger("foxhunt.protocol")
 
@@ -170,13 +171,27 @@ class ChildResult:
 
 
 def _downloaded_scores(cfg: DictConfig, run_id: str | None, folder: Path) -> dict:
+    """A skipped child's scores, read back from its run's artifacts, each checked against the
+    SHA-256 its run recorded (a tag, the tracking store's record) before it is read: an edited
+    ``scores/val.npz`` entered the cell's pooled metrics, a forged val/sharpe that registration
+    selects by, and a malformed one was a broadcasting traceback (found by a helper probing stored files)."""
     if run_id is None or not cfg.logger.enabled:
         raise RuntimeError(f"{folder}: a skipped child without a run to read its scores from")
     store = RunStore(cfg.logger.tracking_uri)
+    tags = store.get(run_id).tags
     target = folder / "downloaded"
     target.mkdir(parents=True, exist_ok=True)
-    return {split: SplitScore.load(store.download(run_id, f"{SCORES_DIR}/{scores_file(split)}", target))
-            for split in SCORED_SPLITS}  # fmt: skip
+    scores = {}
+    for split in SCORED_SPLITS:
+        name = f"{SCORES_DIR}/{scores_file(split)}"
+        path = store.download(run_id, name, target)
+        recorded = tags.get(scores_digest_tag(split))
+        if recorded is None or file_sha256(Path(path)) != recorded:
+            why = "its run recorded no digest of it" if recorded is None else "it is not the file its run logged (SHA-256)"
+            raise StoreError(f"run {run_id}: {name}: {why}; refused, not pooled into the cell (resume=false trains the "
+                              "cell again)")  # fmt: skip
+        scores[split] = SplitScore.load(path)
+    return scores
 
 
 def _extents(cfg: DictConfig, run_id: str | None, folder: Path) -> dict:

@@ -15,6 +15,8 @@ from foxhunt.evaluation.interpret import INTERPRET_DIR, write_interpretation
 from foxhunt.evaluation.plots import plot_equity
 from foxhunt.evaluation.scoring import ScoringSettings, score_positions, summary_lines
 from foxhunt.runs.cell import CellKey
+from foxhunt.runs.provenance import file_sha256
+from foxhunt.runs.tags import Tag
 from foxhunt.training.parts import build_datamodule
 
 SCORED = ("val", "test")  # the splits the shared backtest scores
@@ -25,6 +27,12 @@ SCORES_DIR = "scores"  # artifacts: each scored split's backtests (foxhunt.evalu
 
 def scores_file(split: str) -> str:
     return f"{split}.npz"
+
+
+def scores_digest_tag(split: str) -> str:
+    """The run's tag holding the SHA-256 of its ``scores/<split>.npz`` (the tracking store's record
+    of the artifact: a cell of folds reads a skipped child's scores back only if they match)."""
+    return f"{Tag.SCORES_DIGEST}.{split}"
 
 
 def scoring_datamodule(cfg: DictConfig, datamodule):
@@ -55,6 +63,7 @@ def score_split(model, datamodule, split: str, cfg: DictConfig, asset, out_dir: 
     saved = score.save(folder / scores_file(split))
     if run is not None:
         run.log_artifact(saved, SCORES_DIR)
+        run.set_tags({scores_digest_tag(split): file_sha256(saved)})  # what a cell of folds checks it by (folds)
     if cfg.evaluation.plot_equity and split == "test":
         png = out_dir / f"equity_{split}.png"
         plot_equity(score.model, arrays.timestamps, png, title=f"{CellKey.from_config(cfg).name} {split} split")
