@@ -52,6 +52,17 @@ def test_a_logs_last_lines_keep_their_end():
     assert one_line(text, 18, separator=" | ", keep_end=True) == "...ValueError: NaN"
 
 
+def test_a_control_character_read_from_a_store_is_shown_escaped_in_an_error_line(capsys):
+    """A run name from the store (register's refusals name it) carried an escape that retitled the
+    terminal, a bell and a carriage return that forged a line (found by a helper probing stored files)."""
+    name = "dqn\x1b]0;PWNED\x07\x1b[2J\rforged line"
+    assert one_line(name) == "dqn\\x1b]0;PWNED\\x07\\x1b[2J forged line"
+    with pytest.raises(SystemExit), reported("foxhunt ensemble"):
+        raise UserError(f"run abc ({name}): no checkpoints")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and err.count("\n") == 1 and "\\x1b]0;PWNED" in err
+
+
 def test_an_input_error_is_its_kind_and_message_and_a_bug_keeps_its_type():
     class DataError(UserError):
         kind = "data"

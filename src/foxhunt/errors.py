@@ -21,16 +21,20 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from foxhunt.printable import visible
+
 #: Characters kept of a one-line error stored as an MLflow tag (MLflow allows 8000 per tag value).
 TAG_TEXT_LIMIT = 5000
 _ELLIPSIS = "..."
 
 
 def one_line(text: str, limit: int | None = None, *, separator: str = " ", keep_end: bool = False) -> str:
-    """``text``'s lines, white space folded, joined by ``separator``; cut to ``limit``
-    characters (its start, or with ``keep_end`` its end, marked ``...``)."""
+    """``text``'s lines, white space folded, joined by ``separator``, every other control
+    character made visible (:func:`foxhunt.printable.visible`: a run name read from a store
+    carried an escape that retitled the terminal and a carriage return that forged a line into
+    an error); cut to ``limit`` characters (its start, or with ``keep_end`` its end, marked ``...``)."""
     lines = [" ".join(part.split()) for part in str(text).splitlines()]
-    line = separator.join(part for part in lines if part)
+    line = visible(separator.join(part for part in lines if part))
     if limit is None or len(line) <= limit:
         return line
     cut = limit - len(_ELLIPSIS)

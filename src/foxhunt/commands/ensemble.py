@@ -53,6 +53,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from foxhunt.errors import EXIT_USER_ERROR, debug_requested, reported
+from foxhunt.printable import visible
 
 # Lazy imports: (a) Hydra, the schema, the ensemble, paper and roll rooms, each once its command runs
 
@@ -150,7 +151,8 @@ def register(
     for c in outcome.choices:
         value = "-" if c.value is None else f"{c.value:.6g}"
         typer.echo(
-            f"{c.family:<8} {c.run_id or '-':<34} {c.run_name or '-':<22} {value:>12} {c.considered:>10} {c.without_metric:>9}"
+            f"{c.family:<8} {visible(c.run_id or '-'):<34} {visible(c.run_name or '-'):<22} {value:>12} {c.considered:>10} "
+            f"{c.without_metric:>9}"  # names from the store, shown escaped (foxhunt.printable)
         )
     if dry_run:
         typer.echo("dry run: nothing registered")
