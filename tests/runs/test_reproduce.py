@@ -310,3 +310,23 @@ def test_a_provenance_file_read_back_that_is_not_foxhunts_is_one_line(tmp_path, 
     with pytest.raises(ReproduceError, match=r"^run r: provenance/environment.json: ") as refused:
         checked_provenance(path, f"run r: {PROVENANCE_FOLDER}/{ENVIRONMENT_FILE}", ENVIRONMENT_FILE)
     assert "\n" not in str(refused.value)
+
+
+def test_a_resumed_runs_threads_are_its_last_recorded_attempts():
+    """A killed first attempt logs no device.json (written as its training ends): the reproduction
+    of a resumed run took the machine's default threads, said "not recorded by the original" and
+    differed (found by a helper probing kill and resume)."""
+    from foxhunt.runs.provenance import DATA_FILE, DEVICE_FILE
+    from foxhunt.runs.reproduce import Original
+
+    def original(provenance):
+        return Original(run=None, config=None, checkpoints={}, provenance=provenance)
+
+    killed_first = original({"original": {DATA_FILE: {}}, "resumed-1": {DEVICE_FILE: {"torch_threads": 1}}})
+    assert killed_first.threads == 1 and DEVICE_FILE in killed_first.recorded()
+    many = {
+        "original": {DEVICE_FILE: {"torch_threads": 4}},
+        **{f"resumed-{n}": {DEVICE_FILE: {"torch_threads": n}} for n in (2, 10, 3)},
+    }
+    assert original(many).threads == 10  # the last attempt (10th), not the last by name (resumed-3)
+    assert original({"original": {}}).threads is None

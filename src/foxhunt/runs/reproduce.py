@@ -138,9 +138,25 @@ class Original:
 
     @property
     def threads(self) -> int | None:
-        device = self.provenance.get(FIRST_ATTEMPT, {}).get(DEVICE_FILE) or {}
+        device = next((files[DEVICE_FILE] for files in reversed(self.attempts()) if DEVICE_FILE in files), {})
         threads = device.get("torch_threads")
         return threads if isinstance(threads, int) and not isinstance(threads, bool) else None
+
+    def attempts(self) -> list[dict[str, dict]]:
+        """The provenance files of each attempt, first to last (resumed-2 before resumed-10): the
+        threads are the last attempt's that recorded a device (a killed first attempt never logs
+        device.json, which is written as its training ends: a resumed run was retrained with the
+        machine's default threads, found by a helper probing kill and resume)."""
+
+        def order(attempt: str) -> tuple[int, int]:
+            number = attempt.removeprefix(RESUMED_PREFIX)
+            return (0, 0) if attempt == FIRST_ATTEMPT else (1, int(number) if number.isdigit() else 0)
+
+        return [self.provenance[a] for a in sorted(self.provenance, key=order)]
+
+    def recorded(self) -> set[str]:
+        """The provenance files any attempt recorded."""
+        return {name for files in self.provenance.values() for name in files}
 
 
 def open_original(store, run_id: str, workdir: Path) -> Original:
@@ -333,8 +349,8 @@ def compare(store, original: Original, reproduction_id: str, workdir: Path) -> V
     _compare_weights(store, original, reproduction_id, root, verdict)
     _compare_metrics(store, run.run_id, reproduction_id, verdict)
     again = read_provenance(store, reproduction_id, root, f"run {reproduction_id}").get(FIRST_ATTEMPT, {})
-    first = original.provenance.get(FIRST_ATTEMPT, {})
-    verdict.not_recorded = [f"{PROVENANCE_FOLDER}/{name}" for name in PROVENANCE_FILES if name not in first]
+    recorded = original.recorded()  # a killed first attempt recorded what its resumed attempt did
+    verdict.not_recorded = [f"{PROVENANCE_FOLDER}/{name}" for name in PROVENANCE_FILES if name not in recorded]
     for attempt, files in original.provenance.items():
         label = "" if attempt == FIRST_ATTEMPT else f" (the original's {attempt} attempt)"
         verdict.inputs_differ += [text + label for text in input_differences(files, again)]
