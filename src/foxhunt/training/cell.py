@@ -45,6 +45,7 @@ from foxhunt.training.fit import (
     fit_and_score,
 )
 from foxhunt.training.folds import ChildResult, child_tags, children, describe_protocol, needs_protocol, record_protocol
+from foxhunt.training.graceful_stop import check_stop, stop_between_phases
 from foxhunt.training.memory_plan import plan_activation_checkpointing
 from foxhunt.training.provenance import opened_run
 
@@ -91,7 +92,15 @@ def run_cell(
     config is valid and the run exists, before the data and the model are built (a sweep job
     sets its threads and device there, and raises when the cell cannot fit); ``trial``, a
     search sweep's trial number, names the run ``<cell>-trial<N>`` and tags it; ``extra_tags``
-    and ``run_name`` are a protocol child's."""
+    and ``run_name`` are a protocol child's. A SIGTERM outside a fit stops the run at its next
+    phase boundary (:func:`foxhunt.training.graceful_stop.stop_between_phases`)."""
+    with stop_between_phases():
+        check_stop()  # asked for before this run began (a fold of a cell, the next cell of a sweep)
+        return _run_cell(cfg, parent_run_id, before_fit, trial, extra_tags, run_name)
+
+
+def _run_cell(cfg: DictConfig, parent_run_id: str | None, before_fit: Callable[[], None] | None, trial: int | None,
+              extra_tags: dict[str, str] | None, run_name: str | None) -> CellResult:  # fmt: skip
     validate(cfg)  # before anything heavy: one clear line on a bad value
     check_accelerator(cfg)  # ... and on a device this machine lacks
     check_cache_dir(cfg)  # ... and on a feature cache that cannot be written

@@ -21,7 +21,7 @@ from foxhunt.errors import ConfigError, raised_in
 from foxhunt.memory.callback import METRIC_PREFIX, MemoryBudgetCallback
 from foxhunt.runs.steps import logging_step
 from foxhunt.training.checkpoint import RUN_ID, CheckpointStamp, read_stamp
-from foxhunt.training.graceful_stop import GracefulStop
+from foxhunt.training.graceful_stop import GracefulStop, check_stop
 from foxhunt.training.parts import build_parts
 from foxhunt.training.progress import LineProgress
 from foxhunt.training.provenance import bars_datasets, check_resumed_data, log_dataset_manifest
@@ -123,6 +123,7 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
         if isinstance(cause, MisconfigurationException):
             raise _refused(cfg, str(cause).splitlines()[0]) from None
         raise
+    check_stop()  # a SIGTERM while the data and the model were built: stop before the fit
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     except (MisconfigurationException, ValueError, RuntimeError) as exc:
@@ -136,6 +137,7 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
     metrics: dict[str, float] = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     test_results = trainer.test(model, datamodule=datamodule, ckpt_path=_best_checkpoint(callbacks), verbose=False)
+    check_stop()  # a SIGTERM in the test stage: Lightning noted it and went on
     metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     metrics.update(_memory_peaks(callbacks))
     for result in test_results:

@@ -27,6 +27,15 @@ hears the signal too, and gets its signals back when the fit ends.
 :func:`request_stop` is the same stop asked for by code: the running fit stops after its step,
 or, when no fit runs, the next fit that starts stops after its first step (a preemption notice
 that came while the cell was still loading its data).
+
+**SIGTERM outside a fit** (:func:`stop_between_phases`, around a run): Python's default action
+ended the process on the spot while the cell loaded its data (its run left RUNNING), and during
+the test stage Lightning's handler noted it and nothing read it (the run ended FINISHED, exit 0,
+and a walk-forward cell trained its next fold: found by a helper probing kill and resume). While a
+run runs, a SIGTERM that comes outside a fit is remembered and raised as Lightning's
+``SIGTERMException`` at the run's next phase boundary (:func:`check_stop`: before a fit, after
+the test, before each fold or seed), never in the middle of a store write; a fit that starts
+first stops after its first step. The run then ends KILLED, exit status 143.
 """
 
 from __future__ import annotations
@@ -34,7 +43,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -54,6 +64,7 @@ INTERRUPT = signal.SIGINT  # Ctrl-C: the same stop; a second one stops at once (
 
 _catching: GracefulStop | None = None  # the callback whose fit holds the stop signals now
 _requested: str | None = None  # a stop requested while no fit ran, for the next fit
+_pending: str | None = None  # a SIGTERM that came while no fit ran, raised at the next phase boundary
 
 
 def is_stop_request(exception: BaseException) -> bool:
@@ -75,6 +86,55 @@ def clear_stop_request() -> None:
     """Withdraw a stop requested while no fit ran (its cell is over)."""
     global _requested
     _requested = None
+
+
+@contextmanager
+def stop_between_phases() -> Iterator[None]:
+    """While the block runs (a run, on the main thread): SIGTERM outside a fit stops the run at
+    its next phase boundary (module doc). A handler that was there before hears it too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == _on_sigterm:  # a run inside a run (a fold of a cell): the outer one holds it
+        yield
+        return
+
+    global _pending
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _chained.append(previous)
+    try:
+        yield
+    finally:
+        _chained.pop()
+        _pending = None  # what it asked for ended this run (or came as it finished): not the next run's
+        if signal.getsignal(signal.SIGTERM) == _on_sigterm:
+            signal.signal(signal.SIGTERM, previous)
+
+
+_chained: list[Handler] = []  # the SIGTERM handler stop_between_phases found, innermost last
+
+
+def _on_sigterm(signum: int, frame) -> None:
+    global _pending
+    if _chained and callable(_chained[-1]):
+        _chained[-1](signum, frame)
+    if _catching is not None:  # a fit holds the stop signals: Lightning's own handler stops it after its step
+        return
+    if _pending is None:
+        log.warning("SIGTERM: the run stops at its next phase boundary")
+    _pending = "SIGTERM"
+    request_stop("SIGTERM")  # a fit that starts first stops after its first step
+
+
+def check_stop() -> None:
+    """Raise, as Lightning's ``SIGTERMException``, the stop a SIGTERM asked for while no fit ran
+    (module doc); nothing when none did."""
+    global _pending
+    if _pending is not None:
+        _pending = None
+        clear_stop_request()
+        raise SIGTERMException
 
 
 class GracefulStop(pl.Callback):
