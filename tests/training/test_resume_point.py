@@ -342,4 +342,12 @@ def test_a_fit_stopped_with_ctrl_c_and_resumed_ends_as_the_fit_never_stopped(tmp
         signal.signal(signal.SIGINT, sigint)
     (interrupted,) = (tmp_path / "stopped").glob("outputs/*/checkpoints/interrupted.ckpt")
     assert torch.load(interrupted, weights_only=True)["global_step"] == stop_step + 1  # the step in flight ended
+    assert {p.name for p in (tmp_path / "stopped" / "mlruns").rglob("artifacts/checkpoints/*.ckpt")} >= {"interrupted.ckpt"}
     _resumed_as_never_stopped(tmp_path, overrides)
+    # and it stores what the run never stopped stores: the stopped attempt's interrupted.ckpt and last.ckpt stayed
+    # among its artifacts, and reproduce compared that stale last.ckpt (found by a helper probing kill and resume)
+    stored = {
+        root: sorted(p.name for p in (tmp_path / root / "mlruns").rglob("artifacts/checkpoints/*"))
+        for root in ("whole", "stopped")
+    }
+    assert stored["stopped"] == stored["whole"] == ["best.ckpt"], stored

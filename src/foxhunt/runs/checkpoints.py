@@ -19,6 +19,7 @@ A checkpoint belongs to the run that wrote it (its stamp names it: :mod:`foxhunt
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,48 @@ def artifact_folder(run: StoredRun) -> Path | None:
     if parsed.scheme in ("", "file"):
         return Path(unquote(parsed.path))
     return None
+
+
+def checkpoint_folder(run: StoredRun, root: Path) -> tuple[Path | None, str | None]:
+    """The run's stored ``checkpoints/`` folder, and None; or None and why it is not touched (its
+    artifacts are not files here, not the run's own folder, or lie outside the store's folder
+    ``root``, through ``..`` or a symbolic link)."""
+    folder = artifact_folder(run)
+    if folder is None:
+        return None, f"its artifacts {run.artifact_uri or '(none)'} are not files of this machine"
+    target = Path(os.path.normpath(folder / CHECKPOINT_ARTIFACTS))
+    base = next((b for b in (Path(os.path.normpath(root)), root.resolve()) if target.is_relative_to(b) and target != b), None)
+    if base is None:
+        return None, f"its artifact folder {folder} lies outside the store's folder {root}"
+    part = target
+    while part != base:
+        if part.is_symlink():
+            return None, f"{part} is a symbolic link (it leads out of the store's folder {root})"
+        part = part.parent
+    if Path(os.path.normpath(folder)).parts[-2:] != (run.run_id, "artifacts"):
+        # MLflow gives each run <experiment's location>/<run id>/artifacts: a record pointing elsewhere (another
+        # run's folder: its checkpoints were removed with this run's) is not this run's to prune
+        return None, f"its artifact folder {folder} is not its own (<experiment's location>/{run.run_id}/artifacts)"
+    return target, None
+
+
+def drop_superseded_checkpoints(run: StoredRun, root: Path, kept: Iterable[str]) -> list[str]:
+    """Remove from a finished run's stored ``checkpoints/`` what an earlier attempt logged and
+    this one did not (``kept``: the names it stored): a run stopped, resumed and finished kept the
+    stopped attempt's ``last.ckpt`` and ``interrupted.ckpt``, which a never-stopped run does not
+    store, and ``foxhunt runs reproduce`` compared that stale ``last.ckpt`` and said the
+    training was not deterministic (found by a helper probing kill and resume). Only a folder of
+    this machine that is the run's own (:func:`checkpoint_folder`); the names removed."""
+    folder, problem = checkpoint_folder(run, root)
+    if folder is None or problem is not None or not folder.is_dir():
+        return []
+    keep = set(kept)
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if path.name not in keep and path.is_file() and not path.is_symlink():
+            path.unlink()
+            removed.append(path.name)
+    return removed
 
 
 def resumable_checkpoint(run: StoredRun, list_logged: Callable[[StoredRun], Iterable[str]] | None = None) -> Checkpoint | None:

@@ -49,7 +49,7 @@ import yaml
 from foxhunt.ensemble.registry import REGISTRY_LOCK
 from foxhunt.errors import UserError
 from foxhunt.runs import leaderboard as lb
-from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, artifact_folder
+from foxhunt.runs.checkpoints import CHECKPOINT_ARTIFACTS, checkpoint_folder
 from foxhunt.runs.environment import sqlite_path
 from foxhunt.runs.sqlite_reader import not_a_store
 from foxhunt.runs.status import Status
@@ -169,29 +169,6 @@ def cell_ranks(experiment: str, finished: Sequence[StoredRun], metric: str) -> d
             )
             source.ranked.add(row.run_id)
     return ranks  # unreachable: itertools.count never ends
-
-
-def checkpoint_folder(run: StoredRun, root: Path) -> tuple[Path | None, str | None]:
-    """The run's stored ``checkpoints/`` folder, and None; or None and why it is not touched (its
-    artifacts are not files here, not the run's own folder, or lie outside the store's folder
-    ``root``, through ``..`` or a symbolic link)."""
-    folder = artifact_folder(run)
-    if folder is None:
-        return None, f"its artifacts {run.artifact_uri or '(none)'} are not files of this machine"
-    target = Path(os.path.normpath(folder / CHECKPOINT_ARTIFACTS))
-    base = next((b for b in (Path(os.path.normpath(root)), root.resolve()) if target.is_relative_to(b) and target != b), None)
-    if base is None:
-        return None, f"its artifact folder {folder} lies outside the store's folder {root}"
-    part = target
-    while part != base:
-        if part.is_symlink():
-            return None, f"{part} is a symbolic link (it leads out of the store's folder {root})"
-        part = part.parent
-    if Path(os.path.normpath(folder)).parts[-2:] != (run.run_id, "artifacts"):
-        # MLflow gives each run <experiment's location>/<run id>/artifacts: a record pointing elsewhere (another
-        # run's folder: its checkpoints were removed with this run's) is not this run's to prune
-        return None, f"its artifact folder {folder} is not its own (<experiment's location>/{run.run_id}/artifacts)"
-    return target, None
 
 
 def measure(folder: Path) -> tuple[int, int]:

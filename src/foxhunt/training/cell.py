@@ -29,8 +29,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.schema import validate
 from foxhunt.runs.cell import CellKey, CellResult, cell_name
-from foxhunt.runs.checkpoints import BEST_CHECKPOINT, CHECKPOINT_ARTIFACTS, check_folder_owner, stored_checkpoints
+from foxhunt.runs.checkpoints import (
+    BEST_CHECKPOINT,
+    CHECKPOINT_ARTIFACTS,
+    check_folder_owner,
+    drop_superseded_checkpoints,
+    stored_checkpoints,
+)
 from foxhunt.runs.config_hash import config_hash
+from foxhunt.runs.environment import sqlite_path
 from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, plan_resume, rewind_run
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
@@ -187,11 +194,26 @@ def _fit(cfg: DictConfig, name: str, tags: dict[str, str], parent_run_id: str | 
         finally:  # an interrupted run's checkpoints too (logger.log_checkpoints: which ones)
             if run is not None:
                 best = best_checkpoint(callbacks)
+                names = []
                 for path in stored_checkpoints(
                     checkpoint_files(callbacks, run.run_id), cfg.logger.log_checkpoints, finished, best
                 ):
-                    _log_checkpoint(run, path, BEST_CHECKPOINT if path == best else path.name)
+                    names.append(BEST_CHECKPOINT if path == best else path.name)
+                    _log_checkpoint(run, path, names[-1])
+                if finished and reopened is not None:  # what the stopped attempts logged, superseded now
+                    _drop_superseded(cfg, run.run_id, names)
     return metrics, scores, (run.run_id if run is not None else None)
+
+
+def _drop_superseded(cfg: DictConfig, run_id: str, kept: list[str]) -> None:
+    """A resumed run that finished stores what a run never stopped stores
+    (:func:`foxhunt.runs.checkpoints.drop_superseded_checkpoints`; a SQLite store's own files only)."""
+    database = sqlite_path(cfg.logger.tracking_uri)
+    if database is None:
+        return
+    removed = drop_superseded_checkpoints(RunStore(cfg.logger.tracking_uri).get(run_id), database.parent, kept)
+    if removed:
+        log.info("run %s finished: its stopped attempts' %s removed from its stored checkpoints", run_id, ", ".join(removed))
 
 
 def _log_checkpoint(run, path: Path, name: str) -> None:
