@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
 from configs import compose_train_config, synthetic_source
@@ -85,8 +86,8 @@ def test_a_dqn_smoke_run_reproduces_identical_in_its_own_run(tmp_path):
     victim = tmp_path / "victim"
     config["callbacks"]["model_checkpoint"].update(dirpath=str(victim), filename="../outside")
     path.write_text(yaml.safe_dump(config))
-    _one_line_exit_2(_reproduce(tmp_path, original), f"run {original} (dqn-es-fp32): config.yaml hashes to ",
-                     f"config_hash={tags[Tag.CONFIG_HASH]}: the file was changed after the run")  # fmt: skip
+    _one_line_exit_2(_reproduce(tmp_path, original), f"run {original} (dqn-es-fp32): config.yaml is not the file its run "
+                     "logged", "the file was changed after the run")  # fmt: skip
     assert not victim.exists() and not (tmp_path / "outside.ckpt").exists()
     assert len(RunStore(_uri(tmp_path)).search(REPRODUCTIONS_EXPERIMENT)) == 1  # the first, honest one only
 
@@ -320,7 +321,7 @@ def test_a_resumed_runs_threads_are_its_last_recorded_attempts():
     from foxhunt.runs.reproduce import Original
 
     def original(provenance):
-        return Original(run=None, config=None, checkpoints={}, provenance=provenance)
+        return Original(run=None, config=None, config_path=Path("config.yaml"), checkpoints={}, provenance=provenance)
 
     killed_first = original({"original": {DATA_FILE: {}}, "resumed-1": {DEVICE_FILE: {"torch_threads": 1}}})
     assert killed_first.threads == 1 and DEVICE_FILE in killed_first.recorded()
@@ -330,3 +331,24 @@ def test_a_resumed_runs_threads_are_its_last_recorded_attempts():
     }
     assert original(many).threads == 10  # the last attempt (10th), not the last by name (resumed-3)
     assert original({"original": {}}).threads is None
+
+
+def test_a_stored_config_is_checked_by_its_logged_digest_else_by_its_config_hash(tmp_path):
+    """The run's config.sha256 tag decides (a roll's challenger, whose data.cache_dir is a literal
+    path, hashed otherwise and was refused, so no roll promoted: found by a helper); a run logged
+    before the tag falls back to its config_hash; a run with neither is refused."""
+    from foxhunt.config.schema import resolved_config
+    from foxhunt.errors import ConfigError
+    from foxhunt.runs.provenance import file_sha256
+    from foxhunt.training.reproduce import check_stored_hash, stored_hash
+
+    stored = OmegaConf.create(resolved_config(compose_train_config(["model=dqn", "trainer=smoke"], tmp_path)))
+    path = tmp_path / "config.yaml"
+    path.write_text(OmegaConf.to_yaml(stored))
+    check_stored_hash(stored, {Tag.CONFIG_DIGEST: file_sha256(path), Tag.CONFIG_HASH: "not-checked"}, "run r", path)
+    check_stored_hash(stored, {Tag.CONFIG_HASH: stored_hash(stored)}, "run r", path)
+    for tags, line in (({Tag.CONFIG_DIGEST: "0" * 64}, "config.yaml is not the file its run logged"),
+                       ({Tag.CONFIG_HASH: "0" * 16}, "config.yaml hashes to "),
+                       ({}, "its run has no config.sha256 or config_hash tag")):  # fmt: skip
+        with pytest.raises(ConfigError, match=line):
+            check_stored_hash(stored, tags, "run r", path)

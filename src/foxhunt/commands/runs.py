@@ -145,7 +145,7 @@ def reproduce(
             original = rp.open_original(store, rp.resolve_target(store, target), workdir)
         origin = f"run {original.run.run_id} ({original.run.name})"
         with reported(PROG):  # a config.yaml changed after its run: one line, nothing trained
-            check_stored_hash(original.config, original.run.tags.get(Tag.CONFIG_HASH), origin)
+            check_stored_hash(original.config, original.run.tags, origin, original.config_path)
         out_dir = reproduction_folder(root_dir, original.run.name)
         cfg = reproduction_config(original.config, out_dir, uri, _artifact_location(uri))
         with reported(PROG), contextlib.redirect_stdout(sys.stderr):  # the verdict alone on stdout

@@ -236,7 +236,7 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
     try:  # the run's artifact, read back from the store: it may name only foxhunt's own classes, and must hash
         # to the run's config_hash (an edited one chose where a roll's challenger, trained from it, wrote)
         cfg = load_stored_config(config_path, f"run {run_id} ({choice.run_name}): {CONFIG_FILE}")
-        check_stored_hash(cfg, store.get(run_id).tags.get(Tag.CONFIG_HASH), f"run {run_id} ({choice.run_name})")
+        check_stored_hash(cfg, store.get(run_id).tags, f"run {run_id} ({choice.run_name})", Path(config_path))
     except ConfigError as exc:
         raise RegistryError(str(exc)) from None
     origin = f"run {run_id} ({choice.run_name})"

@@ -133,6 +133,7 @@ class Original:
 
     run: StoredRun
     config: Any  # DictConfig, checked by load_stored_config
+    config_path: Path  # its config.yaml as downloaded
     checkpoints: dict[str, Path]  # name (best.ckpt, last.ckpt) -> downloaded file
     provenance: dict[str, dict[str, dict]]  # attempt -> provenance file name -> content
 
@@ -176,7 +177,8 @@ def open_original(store, run_id: str, workdir: Path) -> Original:
     root = workdir / "original"
     if CONFIG_ARTIFACT not in store.logged_files(run_id, ""):
         raise ReproduceError(f"{origin}: no {CONFIG_ARTIFACT} artifact: nothing to retrain it from")
-    config = load_stored_config(store.download(run_id, CONFIG_ARTIFACT, root), f"{origin}: {CONFIG_ARTIFACT}")
+    config_path = Path(store.download(run_id, CONFIG_ARTIFACT, root))
+    config = load_stored_config(config_path, f"{origin}: {CONFIG_ARTIFACT}")
     try:  # checked here, so a refusal names the file (the retrain's own said only 'config error: task: missing')
         validate(config)
     except ConfigError as exc:
@@ -193,7 +195,7 @@ def open_original(store, run_id: str, workdir: Path) -> Original:
         path = store.download(run_id, f"{CHECKPOINT_ARTIFACTS}/{name}", root)
         state_dict(path, f"{origin}: {CHECKPOINT_ARTIFACTS}/{name}")  # loads, or one line
         checkpoints[name] = path
-    return Original(run, config, checkpoints, read_provenance(store, run_id, root, origin))
+    return Original(run, config, config_path, checkpoints, read_provenance(store, run_id, root, origin))
 
 
 def _get_run(store, run_id: str) -> StoredRun:

@@ -28,6 +28,7 @@ class Tag:
     OUTPUT_DIR = "output_dir"  # the run's folder, updated on every attempt (checkpoints live there)
     TRIAL = "trial"  # a search sweep's trial (its Hydra job number; foxhunt.sweeps.search)
     CKPT_RUN = "ckpt.run_id"  # ckpt=: the run whose checkpoint this run started from
+    CONFIG_DIGEST = "config.sha256"  # SHA-256 of the config.yaml artifact as logged: what reads it back checks it by
     SCORES_DIGEST = "scores.sha256"  # <split>: SHA-256 of its scores/<split>.npz, so a cell reading it back checks it
     # What a reproduction compares (foxhunt.runs.provenance: the files under provenance/).
     DATA_DIGEST = "data.digest"  # SHA-256 of the bars read: each file's bytes and each split's bars (data.json)

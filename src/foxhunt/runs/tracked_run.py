@@ -17,6 +17,7 @@ the test split is scored, so :class:`AttachedMLFlowLogger` leaves the run's stat
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import traceback
@@ -170,6 +171,9 @@ class TrackedRun:
         if not self.resume_run_id:  # a reopened run has its params already
             self.store.log_params(self.run_id, flatten(resolved))
         self.store.log_text(self.run_id, yaml_text, CONFIG_ARTIFACT)
+        # the file's digest in the tracking store, the record foxhunt trusts: reproduce, register and a roll's
+        # challenger read the artifact back only if it is this (foxhunt.training.reproduce.check_stored_hash)
+        self.store.tag(self.run_id, {Tag.CONFIG_DIGEST: hashlib.sha256(yaml_text.encode("utf-8")).hexdigest()})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         self.store.log_metrics(self.run_id, metrics, step)

@@ -22,12 +22,12 @@ reads back nothing it did not make:
   round differently.
 
 Everything else (model, data source and files, split, seed, trainer, precision, ``ckpt``) is the
-original's, so its config hash is the original's too; :func:`check_stored_hash` refuses a stored
-config for which it is not. That is what keeps an edited ``config.yaml`` artifact from choosing
-where a reproduction, a roll's challenger or a registered version writes or what it trains: a
-checkpoint folder named into another run's artifacts, a ``../`` file name, another data file
-(found by a helper probing stored files). The run's ``config_hash`` tag is in the tracking store,
-the record foxhunt trusts; the artifact store's files are checked against it.
+original's, so its config hash is the original's too. :func:`check_stored_hash` refuses a stored
+config that is not the file its run logged: that is what keeps an edited ``config.yaml``
+artifact from choosing where a reproduction, a roll's challenger or a registered version writes
+or what it trains (a checkpoint folder named into another run's artifacts, a ``../`` file name,
+another data file: found by a helper probing stored files). The run's ``config.sha256`` tag is in
+the tracking store, the record foxhunt trusts; the artifact store's file is checked against it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import datetime
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from foxhunt.config.resolvers import run_suffix
 from foxhunt.errors import ConfigError
 from foxhunt.runs.config_hash import config_hash
+from foxhunt.runs.provenance import file_sha256
 from foxhunt.runs.tags import REPRODUCTIONS_EXPERIMENT, Tag
 from foxhunt.training.cell import run_cell
 
@@ -90,11 +91,21 @@ def stored_hash(stored: DictConfig) -> str:
     return config_hash(reproduction_config(stored, Path(OUTPUT_DIR), "", None))
 
 
-def check_stored_hash(stored: DictConfig, expected: str | None, origin: str) -> None:
-    """Refuse, in one line naming ``origin``, a stored config that does not hash to ``expected``,
-    the run's ``config_hash`` tag (module doc)."""
+def check_stored_hash(stored: DictConfig, tags: Mapping[str, str], origin: str, path: Path) -> None:
+    """Refuse, in one line naming ``origin``, a stored config (its file ``path``, read as
+    ``stored``) that is not what its run logged (module doc): its SHA-256 against the run's
+    ``config.sha256`` tag; a run logged before that tag, its config hash against ``config_hash``
+    (a user's ``${...}`` in an override can make an honest one differ: hashed as typed, stored resolved)."""
+    digest = tags.get(Tag.CONFIG_DIGEST)
+    if digest:
+        if file_sha256(path) != digest:
+            raise ConfigError(f"{origin}: config.yaml is not the file its run logged (its SHA-256 differs from the run's "
+                              f"{Tag.CONFIG_DIGEST}): the file was changed after the run; refused, nothing trained or written from it")  # fmt: skip
+        return
+    expected = tags.get(Tag.CONFIG_HASH)
     if not expected:
-        raise ConfigError(f"{origin}: its run has no config_hash tag, so its config.yaml cannot be checked; refused")
+        raise ConfigError(f"{origin}: its run has no {Tag.CONFIG_DIGEST} or config_hash tag, so its config.yaml cannot be "
+                          "checked; refused")  # fmt: skip
     found = stored_hash(stored)
     if found != expected:
         raise ConfigError(f"{origin}: config.yaml hashes to {found}, its run recorded config_hash={expected}: the file was "
