@@ -178,3 +178,18 @@ def test_stop_never_signals_another_jobs_training(tmp_path):
     script.write_text("import time; time.sleep(300)\n")
     _stop_refused(tmp_path, "fake0001", [sys.executable, str(script), "-m"], "it trains job 'aaaa0000'",
                   env={**os.environ, JOB_ID_ENV: "aaaa0000"})  # fmt: skip
+
+
+def test_stop_never_signals_a_foxhunt_train_no_job_launched(tmp_path):
+    """A launch file planted with the pid of a colleague's foxhunt-train started by hand (no job
+    id in its environment), created when the file says: 'train stop' SIGTERMed it (found by a
+    helper probing the job CLI). A launch file's pid must carry the job's own id."""
+    import os
+
+    from foxhunt.runs.environment import JOB_ID_ENV
+
+    script = tmp_path / "foxhunt-train"
+    script.write_text("import time; time.sleep(300)\n")
+    env = {k: v for k, v in os.environ.items() if k != JOB_ID_ENV}
+    _stop_refused(tmp_path, "fake0002", [sys.executable, str(script), "-m"],
+                  f"its environment names no job ({JOB_ID_ENV}): not a process foxhunt train start launched", env=env)  # fmt: skip

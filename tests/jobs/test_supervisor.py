@@ -16,6 +16,7 @@ import pytest
 from foxhunt.jobs.job_lock import LOCK_FD_FLAG, JobLock, JobLockHeld
 from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
 from foxhunt.jobs.views import find_job
+from foxhunt.runs.environment import JOB_ID_ENV
 
 
 def launch(
@@ -42,6 +43,7 @@ def launch(
         process = subprocess.Popen(
             [sys.executable, "-m", "foxhunt.jobs.supervisor", str(path), *handed, "--", *command], cwd=root, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock.fd,) if lock is not None else (),
+            env={**os.environ, JOB_ID_ENV: job_id},  # as foxhunt train start launches it: the job's id for all it starts
         )  # fmt: skip
     if lock is not None:
         lock.name_holder(process.pid, "the job's supervisor")

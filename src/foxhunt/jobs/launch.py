@@ -343,8 +343,9 @@ def check_stoppable(job: Job) -> int:
     if job.host and job.host != socket.gethostname():
         raise LaunchError(f"job {job.job_id} runs on host {job.host}: stop it there")
     pid = job.pid
+    launched = job.launch_file is not None and bool(job.launch_file.pid)  # the pid is a launch file's, not a run tag's
     if pid is None or not process_alive(pid, job.launch_file.started_ms if job.launch_file else None):
-        if pid is not None and _orphans(pid, job.job_id):  # its supervisor killed alone: training runs on in its group
+        if pid is not None and _orphans(pid, job.job_id, launched):  # its supervisor killed alone: training runs on
             return pid
         raise LaunchError(f"job {job.job_id}: its process (pid {pid}) is gone: it is stale, resume it")
     problem = _not_the_jobs_process(
@@ -355,10 +356,11 @@ def check_stoppable(job: Job) -> int:
     return pid
 
 
-def _orphans(leader: int, job_id: str) -> list[psutil.Process]:
+def _orphans(leader: int, job_id: str, launched: bool = False) -> list[psutil.Process]:
     """The live processes of the process group ``leader`` led, once ``leader`` is gone, where one
     of them runs job ``job_id`` (:func:`_runs_the_job`): a job whose supervisor was killed alone
-    (``kill -9`` of one pid) still trains in the group :func:`start` began; nothing otherwise."""
+    (``kill -9`` of one pid) still trains in the group :func:`start` began; nothing otherwise.
+    ``launched`` (the leader is a launch file's): one must carry the job's id in its environment."""
     members = []
     for process in psutil.process_iter(["pid", "cmdline"]):
         try:
@@ -366,7 +368,8 @@ def _orphans(leader: int, job_id: str) -> list[psutil.Process]:
                 members.append(process)
         except (ProcessLookupError, psutil.Error):
             continue
-    ours = [p for p in members if _runs_the_job(p.info["cmdline"] or [], job_id) and _job_of(p) in (None, job_id)]
+    owners = (job_id,) if launched else (None, job_id)
+    ours = [p for p in members if _runs_the_job(p.info["cmdline"] or [], job_id) and _job_of(p) in owners]
     return members if ours else []
 
 
@@ -392,6 +395,9 @@ def _not_the_jobs_process(pid: int, started_ms: int | None, job_id: str) -> str:
     other = _job_of(process)
     if other is not None and other != job_id:  # a planted launch file naming another job's training
         return f"it trains job {other[:64]!r}"
+    if other is None and started_ms is not None:  # a launch file's pid: start gave its process the job's id; a
+        # planted file naming a colleague's foxhunt-train (no job id) had it stopped (found by a helper probing jobs)
+        return f"its environment names no job ({JOB_ID_ENV}): not a process foxhunt train start launched"
     if started_ms is not None and abs(created_ms - started_ms) > LAUNCH_SLACK_S * 1000:
         when = datetime.fromtimestamp(created_ms / 1000).isoformat(timespec="seconds")
         return f"it started at {when}, not when the job was launched"
