@@ -309,3 +309,16 @@ def test_a_lock_that_cannot_be_opened_is_one_line(tmp_path, launched, planted_at
     assert result.exit_code == 2 and launched == [], result.output
     assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1, result.output
     assert "its lock" in result.stderr and "cannot be opened" in result.stderr
+
+
+def test_a_stored_sweep_folder_of_another_job_is_refused(planted, launched, tmp_path, jobs_store):
+    """A job.sweep_dir edited to another job's sweep folder: the resume reopened that job's parent
+    run, retagged it and rewrote its summary (found by a helper probing the job CLI)."""
+    folder = tmp_path / "outputs" / "sweeps" / "aaaa2222-sweep"
+    folder.mkdir(parents=True)
+    planted("sweep_dir", str(folder), runs=(jobs_store.runs["failed"],))  # job aaaa2222's sweep wrote it
+    planted("job.sweep_dir", str(folder))
+    result = runner.invoke(app, ["train", "start", "--resume", "bbbb3333", "--root", str(tmp_path)])
+    assert result.exit_code == 2 and launched == [], result.output
+    assert result.stderr.strip() == (f"foxhunt train: job bbbb3333: its stored sweep folder {folder} is job aaaa2222's (its "
+                                     "parent run names it): refused; start the grid again with foxhunt train start")  # fmt: skip

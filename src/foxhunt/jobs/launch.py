@@ -48,14 +48,14 @@ from foxhunt.config.stored import check_stored_overrides
 from foxhunt.errors import one_line_error
 from foxhunt.jobs.job_lock import LOCK_FD_FLAG, JobLock, JobLockHeld
 from foxhunt.jobs.launch_file import JOB_ID_PATTERN, LaunchFile, PlannedCell, jobs_dir, open_log
-from foxhunt.jobs.views import RESUME_FLAG, Job, find_job
+from foxhunt.jobs.views import RESUME_FLAG, Job, find_job, group_jobs
 from foxhunt.printable import visible
 from foxhunt.runs.cell import CellKey
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.environment import JOB_ID_ENV, ROOT_ENV
 from foxhunt.runs.liveness import process_alive, run_state
 from foxhunt.runs.status import OK_RESULTS, Status
-from foxhunt.runs.store import RunStore
+from foxhunt.runs.store import RunStore, open_reader
 from foxhunt.runs.tags import Tag
 
 # Lazy imports: (c) Hydra, the schema (pydantic), the grid in plan_cells: foxhunt train stop imports this module too
@@ -284,6 +284,7 @@ def resume(job: Job, root: Path, tracking_uri: str) -> Launched:
     with _lock(root, job.job_id, "foxhunt train start --resume") as lock:
         job = _refind(job, tracking_uri, root)
         _check_resumable(job, root)
+        _check_sweep_folder_owner(job, tracking_uri)
         if job.state == Status.STALE or any(r.state == Status.STALE for r in job.runs):
             settle(job, Status.KILLED, "stale", tracking_uri=tracking_uri, only_dead=True)
         return start(job.overrides, root, job_id=job.job_id, sweep_dir=job.sweep_dir or None, resume=True, lock=lock)
@@ -312,6 +313,22 @@ def _check_resumable(job: Job, root: Path) -> None:
         elif key == SWEEP_SUBDIR_KEY and (Path(value).is_absolute() or ".." in Path(value).parts):
             raise LaunchError(f"job {job.job_id}: its stored {SWEEP_SUBDIR_KEY}={value[:120]!r} leaves the sweep folder "
                               "(absolute, or '..'): refused; start the grid again with foxhunt train start")  # fmt: skip
+
+
+def _check_sweep_folder_owner(job: Job, tracking_uri: str) -> None:
+    """Refuse a stored sweep folder that another job's sweep wrote (its parent run names it): a
+    job whose job.sweep_dir tag was edited to another job's folder reopened that job's parent run
+    and rewrote its records and summary (found by a helper probing the job CLI)."""
+    if not job.sweep_dir:
+        return
+    wanted = Path(job.sweep_dir).expanduser().resolve()
+    for other in group_jobs(open_reader(tracking_uri).job_runs()):
+        if other.job_id == job.job_id or other.parent is None:
+            continue
+        theirs = other.parent.tags.get(Tag.SWEEP_DIR) or ""
+        if theirs and Path(theirs).expanduser().resolve() == wanted:
+            raise LaunchError(f"job {job.job_id}: its stored sweep folder {str(wanted)[:120]} is job {other.job_id}'s "
+                              "(its parent run names it): refused; start the grid again with foxhunt train start")  # fmt: skip
 
 
 def _check_sweep_folder(job_id: str, folder: Path, root: Path) -> None:

@@ -126,16 +126,19 @@ def sweep_hash(config: DictConfig) -> str:
 def find_parent_run(store, experiment: str, sweep_dir: str, digest: str, job_id: str | None = None) -> str | None:
     """The parent run a resumed sweep reopens (see the module doc), or None.
 
-    Newest parent run tagged with this sweep folder; else newest with this ``sweep_hash``, not
+    Newest parent run tagged with this sweep folder; else newest with this ``sweep_hash``; neither
     counting one that belongs to another job than ``job_id`` (when this sweep is a job's).
     """
     parents = store.search(experiment, tags={Tag.RUN_KIND: RUN_KIND_SWEEP})
+
+    def ours(run) -> bool:  # another job's parent is never reopened, whatever folder it names
+        return not job_id or (run.tags.get(Tag.JOB_ID) or None) in (None, job_id)
+
     for run in parents:
-        if run.tags.get(Tag.SWEEP_DIR) == sweep_dir:
+        if run.tags.get(Tag.SWEEP_DIR) == sweep_dir and ours(run):
             return run.run_id
     for run in parents:
-        owner = run.tags.get(Tag.JOB_ID) or None
-        if run.tags.get(Tag.SWEEP_HASH) == digest and (not job_id or owner in (None, job_id)):
+        if run.tags.get(Tag.SWEEP_HASH) == digest and ours(run):
             return run.run_id
     return None
 
