@@ -541,3 +541,31 @@ def test_a_folder_the_study_names_is_read_only_when_it_is_the_studys(tmp_path):
     assert "FAILED, retried as trial 1" in line  # not "its job had ended: told COMPLETE"
     assert not st.is_study_folder(stray, settings) and st.is_study_folder(tmp_path / "ours", settings)
     assert not st.is_study_folder(tmp_path / "ours", dataclasses.replace(settings, name="other"))
+
+
+def test_a_dead_jobs_result_is_told_only_as_its_run_in_the_store_backs_it(tmp_path):
+    """A cell.json planted in a dead search's sweep folder (trial 0: FINISHED, val/sharpe 999) was
+    told COMPLETE and became the best trial (found by a helper probing the job CLI). Told only when
+    its run is in the store, FINISHED, the trial's, with the value; else failed and retried."""
+    from foxhunt.runs.store import RunStore
+    from foxhunt.runs.tags import Tag
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = RunStore(uri)
+    experiment = store.ensure_experiment("foxhunt", str(tmp_path / "artifacts"))
+    settings = _settings(tmp_path)
+    study = st.open_study(settings)
+    honest, planted = _kill_with_running(study, tmp_path, 2)
+    for trial, told in ((honest, 1.5), (planted, 999.0)):
+        run_id = store.create(experiment, f"dqn-es-fp32-trial{trial.number}", {Tag.TRIAL: str(trial.number)})
+        store.log_metrics(run_id, {"val/sharpe": 1.5}, step=0)
+        store.end(run_id, "FINISHED")
+        CellResult(KEY, "FINISHED", run_id, trial=trial.number, metrics={"val/sharpe": told}).write(
+            tmp_path / f"dqn_es_fp32_trial{trial.number}"
+        )
+    lines = st.settle_stale(study, settings, tracking_uri=uri)
+    assert lines[0].endswith("its job had ended: told COMPLETE")
+    assert "its cell.json is not what the store holds (its run " in lines[1] and "val/sharpe=1.5, its cell.json 999.0" in lines[1]
+    assert lines[1].endswith("FAILED, retried as trial 2")
+    states = {t.number: (t.state, t.value) for t in study.get_trials()}
+    assert states[honest.number] == (TrialState.COMPLETE, 1.5) and states[planted.number][0] == TrialState.FAIL

@@ -73,8 +73,9 @@ from foxhunt.errors import ConfigError, UserError, one_line_error
 from foxhunt.runs.cell import CELL_RESULT_FILE, CellResult
 from foxhunt.runs.environment import sqlite_path
 from foxhunt.runs.leaderboard import METRIC_DIRECTIONS
-from foxhunt.runs.status import OK_RESULTS
+from foxhunt.runs.status import OK_RESULTS, Status
 from foxhunt.runs.store import RunStore
+from foxhunt.runs.tags import Tag
 
 log = logging.getLogger(__name__)
 
@@ -551,16 +552,19 @@ class Outcome:
     retry: bool = False  # a failure that is no verdict on the parameters (a stop): retried by the rule
 
 
+def _objective_key(objective: str, result: CellResult, settings: StudySettings) -> str:
+    """The metric an objective is read from: under walk-forward its mean across folds."""
+    if settings.walk_forward or f"{objective}{FOLD_MEAN_SUFFIX}" in result.metrics:
+        return objective + FOLD_MEAN_SUFFIX
+    return objective
+
+
 def objective_values(result: CellResult, settings: StudySettings) -> tuple[tuple[float, ...] | None, str | None]:
     """The trial's objective values from its result (its metrics): under walk-forward the mean
     across folds (``<metric>_fold_mean``); (None, why) when one is missing or not finite."""
     values = []
     for objective in settings.objectives:
-        key = (
-            objective + FOLD_MEAN_SUFFIX
-            if settings.walk_forward or f"{objective}{FOLD_MEAN_SUFFIX}" in result.metrics
-            else objective
-        )
+        key = _objective_key(objective, result, settings)
         value = result.metrics.get(key)
         if value is None or not math.isfinite(value):
             return None, f"{key} is {'missing' if value is None else value}"
@@ -633,9 +637,35 @@ def find_result(sweep_dir: Path | None, number: int, settings: StudySettings) ->
     return None, None
 
 
-def settle_stale(study, settings: StudySettings, alive: Callable[[Mapping[str, Any]], bool | None] = owner_alive) -> list[str]:
+def run_disagrees(tracking_uri: str, result: CellResult, number: int, values: tuple[float, ...],
+                  settings: StudySettings) -> str | None:  # fmt: skip
+    """Why the tracking store does not back a dead process's ``cell.json`` for trial ``number``
+    (None when it does): its run must be in the store, FINISHED, this trial's (unless resume
+    reused it), and hold each objective value told. A ``cell.json`` planted in the sweep folder
+    was told COMPLETE and became the search's best trial (found by a helper probing the job CLI)."""
+    if not result.run_id:
+        return "its cell.json names no run"
+    try:
+        run = RunStore(tracking_uri).get(result.run_id)
+    except Exception:  # noqa: BLE001 (no such run, or a store that cannot say: nothing backs it)
+        return f"its run {result.run_id[:40]!r} is not in the store"
+    if run.status != Status.FINISHED:
+        return f"its run {run.run_id} is {run.status}"
+    if result.status == Status.FINISHED and run.tags.get(Tag.TRIAL) != str(number):
+        return f"its run {run.run_id} is not trial {number}'s"
+    for objective, value in zip(settings.objectives, values):
+        key = _objective_key(objective, result, settings)
+        stored = run.metric(key)
+        if stored is None or not math.isclose(stored, value, rel_tol=1e-12, abs_tol=0.0):
+            return f"its run {run.run_id} has {key}={stored}, its cell.json {value}"
+    return None
+
+
+def settle_stale(study, settings: StudySettings, alive: Callable[[Mapping[str, Any]], bool | None] = owner_alive,
+                 tracking_uri: str | None = None) -> list[str]:  # fmt: skip
     """Settle the trials left RUNNING by a process that is gone (module doc); returns what was
-    done, one line per trial."""
+    done, one line per trial. With ``tracking_uri`` a result the dead process's job left is told
+    only if its run backs it (:func:`run_disagrees`); otherwise the trial is failed and retried."""
     done = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if not is_stale(trial, settings.grace_s, alive):
@@ -646,7 +676,12 @@ def settle_stale(study, settings: StudySettings, alive: Callable[[Mapping[str, A
         sweep_dir = trial.system_attrs.get(SWEEP_DIR)
         result, folder = find_result(Path(sweep_dir) if sweep_dir else None, trial.number, settings)
         outcome = outcome_of(result, bool(trial.user_attrs.get(PRUNED_AT) is not None), settings, folder)
-        if outcome.state != "fail":  # its job had ended, or the pruner had stopped it
+        why = None
+        if outcome.state == "complete" and tracking_uri is not None and result is not None:
+            why = run_disagrees(tracking_uri, result, trial.number, outcome.values, settings)
+        if why is not None:
+            gone = f"{gone}; its cell.json is not what the store holds ({why})"
+        elif outcome.state != "fail":  # its job had ended, or the pruner had stopped it
             tell(study, trial, outcome, settings.max_retries)
             done.append(f"trial {trial.number}: {gone}; its job had ended: told {outcome.state.upper()}")
             continue

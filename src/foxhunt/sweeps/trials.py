@@ -339,7 +339,8 @@ def _run_search(config, launcher, sweep_dir: Path, settings: st.StudySettings) -
     space = distributions(searched)
     study = st.open_study(settings)
     st.check_space(study, settings, space, (text.split("=", 1)[0].lstrip("+~") for text in fixed))
-    for line in st.settle_stale(study, settings):
+    tracking_uri = str(config.logger.tracking_uri) if config.logger.enabled else None  # what backs a dead job's result
+    for line in st.settle_stale(study, settings, tracking_uri=tracking_uri):
         log.warning("%s", line)
     workers, inline = worker_count(config, settings.n_jobs)
     before = st.trial_counts(study.get_trials(deepcopy=False))
