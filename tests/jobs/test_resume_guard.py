@@ -322,3 +322,45 @@ def test_a_stored_sweep_folder_of_another_job_is_refused(planted, launched, tmp_
     assert result.exit_code == 2 and launched == [], result.output
     assert result.stderr.strip() == (f"foxhunt train: job bbbb3333: its stored sweep folder {folder} is job aaaa2222's (its "
                                      "parent run names it): refused; start the grid again with foxhunt train start")  # fmt: skip
+
+
+def test_a_fifo_at_the_jobs_log_or_lock_and_a_planted_holder_are_one_line(tmp_path, launched):
+    """A FIFO at the job's log held the resume, its lock taken, for good; one at its lock was a
+    traceback (ftruncate: Invalid argument); a lock file's holder naming a host with a terminal
+    escape and a forged line was printed raw (found by a helper probing the job CLI)."""
+    import fcntl
+    import threading
+
+    folder = jobs_dir(tmp_path)
+    folder.mkdir(parents=True)
+    failed_job(tmp_path, "feed0005", ["model=dqn"])
+    os.mkfifo(folder / "feed0005.log")
+    done: list = []
+    worker = threading.Thread(target=lambda: done.append(runner.invoke(
+        app, ["train", "start", "--resume", "feed0005", "--root", str(tmp_path)])), daemon=True)  # fmt: skip
+    worker.start()
+    worker.join(timeout=30)
+    assert done, "the resume hung on a FIFO at the job's log"
+    assert done[0].exit_code == 2 and launched == [], done[0].output
+    assert done[0].stderr.strip() == (f"foxhunt train: job feed0005: its log {folder / 'feed0005.log'} cannot be opened "
+                                      "(not a regular file; a symbolic link is refused)")  # fmt: skip
+
+    (folder / "feed0005.log").unlink()
+    (folder / "feed0005.lock").unlink(missing_ok=True)  # the first resume's, released
+    os.mkfifo(folder / "feed0005.lock")
+    result = runner.invoke(app, ["train", "start", "--resume", "feed0005", "--root", str(tmp_path)])
+    assert result.exit_code == 2 and launched == [] and "Traceback" not in result.output, result.output
+    assert result.stderr.strip().startswith(f"foxhunt train: job feed0005: its lock {folder / 'feed0005.lock'} cannot be "
+                                            "opened (not a regular file")  # fmt: skip
+
+    (folder / "feed0005.lock").unlink()
+    lock = folder / "feed0005.lock"
+    lock.write_text(json.dumps({"pid": 1, "host": "h\x1b]0;PWNED\x07\r\nforged line", "what": "x", "since_ms": 1}))
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        result = runner.invoke(app, ["train", "start", "--resume", "feed0005", "--root", str(tmp_path)])
+    finally:
+        os.close(fd)
+    assert result.exit_code == 2 and "\x1b" not in result.stderr and "\x07" not in result.stderr, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and "h\\x1b]0;PWNED\\x07" in result.stderr

@@ -17,15 +17,18 @@ Linux): across hosts the store's RUNNING state still refuses a running job.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from datetime import datetime
 from pathlib import Path
 
 from foxhunt.jobs.launch_file import jobs_dir
+from foxhunt.printable import visible
 from foxhunt.runs.liveness import process_alive
 
 LOCK_SUFFIX = ".lock"
@@ -58,7 +61,10 @@ class JobLock:
         path = lock_path(root, job_id)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO planted there: a traceback from ftruncate before
+                os.close(fd)
+                raise OSError(errno.EINVAL, "not a regular file")
         except OSError as exc:  # a link or a folder planted at its name, the jobs folder a file: one line
             raise JobLockHeld(f"job {job_id}: its lock {path} cannot be opened ({exc.strerror or exc}; a symbolic link is "
                               "refused): remove what is at that path") from None  # fmt: skip
@@ -114,7 +120,8 @@ def _holder(raw: bytes) -> str:
         pid, host, what, since = int(data["pid"]), str(data["host"]), str(data["what"]), int(data["since_ms"])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, OverflowError):
         text = " ".join(raw.decode(errors="replace").split())[:HOLDER_TEXT]
-        return f"its lock file says {text!r}" if text else "it has not named itself yet"
+        return f"its lock file says {visible(text)!r}" if text else "it has not named itself yet"
     when = datetime.fromtimestamp(since / 1000).isoformat(timespec="seconds") if 0 < since < 2**42 else "?"
     gone = ", gone: a process it started still holds the lock" if host == socket.gethostname() and not process_alive(pid) else ""
-    return f"pid {pid} on {host[:HOLDER_TEXT]} ({what[:HOLDER_TEXT]}, since {when}{gone})"
+    # escaped: a host planted with a terminal escape and a forged line was printed raw (found by a helper)
+    return f"pid {pid} on {visible(host[:HOLDER_TEXT])} ({visible(what[:HOLDER_TEXT])}, since {when}{gone})"

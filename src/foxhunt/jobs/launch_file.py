@@ -9,11 +9,13 @@ for the moments before the store knows a job, or to tell a resume in progress (S
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shlex
 import socket
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +35,20 @@ def jobs_dir(root: Path) -> Path:
 
 def open_log(path: Path):
     """The job's log, opened to append; a symbolic link at its name (planted to have a job's
-    output written into another file) is refused with ``OSError`` (ELOOP), never followed."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a")
+    output written into another file) is refused with ``OSError`` (ELOOP), never followed, and
+    anything else that is not a regular file with ``OSError`` (EINVAL): a FIFO planted there held
+    the launch, its job's lock taken, for good (found by a helper probing the job CLI)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO no one reads
+            raise OSError(errno.EINVAL, "not a regular file", str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a")
 
 
 @dataclass
