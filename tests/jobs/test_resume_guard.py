@@ -364,3 +364,15 @@ def test_a_fifo_at_the_jobs_log_or_lock_and_a_planted_holder_are_one_line(tmp_pa
         os.close(fd)
     assert result.exit_code == 2 and "\x1b" not in result.stderr and "\x07" not in result.stderr, result.output
     assert len(result.stderr.strip().splitlines()) == 1 and "h\\x1b]0;PWNED\\x07" in result.stderr
+
+
+@pytest.mark.parametrize("written", ["resume=true", "resume=True", "resume=TRUE"])
+def test_train_start_with_resume_true_launches_a_resuming_sweep(tmp_path, launched, written):
+    """train start ... resume=true was dropped from the launch unless written just so: the cell
+    trained again beside its finished run (found by a helper probing the job CLI). Any case of
+    it resumes; the stored overrides hold none (a job's own resume adds it)."""
+    result = runner.invoke(app, ["train", "start", "model=dqn", written, "--root", str(tmp_path)])
+    assert result.exit_code == 0 and len(launched) == 1, result.output
+    (path,) = jobs_dir(tmp_path).glob("*.json")
+    filed = LaunchFile.read(path)
+    assert filed.command[-1] == "resume=true" and filed.overrides == ["model=dqn"]

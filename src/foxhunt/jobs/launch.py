@@ -195,13 +195,28 @@ def start(
     (taken here when not given) goes to the supervisor: it is held until the launch's last
     process exits."""
     root = Path(root).resolve()
-    overrides = [o for o in overrides if o not in MULTIRUN_FLAGS and o != RESUME_FLAG]
+    overrides, asked = _without_resume([o for o in overrides if o not in MULTIRUN_FLAGS])
+    resume = resume or asked
     plan, store = plan_cells(overrides, root)
     job_id = job_id or new_job_id()
     if lock is None:
         lock = _lock(root, job_id, "foxhunt train start")
     with lock:
         return _launch(overrides, root, job_id, sweep_dir, resume, lock, plan, store)
+
+
+def _without_resume(overrides: list[str]) -> tuple[list[str], bool]:
+    """The overrides without ``resume=true|false`` (any case; the launch adds it itself), and
+    whether it asked for resume: ``train start ... resume=true`` was dropped unless written just
+    so, and the cell trained again beside its finished run (found by a helper probing the job CLI)."""
+    kept, asked = [], False
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "resume" and value.strip().lower() in ("true", "false"):
+            asked = asked or value.strip().lower() == "true"
+            continue
+        kept.append(override)
+    return kept, asked
 
 
 def _lock(root: Path, job_id: str, what: str) -> JobLock:
