@@ -3,6 +3,7 @@ errors; stopping only the job's own process."""
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 
@@ -193,3 +194,17 @@ def test_stop_never_signals_a_foxhunt_train_no_job_launched(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != JOB_ID_ENV}
     _stop_refused(tmp_path, "fake0002", [sys.executable, str(script), "-m"],
                   f"its environment names no job ({JOB_ID_ENV}): not a process foxhunt train start launched", env=env)  # fmt: skip
+
+
+@pytest.mark.parametrize(("bad", "line"), [
+    ("hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0: must be an integer >= 1"),
+    ("hydra.sweeper.pruner=bogus", "hydra.sweeper.pruner=bogus: must be one of none, median, hyperband"),
+    ("model=ppo", "model.module.lr is no setting of the config"),
+])  # fmt: skip
+def test_a_search_whose_sweeper_settings_cannot_run_is_refused_before_it_starts(tmp_path, bad, line):
+    """train start of a search checked only its cell: a bad n_trials, pruner or search space was
+    reported started, exit 0, and failed in the background (found by a helper probing the job CLI)."""
+    from foxhunt.jobs.launch import LaunchError, plan_cells
+
+    with pytest.raises(LaunchError, match=re.escape(line)):
+        plan_cells(["hparams_search=dqn_optuna", "trainer=smoke", bad], tmp_path)

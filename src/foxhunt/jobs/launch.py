@@ -45,7 +45,7 @@ from typing import Any
 import psutil
 
 from foxhunt.config.stored import check_stored_overrides
-from foxhunt.errors import one_line_error
+from foxhunt.errors import ConfigError, one_line_error
 from foxhunt.jobs.job_lock import LOCK_FD_FLAG, JobLock, JobLockHeld
 from foxhunt.jobs.launch_file import JOB_ID_PATTERN, LaunchFile, PlannedCell, jobs_dir, open_log
 from foxhunt.jobs.views import RESUME_FLAG, Job, find_job, group_jobs
@@ -120,7 +120,7 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dic
     from omegaconf.errors import OmegaConfBaseException
 
     from foxhunt.config.compose import compose_config
-    from foxhunt.config.schema import ConfigError, validate
+    from foxhunt.config.schema import validate
     from foxhunt.sweeps.grid import expand_grid
 
     try:
@@ -145,12 +145,28 @@ def plan_cells(overrides: list[str], root: Path) -> tuple[list[PlannedCell], dic
         key = CellKey.from_config(cfg, config_hash(cfg))
         plan.append(PlannedCell(key, steps=steps, weight=round(steps * per_batch, 6), overrides=list(cell)))
         if not store:
+            _check_search(cfg, cell)
             store = {
                 "tracking_uri": str(cfg.logger.tracking_uri),
                 "experiment": str(cfg.logger.experiment),
                 "artifact_location": str(cfg.logger.artifact_location or ""),
             }
     return plan, store
+
+
+def _check_search(cfg, cell: list[str]) -> None:
+    """A search's own settings (hydra.sweeper: n_trials, the pruner, the sampler, the searched
+    keys), checked as foxhunt-train -m checks them before its parent run: a bad one was reported
+    started, exit 0, and failed in the background (found by a helper probing the job CLI)."""
+    from foxhunt.sweeps.search import check_search_config, is_search
+
+    if not is_search(cfg):
+        return
+    try:
+        check_search_config(cfg)
+    except (ConfigError, ValueError) as exc:
+        label = " ".join(cell) or "(defaults)"
+        raise LaunchError(f"config error in cell [{label}]: {_first_line(exc)}") from None
 
 
 def _first_line(exc: BaseException) -> str:
