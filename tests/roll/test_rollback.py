@@ -27,6 +27,7 @@ def _store(record: str):
         json.dumps([{"name": "foxhunt-dqn-es", "alias": "champion", "version": "2", "was": "0"}]),
         json.dumps([{"name": 5, "alias": "champion", "version": "2"}]),
         json.dumps(["x"]), json.dumps({"name": "x"}), "not json",
+        json.dumps({}), json.dumps([]),  # no moves: taken as an empty record and marked applied (found by a helper)
     ],
 )  # fmt: skip
 def test_an_edited_promotion_record_is_one_line(record):
@@ -74,3 +75,17 @@ def test_a_committed_promotion_naming_a_deleted_version_is_abandoned_not_refused
     (line,) = complete_pending(store, "roll")
     assert line.startswith("abandoned the promotion of run r1: it names foxhunt-dqn-es v2, which is not in the registry")
     assert tagged == {PROMOTION_STATE_TAG: ABANDONED}
+
+
+def test_a_dry_run_applies_no_pending_promotion():
+    """rollback --dry-run applied a committed-but-unapplied promotion (a forged record moved
+    @champion during a dry run: found by a helper probing the roll). It says what it would do."""
+    from foxhunt.ensemble.registry import complete_pending
+
+    record = json.dumps([{"name": "foxhunt-dqn-es", "alias": "champion", "version": "2", "was": "1"}])
+    store = _store(record)
+    store.get_version = lambda name, version: SimpleNamespace(version=version)
+    store.tag = lambda run_id, tags: pytest.fail("a record was tagged")
+    store.set_alias = lambda *args: pytest.fail("an alias moved")
+    (line,) = complete_pending(store, "roll", dry_run=True)
+    assert line.startswith("would complete the promotion of run r1, interrupted after its commit: ")

@@ -634,7 +634,10 @@ def pending_moves(store, journal: str | None) -> list[tuple[str, list[AliasMove]
     pending = []
     for run in sorted(found, key=lambda r: r.start_ms):
         try:
-            moves = [_recorded_move(m) for m in json.loads(run.tags.get(PROMOTION_TAG, ""))]
+            record = json.loads(run.tags.get(PROMOTION_TAG, ""))
+            if not isinstance(record, list) or not record:  # {} was an empty list of moves, marked applied
+                raise ValueError("not a non-empty list of moves")
+            moves = [_recorded_move(m) for m in record]
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise RegistryError(f"run {run.run_id} of experiment {journal!r}: its tag {PROMOTION_TAG} is not a promotion record "
                                 f"({type(exc).__name__}); the registry tags of that run were edited") from None  # fmt: skip
@@ -657,11 +660,16 @@ def _recorded_move(item: Any) -> AliasMove:
     return AliasMove(name, alias, str(version), None if was is None else str(was))
 
 
-def complete_pending(store, journal: str | None) -> list[str]:
-    """Apply every committed record not yet applied (under the registry lock); one line each."""
+def complete_pending(store, journal: str | None, dry_run: bool = False) -> list[str]:
+    """Apply every committed record not yet applied (under the registry lock); one line each.
+    ``dry_run``: say what would be applied, and write nothing (a rollback's dry run applied them)."""
     lines = []
     for run_id, moves in pending_moves(store, journal):
         gone = next((m for m in moves if store.get_version(m.name, m.version) is None), None)
+        if dry_run:
+            lines.append(f"would {'abandon' if gone is not None else 'complete'} the promotion of run {run_id}, interrupted "
+                         f"after its commit: {'; '.join(m.line() for m in moves)}")  # fmt: skip
+            continue
         if gone is not None:  # none of it can be applied whole: abandoned, the aliases as they were (it was refused
             # for good before: every roll, rollback and register refused, while ensembles loaded the aliases)
             store.tag(run_id, {PROMOTION_STATE_TAG: ABANDONED})

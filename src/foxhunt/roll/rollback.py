@@ -33,7 +33,7 @@ def rollback_ensemble(cfg, dry_run: bool = False) -> Rollback:
     store = RunStore(str(cfg.logger.tracking_uri))
     key = str(cfg.asset.key)
     with store.exclusive(REGISTRY_LOCK):
-        lines = complete_pending(store, str(roll.experiment))
+        lines = complete_pending(store, str(roll.experiment), dry_run=dry_run)
         moves, skipped = [], []
         for name in registered_names(cfg):
             try:
