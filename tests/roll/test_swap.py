@@ -160,7 +160,7 @@ PAPER = ["paper.split=val", "paper.speed=6000", "paper.view=never", "paper.fill_
          "paper.risk.max_daily_loss_usd=null", "paper.risk.max_drawdown_usd=null", "paper.risk.stale_minutes=null"]  # fmt: skip
 
 
-def test_paper_runs_across_two_promotions_and_equals_a_replay_switching_at_the_same_bars(swap_store, tmp_path):
+def test_paper_runs_across_two_promotions_and_equals_a_replay_switching_at_the_same_bars(swap_store, tmp_path, capfd):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -218,6 +218,12 @@ def test_paper_runs_across_two_promotions_and_equals_a_replay_switching_at_the_s
     # the ledger resumes: its bars replayed with their versions, every row equal
     again = run_paper(cfg, tmp_path / "work-again")
     assert "resumed" in again.text and _versions(ledger) == versions
+    # ... and trades on with the champion of now, not its last bar's: after a rollback to v1, v3 decided on (found by a
+    # helper probing the roll)
+    promote(swap_store, "1")
+    capfd.readouterr()
+    run_paper(cfg, tmp_path / "work-rolled-back")
+    assert f"swap: {NAME} v3 -> v1 (fp32) as the session resumed, warmed on " in capfd.readouterr().err
 
 
 def test_paper_refuses_a_version_whose_files_changed_and_goes_on(swap_store, tmp_path, capfd):

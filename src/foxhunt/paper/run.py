@@ -131,6 +131,8 @@ def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
     watcher: VersionWatcher | None = None
     try:
         last = session.resume(getattr(feed, "history", None))
+        for line in session.swapped_back:
+            _say(f"swap: {line}")
         swap = cfg.roll.swap if cfg.get("roll") is not None else None
         if swap is not None and swap.poll_s is not None:
             watcher = VersionWatcher(cfg, workdir, {n: f.version for n, f in session.members.items()}, _say).start()

@@ -76,6 +76,7 @@ class PaperSession:
                  members: list | None = None, loader=None, holdout: float | None = None) -> None:  # fmt: skip
         self.engine = engine
         self.members = {f.name: f for f in members or []}
+        self.loaded = dict(self.members)  # what the session was started with (the aliases now): it trades on after a resume
         self.loader = loader
         self.watcher: VersionWatcher | None = None
         self.holdout = holdout or None
@@ -95,6 +96,7 @@ class PaperSession:
         self.ensemble_ns: list[int] = []
         self.bars = 0
         self.resumed_bars = 0
+        self.swapped_back: list[str] = []  # what a resume swapped back to the members loaded at start
         self.stale_flagged: set[str] = set()
         self.done = False
         self.priming: list = []
@@ -172,7 +174,24 @@ class PaperSession:
             replayed.close()
         self.resumed_bars = len(stored)
         self.bars, self.added_ns, self.ensemble_ns, self.latest = 0, [], [], Latest()
+        self.swapped_back = self._back_to_loaded()
         return max(self.last_ts.values())
+
+    def _back_to_loaded(self) -> list[str]:
+        """After the replay (which swapped in each stored bar's versions), the members the session
+        was started with, warmed on the replayed bars as a live swap warms them: a resumed session
+        traded on with its last stored bar's versions, so a version rolled back since traded again
+        (found by a helper probing the roll). One line per member swapped."""
+        lines = []
+        for name, found in self.loaded.items():
+            old = self.members.get(name)
+            if old is None or old is found or old.label == found.label:  # the same version decides on
+                continue
+            warmed = self.engine.swap(found.member, found.inputs, found.value, list(self.streams.values()))
+            self.members[name] = found
+            lines.append(f"{name} v{old.version} -> v{found.version} ({found.member.weights}) as the session resumed, warmed on "
+                         f"{warmed} bars")  # fmt: skip
+        return lines
 
     # -- bars ------------------------------------------------------------------------------
     def on_bar(self, bar, versions: str | None = None) -> None:
