@@ -66,6 +66,17 @@ def test_a_tie_keeps_the_champion(store):
     assert kept.run_id == first
 
 
+def test_a_run_whose_metric_is_not_finite_is_never_chosen(store):
+    """An inf val/sharpe was chosen, passed the gate, and was refused only at the model check
+    naming member.json (found by a helper probing stored files); a NaN broke the ordering."""
+    uri, artifacts = store
+    honest = _run(uri, artifacts, {"val/sharpe": 1.5})
+    for value in (float("inf"), float("nan")):
+        _run(uri, artifacts, {"val/sharpe": value})
+    (choice,) = choose_champions(RunStore(uri), "foxhunt", "es", ["dqn"], "val/sharpe")
+    assert (choice.run_id, choice.considered, choice.without_metric) == (honest, 1, 2)
+
+
 @pytest.fixture(scope="module")
 def lockbox_root(tmp_path_factory):
     """A store with one FINISHED DQN run that kept the last 10% of its bars as a lockbox."""

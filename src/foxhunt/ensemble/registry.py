@@ -62,6 +62,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,10 +158,17 @@ class Choice:
         return self.run_id
 
 
+def _finite(value: float | None) -> bool:
+    """A metric value a champion can be chosen by: finite, and not MLflow's stand-in for an
+    infinite one (its SQL store keeps +-inf as +-the largest float)."""
+    return value is not None and math.isfinite(value) and abs(value) < sys.float_info.max
+
+
 def choose_champions(store, experiment: str, asset: str, families: list[str], metric: str,
                      incumbents: dict[str, str] | None = None) -> list[Choice]:  # fmt: skip
-    """The best FINISHED run per family of ``asset`` by ``metric`` (see the module doc); on a
-    tie the family's ``incumbents`` run (its champion now) stays, else the newest run wins."""
+    """The best FINISHED run per family of ``asset`` by ``metric`` (see the module doc), among runs
+    with a finite value of it; on a tie the family's ``incumbents`` run (its champion now) stays,
+    else the newest run wins."""
     direction = metric_direction(metric)
     if store.experiment_id(experiment) is None:
         raise RegistryError(f"experiment {experiment!r} (task): not in the store; train first (foxhunt-train task={experiment})")
@@ -168,7 +176,9 @@ def choose_champions(store, experiment: str, asset: str, families: list[str], me
     for family in families:
         runs = store.search_finished_runs(experiment, f"tags.asset = '{asset}' and tags.model = '{family}'")
         runs = [r for r in runs if r.tags.get(Tag.ROLE) != ROLE_FOLD]  # a fold or seed is part of its cell
-        scored = [r for r in runs if r.metric(metric) is not None]
+        # a finite value only: an inf val/sharpe (a store edited, a degenerate run) was chosen, passed the gate and was
+        # refused only at the model check, naming member.json; NaN broke the ordering (found by a helper)
+        scored = [r for r in runs if _finite(r.metric(metric))]
         incumbent = (incumbents or {}).get(family)
         best = max(scored, key=lambda r: ((r.metric(metric) if direction == "max" else -r.metric(metric)),
                                           r.run_id == incumbent, r.start_ms), default=None)  # fmt: skip
