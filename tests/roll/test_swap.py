@@ -306,10 +306,18 @@ def test_serve_answers_every_request_across_a_swap(swap_store):
         for thread in clients:
             thread.join(timeout=600)
         info = _info(url)
+        # idle, no request coming: /info names the members that decide the next bar (it named the old ones until a
+        # request came: found by a helper probing the roll)
+        promote(swap_store, "3")
+        deadline = time.monotonic() + 60
+        while _info(url)["members"][NAME]["version"] != "3" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        idle = _info(url)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
     assert info["members"][NAME]["version"] == "2" and len(info["swaps"]) == 1 and "v1 -> v2" in info["swaps"][0]
+    assert idle["members"][NAME]["version"] == "3" and "v2 -> v3" in idle["swaps"][-1]
     for symbol, got in answers.items():
         assert [status for status, _, _ in got] == [200] * len(bars), symbol  # every request answered
         assert [ts for _, ts, _ in got] == [ts for _, _, ts in got]  # each bar answered once, in order

@@ -372,6 +372,13 @@ class EnsembleService:
         if self.watcher is not None:
             self.watcher.stop()
 
+    def apply_swaps(self) -> None:
+        """Swap in what the watcher has loaded (on the compute thread, between two batches): /info
+        calls it first, so it names the members that decide the next bar (with no traffic it named
+        the old ones until a request came: found by a helper probing the roll)."""
+        if self.watcher is not None:
+            self._swap(self.watcher)
+
     def _swap(self, watcher: VersionWatcher) -> None:
         """Swap in what the watcher loaded, between two batches (on the compute thread)."""
         for found in watcher.take():
@@ -918,6 +925,7 @@ def build_app(service: EnsembleService, guard: Guard):
         return PlainTextResponse("ok")
 
     async def info(request: Request):
+        await asyncio.get_running_loop().run_in_executor(batcher.pool, service.apply_swaps)
         return JSONResponse({**service.info(), "connections": guard.info()})
 
     @contextlib.asynccontextmanager
