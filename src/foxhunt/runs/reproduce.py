@@ -139,7 +139,7 @@ class Original:
 
     @property
     def threads(self) -> int | None:
-        device = next((files[DEVICE_FILE] for files in reversed(self.attempts()) if DEVICE_FILE in files), {})
+        device: dict = next((files[DEVICE_FILE] for files in reversed(self.attempts()) if DEVICE_FILE in files), {})
         threads = device.get("torch_threads")
         return threads if isinstance(threads, int) and not isinstance(threads, bool) else None
 
