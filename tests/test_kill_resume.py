@@ -2,7 +2,7 @@
 ``foxhunt-train`` processes on a shared SQLite store, as tests/test_run_records.py).
 
 - ``kill -9`` then ``resume=true``: the run continues, each (metric, step) holds one value, for
-  the agents (whose optimizer steps outrun their logging steps), a forecaster and a walk-forward
+  the agents (whose optimizer steps outrun their logging steps) and a walk-forward
   cell (its cell run reopened, nothing left RUNNING). The killed runs are real processes (the kill
   is the point); their resumes run in the test's process (tests/train_entry.py), one after another;
 - slow: killed anywhere after a checkpoint, the resumed fit ends with the weights and metrics of
@@ -33,13 +33,13 @@ from run_records_helpers import (
 )
 from waiting import wait_until
 
-# (label, overrides): three families whose step units differ, and a walk-forward cell. Epochs of
+# (label, overrides): two agents whose step units differ, and a walk-forward cell (a forecaster's kill
+# and resume: the slow cases below, and tests/training/test_resume_point.py in-process). Epochs of
 # 40 batches: the kill falls after the first epoch's checkpoint, in the second or third epoch, as
 # it did with the 60-200 batches of before (more batches only made each fit, and its resume, longer).
 KILLED = {
     "dqn": ["model=dqn", *TINY["dqn"], "trainer.limit_train_batches=40"],
     "ppo": ["model=ppo", *TINY["ppo"], "trainer.limit_train_batches=40"],
-    "mamba2": ["model=mamba2", *TINY["mamba2"], "trainer.limit_train_batches=40"],
     "walk_forward": [
         "model=dqn",
         *TINY["dqn"],
@@ -78,7 +78,7 @@ def _killable(root: Path, walk_forward: bool) -> bool:
 
 
 def test_kill_9_then_resume_continues_the_run_with_each_metric_step_once(tmp_path, monkeypatch, capfd):
-    """Each of DQN, PPO, Mamba-2 and a walk-forward DQN cell: a ``foxhunt-train`` process killed
+    """Each of DQN, PPO and a walk-forward DQN cell: a ``foxhunt-train`` process killed
     with SIGKILL after its checkpoint and a few logged steps beyond it, then ``resume=true`` (in the
     test's process): the same run (the same cell run) ends FINISHED, every (metric, step) holds one
     value, and no run is left RUNNING."""
