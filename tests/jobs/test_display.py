@@ -102,3 +102,19 @@ def test_the_watch_view_has_a_row_per_cell_and_an_eta_at_the_jobs_pace_only_whil
     # tft (weight 4) half done, dqn (weight 1) not started: 40% in 10 min, 15 min to go at that pace
     assert overall[0] == "overall" and overall[-5:] == ["40%", "elapsed", "10m00s", "eta", "15m00s"]
     assert shown(watch_view(jobs["aaaa1111"], later)).splitlines()[-1].split()[-5:] == ["100%", "elapsed", "2h00m", "eta", "-"]
+
+
+def test_a_jobs_error_row_keeps_the_end_of_its_log_tail():
+    """A launch that failed is tagged with its log's last lines, the "=== start" header first:
+    the row showed its first 200 characters, and the error line itself was cut off (found by a
+    helper probing the job CLI)."""
+    from types import SimpleNamespace
+
+    from foxhunt.jobs.display import job_header
+
+    error = " | ".join(["=== start 2026-12-05 09:30:00 foxhunt-train -m " + "x " * 80, "foxhunt-train: cannot prepare the sweep: "
+                        "config error: hydra.sweeper.pruner=bogus: must be one of none, median, hyperband"])  # fmt: skip
+    job = SimpleNamespace(job_id="j1", state="FAILED", parent=None, start_ms=NOW_MS, duration_s=lambda now: 1.0, command="",
+                          pid=None, host="", log="", error=error)  # fmt: skip
+    text = shown(job_header(job, NOW_MS), width=400)
+    assert "hydra.sweeper.pruner=bogus: must be one of none, median, hyperband" in text and "=== start" not in text

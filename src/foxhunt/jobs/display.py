@@ -18,6 +18,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from foxhunt.errors import one_line
 from foxhunt.jobs.listing import Page
 from foxhunt.jobs.views import METRIC_LOSS, METRIC_PEAK_MB, METRIC_SHARPE, Job, JobCell, resumable_checkpoint_of
 from foxhunt.printable import shown
@@ -118,8 +119,8 @@ def job_header(job: Job, now_ms: int) -> Table:
         grid.add_row("process", shown(f"pid {job.pid} on {job.host or '?'}"))
     if job.log:
         grid.add_row("log", shown(job.log))
-    if job.error:
-        grid.add_row("error", shown(job.error[:ERROR_WIDTH], style="red"))
+    if job.error:  # its end: a launch's error is its log's last lines, the header first (found by a helper)
+        grid.add_row("error", shown(one_line(job.error, ERROR_WIDTH, keep_end=True), style="red"))
     return grid
 
 
