@@ -233,19 +233,27 @@ def test_a_runs_edited_dataset_manifest_is_refused_not_registered(store_root, ed
     probing the registry) and a damaged one was a TypeError traceback. It must say what the run's
     config and data yield now; the refusal is one line and registers nothing."""
     import json
+
+    _refused_with_edited_artifact(store_root, "dataset.json", lambda text: json.dumps(edit(json.loads(text))),
+                                  f"edited{len(message)}", message)  # fmt: skip
+
+
+def _refused_with_edited_artifact(store_root, name: str, edit, prefix: str, message: str) -> None:
+    """Every FINISHED DQN run's artifact ``name`` edited (``edit``: its text to the new text), then
+    register refused in one line naming ``message``, nothing registered; the files put back."""
     from pathlib import Path
 
     c = client(store_root)
     experiment = c.get_experiment_by_name("foxhunt").experiment_id
     runs = c.search_runs([experiment], "tags.model = 'dqn' and attributes.status = 'FINISHED'")
-    files = [Path(r.info.artifact_uri.removeprefix("file://")) / "dataset.json" for r in runs]  # local: edited, then put back
+    files = [Path(r.info.artifact_uri.removeprefix("file://")) / name for r in runs]  # local: edited, then put back
     saved = {path: path.read_text() for path in files}
     try:
         for path, text in saved.items():
-            path.write_text(json.dumps(edit(json.loads(text))))
+            path.write_text(edit(text))
         test_bad_input_gets_one_line_and_registers_nothing_half_way(
             store_root, ["ensemble", "register", "asset=es", "ensemble.gate=none", "ensemble.models=[dqn]",
-                         f"ensemble.registry_prefix=edited{len(message)}"], message)  # fmt: skip
+                         f"ensemble.registry_prefix={prefix}"], message)  # fmt: skip
     finally:
         for path, text in saved.items():
             path.write_text(text)
@@ -254,25 +262,14 @@ def test_a_runs_edited_dataset_manifest_is_refused_not_registered(store_root, ed
 def test_a_runs_config_edited_after_the_run_is_refused_not_registered(store_root):
     """A run's config.yaml is an artifact of the store; register copied an edited one into the
     version, and a roll's challenger trained from it wrote where it said (a checkpoint folder in
-    another run's artifacts: found by a helper probing stored files). It must hash to the run's
-    config_hash tag, the tracking store's record; the refusal is one line and registers nothing."""
-    from pathlib import Path
-
+    another run's artifacts: found by a helper probing stored files). It must be the file its run
+    logged (its config.sha256 tag, the tracking store's record); the refusal is one line and
+    registers nothing."""
     import yaml
 
-    c = client(store_root)
-    experiment = c.get_experiment_by_name("foxhunt").experiment_id
-    runs = c.search_runs([experiment], "tags.model = 'dqn' and attributes.status = 'FINISHED'")
-    files = [Path(r.info.artifact_uri.removeprefix("file://")) / "config.yaml" for r in runs]  # local: edited, then put back
-    saved = {path: path.read_text() for path in files}
-    try:
-        for path, text in saved.items():
-            config = yaml.safe_load(text)
-            config["callbacks"]["model_checkpoint"]["dirpath"] = "/tmp/elsewhere"
-            path.write_text(yaml.safe_dump(config))
-        test_bad_input_gets_one_line_and_registers_nothing_half_way(
-            store_root, ["ensemble", "register", "asset=es", "ensemble.gate=none", "ensemble.models=[dqn]",
-                         "ensemble.registry_prefix=edited-config"], "the file was changed after the run")  # fmt: skip
-    finally:
-        for path, text in saved.items():
-            path.write_text(text)
+    def elsewhere(text: str) -> str:
+        config = yaml.safe_load(text)
+        config["callbacks"]["model_checkpoint"]["dirpath"] = "/tmp/elsewhere"
+        return yaml.safe_dump(config)
+
+    _refused_with_edited_artifact(store_root, "config.yaml", elsewhere, "edited-config", "the file was changed after the run")

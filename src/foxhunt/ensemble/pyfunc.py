@@ -138,10 +138,11 @@ def bar_rows(frame: pd.DataFrame) -> list[tuple[int, float, float, float, float,
 def _numbers(column: pd.Series, name: str) -> list[float]:
     if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
         return column.to_numpy(dtype=np.float64).tolist()
-    for row, value in enumerate(column.tolist()):
+    values = column.tolist()
+    for row, value in enumerate(values):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise MlflowException(f"{name}, row {row}: {str(value)[:64]!r} is not a number", INVALID_PARAMETER_VALUE)
-    return [float(v) for v in column.tolist()]
+    return [float(v) for v in values]
 
 
 #: Folders :func:`save_member_model` wrote in this process and nothing has logged yet (resolved

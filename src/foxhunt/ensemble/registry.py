@@ -62,7 +62,6 @@ import math
 import os
 import shutil
 import signal
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +89,7 @@ from foxhunt.ensemble.pyfunc import check_model_folder, save_member_model, stamp
 from foxhunt.ensemble.rebuild import rebuild_model
 from foxhunt.errors import ConfigError, one_line_error
 from foxhunt.files import read_regular_file
-from foxhunt.runs.leaderboard import METRIC_DIRECTIONS  # the one table of metric directions
+from foxhunt.runs.leaderboard import METRIC_DIRECTIONS, finite_metric  # the one table of directions, the one finite rule
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore, is_version_number
 from foxhunt.runs.tags import ROLE_CELL, ROLE_FOLD, Tag
@@ -158,12 +157,6 @@ class Choice:
         return self.run_id
 
 
-def _finite(value: float | None) -> bool:
-    """A metric value a champion can be chosen by: finite, and not MLflow's stand-in for an
-    infinite one (its SQL store keeps +-inf as +-the largest float)."""
-    return value is not None and math.isfinite(value) and abs(value) < sys.float_info.max
-
-
 def choose_champions(store, experiment: str, asset: str, families: list[str], metric: str,
                      incumbents: dict[str, str] | None = None) -> list[Choice]:  # fmt: skip
     """The best FINISHED run per family of ``asset`` by ``metric`` (see the module doc), among runs
@@ -178,7 +171,7 @@ def choose_champions(store, experiment: str, asset: str, families: list[str], me
         runs = [r for r in runs if r.tags.get(Tag.ROLE) != ROLE_FOLD]  # a fold or seed is part of its cell
         # a finite value only: an inf val/sharpe (a store edited, a degenerate run) was chosen, passed the gate and was
         # refused only at the model check, naming member.json; NaN broke the ordering (found by a helper)
-        scored = [r for r in runs if _finite(r.metric(metric))]
+        scored = [r for r in runs if finite_metric(r.metric(metric)) is not None]
         incumbent = (incumbents or {}).get(family)
         best = max(scored, key=lambda r: ((r.metric(metric) if direction == "max" else -r.metric(metric)),
                                           r.run_id == incumbent, r.start_ms), default=None)  # fmt: skip
@@ -243,13 +236,13 @@ def prepare(store, choice: Choice, name: str, metric: str, workdir: Path, enviro
         raise RegistryError(f"run {run_id} ({choice.run_name}): no checkpoints/best.ckpt or last.ckpt artifact to register")
     ckpt_path = store.download(run_id, checkpoint, downloads)
     config_path = store.download(run_id, CONFIG_FILE, downloads)
-    try:  # the run's artifact, read back from the store: it may name only foxhunt's own classes, and must hash
-        # to the run's config_hash (an edited one chose where a roll's challenger, trained from it, wrote)
-        cfg = load_stored_config(config_path, f"run {run_id} ({choice.run_name}): {CONFIG_FILE}")
-        check_stored_hash(cfg, store.get(run_id).tags, f"run {run_id} ({choice.run_name})", Path(config_path))
+    origin = f"run {run_id} ({choice.run_name})"
+    try:  # the run's artifact, read back from the store: it may name only foxhunt's own classes, and must be the file
+        # its run logged (an edited one chose where a roll's challenger, trained from the version's copy, wrote)
+        cfg = load_stored_config(config_path, f"{origin}: {CONFIG_FILE}")
+        check_stored_hash(cfg, store.get(run_id).tags, origin, Path(config_path))
     except ConfigError as exc:
         raise RegistryError(str(exc)) from None
-    origin = f"run {run_id} ({choice.run_name})"
     bars, dataset = _read_dataset(cfg, origin)
     stored = None
     if DATASET_FILE in store.logged_files(run_id, ""):  # a run trained before dataset.json was logged has none

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,11 +214,11 @@ class Row:
         """JSON-ready: every non-finite number is None (JSON's null)."""
         baseline = None
         if self.baseline is not None:
-            baseline = {"name": self.baseline.name, "metric": self.baseline.metric, "value": _finite(self.baseline.value)}
+            baseline = {"name": self.baseline.name, "metric": self.baseline.metric, "value": finite_metric(self.baseline.value)}
         return {
-            "group": dict(self.group), "data": self.data, "metric": self.metric, "value": _finite(self.value),
-            "ci_low": _finite(self.ci_low), "ci_high": _finite(self.ci_high), "baseline": baseline,
-            "dsr": _finite(self.dsr), "dsr_trials": self.dsr_trials, "runs": self.runs, "scored": self.scored,
+            "group": dict(self.group), "data": self.data, "metric": self.metric, "value": finite_metric(self.value),
+            "ci_low": finite_metric(self.ci_low), "ci_high": finite_metric(self.ci_high), "baseline": baseline,
+            "dsr": finite_metric(self.dsr), "dsr_trials": self.dsr_trials, "runs": self.runs, "scored": self.scored,
             "run_id": self.run_id, "run_name": self.run_name, "start_ms": self.start_ms,
         }  # fmt: skip
 
@@ -319,11 +320,11 @@ def top(source: Source, query: Query) -> Leaderboard:
     sign = 1.0 if direction == MAX else -1.0
     winners = []
     for key, members in groups.items():
-        scored = [(r, v) for r in members if (v := _finite(r.metric(query.metric))) is not None]
+        scored = [(r, v) for r in members if (v := finite_metric(r.metric(query.metric))) is not None]
         if not scored:
             continue
         best, value = min(scored, key=lambda rv: (-sign * rv[1], -rv[0].start_ms, rv[0].run_id))
-        trials = [v for r in members if (v := _finite(r.metric(trial_key))) is not None]
+        trials = [v for r in members if (v := finite_metric(r.metric(trial_key))) is not None]
         winners.append((key, best, value, len(members), len(scored), trials, dsr_trial_count(members, trial_key)))
     winners.sort(key=lambda w: (-sign * w[2], w[0]))
     if query.limit is not None:
@@ -337,13 +338,13 @@ def top(source: Source, query: Query) -> Leaderboard:
         metrics = details.get(best.run_id, {})
         rows.append(Row(
             group=dict(zip(query.by, key[:-1])), data=key[-1] or None, metric=query.metric, value=value,
-            ci_low=_finite(metrics.get(ci_keys[0])), ci_high=_finite(metrics.get(ci_keys[1])),
+            ci_low=finite_metric(metrics.get(ci_keys[0])), ci_high=finite_metric(metrics.get(ci_keys[1])),
             baseline=best_baseline(metrics, baseline_prefix, metric_parts(query.metric)[1], direction),
             dsr=_winner_dsr(metrics, query, trials, n_trials), dsr_trials=n_trials, runs=n_runs, scored=n_scored,
             run_id=best.run_id, run_name=best.name, start_ms=best.start_ms,
         ))  # fmt: skip
     unscored = len(groups) - sum(1 for members in groups.values()
-                                 if any(_finite(r.metric(query.metric)) is not None for r in members))  # fmt: skip
+                                 if any(finite_metric(r.metric(query.metric)) is not None for r in members))  # fmt: skip
     return Leaderboard(query=query, direction=direction, rows=rows, groups=len(groups), unscored_groups=unscored,
                        considered=len(cells))  # fmt: skip
 
@@ -362,7 +363,7 @@ def best_baseline(metrics: dict[str, float], prefix: str, name: str, direction: 
         found = []
         for key, value in metrics.items():
             parts = key[len(prefix) :].split("/") if key.startswith(prefix) else []
-            if len(parts) == 2 and parts[1] == quantity and _finite(value) is not None:
+            if len(parts) == 2 and parts[1] == quantity and finite_metric(value) is not None:
                 found.append(Baseline(parts[0], key, value))
         if found:
             sign = 1.0 if way == MAX else -1.0
@@ -378,7 +379,7 @@ def dsr_trial_count(members: Sequence[StoredRun], trial_key: str) -> int:
     plain = 0
     searches: dict[tuple[str, tuple[str, ...]], list[int]] = {}
     for run in members:
-        scored = _finite(run.metric(trial_key)) is not None
+        scored = finite_metric(run.metric(trial_key)) is not None
         study, count = run.tags.get(Tag.STUDY), str(run.tags.get(SEARCH_TRIALS_TAG) or "")
         if study and count.isdigit():
             seen = searches.setdefault((study, tuple(run.tags.get(k, "") for k in CELL_KEY_TAGS)), [0, 0])
@@ -389,7 +390,7 @@ def dsr_trial_count(members: Sequence[StoredRun], trial_key: str) -> int:
 
 
 def _winner_dsr(metrics: dict[str, float], query: Query, trials: list[float], n_trials: int | None = None) -> float | None:
-    sr, steps, skew, kurtosis = (_finite(metrics.get(query.split_key(name))) for name in DSR_INPUTS)
+    sr, steps, skew, kurtosis = (finite_metric(metrics.get(query.split_key(name))) for name in DSR_INPUTS)
     if sr is None or steps is None or skew is None or kurtosis is None or not trials:
         return None
     return deflated_sharpe(sr, trials, int(steps), skew, kurtosis, n_trials)
@@ -408,8 +409,11 @@ def deflated_sharpe(sr: float, trial_srs: Sequence[float], n_obs: int, skew: flo
         return None
 
 
-def _finite(value: float | None) -> float | None:
+def finite_metric(value: float | None) -> float | None:
+    """A stored metric value as a number to rank by, or None: NaN, infinite, or MLflow's stand-in
+    for an infinite one (its SQL store keeps +-inf as +-the largest float) rank nowhere. The one
+    rule for the leaderboard and registration's choice of champions."""
     if value is None:
         return None
     value = float(value)
-    return value if math.isfinite(value) else None
+    return value if math.isfinite(value) and abs(value) < sys.float_info.max else None
