@@ -533,3 +533,23 @@ def test_an_exhausted_account_stops_whatever_the_limits(tmp_path, on_breach):
     assert s.state.status == STOPPED and s.state.reason.startswith("account exhausted: equity -302.25 USD")
     assert [kind for kind, _ in book["events"]] == ["breach"] and book["events"][0][1].endswith("flatten, then stop")
     assert ended.startswith("stopped by a risk limit: account exhausted") and book["positions"][-1] == 0
+
+
+def test_a_session_a_breach_stopped_books_no_bar_when_restarted(tmp_path):
+    """A session stopped by a breach (flat, nothing pending) ended; each restart on its ledger
+    booked one more flat bar before it saw it was done (found by a helper probing the paper
+    ledger). A restart ends at once, its ledger as it was."""
+    bars = [bar(i, 4800.0 - 10 * i, 4800.0 - 10 * (i + 1)) for i in range(8)]
+    path = tmp_path / "paper.sqlite"
+    s = session(path, lambda ts: 1, limits(max_daily_loss_usd=600.0), slippage=0.0)
+    ended = s.run(iter(bars), lambda: False)
+    stored = len(s.ledger.stored_bars())
+    assert ended.startswith("stopped by a risk limit: max daily loss") and stored < len(bars)
+    s.ledger.close()
+    for _ in range(2):
+        again = session(path, lambda ts: 1, limits(max_daily_loss_usd=600.0), slippage=0.0)
+        last = again.resume()
+        later = [b for b in bars if b.ts_ns > last]
+        assert later and again.run(iter(later), lambda: False) == ended
+        assert len(again.ledger.stored_bars()) == stored and again.bars == 0
+        again.ledger.close()

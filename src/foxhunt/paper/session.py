@@ -329,7 +329,11 @@ class PaperSession:
             self.latest.events = [stale]
 
     def run(self, feed, should_stop, view=None, clock=time.time_ns) -> str:
-        """Drive the feed until it ends, ``should_stop()`` or a stopping limit; why it ended."""
+        """Drive the feed until it ends, ``should_stop()`` or a stopping limit; why it ended. A
+        resumed session a limit stopped (flat, nothing pending) ends before its first bar: it
+        booked one more flat bar on each restart (found by a helper probing the paper ledger)."""
+        if self.done:
+            return f"stopped by a risk limit: {self.state.reason}"
         for item in feed:
             if should_stop():
                 return "stopped by signal"
