@@ -119,6 +119,16 @@ def plan_resume(tracking_uri: str, experiment: str, digest: str, download_dir: P
     return ResumePlan(why_fresh=f"no run with config_hash {digest} to continue ({'; '.join(left)})")
 
 
+def settle_refused(tracking_uri: str, plan: ResumePlan) -> None:
+    """A resume refused after it was planned (its checkpoint damaged or another run's): a stale
+    run it would have continued ends KILLED, as one not continued does, rather than staying
+    RUNNING with its process gone (found by a helper probing resume)."""
+    if plan.previous_status != Status.STALE or plan.run_id is None:
+        return
+    RunStore(tracking_uri).end(plan.run_id, Status.KILLED, {Tag.STOP_REASON: SETTLED_REASON})
+    log.info("run %s: RUNNING without its process, its resume refused: ended KILLED", plan.run_id)
+
+
 def rewind_run(tracking_uri: str, run_id: str, step: int, saved_at_ms: int) -> None:
     """Before a run continues from a checkpoint of step ``step`` taken at ``saved_at_ms``: the
     metric values it logged after it (work lost with a kill) leave the store, so each step is

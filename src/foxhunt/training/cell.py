@@ -38,11 +38,11 @@ from foxhunt.runs.checkpoints import (
 )
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.environment import sqlite_path
-from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, plan_resume, rewind_run
+from foxhunt.runs.resume import BUSY, FRESH, RESUME, SKIP, ResumePlan, plan_resume, rewind_run, settle_refused
 from foxhunt.runs.status import Status
 from foxhunt.runs.store import RunStore
 from foxhunt.runs.tags import ROLE_CELL, Tag
-from foxhunt.training.checkpoint import check_checkpoint
+from foxhunt.training.checkpoint import CheckpointError, check_checkpoint
 from foxhunt.training.fit import (
     best_checkpoint,
     build_callbacks,
@@ -154,7 +154,11 @@ def _resumed(cfg: DictConfig, plan: ResumePlan) -> DictConfig:
     if plan.folder is not None:
         cfg = continued_in(cfg, plan.folder)
     if plan.checkpoint is not None:
-        checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {run_id}: checkpoint", run_id=run_id)
+        try:
+            checked = check_checkpoint(cfg, plan.checkpoint, key=f"resume of run {run_id}: checkpoint", run_id=run_id)
+        except CheckpointError:
+            settle_refused(cfg.logger.tracking_uri, plan)
+            raise
         rewind_run(cfg.logger.tracking_uri, run_id, checked.logging_step, checked.saved_at_ms)
     else:
         rewind_run(cfg.logger.tracking_uri, run_id, 0, 0)
