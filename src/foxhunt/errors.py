@@ -77,6 +77,7 @@ def one_line_error(exc: BaseException, *, with_type: bool = True, first_line: bo
 #: Exit status of a command stopped by an error in its input (config, data, checkpoint, store).
 EXIT_USER_ERROR = 2
 EXIT_ON_SIGTERM = 128 + 15  # the shell's status for a process ended by SIGTERM
+EXIT_ON_INTERRUPT = 128 + 2  # ... and by Ctrl-C (SIGINT)
 #: Asking for the traceback of an input error: ``FOXHUNT_DEBUG=1`` (or Hydra's own
 #: ``HYDRA_FULL_ERROR=1``) in the environment, or ``--debug`` on the command line.
 DEBUG_ENV = "FOXHUNT_DEBUG"

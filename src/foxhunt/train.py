@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from foxhunt.errors import EXIT_ON_SIGTERM, ConfigError, FolderError, debug_requested, is_user_error, reported, strip_debug_flag
+from foxhunt.errors import ConfigError, FolderError, debug_requested, is_user_error, reported, strip_debug_flag
 
 if TYPE_CHECKING:
     from foxhunt.runs.cell import CellResult
@@ -41,6 +41,7 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
     import lightning.pytorch  # noqa: F401  (imported now so that its handlers exist to remove)
 
     from foxhunt.training.cell import OBJECTIVE
+    from foxhunt.training.graceful_stop import stop_exit_status
 
     # Lightning adds console handlers of its own (to `lightning` and `lightning.pytorch`); under
     # Hydra the root logger prints already, so each message would appear twice.
@@ -58,7 +59,7 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
             outcome = run_cell(cfg, before_fit=lambda: _use_configured_threads(cfg))
     except SystemExit as exc:
         if not exc.code:  # Lightning's SIGTERMException carries no code, which would exit 0
-            raise SystemExit(EXIT_ON_SIGTERM) from exc
+            raise SystemExit(stop_exit_status()) from exc
         raise
     return outcome.metrics.get(OBJECTIVE)
 

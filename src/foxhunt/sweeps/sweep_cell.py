@@ -35,7 +35,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from foxhunt.errors import EXIT_ON_SIGTERM, error_line
+from foxhunt.errors import error_line
 from foxhunt.runs.cell import CellKey, CellResult
 from foxhunt.runs.config_hash import config_hash
 from foxhunt.runs.environment import PARENT_RUN_ENV
@@ -48,6 +48,7 @@ from foxhunt.sweeps.pruning import TrialPruned
 from foxhunt.sweeps.resources import DeviceSlot, configured_threads, cuda_devices
 from foxhunt.sweeps.search import job_overrides, trial_number, trial_study
 from foxhunt.sweeps.slurm import Preemption, SlurmJob
+from foxhunt.training.graceful_stop import stop_exit_status
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult
             if fate == LEFT_KILLED:
                 return None
             if isinstance(exc, SystemExit) and not exc.code:  # Lightning's SIGTERMException
-                raise SystemExit(EXIT_ON_SIGTERM) from exc  # not 0: the run did not finish
+                raise SystemExit(stop_exit_status()) from exc  # not 0: the run did not finish
             raise
         log.error("%s %s FAILED (the sweep goes on): %s", "trial" if trial is not None else "cell", result.cell, result.error)
         return None

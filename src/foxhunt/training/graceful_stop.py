@@ -36,6 +36,9 @@ run runs, a SIGTERM that comes outside a fit is remembered and raised as Lightni
 ``SIGTERMException`` at the run's next phase boundary (:func:`check_stop`: before a fit, after
 the test, before each fold or seed), never in the middle of a store write; a fit that starts
 first stops after its first step. The run then ends KILLED, exit status 143.
+
+A process a stop ended exits with :func:`stop_exit_status`: 130 after Ctrl-C, as a shell reports
+a process Ctrl-C ended (it exited 143, SIGTERM's, before), else 143.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from foxhunt.errors import EXIT_ON_INTERRUPT, EXIT_ON_SIGTERM
 from foxhunt.runs.checkpoints import INTERRUPTED_CHECKPOINT
 
 #: what signal.getsignal returns and signal.signal takes (signal.Handlers are ints)
@@ -65,11 +69,17 @@ INTERRUPT = signal.SIGINT  # Ctrl-C: the same stop; a second one stops at once (
 _catching: GracefulStop | None = None  # the callback whose fit holds the stop signals now
 _requested: str | None = None  # a stop requested while no fit ran, for the next fit
 _pending: str | None = None  # a SIGTERM that came while no fit ran, raised at the next phase boundary
+_stopped_by: str | None = None  # the signal (or request) of the last stop asked for: the exit status
 
 
 def is_stop_request(exception: BaseException) -> bool:
     """True for the exceptions that mean "the user asked the run to stop"."""
     return isinstance(exception, (SIGTERMException, KeyboardInterrupt))
+
+
+def stop_exit_status() -> int:
+    """The exit status of a process a stop ended (module doc): 130 for Ctrl-C, else 143."""
+    return EXIT_ON_INTERRUPT if _stopped_by == INTERRUPT.name else EXIT_ON_SIGTERM
 
 
 def request_stop(reason: str) -> None:
@@ -116,11 +126,12 @@ _chained: list[Handler] = []  # the SIGTERM handler stop_between_phases found, i
 
 
 def _on_sigterm(signum: int, frame) -> None:
-    global _pending
+    global _pending, _stopped_by
     if _chained and callable(_chained[-1]):
         _chained[-1](signum, frame)
     if _catching is not None:  # a fit holds the stop signals: Lightning's own handler stops it after its step
-        return
+        return  # (and calls this one too when the fit's stop is delivered: that stop keeps its signal)
+    _stopped_by = "SIGTERM"
     if _pending is None:
         log.warning("SIGTERM: the run stops at its next phase boundary")
     _pending = "SIGTERM"
@@ -177,9 +188,10 @@ class GracefulStop(pl.Callback):
 
     def stop(self, reason: str) -> None:
         """Stop this fit after its step in flight (Lightning's SIGTERM stop); once per fit."""
+        global _stopped_by
         if self.stop_signal is not None:
             return
-        self.stop_signal = reason
+        self.stop_signal = _stopped_by = reason
         log.warning("%s: the fit stops after its current step (checkpoint %s)", reason, self.dirpath / INTERRUPTED_CHECKPOINT)
         if self._lightning_listens:
             self._deliver()
