@@ -242,6 +242,20 @@ def test_a_zstd_compressed_csv_download_reads_as_its_dbn_file(real_data_dir, tmp
     pd.testing.assert_frame_equal(databento_source(str(tmp_path)).load(ES), databento_source(str(csv)).load(ES))  # a folder
 
 
+@pytest.mark.realdata
+def test_a_zstd_csv_download_cut_short_is_refused_not_read_shorter(real_data_dir, tmp_path):
+    """A Databento .csv.zst cut between blocks read as its first records, exit 0 (found by a
+    helper probing the data); it is refused as the .dbn.zst is."""
+    from test_csv import cut_zstd
+
+    meta, records = decode(real_data_dir / "databento" / HISTORICAL)
+    text = encode(tmp_path / "export.csv", meta, records, dbn.Encoding.CSV, pretty_px=True, map_symbols=True).read_text()
+    whole, cut_at = cut_zstd(text, rows_per_block=5)
+    (tmp_path / "cut.csv.zst").write_bytes(whole[:cut_at])
+    with pytest.raises(BarDataError, match=r"cut\.csv\.zst: truncated: the zstd data ends inside a frame"):
+        databento_source(str(tmp_path / "cut.csv.zst")).load(ES)
+
+
 # ------------------------------------------------------------------------------ parent symbol
 TRADE_DATES = pd.date_range("2025-03-03", periods=5, freq="D")  # Monday..Friday
 # per trading date: volume per contract (ESH5 < ESM5 < ESU5 by expiry; a spread; another root)

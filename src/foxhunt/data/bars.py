@@ -321,7 +321,13 @@ def unreadable(file: str | Path, exc: BaseException, what: str) -> BarDataError:
             f"{name}: truncated: the compressed data ends before its end-of-stream marker "
             f"(the file was cut short; download or copy it again)"
         )
-    if isinstance(exc, zlib.error) or "CRC check failed" in text or "Not a gzipped file" in text or "Bad CRC-32" in text:
+    if (
+        isinstance(exc, zlib.error)
+        or type(exc).__name__ == "ZstdError"
+        or "CRC check failed" in text
+        or "Not a gzipped file" in text
+        or "Bad CRC-32" in text
+    ):
         return BarDataError(f"{name}: corrupt compressed data ({text}); download or copy the file again")
     if isinstance(exc, zipfile.BadZipFile):
         try:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from zstandard import ZstdError
 
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import (
@@ -29,6 +30,7 @@ from foxhunt.data.bars import (
     validate_bars,
 )
 from foxhunt.data.errors import BarDataError
+from foxhunt.data.zstd import ZSTD_SUFFIX, check_zstd_file
 from foxhunt.errors import one_line
 
 #: A time of day followed by its zone (Z, +hh, +hhmm, +hh:mm): a timestamp that carries its own offset.
@@ -142,6 +144,8 @@ class CsvBarSource:
     def _read_file(self, file: Path, asset: AssetSpec) -> pd.DataFrame:
         origin = str(file)
         ts_name = self.columns["ts"]
+        if file.name.lower().endswith(ZSTD_SUFFIX):  # cut short, it read as fewer rows: refused whole
+            check_zstd_file(file)
         try:
             raw = pd.read_csv(
                 file,
@@ -149,7 +153,7 @@ class CsvBarSource:
                 dtype={ts_name: str} if self.timestamp_unit is None else None,
                 skipinitialspace=True,
             )
-        except (OSError, ValueError, UnicodeDecodeError, EOFError, zlib.error) as exc:
+        except (OSError, ValueError, UnicodeDecodeError, EOFError, zlib.error, ZstdError) as exc:
             raise unreadable(file, exc, "CSV") from None
         missing = [name for name in self.columns.values() if name not in raw.columns]
         if missing:

@@ -5,7 +5,7 @@ frame (:data:`RAW_COLUMNS`), with the symbols resolved from the DBN symbol mappi
 ``symbol`` column or definition records; :class:`_Definitions` collects what definition
 records say of each instrument (symbol, expiration, tick, contract size) and the open interest
 of statistics records. Integrity is checked before anything is decoded into a shorter series:
-a zstd stream is walked frame by frame (RFC 8878) so a cut download is an error, a DBN file
+a zstd stream is walked frame by frame (:mod:`foxhunt.data.zstd`) so a cut download is an error, a DBN file
 whose last record is incomplete is an error, a null price (2**63-1, an empty decimal field)
 names its record. :mod:`foxhunt.data.sources.databento` builds the continuous series from
 these records.
@@ -25,6 +25,7 @@ from pathlib import Path
 import databento_dbn as dbn
 import numpy as np
 import pandas as pd
+from zstandard import ZstdError
 
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import (
@@ -32,6 +33,7 @@ from foxhunt.data.bars import (
     unreadable,
 )
 from foxhunt.data.errors import BarDataError
+from foxhunt.data.zstd import ZSTD_MAGIC, ZSTD_SUFFIX, check_zstd_file, zstd_problem
 from foxhunt.errors import one_line
 
 FIXED_PRICE_SCALE = dbn.FIXED_PRICE_SCALE  # 1e9 raw units per 1.0 of price
@@ -48,7 +50,6 @@ RAW_COLUMNS = (
 CSV_REQUIRED = ("ts_event", "instrument_id", "open", "high", "low", "close", "volume")
 CSV_PRICE_FORMATS = ("auto", "fixed", "decimal")
 
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _DECODE_CHUNK = 1 << 23
 _BAR_SPACINGS = {1: "ohlcv-1s", 60: "ohlcv-1m", 3600: "ohlcv-1h", 86400: "ohlcv-1d"}
 _OHLCV_DTYPE = np.dtype(
@@ -133,9 +134,9 @@ def _decode_dbn(file: Path) -> tuple[dbn.Metadata, list]:
     try:
         with open(file, "rb") as handle:
             head = handle.read(4)
-            if head[:4] == _ZSTD_MAGIC:
+            if head[:4] == ZSTD_MAGIC:
                 compression = dbn.Compression.ZSTD
-                problem = _zstd_problem(handle)
+                problem = zstd_problem(handle)
                 if problem is not None:
                     raise BarDataError(f"{file}: {problem}")
                 handle.seek(len(head))
@@ -177,7 +178,7 @@ def _dbn_metadata(file: Path, chunk_bytes: int = 1 << 16):
     called missing; found by a helper probing the data)."""
     with open(file, "rb") as handle:
         head = handle.read(chunk_bytes)
-        compression = dbn.Compression.ZSTD if head[:4] == _ZSTD_MAGIC else dbn.Compression.NONE
+        compression = dbn.Compression.ZSTD if head[:4] == ZSTD_MAGIC else dbn.Compression.NONE
         decoder = dbn.DBNDecoder(compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
         try:
             decoder.write(head)
@@ -201,69 +202,6 @@ def _panic(file: Path, exc: BaseException) -> BarDataError:
     if type(exc).__name__ != "PanicException":
         raise exc
     return BarDataError(f"{file}: corrupt DBN data, its decoder gave up ({one_line(str(exc))[:200]})")
-
-
-_ZSTD_FRAME_MAGIC = 0xFD2FB528
-_ZSTD_SKIPPABLE = range(0x184D2A50, 0x184D2A60)
-_ZSTD_RESERVED_BLOCK = 3
-
-
-def _zstd_problem(handle) -> str | None:
-    """Why the zstd data of ``handle`` is not whole ("truncated: ...", "corrupt ...": the frame
-    layout of RFC 8878 walked block by block, nothing decompressed), or None.
-
-    The DBN decoder stops quietly where a cut zstd stream ends, so a download cut short would
-    read as fewer records (or none): each frame must end with its last block (and checksum)."""
-    size = handle.seek(0, 2)
-    pos = 0
-
-    def read(at: int, count: int) -> bytes | None:
-        if at + count > size:
-            return None
-        handle.seek(at)
-        return handle.read(count)
-
-    cut = "truncated: the zstd data ends inside a frame at byte {} of {} (the file was cut short)"
-    while pos < size:
-        magic = read(pos, 4)
-        if magic is None:
-            return cut.format(pos, size)
-        number = int.from_bytes(magic, "little")
-        if number in _ZSTD_SKIPPABLE:
-            skipped = read(pos + 4, 4)
-            if skipped is None or pos + 8 + int.from_bytes(skipped, "little") > size:
-                return cut.format(pos, size)
-            pos += 8 + int.from_bytes(skipped, "little")
-            continue
-        if number != _ZSTD_FRAME_MAGIC:
-            return f"corrupt zstd data: no zstd frame at byte {pos} of {size}"
-        descriptor = read(pos + 4, 1)
-        if descriptor is None:
-            return cut.format(pos, size)
-        flags = descriptor[0]
-        if flags & 0x08:
-            return f"corrupt zstd data: reserved bit set in the frame header at byte {pos}"
-        single = bool(flags & 0x20)
-        header = (0 if single else 1) + (0, 1, 2, 4)[flags & 0x03] + ((1 if single else 0), 2, 4, 8)[flags >> 6]
-        pos += 5 + header
-        while True:
-            block = read(pos, 3)
-            if block is None:
-                return cut.format(pos, size)
-            value = int.from_bytes(block, "little")
-            kind, length = (value >> 1) & 0x03, value >> 3
-            if kind == _ZSTD_RESERVED_BLOCK:
-                return f"corrupt zstd data: a reserved block type at byte {pos}"
-            pos += 3 + (1 if kind == 1 else length)
-            if pos > size:
-                return cut.format(size, size)
-            if value & 0x01:
-                break
-        if flags & 0x04:
-            pos += 4
-            if pos > size:
-                return cut.format(size, size)
-    return None
 
 
 def _mapping_table(metadata) -> pd.DataFrame:
@@ -473,9 +411,11 @@ def _schema_from_name(file: Path) -> str | None:
 
 
 def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
+    if file.name.lower().endswith(ZSTD_SUFFIX):  # cut short, it read as fewer rows: refused whole
+        check_zstd_file(file)
     try:
         raw = pd.read_csv(file, dtype={"symbol": object})
-    except (OSError, ValueError, UnicodeDecodeError, EOFError, zlib.error) as exc:
+    except (OSError, ValueError, UnicodeDecodeError, EOFError, zlib.error, ZstdError) as exc:
         raise unreadable(file, exc, "CSV") from None
     missing = [c for c in CSV_REQUIRED if c not in raw.columns]
     if missing:
