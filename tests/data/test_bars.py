@@ -140,6 +140,24 @@ def test_each_violation_names_origin_row_and_field(frame, expected):
     assert "\n" not in message
 
 
+def test_a_bar_time_outside_a_streams_range_or_a_boolean_column_is_refused(tmp_path):
+    """Databento's null time (2**64-1, read as -1 ns) and a negative time loaded as bars of 1969,
+    which a stream refuses; a CSV column of 'True' loaded as prices of 1.0 (found by a helper
+    probing the data). Both are refused, naming the row."""
+    before = bars(GOOD, start="1969-12-31 23:58")
+    with pytest.raises(BarDataError, match=r"^f: row 0 \(1969-12-31T23:58:00\+00:00\): a bar time outside the times foxhunt "
+                                           r"reads \(1970-01-01T00:00:00\+00:00 \.\. 2200-01-01T00:00:00\+00:00, as a stream\)$"):  # fmt: skip
+        validate_bars(before, 0.25, origin="f")
+    with pytest.raises(BarDataError, match=r"^f: row 2 \(2200-01-01T00:01:00\+00:00\): a bar time outside"):
+        validate_bars(bars(GOOD, start="2199-12-31 23:59"), 0.25, origin="f")
+    path = tmp_path / "bools.csv"
+    path.write_text("timestamp_utc,open,high,low,close,volume\n2024-01-02 14:31:00,True,True,True,True,True\n")
+    with pytest.raises(
+        BarDataError, match=r"bools\.csv: line 2 .*field 'open'=.*True.* is not a number \(a column of booleans\)"
+    ):
+        csv_source(str(path)).load(asset("es"))
+
+
 def test_missing_column():
     with pytest.raises(
         BarDataError,

@@ -516,3 +516,24 @@ def test_a_decimal_price_read_as_fixed_point_names_the_field_as_written(tmp_path
     with pytest.raises(BarDataError) as error:
         databento_source(str(path), csv_prices="fixed").load(ES)
     assert f"line 2: field 'open'={float(bars['open'].iloc[0])!r} is not a fixed-point integer price" in str(error.value)
+
+
+def test_a_fixed_point_price_read_as_decimal_is_refused_not_read_1e9_too_large(tmp_path):
+    """A fixed-point export read with csv_prices=decimal, and one whose column mixes fixed-point
+    integers with decimals (auto reads it as decimal), loaded with closes of 5.5e12, exit 0 (found
+    by a helper probing the data). No futures price is 1e9 or more: the line is named."""
+    bars = synthetic_source(days=3, seed=3).load(ES).iloc[:4]
+    pretty = pd.read_csv(write_ohlcv_1m(bars, tmp_path / "pretty.csv", symbol="ESH4", instrument_id=42))
+    prices = ["open", "high", "low", "close"]
+    fixed = pretty.assign(**{c: (pretty[c] * 1e9).round().astype("int64") for c in prices})
+    fixed.to_csv(tmp_path / "fixed.csv", index=False)
+    assert len(databento_source(str(tmp_path / "fixed.csv")).load(ES)) == 4  # auto: integers, fixed-point
+    with pytest.raises(BarDataError, match=r"fixed\.csv: line 2: field 'open'=\d+ is a fixed-point price .*csv_prices='decimal'"):
+        databento_source(str(tmp_path / "fixed.csv"), csv_prices="decimal").load(ES)
+    mixed = pretty.astype({c: object for c in prices})
+    mixed.loc[2, prices] = fixed.loc[2, prices].to_numpy()  # line 4 written fixed-point, the rest decimal
+    mixed.to_csv(tmp_path / "mixed.csv", index=False)
+    with pytest.raises(
+        BarDataError, match=r"mixed\.csv: line 4: field 'open'=[\d.]+ is a fixed-point .*holds decimal prices too"
+    ):
+        databento_source(str(tmp_path / "mixed.csv")).load(ES)

@@ -36,6 +36,9 @@ from foxhunt.data.errors import BarDataError
 if TYPE_CHECKING:
     from foxhunt.assets import AssetSpec
 
+#: The bar times foxhunt reads, from a file or a stream: 1970-01-01 .. 2200-01-01 UTC (within int64
+#: nanoseconds, and the exchange calendars' range).
+MIN_TS_NS, MAX_TS_NS = 0, 7_258_118_400 * 1_000_000_000
 BAR_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "volume")
 PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")
 INDEX_NAME = "ts"
@@ -151,6 +154,10 @@ def _is_utc(tz: Any) -> bool:
     return str(tz).upper() in _UTC_NAMES
 
 
+def _utc_iso(ts_ns: int) -> str:
+    return pd.Timestamp(ts_ns, tz="UTC").isoformat()
+
+
 def validate_bars(
     df: pd.DataFrame,
     tick_size: float,
@@ -168,7 +175,8 @@ def validate_bars(
     for the row an error names); without it rows are counted from 0. The first failed
     check raises BarDataError ``"<origin>: <row_name> <n> (<timestamp>): <problem>"``.
 
-    Checks, in order: required columns present and numeric; UTC DatetimeIndex without NaT;
+    Checks, in order: required columns present and numeric (not booleans); UTC DatetimeIndex
+    without NaT; times within :data:`MIN_TS_NS` .. :data:`MAX_TS_NS` (a stream's range);
     timestamps strictly increasing (no duplicates); no NaN or infinite value; volume by
     :func:`volume_problem` (a whole count of contracts below :data:`MAX_VOLUME`);
     prices by :func:`price_problem` (positive, at least one tick, on the tick grid within
@@ -214,6 +222,10 @@ def validate_bars(
     if nat.size:
         raise BarDataError(f"{where(nat[0])}: field 'ts' is missing (NaT)")
     stamps = index.asi8
+    outside = np.flatnonzero((stamps < MIN_TS_NS) | (stamps > MAX_TS_NS))
+    if outside.size:  # Databento's null time (2**64-1) read as -1, a negative one: bars of 1969 (found by a helper)
+        raise BarDataError(f"{where(int(outside[0]))}: a bar time outside the times foxhunt reads "
+                           f"({_utc_iso(MIN_TS_NS)} .. {_utc_iso(MAX_TS_NS)}, as a stream)")  # fmt: skip
     steps = np.diff(stamps)
     bad = np.flatnonzero(steps <= 0)
     if bad.size:
@@ -226,7 +238,9 @@ def validate_bars(
     values: dict[str, np.ndarray] = {}
     for column in BAR_COLUMNS:
         series = df[column]
-        if not (pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)):
+        if pd.api.types.is_bool_dtype(series):  # 'True' in a CSV: pandas reads a column of them as bools, 1.0
+            raise BarDataError(f"{where(0)}: field '{column}'={series.iloc[0]!r} is not a number (a column of booleans)")
+        if not pd.api.types.is_numeric_dtype(series):
             numeric = pd.to_numeric(series, errors="coerce")
             bad_text = np.flatnonzero(numeric.isna().to_numpy() & series.notna().to_numpy())
             if bad_text.size:

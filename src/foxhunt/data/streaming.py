@@ -39,7 +39,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 
 from foxhunt.assets import AssetSpec
-from foxhunt.data.bars import price_problem, volume_problem
+from foxhunt.data.bars import MAX_TS_NS, MIN_TS_NS, price_problem, volume_problem
 from foxhunt.data.calendar import calendar_for
 from foxhunt.data.dataset import feature_groups
 from foxhunt.data.errors import BarDataError
@@ -59,9 +59,6 @@ from foxhunt.data.features import (
 NS_PER_S = 1_000_000_000
 BAR_INTERVAL_NS = int(BAR_INTERVAL / np.timedelta64(1, "ns"))
 KNOWN_CACHE_MINUTES = 4096  # memoised calendar rows (the decoder's future minutes reuse them)
-#: The bar times a stream reads: 1970-01-01 .. 2200-01-01 UTC (within int64 nanoseconds, and the
-#: exchange calendars' range).
-MIN_TS_NS, MAX_TS_NS = 0, 7_258_118_400 * NS_PER_S
 
 
 class _RunningMean:

@@ -460,6 +460,13 @@ def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
             if bad.size:
                 i = int(bad[0])
                 raise BarDataError(f"{file}: line {lines[i]}: field '{name}'={_shown(column.iloc[i])} is not a number")
+            scaled = np.flatnonzero((numeric.abs() >= FIXED_PRICE_SCALE).to_numpy())
+            if scaled.size:  # a fixed-point price read as a decimal one: 1e9 too large, and on the tick grid
+                i = int(scaled[0])
+                why = "csv_prices='decimal'" if csv_prices == "decimal" else "the column holds decimal prices too"
+                raise BarDataError(f"{file}: line {lines[i]}: field '{name}'={_shown(column.iloc[i])} is a fixed-point price "
+                                   f"(units of 1e-9) in a column read as decimal prices ({why}); no futures price is 1e9 "
+                                   "or more")  # fmt: skip
             prices[name] = numeric.to_numpy(dtype=np.float64)
 
     for name in ("instrument_id", "volume"):
