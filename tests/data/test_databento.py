@@ -537,3 +537,15 @@ def test_a_fixed_point_price_read_as_decimal_is_refused_not_read_1e9_too_large(t
         BarDataError, match=r"mixed\.csv: line 4: field 'open'=[\d.]+ is a fixed-point .*holds decimal prices too"
     ):
         databento_source(str(tmp_path / "mixed.csv")).load(ES)
+
+
+def test_an_instrument_id_past_a_u32_is_one_line(tmp_path):
+    """instrument_id=99999999999999999999 was an OverflowError traceback (found by a helper)."""
+    bars = synthetic_source(days=3, seed=3).load(ES).iloc[:2]
+    frame = pd.read_csv(write_ohlcv_1m(bars, tmp_path / "es.csv", symbol="ESH4", instrument_id=42), dtype=str)
+    frame.loc[1, "instrument_id"] = "99999999999999999999"
+    frame.to_csv(tmp_path / "huge.csv", index=False)
+    with pytest.raises(
+        BarDataError, match=r"huge\.csv: line 3: field 'instrument_id'=.* is not an instrument id \(a whole number "
+    ):
+        databento_source(str(tmp_path / "huge.csv")).load(ES)

@@ -157,6 +157,41 @@ def test_bad_rows_name_zip_member_line_and_field(tmp_path):
         lean_source(str(tmp_path / "20240305_trade.zip")).load(ES)
 
 
+GOOD_ROW = "52200000,5000,5000.25,4999.75,5000,90"
+MEMBER = "_es_minute_trade_"
+
+
+@pytest.mark.parametrize(
+    ("month", "row", "expected"),
+    [  # each loaded wrong or was a traceback (found by a helper probing the data)
+        ("201313", GOOD_ROW, "trade_201313.csv: contract month 201313 is not a month (YYYYMM, MM 01..12)"),  # IndexError
+        ("201400", GOOD_ROW, "trade_201400.csv: contract month 201400 is not a month"),  # read as ESZ14, ranked Dec 2013
+        ("202403", "-60000,5000,5000.25,4999.75,5000,90", "line 1: field 'ms'=-60000 is not the start of a minute of the day "
+                                                          "(0..86,340,000 in steps of 60,000)"),  # the day before
+        ("202403", "86400000,5000,5000.25,4999.75,5000,90", "line 1: field 'ms'=86400000 is not the start"),  # the day after
+        ("202403", "30000.5,5000,5000.25,4999.75,5000,90", "line 1: field 'ms'=30000.5 is not the start"),
+        ("202403", "1e23,5000,5000.25,4999.75,5000,90", "line 1: field 'ms'=1e+23 is not the start"),  # 3 lines, naming 'ts'
+    ],
+    ids=["month 13", "month 00", "ms before the day", "ms after the day", "ms off the minute", "ms 1e23"],
+)  # fmt: skip
+def test_a_member_of_another_month_or_a_time_outside_its_day_is_one_line(tmp_path, month, row, expected):
+    zip_path = lean_zip(tmp_path, "20240304", {month: [row]})
+    with pytest.raises(BarDataError) as err:
+        lean_source(str(zip_path)).load(ES)
+    assert str(err.value).startswith(f"{zip_path}:20240304{MEMBER}") and expected in str(err.value), str(err.value)
+
+
+def test_a_member_too_large_for_a_day_of_bars_is_refused_unread(tmp_path, monkeypatch):
+    """A 349 KB zip of a 150 MB member took 1 GB and 11 s before a line was refused (found by a
+    helper): the size the zip declares is checked first (the limit lowered here for speed)."""
+    import foxhunt.data.sources.lean as lean
+
+    monkeypatch.setattr(lean, "MAX_MEMBER_BYTES", 1000)
+    zip_path = lean_zip(tmp_path, "20240304", {"202403": [GOOD_ROW] * 40})
+    with pytest.raises(BarDataError, match=r"trade_202403\.csv: 1,520 bytes uncompressed, more than the 1,000 a day"):
+        lean_source(str(zip_path)).load(ES)
+
+
 def test_missing_path_and_other_root(tmp_path):
     with pytest.raises(BarDataError, match=r"nowhere: file not found \(Lean minute zips\)"):
         lean_source(str(tmp_path / "nowhere")).load(ES)

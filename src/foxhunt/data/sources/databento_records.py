@@ -49,6 +49,7 @@ RAW_COLUMNS = (
 )  # fmt: skip
 CSV_REQUIRED = ("ts_event", "instrument_id", "open", "high", "low", "close", "volume")
 CSV_PRICE_FORMATS = ("auto", "fixed", "decimal")
+MAX_INSTRUMENT_ID = 2**32 - 1  # a DBN record's instrument_id is a u32
 
 _DECODE_CHUNK = 1 << 23
 _BAR_SPACINGS = {1: "ohlcv-1s", 60: "ohlcv-1m", 3600: "ohlcv-1h", 86400: "ohlcv-1d"}
@@ -475,7 +476,13 @@ def _read_csv(file: Path, csv_prices: str) -> pd.DataFrame:
         if bad.size:
             i = int(bad[0])
             raise BarDataError(f"{file}: line {lines[i]}: field '{name}'={_shown(raw[name].iloc[i])} is not a number")
-    instrument_id = raw["instrument_id"].to_numpy(dtype=np.int64)
+    numeric = pd.to_numeric(raw["instrument_id"], errors="coerce")
+    bad = np.flatnonzero(~((numeric >= 0) & (numeric <= MAX_INSTRUMENT_ID) & (numeric % 1 == 0)).to_numpy())
+    if bad.size:  # 1e20 was an OverflowError traceback (found by a helper): DBN's ids are u32
+        i = int(bad[0])
+        raise BarDataError(f"{file}: line {lines[i]}: field 'instrument_id'={_shown(raw['instrument_id'].iloc[i])} is not an "
+                           f"instrument id (a whole number 0..{MAX_INSTRUMENT_ID})")  # fmt: skip
+    instrument_id = numeric.to_numpy(dtype=np.int64)
     if "rtype" in raw.columns:
         rtype = pd.to_numeric(raw["rtype"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
     else:

@@ -49,6 +49,8 @@ from foxhunt.data.roll import ContinuousSeries, RollRule, build_continuous
 from foxhunt.data.sources.databento import MONTH_CODES
 
 LEAN_COLUMNS = ("ms", "open", "high", "low", "close", "volume")
+MS_PER_MINUTE, MS_PER_DAY = 60_000, 86_400_000
+MAX_MEMBER_BYTES = 64 << 20  # far above a day of minute bars (about 100 KB): a zip bomb is refused unread
 _MEMBER = re.compile(r"^(?P<date>\d{8})_(?P<root>[a-z0-9]+)_minute_trade_(?P<contract>\d{6})(?:_\d{8})?\.csv$", re.IGNORECASE)
 
 
@@ -126,6 +128,11 @@ class LeanMinuteSource:
                     for member, match in usable:
                         if match["root"].lower() != root:
                             continue
+                        size = archive.getinfo(member).file_size
+                        if size > MAX_MEMBER_BYTES:  # a 349 KB zip of one 150 MB member took 1 GB before a line was
+                            # refused (found by a helper): a day of one contract's minute bars is about 100 KB
+                            raise BarDataError(f"{file}:{member}: {size:,} bytes uncompressed, more than the "
+                                               f"{MAX_MEMBER_BYTES:,} a day of minute bars could hold: not read")  # fmt: skip
                         with archive.open(member) as handle:
                             frames.append(self._read_member(file, member, match, handle, asset))
             except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
@@ -143,6 +150,8 @@ class LeanMinuteSource:
     # ------------------------------------------------------------------ internals
     def _read_member(self, file: Path, member: str, match: re.Match, handle, asset: AssetSpec) -> pd.DataFrame:
         origin = f"{file}:{member}"
+        if not 1 <= int(match["contract"][4:]) <= 12:  # 13 was an IndexError traceback, 00 read as December (found by a helper)
+            raise BarDataError(f"{origin}: contract month {match['contract']} is not a month (YYYYMM, MM 01..12)")
         try:
             raw = pd.read_csv(handle, header=None)
         except (zipfile.BadZipFile, EOFError, zlib.error) as exc:  # a damaged member
@@ -158,6 +167,14 @@ class LeanMinuteSource:
         if bad.size:
             i = int(bad[0])
             raise BarDataError(f"{origin}: line {lines[i]}: field 'ms'={raw['ms'].iloc[i]!r} is not milliseconds")
+        values = ms.to_numpy(dtype=np.float64)
+        bad = np.flatnonzero((values < 0) | (values >= MS_PER_DAY) | (values % MS_PER_MINUTE != 0))
+        if bad.size:  # a time before or after the day, or not a bar's whole minute: read as another day's bar
+            i = int(bad[0])
+            shown = raw["ms"].iloc[i]
+            shown = shown.item() if isinstance(shown, np.generic) else shown  # -60000, not np.int64(-60000)
+            raise BarDataError(f"{origin}: line {lines[i]}: field 'ms'={shown!r} is not the start of a minute of "
+                               f"the day (0..{MS_PER_DAY - MS_PER_MINUTE:,} in steps of {MS_PER_MINUTE:,})")  # fmt: skip
         wall = pd.DatetimeIndex(pd.Timestamp(match["date"]) + pd.to_timedelta(ms.to_numpy(dtype=np.int64), unit="ms"))
         try:  # the count is wall-clock time of day in `timezone`
             index = wall.tz_localize(self.timezone, ambiguous="raise", nonexistent="raise").tz_convert("UTC")
