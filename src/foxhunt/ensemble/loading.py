@@ -140,8 +140,9 @@ def ensemble_engine(members: list[LoadedMember], asset, cfg, origin: str) -> Swa
     return SwappableEngine(
         [f.member for f in members], {f.member.name: f.inputs for f in members}, asset, rule=str(ens.rule),
         weights={k: (v or 0.0) for k, v in weights.items()}, forecast_threshold=float(ens.forecast_threshold),
-        origin=origin, warm_bars=0 if swap is None or swap.poll_s is None else int(swap.warm_bars),
-    )  # fmt: skip
+        origin=origin, warm_bars=0 if swap is None else int(swap.warm_bars),
+    )  # fmt: skip  # warm_bars whatever poll_s: a paper resume replays its ledger's swaps (with poll_s=null they warmed
+    # on 0 bars, and the session's own ledger was refused as edited: found by a helper probing the roll)
 
 
 class SwapError(RegistryError):

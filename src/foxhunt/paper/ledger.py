@@ -71,6 +71,8 @@ FORMAT = "4"  # the layout and booking of the tables below, kept in meta as `for
 #  ledger of 3 with a stale flat would replay as edited: refused by its format instead)
 SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's files beside the ledger
 AGAIN = "use another paper.ledger to start afresh"
+SWAP_WARM_KEY = "roll.swap.warm_bars"  # the identity's key of the bars a swapped-in member warms on
+ADDED_IDENTITY = (SWAP_WARM_KEY,)  # identity keys a ledger of this format written before them lacks
 MAX_TIME_NS = 7_258_118_400_000_000_000  # 2200-01-01 UTC: the latest time a ledger holds (pandas ends in 2262)
 
 SCHEMA = """
@@ -277,6 +279,8 @@ class Ledger:
             raise LedgerError(f"{self.where}: a ledger of format {stored.get('format', '(none)')}, this foxhunt keeps format "
                               f"{FORMAT}; {AGAIN}")  # fmt: skip
         for key in [*self.identity, *sorted(set(stored) - set(self.identity))]:
+            if key in ADDED_IDENTITY and key not in stored:  # a ledger written before the key: resumed as before
+                continue
             if stored.get(key) != self.identity.get(key):
                 raise LedgerError(f"{self.where}: made with {key}={stored.get(key, '(nothing)')}, this session has "
                                   f"{key}={self.identity.get(key, '(nothing)')}; {AGAIN}")  # fmt: skip

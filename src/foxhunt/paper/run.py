@@ -44,7 +44,7 @@ from foxhunt.evaluation.backtest import evaluation_annualization, from_steps
 from foxhunt.evaluation.plots import plot_equity
 from foxhunt.paper.feeds import DatabentoLiveFeed, FileFeed, check_symbol
 from foxhunt.paper.fills import FillModel
-from foxhunt.paper.ledger import Ledger
+from foxhunt.paper.ledger import SWAP_WARM_KEY, Ledger
 from foxhunt.paper.risk import RiskLimits
 from foxhunt.paper.session import PaperSession
 from foxhunt.paper.view import PaperView
@@ -92,7 +92,9 @@ def session_identity(cfg, asset, members, feed, symbol: str) -> dict[str, str]:
     contract, the members' registered names (each bar keeps the versions and weights that
     decided it, and the rule's weights are theirs), the rule and its threshold, the feed and its
     data (a file feed: the digest of its bars and window; live: dataset, schema, symbol), the
-    symbol, the fill price, the costs, the capital and the risk limits."""
+    symbol, the fill price, the costs, the capital and the risk limits, and the bars a swapped-in
+    member warms on (``roll.swap.warm_bars``: a resume replays the ledger's swaps, and a ledger made
+    with another count was refused as edited; found by a helper probing the roll)."""
     ens = cfg.ensemble
     live = str(cfg.paper.feed) == "live"
     data = f"{cfg.paper.live.dataset} {cfg.paper.live.schema} {symbol} (live)" if live else feed.digest()
@@ -102,7 +104,8 @@ def session_identity(cfg, asset, members, feed, symbol: str) -> dict[str, str]:
             "rule": json.dumps(rule, sort_keys=True), "feed": getattr(feed, "identity", feed.description), "data": data,
             "symbol": symbol, "fill_price": str(cfg.paper.fill_price), "commission_usd": float(cfg.execution.commission_usd),
             "slippage_ticks": float(cfg.execution.slippage_ticks), "capital_usd": float(cfg.paper.capital_usd),
-            "risk": json.dumps(OmegaConf.to_container(cfg.paper.risk, resolve=True), sort_keys=True)}  # fmt: skip
+            "risk": json.dumps(OmegaConf.to_container(cfg.paper.risk, resolve=True), sort_keys=True),
+            SWAP_WARM_KEY: str(int(cfg.roll.swap.warm_bars)) if cfg.get("roll") is not None else "0"}  # fmt: skip
 
 
 def run_paper(cfg, workdir: Path, clock=time.time_ns) -> PaperReport:
