@@ -61,3 +61,28 @@ def test_a_load_that_waits_is_dropped_when_the_alias_is_rolled_back(monkeypatch)
     watcher.poll()
     watcher.poll()
     assert watcher.take() == []
+
+
+def test_what_moved_with_a_refused_version_is_held_back_not_swapped_in_alone(monkeypatch):
+    """A rollback of both families whose DQN version is refused (an edited member.json): the PPO
+    version was swapped in alone, and /info named DQN v1 beside PPO v2, a set the registry never
+    held (found by a helper probing the roll). The old set decides on, whole, and both are said."""
+    from foxhunt.errors import UserError
+
+    moved = {"foxhunt-dqn-es": "2", "foxhunt-ppo-es": "2"}
+    watcher = _watcher(monkeypatch, [moved])
+    said: list[str] = []
+    watcher.say = said.append
+
+    def load(cfg, name, version, weights, workdir):
+        if name == "foxhunt-dqn-es":
+            raise UserError("artifacts/member.json is not the file registered")
+        return SimpleNamespace(name=name, version=str(version))
+
+    monkeypatch.setattr(loading, "load_member", load)
+    assert watcher.poll() == [] and watcher.take() == []
+    assert said[0].startswith("foxhunt-dqn-es v2: refused, not swapped in (artifacts/member.json")
+    assert said[1] == ("foxhunt-ppo-es v2: held back, not swapped in alone (foxhunt-dqn-es v2 of the same move was refused); "
+                       "v1 keeps deciding")  # fmt: skip
+    watcher.poll()
+    assert watcher.take() == [] and len(said) == 2  # not tried again until an alias moves

@@ -339,14 +339,16 @@ class VersionWatcher:
         when both reads agree: a promotion committed between two families' reads is looked at again
         at the next poll, so the versions handed over are ones the registry held together (a
         two-family promotion was swapped in one family at a time: bars were decided by the new
-        DQN beside the old PPO, found by a helper probing the roll). A family whose alias is back
-        on the version deciding (a rollback) drops the load waiting for it (it was swapped in)."""
+        DQN beside the old PPO, found by a helper probing the roll). When one family's version is
+        refused, the others that moved with it are held back too (the old set decides on, whole:
+        the new PPO was swapped in beside the old DQN). A family whose alias is back on the version
+        deciding (a rollback) drops the load waiting for it (it was swapped in)."""
         self.polls += 1
         store = RunStore(str(self.cfg.logger.tracking_uri))
         wanted = self._resolve(store)
         if wanted != self._resolve(store):
             return []
-        loaded = []
+        loaded, refused = [], []
         for name, version in wanted.items():
             with self._lock:
                 if version is None or version == self.current.get(name):
@@ -362,8 +364,16 @@ class VersionWatcher:
                     self.failed[name] = version
                 self.say(f"{name} v{version}: refused, not swapped in ({one_line_error(exc, with_type=False)}); "
                          f"v{self.current.get(name)} keeps deciding")  # fmt: skip
+                refused.append(f"{name} v{version}")
                 continue
             loaded.append(member)
+        if refused and loaded:  # never a set the registry did not hold: the rest of what moved waits with it
+            with self._lock:
+                self.failed.update({member.name: member.version for member in loaded})
+            for member in loaded:
+                self.say(f"{member.name} v{member.version}: held back, not swapped in alone ({', '.join(refused)} of the same "
+                         f"move was refused); v{self.current.get(member.name)} keeps deciding")  # fmt: skip
+            return []
         with self._lock:  # together: take() never hands over part of what moved at once
             for member in loaded:
                 self.failed.pop(member.name, None)
