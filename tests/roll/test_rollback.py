@@ -89,3 +89,20 @@ def test_a_dry_run_applies_no_pending_promotion():
     store.set_alias = lambda *args: pytest.fail("an alias moved")
     (line,) = complete_pending(store, "roll", dry_run=True)
     assert line.startswith("would complete the promotion of run r1, interrupted after its commit: ")
+
+
+def test_a_dry_runs_moves_are_those_after_the_pending_promotion():
+    """A roll killed after its commit (@champion v1 -> v2, @previous -> v1 recorded, not applied):
+    ``rollback --dry-run`` read the raw aliases and said "no previous version", exit 2, while
+    every ensemble loaded v2 and the real rollback moved @champion v2 -> v1 (found by a helper
+    probing the roll). The dry run's moves are the rollback's."""
+    from foxhunt.ensemble.registry import rollback_moves
+
+    record = json.dumps([{"name": "foxhunt-dqn-es", "alias": "previous", "version": "1", "was": None},
+                         {"name": "foxhunt-dqn-es", "alias": "champion", "version": "2", "was": "1"}])  # fmt: skip
+    store = _store(record)
+    raw = {"champion": SimpleNamespace(version="1"), "previous": None}  # the aliases as the killed roll left them
+    store.get_version_by_alias = lambda name, alias: raw[alias]
+    store.get_version = lambda name, version: SimpleNamespace(version=version)
+    moves = rollback_moves(store, "foxhunt-dqn-es", "champion", "previous", "roll")
+    assert [(m.alias, m.version, m.was) for m in moves] == [("champion", "1", "2"), ("previous", "2", "1")]

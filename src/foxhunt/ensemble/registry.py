@@ -597,11 +597,14 @@ def promotion_moves(store, name: str, alias: str, previous: str, version: str) -
     return moves
 
 
-def rollback_moves(store, name: str, alias: str, previous: str) -> list[AliasMove]:
+def rollback_moves(store, name: str, alias: str, previous: str, journal: str | None = None) -> list[AliasMove]:
     """``alias`` back to the ``previous`` version and ``previous`` to the version it left (a
-    second rollback undoes the first); a model without both aliases is a one-line
+    second rollback undoes the first), read as the aliases stand once every committed record of
+    ``journal`` is applied (:func:`resolved_version`: a dry run applies none, and read the raw
+    aliases, so it said "no previous version" of a promotion every ensemble already loaded;
+    found by a helper probing the roll); a model without both aliases is a one-line
     :class:`RegistryError`."""
-    current, before = store.get_version_by_alias(name, alias), store.get_version_by_alias(name, previous)
+    current, before = resolved_version(store, name, alias, journal), resolved_version(store, name, previous, journal)
     if current is None:
         raise RegistryError(f"models:/{name}@{alias}: not in the registry; nothing to roll back")
     if before is None:

@@ -37,7 +37,7 @@ def rollback_ensemble(cfg, dry_run: bool = False) -> Rollback:
         moves, skipped = [], []
         for name in registered_names(cfg):
             try:
-                moves += rollback_moves(store, name, str(ens.alias), str(roll.previous_alias))
+                moves += rollback_moves(store, name, str(ens.alias), str(roll.previous_alias), str(roll.experiment))
             except RegistryError as exc:
                 skipped.append(str(exc))
         if not moves:
