@@ -306,7 +306,7 @@ def test_a_swap_of_two_families_logs_both_under_the_rate_limit():
     service = EnsembleService.__new__(EnsembleService)
     service.members = [SimpleNamespace(name=f.name, version="1") for f in found]
     service.engine = SimpleNamespace(swap=lambda *args: 5)
-    service.streams, service.swaps = {}, []
+    service.streams, service.swaps, service.continuing = {}, [], set()
     logger = logging.getLogger("foxhunt.ensemble.serve")
     rate, lines = RateLimitedLog(10.0, clock=Clock()), Lines()
     logger.addFilter(rate)
@@ -321,3 +321,17 @@ def test_a_swap_of_two_families_logs_both_under_the_rate_limit():
         "foxhunt ensemble serve: swapped foxhunt-ppo-es",
     ]
     assert len(service.swaps) == 2
+
+
+def test_a_swap_waits_until_no_request_is_part_answered():
+    """A 10-bar request answered in slices of 4: a version loaded meanwhile was swapped in between
+    two slices, so the response's first bars were decided by the old members and the rest by the
+    new ones, unsaid (found by a helper probing the roll). The swap waits for the request's end."""
+    service = _service(slice_bars=4, max_bars_per_request=10, timeout_s=60.0)
+    long = Pending("LONG", [(i, 1.0, 1.0, 1.0, 1.0, 1.0) for i in range(10)], time.monotonic() + 60)
+    looked: list[int] = []  # the bars of the request answered when the swap looked at the watcher
+    service.watcher = SimpleNamespace(take=lambda: looked.append(len(long.results)) or [])
+    while service.answer([long]):
+        pass
+    service.apply_swaps()  # between batches, as /info does
+    assert looked == [0, 10]

@@ -10,8 +10,9 @@ steps on a 2-core CPU, not eight (the ensemble's 213 predictions/s at one symbol
 eight, ``scripts/benchmark.py --sections ensemble``, docs/benchmarks.md 2026-12-02: the TFT's step
 grows with the batch). A request of many bars is stepped ``slice_bars`` (8) bars a batch and
 goes on in the next batch, ahead of its symbol's later requests: another symbol's live bar waits
-behind a 500-bar history for a slice, not for the whole history (it did before); a member
-swapped in meanwhile answers the rest of the history, as it would a later request. Measured:
+behind a 500-bar history for a slice, not for the whole history (it did before). A swap waits
+until no request is part-answered, so one set of members answers each request (a member swapped
+in meanwhile answered the rest of a history, unsaid: found by a helper probing the roll). Measured:
 ``scripts/load_test.py`` reports the in-process ensemble beside the HTTP round trip.
 
 API (JSON, on ``127.0.0.1`` by default):
@@ -380,7 +381,10 @@ class EnsembleService:
             self._swap(self.watcher)
 
     def _swap(self, watcher: VersionWatcher) -> None:
-        """Swap in what the watcher loaded, between two batches (on the compute thread)."""
+        """Swap in what the watcher loaded, between two batches (on the compute thread) with no
+        request part-answered (module doc): until then it waits with the watcher."""
+        if self.continuing:
+            return
         for found in watcher.take():
             index = next(i for i, f in enumerate(self.members) if f.name == found.name)
             old = self.members[index]
