@@ -327,6 +327,24 @@ TRAIN_CASES = [
     ),
     ("store-scheme", ["logger.tracking_uri=nosuch://store"], "store error: nosuch://store: cannot open the MLflow store"),
     # folders and sweeps (issue 27): refused before any folder, run or worker is made
+    # values only the object they build refuses: a 70-100 line traceback after the run was made (found by a helper)
+    ("asset-zone", ["asset.session_tz=Mars/Olympus"], "config error: asset.session_tz='Mars/Olympus': not an IANA time zone"),
+    ("asset-open", ["asset.session_open=25:00"], "config error: asset.session_open='25:00': must be a local time"),
+    (
+        "checkpoint-mode",
+        ["callbacks.model_checkpoint.mode=avg"],
+        "config error: callbacks.model_checkpoint: `mode` can be min, max but got avg",
+    ),
+    (
+        "budget-target",
+        ["budget._target_=foo.Bar"],
+        "config error: budget: Error loading 'foo.Bar': ModuleNotFoundError(\"No module named 'foo'\")",
+    ),
+    (
+        "warm-start-path",
+        ["callbacks.warm_start.path=/nonexistent.ckpt"],
+        "config error: callbacks.warm_start.path=/nonexistent.ckpt",
+    ),
     ("root-is-a-file", ["paths.root_dir={empty.csv}"], "config error: cannot make the folder {empty.csv}/outputs/runs/"),
     (
         "sweep-root-is-a-file",

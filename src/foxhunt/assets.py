@@ -15,6 +15,8 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
+from foxhunt.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class AssetSpec:
@@ -47,15 +49,18 @@ class AssetSpec:
         for name in ("tick_size", "multiplier", "tick_value", "price_level", "daily_vol"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"asset.{name}={value!r}: must be a positive number")
+                raise ConfigError(f"asset.{name}={value!r}: must be a positive number")
         if not math.isclose(self.tick_value, self.tick_size * self.multiplier, rel_tol=1e-9):
-            raise ValueError(
+            raise ConfigError(
                 f"asset.tick_value={self.tick_value}: must equal tick_size x multiplier "
                 f"= {self.tick_size * self.multiplier:g} for {self.symbol}"
             )
-        ZoneInfo(self.session_tz)  # raises for an unknown zone
+        try:
+            ZoneInfo(self.session_tz)
+        except (ValueError, KeyError):  # an unknown zone (ZoneInfoNotFoundError is a KeyError), or not a zone name
+            raise ConfigError(f"asset.session_tz={self.session_tz!r}: not an IANA time zone (e.g. America/New_York)") from None
         if not (isinstance(self.calendar, str) and self.calendar.strip()):
-            raise ValueError(f"asset.calendar={self.calendar!r}: must name an exchange calendar (e.g. CME_Equity)")
+            raise ConfigError(f"asset.calendar={self.calendar!r}: must name an exchange calendar (e.g. CME_Equity)")
         self.open_time, self.close_time  # noqa: B018  (parse now: fail early on a bad "HH:MM")
 
     @property
@@ -86,4 +91,4 @@ def _parse_hhmm(text: str, key: str) -> time:
         hh, mm = text.split(":")
         return time(int(hh), int(mm))
     except (ValueError, AttributeError):
-        raise ValueError(f"{key}={text!r}: must be a local time 'HH:MM'") from None
+        raise ConfigError(f"{key}={text!r}: must be a local time 'HH:MM'") from None

@@ -222,9 +222,9 @@ def validate_bars(
     if nat.size:
         raise BarDataError(f"{where(nat[0])}: field 'ts' is missing (NaT)")
     stamps = index.asi8
-    outside = np.flatnonzero((stamps < MIN_TS_NS) | (stamps > MAX_TS_NS))
-    if outside.size:  # Databento's null time (2**64-1) read as -1, a negative one: bars of 1969 (found by a helper)
-        raise BarDataError(f"{where(int(outside[0]))}: a bar time outside the times foxhunt reads "
+    beyond = np.flatnonzero((stamps < MIN_TS_NS) | (stamps > MAX_TS_NS))
+    if beyond.size:  # Databento's null time (2**64-1) read as -1, a negative one: bars of 1969 (found by a helper)
+        raise BarDataError(f"{where(int(beyond[0]))}: a bar time outside the times foxhunt reads "
                            f"({_utc_iso(MIN_TS_NS)} .. {_utc_iso(MAX_TS_NS)}, as a stream)")  # fmt: skip
     steps = np.diff(stamps)
     bad = np.flatnonzero(steps <= 0)

@@ -118,10 +118,10 @@ def _fit_and_score(cfg: DictConfig, callbacks, run, out_dir: Path, ckpt_path: st
             plugins=[parts.precision],
             default_root_dir=str(out_dir),
         )
-    except Exception as exc:  # Lightning refusing a combination of its switches: the user's config
+    except Exception as exc:  # Lightning refusing a combination of its switches (or a value): the user's config
         cause = exc.__cause__ if exc.__cause__ is not None else exc
-        if isinstance(cause, MisconfigurationException):
-            raise _refused(cfg, str(cause).splitlines()[0]) from None
+        if isinstance(cause, MisconfigurationException) or raised_in(cause).startswith("lightning"):
+            raise _refused(cfg, str(cause).strip().splitlines()[0]) from None  # accelerator='', strategy=foo: tracebacks
         raise
     check_stop()  # a SIGTERM while the data and the model were built: stop before the fit
     try:
