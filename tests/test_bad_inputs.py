@@ -391,6 +391,7 @@ def test_bad_input_is_one_line_exit_2_no_traceback_and_nothing_changed(battery, 
     if any(a.startswith("ckpt=") for a in argv):
         argv += NO_DATA
     before = _snapshot(battery)
+    folders = set((battery.root / "outputs").rglob("*"))
 
     code = run_foxhunt_train(monkeypatch, battery.root, argv)
     err = capsys.readouterr().err
@@ -408,8 +409,10 @@ def test_bad_input_is_one_line_exit_2_no_traceback_and_nothing_changed(battery, 
         assert len(new) == (2 if "evaluation.protocol=walk_forward" in argv else 1)  # a cell run and its fold
         for status, tags, _, _ in new:
             assert status == "FAILED" and "foxhunt-train: " + tags["error"] == lines[0]
-    else:  # config, checkpoint and store errors stop before any run is made
+    else:  # config, checkpoint and store errors stop before any run is made, and leave no folder (a run's folder
+        # of .hydra/ and an empty train.log was left each time: found by a helper probing the CLI)
         assert new == []
+        assert set((battery.root / "outputs").rglob("*")) - folders <= {battery.root / "outputs" / "runs"}
 
 
 def test_the_traceback_is_shown_when_asked_for_and_for_a_bug(battery, monkeypatch, capsys):

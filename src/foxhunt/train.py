@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hydra
@@ -55,11 +56,16 @@ def _hydra_entry(cfg: DictConfig) -> float | None:
         return None if metrics is None else metrics.get(OBJECTIVE)
     try:  # an input error: one line and exit 2 from here (Hydra would print its job line first)
         with reported(PROG, debug=_DEBUG):
-            _refuse_a_sweep_without_multirun()
-            outcome = run_cell(cfg, before_fit=lambda: _use_configured_threads(cfg))
+            try:
+                _refuse_a_sweep_without_multirun()
+                outcome = run_cell(cfg, before_fit=lambda: _use_configured_threads(cfg))
+            except Exception as exc:
+                if is_user_error(exc) and getattr(exc, "kind", "config") != "data":  # refused before any run was made
+                    _drop_unused_run_folder()
+                raise
     except SystemExit as exc:
         if not exc.code:  # Lightning's SIGTERMException carries no code, which would exit 0
-            raise SystemExit(stop_exit_status()) from exc
+            raise SystemExit(stop_exit_status(exc)) from exc
         raise
     return outcome.metrics.get(OBJECTIVE)
 
@@ -84,6 +90,31 @@ def _refuse_a_sweep_without_multirun() -> None:
     swept = ", ".join(str(key) for key in params)
     raise ConfigError(f"{preset} sweeps {swept}: run it with -m (foxhunt-train -m {preset}); "
                       "without it one default cell would train")  # fmt: skip
+
+
+def _drop_unused_run_folder() -> None:
+    """An input error other than the data's stops a run before it writes anything: the folder
+    Hydra made for it holds only ``.hydra/`` and its job log, and it was left behind (44 of them
+    after a helper's probe of the CLI). It is removed when it is this process's own (its name
+    ends with the process's token, :mod:`foxhunt.config.resolvers`) and holds nothing else."""
+
+    from foxhunt.config.resolvers import run_suffix
+    from foxhunt.runs.tracked_run import CONFIG_ARTIFACT
+
+    hydra_cfg = HydraConfig.get()
+    folder = Path(hydra_cfg.runtime.output_dir)
+    if not folder.name.endswith(run_suffix()) or not folder.is_dir():
+        return
+    made = {folder / ".hydra" / name for name in ("config.yaml", "hydra.yaml", "overrides.yaml")}
+    made |= {folder / f"{hydra_cfg.job.name}.log", folder / CONFIG_ARTIFACT}  # the run's config, written before its store opened
+    found = set(folder.rglob("*"))
+    if not found <= made | {folder / ".hydra"}:
+        return
+    for path in found & made:
+        path.unlink()
+    for empty in (folder / ".hydra", folder):
+        if empty.is_dir():
+            empty.rmdir()
 
 
 def _refuse_the_old_preset_group(argv: list[str]) -> None:

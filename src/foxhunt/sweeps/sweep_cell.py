@@ -149,7 +149,7 @@ def _run_cell(cfg: DictConfig, run_cell: Callable, on_stop: Callable[[CellResult
             if fate == LEFT_KILLED:
                 return None
             if isinstance(exc, SystemExit) and not exc.code:  # Lightning's SIGTERMException
-                raise SystemExit(stop_exit_status()) from exc  # not 0: the run did not finish
+                raise SystemExit(stop_exit_status(exc)) from exc  # not 0: the run did not finish
             raise
         log.error("%s %s FAILED (the sweep goes on): %s", "trial" if trial is not None else "cell", result.cell, result.error)
         return None

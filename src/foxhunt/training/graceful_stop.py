@@ -37,8 +37,9 @@ run runs, a SIGTERM that comes outside a fit is remembered and raised as Lightni
 the test, before each fold or seed), never in the middle of a store write; a fit that starts
 first stops after its first step. The run then ends KILLED, exit status 143.
 
-A process a stop ended exits with :func:`stop_exit_status`: 130 after Ctrl-C, as a shell reports
-a process Ctrl-C ended (it exited 143, SIGTERM's, before), else 143.
+A process a stop ended exits with :func:`stop_exit_status` of the exception that stopped it (the
+fit's stop marks it with its signal): 130 after Ctrl-C, as a shell reports a process Ctrl-C ended
+(it exited 143, SIGTERM's, before), else 143.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ INTERRUPT = signal.SIGINT  # Ctrl-C: the same stop; a second one stops at once (
 _catching: GracefulStop | None = None  # the callback whose fit holds the stop signals now
 _requested: str | None = None  # a stop requested while no fit ran, for the next fit
 _pending: str | None = None  # a SIGTERM that came while no fit ran, raised at the next phase boundary
-_stopped_by: str | None = None  # the signal (or request) of the last stop asked for: the exit status
+STOP_SIGNAL_ATTR = "foxhunt_stop_signal"  # set on the exception a fit's stop raised: the signal that asked for it
 
 
 def is_stop_request(exception: BaseException) -> bool:
@@ -77,9 +78,9 @@ def is_stop_request(exception: BaseException) -> bool:
     return isinstance(exception, (SIGTERMException, KeyboardInterrupt))
 
 
-def stop_exit_status() -> int:
-    """The exit status of a process a stop ended (module doc): 130 for Ctrl-C, else 143."""
-    return EXIT_ON_INTERRUPT if _stopped_by == INTERRUPT.name else EXIT_ON_SIGTERM
+def stop_exit_status(exc: BaseException) -> int:
+    """The exit status of a process the stop ``exc`` ended (module doc): 130 for Ctrl-C, else 143."""
+    return EXIT_ON_INTERRUPT if getattr(exc, STOP_SIGNAL_ATTR, None) == INTERRUPT.name else EXIT_ON_SIGTERM
 
 
 def request_stop(reason: str) -> None:
@@ -126,12 +127,11 @@ _chained: list[Handler] = []  # the SIGTERM handler stop_between_phases found, i
 
 
 def _on_sigterm(signum: int, frame) -> None:
-    global _pending, _stopped_by
+    global _pending
     if _chained and callable(_chained[-1]):
         _chained[-1](signum, frame)
     if _catching is not None:  # a fit holds the stop signals: Lightning's own handler stops it after its step
-        return  # (and calls this one too when the fit's stop is delivered: that stop keeps its signal)
-    _stopped_by = "SIGTERM"
+        return
     if _pending is None:
         log.warning("SIGTERM: the run stops at its next phase boundary")
     _pending = "SIGTERM"
@@ -188,10 +188,9 @@ class GracefulStop(pl.Callback):
 
     def stop(self, reason: str) -> None:
         """Stop this fit after its step in flight (Lightning's SIGTERM stop); once per fit."""
-        global _stopped_by
         if self.stop_signal is not None:
             return
-        self.stop_signal = _stopped_by = reason
+        self.stop_signal = reason
         log.warning("%s: the fit stops after its current step (checkpoint %s)", reason, self.dirpath / INTERRUPTED_CHECKPOINT)
         if self._lightning_listens:
             self._deliver()
@@ -244,6 +243,11 @@ class GracefulStop(pl.Callback):
         self._release()
         if not is_stop_request(exception) or trainer.state.fn != "fit":
             return
+        if self.stop_signal is not None:
+            try:
+                setattr(exception, STOP_SIGNAL_ATTR, self.stop_signal)  # the exit status (stop_exit_status)
+            except AttributeError:  # an exception that takes no attribute: 143, as before
+                pass
         if isinstance(exception, KeyboardInterrupt):  # raised wherever it landed, maybe mid-step (module doc)
             log.warning("stopped at once (%s): no checkpoint of a step half done; resume=true continues from the last "
                         "checkpoint a finished step wrote", type(exception).__name__)  # fmt: skip

@@ -48,7 +48,7 @@ from foxhunt.runs.provenance import (
     write_provenance,
 )
 from foxhunt.runs.tags import Tag
-from foxhunt.runs.tracked_run import TrackedRun
+from foxhunt.runs.tracked_run import CONFIG_ARTIFACT, TrackedRun
 
 SPLITS = ("train", "val", "test")
 
@@ -63,7 +63,7 @@ def opened_run(cfg: DictConfig, name: str, tags: Mapping[str, str], parent_run_i
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = resolved_config(cfg)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+    (out_dir / CONFIG_ARTIFACT).write_text(OmegaConf.to_yaml(resolved))
     run = None
     if cfg.logger.enabled:
         run = TrackedRun(tracking_uri=cfg.logger.tracking_uri, experiment=cfg.logger.experiment,
