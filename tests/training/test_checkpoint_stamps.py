@@ -210,6 +210,21 @@ def test_a_checkpoint_names_its_run_and_is_refused_where_it_belongs_to_another(c
     started = run_cell(compose_cfg([*quick, f"ckpt={own}", "trainer.max_epochs=2", f"paths.output_dir={tmp_path / 'd'}"]))
     store = RunStore(compose_cfg(quick).logger.tracking_uri)
     assert store.get(started.run_id).tags["ckpt.run_id"] == first.run_id
+    # run b killed with kill -9 (the store still says RUNNING) and its last.ckpt damaged: resume=true refuses the
+    # checkpoint in one line, and the run stayed RUNNING with its process gone (found by a helper probing resume);
+    # it ends KILLED, as a stale run not continued does
+    from mlflow.tracking import MlflowClient
+
+    from foxhunt.runs.resume import SETTLED_REASON
+
+    client = MlflowClient(compose_cfg(quick).logger.tracking_uri)
+    client.set_tag(second.run_id, "pid", "999999999")
+    client.update_run(second.run_id, status="RUNNING")
+    (tmp_path / "b" / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 cut off")
+    with pytest.raises(CheckpointError, match=f"resume of run {second.run_id}: checkpoint=.*last.ckpt: not a torch checkpoint"):
+        run_cell(compose_cfg([*quick, "seed=7", f"paths.output_dir={tmp_path / 'b'}", "resume=true"]))
+    run = client.get_run(second.run_id)
+    assert (run.info.status, run.data.tags["stop_reason"]) == ("KILLED", SETTLED_REASON)
 
 
 def test_register_refuses_a_logged_checkpoint_stamped_for_another_run(compose_cfg, tmp_path):
@@ -270,26 +285,3 @@ def test_a_save_removes_what_killed_writers_left_and_writes_through_no_link(tmp_
     assert not stale.exists() and other.exists() and victim.read_text() == "precious"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other.name, "last.ckpt", "victim"])
     assert torch.equal(torch.load(tmp_path / "last.ckpt", weights_only=True)["state_dict"]["w"], torch.ones(2))
-
-
-def test_a_resume_refused_for_its_checkpoint_ends_the_stale_run_killed(compose_cfg, tmp_path):
-    """A run RUNNING without its process whose last.ckpt is damaged: ``resume=true`` refuses the
-    checkpoint in one line, and the run it could not continue stayed RUNNING in the store (found
-    by a helper probing resume); it ends KILLED, as a stale run not continued does."""
-    from mlflow.tracking import MlflowClient
-
-    from foxhunt.runs.resume import SETTLED_REASON
-    from foxhunt.training.cell import run_cell
-
-    quick = ["model=dqn", "trainer=smoke", "data.source.days=7", "evaluation.plot_equity=false", "evaluation.max_bars=200",
-             f"paths.output_dir={tmp_path / 'a'}"]  # fmt: skip
-    first = run_cell(compose_cfg(quick))
-    uri = compose_cfg(quick).logger.tracking_uri
-    client = MlflowClient(uri)
-    client.set_tag(first.run_id, "pid", "999999999")
-    client.update_run(first.run_id, status="RUNNING")  # killed with kill -9: the store still says RUNNING
-    (tmp_path / "a" / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 cut off")
-    with pytest.raises(CheckpointError, match=f"resume of run {first.run_id}: checkpoint=.*last.ckpt: not a torch checkpoint"):
-        run_cell(compose_cfg([*quick, "resume=true"]))
-    run = client.get_run(first.run_id)
-    assert (run.info.status, run.data.tags["stop_reason"]) == ("KILLED", SETTLED_REASON)
