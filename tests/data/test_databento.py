@@ -549,3 +549,18 @@ def test_an_instrument_id_past_a_u32_is_one_line(tmp_path):
         BarDataError, match=r"huge\.csv: line 3: field 'instrument_id'=.* is not an instrument id \(a whole number "
     ):
         databento_source(str(tmp_path / "huge.csv")).load(ES)
+
+
+def test_a_file_whose_metadata_names_another_bar_schema_is_refused(tmp_path):
+    """Metadata of ohlcv-1s over one-minute records loaded as one-minute bars, exit 0, though the
+    docs say a DBN file whose metadata names another schema is refused (found by a helper)."""
+    day = TRADE_DATES[0]
+    records = [
+        bar(IDS["ESH5"], day + pd.Timedelta(hours=14, minutes=30 + m), 5800.0, 5800.25, 5799.75, 5800.0, 10) for m in range(3)
+    ]
+    mappings = {"ESH5": (IDS["ESH5"], dt.date(2025, 3, 1), dt.date(2025, 3, 8))}
+    honest = encode(tmp_path / "es.dbn", metadata(["ESH5"], mappings, start=day.value), records)
+    assert len(databento_source(str(honest)).load(ES)) == 3
+    path = encode(tmp_path / "es-1s.dbn", metadata(["ESH5"], mappings, start=day.value, schema=dbn.Schema.OHLCV_1S), records)
+    with pytest.raises(BarDataError, match=r"es-1s\.dbn: schema ohlcv-1s found; DatabentoBarSource.load needs ohlcv-1m bars"):
+        databento_source(str(path)).load(ES)

@@ -75,6 +75,7 @@ from foxhunt.data.sources.databento_records import (
     DBN_SUFFIXES,
     FIXED_PRICE_SCALE,
     MONTH_CODES,
+    OHLCV_SCHEMAS,
     RAW_COLUMNS,
     TRAINING_SCHEMA,
     _dbn_metadata,
@@ -192,10 +193,7 @@ class DatabentoBarSource:
         if wrong.any():
             i = int(np.flatnonzero(wrong)[0])
             row = records.iloc[i]
-            raise BarDataError(
-                f"{row['file']}: schema {row['schema']} found; DatabentoBarSource.load needs "
-                f"{TRAINING_SCHEMA} bars (read other OHLCV schemas with read_databento_ohlcv)"
-            )
+            raise _other_schema(row["file"], row["schema"])
         contracts = self._contracts(records, asset, definitions)
         self._validate_contracts(contracts, asset)
         definitions.check(asset, set(contracts["contract"].astype(str)))
@@ -271,9 +269,15 @@ class DatabentoBarSource:
         return self._with_ts(picked)
 
     def _check_metadata(self, file: Path, asset: AssetSpec) -> None:
-        """The dataset a DBN file's metadata names against ``dataset`` (the schema and the
-        symbols are checked on the records: another schema, or no outright of the asset's root)."""
+        """The schema and dataset a DBN file's metadata names: another bar schema than the
+        training one is refused (as on the records, which are checked too), the dataset against
+        ``dataset`` (the symbols are checked on the records: no outright of the asset's root)."""
         metadata = _dbn_metadata(file)
+        schema = str(metadata.schema) if metadata.schema is not None else None  # None: a file of several schemas
+        if (
+            schema is not None and schema in OHLCV_SCHEMAS.values() and schema != TRAINING_SCHEMA
+        ):  # ohlcv-1s metadata over 1-minute records
+            raise _other_schema(file, schema)  # loaded as 1-minute bars (found by a helper): the two disagree
         found = str(metadata.dataset or "")
         if self.dataset and found and found != self.dataset:
             raise BarDataError(
@@ -395,3 +399,9 @@ def _continuous_of(symbol: str, root: str) -> bool:
     ``c``, open interest ``n`` or volume ``v`` rank): the series Databento rolled, read as it is."""
     found = _CONTINUOUS.match(symbol)
     return found is not None and found.group("root") == root
+
+
+def _other_schema(file, schema: str) -> BarDataError:
+    """A file of another bar schema than the one foxhunt trains on (its metadata's, or its records')."""
+    return BarDataError(f"{file}: schema {schema} found; DatabentoBarSource.load needs {TRAINING_SCHEMA} bars "
+                        "(read other OHLCV schemas with read_databento_ohlcv)")  # fmt: skip
