@@ -158,6 +158,18 @@ def test_a_bar_time_outside_a_streams_range_or_a_boolean_column_is_refused(tmp_p
         csv_source(str(path)).load(asset("es"))
 
 
+def test_a_bar_not_on_a_whole_minute_is_refused(tmp_path):
+    """A file of 30-second bars (or stamps in seconds read as nanoseconds) loaded as minute bars,
+    exit 0 (found by a helper probing the data): every bar starts on a whole minute."""
+    with pytest.raises(BarDataError, match=r"^f: row 0 \(2024-01-02T14:30:30\+00:00\): not the start of a whole minute"):
+        validate_bars(bars(GOOD, start="2024-01-02 14:30:30"), 0.25, origin="f")
+    path = tmp_path / "half.csv"
+    path.write_text("timestamp_utc,open,high,low,close,volume\n2024-01-02 14:31:00,4800,4800.5,4799.75,4800.25,10\n"
+                    "2024-01-02 14:31:30,4800,4800.5,4799.75,4800.25,10\n")  # fmt: skip
+    with pytest.raises(BarDataError, match=r"half\.csv: line 3 \(2024-01-02T14:30:30\+00:00\): not the start of a whole minute"):
+        csv_source(str(path)).load(asset("es"))
+
+
 def test_missing_column():
     with pytest.raises(
         BarDataError,

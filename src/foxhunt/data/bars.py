@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 #: The bar times foxhunt reads, from a file or a stream: 1970-01-01 .. 2200-01-01 UTC (within int64
 #: nanoseconds, and the exchange calendars' range).
 MIN_TS_NS, MAX_TS_NS = 0, 7_258_118_400 * 1_000_000_000
+MINUTE_NS = 60 * 1_000_000_000  # a bar's length: every bar starts on a whole minute
 BAR_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "volume")
 PRICE_COLUMNS: tuple[str, ...] = ("open", "high", "low", "close")
 INDEX_NAME = "ts"
@@ -176,7 +177,8 @@ def validate_bars(
     check raises BarDataError ``"<origin>: <row_name> <n> (<timestamp>): <problem>"``.
 
     Checks, in order: required columns present and numeric (not booleans); UTC DatetimeIndex
-    without NaT; times within :data:`MIN_TS_NS` .. :data:`MAX_TS_NS` (a stream's range);
+    without NaT; times within :data:`MIN_TS_NS` .. :data:`MAX_TS_NS` (a stream's range), each
+    on a whole minute;
     timestamps strictly increasing (no duplicates); no NaN or infinite value; volume by
     :func:`volume_problem` (a whole count of contracts below :data:`MAX_VOLUME`);
     prices by :func:`price_problem` (positive, at least one tick, on the tick grid within
@@ -226,6 +228,10 @@ def validate_bars(
     if beyond.size:  # Databento's null time (2**64-1) read as -1, a negative one: bars of 1969 (found by a helper)
         raise BarDataError(f"{where(int(beyond[0]))}: a bar time outside the times foxhunt reads "
                            f"({_utc_iso(MIN_TS_NS)} .. {_utc_iso(MAX_TS_NS)}, as a stream)")  # fmt: skip
+    off = np.flatnonzero(stamps % MINUTE_NS != 0)
+    if off.size:  # 30-second bars, or stamps in seconds read as nanoseconds, loaded as minute bars (found by a helper)
+        raise BarDataError(f"{where(int(off[0]))}: not the start of a whole minute (foxhunt reads 1-minute bars, each "
+                           "labelled by its start)")  # fmt: skip
     steps = np.diff(stamps)
     bad = np.flatnonzero(steps <= 0)
     if bad.size:

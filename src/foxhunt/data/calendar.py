@@ -43,11 +43,12 @@ import pandas_market_calendars as mcal
 from pandas.tseries.holiday import GoodFriday
 from pandas_market_calendars.calendars.cme import BondsGoodFridayOpen
 
+from foxhunt.data.bars import MINUTE_NS
+
 if TYPE_CHECKING:
     from foxhunt.assets import AssetSpec
 
 LIBRARY = "pandas_market_calendars"
-MINUTE_NS = 60_000_000_000
 DAY_NS = 24 * 60 * MINUTE_NS
 DAYS_PER_YEAR = 365.25  # mean calendar year (Julian), the unit of "per year"
 # Sessions are fetched this many days beyond the bars on each side, so that the session a
