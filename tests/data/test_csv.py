@@ -130,6 +130,24 @@ def test_offsets_that_change_across_a_dst_change_are_each_converted(tmp_path):
         csv_source(str(mixed), bar_label="start").load(ES)
 
 
+def test_local_times_across_the_autumn_change_read_by_their_order(tmp_path):
+    """Chicago's 01:00-01:59 comes twice on 2024-11-03 (CDT, then CST): every such file was
+    refused as ambiguous (found by a helper probing the data). In file order the first is CDT."""
+    rows = [f"2024-11-03 {h:02d}:{m:02d}:00,1.0850,1.0851,1.0849,1.0850,5" for h in (0, 1) for m in (0, 30)]
+    rows += [f"2024-11-03 01:{m:02d}:00,1.0850,1.0851,1.0849,1.0850,5" for m in (0, 30)]  # the hour again, now CST
+    path = write(tmp_path, rows, name="chicago.csv")
+    bars = csv_source(str(path), timezone="America/Chicago", bar_label="start").load(FX)
+    expected = [
+        "2024-11-03 05:00",
+        "2024-11-03 05:30",
+        "2024-11-03 06:00",
+        "2024-11-03 06:30",
+        "2024-11-03 07:00",
+        "2024-11-03 07:30",
+    ]
+    assert bars.index.tolist() == [pd.Timestamp(t, tz="UTC") for t in expected]
+
+
 def test_gzip_zstd_directory_and_glob(tmp_path):
     import zstandard
 

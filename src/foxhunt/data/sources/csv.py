@@ -205,7 +205,9 @@ class CsvBarSource:
             index = pd.DatetimeIndex(parsed)
             if index.tz is None:
                 try:
-                    index = index.tz_localize(self.timezone, ambiguous="raise", nonexistent="raise")
+                    # the hour repeated when summer time ends, told apart by the rows' order ("raise" refused every
+                    # file across an autumn change: found by a helper probing the data)
+                    index = index.tz_localize(self.timezone, ambiguous="infer", nonexistent="raise")
                 except Exception as exc:  # noqa: BLE001 - pandas raises several types here
                     raise BarDataError(
                         f"{origin}: field '{name}': timestamps do not exist or are ambiguous in "
