@@ -212,3 +212,16 @@ def test_contract_symbols_and_config(tmp_path):
     assert first == lean_source(str(tmp_path)).fingerprint(ES)
     zip_path.write_bytes(zip_path.read_bytes() + b"\0")
     assert first != source.fingerprint(ES)
+
+
+def test_overlapping_zips_name_both_files(tmp_path):
+    """Two copies of one day's zip: 'two bars of the held contract at ...: the files overlap', with
+    neither file named (found by a helper probing the data)."""
+    import shutil
+
+    first = lean_zip(tmp_path, "20240304", {"202403": [GOOD_ROW]})
+    shutil.copy(first, tmp_path / "copy_trade.zip")
+    with pytest.raises(BarDataError) as err:
+        lean_source(str(tmp_path)).load(ES)
+    member = "20240304_es_minute_trade_202403.csv line 1"
+    assert f"({first}:{member} and {tmp_path / 'copy_trade.zip'}:{member}): the files overlap" in str(err.value), str(err.value)

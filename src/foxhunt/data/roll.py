@@ -211,7 +211,11 @@ def continuous(contracts: Contracts, schedule: pd.DataFrame, adjust: str) -> tup
     picked = bars.loc[bars["contract"].to_numpy() == chosen].sort_values("ts", kind="stable").reset_index(drop=True)
     if picked["ts"].duplicated().any():
         ts = picked.loc[picked["ts"].duplicated(), "ts"].iloc[0]
-        raise BarDataError(f"two bars of the held contract at {ts}: the files overlap")
+        both = picked.loc[picked["ts"] == ts].head(2)
+        named = [" ".join(f"{key} {row[key]}" if key != "file" else str(row[key]) for key in ("file", "line", "record") if key in both)
+                 for _, row in both.iterrows()]  # fmt: skip  # which files: neither was named (found by a helper)
+        where = f" ({' and '.join(named)})" if all(named) else ""
+        raise BarDataError(f"two bars of the held contract at {ts}{where}: the files overlap")
     contract = picked["contract"].to_numpy()
     close = picked["close"].to_numpy(np.float64)
     roll_at = np.flatnonzero(contract[1:] != contract[:-1]) + 1
