@@ -86,3 +86,38 @@ def test_what_moved_with_a_refused_version_is_held_back_not_swapped_in_alone(mon
                        "v1 keeps deciding")  # fmt: skip
     watcher.poll()
     assert watcher.take() == [] and len(said) == 2  # not tried again until an alias moves
+
+
+def test_a_refused_version_is_tried_again_after_retry_s_and_said_once(monkeypatch):
+    """A version refused because the store could not be read for a moment was never tried again:
+    the old version served on while the registry named the new one, and /info did not say so
+    (found by a helper probing the roll). It is listed in ``refusals``, looked at again
+    ``roll.swap.retry_s`` later (a retry failing for the same reason says nothing), and loads."""
+    from foxhunt.errors import UserError
+
+    moved = {"foxhunt-dqn-es": "2", "foxhunt-ppo-es": "1"}
+    watcher = _watcher(monkeypatch, [moved])
+    watcher.retry_s = 60.0
+    now = [0.0]
+    watcher.clock = lambda: now[0]
+    said: list[str] = []
+    watcher.say = said.append
+    readable, loads = [False], []
+
+    def load(cfg, name, version, weights, workdir):
+        loads.append(now[0])
+        if not readable[0]:
+            raise UserError("artifacts/weights.pt cannot be read from the artifact store")
+        return SimpleNamespace(name=name, version=str(version))
+
+    monkeypatch.setattr(loading, "load_member", load)
+    watcher.poll()
+    assert watcher.refusals == {"foxhunt-dqn-es": {"version": "2", "reason": said[0].split(": ", 1)[1].rsplit("; v1", 1)[0]}}
+    now[0] = 30.0
+    watcher.poll()  # before retry_s: not looked at
+    now[0] = 61.0
+    watcher.poll()  # looked at again, refused for the same reason: nothing said
+    assert len(said) == 1 and loads == [0.0, 61.0]
+    readable[0], now[0] = True, 122.0
+    watcher.poll()
+    assert [(m.name, m.version) for m in watcher.take()] == [("foxhunt-dqn-es", "2")] and watcher.refusals == {}

@@ -879,6 +879,7 @@ class PaperSection(_Strict):
 class RollSwap(_Strict):
     poll_s: Seconds | None
     warm_bars: Annotated[int, _ints(0, 1_000_000)]
+    retry_s: Seconds | None
 
 
 class RollSection(_Strict):

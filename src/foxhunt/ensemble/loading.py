@@ -25,7 +25,8 @@ version moved is loaded there through the same path as at start (:func:`load_mem
 :func:`~foxhunt.ensemble.registry.download_version` checks every file against its recorded
 digests, :func:`~foxhunt.ensemble.rebuild.build_member` the stored config before anything in it
 is imported) and handed over ready; one that fails is one line (``say``), the version serving
-goes on, and it is not tried again until its alias moves again. The holder of the engine swaps
+goes on, and it is tried again ``roll.swap.retry_s`` later (said again only when the reason
+changes) or when its alias moves; serve's ``/info`` lists it under ``refused``. The holder of the engine swaps
 a ready member in between two bars (:meth:`SwappableEngine.swap`): the new version first steps
 through each stream's latest bars (at most ``roll.swap.warm_bars`` since the stream's members
 started, features primed on the bars before them), so its recurrent state (Mamba-2), window
@@ -38,6 +39,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,7 +290,12 @@ class VersionWatcher:
         self.poll_s = float(cfg.roll.swap.poll_s)
         self.current = dict(current)
         self.say = say
-        self.failed: dict[str, str] = {}  # name -> the version refused (not tried again until the alias moves)
+        retry = cfg.roll.swap.get("retry_s")
+        self.retry_s = None if retry is None else float(retry)
+        self.failed: dict[str, str] = {}  # name -> the version refused (tried again after retry_s, or when the alias moves)
+        self.refusals: dict[str, dict[str, str]] = {}  # name -> the version refused and why (serve's /info shows them)
+        self._failed_at: dict[str, float] = {}  # name -> when (time.monotonic) its version was refused
+        self.clock = time.monotonic
         self._ready: dict[str, LoadedMember] = {}  # loaded, not yet handed over
         self._handed: dict[str, str] = {}  # handed over, not yet reported
         self._lock = threading.Lock()
@@ -319,11 +326,27 @@ class VersionWatcher:
             self._handed.pop(found.name, None)
 
     def refused(self, found: LoadedMember, why: str) -> None:
-        """The holder could not swap ``found`` in: said once, not tried again until the alias moves."""
+        """The holder could not swap ``found`` in: said, and tried again as a refused load is (:meth:`poll`)."""
         with self._lock:
-            self.failed[found.name] = found.version
             self._handed.pop(found.name, None)
-        self.say(f"{found.name} v{found.version}: not swapped in: {why}; v{self.current.get(found.name)} keeps deciding")
+        self._refuse(found.name, found.version, f"not swapped in: {why}")
+
+    def _refuse(self, name: str, version: str, why: str) -> None:
+        """``version`` of ``name`` refused for ``why``: remembered (and shown by serve's /info), said
+        unless it is what was said last time (a retry failing for the same reason says nothing)."""
+        with self._lock:
+            same = self.refusals.get(name) == {"version": version, "reason": why}
+            self.failed[name], self._failed_at[name] = version, self.clock()
+            self.refusals[name] = {"version": version, "reason": why}
+        if not same:
+            self.say(f"{name} v{version}: {why}; v{self.current.get(name)} keeps deciding")
+
+    def _retry_due(self, name: str) -> bool:
+        """A refused version is looked at again ``roll.swap.retry_s`` after its refusal (null: only
+        when the alias moves): one refused for a read of the store that failed once was never tried
+        again, and the old version served on while the registry named the new one (found by a
+        helper probing the roll)."""
+        return self.retry_s is not None and self.clock() - self._failed_at.get(name, 0.0) >= self.retry_s
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -353,30 +376,28 @@ class VersionWatcher:
             with self._lock:
                 if version is None or version == self.current.get(name):
                     self._ready.pop(name, None)
+                    self.refusals.pop(name, None)  # the alias is back on the version deciding: nothing refused
                     continue
-                known = {self.failed.get(name), self._handed.get(name), getattr(self._ready.get(name), "version", None)}
+                failed = self.failed.get(name) if not self._retry_due(name) else None
+                known = {failed, self._handed.get(name), getattr(self._ready.get(name), "version", None)}
             if version in known:
                 continue
             try:
                 member = load_member(self.cfg, name, int(version), None, self.workdir / "swaps")
             except UserError as exc:  # a version whose files or config are refused: the old one keeps deciding
-                with self._lock:
-                    self.failed[name] = version
-                self.say(f"{name} v{version}: refused, not swapped in ({one_line_error(exc, with_type=False)}); "
-                         f"v{self.current.get(name)} keeps deciding")  # fmt: skip
+                self._refuse(name, version, f"refused, not swapped in ({one_line_error(exc, with_type=False)})")
                 refused.append(f"{name} v{version}")
                 continue
             loaded.append(member)
         if refused and loaded:  # never a set the registry did not hold: the rest of what moved waits with it
-            with self._lock:
-                self.failed.update({member.name: member.version for member in loaded})
             for member in loaded:
-                self.say(f"{member.name} v{member.version}: held back, not swapped in alone ({', '.join(refused)} of the same "
-                         f"move was refused); v{self.current.get(member.name)} keeps deciding")  # fmt: skip
+                self._refuse(member.name, member.version,
+                             f"held back, not swapped in alone ({', '.join(refused)} of the same move was refused)")  # fmt: skip
             return []
         with self._lock:  # together: take() never hands over part of what moved at once
             for member in loaded:
                 self.failed.pop(member.name, None)
+                self.refusals.pop(member.name, None)
                 self._ready[member.name] = member
         return loaded
 

@@ -86,8 +86,9 @@ registry while the server runs; a promoted version is loaded and checked on the 
 in on the compute thread between two batches, so between two bars of every symbol: it first
 steps through each symbol's latest bars (``roll.swap.warm_bars``), then answers the next. No
 request waits for the loading, none fails, no bar is skipped or decided twice; ``GET /info``
-names the versions deciding and the swaps done. A version that fails to load or to swap in is
-one line in the log and the old one keeps answering.
+names the versions deciding, the swaps done and, under ``refused``, each version the registry
+names that fails to load or to swap in (and why): it is one line in the log, the old one keeps
+answering, and it is tried again ``roll.swap.retry_s`` later.
 
 **Stopping.** SIGTERM or Ctrl-C: uvicorn stops accepting, idle connections are closed, a body
 still arriving is a 503 at once, the requests the ensemble has are answered (within
@@ -414,6 +415,7 @@ class EnsembleService:
             "stream_bytes_method": "one symbol's stream: every member's state slot (numpy nbytes) and its feature windows (sys.getsizeof)",
             "uptime_s": round(time.monotonic() - self.started, 3), "requests_answered": self.answered,
             "swaps": list(self.swaps), "cold_evicted": self.cold_evicted,
+            "refused": dict(self.watcher.refusals) if self.watcher is not None else {},
         }  # fmt: skip
 
     def _evict_idle(self, now: float) -> None:
