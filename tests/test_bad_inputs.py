@@ -345,6 +345,22 @@ TRAIN_CASES = [
         ["callbacks.warm_start.path=/nonexistent.ckpt"],
         "config error: callbacks.warm_start.path=/nonexistent.ckpt",
     ),
+    # an empty string passed as "none": a checkpoint refused after the fit, a feature cache in the current folder (a helper)
+    # model.name is the family in every record: a DQN run was tagged and ranked as model "foo" (found by a helper)
+    (
+        "model-name",
+        ["model.name=foo"],
+        "config error: model.name='foo': not a model family (one of dlinear, dqn, mamba2, ppo, tft",
+    ),
+    ("model-name-other", ["model.name=ppo"], "config error: model.name='ppo': names the family of kind agent with module"),
+    # a 102-line AssertionError ("unscale_ but _scale is None") mid-fit, the run FAILED (found by a helper)
+    (
+        "fp16-on-cpu",
+        ["precision=bf16", "precision.trainer_precision=16-mixed", "trainer.accelerator=cpu"],
+        "config error: precision.trainer_precision=16-mixed: float16 training (its loss scaler) needs a CUDA device",
+    ),
+    ("ckpt-empty", ["ckpt=''"], "config error: ckpt='': String should have at least 1 character"),
+    ("cache-dir-empty", ["data.cache_dir=''"], "config error: data.cache_dir='': String should have at least 1 character"),
     ("root-is-a-file", ["paths.root_dir={empty.csv}"], "config error: cannot make the folder {empty.csv}/outputs/runs/"),
     (
         "sweep-root-is-a-file",
@@ -354,6 +370,11 @@ TRAIN_CASES = [
     (
         "n-jobs-zero",
         ["-m", "strategy=parallel", "strategy.n_jobs=0"],
+        "cannot prepare the sweep: config error: strategy.n_jobs=0: must be an integer in [1, 1024] or auto",
+    ),
+    (  # -m after an override: argparse's 9-line usage block, "unrecognized arguments" (found by a helper)
+        "multirun-after-an-override",
+        ["strategy=parallel", "-m", "strategy.n_jobs=0"],
         "cannot prepare the sweep: config error: strategy.n_jobs=0: must be an integer in [1, 1024] or auto",
     ),
     (
@@ -415,6 +436,20 @@ def test_bad_input_is_one_line_exit_2_no_traceback_and_nothing_changed(battery, 
         assert set((battery.root / "outputs").rglob("*")) - folders <= {battery.root / "outputs" / "runs"}
 
 
+def test_the_slurm_strategy_without_slurm_is_one_line_before_the_sweep(battery, monkeypatch, capsys, tmp_path):
+    """strategy=slurm on a machine without SLURM was submitit's 38-line traceback ("Could not
+    detect srun"), exit 1, after the sweep's parent run was made (found by a helper probing the CLI)."""
+    monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "WARNING")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, no srun
+    before = _snapshot(battery)
+    code = run_foxhunt_train(monkeypatch, battery.root, ["-m", "strategy=slurm", *SMOKE])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == EXIT_USER_ERROR and len(lines) == 1, lines
+    assert lines[0].startswith("foxhunt-train: cannot prepare the sweep: config error: strategy=slurm: sbatch and srun not "
+                               "found on PATH")  # fmt: skip
+    assert _snapshot(battery) == before  # no parent run
+
+
 def test_the_traceback_is_shown_when_asked_for_and_for_a_bug(battery, monkeypatch, capsys):
     from foxhunt import train
     from foxhunt.data.errors import BarDataError
@@ -449,6 +484,13 @@ CLI_CASES = [
     ("stop-job-id", ["train", "stop", "nosuchjob"], "nosuchjob"),
     ("store-not-sqlite", ["train", "list", "--tracking-uri", "sqlite:///{text_store.db}"], "{text_store.db}"),
     ("root-missing", ["train", "list", "--root", "/nonexistent/foxhunt"], "--root /nonexistent/foxhunt: no such folder"),
+    # under the command's own name, a file named as one (it said "foxhunt train: ... no such folder": found by a helper)
+    (
+        "runs-root-missing",
+        ["runs", "top", "--root", "/nonexistent/foxhunt"],
+        "foxhunt runs: --root /nonexistent/foxhunt: no such",
+    ),
+    ("runs-root-a-file", ["runs", "top", "--root", "{empty.csv}"], "foxhunt runs: --root {empty.csv}: not a folder"),
     ("override-newline", ["train", "start", "model=dqn\nfake line"], "overrides model=dqn\\nfake line: "),
     # money (issue 35): bounded where float arithmetic stays exact to the cent, refused before the store is opened
     (

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 # Lazy imports: (a) training, torch, Lightning once a job runs, sweeps in a -m job: --help and a bad override answer without them
 
 PROG = "foxhunt-train"
+MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 _DEBUG = False  # --debug / FOXHUNT_DEBUG=1 / HYDRA_FULL_ERROR=1: input errors keep their traceback
@@ -127,6 +128,14 @@ def _refuse_the_old_preset_group(argv: list[str]) -> None:
                               "the MLflow experiment is named by task=<name>")  # fmt: skip
 
 
+def _multirun_first(argv: list[str]) -> list[str]:
+    """``-m`` (``--multirun``) anywhere among the overrides, as users write it: after an override
+    argparse printed a 9-line usage block ("unrecognized arguments"; found by a helper probing the
+    CLI). It takes no value, so it moves to the front, where Hydra reads it."""
+    flags = [arg for arg in argv[1:] if arg in MULTIRUN_FLAGS]
+    return [argv[0], *flags, *(arg for arg in argv[1:] if arg not in MULTIRUN_FLAGS)] if flags else argv
+
+
 def _use_configured_threads(cfg: DictConfig) -> None:
     import torch
 
@@ -143,6 +152,7 @@ def main() -> None:
     global _DEBUG, _ENTERED
     _ENTERED = False
     sys.argv, flag = strip_debug_flag(sys.argv)
+    sys.argv = _multirun_first(sys.argv)
     _DEBUG = flag or debug_requested()
     # Hydra prints its own report of an error raised while composing the config (and exits 1);
     # with HYDRA_FULL_ERROR set it raises instead, and the error reaches `reported` here.

@@ -205,6 +205,15 @@ def test_a_bad_request_is_one_line(built, args, message):
     assert all(_present(built).values())
 
 
+def test_a_bad_keep_is_refused_before_the_store_is_opened(tmp_path, monkeypatch):
+    """--keep 0 was refused only once the store was read (8 s here; found by a helper probing the CLI)."""
+    from foxhunt.runs import prune as pr
+
+    monkeypatch.setattr(pr, "store_folder", lambda uri: pytest.fail("the store was opened"))
+    result = runner.invoke(app, [*PRUNE, "--root", str(tmp_path), "--keep", "0"])
+    assert result.exit_code == 2 and "--keep 0: must be an integer >= 1" in result.output, result.output
+
+
 def test_a_run_whose_record_points_at_another_runs_folder_is_not_pruned_through_it(built):
     """A losing run's artifact_uri edited to name the best run's folder: --yes removed the best
     run's checkpoints with the loser's (found by a helper probing prune). A folder that is not

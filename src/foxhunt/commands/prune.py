@@ -57,8 +57,9 @@ def prune(
         if filters:
             raise pr.PruneError(f"override {next(iter(filters))}=...: prune takes task= only (it ranks whole cells)")
         keep = pr.default_keep() if keep is None else keep
+        pr.check_keep(keep)  # before the store is opened: --keep 0 was refused after 8 s (found by a helper)
         experiment = task or lb.default_experiment()
-        uri = _uri(_root(root), tracking_uri)
+        uri = _uri(_root(root, PROG), tracking_uri)
         pr.store_folder(uri)  # a server store, or none: one line before mlflow is imported
         from foxhunt.runs.store import RunStore
 

@@ -99,7 +99,7 @@ def top(
         task, filters = lb.parse_overrides(overrides or [])
     except lb.LeaderboardError as exc:
         raise _fail(str(exc)) from None
-    root_dir = _root(root)
+    root_dir = _root(root, PROG)
     uri = _uri(root_dir, tracking_uri, waited_on=True)
     query = lb.Query(experiment=task or lb.default_experiment(), metric=metric, by=group_by, filters=filters, limit=limit)
     try:
@@ -136,7 +136,7 @@ def reproduce(
     from foxhunt.runs import reproduce as rp
     from foxhunt.training.reproduce import check_stored_hash, reproduction_config, reproduction_folder, retrain
 
-    root_dir = _root(root)
+    root_dir = _root(root, PROG)
     uri = _uri(root_dir, tracking_uri)
     store = _store(uri)
     with tempfile.TemporaryDirectory(prefix="foxhunt-reproduce-") as scratch:

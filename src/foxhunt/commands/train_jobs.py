@@ -47,13 +47,17 @@ ROOT_HELP = "Folder holding mlruns/ and outputs/ (default: $FOXHUNT_ROOT or the 
 URI_HELP = "MLflow tracking URI (default: sqlite:///<root>/mlruns/mlflow.db, the project's store)."
 
 
-def _root(root: Path | None) -> Path:
+def _root(root: Path | None, prog: str = "foxhunt train") -> Path:
     """``--root``, or the folder foxhunt runs from; a ``--root`` that is no folder is a usage error
-    (a typo listed an empty table, exit 0)."""
+    (a typo listed an empty table, exit 0), said under the command's own name ``prog`` (``runs``
+    and ``prune`` said "foxhunt train", and a file was "no such folder": found by a helper)."""
     if root is None:
         return root_dir()
     if not Path(root).is_dir():
-        raise _fail(f"--root {visible(root)}: no such folder (the folder foxhunt-train ran from: mlruns/ and outputs/ are in it)")
+        what = "not a folder" if Path(root).exists() else "no such folder"
+        typer.echo(f"{prog}: --root {visible(root)}: {what} (the folder foxhunt-train ran from: mlruns/ and outputs/ are in it)",
+                   err=True)  # fmt: skip
+        raise typer.Exit(EXIT_USER_ERROR)
     return Path(root).resolve()
 
 

@@ -53,7 +53,7 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema
 
-from foxhunt.config.families import family_names
+from foxhunt.config.families import families, family_names
 from foxhunt.config.model_schemas import MAX_BATCH, MAX_SEED, HyperparameterError, Hyperparameters, shown_bound
 from foxhunt.data.features import FEATURE_GROUPS, FEATURE_NAMES
 from foxhunt.errors import ConfigError
@@ -341,6 +341,22 @@ class ModelSection(_Strict):
     window: WindowSettings | None = None
 
     @model_validator(mode="after")
+    def _a_family_as_its_file_declares_it(self) -> ModelSection:
+        """``model.name`` is the run's family in every record (its tag, its run and folder names,
+        ``runs top``, the registry): ``model.name=foo`` labelled a DQN run "foo", and
+        ``../../escape`` put its folder elsewhere (found by a helper probing the CLI)."""
+        found = families().get(self.name)
+        if found is None:
+            raise _KeyedError("name", self.name, f"not a model family (one of {', '.join(families())}; a family is its "
+                                                  "file conf/model/<name>.yaml)")  # fmt: skip
+        modules = {family.module for family in families().values()}
+        if self.module.target in modules and (found.kind, found.module) != (self.kind, self.module.target):  # (another
+            # target is the module check's: foxhunt.config.model_schemas)
+            raise _KeyedError("name", self.name, f"names the family of kind {found.kind} with module {found.module}, but "
+                                                 f"model.kind={self.kind} and model.module._target_={self.module.target}")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
     def _kind_has_its_settings(self) -> ModelSection:
         if self.kind == "agent" and self.env is None:
             raise _KeyedError("env", None, "agents need model.env (num_envs, episode_len, steps_per_epoch)")
@@ -415,7 +431,7 @@ class DataSection(_Strict):
     source: Targeted
     features: Features
     split: Split
-    cache_dir: str
+    cache_dir: str = Field(min_length=1)  # '' wrote the feature cache into the current folder (found by a helper)
 
 
 class BudgetSection(_Ranged):
@@ -665,7 +681,9 @@ class PathsSection(_Open):
 class TrainConfig(_Strict):
     task: str = Field(min_length=1)
     seed: Seed
-    ckpt: str | None
+    ckpt: (
+        Annotated[str, Field(min_length=1)] | None
+    )  # '' passed the checkpoint check as "none" and Lightning refused it after the fit
     resume: bool
     execution: Execution
     evaluation: Evaluation

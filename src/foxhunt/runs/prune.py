@@ -182,10 +182,15 @@ def measure(folder: Path) -> tuple[int, int]:
     return files, size
 
 
-def plan_prune(store: RunStore, experiment: str, metric: str, keep: int) -> Plan:
-    """What a prune of ``experiment`` would remove (module doc); reads and measures only."""
+def check_keep(keep: int) -> None:
+    """``--keep`` (or ``keep_top``): the best runs of each cell that keep their checkpoints, at least one."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise PruneError(f"--keep {keep!r}: must be an integer >= 1 (the best runs of each cell that keep their checkpoints)")
+
+
+def plan_prune(store: RunStore, experiment: str, metric: str, keep: int) -> Plan:
+    """What a prune of ``experiment`` would remove (module doc); reads and measures only."""
+    check_keep(keep)
     lb.metric_parts(metric)  # a metric without a split or a direction: one line
     root = store_folder(store.tracking_uri)
     if store.experiment_id(experiment) is None:

@@ -53,6 +53,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -63,7 +64,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from foxhunt.config.schema import validate_shared
-from foxhunt.errors import TAG_TEXT_LIMIT, FolderError, error_line, is_user_error, one_line, one_line_error
+from foxhunt.errors import TAG_TEXT_LIMIT, ConfigError, FolderError, error_line, is_user_error, one_line, one_line_error
 from foxhunt.runs.cell import CellKey, read_results
 from foxhunt.runs.environment import JOB_ID_ENV, PARENT_RUN_ENV, SWEEP_PID_ENV
 from foxhunt.runs.leaderboard import SEARCH_TRIALS_TAG
@@ -145,8 +146,15 @@ def find_parent_run(store, experiment: str, sweep_dir: str, digest: str, job_id:
 
 def _validate_shared(config: DictConfig) -> None:
     """The settings every cell shares (``strategy.n_jobs``, ``logger``, ...), checked before any
-    run or worker exists; the cells' own values (swept, searched) are checked in each job."""
+    run or worker exists; the cells' own values (swept, searched) are checked in each job. The
+    SLURM strategy needs SLURM's commands here: without them submitit's "Could not detect srun"
+    was a 38-line traceback after the parent run was made (found by a helper probing the CLI)."""
     validate_shared(config)
+    if config.strategy.name == "slurm":
+        missing = [command for command in SLURM_COMMANDS if shutil.which(command) is None]
+        if missing:
+            raise ConfigError(f"strategy=slurm: {' and '.join(missing)} not found on PATH: this machine is not a SLURM "
+                              "cluster's node (strategy=sequential or strategy=parallel trains here)")  # fmt: skip
 
 
 def _check_cells(config: DictConfig) -> None:
@@ -158,6 +166,9 @@ def _check_cells(config: DictConfig) -> None:
     cells = sweep_cells(config)
     if len(cells) > 1:  # one cell checks its values first thing, as any run does: nothing trains before it
         check_cells(config, cells, GlobalHydra.instance().config_loader())
+
+
+SLURM_COMMANDS = ("sbatch", "srun")  # what submitit's SLURM executor calls
 
 
 class SweepCallback(Callback):

@@ -58,6 +58,11 @@ def check_accelerator(cfg: DictConfig) -> None:
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(f"trainer.accelerator={accelerator}: this machine has no CUDA device that torch "
                           f"{torch.__version__} can use; use trainer.accelerator=cpu (or auto)")  # fmt: skip
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    trainer_precision = str(cfg.precision.get("trainer_precision") or "")
+    if trainer_precision.startswith("16") and not on_gpu:  # fp16 with a loss scaler: a 102-line AssertionError mid-fit
+        raise ConfigError(f"precision.trainer_precision={trainer_precision}: float16 training (its loss scaler) needs a "
+                          "CUDA device, and this run is on the CPU; use precision=bf16 (bf16-mixed)")  # fmt: skip  # (a helper)
     devices, nodes = cfg.trainer.get("devices", 1), int(cfg.trainer.get("num_nodes", 1) or 1)
     if _device_count(devices, accelerator) > 1 or nodes > 1:
         what = f"trainer.devices={devices}" if nodes <= 1 else f"trainer.num_nodes={nodes}"
