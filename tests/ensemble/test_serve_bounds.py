@@ -330,8 +330,35 @@ def test_a_swap_waits_until_no_request_is_part_answered():
     service = _service(slice_bars=4, max_bars_per_request=10, timeout_s=60.0)
     long = Pending("LONG", [(i, 1.0, 1.0, 1.0, 1.0, 1.0) for i in range(10)], time.monotonic() + 60)
     looked: list[int] = []  # the bars of the request answered when the swap looked at the watcher
-    service.watcher = SimpleNamespace(take=lambda: looked.append(len(long.results)) or [])
+    service.watcher = SimpleNamespace(take=lambda: looked.append(len(long.results)) or [], has_ready=lambda: True)
     while service.answer([long]):
         pass
     service.apply_swaps()  # between batches, as /info does
     assert looked == [0, 10]
+
+
+def test_overlapping_requests_do_not_keep_a_swap_out():
+    """Requests of two symbols, each sent while the other was part-answered: the swap, waiting for
+    no request to be part-answered, never came (one look in 201 batches; found reviewing the
+    change). While a swap waits, new requests wait for it: it goes in within a request's slices."""
+    service = _service(slice_bars=4, max_bars_per_request=10, timeout_s=60.0)
+    ready = [True]
+    looked: list[int] = []
+
+    def take():
+        looked.append(len(batches))
+        ready[0] = False
+        return []
+
+    service.watcher = SimpleNamespace(take=take, has_ready=lambda: ready[0])
+    batches: list[list[str]] = []
+    deadline = time.monotonic() + 60
+    going: list[Pending] = []
+    for i in range(12):  # a new 8-bar request of A or B joins every batch
+        symbol = "AB"[i % 2]
+        if all(p.symbol != symbol for p in going):
+            going.append(Pending(symbol, [(1000 * i + j, 1.0, 1.0, 1.0, 1.0, 1.0) for j in range(8)], deadline))
+        ready[0] = ready[0] or i == 3  # a version loaded while A's request is part-answered
+        batches.append([p.symbol for p in going])
+        going = service.answer(going)
+    assert len(looked) >= 2 and looked[1] <= 6, looked  # the loaded version went in within a request's two slices

@@ -82,8 +82,8 @@ def test_what_moved_with_a_refused_version_is_held_back_not_swapped_in_alone(mon
     monkeypatch.setattr(loading, "load_member", load)
     assert watcher.poll() == [] and watcher.take() == []
     assert said[0].startswith("foxhunt-dqn-es v2: refused, not swapped in (artifacts/member.json")
-    assert said[1] == ("foxhunt-ppo-es v2: held back, not swapped in alone (foxhunt-dqn-es v2 of the same move was refused); "
-                       "v1 keeps deciding")  # fmt: skip
+    assert said[1] == ("foxhunt-ppo-es v2: held back, not swapped in alone (foxhunt-dqn-es v2 of the registry's set is "
+                       "refused); v1 keeps deciding")  # fmt: skip
     watcher.poll()
     assert watcher.take() == [] and len(said) == 2  # not tried again until an alias moves
 
@@ -121,3 +121,29 @@ def test_a_refused_version_is_tried_again_after_retry_s_and_said_once(monkeypatc
     readable[0], now[0] = True, 122.0
     watcher.poll()
     assert [(m.name, m.version) for m in watcher.take()] == [("foxhunt-dqn-es", "2")] and watcher.refusals == {}
+
+
+def test_a_family_held_back_goes_in_with_the_refused_ones_fix(monkeypatch):
+    """DQN v2 refused, PPO v2 held back; then DQN v3 (fixed) promoted: DQN v3 was handed over
+    alone beside PPO v1, PPO v2 left out for good; and with retries, DQN v2's retry came before
+    PPO's and went in alone (found reviewing the change). The held-back member goes in with it."""
+    from foxhunt.errors import UserError
+
+    both = {"foxhunt-dqn-es": "2", "foxhunt-ppo-es": "2"}
+    fixed = {"foxhunt-dqn-es": "3", "foxhunt-ppo-es": "2"}
+    watcher = _watcher(monkeypatch, [both, both, fixed, fixed])
+    watcher.say = lambda line: None
+    loads: list[tuple[str, int]] = []
+
+    def load(cfg, name, version, weights, workdir):
+        loads.append((name, version))
+        if (name, version) == ("foxhunt-dqn-es", 2):
+            raise UserError("artifacts/member.json is not the file registered")
+        return SimpleNamespace(name=name, version=str(version))
+
+    monkeypatch.setattr(loading, "load_member", load)
+    watcher.poll()
+    assert watcher.take() == [] and set(watcher.refusals) == {"foxhunt-dqn-es", "foxhunt-ppo-es"}
+    watcher.poll()
+    assert sorted((m.name, m.version) for m in watcher.take()) == [("foxhunt-dqn-es", "3"), ("foxhunt-ppo-es", "2")]
+    assert loads.count(("foxhunt-ppo-es", 2)) == 1 and watcher.refusals == {}  # loaded once, held, then handed over

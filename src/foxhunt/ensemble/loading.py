@@ -297,6 +297,7 @@ class VersionWatcher:
         self._failed_at: dict[str, float] = {}  # name -> when (time.monotonic) its version was refused
         self.clock = time.monotonic
         self._ready: dict[str, LoadedMember] = {}  # loaded, not yet handed over
+        self._held: dict[str, LoadedMember] = {}  # loaded, held back while a version of the set is refused (poll)
         self._handed: dict[str, str] = {}  # handed over, not yet reported
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -312,6 +313,11 @@ class VersionWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=120)
+
+    def has_ready(self) -> bool:
+        """Members are loaded and waiting to be taken (serve holds new requests back for them)."""
+        with self._lock:
+            return bool(self._ready)
 
     def take(self) -> list[LoadedMember]:
         """The members loaded and checked since the last call, to swap in now."""
@@ -362,10 +368,11 @@ class VersionWatcher:
         when both reads agree: a promotion committed between two families' reads is looked at again
         at the next poll, so the versions handed over are ones the registry held together (a
         two-family promotion was swapped in one family at a time: bars were decided by the new
-        DQN beside the old PPO, found by a helper probing the roll). When one family's version is
-        refused, the others that moved with it are held back too (the old set decides on, whole:
-        the new PPO was swapped in beside the old DQN). A family whose alias is back on the version
-        deciding (a rollback) drops the load waiting for it (it was swapped in)."""
+        DQN beside the old PPO, found by a helper probing the roll). While one family's version is
+        refused, the others that moved are held back, loaded, until it loads or its alias moves
+        (the old set decides on, whole: the new PPO was swapped in beside the old DQN, and a
+        family held back once was then left out when the refused one was fixed). A family whose
+        alias is back on the version deciding (a rollback) drops the load waiting for it."""
         self.polls += 1
         store = RunStore(str(self.cfg.logger.tracking_uri))
         wanted = self._resolve(store)
@@ -376,11 +383,18 @@ class VersionWatcher:
             with self._lock:
                 if version is None or version == self.current.get(name):
                     self._ready.pop(name, None)
+                    self._held.pop(name, None)
                     self.refusals.pop(name, None)  # the alias is back on the version deciding: nothing refused
                     continue
-                failed = self.failed.get(name) if not self._retry_due(name) else None
-                known = {failed, self._handed.get(name), getattr(self._ready.get(name), "version", None)}
-            if version in known:
+                if self.failed.get(name) == version and not self._retry_due(name):
+                    refused.append(f"{name} v{version}")  # still refused: what moved with it waits on
+                    continue
+                held = self._held.get(name)
+                waiting = {self._handed.get(name), getattr(self._ready.get(name), "version", None)}
+            if held is not None and held.version == version:  # loaded already, held back with a refused one
+                loaded.append(held)
+                continue
+            if version in waiting:
                 continue
             try:
                 member = load_member(self.cfg, name, int(version), None, self.workdir / "swaps")
@@ -391,12 +405,18 @@ class VersionWatcher:
             loaded.append(member)
         if refused and loaded:  # never a set the registry did not hold: the rest of what moved waits with it
             for member in loaded:
-                self._refuse(member.name, member.version,
-                             f"held back, not swapped in alone ({', '.join(refused)} of the same move was refused)")  # fmt: skip
+                with self._lock:
+                    newly = self._held.get(member.name) is not member
+                    self._held[member.name] = member
+                    why = f"held back, not swapped in alone ({', '.join(refused)} of the registry's set is refused)"
+                    self.refusals[member.name] = {"version": member.version, "reason": why}
+                if newly:
+                    self.say(f"{member.name} v{member.version}: {why}; v{self.current.get(member.name)} keeps deciding")
             return []
         with self._lock:  # together: take() never hands over part of what moved at once
             for member in loaded:
                 self.failed.pop(member.name, None)
+                self._held.pop(member.name, None)
                 self.refusals.pop(member.name, None)
                 self._ready[member.name] = member
         return loaded

@@ -12,7 +12,8 @@ grows with the batch). A request of many bars is stepped ``slice_bars`` (8) bars
 goes on in the next batch, ahead of its symbol's later requests: another symbol's live bar waits
 behind a 500-bar history for a slice, not for the whole history (it did before). A swap waits
 until no request is part-answered, so one set of members answers each request (a member swapped
-in meanwhile answered the rest of a history, unsaid: found by a helper probing the roll). Measured:
+in meanwhile answered the rest of a history, unsaid: found by a helper probing the roll); while
+a swap waits, new requests wait for it, so requests that overlap cannot keep it out. Measured:
 ``scripts/load_test.py`` reports the in-process ensemble beside the HTTP round trip.
 
 API (JSON, on ``127.0.0.1`` by default):
@@ -383,7 +384,8 @@ class EnsembleService:
 
     def _swap(self, watcher: VersionWatcher) -> None:
         """Swap in what the watcher loaded, between two batches (on the compute thread) with no
-        request part-answered (module doc): until then it waits with the watcher."""
+        request part-answered (module doc): until then it waits with the watcher, and new
+        requests wait for it (:meth:`answer`)."""
         if self.continuing:
             return
         for found in watcher.take():
@@ -504,9 +506,16 @@ class EnsembleService:
         began = time.perf_counter_ns()
         self._evict_idle(now)
         active: list[tuple[Pending, Any]] = []
+        # a swap waits for the requests part-answered, and new ones wait for the swap: requests that overlapped
+        # kept a loaded version out for ever (found reviewing the change that made the swap wait)
+        swap_waiting = bool(self.continuing) and self.watcher is not None and self.watcher.has_ready()
+        deferred: list[Pending] = []
         for pending in batch:
             if pending.stream is not None:  # a request going on from the last batch
                 active.append((pending, pending.stream))
+                continue
+            if swap_waiting:
+                deferred.append(pending)
                 continue
             pending.started_ns = began
             try:
@@ -547,11 +556,11 @@ class EnsembleService:
         for pending, stream in active:
             pending.stream = stream
         for pending in batch:
-            if id(pending) not in going_on:
+            if id(pending) not in going_on and all(pending is not waiting for waiting in deferred):
                 pending.done_ns, pending.stream = ended, None
                 self.answered += 1
         self.continuing = {pending.symbol for pending in going_on.values()}
-        return list(going_on.values())
+        return [*going_on.values(), *deferred]
 
 
 class Batcher:
