@@ -148,6 +148,20 @@ def test_local_times_across_the_autumn_change_read_by_their_order(tmp_path):
     assert bars.index.tolist() == [pd.Timestamp(t, tz="UTC") for t in expected]
 
 
+def test_a_delimiter_ending_each_line_reads_and_a_field_too_many_or_a_column_twice_is_refused(tmp_path):
+    """Rows of one field more than the header shifted every column ("field 'timestamp_utc'='1.1'
+    is not a timestamp"), and a header naming volume twice read the first, unsaid (found by a
+    helper probing the data)."""
+    plain = csv_source(str(write(tmp_path, ROWS, name="plain.csv"))).load(ES)
+    trailing = csv_source(str(write(tmp_path, [r + "," for r in ROWS], name="trailing.csv"))).load(ES)
+    pd.testing.assert_frame_equal(trailing, plain)
+    with pytest.raises(BarDataError, match=r"extra\.csv: line 2 has 7 fields, the header 6"):
+        csv_source(str(write(tmp_path, [r + ",9" for r in ROWS], name="extra.csv"))).load(ES)
+    twice = write(tmp_path, [r + ",1" for r in ROWS], name="twice.csv", header=HEADER.strip() + ",volume\n")
+    with pytest.raises(BarDataError, match=r"twice\.csv: column 'volume' is named twice in the header"):
+        csv_source(str(twice)).load(ES)
+
+
 def test_gzip_zstd_directory_and_glob(tmp_path):
     import zstandard
 
@@ -186,6 +200,9 @@ def test_a_zstd_csv_cut_short_or_not_zstd_is_refused_in_one_line(tmp_path):
     whole, cut_at = cut_zstd(HEADER + "".join(r + "\n" for r in ROWS))
     (tmp_path / "whole.csv.zst").write_bytes(whole)
     assert len(csv_source(str(tmp_path / "whole.csv.zst")).load(ES)) == len(ROWS)
+    skippable = (0x184D2A50).to_bytes(4, "little") + (4).to_bytes(4, "little") + b"pzst"  # pzstd writes one first
+    (tmp_path / "pzstd.csv.zst").write_bytes(skippable + whole)  # it was refused as "not zstd data" (found reviewing)
+    assert len(csv_source(str(tmp_path / "pzstd.csv.zst")).load(ES)) == len(ROWS)
     (tmp_path / "cut.csv.zst").write_bytes(whole[:cut_at])
     with pytest.raises(BarDataError, match=r"cut\.csv\.zst: truncated: the zstd data ends inside a frame"):
         csv_source(str(tmp_path / "cut.csv.zst")).load(ES)

@@ -18,12 +18,18 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_SUFFIX = ".zst"
 
 
+def is_zstd_start(head: bytes) -> bool:
+    """``head`` (a file's first 4 bytes) begins zstd data: a frame, or a skippable frame (``pzstd``
+    writes one first; such a file was refused as "not zstd data": found reviewing the change)."""
+    return len(head) == 4 and (head == ZSTD_MAGIC or int.from_bytes(head, "little") in _ZSTD_SKIPPABLE)
+
+
 def check_zstd_file(file: Path) -> None:
     """A file named ``.zst``: refused (:class:`BarDataError`, one line naming it) unless it holds
     whole zstd data."""
     try:
         with open(file, "rb") as handle:
-            if handle.read(4) != ZSTD_MAGIC:
+            if not is_zstd_start(handle.read(4)):
                 raise BarDataError(f"{file}: not zstd data, though named {ZSTD_SUFFIX} (no zstd frame at its start)")
             problem = zstd_problem(handle)
     except OSError as exc:

@@ -155,6 +155,7 @@ class CsvBarSource:
             )
         except (OSError, ValueError, UnicodeDecodeError, EOFError, zlib.error, ZstdError) as exc:
             raise unreadable(file, exc, "CSV") from None
+        raw = self._one_field_per_column(raw, file)
         missing = [name for name in self.columns.values() if name not in raw.columns]
         if missing:
             found = ", ".join(map(str, raw.columns)) or "none"
@@ -165,6 +166,27 @@ class CsvBarSource:
         index = self._timestamps(raw[ts_name], origin, lines)
         frame = pd.DataFrame({column: raw[self.columns[column]].to_numpy() for column in BAR_COLUMNS}, index=index)
         return validate_bars(frame, asset.tick_size, origin=origin, rows=lines, row_name="line")
+
+    def _one_field_per_column(self, raw: pd.DataFrame, file: Path) -> pd.DataFrame:
+        """Every row one field per header column (found by a helper probing the data): rows of one
+        field more than the header made pandas take the first field as the index and shift every
+        column ("field 'timestamp_utc'='1.1' is not a timestamp"); those fields are read as the
+        header says when they are all empty (a delimiter ending each line), else refused. A column
+        named twice in the header (pandas reads the second as '<name>.1') is refused: the first
+        was read and the second dropped, unsaid."""
+        twice = [name for name in self.columns.values() if f"{name}.1" in raw.columns]
+        if twice:
+            raise BarDataError(f"{file}: column '{twice[0]}' is named twice in the header (which one holds the {twice[0]}?)")
+        if isinstance(raw.index, pd.RangeIndex):
+            return raw
+        filled = np.flatnonzero(raw[raw.columns[-1]].notna().to_numpy())
+        if filled.size:
+            raise BarDataError(f"{file}: line {int(filled[0]) + 2} has {len(raw.columns) + 1} fields, the header "
+                               f"{len(raw.columns)} (a field too many)")  # fmt: skip
+        shifted = raw.reset_index()  # the index was the first column: each name one place left, the empty last field gone
+        shifted = shifted.iloc[:, : len(raw.columns)]
+        shifted.columns = list(raw.columns)
+        return shifted
 
     def _timestamps(self, column: pd.Series, origin: str, lines: np.ndarray) -> pd.DatetimeIndex:
         name = self.columns["ts"]

@@ -33,7 +33,7 @@ from foxhunt.data.bars import (
     unreadable,
 )
 from foxhunt.data.errors import BarDataError
-from foxhunt.data.zstd import ZSTD_MAGIC, ZSTD_SUFFIX, check_zstd_file, zstd_problem
+from foxhunt.data.zstd import ZSTD_SUFFIX, check_zstd_file, is_zstd_start, zstd_problem
 from foxhunt.errors import one_line
 
 FIXED_PRICE_SCALE = dbn.FIXED_PRICE_SCALE  # 1e9 raw units per 1.0 of price
@@ -135,7 +135,7 @@ def _decode_dbn(file: Path) -> tuple[dbn.Metadata, list]:
     try:
         with open(file, "rb") as handle:
             head = handle.read(4)
-            if head[:4] == ZSTD_MAGIC:
+            if is_zstd_start(head[:4]):
                 compression = dbn.Compression.ZSTD
                 problem = zstd_problem(handle)
                 if problem is not None:
@@ -179,7 +179,7 @@ def _dbn_metadata(file: Path, chunk_bytes: int = 1 << 16):
     called missing; found by a helper probing the data)."""
     with open(file, "rb") as handle:
         head = handle.read(chunk_bytes)
-        compression = dbn.Compression.ZSTD if head[:4] == ZSTD_MAGIC else dbn.Compression.NONE
+        compression = dbn.Compression.ZSTD if is_zstd_start(head[:4]) else dbn.Compression.NONE
         decoder = dbn.DBNDecoder(compression=compression, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)  # type: ignore[arg-type]  # databento_dbn's stubs type the enum members as str/int
         try:
             decoder.write(head)
