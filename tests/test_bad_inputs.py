@@ -359,6 +359,22 @@ TRAIN_CASES = [
         ["precision=bf16", "precision.trainer_precision=16-mixed", "trainer.accelerator=cpu"],
         "config error: precision.trainer_precision=16-mixed: float16 training (its loss scaler) needs a CUDA device",
     ),
+    # accepted: an untrained model tested and scored, FINISHED; 'maybe' passed (found by a helper)
+    (
+        "train-batches-zero",
+        ["trainer.limit_train_batches=0"],
+        "config error: trainer.limit_train_batches=0: 0 batches trains nothing",
+    ),
+    (
+        "val-batches-zero",
+        ["trainer.limit_val_batches=0"],
+        "config error: trainer.limit_val_batches=0: 0 batches validates nothing",
+    ),
+    (
+        "deterministic",
+        ["trainer.deterministic=maybe"],
+        "config error: trainer.deterministic='maybe': must be true, false or warn",
+    ),
     ("ckpt-empty", ["ckpt=''"], "config error: ckpt='': String should have at least 1 character"),
     ("cache-dir-empty", ["data.cache_dir=''"], "config error: data.cache_dir='': String should have at least 1 character"),
     ("root-is-a-file", ["paths.root_dir={empty.csv}"], "config error: cannot make the folder {empty.csv}/outputs/runs/"),

@@ -562,6 +562,10 @@ class TrainerSection(_Ranged):
     accumulate_grad_batches: Annotated[int, _ints(1, 1_000_000)] = 1
     gradient_clip_val: Annotated[float, _reals(ge=0, le=1e6)] | None = None
     reload_dataloaders_every_n_epochs: Annotated[int, _ints(0, MAX_EPOCHS)] = 0
+    deterministic: Annotated[
+        bool | Literal["warn"] | None,
+        _only(lambda v: v is None or isinstance(v, bool) or v == "warn", "must be true, false or warn"),
+    ] = None  # 'maybe' passed
     fast_dev_run: Annotated[bool | Annotated[int, _ints(0, MAX_STEPS)],
                             _only(lambda v: isinstance(v, bool) or (_is_int(v) and 0 <= v <= MAX_STEPS),
                                   f"must be true, false or a number of batches in [0, {MAX_STEPS}]")] = False  # fmt: skip

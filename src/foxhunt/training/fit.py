@@ -52,7 +52,8 @@ def build_callbacks(cfg: DictConfig, terminal: bool | None = None) -> list:
 
 
 def check_accelerator(cfg: DictConfig) -> None:
-    """``trainer.accelerator`` asks for a device this machine has, or one line (before the data
+    """``trainer.accelerator`` asks for a device this machine has (and a precision it can train
+    in), and the trainer trains and validates at least one batch, or one line (before the data
     and the model are built; Lightning's own refusal comes later, as a traceback)."""
     accelerator = str(cfg.trainer.get("accelerator") or "auto")
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
@@ -63,6 +64,13 @@ def check_accelerator(cfg: DictConfig) -> None:
     if trainer_precision.startswith("16") and not on_gpu:  # fp16 with a loss scaler: a 102-line AssertionError mid-fit
         raise ConfigError(f"precision.trainer_precision={trainer_precision}: float16 training (its loss scaler) needs a "
                           "CUDA device, and this run is on the CPU; use precision=bf16 (bf16-mixed)")  # fmt: skip  # (a helper)
+    for key, what in (
+        ("limit_train_batches", "trains nothing (the untrained model is tested and scored)"),
+        ("limit_val_batches", "validates nothing (the val/ metric chooses the best checkpoint and the champion)"),
+    ):
+        value = cfg.trainer.get(key)  # 0 ran to FINISHED (found by a helper); checked for training only: a stored config
+        if value is not None and value == 0:  # of a registered version validates as it was written
+            raise ConfigError(f"trainer.{key}=0: 0 batches {what}: at least one batch, or a fraction in (0.0, 1.0]")
     devices, nodes = cfg.trainer.get("devices", 1), int(cfg.trainer.get("num_nodes", 1) or 1)
     if _device_count(devices, accelerator) > 1 or nodes > 1:
         what = f"trainer.devices={devices}" if nodes <= 1 else f"trainer.num_nodes={nodes}"
