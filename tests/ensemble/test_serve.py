@@ -390,6 +390,9 @@ def test_slow_and_half_sent_requests_are_cut_off_at_their_timeouts(server):
         "half a header": (HALF_HEADER, b"", 0.0, READ_TIMEOUT_S, b"HTTP/1.1 408", b"ensemble.serve.read_timeout_s"),
         "dripping header": (b"P", b"OST /predict HTTP/1.1\r\nHost: t\r\n", 0.3, READ_TIMEOUT_S, b"HTTP/1.1 408", b"read_timeout_s"),
         "silent": (b"", b"", 0.0, READ_TIMEOUT_S, b"", b""),
+        # uvicorn's plain-text 400 ("Invalid HTTP request received."), not the server's JSON (found by a helper)
+        "not http": (b"HELLO THERE\r\n\r\n", b"", 0.0, 0.0, b"HTTP/1.1 400", b'{"detail": "not an HTTP/1.1 request'),
+        "negative length": (HEADERS + b"Content-Length: -5\r\n\r\n", b"", 0.0, 0.0, b"HTTP/1.1 400", b"application/json"),
     }  # fmt: skip
     with ThreadPoolExecutor(len(cases)) as pool:
         got = dict(zip(cases, pool.map(lambda c: _until_closed(server.port, *c[:3], chunk=(*c, 1)[6]), cases.values())))

@@ -705,8 +705,12 @@ class Guard:
         detail = json.dumps(
             {"detail": f"request headers not complete within {limits.read_timeout_s:g} s (ensemble.serve.read_timeout_s)"}
         )
-        self.header_timeout = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                               f"content-length: {len(detail)}\r\n\r\n{detail}").encode()  # fmt: skip
+        self.header_timeout = _closing_response(408, "Request Timeout", detail)
+        self.malformed = _closing_response(
+            400,
+            "Bad Request",
+            json.dumps({"detail": "not an HTTP/1.1 request this server can read (its request line or headers)"}),
+        )
 
     def event(self, kind: str, message: str, *args) -> None:
         """Count ``kind`` and log it (a warning, rate-limited per kind)."""
@@ -782,6 +786,12 @@ class Guard:
             self.log.flush()
 
 
+def _closing_response(status: int, reason: str, body: str) -> bytes:
+    """A whole JSON response written straight to a socket that is then closed."""
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            f"content-length: {len(body.encode())}\r\n\r\n{body}").encode()  # fmt: skip
+
+
 def guarded_protocol(guard: Guard) -> type:
     """uvicorn's h11 protocol with ``guard``'s bounds on each socket: admitted at the cap or
     refused, the read timeout while no request is in progress (bytes do not restart it: only
@@ -815,6 +825,14 @@ def guarded_protocol(guard: Guard) -> type:
             if not self.transport.is_closing():
                 self._wait_for_request()
                 self._check_request(before)  # a pipelined request may have started
+
+        def send_400_response(self, msg: str) -> None:
+            """A request h11 cannot parse (not HTTP, a negative or 23-digit Content-Length): the
+            server's one-line JSON 400, not uvicorn's plain text (found by a helper probing the
+            server)."""
+            guard.event("malformed", "a malformed HTTP request (%s): 400, closed", msg)
+            self.transport.write(guard.malformed)
+            self.transport.close()
 
         def evict(self) -> None:
             self._stop_read_timer()
