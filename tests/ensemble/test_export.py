@@ -81,9 +81,14 @@ def test_exported_window_forecasts_as_foxhunt_streams(compose_cfg, tmp_path, fam
 
 def test_export_command_writes_every_member_with_its_spec(store_root, tmp_path):
     assert cli(store_root, "ensemble", "register", "asset=es", "ensemble.gate=none").exit_code == 0
-    for fmt, name in (("onnx", "step.onnx"), ("torchscript", "step.pt")):
-        result = cli(store_root, "ensemble", "export", "asset=es", "--format", fmt, "--out", str(tmp_path / fmt))
+    # the ensemble deciding with int8 weights: the export (fp32 weights) said nothing of it, and its decisions
+    # differed (829 trades against 831; found by a helper). member.json and a line on stderr say which
+    for fmt, name, weights in (("onnx", "step.onnx", "auto"), ("torchscript", "step.pt", "int8")):
+        result = cli(store_root, "ensemble", "export", "asset=es", "--format", fmt, "--out", str(tmp_path / fmt),
+                     f"ensemble.weights={weights}")  # fmt: skip
         assert result.exit_code == 0, result.output
+        said = "exported with its fp32 weights; foxhunt's ensemble decides with int8 (ensemble.weights=int8)"
+        assert result.output.count(said) == (4 if weights == "int8" else 0), result.output
         folders = sorted(p.name for p in (tmp_path / fmt).iterdir())
         assert folders == ["foxhunt-dqn-es-v1", "foxhunt-mamba2-es-v1", "foxhunt-ppo-es-v1", "foxhunt-tft-es-v1"]
         assert result.output.count("max |diff|") == 4
@@ -93,6 +98,7 @@ def test_export_command_writes_every_member_with_its_spec(store_root, tmp_path):
             width = len(spec["features"]["names"])
             assert len(spec["features"]["offset"]) == len(spec["features"]["scale"]) == width
             assert spec["registered_version"] == "1" and spec["asset"]["key"] == "es" and spec["decision"]["rule"]
+            assert (spec["weights"], spec["ensemble_weights"]) == ("fp32", "fp32" if weights == "auto" else "int8")
     assert not (store_root / "mlflow.db").exists()  # no stray store made in the working folder
 
 

@@ -279,7 +279,7 @@ def export(
 ) -> None:
     """Write each registered member's batch-1 streaming step as ONNX or TorchScript, with member.json
     (features, normalization, asset, inputs, outputs, decision rule) beside it."""
-    from foxhunt.ensemble.export import FORMATS, export_ensemble
+    from foxhunt.ensemble.export import EXPORTED_WEIGHTS, FORMATS, export_ensemble
 
     if fmt not in FORMATS:
         raise _fail("export", f"--format {fmt}: must be one of {', '.join(FORMATS)}")
@@ -299,6 +299,9 @@ def export(
     for item in done:
         typer.echo(f"{item.name} v{item.version}: {item.folder} ({item.fmt}); checked against the model on random "
                    f"inputs by {'ONNX Runtime' if item.fmt == 'onnx' else 'torch.jit.load'}: max |diff| {item.max_diff:.2e}")  # fmt: skip
+        if item.ensemble_weights != EXPORTED_WEIGHTS:
+            typer.echo(f"{item.name} v{item.version}: exported with its {EXPORTED_WEIGHTS} weights; foxhunt's ensemble decides "
+                       f"with {item.ensemble_weights} ({item.why}): their decisions can differ", err=True)  # fmt: skip
 
 
 @ensemble_app.command()

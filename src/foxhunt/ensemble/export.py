@@ -8,7 +8,11 @@
 - ``member.json``: what turns bars into the graph's inputs and its outputs into a position: the
   feature names in input order, the feature settings, the normalization (``x = (features -
   offset) / scale`` per column), the feature groups, the asset spec, the inputs and outputs
-  (names, shapes, dtype) and the decision rule, and the registered version it was exported from.
+  (names, shapes, dtype) and the decision rule, the registered version it was exported from, the
+  weights it holds (``weights``: fp32) and those foxhunt's ensemble decides with
+  (``ensemble_weights``: fp32, or int8 by ``ensemble.weights``: the export then decides on fp32
+  weights where the ensemble's int8 may differ, said on the command's line; found by a helper
+  replaying both: 829 trades against 831).
 
 The step of each model, by what its class offers (:func:`foxhunt.ensemble.members.stream_of`),
 as foxhunt's own ensemble runs it (:mod:`foxhunt.ensemble.members`):
@@ -55,12 +59,13 @@ from foxhunt.data.streaming import normalizer
 from foxhunt.ensemble.member_files import ARTIFACTS_DIR, MemberFiles, RegistryError
 from foxhunt.ensemble.members import NoStreamingMember, stream_of
 from foxhunt.ensemble.rebuild import rebuild_model
-from foxhunt.ensemble.registry import download_version, registered_name
+from foxhunt.ensemble.registry import download_version, registered_name, weights_to_load
 from foxhunt.errors import UserError
 
 FORMATS = ("onnx", "torchscript")
 FILES = {"onnx": "step.onnx", "torchscript": "step.pt"}
 SPEC_FILE = "member.json"
+EXPORTED_WEIGHTS = "fp32"  # the weights a step is exported with (member.json says which the ensemble decides with)
 OPSET = 17
 CHECK_BATCH = 4  # random inputs each written file is checked on
 SPEC_VERSION = 1
@@ -228,6 +233,8 @@ class Exported:
     folder: Path
     max_diff: float
     fmt: str
+    ensemble_weights: str = EXPORTED_WEIGHTS  # the weights foxhunt's ensemble decides with (int8: the export's may differ)
+    why: str = ""
 
 
 class ExportError(UserError, ValueError):
@@ -257,12 +264,18 @@ def export_ensemble(cfg, out: Path, fmt: str, workdir: Path) -> list[Exported]:
         scratch = workdir / f"{name}-step"
         scratch.mkdir()
         diff = write_step(step, scratch / FILES[fmt], fmt)
+        decides, why = weights_to_load(str(ens.weights), found)  # what foxhunt's ensemble loads this version with
         source = {"registered_name": name, "registered_version": str(found.version), "run_id": files.info["run_id"],
-                  "metric": files.info["metric"], "metric_value": files.info.get("value")}  # fmt: skip
+                  "metric": files.info["metric"], "metric_value": files.info.get("value"), "weights": EXPORTED_WEIGHTS,
+                  "ensemble_weights": decides}  # fmt: skip
         written = {FILES[fmt]: (scratch / FILES[fmt]).read_bytes(),
                    SPEC_FILE: json.dumps(spec(step, fmt, str(family), files.manifest, source), indent=1).encode()}  # fmt: skip
         built.append(
-            (f"{name}-v{found.version}", written, Exported(name, str(found.version), out / f"{name}-v{found.version}", diff, fmt))
+            (
+                f"{name}-v{found.version}",
+                written,
+                Exported(name, str(found.version), out / f"{name}-v{found.version}", diff, fmt, decides, why),
+            )  # fmt: skip
         )
     for member_folder, _, _ in built:  # a link or a file where a member's folder goes: refused before anything is written
         _check_folder(out, member_folder)
