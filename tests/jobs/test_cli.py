@@ -197,3 +197,26 @@ def test_status_shows_only_the_jobs_own_log(tmp_path):
     own = runner.invoke(app, ["train", "status", "feed00bb", "--root", str(tmp_path)])
     assert planted.exit_code == 0 and own.exit_code == 0, (planted.output, own.output)
     assert "the secret line" not in planted.output and "the job's own last line" in own.output
+
+
+def test_a_job_known_only_from_its_launch_file_that_failed_has_a_fixed_duration(tmp_path):
+    """A job that died before the store knew it (FAILED from its launch file) showed a duration
+    growing for ever (found by a helper probing the job CLI): it ends when its own log stopped."""
+    import os
+    import socket
+    import time
+
+    from foxhunt.jobs.launch_file import LaunchFile, jobs_dir
+    from foxhunt.jobs.views import _job_from_launch_file
+
+    started = int(time.time() * 1000) - 60_000
+    log = jobs_dir(tmp_path) / "dead00aa.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("Error: it died\n")
+    os.utime(log, ns=((started + 20_000) * 1_000_000,) * 2)
+    launch = LaunchFile(job_id="dead00aa", pid=1 << 21, host=socket.gethostname(), command=["foxhunt-train", "-m"], overrides=[],
+                        log=str(log), tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db", root=str(tmp_path),
+                        sweep_dir=str(tmp_path / "sweep"), started_ms=started, plan=[])  # fmt: skip
+    job = _job_from_launch_file(launch)
+    now = int(time.time() * 1000)
+    assert job.state == "FAILED" and job.duration_s(now) == job.duration_s(now + 3_600_000) == 20.0

@@ -127,7 +127,19 @@ class Job:
         if self.parent is not None and self.parent.end_ms:
             return self.parent.end_ms
         ends = [r.last_seen_ms() for r in self.runs]
+        if not ends and self.launch_file is not None:  # known from its launch file only: it ended when its log stopped
+            return self._log_end_ms(self.launch_file)  # (its duration grew for ever: found by a helper probing the jobs)
         return max(ends) if ends else None
+
+    def _log_end_ms(self, launch_file: LaunchFile) -> int:
+        """When the job's own log was last written (its start when the log is not its own or not there)."""
+        own = jobs_dir(Path(launch_file.root)) / f"{self.job_id}.log"
+        try:
+            if Path(launch_file.log).resolve() == own.resolve():
+                return max(launch_file.started_ms, own.stat().st_mtime_ns // 1_000_000)
+        except (OSError, ValueError):  # not there, or a path that cannot be resolved
+            pass
+        return launch_file.started_ms
 
     def duration_s(self, now_ms: int) -> float:
         end = self.end_ms() or now_ms
