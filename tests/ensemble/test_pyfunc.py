@@ -233,3 +233,21 @@ def test_a_folder_whose_mlmodel_lost_its_model_id_is_refused_not_loaded_unverifi
                                if not line.startswith(("model_id:", "model_uuid:"))))  # fmt: skip
     with tracking(store_root), pytest.raises(RegistryError, match=r"its MLmodel names no logged model \(model_id\)"):
         mlflow.pyfunc.load_model(str(folder))
+
+
+@pytest.mark.parametrize(
+    "ts", [True, 1.7e18, "2024-06-03", None], ids=["bool", "float", "text", "none"]
+)  # fmt: skip
+def test_a_ts_that_is_not_integer_nanoseconds_names_its_row(ts):
+    """Without MLflow's signature check, True was read as the time 1 ns, 1.7e18 was cut to an
+    integer, and text a ValueError traceback (found by a helper probing the data)."""
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from foxhunt.ensemble.pyfunc import bar_rows
+
+    good = {"ts": 1_717_200_000_000_000_000, "open": 1.0, "high": 1.0, "low": 1.0, "close": 1.0, "volume": 1}
+    assert bar_rows(pd.DataFrame([good]))[0][0] == 1_717_200_000_000_000_000
+    frame = pd.DataFrame([good, {**good, "ts": ts}], dtype=object)
+    with pytest.raises(MlflowException, match=r"ts, row 1: .* is not integer nanoseconds since 1970"):
+        bar_rows(frame)

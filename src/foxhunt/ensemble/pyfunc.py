@@ -132,7 +132,19 @@ def bar_rows(frame: pd.DataFrame) -> list[tuple[int, float, float, float, float,
     ``MlflowException`` naming the column and row. The values are checked by the engine, as every
     stream's are."""
     values = {name: _numbers(frame[name], name) for name in BAR_FIELDS[1:]}
-    return [(int(ts), *(values[name][i] for name in BAR_FIELDS[1:])) for i, ts in enumerate(frame["ts"].tolist())]  # type: ignore[misc]
+    return [(ts, *(values[name][i] for name in BAR_FIELDS[1:])) for i, ts in enumerate(_nanoseconds(frame["ts"]))]  # type: ignore[misc]
+
+
+def _nanoseconds(column: pd.Series) -> list[int]:
+    """``ts`` as integers: called without MLflow's signature check, True was the time 1 ns, 1.7e18
+    was cut to an integer and a Timestamp or text a TypeError or ValueError traceback (found by a
+    helper probing the data); each is an ``MlflowException`` naming the row."""
+    values = column.tolist()
+    for row, value in enumerate(values):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise MlflowException(f"ts, row {row}: {str(value)[:64]!r} is not integer nanoseconds since 1970 (UTC)",
+                                  INVALID_PARAMETER_VALUE)  # fmt: skip
+    return [int(value) for value in values]
 
 
 def _numbers(column: pd.Series, name: str) -> list[float]:
