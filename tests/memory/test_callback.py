@@ -215,10 +215,14 @@ def test_activation_window_waits_for_the_first_step_with_gradients(store, tmp_pa
     assert run.data.metrics["memory/optimizer_mb"] == mb(ADAM)
 
 
-def test_deferred_writes_lose_nothing(store, tmp_path):
+def test_deferred_writes_lose_nothing(store, tmp_path, caplog):
     # an overhead allowance no write fits in: every row waits for the end, with its own step
     callback = MemoryBudgetCallback(sample_every_n_steps=1, max_overhead_pct=1e-9, report_dir=tmp_path)
-    trainer, run, client = fit(store, tmp_path, callback, max_steps=5)
+    with caplog.at_level(logging.WARNING, logger="foxhunt.memory.callback"):
+        trainer, run, client = fit(store, tmp_path, callback, max_steps=5)
+    # the overhead logged above its own limit is said, with its measured cause (it was not: found by a helper)
+    (said,) = [r.getMessage() for r in caplog.records if "above max_overhead_pct=1e-09" in r.getMessage()]
+    assert f"took {run.data.metrics['memory/callback_overhead_pct']:.2f}% of the training time" in said
     assert callback.writes == 1  # at the end: none during training
     history = client.get_metric_history(run.info.run_id, "memory/rss_mb")
     steps = [m.step for m in history]
