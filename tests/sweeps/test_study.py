@@ -569,3 +569,22 @@ def test_a_dead_jobs_result_is_told_only_as_its_run_in_the_store_backs_it(tmp_pa
     assert lines[1].endswith("FAILED, retried as trial 2")
     states = {t.number: (t.state, t.value) for t in study.get_trials()}
     assert states[honest.number] == (TrialState.COMPLETE, 1.5) and states[planted.number][0] == TrialState.FAIL
+
+
+def test_a_trial_enqueued_outside_the_space_is_failed_with_its_reason_not_trained(tmp_path):
+    """A trial enqueued with lr=5.0 where the search takes [1e-4, 0.1]: Optuna only warned, and
+    it trained on 5.0 (found by a helper probing searches). It fails before it is asked."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    from foxhunt.sweeps.study import FAIL_REASON, fail_enqueued_outside
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s")
+    study.enqueue_trial({"lr": 5.0, "width": 64})
+    study.enqueue_trial({"lr": 0.01, "width": 64})
+    study.enqueue_trial({"lr": 0.01, "width": 7})
+    space = {"lr": FloatDistribution(1e-4, 0.1, log=True), "width": CategoricalDistribution([32, 64])}
+    lines = fail_enqueued_outside(study, space)
+    assert [line.split(":")[0] for line in lines] == ["trial 0", "trial 2"] and "lr=5.0 outside" in lines[0]
+    states = [(t.state.name, t.user_attrs.get(FAIL_REASON, "")[:12]) for t in study.get_trials()]
+    assert states == [("FAIL", "enqueued wit"), ("WAITING", ""), ("FAIL", "enqueued wit")]

@@ -517,6 +517,32 @@ def check_space(study, settings: StudySettings, space: Mapping[str, Any], fixed:
                              "name another study") from None  # fmt: skip
 
 
+def fail_enqueued_outside(study, space: Mapping[str, Any]) -> list[str]:
+    """Each trial waiting in the study (``study.enqueue_trial``) with a value outside this search's
+    space is failed with its reason before it is asked, one line each: Optuna only warned, and the
+    trial trained on the value (found by a helper probing searches). Call under the study lock."""
+    lines = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        fixed = trial.system_attrs.get("fixed_params") or {}
+        outside = []
+        for name, value in fixed.items():
+            distribution = space.get(name)
+            if distribution is None:
+                continue
+            try:
+                inside = distribution._contains(distribution.to_internal_repr(value))
+            except (ValueError, TypeError):  # not even of the distribution's kind
+                inside = False
+            if not inside:
+                outside.append(f"{name}={value!r} outside {distribution}")
+        if outside:
+            reason = f"enqueued with {'; '.join(outside)}: not trained"
+            study._storage.set_trial_user_attr(trial._trial_id, FAIL_REASON, reason)
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            lines.append(f"trial {trial.number}: {reason}")
+    return lines
+
+
 def fail_and_retry(study, trial, reason: str, max_retries: int) -> int | None:
     """Tell ``trial`` FAILED with ``reason`` and, within ``max_retries`` along its chain, enqueue
     its parameters as a new trial (module doc), once: a retry already enqueued is the retry.

@@ -342,6 +342,9 @@ def _run_search(config, launcher, sweep_dir: Path, settings: st.StudySettings) -
     tracking_uri = str(config.logger.tracking_uri) if config.logger.enabled else None  # what backs a dead job's result
     for line in st.settle_stale(study, settings, tracking_uri=tracking_uri):
         log.warning("%s", line)
+    with st.study_lock(settings.storage, settings.server):
+        for line in st.fail_enqueued_outside(study, space):
+            log.warning("%s", line)
     workers, inline = worker_count(config, settings.n_jobs)
     before = st.trial_counts(study.get_trials(deepcopy=False))
     log.info("study %s in %s: %s so far; n_trials=%d; %d trial(s) at once; pruner %s", settings.name, settings.storage,
