@@ -588,3 +588,20 @@ def test_a_trial_enqueued_outside_the_space_is_failed_with_its_reason_not_traine
     assert [line.split(":")[0] for line in lines] == ["trial 0", "trial 2"] and "lr=5.0 outside" in lines[0]
     states = [(t.state.name, t.user_attrs.get(FAIL_REASON, "")[:12]) for t in study.get_trials()]
     assert states == [("FAIL", "enqueued wit"), ("WAITING", ""), ("FAIL", "enqueued wit")]
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "stale"),
+    [(1_000.0, False), (1_000.0 - 120, True), (1e18, True), (float("nan"), True), (float("inf"), True), (True, True)],
+    ids=["fresh", "old", "far future", "nan", "inf", "bool"],
+)  # fmt: skip
+def test_a_heartbeat_is_trusted_only_near_this_clock(heartbeat, stale):
+    """A trial of another host (its owner's liveness unknown here) is judged by its heartbeat: one
+    edited to 1e18 or NaN was never stale, and the dead trial stayed RUNNING for good (found by a
+    helper probing searches)."""
+    from types import SimpleNamespace
+
+    from foxhunt.sweeps.study import HEARTBEAT, OWNER, is_stale
+
+    trial = SimpleNamespace(system_attrs={OWNER: {"host": "elsewhere"}, HEARTBEAT: heartbeat}, datetime_start=None)
+    assert is_stale(trial, 60.0, alive=lambda owner: None, now=1_000.0) is stale

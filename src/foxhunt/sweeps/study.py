@@ -445,7 +445,12 @@ def is_stale(
     if verdict is not None:
         return not verdict
     last = trial.system_attrs.get(HEARTBEAT)
-    return not isinstance(last, (int, float)) or (now or time.time()) - float(last) > grace_s
+    if isinstance(last, bool) or not isinstance(last, (int, float)) or not math.isfinite(last):
+        return True
+    age = (now or time.time()) - float(last)
+    # a heartbeat more than grace_s ahead of this clock is no heartbeat (an edited record, 1e18 or NaN, kept a dead
+    # trial RUNNING for good: found by a helper probing searches); clocks of two hosts differ by far less
+    return age > grace_s or age < -grace_s
 
 
 # -- counting ------------------------------------------------------------------------------
