@@ -65,6 +65,8 @@ def test_the_real_databento_one_minute_sample_is_shown(tmp_path, real_data_dir):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["bars"] > 0 and "error" in summary["splits"]
+    # the file it read, as for a CSV or Lean source (a Databento source listed none: found by a helper)
+    assert summary["files"] == [str(real_data_dir / "databento" / "GLBX.MDP3.test_data.ohlcv-1m.dbn.zst")]
 
 
 def test_the_lockbox_is_shown_after_the_splits(tmp_path):

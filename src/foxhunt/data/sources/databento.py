@@ -169,10 +169,16 @@ class DatabentoBarSource:
         """The contract used on each trading date (index: trading date; values: symbol)."""
         return self._continuous(asset).front_months()
 
-    def fingerprint(self, asset: AssetSpec) -> str:
+    def files(self) -> list[Path]:
+        """The files this source reads: its bars, then its definition files (``data show`` lists
+        them, as it does the CSV and Lean sources': it listed none of a Databento source's)."""
         files = resolve_files(self.path, DBN_SUFFIXES + DATABENTO_CSV_SUFFIXES, "Databento DBN or CSV files")
         if self.definitions:
             files += resolve_files(self.definitions, DBN_SUFFIXES, "Databento definition files")
+        return files
+
+    def fingerprint(self, asset: AssetSpec) -> str:
+        files = self.files()
         params = {
             "path": self.path,
             "definitions": self.definitions,
