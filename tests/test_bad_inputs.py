@@ -375,6 +375,18 @@ TRAIN_CASES = [
         ["trainer.deterministic=maybe"],
         "config error: trainer.deterministic='maybe': must be true, false or warn",
     ),
+    # a data error once the run was made (found by a helper): the settings' own check, before it
+    ("csv-path-empty", ["data=csv", "data.source.path=''"], "config error: data.source.path='': must name a CSV file"),
+    (
+        "csv-delimiter-empty",
+        ["data=csv", "data.source.path=x.csv", "data.source.delimiter=''"],
+        "config error: data.source.delimiter='': must be one character",
+    ),
+    (
+        "databento-path-empty",
+        ["data=databento", "data.source.path=' '"],
+        "config error: data.source.path=' ': must name a Databento",
+    ),
     ("ckpt-empty", ["ckpt=''"], "config error: ckpt='': String should have at least 1 character"),
     ("cache-dir-empty", ["data.cache_dir=''"], "config error: data.cache_dir='': String should have at least 1 character"),
     ("root-is-a-file", ["paths.root_dir={empty.csv}"], "config error: cannot make the folder {empty.csv}/outputs/runs/"),

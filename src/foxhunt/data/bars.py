@@ -331,6 +331,13 @@ def resolve_files(path: str | Path, suffixes: Iterable[str], what: str) -> list[
     raise BarDataError(f"{text}: file not found ({what})")
 
 
+def check_path_setting(path: Any, what: str) -> None:
+    """A source's ``path`` setting names something (ValueError ``path=...``, the settings' form): ''
+    was a data error once the run was made (found by a helper probing the data)."""
+    if path is None or not str(path).strip():
+        raise ValueError(f"path={path!r}: must name {what}, a folder of them or a glob")
+
+
 def unreadable(file: str | Path, exc: BaseException, what: str) -> BarDataError:
     """The one-line error for a file that cannot be read as ``what`` ("CSV", "zip"): a compressed
     file cut short is named truncated, damaged compressed data corrupt, anything else unreadable."""

@@ -24,6 +24,7 @@ from zstandard import ZstdError
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import (
     BAR_COLUMNS,
+    check_path_setting,
     resolve_files,
     source_fingerprint,
     unreadable,
@@ -78,6 +79,9 @@ class CsvBarSource:
         bar_minutes: int,
         delimiter: str,
     ) -> None:
+        check_path_setting(path, "a CSV file")
+        if not (isinstance(delimiter, str) and len(delimiter) == 1):  # '' was a data error once the run was made (a helper)
+            raise ValueError(f"delimiter={delimiter!r}: must be one character (',', ';', a tab)")
         if bar_label not in BAR_LABELS:
             raise ValueError(f"bar_label={bar_label!r}: must be one of {', '.join(BAR_LABELS)}")
         if timestamp_unit is not None and timestamp_unit not in EPOCH_UNITS:

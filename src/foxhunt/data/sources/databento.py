@@ -58,6 +58,7 @@ import pandas as pd
 from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import (
     BAR_COLUMNS,
+    check_path_setting,
     resolve_files,
     source_fingerprint,
     validate_bars,
@@ -142,6 +143,7 @@ class DatabentoBarSource:
         csv_prices: str,
         dataset: str | None,
     ) -> None:
+        check_path_setting(path, "a Databento DBN or CSV file")
         self.rule = RollRule.from_config(roll, adjust)
         if self.rule.expiry_sessions is not None and self.rule.expiry_sessions > MAX_EXPIRY_SESSIONS:
             raise ValueError(

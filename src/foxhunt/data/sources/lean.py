@@ -39,6 +39,7 @@ from foxhunt.assets import AssetSpec
 from foxhunt.data.bars import (
     BAR_COLUMNS,
     INDEX_NAME,
+    check_path_setting,
     resolve_files,
     source_fingerprint,
     unreadable,
@@ -74,6 +75,7 @@ class LeanMinuteSource:
     """
 
     def __init__(self, path: str, timezone: str, roll: Any, adjust: str) -> None:
+        check_path_setting(path, "a Lean minute zip")
         self.rule = RollRule.from_config(roll, adjust)
         if self.rule.by != "volume" or self.rule.expiry_sessions is not None:
             raise ValueError(
