@@ -387,6 +387,13 @@ TRAIN_CASES = [
         ["data=databento", "data.source.path=' '"],
         "config error: data.source.path=' ': must name a Databento",
     ),
+    # Lightning's own refusal: one line, but after the run was made (found by a helper reviewing the change)
+    (
+        "trainer-strategy",
+        ["+trainer.strategy=foo"],
+        "config error: trainer: You selected an invalid strategy name: `strategy='foo'`",
+    ),
+    ("trainer-accelerator-empty", ["trainer.accelerator=''"], "config error: trainer: You selected an invalid accelerator name"),
     ("ckpt-empty", ["ckpt=''"], "config error: ckpt='': String should have at least 1 character"),
     ("cache-dir-empty", ["data.cache_dir=''"], "config error: data.cache_dir='': String should have at least 1 character"),
     ("root-is-a-file", ["paths.root_dir={empty.csv}"], "config error: cannot make the folder {empty.csv}/outputs/runs/"),

@@ -11,6 +11,7 @@ naming the key; any other (a bug in foxhunt's code) keeps its traceback.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from hydra.errors import InstantiationException
@@ -19,6 +20,7 @@ from hydra.utils import instantiate
 from foxhunt.errors import ConfigError, UserError, one_line, raised_in
 
 SAID_LIMIT = 300  # characters of what the library said
+LIGHTNING_NOTES = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")  # its INFO lines
 
 
 def instantiate_setting(node: Any, key: str, **kwargs: Any) -> Any:
@@ -31,14 +33,25 @@ def instantiate_setting(node: Any, key: str, **kwargs: Any) -> Any:
 
 def check_instantiable(cfg) -> None:
     """Build what a run builds from its config's own ``_target_`` nodes that costs nothing (the
-    asset, the precision policy, the budget, each callback) before the run is made: a bad value
-    is one line there, not a traceback after (module doc)."""
+    asset, the precision policy, the budget, each callback, a Trainer of the trainer section)
+    before the run is made: a bad value is one line there, not a traceback after (module doc)."""
     for key in ("asset", "precision", "budget"):
         if cfg.get(key) is not None:
             instantiate_setting(cfg[key], key)
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is not None:
             instantiate_setting(node, f"callbacks.{name}")
+    if cfg.get("trainer") is not None:  # Lightning's own refusal (strategy=foo, accelerator='') came after the run was
+        # made (found by a helper reviewing the change): a Trainer of the section alone costs milliseconds, writes nothing
+        quiet = [logging.getLogger(name) for name in LIGHTNING_NOTES]
+        levels = [logger.level for logger in quiet]
+        for logger in quiet:
+            logger.setLevel(logging.WARNING)  # its device lines and tips, said again by the run's own Trainer
+        try:
+            instantiate_setting(cfg.trainer, "trainer", logger=False, callbacks=[], enable_checkpointing=False)
+        finally:
+            for logger, level in zip(quiet, levels):
+                logger.setLevel(level)
 
 
 def config_error(exc: BaseException, key: str) -> BaseException:

@@ -110,9 +110,9 @@ def run_cell(
 def _run_cell(cfg: DictConfig, parent_run_id: str | None, before_fit: Callable[[], None] | None, trial: int | None,
               extra_tags: dict[str, str] | None, run_name: str | None) -> CellResult:  # fmt: skip
     validate(cfg)  # before anything heavy: one clear line on a bad value
-    check_instantiable(cfg)  # ... and on a value only the object it builds refuses
     check_accelerator(cfg)  # ... and on a device this machine lacks
     check_cache_dir(cfg)  # ... and on a feature cache that cannot be written
+    check_instantiable(cfg)  # ... and on a value only the object it builds refuses
     lineage = _starting_checkpoint(cfg)  # a ckpt= that cannot start this run fails here too
     key = CellKey.from_config(cfg, config_hash(cfg))
     protocol = needs_protocol(cfg)
