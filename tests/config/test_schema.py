@@ -137,3 +137,17 @@ def test_the_ranges_admit_their_ends(tmp_path):
                              "+trainer.max_steps=-1", "trainer.num_sanity_val_steps=-1", "callbacks.model_checkpoint.save_top_k=-1",
                              "data.source.days=7305", "data.source.drift_per_day=-0.01", "seed=4294967295"],
                             root_dir=tmp_path, config_name="ensemble"))  # fmt: skip
+
+
+def test_a_root_folder_whose_name_holds_an_equals_sign_composes(tmp_path):
+    """A folder like date=2024-01 (a partition folder) broke Hydra's override grammar in every
+    command and every roll: its path was passed as an override (found by a helper probing the roll).
+    The folders are set after composing; a user's own paths override keeps its say."""
+    from foxhunt.training.parts import compose_config
+
+    root = tmp_path / "date=2024-01"
+    cfg = compose_config(["model=dqn"], root_dir=root, config_name="train")
+    assert cfg.paths.root_dir == str(root) and cfg.logger.tracking_uri == f"sqlite:///{root}/mlruns/mlflow.db"
+    validate(cfg)
+    mine = compose_config(["paths.output_dir=/tmp/mine"], root_dir=root, config_name="train")
+    assert mine.paths.output_dir == "/tmp/mine"

@@ -39,11 +39,7 @@ def compose_config(
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="foxhunt.conf", version_base="1.3"):
         try:
-            cfg = compose(
-                config_name,
-                overrides=[f"paths.root_dir={root}", f"paths.output_dir={out}", *overrides],
-                return_hydra_config=True,
-            )
+            cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
         except (AttributeError, AssertionError, TypeError) as exc:
             if raised_in(exc).split(".")[0] not in ("hydra", "omegaconf"):  # foxhunt's own frame: a bug
                 raise
@@ -51,5 +47,12 @@ def compose_config(
             # basic sweeper) fails inside OmegaConf, unwrapped: Hydra's own error, so every caller says it in one line
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigCompositionException(f"cannot apply the overrides {overrides}: {first}") from None
+    # the folders are set, not passed as overrides: a folder whose name holds '=' (a partition folder,
+    # date=2024-01) broke Hydra's override grammar in every command and every roll (found by a helper); an
+    # override of the user's own keeps its say
+    given = {override.split("=", 1)[0].lstrip("+~") for override in overrides}
+    for key, value in (("root_dir", str(root)), ("output_dir", out)):
+        if f"paths.{key}" not in given:
+            cfg.paths[key] = value
     HydraConfig.instance().set_config(cfg)
     return cfg

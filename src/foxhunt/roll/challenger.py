@@ -51,11 +51,11 @@ def challenger_config(
     from ``champion_weights`` with ``roll.init=champion`` (module doc)."""
     logger = cfg.logger
     moved = reproduction_config(stored, out_dir, str(logger.tracking_uri), logger.artifact_location)
-    csv = compose_config(["data=csv", f"data.source.path={window_file}", "data.source.bar_label=start"],
-                         root_dir=str(cfg.paths.root_dir), output_dir=str(out_dir))  # fmt: skip
+    csv = compose_config(["data=csv", "data.source.bar_label=start"], root_dir=str(cfg.paths.root_dir), output_dir=str(out_dir))
     plain = OmegaConf.to_container(moved, resolve=False)
     assert isinstance(plain, dict)  # a run's config is a mapping
     plain["data"]["source"] = OmegaConf.to_container(csv.data.source, resolve=True)
+    plain["data"]["source"]["path"] = str(window_file)  # set, not an override: a folder holding '=' broke the grammar
     plain["data"]["cache_dir"] = str(cfg.data.cache_dir)
     plain["paths"].update({key: str(cfg.paths[key]) for key in ("root_dir", "mlruns_dir", "cache_dir")})
     plain["paths"]["output_dir"] = str(out_dir)
