@@ -55,9 +55,9 @@ def _root(root: Path | None, prog: str = "foxhunt train") -> Path:
         return root_dir()
     if not Path(root).is_dir():
         what = "not a folder" if Path(root).exists() else "no such folder"
-        typer.echo(f"{prog}: --root {visible(root)}: {what} (the folder foxhunt-train ran from: mlruns/ and outputs/ are in it)",
-                   err=True)  # fmt: skip
-        raise typer.Exit(EXIT_USER_ERROR)
+        raise _fail(
+            f"--root {visible(root)}: {what} (the folder foxhunt-train ran from: mlruns/ and outputs/ are in it)", prog=prog
+        )
     return Path(root).resolve()
 
 
@@ -78,8 +78,8 @@ def _uri(root: Path, tracking_uri: str | None, waited_on: bool = False) -> str:
     return uri
 
 
-def _fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
-    typer.echo(f"foxhunt train: {message}", err=True)
+def _fail(message: str, code: int = EXIT_USER_ERROR, prog: str = "foxhunt train") -> typer.Exit:
+    typer.echo(f"{prog}: {message}", err=True)
     return typer.Exit(code)
 
 

@@ -28,7 +28,10 @@ def instantiate_setting(node: Any, key: str, **kwargs: Any) -> Any:
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as exc:
-        raise config_error(exc, key) from None
+        error = config_error(exc, key)
+        if error is exc:  # a bug: its whole chain, the target's own traceback in it
+            raise
+        raise error from None
 
 
 def check_instantiable(cfg) -> None:

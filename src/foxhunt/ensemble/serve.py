@@ -555,8 +555,9 @@ class EnsembleService:
         going_on = {id(pending): pending for pending, _ in active}
         for pending, stream in active:
             pending.stream = stream
+        waiting = {id(pending) for pending in deferred}
         for pending in batch:
-            if id(pending) not in going_on and all(pending is not waiting for waiting in deferred):
+            if id(pending) not in going_on and id(pending) not in waiting:
                 pending.done_ns, pending.stream = ended, None
                 self.answered += 1
         self.continuing = {pending.symbol for pending in going_on.values()}

@@ -144,6 +144,9 @@ def find_parent_run(store, experiment: str, sweep_dir: str, digest: str, job_id:
     return None
 
 
+SLURM_COMMANDS = ("sbatch", "srun")  # what submitit's SLURM executor calls
+
+
 def _validate_shared(config: DictConfig) -> None:
     """The settings every cell shares (``strategy.n_jobs``, ``logger``, ...), checked before any
     run or worker exists; the cells' own values (swept, searched) are checked in each job. The
@@ -166,9 +169,6 @@ def _check_cells(config: DictConfig) -> None:
     cells = sweep_cells(config)
     if len(cells) > 1:  # one cell checks its values first thing, as any run does: nothing trains before it
         check_cells(config, cells, GlobalHydra.instance().config_loader())
-
-
-SLURM_COMMANDS = ("sbatch", "srun")  # what submitit's SLURM executor calls
 
 
 class SweepCallback(Callback):

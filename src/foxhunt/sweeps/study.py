@@ -522,13 +522,16 @@ def check_space(study, settings: StudySettings, space: Mapping[str, Any], fixed:
                              "name another study") from None  # fmt: skip
 
 
+OPTUNA_FIXED_PARAMS = "fixed_params"  # where study.enqueue_trial keeps a waiting trial's values (Optuna's system attr)
+
+
 def fail_enqueued_outside(study, space: Mapping[str, Any]) -> list[str]:
     """Each trial waiting in the study (``study.enqueue_trial``) with a value outside this search's
     space is failed with its reason before it is asked, one line each: Optuna only warned, and the
     trial trained on the value (found by a helper probing searches). Call under the study lock."""
     lines = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        fixed = trial.system_attrs.get("fixed_params") or {}
+        fixed = trial.system_attrs.get(OPTUNA_FIXED_PARAMS) or {}
         outside = []
         for name, value in fixed.items():
             distribution = space.get(name)
